@@ -1,0 +1,111 @@
+"""The cluster: how many nodes, what is in each, and how they are wired.
+
+Three bandwidth tiers matter to the planner (MegaScale §3, facts.md): the fast domain inside a node
+(NVLink) where tensor parallelism lives, the NICs between nodes of one pod, and the links between
+pods, often oversubscribed, which data-parallel traffic should avoid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from mscale.config.base import StrictModel
+from mscale.config.gpus import GPUSpec, resolve_gpu
+
+
+class ClusterConfig(StrictModel):
+    """A cluster description, e.g. ``plans/clusters/a100-12288.yaml``."""
+
+    schema_version: int = 1
+    """Version of this schema; bumped on incompatible changes."""
+    name: str = "cluster"
+    """Free-form name shown in reports."""
+    nodes: int | None = Field(default=None, gt=0)
+    """Number of nodes. May be omitted when ``hostlist`` is given; must agree with it otherwise."""
+    hostlist: str | None = None
+    """Node names in SLURM syntax, e.g. ``node[0001-1536]``. Default: ``node00000`` … ."""
+    gpus_per_node: int = Field(default=8, gt=0)
+    """Accelerators (one process each) per node."""
+    gpu: GPUSpec
+    """A preset name (A100, A100-40GB, H100, H800, H200, cpu) or a full spec."""
+    fast_domain_size: int | None = Field(default=None, gt=0)
+    """GPUs joined by the fast interconnect (NVLink). Default: ``gpus_per_node``."""
+    fast_domain_gb_per_s: float | None = Field(default=None, gt=0)
+    """Bidirectional GB/s per GPU inside the fast domain. Default: the GPU preset's NVLink rate."""
+    nics_per_node: int = Field(default=8, gt=0)
+    """Inter-node NICs per node (one per GPU on the paper's machines)."""
+    nic_gbit_per_s: float = Field(default=200, gt=0)
+    """Line rate of one NIC in Gb/s per direction (HDR 200, NDR 400)."""
+    nodes_per_pod: int | None = Field(default=None, gt=0)
+    """Nodes below one spine/pod with non-blocking bandwidth. Default: the whole cluster is one pod."""
+    inter_pod_gbit_per_s: float | None = Field(default=None, gt=0)
+    """Per-NIC Gb/s available when traffic leaves the pod. Default: ``nic_gbit_per_s`` (non-blocking)."""
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_preset(cls, v: Any) -> Any:
+        return resolve_gpu(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterConfig":
+        from mscale.topology.hostlist import expand_hostlist
+
+        if self.hostlist is not None:
+            count = len(expand_hostlist(self.hostlist))
+            if self.nodes is None:
+                object.__setattr__(self, "nodes", count)
+            elif self.nodes != count:
+                raise ValueError(f"hostlist {self.hostlist!r} names {count} nodes but nodes is "
+                                 f"{self.nodes}; make them agree or drop one of the two")
+        if self.nodes is None:
+            raise ValueError("give nodes (a count) or hostlist (SLURM syntax)")
+        if self.fast_domain_size is not None and self.fast_domain_size > self.gpus_per_node:
+            raise ValueError("fast_domain_size larger than gpus_per_node is not supported "
+                             "(multi-node NVLink domains); set it to gpus_per_node or less")
+        if self.fast_domain_size is not None and self.gpus_per_node % self.fast_domain_size:
+            raise ValueError("fast_domain_size must divide gpus_per_node")
+        return self
+
+    # -- derived values: one place so every consumer agrees ------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        assert self.nodes is not None
+        return self.nodes
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def domain_size(self) -> int:
+        return self.fast_domain_size or self.gpus_per_node
+
+    @property
+    def domain_gb_per_s(self) -> float:
+        """Unidirectional GB/s per GPU in the fast domain (vendor figures are bidirectional)."""
+        return (self.fast_domain_gb_per_s or self.gpu.nvlink_gb_per_s) / 2
+
+    @property
+    def node_gb_per_s(self) -> float:
+        """Unidirectional GB/s leaving one node over all its NICs."""
+        return self.nics_per_node * self.nic_gbit_per_s / 8
+
+    @property
+    def pod_nodes(self) -> int:
+        return self.nodes_per_pod or self.num_nodes
+
+    @property
+    def inter_pod_node_gb_per_s(self) -> float:
+        """Unidirectional GB/s one node can push out of its pod."""
+        per_nic = self.inter_pod_gbit_per_s or self.nic_gbit_per_s
+        return self.nics_per_node * per_nic / 8
+
+    def node_names(self) -> list[str]:
+        """Names of all nodes in order; node index i is ``node_names()[i]``."""
+        from mscale.topology.hostlist import expand_hostlist
+
+        if self.hostlist:
+            return expand_hostlist(self.hostlist)
+        return [f"node{i:05d}" for i in range(self.num_nodes)]

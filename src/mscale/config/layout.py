@@ -1,0 +1,126 @@
+"""A parallel layout: how one model is cut over the GPUs, and the checks that make it valid.
+
+The same `check_layout` runs in `plan` (when evaluating a given layout), in `train` (refusing a plan
+that cannot work) and in tests, so every command rejects a bad layout with the same message.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from mscale.config.base import StrictModel
+from mscale.config.cluster import ClusterConfig
+from mscale.config.model import ModelConfig
+from mscale.config.training import Recompute, TrainingConfig
+from mscale.errors import MscaleError
+
+
+class LayoutConfig(StrictModel):
+    """The ``layout:`` section of a plan: parallel sizes and per-layout memory choices."""
+
+    tp: int = Field(default=1, gt=0)
+    """Tensor-parallel size; lives inside one fast domain (node)."""
+    pp: int = Field(default=1, gt=0)
+    """Pipeline-parallel stages."""
+    dp: int = Field(default=1, gt=0)
+    """Data-parallel replicas; tp·pp·dp is the world size."""
+    vpp: int = Field(default=1, gt=0)
+    """Virtual pipeline stages (model chunks) per rank; >1 selects interleaved 1F1B."""
+    sequence_parallel: bool = False
+    """Shard norms and activations between TP regions along the sequence (Korthikanti et al.)."""
+    micro_batch: int = Field(default=1, gt=0)
+    """Sequences per micro-batch per replica."""
+    zero_stage: Literal[0, 1, 2] = 1
+    """Optimizer-state (1) and gradient (2) sharding over the DP group."""
+    recompute: Recompute = "none"
+    """Activation recomputation."""
+    dp_reduce: Literal["flat", "hierarchical"] = "flat"
+    """DP gradient reduction: one ring over the group, or reduce-scatter inside the node, reduce
+    across nodes on the shard, all-gather inside the node."""
+    stage_layers: list[int] | None = None
+    """Transformer blocks per (virtual) stage, pp·vpp entries in pipeline order. Default: as even
+    as possible, the remainder going to the middle stages (the first and last carry the embedding
+    and the head)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def schedule(self) -> str:
+        if self.pp == 1:
+            return "none"
+        return "interleaved-1f1b" if self.vpp > 1 else "1f1b"
+
+    def micro_batches(self, global_batch: int) -> int:
+        """Micro-batches per replica per step (gradient-accumulation steps)."""
+        return global_batch // (self.dp * self.micro_batch)
+
+    def layers_per_stage(self, layers: int) -> list[int]:
+        """The resolved split of ``layers`` blocks over pp·vpp virtual stages."""
+        if self.stage_layers is not None:
+            return list(self.stage_layers)
+        return even_split(layers, self.pp * self.vpp)
+
+
+def even_split(layers: int, stages: int) -> list[int]:
+    """Split blocks over stages as evenly as possible; extra blocks go to the middle stages,
+    since the first stage also runs the embedding and the last the head and loss."""
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - (stages - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingConfig,
+                 cluster: ClusterConfig | None, source: str | None = None) -> None:
+    """Raise MscaleError naming the field and the fix if the layout cannot run this model."""
+
+    def bad(field: str, message: str, fix: str) -> MscaleError:
+        return MscaleError(message, file=source, field=f"layout.{field}", fix=fix)
+
+    if model.heads % layout.tp:
+        raise bad("tp", f"tp={layout.tp} does not divide heads={model.heads}",
+                  "choose tp among the divisors of the head count")
+    if model.num_kv_heads % layout.tp:
+        raise bad("tp", f"tp={layout.tp} does not divide kv_heads={model.num_kv_heads}",
+                  "choose tp dividing the key/value head count")
+    if model.ffn % layout.tp or model.vocab % layout.tp:
+        raise bad("tp", f"tp={layout.tp} must divide ffn ({model.ffn}) and vocab ({model.vocab})",
+                  "pad the vocabulary / MLP width to a multiple of tp, or pick a smaller tp")
+    if layout.sequence_parallel and layout.tp > 1 and model.seq_len % layout.tp:
+        raise bad("sequence_parallel", f"seq_len={model.seq_len} not divisible by tp={layout.tp}",
+                  "use a sequence length divisible by tp, or turn sequence_parallel off")
+    split = layout.layers_per_stage(model.layers)
+    if len(split) != layout.pp * layout.vpp:
+        raise bad("stage_layers", f"{len(split)} entries for pp·vpp={layout.pp * layout.vpp} stages",
+                  "give one layer count per virtual stage, or drop stage_layers")
+    if sum(split) != model.layers or min(split) < 1:
+        raise bad("stage_layers", f"split {split} does not give every stage >=1 of "
+                  f"{model.layers} layers", "make the counts positive and sum to model.layers")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise bad("vpp", "virtual stages need pp > 1", "set vpp: 1 or pp >= 2")
+    per_replica = layout.dp * layout.micro_batch
+    if training.global_batch % per_replica:
+        raise bad("micro_batch", f"global_batch={training.global_batch} is not divisible by "
+                  f"dp·micro_batch={per_replica}", "pick a global batch that is a multiple of dp·micro_batch")
+    m = layout.micro_batches(training.global_batch)
+    if layout.pp > 1 and m < layout.pp:
+        raise bad("micro_batch", f"{m} micro-batches per step < pp={layout.pp} stages: 1F1B cannot "
+                  "fill the pipeline", "raise global_batch or lower micro_batch so that "
+                  "global_batch/(dp·micro_batch) >= pp")
+    if layout.vpp > 1 and m % layout.pp:
+        raise bad("vpp", f"interleaved 1F1B needs micro-batches ({m}) divisible by pp={layout.pp}",
+                  "adjust global_batch or micro_batch")
+    if cluster is None:
+        return
+    if layout.world_size != cluster.world_size:
+        raise bad("dp", f"tp·pp·dp = {layout.world_size} but the cluster has {cluster.world_size} "
+                  "GPUs", "make tp·pp·dp equal nodes·gpus_per_node")
+    if cluster.domain_size % layout.tp:
+        raise bad("tp", f"tp={layout.tp} does not fit a fast domain of {cluster.domain_size} GPUs",
+                  "tensor parallelism must stay inside one NVLink domain: pick a divisor of it")

@@ -1,0 +1,98 @@
+"""The resolved plan (``plan.yaml``): everything `preflight` and `train` need, in one file.
+
+`mscale plan` writes it; `train` re-derives the placement from the layout with the same function
+and refuses a plan whose rank map disagrees, so a hand-edited map cannot silently mis-wire groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from mscale.config.base import StrictModel, load_model
+from mscale.config.cluster import ClusterConfig
+from mscale.config.layout import LayoutConfig, check_layout
+from mscale.config.model import ModelConfig
+from mscale.config.training import TrainingConfig
+
+PLAN_SCHEMA_VERSION = 1
+
+
+class GroupsRecord(StrictModel):
+    """Process groups as lists of global ranks; each list partitions the world."""
+
+    tp: list[list[int]]
+    """Tensor-parallel groups (inside a node)."""
+    pp: list[list[int]]
+    """Pipeline groups, stage 0 first."""
+    dp: list[list[int]]
+    """Data-parallel groups."""
+
+
+class PlacementRecord(StrictModel):
+    """Where every rank runs and what it does."""
+
+    order: str = "tp-dp-pp"
+    """Rank order, fastest-varying first: TP neighbours share a node, DP groups are contiguous
+    (so they stay in a pod), pipeline stages are farthest apart."""
+    columns: list[str] = ["rank", "node", "local_rank", "dp", "pp", "tp"]
+    """Meaning of each entry of ``ranks``."""
+    ranks: list[list[int]]
+    """One row per global rank, laid out as ``columns``."""
+    nodes: list[str]
+    """Node names; ``node`` in a rank row indexes this list."""
+    groups: GroupsRecord
+    """The process groups built from this placement."""
+
+
+class CheckpointAdvice(StrictModel):
+    """The goodput model's recommendation (Young/Daly)."""
+
+    interval_steps: int = Field(gt=0)
+    """Steps between checkpoints that minimise expected lost time."""
+    interval_s: float
+    """The same interval in seconds of training."""
+    mtbf_h: float
+    """Expected hours between failures for the whole job."""
+    checkpoint_cost_s: float
+    """Blocking time of one checkpoint, as estimated."""
+    restart_s: float
+    """Time from a failure to training again (detect, relaunch, load)."""
+    effective_training: float
+    """Expected share of wall time spent making progress (goodput), 0..1."""
+
+
+class Plan(StrictModel):
+    """A complete, runnable plan."""
+
+    schema_version: int = PLAN_SCHEMA_VERSION
+    """Version of the plan schema."""
+    name: str = "plan"
+    """Run name."""
+    cluster: ClusterConfig
+    """The cluster the plan was made for."""
+    model: ModelConfig
+    """The model."""
+    training: TrainingConfig
+    """Training settings."""
+    layout: LayoutConfig
+    """The chosen layout."""
+    placement: PlacementRecord | None = None
+    """Rank map and groups. Filled in by `mscale plan`; derived from ``layout`` when absent."""
+    estimate: dict[str, Any] = {}
+    """The cost model's breakdown for this layout (memory, time, MFU); informational."""
+    checkpoint: CheckpointAdvice | None = None
+    """Checkpoint-interval recommendation."""
+
+
+def load_plan(path: str, check: bool = True) -> Plan:
+    """Load a plan file and check its layout against its model and cluster."""
+    plan = load_model(Plan, path)
+    if check:
+        check_layout(plan.layout, plan.model, plan.training, plan.cluster, source=path)
+        if plan.placement is not None:
+            from mscale.topology.placement import check_placement_record
+
+            check_placement_record(plan, source=path)
+    return plan

@@ -1,0 +1,107 @@
+"""Records of the run directory shared by train, watch, recover and ckpt (design.md).
+
+Every record carries ``schema_version`` so that a reader can refuse a file from the future
+instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import Field
+
+from mscale.config.base import StrictModel
+
+RECORD_SCHEMA_VERSION = 1
+
+
+class MetricsRecord(StrictModel):
+    """One line of ``metrics.jsonl``, written by rank 0 after every step.
+
+    Per-rank vectors are indexed by global rank and were gathered with one collective.
+    """
+
+    schema_version: int = RECORD_SCHEMA_VERSION
+    step: int
+    """Optimizer step just completed (1-based)."""
+    time: float = Field(default_factory=time.time)
+    """Unix wall time when the record was written."""
+    loss: float
+    """Mean loss over all micro-batches and DP replicas of the step."""
+    grad_norm: float
+    """Global gradient L2 norm before clipping."""
+    clip_threshold: float
+    """The clipping threshold in force for this step."""
+    lr: float
+    """Learning rate used for this step."""
+    tokens: int
+    """Tokens processed in this step over all replicas."""
+    tokens_per_s: float
+    """Throughput of this step."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the plan's dense peak (0..1)."""
+    step_time: list[float]
+    """Seconds per rank for the whole step."""
+    compute_time: list[float]
+    """Seconds per rank spent computing (forward, backward, optimizer)."""
+    comm_wait: list[float]
+    """Seconds per rank blocked on communication (exposed, not overlapped)."""
+    data_time: list[float]
+    """Seconds per rank waiting for data."""
+    bubble_time: list[float] | None = None
+    """Seconds per rank idle in the pipeline bubble (pipeline runs)."""
+    extra: dict[str, Any] = {}
+    """Anything else worth keeping (e.g. skipped-step flags)."""
+
+
+EventKind = Literal[
+    "start", "stop", "nan", "divergence", "grad_spike", "straggler", "hang", "signal",
+    "control", "checkpoint", "checkpoint_failed", "recover", "preflight", "info",
+]
+
+
+class Event(StrictModel):
+    """One line of ``events.jsonl``: an alert or a decision, with its evidence."""
+
+    schema_version: int = RECORD_SCHEMA_VERSION
+    time: float = Field(default_factory=time.time)
+    """Unix wall time."""
+    source: Literal["train", "watch", "recover", "preflight", "ckpt", "plan"]
+    """Which subcommand wrote it."""
+    kind: EventKind
+    """What happened."""
+    severity: Literal["info", "warning", "critical"] = "info"
+    """How bad."""
+    step: int | None = None
+    """Training step it refers to, if any."""
+    ranks: list[int] = []
+    """Global ranks implicated."""
+    nodes: list[str] = []
+    """Nodes implicated."""
+    message: str = ""
+    """One human sentence."""
+    evidence: dict[str, Any] = {}
+    """The numbers behind the decision."""
+
+
+class QuarantineEntry(StrictModel):
+    """A node kept out of future launches."""
+
+    node: str
+    """Node name as SLURM knows it."""
+    reason: str
+    """Why, in one sentence."""
+    since: float = Field(default_factory=time.time)
+    """Unix time it was quarantined."""
+    expires: float | None = None
+    """Unix time after which it may be used again; None = until a human clears it."""
+    evidence: dict[str, Any] = {}
+    """The numbers behind the decision."""
+
+
+class Quarantine(StrictModel):
+    """``quarantine.json``."""
+
+    schema_version: int = RECORD_SCHEMA_VERSION
+    entries: list[QuarantineEntry] = []

@@ -1,0 +1,1 @@
+"""Cluster topology: hostlists, launcher environments, and rank placement."""

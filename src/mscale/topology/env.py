@@ -1,0 +1,72 @@
+"""Who am I in this job? Reads the launcher's environment: torchrun, srun, or mscale --local.
+
+The engine never asks the launcher for anything else, so one code path serves all three.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from mscale.errors import MscaleError
+from mscale.topology.hostlist import expand_hostlist
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """This process's place in the job, as the launcher told it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    """``torchrun``, ``slurm`` or ``local``."""
+    hostname: str
+    """This node's name as the launcher knows it."""
+    restart_count: int = 0
+    """How many times the launcher has restarted the job (SLURM/torchelastic)."""
+
+
+def slurm_master_port(job_id: str) -> int:
+    """A port derived from the job id, so concurrent jobs on shared nodes do not collide."""
+    return 20000 + int(job_id) % 20000 if job_id.isdigit() else 29500
+
+
+def read_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Build a LaunchEnv from torchrun variables (RANK, WORLD_SIZE, …) or SLURM ones.
+
+    torchrun wins when both are present: ``srun torchrun …`` sets both, and torchrun's view is
+    the per-process one.
+    """
+    env = os.environ if env is None else env
+    host = env.get("SLURMD_NODENAME") or os.uname().nodename
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(
+            rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            node_rank=int(env.get("GROUP_RANK", env.get("NODE_RANK", 0))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher=env.get("MSCALE_LAUNCHER", "torchrun"), hostname=host,
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", host))
+        ntasks, nnodes = int(env["SLURM_NTASKS"]), int(env.get("SLURM_NNODES", len(nodes)))
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        local_world = int(per_node) if per_node.isdigit() else max(1, ntasks // max(1, nnodes))
+        return LaunchEnv(
+            rank=int(env["SLURM_PROCID"]), world_size=ntasks,
+            local_rank=int(env.get("SLURM_LOCALID", 0)), local_world_size=local_world,
+            node_rank=int(env.get("SLURM_NODEID", 0)),
+            master_addr=env.get("MASTER_ADDR", nodes[0]),
+            master_port=int(env.get("MASTER_PORT", slurm_master_port(env.get("SLURM_JOB_ID", "")))),
+            launcher="slurm", hostname=host,
+            restart_count=int(env.get("SLURM_RESTART_COUNT", 0)))
+    raise MscaleError("no launcher environment found (neither RANK/WORLD_SIZE nor SLURM_PROCID)",
+                      fix="run under torchrun or srun, or use `mscale train PLAN --local N`")

@@ -1,0 +1,18 @@
+"""SLURM hostlists in and out (``node[001-004,007]``), via the python-hostlist package."""
+
+from __future__ import annotations
+
+import hostlist as _hl
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """``node[1-3]`` → ``['node1', 'node2', 'node3']``; raises ValueError on bad syntax."""
+    try:
+        return _hl.expand_hostlist(text.strip())
+    except _hl.BadHostlist as e:
+        raise ValueError(f"bad hostlist {text!r}: {e}") from None
+
+
+def collect_hostlist(hosts: list[str]) -> str:
+    """The shortest SLURM expression for a set of hosts (order-insensitive); '' for none."""
+    return _hl.collect_hostlist(list(hosts)) if hosts else ""

@@ -1,0 +1,79 @@
+import pytest
+
+from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, load_plan
+from mscale.config.base import load_model
+from mscale.config.layout import LayoutConfig, check_layout, even_split
+from mscale.errors import MscaleError
+
+from tests.conftest import PLANS
+
+
+def test_gpu_presets_use_dense_peaks():
+    c = ClusterConfig(nodes=2, gpu="h800")
+    assert c.gpu.peak_tflops == 989  # never the 1,979 sparse figure
+    assert ClusterConfig(nodes=1, gpu="A100").gpu.peak_tflops == 312
+    assert c.world_size == 16 and c.domain_size == 8
+
+
+def test_hostlist_sets_and_checks_node_count():
+    assert ClusterConfig(hostlist="n[001-004,007]", gpu="H100").num_nodes == 5
+    with pytest.raises(ValueError, match="names 5 nodes but nodes is 4"):
+        ClusterConfig(hostlist="n[001-004,007]", nodes=4, gpu="H100")
+
+
+def test_unknown_field_names_file_and_field(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("layers: 2\nhidden: 64\nheads: 4\nvocab: 10\nseq_len: 8\nhiden: 3\n")
+    with pytest.raises(MscaleError) as e:
+        load_model(ModelConfig, f)
+    assert e.value.file == str(f) and e.value.field == "hiden" and "typo" in str(e.value)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("layers: 2\n  hidden: [\n")
+    with pytest.raises(MscaleError) as e:
+        load_model(ModelConfig, f)
+    assert "line" in e.value.field
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    f = tmp_path / "evil.yaml"
+    f.write_text("layers: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(MscaleError):
+        load_model(ModelConfig, f)
+
+
+def test_model_parameter_count_gpt_style():
+    # GPT-3 175B shape with a 4h GeLU MLP and no biases: 12·l·h² + 2·V·h + norms.
+    m = ModelConfig(layers=96, hidden=12288, heads=96, vocab=50257, seq_len=2048, mlp="gelu",
+                    ffn_hidden=4 * 12288)
+    expected = 96 * (12 * 12288**2 + 2 * 12288) + 2 * 50257 * 12288 + 12288
+    assert m.num_parameters() == expected
+
+
+def test_even_split_gives_remainder_to_middle():
+    assert even_split(10, 4) == [2, 3, 3, 2]
+    assert even_split(8, 4) == [2, 2, 2, 2]
+    assert sum(even_split(97, 8)) == 97
+
+
+def _layout_error(**kw):
+    model = ModelConfig(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq_len=64)
+    training = TrainingConfig(global_batch=16)
+    with pytest.raises(MscaleError) as e:
+        check_layout(LayoutConfig(**kw), model, training, None, source="p.yaml")
+    return e.value
+
+
+def test_layout_errors_name_field_and_fix():
+    e = _layout_error(tp=3)
+    assert e.field == "layout.tp" and e.fix and e.code == 3
+    assert _layout_error(tp=4).field == "layout.tp"  # kv_heads=2
+    assert _layout_error(pp=2, dp=1, micro_batch=16).field == "layout.micro_batch"  # m=1 < pp
+    assert _layout_error(stage_layers=[1, 1]).field == "layout.stage_layers"
+
+
+def test_bundled_plan_loads():
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml"))
+    assert plan.layout.world_size == plan.cluster.world_size == 8
