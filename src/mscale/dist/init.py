@@ -1,0 +1,61 @@
+"""Start and stop torch.distributed for one process of a job.
+
+nccl when CUDA is present, gloo otherwise; every collective gets an explicit timeout (gloo's
+default is 30 minutes, so a hung test would hang CI for 30 minutes: facts.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from mscale.topology.env import LaunchEnv
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("MSCALE_DIST_TIMEOUT", 120))
+
+
+def pick_backend() -> str:
+    """nccl with GPUs, gloo on CPUs."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def pick_device(env: LaunchEnv) -> torch.device:
+    """The device this process computes on: its local GPU, or the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_distributed(env: LaunchEnv, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     backend: str | None = None) -> timedelta:
+    """Join the job's default process group; returns the timeout used for every group."""
+    timeout = timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend or pick_backend(), init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank, world_size=env.world_size, timeout=timeout)
+    return timeout
+
+
+def shutdown_and_exit(code: int = 0, barrier: bool = True) -> None:
+    """Leave the job cleanly and end the process with ``code``.
+
+    Processes that used gloo sometimes die at interpreter exit with SIGABRT ("terminate called
+    without an active exception", pytorch issue 190489), which makes a launcher report a failure
+    after a run that succeeded. Measured here (facts.md): barrier → destroy_process_group → flush →
+    ``os._exit`` gave 0 failures in 20 runs, so every clean exit goes through this function.
+    """
+    try:
+        if dist.is_initialized():
+            if barrier:
+                dist.barrier()
+            dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,1 @@
+"""Tensor + sequence parallel layers, pipeline schedules, data parallel with ZeRO."""
