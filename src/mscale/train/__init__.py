@@ -1,0 +1,1 @@
+"""The training loop and what surrounds it: data, timers, metrics, control, launch."""

@@ -1,0 +1,76 @@
+"""Requests to a running job, from files and signals, agreed by all ranks at each step boundary.
+
+Operators (and `watch`/`recover`) drop a file in ``RUN_DIR/control/``: ``checkpoint`` (save now)
+or ``halt`` (save, then stop cleanly). SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
+``--signal=B:USR1@120``) mean halt. Only rank 0 reads the directory (12,288 ranks polling a shared
+filesystem every step would be a denial of service); any rank may receive a signal. One MAX
+all-reduce of a small flag vector per step makes every rank take the same decision at the same
+step, so no rank can miss it and leave its peers hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mscale.runs.atomic import fs_and_path
+
+REQUESTS = ("checkpoint", "halt")
+
+
+@dataclass
+class Decision:
+    """What every rank does after this step."""
+
+    checkpoint: bool = False
+    halt: bool = False
+    signal: bool = False
+    """A rank received SIGTERM/SIGUSR1 (halt implied)."""
+
+    @property
+    def stop(self) -> bool:
+        return self.halt or self.signal
+
+
+class Control:
+    """Polls the control directory on rank 0 and agrees on a decision with every rank."""
+
+    def __init__(self, control_dir: str | None, rank: int):
+        self.control_dir, self.rank = control_dir, rank
+        self._signalled = False
+        self.last_signal: int | None = None
+
+    def install_signal_handlers(self) -> None:
+        """Turn SIGTERM/SIGUSR1 into a flag checked at the next step boundary."""
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self._signalled, self.last_signal = True, signum
+
+    def _read_requests(self) -> list[str]:
+        """Names of pending request files; each is consumed (deleted) when read."""
+        if self.rank != 0 or not self.control_dir:
+            return []
+        fs, root = fs_and_path(self.control_dir)
+        if not fs.exists(root):
+            return []
+        found = []
+        for path in fs.ls(root, detail=False):
+            name = path.rstrip("/").rsplit("/", 1)[-1]
+            if name in REQUESTS:
+                found.append(name)
+                fs.rm(path)
+        return found
+
+    def poll(self, group=None) -> Decision:
+        """Collective: every rank must call it at the same step."""
+        requests = self._read_requests()
+        flags = torch.tensor([float("checkpoint" in requests), float("halt" in requests),
+                              float(self._signalled)])
+        if dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]))

@@ -1,0 +1,124 @@
+"""Token sources: a memory-mapped token file and a learnable synthetic stream.
+
+Both are pure functions of a global sample index, so every layout sees exactly the same global
+batch at every step (the numerics tests rely on it) and resuming needs no state beyond the number
+of samples consumed. Sample k of step t for DP rank d, micro-batch j is global index
+``t·B + d·(B/dp) + j·mb + i``: the union over ranks is always the same B sequences.
+
+Only TP rank 0 of each group reads; it broadcasts to its TP peers (the paper removed these
+redundant loaders). Under pipelining only the first stage needs inputs and only the last labels.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mscale.config.training import DataConfig
+from mscale.errors import MscaleError
+
+
+class TokenFile:
+    """A flat array of uint16/uint32 tokens; sample k is tokens[k·s : k·s + s + 1]."""
+
+    def __init__(self, path: str, dtype: str, seq_len: int, vocab: int):
+        try:
+            self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        except FileNotFoundError:
+            raise MscaleError("token file not found", file=path, field="training.data.path",
+                              fix="point data.path at a flat uint16/uint32 token file")
+        self.seq_len = seq_len
+        self.num_samples = (len(self.tokens) - 1) // seq_len
+        if self.num_samples < 1:
+            raise MscaleError(f"token file holds {len(self.tokens)} tokens, fewer than one "
+                              f"sequence of {seq_len + 1}", file=path, field="training.data.path",
+                              fix="use a larger token file or a shorter seq_len")
+        top = int(self.tokens[: min(len(self.tokens), 1 << 20)].max())
+        if top >= vocab:
+            raise MscaleError(f"token id {top} >= vocab {vocab}", file=path,
+                              field="training.data.dtype", fix="check the dtype and model.vocab")
+
+    def sample(self, k: int) -> torch.Tensor:
+        """Sequence k (wrapping around at the end of the file), s+1 tokens as int64."""
+        k %= self.num_samples
+        s = self.seq_len
+        return torch.from_numpy(np.asarray(self.tokens[k * s: k * s + s + 1], dtype=np.int64))
+
+
+class SyntheticTokens:
+    """A seeded stream a tiny model can learn: each token is usually a fixed function of the
+    previous one (a random permutation of the vocabulary) and sometimes a random token. Loss
+    falls from ln(V) toward the noise floor, so a demo shows learning."""
+
+    def __init__(self, seed: int, seq_len: int, vocab: int, noise: float = 0.1):
+        self.seed, self.seq_len, self.vocab, self.noise = seed, seq_len, vocab, noise
+        g = torch.Generator().manual_seed(seed)
+        self.successor = torch.randperm(vocab, generator=g)
+
+    def sample(self, k: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + k)
+        n = self.seq_len + 1
+        rand = torch.randint(0, self.vocab, (n,), generator=g)
+        keep = torch.rand(n, generator=g) >= self.noise
+        out = torch.empty(n, dtype=torch.int64)
+        out[0] = rand[0]
+        for i in range(1, n):  # n is small (the sequence length); clarity over vectorising
+            out[i] = self.successor[out[i - 1]] if keep[i] else rand[i]
+        return out
+
+
+def make_source(cfg: DataConfig, seed: int, seq_len: int, vocab: int):
+    if cfg.kind == "tokens":
+        assert cfg.path is not None
+        return TokenFile(cfg.path, cfg.dtype, seq_len, vocab)
+    return SyntheticTokens(seed, seq_len, vocab)
+
+
+@dataclass
+class BatchPlan:
+    """Which global samples a rank's micro-batches hold."""
+
+    global_batch: int
+    micro_batch: int
+    dp_size: int
+    dp_rank: int
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.dp_size * self.micro_batch)
+
+    def indices(self, step: int, micro: int) -> list[int]:
+        """Global sample indices of micro-batch ``micro`` of (0-based) ``step`` on this DP rank."""
+        base = step * self.global_batch + self.dp_rank * (self.global_batch // self.dp_size)
+        start = base + micro * self.micro_batch
+        return list(range(start, start + self.micro_batch))
+
+
+class DataLoader:
+    """Micro-batches for one rank: read by TP rank 0, broadcast to the TP group."""
+
+    def __init__(self, source, plan: BatchPlan, tp_group=None, tp_src: int = 0, tp_size: int = 1,
+                 is_reader: bool = True):
+        self.source, self.plan = source, plan
+        self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
+
+    def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels), each [micro_batch, seq_len] int64."""
+        shape = (self.plan.micro_batch, self.source.seq_len + 1)
+        if self.is_reader:
+            batch = torch.stack([self.source.sample(k) for k in self.plan.indices(step, micro)])
+        else:
+            batch = torch.empty(shape, dtype=torch.int64)
+        if self.tp_size > 1:
+            dist.broadcast(batch, src=self.tp_src, group=self.tp_group)
+        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+def source_fingerprint(source) -> int:
+    """A short checksum of the first sample, recorded so that a resumed run can tell whether its
+    data changed under it."""
+    return zlib.crc32(source.sample(0).numpy().tobytes())

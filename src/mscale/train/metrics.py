@@ -1,0 +1,53 @@
+"""Per-step metrics: every rank's timings and loss gathered to rank 0 with one collective.
+
+At 12,288 ranks one file per rank per step would be a denial of service on a shared filesystem,
+so ranks send a few floats to rank 0, which writes one JSONL record (design.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from mscale.config.records import MetricsRecord
+
+# Layout of the vector each rank contributes.
+FIELDS = ("step", "compute", "comm_wait", "data", "bubble", "loss", "loss_weight")
+
+
+def gather_rank_vectors(timings: dict[str, float], loss: float | None, world: int) -> torch.Tensor | None:
+    """Gather [world, len(FIELDS)] on rank 0 (None elsewhere).
+
+    ``loss`` is this rank's mean loss if it computed one (last pipeline stage, TP rank 0), else
+    None; rank 0 averages the contributed losses with weight 1 each, which is the mean over DP
+    replicas of equal-sized shards.
+    """
+    row = torch.tensor([timings["step"], timings["compute"], timings["comm_wait"], timings["data"],
+                        timings["bubble"], 0.0 if loss is None else loss,
+                        0.0 if loss is None else 1.0], dtype=torch.float64)
+    if not dist.is_initialized() or world == 1:
+        return row.unsqueeze(0)
+    rank = dist.get_rank()
+    out = [torch.empty_like(row) for _ in range(world)] if rank == 0 else None
+    dist.gather(row, out, dst=0)
+    return torch.stack(out) if rank == 0 else None
+
+
+def build_record(vectors: torch.Tensor, *, step: int, grad_norm: float, clip_threshold: float,
+                 lr: float, tokens: int, flops_per_step: float | None, peak_flops_per_device: float,
+                 extra: dict | None = None) -> MetricsRecord:
+    """Turn the gathered matrix into one metrics record (rank 0 only)."""
+    cols = {name: vectors[:, i].tolist() for i, name in enumerate(FIELDS)}
+    weight = sum(cols["loss_weight"])
+    loss = sum(cols["loss"]) / weight if weight else math.nan
+    step_time = max(cols["step"])  # synchronous training: the step ends when the last rank ends
+    mfu = None
+    if flops_per_step and step_time > 0:
+        mfu = flops_per_step / step_time / (peak_flops_per_device * len(cols["step"]))
+    return MetricsRecord(
+        step=step, loss=loss, grad_norm=grad_norm, clip_threshold=clip_threshold, lr=lr,
+        tokens=tokens, tokens_per_s=tokens / step_time if step_time > 0 else 0.0, mfu=mfu,
+        step_time=cols["step"], compute_time=cols["compute"], comm_wait=cols["comm_wait"],
+        data_time=cols["data"], bubble_time=cols["bubble"], extra=extra or {})

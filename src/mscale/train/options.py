@@ -1,0 +1,27 @@
+"""Run-time options of one training process that are not part of the plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainOptions:
+    """Switches from the command line; the plan holds everything about the model and layout."""
+
+    run_dir: str
+    """Run directory (local path or fsspec URL)."""
+    steps: int | None = None
+    """Override training.steps (e.g. a short smoke test)."""
+    inject_delay: dict[int, float] = field(default_factory=dict)
+    """Test hook: global rank → seconds of extra compute per step, to emulate a straggler."""
+    inject_nan_step: int | None = None
+    """Test hook: poison the loss with NaN at this (1-based) step, to exercise the NaN stop."""
+    gc_interval: int = 50
+    """Steps between synchronized garbage collections (automatic GC is off)."""
+    log_interval: int = 1
+    """Steps between progress lines when stdout is not a terminal."""
+    progress: bool = True
+    """Show a progress bar / progress lines on rank 0."""
+    timeout_s: float = 120.0
+    """Timeout of every collective; a hung peer fails the job after this long."""
