@@ -1,0 +1,8 @@
+"""Pipeline parallelism: 1F1B and interleaved 1F1B over the PP group (docs/pipeline.md).
+
+- `schedule`: the actions of every rank as pure data, with a simulator that proves the
+  schedules deadlock-free and reproduces the bubble formulas.
+- `stages`: which blocks, embedding and head each rank's chunks hold.
+- `p2p`: activation and gradient transfer between neighbouring stages.
+- `runner`: executes a rank's schedule for one training step.
+"""
