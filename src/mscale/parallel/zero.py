@@ -1,0 +1,207 @@
+"""The distributed optimizer: fp32 master weights and AdamW/LAMB state for the owned shard only.
+
+Under ZeRO 1/2 each DP rank keeps master weights, ``exp_avg`` and ``exp_avg_sq`` for its shard of
+every gradient bucket (parallel/buckets.py), updates them from the reduce-scattered gradients, and
+all-gathers the updated shards back into the model's parameters. Under ZeRO 0 every rank keeps
+and updates everything (identically, from identical all-reduced gradients).
+
+Per step, after ``grads.finish()``::
+
+    norm = opt.grad_norm()                  # global L2 norm; identical on every rank
+    if opt.found_non_finite: ...            # every rank sees the same verdict
+    coef = opt.clip_coef(threshold)         # min(1, threshold / (norm + 1e-6))
+    comm_wait = opt.step(lr, clip_coef=coef)
+
+Global norms. A parameter sharded over TP (``spec.tp_dim`` set) contributes from every TP rank;
+a TP-replicated one holds identical gradients on every TP rank and is counted on TP rank 0 only
+(counting it tp times is the classic mistake). Stages hold different parameters, so the sum runs
+over the PP group. Under ZeRO 1/2 each DP rank holds a disjoint shard, so it runs over DP too;
+under ZeRO 0 every DP rank already has the whole reduced gradient, so it does not. One scalar
+all-reduce per group. LAMB's per-parameter norms (of ``w`` and of the update) take the same
+path as one vector of 2·(number of parameters) entries: one all-reduce over TP, one over DP.
+
+Checkpoint mapping: `shard_pieces` lists, for each owned piece, the global parameter name and the
+range ``[lo, hi)`` of the parameter's *local* flattened tensor (row-major over the shape this rank
+holds). With TP that local tensor is ``global[spec.tp_slice(tp_rank, tp_size)]``; `state_dict`
+keys the state by that name and range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mscale.parallel.data import GradBuffer
+from mscale.parallel.spec import ParamSpec
+from mscale.parallel import optim
+
+STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
+
+
+@dataclass(frozen=True)
+class ShardPiece:
+    """One owned piece: ``local_flat[lo:hi]`` of the parameter ``spec.name``."""
+
+    spec: ParamSpec
+    lo: int
+    hi: int
+    local_shape: tuple[int, ...]
+
+
+class DistributedOptimizer:
+    """AdamW or LAMB over the owned shard of a `GradBuffer`."""
+
+    def __init__(self, params: list[torch.nn.Parameter], grads: GradBuffer, training,
+                 groups=None):
+        """``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay)."""
+        if grads.params != list(params):
+            raise ValueError("the optimizer and the gradient buffer must share one parameter list")
+        self.params, self.grads = list(params), grads
+        self.kind = training.optimizer
+        self.beta1, self.beta2, self.eps = training.beta1, training.beta2, training.eps
+        self.weight_decay = training.weight_decay
+        self.pieces = grads.layout.pieces(grads.shard_index if grads.sharded else None)
+        n = grads.owned_grad.numel()
+        self.master = torch.zeros(n)
+        self.exp_avg, self.exp_avg_sq = torch.zeros(n), torch.zeros(n)
+        self.step_count = 0
+        self.found_non_finite = False
+        self._norm: float | None = None
+        self._set_groups(groups)
+        with torch.no_grad():
+            for pc, view in zip(self.pieces, self._views(self.master)):
+                view.copy_(self.params[pc.param_index].detach().reshape(-1)[pc.param_lo:pc.param_hi])
+        decays = [grads.layout.by_param[pc.param_index].spec.weight_decay for pc in self.pieces]
+        self._decay = [i for i, d in enumerate(decays) if d]
+
+    def _set_groups(self, groups) -> None:
+        def live(g, size):
+            return g if g is not None and size > 1 else None
+
+        self.tp_group = live(groups.tp_group, groups.tp_size) if groups else None
+        self.pp_group = live(groups.pp_group, groups.pp_size) if groups else None
+        self.dp_group = (live(groups.dp_group, groups.dp_size)
+                         if groups and self.grads.sharded else None)
+        tp_rank = dist.get_rank(self.tp_group) if self.tp_group is not None else 0
+        specs = [self.grads.layout.by_param[i].spec for i in range(len(self.params))]
+        counted = [s.tp_dim is not None or tp_rank == 0 for s in specs]
+        self._param_counted = torch.tensor(counted, dtype=torch.float32)
+        """Per parameter: 1 if this rank's copy counts in global norms (TP-replicated: rank 0)."""
+        self._piece_counted = self._param_counted[[pc.param_index for pc in self.pieces]]
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [flat[pc.owned_lo: pc.owned_hi] for pc in self.pieces]
+
+    def _sum_over(self, t: torch.Tensor, *groups) -> torch.Tensor:
+        for g in groups:
+            if g is not None:
+                dist.all_reduce(t, group=g)
+        return t
+
+    # ------------------------------------------------------------------------------- norms
+    def grad_norm(self) -> float:
+        """Global gradient L2 norm before clipping (cached until the step); same on all ranks."""
+        if self._norm is None:
+            views = self._views(self.grads.owned_grad)
+            sq = torch.zeros(())
+            if views:
+                norms = torch.stack(torch._foreach_norm(views))
+                sq = (norms.square() * self._piece_counted).sum()
+            total = self._sum_over(sq.reshape(1).double(), self.tp_group, self.pp_group,
+                                   self.dp_group)
+            self._norm = math.sqrt(total.item()) if total.item() >= 0 else math.nan
+            self.found_non_finite = not math.isfinite(self._norm)
+        return self._norm
+
+    def clip_coef(self, max_norm: float) -> float:
+        """Factor that scales the gradient to norm ``max_norm`` at most."""
+        return min(1.0, max_norm / (self.grad_norm() + 1e-6))
+
+    def _param_sq_norms(self, views: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.zeros(len(self.params), dtype=torch.float64)
+        if views:
+            idx = torch.tensor([pc.param_index for pc in self.pieces])
+            out.index_add_(0, idx, torch.stack(torch._foreach_norm(views)).double().square())
+        return out
+
+    def _trust_ratios(self, update: torch.Tensor) -> list[float]:
+        w = self._param_sq_norms(self._views(self.master))
+        u = self._param_sq_norms(self._views(update))
+        both = torch.cat([w, u]) * self._param_counted.double().repeat(2)
+        both = self._sum_over(both, self.tp_group, self.dp_group)
+        ratio = optim.trust_ratio(both[: len(self.params)], both[len(self.params):])
+        return [float(ratio[pc.param_index]) for pc in self.pieces]
+
+    # ------------------------------------------------------------------------------- step
+    def step(self, lr: float, clip_coef: float = 1.0) -> float:
+        """Update the owned shard, write the parameters back; returns seconds blocked on the
+        parameter all-gather. Skipped (gradients dropped) when the gradient is not finite."""
+        self.grad_norm()
+        grad = self.grads.owned_grad
+        waited = 0.0
+        if not self.found_non_finite:
+            if clip_coef != 1.0:
+                grad.mul_(clip_coef)
+            self.step_count += 1
+            (self._adamw if self.kind == "adamw" else self._lamb)(grad, lr)
+            waited = self.grads.write_params(self.master)
+        self.grads.zero_grad()
+        self._norm = None
+        return waited
+
+    def _decay_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        views = self._views(flat)
+        return [views[i] for i in self._decay]
+
+    def _adamw(self, grad: torch.Tensor, lr: float) -> None:
+        if self.weight_decay and self._decay:
+            torch._foreach_mul_(self._decay_views(self.master), 1 - lr * self.weight_decay)
+        optim.adam_update_(self.master, grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
+                           lr=lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps)
+
+    def _lamb(self, grad: torch.Tensor, lr: float) -> None:
+        update = optim.lamb_direction(grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
+                                      beta1=self.beta1, beta2=self.beta2, eps=self.eps)
+        if self.weight_decay and self._decay:
+            torch._foreach_add_(self._decay_views(update), self._decay_views(self.master),
+                                alpha=self.weight_decay)
+        ratios = self._trust_ratios(update)
+        views = self._views(update)
+        if views:
+            torch._foreach_mul_(views, [-lr * r for r in ratios])
+            torch._foreach_add_(self._views(self.master), views)
+
+    # ------------------------------------------------------------------------------- state
+    def shard_pieces(self) -> list[ShardPiece]:
+        """What this rank owns: per piece the parameter's spec and local flat range."""
+        layout = self.grads.layout
+        return [ShardPiece(layout.by_param[pc.param_index].spec, pc.param_lo, pc.param_hi,
+                           layout.by_param[pc.param_index].shape) for pc in self.pieces]
+
+    def state_dict(self) -> dict:
+        """``{"step", "optimizer", "state": {name: {"range": (lo, hi), master, exp_avg,
+        exp_avg_sq}}}``: plain tensors keyed by global name and local flat range."""
+        state = {}
+        for pc in self.pieces:
+            entry = {"range": (pc.param_lo, pc.param_hi)}
+            for key in STATE_KEYS:
+                entry[key] = getattr(self, key)[pc.owned_lo: pc.owned_hi].clone()
+            state[pc.name] = entry
+        return {"step": self.step_count, "optimizer": self.kind, "state": state}
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Load state saved at the same layout (resharding is the checkpoint module's job: it
+        can cut a saved global tensor to `shard_pieces`), then write the masters into the model."""
+        for pc in self.pieces:
+            entry = sd["state"].get(pc.name)
+            if entry is None or tuple(entry["range"]) != (pc.param_lo, pc.param_hi):
+                raise ValueError(f"optimizer state for {pc.name}[{pc.param_lo}:{pc.param_hi}] "
+                                 "is missing or sharded differently; reshard it first")
+            for key in STATE_KEYS:
+                getattr(self, key)[pc.owned_lo: pc.owned_hi].copy_(entry[key])
+        self.step_count = int(sd["step"])
+        self.grads.write_params(self.master)
+        self.grads.zero_grad()

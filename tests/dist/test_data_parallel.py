@@ -1,0 +1,146 @@
+"""Data parallel + ZeRO on gloo against a single-process run of the same model and data.
+
+Tolerances: the only differences from the reference are the summation order of the gradient
+reduction (~1e-7 relative in fp32), which AdamW's m/sqrt(v) can amplify on tiny gradients; so
+losses and norms must agree to 1e-5 relative and every parameter to 1e-4 relative (|Δ| /
+(|ref| + 1e-3)) after 4 steps with lr 1e-2. DP ranks must hold bit-identical parameters.
+"""
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+from tests.dist.dp_model import (BUCKET_BYTES, SHAPES, Reference, config, dp_run, global_grads,
+                                 make_params, max_rel_diff, reference_run)
+from tests.dist.harness import run_distributed
+
+pytestmark = pytest.mark.dist
+STEPS = 4
+TIMEOUT = timedelta(seconds=60)
+
+
+def _train_cases(rank, world, cases):
+    """Each case: (zero, optimizer, hierarchical, overlap); world 4 = 2 nodes × 2 ranks."""
+    from mscale.dist.groups import build_groups
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.zero import DistributedOptimizer
+    from mscale.topology.placement import Placement
+
+    per_node = 2 if world == 4 else world
+    groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=per_node), rank, TIMEOUT,
+                          hierarchical_dp=world == 4)
+    out = {}
+    for zero, optimizer, hier, overlap in cases:
+        cfg = config(optimizer, overlap_grad_reduce=overlap)
+        params = make_params(0)
+        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES,
+                           overlap=overlap, hierarchical=hier)
+        opt = DistributedOptimizer(params, grads, cfg, groups)
+        losses, norms, waits = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
+        out[(zero, optimizer, hier, overlap)] = {
+            "losses": losses, "norms": norms, "params": [p.detach() for p in params],
+            "overlapped": grads.overlapped_buckets, "buckets": len(grads.layout.buckets),
+            "waits": waits}
+        grads.close()
+    return out
+
+
+def _check(results, world):
+    refs = {opt: reference_run(config(opt), STEPS) for opt in ("adamw", "lamb")}
+    for key, r0 in results[0].items():
+        zero, optimizer, hier, overlap = key
+        ref_losses, ref_norms, ref_params = refs[optimizer]
+        mean_loss = [sum(r[key]["losses"][s] for r in results) / world for s in range(STEPS)]
+        assert mean_loss == pytest.approx(ref_losses, rel=1e-5), key
+        assert r0["norms"] == pytest.approx(ref_norms, rel=1e-5), key
+        assert max_rel_diff(r0["params"], ref_params) < 1e-4, key
+        for r in results[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(r[key]["params"], r0["params"])), key
+            assert r[key]["norms"] == r0["norms"], key
+        assert r0["buckets"] >= 3
+        assert (r0["overlapped"] > 0) == overlap, key
+        assert all(w >= 0 for w in r0["waits"])
+
+
+def test_dp4_flat_and_hierarchical_all_zero_stages_match_single_process():
+    cases = [(z, o, False, True) for z in (0, 1, 2) for o in ("adamw", "lamb")]
+    cases += [(z, "adamw", True, True) for z in (0, 1, 2)] + [(1, "lamb", True, True)]
+    cases += [(1, "adamw", False, False), (2, "adamw", True, False)]
+    results = run_distributed(_train_cases, 4, cases)
+    _check(results, 4)
+    for z in (0, 1, 2):  # hierarchical gives what flat gives
+        flat, hier = results[0][(z, "adamw", False, True)], results[0][(z, "adamw", True, True)]
+        assert max_rel_diff(hier["params"], flat["params"]) < 1e-5
+
+
+def test_dp2_all_zero_stages_match_single_process():
+    cases = [(z, o, False, True) for z in (0, 1, 2) for o in ("adamw", "lamb")]
+    _check(run_distributed(_train_cases, 2, cases), 2)
+
+
+def _inject(params, grads_full, tp_rank, tp_size, scale):
+    """Backward of sum(p · g) puts g (this rank's TP slice, times ``scale``) into p.grad."""
+    by_name = {s[0]: g for s, g in zip(SHAPES, grads_full)}
+    loss = sum((p * by_name[p.mscale_spec.name][p.mscale_spec.tp_slice(tp_rank, tp_size)]
+                * scale).sum() for p in params)
+    loss.backward()
+
+
+def _tp_pp_norm_and_step(rank, world):
+    """tp2 × dp2: global norm, LAMB/AdamW steps with clipping; pp2 × dp2: norm over stages."""
+    from mscale.dist.groups import build_groups
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.zero import DistributedOptimizer
+    from mscale.topology.placement import Placement
+
+    g_full = global_grads()
+    out = {"tp": {}, "pp": {}}
+    groups = build_groups(Placement(tp=2, pp=1, dp=2, gpus_per_node=4), rank, TIMEOUT)
+    scale = (0.5, 1.5)[groups.dp_rank]  # DP mean of the injected gradients is g_full
+    for zero in (0, 1, 2):
+        for optimizer in ("adamw", "lamb"):
+            cfg = config(optimizer)
+            params = make_params(0, groups.tp_rank, 2)
+            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+            opt = DistributedOptimizer(params, grads, cfg, groups)
+            norms = []
+            for _ in range(2):
+                _inject(params, g_full, groups.tp_rank, 2, scale)
+                grads.finish()
+                norms.append(opt.grad_norm())
+                opt.step(cfg.lr, clip_coef=opt.clip_coef(cfg.grad_clip))
+            out["tp"][(zero, optimizer)] = (norms, [p.detach() for p in params], groups.tp_rank)
+            grads.close()
+    groups = build_groups(Placement(tp=1, pp=2, dp=2, gpus_per_node=4), rank, TIMEOUT)
+    names = [s[0] for s in SHAPES][:3] if groups.pp_rank == 0 else [s[0] for s in SHAPES][3:]
+    for zero in (0, 1, 2):
+        params = make_params(0, names=names)
+        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, grads, config(), groups)
+        _inject(params, g_full, 0, 1, (0.5, 1.5)[groups.dp_rank])
+        grads.finish()
+        out["pp"][zero] = opt.grad_norm()
+        grads.close()
+    return out
+
+
+def test_global_norm_over_tp_pp_dp_and_tp_sharded_updates():
+    results = run_distributed(_tp_pp_norm_and_step, 4)
+    full_norm = float(torch.sqrt(sum((g * g).sum() for g in global_grads())))
+    for r in results:
+        for zero in (0, 1, 2):
+            assert r["pp"][zero] == pytest.approx(full_norm, rel=1e-6)
+    for key in results[0]["tp"]:
+        cfg = config(key[1])
+        params = make_params(0)
+        ref, ref_norms = Reference(params, cfg), []
+        for _ in range(2):
+            for p, g in zip(params, global_grads()):
+                p.grad = g.clone()
+            ref_norms.append(ref.step())
+        for r in results:
+            norms, local, tp_rank = r["tp"][key]
+            assert norms == pytest.approx(ref_norms, rel=1e-6), key
+            want = [p.detach()[p.mscale_spec.tp_slice(tp_rank, 2)] for p in params]
+            assert max_rel_diff(local, want) < 1e-5, key

@@ -1,0 +1,97 @@
+"""Gradient buffer layout and the distributed optimizer in one process (DP size 1)."""
+
+import pytest
+import torch
+
+from mscale.parallel.buckets import BufferLayout
+from mscale.parallel.data import GradBuffer
+from mscale.parallel.optim import trust_ratio
+from mscale.parallel.zero import DistributedOptimizer
+from tests.dist.dp_model import (BUCKET_BYTES, config, dp_run, make_params, max_rel_diff,
+                                 reference_run)
+
+
+def test_layout_reverse_order_whole_params_padding_and_shards():
+    params = make_params(0)
+    lay = BufferLayout(params, dp_size=4, bucket_numel=100)
+    assert [s.spec.name for s in lay.slots][0] == "head.weight"  # last registered comes first
+    assert len(lay.buckets) >= 3
+    for b in lay.buckets:
+        assert b.padded % 4 == 0 and b.padded - b.numel < 4
+    assert lay.total == sum(b.padded for b in lay.buckets)
+    # the shards of all DP ranks cover every element of every parameter exactly once
+    seen = {s.index: torch.zeros(s.numel) for s in lay.slots}
+    for r in range(4):
+        for pc in lay.pieces(r):
+            seen[pc.param_index][pc.param_lo:pc.param_hi] += 1
+    assert all(bool((v == 1).all()) for v in seen.values())
+    whole = lay.pieces(None)
+    assert sum(pc.numel for pc in whole) == sum(p.numel() for p in params)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_single_process_matches_reference(zero, optimizer):
+    cfg = config(optimizer)
+    ref_losses, ref_norms, ref_params = reference_run(cfg, steps=4)
+    params = make_params(0)
+    grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, grads, cfg)
+    losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert norms == pytest.approx(ref_norms, rel=1e-5)
+    assert max_rel_diff([p.detach() for p in params], ref_params) < 1e-4
+
+
+def test_gradient_after_its_bucket_was_reduced_is_refused():
+    params = make_params(0)
+    grads = GradBuffer(params, None, bucket_bytes=BUCKET_BYTES)
+    from tests.dist.dp_model import batch, loss_fn
+
+    x, y = batch(0)
+    loss_fn(params, x, y).backward()  # outside no_sync: reductions launched
+    with pytest.raises(RuntimeError, match="no_sync"):
+        loss_fn(params, x, y).backward()
+
+
+def test_non_finite_gradient_skips_the_step_and_is_reported():
+    cfg = config()
+    params = make_params(0)
+    before = [p.detach().clone() for p in params]
+    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, grads, cfg)
+    from tests.dist.dp_model import batch, loss_fn
+
+    x, y = batch(0)
+    loss_fn(params, x, y).backward()
+    grads.poison_for_test()
+    grads.finish()
+    assert opt.grad_norm() != opt.grad_norm() or opt.grad_norm() == float("inf")
+    assert opt.found_non_finite
+    opt.step(cfg.lr)
+    assert all(torch.equal(p, b) for p, b in zip(params, before)) and opt.step_count == 0
+
+
+def test_state_dict_round_trip_and_pieces():
+    cfg = config("lamb")
+    params = make_params(0)
+    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, grads, cfg)
+    dp_run(params, grads, opt, cfg, steps=2, dp_rank=0, dp_size=1)
+    sd = opt.state_dict()
+    assert sd["step"] == 2 and set(sd["state"]) == {p.mscale_spec.name for p in params}
+    fresh = make_params(0)
+    grads2 = GradBuffer(fresh, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt2 = DistributedOptimizer(fresh, grads2, cfg)
+    opt2.load_state_dict(sd)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, params))
+    dp_run(params, grads, opt, cfg, steps=1, dp_rank=0, dp_size=1)
+    dp_run(fresh, grads2, opt2, cfg, steps=1, dp_rank=0, dp_size=1)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, params))
+    pieces = opt.shard_pieces()
+    assert all(pc.hi - pc.lo == torch.Size(pc.local_shape).numel() for pc in pieces)
+
+
+def test_trust_ratio_is_one_for_zero_norms():
+    r = trust_ratio(torch.tensor([4.0, 0.0, 4.0]), torch.tensor([1.0, 1.0, 0.0]))
+    assert r.tolist() == [2.0, 1.0, 1.0]
