@@ -1,0 +1,110 @@
+"""`mscale plan`: search the layouts of a model on a cluster, or evaluate a given one, and write
+the chosen plan. Thin: parse, call mscale.planner, print, pick the exit code (docs/plan.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mscale.cli.app import app
+from mscale.cli.output import console, print_json
+from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, load_model
+from mscale.config.base import dump_yaml
+from mscale.errors import MscaleError
+from mscale.planner.advice import no_fit_error
+from mscale.planner.cost import Problem, evaluate
+from mscale.planner.given import given_layout
+from mscale.planner.goodput import GoodputInputs
+from mscale.planner.planfile import make_plan
+from mscale.planner.report import (json_document, layout_table, losses_table, memory_table,
+                                   ranked, rejects_table)
+from mscale.planner.search import describe, search
+from mscale.runs.atomic import write_text_atomic
+
+
+@app.command("plan")
+def plan_cmd(
+    cluster: Path = typer.Option(..., "--cluster", help="Cluster YAML (plans/clusters/)."),
+    model: Path = typer.Option(..., "--model", help="Model YAML (plans/models/)."),
+    training: Path = typer.Option(..., "--training", help="Training YAML (plans/training/)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the chosen plan here."),
+    top: int = typer.Option(5, "--top", min=1, help="Show the best N layouts."),
+    explain: bool = typer.Option(False, "--explain", help="Show why layouts were rejected."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    name: Optional[str] = typer.Option(None, "--name", help="Plan name (default: the model's)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="Evaluate this layout (a layout "
+                                         "YAML or a plan) next to the best."),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Given layout: tensor-parallel size."),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Given layout: pipeline stages."),
+    vpp: Optional[int] = typer.Option(None, "--vpp", help="Given layout: virtual stages per rank."),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Given layout."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Given layout: sequence parallel."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", help="none|selective|full."),
+    zero: Optional[int] = typer.Option(None, "--zero", help="Given layout: ZeRO stage 0|1|2."),
+    dp_reduce: Optional[str] = typer.Option(None, "--dp-reduce", help="flat|hierarchical."),
+    keep_given: bool = typer.Option(False, "--keep-given", help="Write the given layout, not the best."),
+    failure_rate: float = typer.Option(GoodputInputs.failures_per_1000_node_days, "--failure-rate",
+                                       min=0.0, help="Failures per 1000 node-days."),
+    restart_s: float = typer.Option(GoodputInputs.restart_s, "--restart-s", min=0.0,
+                                    help="Seconds from a failure to relaunch, before loading."),
+    write_gbps: float = typer.Option(GoodputInputs.write_gb_per_s, "--ckpt-write-gbps", min=0.001,
+                                     help="Aggregate checkpoint write bandwidth, GB/s."),
+) -> None:
+    """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
+    files = {"cluster": str(cluster), "model": str(model), "training": str(training)}
+    pb = Problem(load_model(ModelConfig, model), load_model(TrainingConfig, training),
+                 load_model(ClusterConfig, cluster))
+    options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
+               "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}
+    given_lo = given_layout(pb, options, layout)
+    given = (given_lo, evaluate(pb, given_lo)) if given_lo else None
+    result = search(pb)
+    if keep_given and given is None:
+        raise MscaleError("--keep-given needs a given layout", field="--keep-given",
+                          fix="add --layout FILE or --tp/--pp/... options")
+    if keep_given or (result.count == 0 and given is not None and given[1].fits):
+        chosen = given
+        if not chosen[1].fits:
+            if result.count == 0:
+                raise no_fit_error(pb, result, files)
+            raise MscaleError(f"the given layout needs {chosen[1].mem_total / 1e9:.1f} GB per GPU, "
+                              f"more than {pb.budget_bytes / 1e9:.1f} GB usable",
+                              file=layout or "command line", field="layout",
+                              fix=f"the best layout that fits is {describe(result.layout(0))}")
+    elif result.count == 0:
+        raise no_fit_error(pb, result, files)
+    else:
+        chosen = (result.layout(0), result.cost(0))
+    goodput = GoodputInputs(failures_per_1000_node_days=failure_rate, restart_s=restart_s,
+                            write_gb_per_s=write_gbps)
+    plan = make_plan(pb, chosen[0], chosen[1], name or pb.model.name, goodput)
+    if output:
+        write_text_atomic(output, dump_yaml(plan))
+    if as_json:
+        print_json(json_document(result, top, given, plan.model_dump(
+            mode="json", exclude_none=True, exclude={"placement"}), explain))
+        return
+    _print_human(result, top, given, plan, output, explain)
+
+
+def _print_human(result, top, given, plan, output, explain) -> None:
+    pb = result.problem
+    rows = [(str(i + 1), lo, c) for i, (lo, c) in enumerate(ranked(result, top))]
+    if given:
+        rows.append(("given", *given))
+    console.print(layout_table(pb, rows))
+    console.print(losses_table(rows))
+    console.print(f"{result.count:,} layouts fit of {result.examined:,} costed.")
+    chosen_cost = given[1] if given and plan.layout == given[0] else result.cost(0)
+    console.print(memory_table(chosen_cost))
+    ck = plan.checkpoint
+    console.print(f"checkpoint every {ck.interval_steps} steps ({ck.interval_s:.0f} s; "
+                  f"{plan.estimate['checkpoint_interval_note']}): job MTBF {ck.mtbf_h:.1f} h, "
+                  f"blocking cost {ck.checkpoint_cost_s:.2f} s, restart {ck.restart_s:.0f} s → "
+                  f"effective training {100 * ck.effective_training:.1f}%")
+    if explain:
+        console.print(rejects_table(result.rejects, result.examined))
+    if output:
+        console.print(f"wrote {output}: {describe(plan.layout)}")

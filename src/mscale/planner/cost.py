@@ -1,0 +1,227 @@
+"""The cost model: one layout (or a whole array of them) → memory, step time, MFU, and every term.
+
+`evaluate_arrays` is the single implementation; `evaluate` wraps one LayoutConfig into arrays of
+length one, so the search and the evaluation of a given layout cannot disagree.
+
+Step time on the critical path (the slowest pipeline rank)::
+
+    step = m·t_stage + bubble + exposed TP + exposed PP + exposed DP
+    t_stage   = FLOPs of the slowest rank per micro-batch / (peak · COMPUTE_EFFICIENCY)
+    bubble    = (p−1)/(v·m) · m·t_stage                      (facts.md, Narayanan et al. §2.2)
+
+and m·t_stage is shown split into model work, recompute and stage imbalance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from functools import cached_property
+
+import numpy as np
+
+from mscale.config.cluster import ClusterConfig
+from mscale.config.layout import LayoutConfig
+from mscale.config.model import ModelConfig
+from mscale.config.training import TrainingConfig
+from mscale.planner import flops
+from mscale.planner.comm import Links, dp_exposed, dp_half, pp_exposed, tp_exposed
+from mscale.planner.constants import (ACT_BYTES, COMPUTE_EFFICIENCY, GRAD_REDUCE_BYTES,
+                                      LOGITS_BYTES, MEMORY_USABLE_FRACTION)
+from mscale.planner.memory import (RECOMPUTE_CODES, activation_bytes_per_layer,
+                                   in_flight_micro_batches, state_bytes_per_param)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is being planned: model, training settings, cluster, and quantities derived once."""
+
+    model: ModelConfig
+    training: TrainingConfig
+    cluster: ClusterConfig
+
+    @cached_property
+    def links(self) -> Links:
+        return Links.of(self.cluster)
+
+    @cached_property
+    def peak(self) -> float:
+        """Dense FLOP/s of one GPU (facts.md; never the sparse figure)."""
+        return self.cluster.gpu.peak_tflops * 1e12
+
+    @cached_property
+    def budget_bytes(self) -> float:
+        return self.cluster.gpu.memory_gb * 1e9 * MEMORY_USABLE_FRACTION
+
+    @cached_property
+    def model_flops(self) -> float:
+        return flops.model_flops(self.model, self.training.global_batch)
+
+
+@dataclass
+class LayoutCost:
+    """Every term of one layout's cost. Times in seconds per step, memory in bytes per GPU."""
+
+    mem_weights: float
+    mem_gradients: float
+    mem_optimizer: float
+    mem_activations: float
+    mem_logits: float
+    mem_total: float
+    mem_budget: float
+    fits: bool
+    micro_batches: int
+    t_model: float
+    t_recompute: float
+    t_imbalance: float
+    t_bubble: float
+    t_tp: float
+    t_pp: float
+    t_dp: float
+    step_time: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+
+    def losses(self) -> dict[str, float]:
+        """Where the peak goes, as shares of the step's device time; with MFU they sum to 1.
+
+        Computing runs at COMPUTE_EFFICIENCY of peak: the rest of that time is "kernels", and
+        recomputation at that rate is "recompute". Imbalance, bubble and exposed communication
+        idle the device entirely.
+        """
+        t = self.step_time
+        out = {"kernels": (1 - COMPUTE_EFFICIENCY) * (self.t_model + self.t_recompute) / t,
+               "recompute": COMPUTE_EFFICIENCY * self.t_recompute / t}
+        for name in ("imbalance", "bubble", "tp", "pp", "dp"):
+            out[name] = getattr(self, f"t_{name}") / t
+        return out
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["losses"] = self.losses()
+        return d
+
+
+COST_FIELDS = [f.name for f in fields(LayoutCost)]
+
+
+def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Cost of every candidate in ``c`` (arrays: tp, pp, vpp, dp, mb, sp, rec, zero, hier,
+    max_layers, first_layers, last_layers — the last three are blocks per pipeline rank)."""
+    m_, tr = pb.model, pb.training
+    tp, pp, vpp, dp, mb = c["tp"], c["pp"], c["vpp"], c["dp"], c["mb"]
+    rec, zero = c["rec"], c["zero"]
+    micro = tr.global_batch // (dp * mb)
+    denom = tp * pb.peak * COMPUTE_EFFICIENCY
+
+    # compute per micro-batch on the slowest rank (forward + backward = 3 forwards, + recompute)
+    f_layer = flops.layer_forward_flops(m_)
+    extra = np.select([rec == 2, rec == 1], [f_layer, flops.attention_core_forward_flops(m_)], 0.0)
+    layer_t = mb * (3 * f_layer + extra) / denom
+    head_t = mb * 3 * flops.head_forward_flops(m_) / denom
+    t_stage = np.maximum(c["max_layers"] * layer_t, c["last_layers"] * layer_t + head_t)
+    t_compute = micro * t_stage
+    world = pb.cluster.world_size
+    t_model = pb.model_flops / (world * pb.peak * COMPUTE_EFFICIENCY)
+    t_recompute = (tr.global_batch * m_.layers * extra) / (world * pb.peak * COMPUTE_EFFICIENCY)
+    t_bubble = np.where(pp > 1, (pp - 1) / (vpp * micro) * t_compute, 0.0)
+
+    # communication
+    act = m_.seq_len * mb * m_.hidden * ACT_BYTES
+    per_layer_coll = 2 if m_.parallel_block else 4
+    passes = np.where(rec == 2, 3, 2)  # forward, backward, and the recomputed forward
+    t_tp = np.where(tp > 1, tp_exposed(act, tp, pb.links, micro * c["max_layers"] * per_layer_coll
+                                       * passes), 0.0)
+    t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links)
+    mem = memory_arrays(pb, c, micro)
+    grad_bytes = mem["rank_params"] * GRAD_REDUCE_BYTES[tr.precision]
+    half = dp_half(grad_bytes, dp, tp, pb.links, c["hier"])
+    t_fwd = t_stage / 3
+    t_dp = np.where(dp > 1, dp_exposed(half, zero, tr.overlap_grad_reduce, t_fwd, t_stage - t_fwd),
+                    0.0)
+
+    step = t_compute + t_bubble + t_tp + t_pp + t_dp
+    out = {k: v for k, v in mem.items() if k != "rank_params"}
+    out.update(micro_batches=micro, t_model=np.full(np.shape(step), t_model),
+               t_recompute=t_recompute, t_imbalance=np.maximum(t_compute - t_model - t_recompute, 0),
+               t_bubble=t_bubble, t_tp=t_tp, t_pp=t_pp, t_dp=t_dp, step_time=step,
+               tokens_per_s=tr.global_batch * m_.seq_len / step,
+               mfu=pb.model_flops / (step * world * pb.peak),
+               hfu=(pb.model_flops + tr.global_batch * m_.layers * extra) / (step * world * pb.peak))
+    return out
+
+
+def memory_arrays(pb: Problem, c: dict[str, np.ndarray], micro) -> dict[str, np.ndarray]:
+    """Bytes per GPU on the first and the last pipeline rank; the larger one is reported.
+
+    The first rank holds the embedding and the most micro-batches in flight; the last holds the
+    output head and the fp32 logits of one micro-batch.
+    """
+    m_ = pb.model
+    tp, pp, vpp = c["tp"], c["pp"], c["vpp"]
+    p_layer = flops.layer_params(m_)
+    emb = m_.vocab * m_.hidden
+    head = 0 if m_.tie_embeddings else emb  # a tied head shares the embedding on one rank
+    single = emb + head + m_.hidden  # no pipeline: everything on every rank
+    first_p = (c["first_layers"] * p_layer + np.where(pp == 1, single, emb)) / tp
+    last_p = (c["last_layers"] * p_layer + np.where(pp == 1, single, emb + m_.hidden)) / tp
+    rank_params = np.maximum(first_p, last_p)
+    per_param = state_bytes_per_param(pb.training.precision, c["dp"], c["zero"])
+    per_layer = activation_bytes_per_layer(m_.seq_len, c["mb"], m_.hidden, m_.heads, tp, c["sp"],
+                                           c["rec"])
+    first_act = per_layer * c["first_layers"] * in_flight_micro_batches(pp, vpp, micro)
+    last_inflight = np.where(vpp > 1, 1 + (pp - 1) / vpp, 1.0)
+    last_act = per_layer * c["last_layers"] * last_inflight
+    logits = LOGITS_BYTES * m_.seq_len * c["mb"] * m_.vocab / tp
+    state = sum(per_param.values())
+    first_total = first_p * state + first_act
+    last_total = last_p * state + last_act + logits
+    use_last = last_total > first_total
+    total = np.maximum(first_total, last_total)
+    return {
+        "rank_params": rank_params,
+        "mem_weights": rank_params * per_param["weights"],
+        "mem_gradients": rank_params * per_param["gradients"],
+        "mem_optimizer": rank_params * per_param["optimizer"],
+        "mem_activations": np.where(use_last, last_act, first_act),
+        "mem_logits": np.where(use_last, logits, 0.0),
+        "mem_total": total,
+        "mem_budget": np.full(np.shape(total), pb.budget_bytes),
+        "fits": total <= pb.budget_bytes,
+    }
+
+
+def rank_layers(layout: LayoutConfig, layers: int) -> tuple[int, int, int]:
+    """(most, first rank's, last rank's) blocks per pipeline rank; rank r runs chunks r, r+p, …"""
+    split = layout.layers_per_stage(layers)
+    per_rank = [sum(split[r::layout.pp]) for r in range(layout.pp)]
+    return max(per_rank), per_rank[0], per_rank[-1]
+
+
+def layout_arrays(layouts: list[LayoutConfig], layers: int) -> dict[str, np.ndarray]:
+    """Candidate arrays (see `evaluate_arrays`) for a list of layouts."""
+    rows = []
+    for lo in layouts:
+        most, first, last = rank_layers(lo, layers)
+        rows.append((lo.tp, lo.pp, lo.vpp, lo.dp, lo.micro_batch, lo.sequence_parallel,
+                     RECOMPUTE_CODES[lo.recompute], lo.zero_stage, lo.dp_reduce == "hierarchical",
+                     most, first, last))
+    keys = ("tp", "pp", "vpp", "dp", "mb", "sp", "rec", "zero", "hier", "max_layers",
+            "first_layers", "last_layers")
+    return {k: np.array([r[i] for r in rows]) for i, k in enumerate(keys)}
+
+
+def evaluate(pb: Problem, layout: LayoutConfig) -> LayoutCost:
+    """The cost of one layout (which must already pass check_layout)."""
+    out = evaluate_arrays(pb, layout_arrays([layout], pb.model.layers))
+    return cost_at(out, 0)
+
+
+def cost_at(out: dict[str, np.ndarray], i: int) -> LayoutCost:
+    """The LayoutCost of candidate ``i`` of an `evaluate_arrays` result."""
+    vals = {}
+    for k in COST_FIELDS:
+        v = np.asarray(out[k])
+        v = v[i] if v.ndim else v
+        vals[k] = bool(v) if k == "fits" else int(v) if k == "micro_batches" else float(v)
+    return LayoutCost(**vals)

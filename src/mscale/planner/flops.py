@@ -1,0 +1,83 @@
+"""FLOPs and parameter counts: what a step must compute, the numerator of MFU.
+
+Model FLOPs follow Korthikanti et al. (arXiv 2205.05198): every matrix multiply, attention scores
+included, counted once per forward and twice per backward; recomputation is not model work (it
+counts towards HFU only). The literal facts.md formulas are here too, so that tests can check the
+general per-layer counting against them on GPT-shaped models.
+"""
+
+from __future__ import annotations
+
+from mscale.config.model import ModelConfig
+
+
+def gpt_parameters(layers: int, hidden: int, vocab: int, seq_len: int) -> float:
+    """facts.md: parameters of a GPT, ``12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h))`` (with biases and
+    learned positions, as GPT-3 has them)."""
+    l, h = layers, hidden
+    return 12 * l * h**2 * (1 + 13 / (12 * h) + (vocab + seq_len) / (12 * l * h))
+
+
+def korthikanti_flops(batch: float, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
+    """facts.md: model FLOPs per iteration of a GPT with a 4h MLP, no recompute:
+    ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""
+    s, l, h = seq_len, layers, hidden
+    return 72 * batch * s * l * h**2 * (1 + s / (6 * h) + vocab / (12 * l * h))
+
+
+def full_recompute_flops(batch: float, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
+    """facts.md (Narayanan et al. eq. 3): hardware FLOPs with full recompute,
+    ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
+    s, l, h = seq_len, layers, hidden
+    return 96 * batch * s * l * h**2 * (1 + s / (6 * h) + vocab / (16 * l * h))
+
+
+def layer_matrix_params(model: ModelConfig) -> int:
+    """Weights of one block's matrix multiplies (what costs FLOPs): Q, K, V, O and the MLP."""
+    h, kv = model.hidden, model.num_kv_heads * model.head_dim
+    mlp = (3 if model.mlp == "swiglu" else 2) * h * model.ffn
+    return 2 * h * h + 2 * h * kv + mlp
+
+
+def layer_params(model: ModelConfig) -> int:
+    """All weights of one block: matrices plus norm scales (what costs memory)."""
+    return layer_matrix_params(model) + (1 if model.parallel_block else 2) * model.hidden
+
+
+def layer_forward_flops(model: ModelConfig) -> float:
+    """Forward FLOPs of one block for one sequence: 2 per weight per token, plus QKᵀ and A·V
+    (2·s·h each per token, Korthikanti's count: no causal halving)."""
+    s = model.seq_len
+    return 2 * layer_matrix_params(model) * s + 4 * s * s * model.hidden
+
+
+def attention_core_forward_flops(model: ModelConfig) -> float:
+    """The part selective recompute repeats: QKᵀ and A·V of one block for one sequence."""
+    return 4 * model.seq_len**2 * model.hidden
+
+
+def head_forward_flops(model: ModelConfig) -> float:
+    """Forward FLOPs of the output projection (logits) for one sequence."""
+    return 2 * model.seq_len * model.hidden * model.vocab
+
+
+def model_flops(model: ModelConfig, batch: float) -> float:
+    """Model FLOPs of one iteration over ``batch`` sequences (forward + backward = 3 forwards).
+
+    For a GPT with a 4h MLP this equals `korthikanti_flops` (tests check it).
+    """
+    per_seq = model.layers * layer_forward_flops(model) + head_forward_flops(model)
+    return 3 * batch * per_seq
+
+
+def recompute_flops(model: ModelConfig, batch: float, recompute: str) -> float:
+    """Extra hardware FLOPs that recomputation adds per iteration (no model progress).
+
+    full: one more forward of every block (the logits are not recomputed, as in eq. 3);
+    selective: only the attention core (Korthikanti et al. §5).
+    """
+    if recompute == "full":
+        return batch * model.layers * layer_forward_flops(model)
+    if recompute == "selective":
+        return batch * model.layers * attention_core_forward_flops(model)
+    return 0.0

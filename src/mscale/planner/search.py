@@ -1,0 +1,198 @@
+"""The layout search: enumerate every valid layout, cost them all at once, rank, and say why the
+others were rejected.
+
+Enumeration is two-level for speed: the (tp, pp, vpp, micro-batch) skeletons are checked in Python
+(a few thousand at 12,288 GPUs), then each valid skeleton is expanded over sequence parallel,
+recompute, ZeRO stage and DP reduction as numpy arrays and costed in one vectorised call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from mscale.config.layout import LayoutConfig, even_split
+from mscale.planner.constants import MAX_MICRO_BATCH
+from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays
+from mscale.planner.memory import RECOMPUTE_CODES
+
+RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+
+
+@dataclass
+class Rejects:
+    """Rejected layouts grouped by reason: count and one example per reason."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def add(self, reason: str, example: str, n: int = 1) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + n
+        self.examples.setdefault(reason, example)
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        return sorted(((r, n, self.examples[r]) for r, n in self.counts.items()),
+                      key=lambda x: -x[1])
+
+
+@dataclass
+class SearchResult:
+    """Every feasible layout's cost, best first, and the grouped rejections."""
+
+    problem: Problem
+    arrays: dict[str, np.ndarray]
+    costs: dict[str, np.ndarray]
+    rejects: Rejects
+    closest: int | None = None
+    """Index (into arrays) of the least-memory layout when none fits, else None."""
+    examined: int = 0
+    count: int = 0
+    """Layouts that fit, ranked first in ``arrays``/``costs`` (the rest are the misfits)."""
+
+    def layout(self, i: int) -> LayoutConfig:
+        return layout_at(self.arrays, i)
+
+    def cost(self, i: int) -> LayoutCost:
+        return cost_at(self.costs, i)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@lru_cache(maxsize=4096)
+def rank_layer_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int]:
+    """(most, first, last) blocks per pipeline rank under the default even split."""
+    split = even_split(layers, pp * vpp)
+    per_rank = [sum(split[r::pp]) for r in range(pp)]
+    return max(per_rank), per_rank[0], per_rank[-1]
+
+
+def tp_candidates(pb: Problem, rejects: Rejects) -> list[int]:
+    """TP sizes inside one fast domain that divide heads, kv heads, MLP width and vocabulary."""
+    m = pb.model
+    out = []
+    for tp in divisors(pb.cluster.domain_size):
+        for what, n in (("heads", m.heads), ("kv_heads", m.num_kv_heads), ("ffn", m.ffn),
+                        ("vocab", m.vocab)):
+            if n % tp:
+                rejects.add(f"tp does not divide {what}", f"tp={tp}, {what}={n}")
+                break
+        else:
+            out.append(tp)
+    return out
+
+
+def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, int]]:
+    """Valid (tp, pp, vpp, dp, micro_batch) tuples; the rest go to ``rejects``."""
+    tr, layers, world = pb.training, pb.model.layers, pb.cluster.world_size
+    mbs = [tr.micro_batch] if tr.micro_batch else range(1, MAX_MICRO_BATCH + 1)
+    out = []
+    for tp in tp_candidates(pb, rejects):
+        for pp in divisors(world // tp):
+            if pp > layers:
+                continue  # not a layout at all: fewer blocks than stages
+            dp = world // (tp * pp)
+            for mb in mbs:
+                if tr.global_batch % (dp * mb):
+                    rejects.add("global_batch not divisible by dp·micro_batch",
+                                f"tp={tp} pp={pp} dp={dp} mb={mb}")
+                    continue
+                m = tr.global_batch // (dp * mb)
+                if pp > 1 and m < pp:
+                    rejects.add("fewer micro-batches than pipeline stages",
+                                f"tp={tp} pp={pp} dp={dp} mb={mb}: m={m}")
+                    continue
+                for vpp in range(1, layers // pp + 1 if pp > 1 else 2):
+                    if vpp > 1 and layers % (pp * vpp):
+                        rejects.add("interleaving needs layers divisible by pp·vpp (Megatron-LM)",
+                                    f"pp={pp} vpp={vpp}, layers={layers}")
+                        continue
+                    if vpp > 1 and m % pp:
+                        rejects.add("interleaving needs micro-batches divisible by pp",
+                                    f"tp={tp} pp={pp} vpp={vpp} m={m}")
+                        continue
+                    out.append((tp, pp, vpp, dp, mb))
+    return out
+
+
+def expand(pb: Problem, sk: list[tuple[int, int, int, int, int]]) -> dict[str, np.ndarray]:
+    """Cross every skeleton with SP × recompute × ZeRO × DP reduction (restricted by training)."""
+    tr, gpn = pb.training, pb.cluster.gpus_per_node
+    recs = [RECOMPUTE_CODES[tr.recompute]] if tr.recompute else [0, 1, 2]
+    zeros = [tr.zero_stage] if tr.zero_stage is not None else [0, 1, 2]
+    opts = np.array([(sp, r, z, h) for sp in (0, 1) for r in recs for z in zeros for h in (0, 1)])
+    base = np.array(sk, dtype=np.int64).reshape(-1, 5)
+    nb, no = len(base), len(opts)
+    b = np.repeat(base, no, axis=0)
+    o = np.tile(opts, (nb, 1))
+    arr = {k: b[:, i] for i, k in enumerate(("tp", "pp", "vpp", "dp", "mb"))}
+    arr.update(sp=o[:, 0].astype(bool), rec=o[:, 1], zero=o[:, 2], hier=o[:, 3].astype(bool))
+    # drop options that change nothing: SP without TP, ZeRO without DP, hierarchical without
+    # several DP members per node or several nodes
+    k = np.minimum(np.maximum(gpn // arr["tp"], 1), arr["dp"])
+    keep = ~(arr["sp"] & (arr["tp"] == 1))
+    keep &= ~((arr["zero"] > 0) & (arr["dp"] == 1))
+    keep &= ~(arr["hier"] & ((k == 1) | (arr["dp"] // k <= 1)))
+    if pb.model.seq_len:
+        keep &= ~(arr["sp"] & (pb.model.seq_len % arr["tp"] != 0))
+    arr = {key: v[keep] for key, v in arr.items()}
+    counts = np.array([rank_layer_counts(pb.model.layers, int(p), int(v))
+                       for p, v in zip(arr["pp"], arr["vpp"])]).reshape(-1, 3)
+    arr["max_layers"], arr["first_layers"], arr["last_layers"] = counts.T
+    return arr
+
+
+def search(pb: Problem) -> SearchResult:
+    """Enumerate, cost and rank every layout of ``pb``; feasible ones first by step time."""
+    rejects = Rejects()
+    sk = skeletons(pb, rejects)
+    if not sk:
+        return SearchResult(pb, {}, {}, rejects)
+    arr = expand(pb, sk)
+    costs = evaluate_arrays(pb, arr)
+    fits = costs["fits"]
+    examined = len(fits)
+    if not fits.any():
+        closest = int(np.argmin(costs["mem_total"]))
+        _reject_memory(pb, arr, costs, ~fits, rejects)
+        return SearchResult(pb, arr, costs, rejects, closest=closest, examined=examined)
+    _reject_memory(pb, arr, costs, ~fits, rejects)
+    order = np.lexsort((costs["mem_total"], costs["step_time"]))
+    order = order[fits[order]]
+    arr = {k: v[order] for k, v in arr.items()}
+    costs = {k: (v[order] if np.ndim(v) else v) for k, v in costs.items()}
+    return SearchResult(pb, arr, costs, rejects, examined=examined, count=int(fits.sum()))
+
+
+def _reject_memory(pb: Problem, arr, costs, bad, rejects: Rejects) -> None:
+    """Group out-of-memory layouts by (recompute, ZeRO) with the least memory each needs."""
+    gb = pb.budget_bytes / 1e9
+    for r in np.unique(arr["rec"][bad]) if bad.any() else []:
+        for z in np.unique(arr["zero"][bad & (arr["rec"] == r)]):
+            sel = np.flatnonzero(bad & (arr["rec"] == r) & (arr["zero"] == z))
+            i = sel[np.argmin(costs["mem_total"][sel])]
+            reason = (f"out of memory (> {gb:.1f} GB usable) with recompute={RECOMPUTE_NAMES[int(r)]}"
+                      f", zero={int(z)}")
+            rejects.add(reason, f"least needs {costs['mem_total'][i] / 1e9:.1f} GB: "
+                        f"{describe(layout_at(arr, int(i)))}", n=len(sel))
+
+
+def layout_at(arr: dict[str, np.ndarray], i: int) -> LayoutConfig:
+    """The LayoutConfig of candidate ``i``."""
+    return LayoutConfig(tp=int(arr["tp"][i]), pp=int(arr["pp"][i]), dp=int(arr["dp"][i]),
+                        vpp=int(arr["vpp"][i]), sequence_parallel=bool(arr["sp"][i]),
+                        micro_batch=int(arr["mb"][i]), zero_stage=int(arr["zero"][i]),
+                        recompute=RECOMPUTE_NAMES[int(arr["rec"][i])],
+                        dp_reduce="hierarchical" if arr["hier"][i] else "flat")
+
+
+def describe(lo: LayoutConfig) -> str:
+    """A layout in one short line, as the tables and messages show it."""
+    parts = [f"tp{lo.tp} pp{lo.pp}", f"v{lo.vpp}" if lo.vpp > 1 else "", f"dp{lo.dp}",
+             f"mb{lo.micro_batch}", "sp" if lo.sequence_parallel else "",
+             {"none": "", "selective": "sel", "full": "full"}[lo.recompute], f"z{lo.zero_stage}",
+             "hier" if lo.dp_reduce == "hierarchical" else ""]
+    return " ".join(p for p in parts if p)

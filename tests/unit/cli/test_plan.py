@@ -1,0 +1,85 @@
+"""`mscale plan` end to end, in process: outputs, plan files, evaluation of a given layout, errors."""
+
+import json
+
+import pytest
+
+from mscale.config import load_plan
+from mscale.topology.placement import check_placement_record
+
+from tests.conftest import PLANS
+
+CPU = ["--cluster", str(PLANS / "clusters" / "cpu-4x2.yaml"),
+       "--model", str(PLANS / "models" / "tiny.yaml"),
+       "--training", str(PLANS / "training" / "cpu-demo.yaml")]
+GPT = ["--cluster", str(PLANS / "clusters" / "a100-12288.yaml"),
+       "--model", str(PLANS / "models" / "gpt-175b.yaml"),
+       "--training", str(PLANS / "training" / "gpt-175b.yaml")]
+
+
+def test_cpu_plan_writes_a_loadable_plan(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    code, stdout, err = cli("plan", *CPU, "-o", str(out), "--top", "3")
+    assert code == 0, err
+    assert "MFU" in stdout and "bubble" in stdout
+    plan = load_plan(str(out))  # check_layout + check_placement_record
+    check_placement_record(plan)
+    assert plan.layout.world_size == 8 and plan.checkpoint.interval_steps >= 1
+    assert set(plan.estimate["lost"]) >= {"bubble", "tp", "pp", "dp", "recompute"}
+    assert plan.estimate["mfu"] == pytest.approx(1 - sum(plan.estimate["lost"].values()), abs=1e-3)
+
+
+def test_json_is_one_document(cli):
+    code, stdout, _ = cli("plan", *CPU, "--json", "--explain", "--top", "2")
+    assert code == 0
+    doc = json.loads(stdout)
+    assert len(doc["top"]) == 2 and doc["plan"]["layout"] == doc["top"][0]["layout"]
+    assert doc["top"][0]["cost"]["step_time"] <= doc["top"][1]["cost"]["step_time"]
+    assert "rejected" in doc
+
+
+def test_given_layout_is_shown_next_to_the_best(cli, tmp_path):
+    out = tmp_path / "p.yaml"
+    code, stdout, err = cli("plan", *GPT, "--tp", "8", "--pp", "8", "--vpp", "6",
+                            "--micro-batch", "1", "--zero", "2", "--json", "-o", str(out))
+    assert code == 0, err
+    doc = json.loads(stdout)
+    given = doc["given"]
+    assert given["layout"]["tp"] == 8 and given["layout"]["dp"] == 192
+    assert doc["top"][0]["cost"]["step_time"] <= given["cost"]["step_time"]
+    assert 0.50 < given["cost"]["mfu"] < 0.58  # MegaScale measured 55.2% on this layout
+
+
+def test_keep_given_writes_the_given_layout(cli, tmp_path):
+    layout = tmp_path / "layout.yaml"
+    layout.write_text("tp: 2\npp: 2\nmicro_batch: 2\n")
+    out = tmp_path / "p.yaml"
+    code, _, err = cli("plan", *CPU, "--layout", str(layout), "--keep-given", "-o", str(out))
+    assert code == 0, err
+    assert (load_plan(str(out)).layout.tp, load_plan(str(out)).layout.dp) == (2, 2)
+
+
+@pytest.mark.parametrize("args,field", [(["--tp", "3"], "layout.tp"),
+                                        (["--tp", "2", "--pp", "3"], "layout.pp")])
+def test_bad_given_layout_exits_3_with_field(cli, args, field):
+    code, _, err = cli("plan", *CPU, *args)
+    assert code == 3 and field in err and "fix:" in err and "Traceback" not in err
+
+
+def test_hostlist_count_mismatch_exits_3(cli, tmp_path):
+    c = tmp_path / "c.yaml"
+    c.write_text("hostlist: node[1-4]\nnodes: 3\ngpus_per_node: 2\ngpu: cpu\n")
+    code, _, err = cli("plan", "--cluster", str(c), *CPU[2:])
+    assert code == 3 and "names 4 nodes" in err
+
+
+def test_model_that_fits_nowhere_gets_a_computed_fix(cli, tmp_path):
+    m = tmp_path / "m.yaml"
+    m.write_text("name: wide\nlayers: 8\nhidden: 2048\nheads: 16\nvocab: 32000\nseq_len: 2048\n")
+    t = tmp_path / "t.yaml"
+    t.write_text("global_batch: 64\nmicro_batch: 8\nrecompute: none\nzero_stage: 0\nprecision: bf16\n")
+    code, _, err = cli("plan", "--cluster", str(PLANS / "clusters" / "cpu-4x2.yaml"),
+                       "--model", str(m), "--training", str(t))
+    assert code == 3 and "fits no layout" in err and str(m) in err
+    assert "drop training.recompute" in err or "nodes (" in err
+    assert "GB" in err

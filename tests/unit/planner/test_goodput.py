@@ -1,0 +1,34 @@
+"""Young/Daly and the goodput model against hand values."""
+
+import math
+
+import pytest
+
+from mscale.planner.goodput import advise, effective_fraction, job_mtbf_s, young_daly
+
+
+def test_young_daly():
+    assert young_daly(10, 4 * 3600) == pytest.approx(math.sqrt(2 * 10 * 14400))
+
+
+def test_default_rate_reproduces_llama3_interruption_interval():
+    # Llama 3 (facts.md): one unexpected interruption every ~3.1 h on 16K GPUs = 2048 nodes
+    assert job_mtbf_s(2048, 3.79) / 3600 == pytest.approx(3.1, abs=0.05)
+
+
+def test_effective_fraction():
+    # waste = C/τ + (τ/2 + R)/MTBF = 1/100 + (50 + 150)/10000 = 0.03
+    assert effective_fraction(100, 1, 150, 10000) == pytest.approx(0.97)
+    assert effective_fraction(100, 1, 1e9, 10) == 0.0
+
+
+def test_advice_interval_is_whole_steps_and_at_least_the_write():
+    params = 175e9
+    a, note = advise(params, 12288, 1536, step_time_s=6.0)
+    write = params * 14 / 273e9
+    assert a.interval_s == pytest.approx(a.interval_steps * 6.0)
+    assert a.interval_s >= write - 6.0
+    assert 0 < a.effective_training < 1 and note
+    slow, _ = advise(params, 12288, 1536, 6.0)
+    fewer, _ = advise(params, 12288, 768, 6.0)
+    assert fewer.mtbf_h == pytest.approx(2 * slow.mtbf_h, rel=1e-3)
