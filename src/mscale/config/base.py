@@ -97,7 +97,10 @@ def dump_yaml(model: BaseModel) -> str:
     return yaml.dump(data, Dumper=_FlowListDumper, sort_keys=False, width=100)
 
 
-class _FlowListDumper(yaml.SafeDumper):
+_SafeDumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster
+
+
+class _FlowListDumper(_SafeDumper):  # type: ignore[misc,valid-type]
     """Write lists of scalars in flow style ([0, 1, 2]) so rank maps stay one line per rank."""
 
 
