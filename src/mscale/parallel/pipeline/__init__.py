@@ -6,3 +6,8 @@
 - `p2p`: activation and gradient transfer between neighbouring stages.
 - `runner`: executes a rank's schedule for one training step.
 """
+
+from mscale.parallel.pipeline.runner import run_pipeline_step
+from mscale.parallel.pipeline.stages import build_stage_chunks
+
+__all__ = ["build_stage_chunks", "run_pipeline_step"]

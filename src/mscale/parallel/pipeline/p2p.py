@@ -1,0 +1,96 @@
+"""Activation and gradient transfer between neighbouring pipeline stages.
+
+Every transfer is asynchronous (``batch_isend_irecv``): receives are posted ahead of the compute
+that precedes their use, and sends are left in flight while the rank computes on, so transfers
+overlap compute wherever the schedule allows (MegaScale's PP overlap). A send's tensor is held
+only until the send completes (`reap` drops finished ones), so an activation is freed as soon as
+its backward has run and its gradient has left.
+
+No shape handshake: every tensor crossing a stage boundary is the residual stream of one
+micro-batch, ``[s, b, h]`` (``[s/tp, b, h]`` under sequence parallelism), in fp32 (the residual
+stream stays fp32 under bf16 autocast: the embedding output is fp32 and each block adds its
+output to it), so both sides know the shape from the config alone.
+
+Peers are addressed by global rank through ``pp_ranks`` (stage order) on the PP group; every
+message has a tag unique within a step, and the schedule guarantees that each link's messages
+are consumed in the order they are sent (tests/unit/parallel/test_pipeline_schedule.py), so the
+pairing is right whether the transport matches by tag (gloo) or by order (NCCL).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mscale.parallel.pipeline.schedule import Message, owner
+
+
+def boundary_shape(plan, tp_size: int, sequence_parallel: bool) -> tuple[int, int, int]:
+    """Shape of the hidden states one micro-batch carries between stages on this rank."""
+    s = plan.model.seq_len
+    if sequence_parallel and tp_size > 1:
+        s //= tp_size
+    return (s, plan.layout.micro_batch, plan.model.hidden)
+
+
+class StageLink:
+    """One rank's in-flight receives and sends with the other stages of its pipeline."""
+
+    def __init__(self, group: dist.ProcessGroup, pp_ranks: list[int], vpp: int,
+                 shape: tuple[int, ...], device: torch.device, dtype: torch.dtype = torch.float32):
+        self.group, self.pp_ranks = group, pp_ranks
+        self.pp, self.stages = len(pp_ranks), len(pp_ranks) * vpp
+        self.shape, self.device, self.dtype = shape, device, dtype
+        self._recvs: dict[Message, tuple[dist.Work, torch.Tensor]] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+
+    def _peer(self, vstage: int) -> int:
+        return self.pp_ranks[owner(vstage, self.pp)[0]]
+
+    def post(self, sends: list[tuple[Message, torch.Tensor]], recvs: list[Message]) -> None:
+        """Start sends and receives in one batch; already-posted receives are skipped."""
+        ops, new = [], []
+        for msg, t in sends:
+            if t.shape != self.shape or t.dtype != self.dtype:
+                raise RuntimeError(f"stage boundary tensor {tuple(t.shape)} {t.dtype} is not the "
+                                   f"expected {self.shape} {self.dtype}: the model's layout changed")
+            t = t.detach().contiguous()
+            ops.append(dist.P2POp(dist.isend, t, self._peer(msg.dst), self.group, msg.tag(self.stages)))
+            new.append((None, t))
+        for msg in recvs:
+            if msg in self._recvs:
+                continue
+            buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+            ops.append(dist.P2POp(dist.irecv, buf, self._peer(msg.src), self.group, msg.tag(self.stages)))
+            new.append((msg, buf))
+        if not ops:
+            return
+        works = dist.batch_isend_irecv(ops)
+        if len(works) == 1 < len(ops):  # NCCL coalesces a batch into one request
+            works = works * len(ops)
+        for work, (msg, t) in zip(works, new):
+            if msg is None:
+                self._sends.append((work, t))
+            else:
+                self._recvs[msg] = (work, t)
+
+    def wait(self, msg: Message) -> torch.Tensor:
+        """Block until ``msg`` has arrived (posting its receive first if nobody did) and hand over
+        its buffer."""
+        if msg not in self._recvs:
+            self.post([], [msg])
+        work, buf = self._recvs.pop(msg)
+        work.wait()
+        return buf
+
+    def reap(self) -> None:
+        """Forget sends that have completed, releasing their tensors."""
+        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
+
+    def drain(self) -> None:
+        """Wait for every send; a step ends with nothing in flight."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends = []
+        if self._recvs:
+            raise RuntimeError(f"receives posted but never used: {sorted(self._recvs, key=repr)}")

@@ -1,0 +1,135 @@
+"""Execute this rank's pipeline schedule for one training step.
+
+The schedule (schedule.py) fixes the order of forwards and backwards; this module runs it:
+inputs come from the data loader (first virtual stage: tokens; last: labels) or from the
+previous stage (`StageLink`), outputs go to the next. Per action ``k`` the receive for action
+``k+1`` is already in flight and the one for ``k+2`` is posted right after ``k``'s compute,
+batched with ``k``'s send, so a transfer overlaps at least one action's compute.
+
+Data parallelism: every backward runs inside ``grads.no_sync()`` except the backward of the
+last micro-batch on each chunk (a chunk sees its micro-batches in order, so that is its final
+gradient). There the gradient buffer starts each bucket's DP reduction as soon as it is full,
+overlapping the rest of the cool-down. The buffer orders buckets by reverse registration, i.e.
+last chunk first, which is also the order in which chunks finish under interleaving.
+
+Timing, per rank: a wait for a receive is ``bubble`` while the pipeline fills (up to and
+including this rank's first backward) or drains (after its last forward): nothing else could run
+then. A wait in the steady state, or for sends at the end of the step, is ``comm_wait``: a slow
+link or a slow neighbour. Compute is the rest (StepTimer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from mscale.errors import MscaleError
+from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
+from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, needs, phases,
+                                               produces, schedule, virtual_stage)
+
+
+def _link(engine) -> StageLink:
+    """The rank's StageLink, built once per engine. Its first use is a barrier over the PP
+    group: NCCL wants every member in the group's first call before subsets talk point-to-point."""
+    link = getattr(engine, "_pipeline_link", None)
+    if link is None:
+        g, layout = engine.groups, engine.plan.layout
+        shape = boundary_shape(engine.plan, g.tp_size, layout.sequence_parallel)
+        torch.distributed.barrier(group=g.pp_group)
+        link = StageLink(g.pp_group, g.pp_ranks, layout.vpp, shape, engine.device)
+        engine._pipeline_link = link
+    return link
+
+
+class PipelineStep:
+    """State of one step on one rank: what is in flight and what awaits its backward."""
+
+    def __init__(self, engine, step: int, timer):
+        layout, g = engine.plan.layout, engine.groups
+        self.engine, self.step, self.timer = engine, step, timer
+        self.pp, self.vpp, self.m, self.rank = layout.pp, layout.vpp, engine.micro_batches, g.pp_rank
+        reason = check_micro_batches(self.pp, self.vpp, self.m)
+        if reason:
+            raise MscaleError(reason, field="layout.micro_batch",
+                              fix="raise global_batch or lower micro_batch (see mscale plan)")
+        self.last_stage = self.pp * self.vpp - 1
+        self.actions = schedule(self.pp, self.vpp, self.m, self.rank)
+        self.first_b, self.last_f = phases(self.actions)
+        self.link = _link(engine)
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        """(micro, chunk) → (input that needs its gradient, output to run backward from)."""
+        self.losses: list[float] = []
+
+    def _need(self, k: int):
+        return needs(self.actions[k], self.rank, self.pp, self.vpp) if k < len(self.actions) else None
+
+    def run(self) -> float | None:
+        self.link.post([], [n for n in (self._need(0), self._need(1)) if n is not None])
+        for k, action in enumerate(self.actions):
+            out = self._forward(k, action) if action.forward else self._backward(k, action)
+            sent = produces(action, self.rank, self.pp, self.vpp)
+            nxt = self._need(k + 2)
+            self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
+            self.link.reap()
+        with self.timer.region("comm_wait"):
+            self.link.drain()
+        return sum(self.losses) / self.m if self.losses else None
+
+    def _receive(self, k: int) -> torch.Tensor:
+        """Wait for action k's input; the wait counts as bubble in warm-up and cool-down."""
+        region = "bubble" if k <= self.first_b or k > self.last_f else "comm_wait"
+        with self.timer.region(region):
+            return self.link.wait(self._need(k))
+
+    def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.timer.region("data"):
+            tokens, labels = self.engine.loader.get(self.step, micro)
+            return tokens.to(self.engine.device), labels.to(self.engine.device)
+
+    def _forward(self, k: int, a: Action) -> torch.Tensor:
+        """Run one chunk forward; return what goes to the next stage (the loss on the last)."""
+        engine, vs = self.engine, virtual_stage(self.rank, a.chunk, self.pp)
+        if vs == 0:
+            x, _ = self._batch(a.micro)
+            grad_in = None
+        else:
+            x = grad_in = self._receive(k).requires_grad_()
+        chunk = engine.chunks[a.chunk]
+        if vs == self.last_stage:
+            _, labels = self._batch(a.micro)
+            with engine.autocast():
+                loss = chunk(x, labels)
+            if engine.options.inject_nan_step == self.step + 1:  # as train.step.poison_if_asked
+                loss = loss * float("nan")
+            self.losses.append(float(loss.detach()))
+            self.saved[(a.micro, a.chunk)] = (grad_in, loss / self.m)
+            return loss
+        with engine.autocast():
+            out = chunk(x)
+        self.saved[(a.micro, a.chunk)] = (grad_in, out)
+        return out
+
+    def _backward(self, k: int, a: Action) -> torch.Tensor | None:
+        """Backward of one chunk; return the gradient of its input (None on the first stage)."""
+        x, out = self.saved.pop((a.micro, a.chunk))
+        grad = None if self._need(k) is None else self._receive(k)
+        last = a.micro == self.m - 1  # this chunk's final gradient: let DP reduction start
+        with contextlib.nullcontext() if last else self.engine.grads.no_sync():
+            torch.autograd.backward(out, grad_tensors=grad)
+        delay = self.engine.options.inject_delay.get(self.engine.env.rank, 0.0)
+        if delay:  # test hook: a slow GPU, spread over the step's compute
+            time.sleep(delay / (self.m * self.vpp))
+        return None if x is None else x.grad
+
+
+def run_pipeline_step(engine, step: int, timer) -> float | None:
+    """One step's forwards and backwards under 1F1B / interleaved 1F1B.
+
+    Returns this rank's mean loss over the step's micro-batches on the rank holding the last
+    virtual stage, None elsewhere. Gradients end in ``engine.grads`` with the DP reduction of
+    every bucket launched (the loop's ``grads.finish()`` waits for it).
+    """
+    return PipelineStep(engine, step, timer).run()

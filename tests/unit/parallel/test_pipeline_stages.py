@@ -1,0 +1,39 @@
+"""The stage split and the engine-side refusals, without processes."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mscale.errors import MscaleError
+from mscale.parallel.pipeline.stages import build_stage_chunks, check_pipeline, stage_layer_ids
+from mscale.parallel.tensor import TensorParallel
+from tests.dist.pipeline_plan import tiny_plan
+
+
+def test_stage_layer_ids_are_consecutive_global_blocks():
+    assert stage_layer_ids([1, 2, 2, 1]) == [[0], [1, 2], [3, 4], [5]]
+
+
+@pytest.mark.parametrize("rank,expected", [(0, [([0], True, False), ([3, 4], False, False)]),
+                                           (1, [([1, 2], False, False), ([5], False, True)])])
+def test_interleaved_chunks_follow_megatron_assignment(rank, expected):
+    """pp=2, vpp=2, 6 blocks split [1, 2, 2, 1]: rank r holds virtual stages r and r+2."""
+    plan = tiny_plan(1, 2, 2, vpp=2)
+    groups = SimpleNamespace(pp_rank=rank)
+    chunks = build_stage_chunks(plan, groups, TensorParallel.single(), torch.device("cpu"))
+    got = [([int(i) for i in c.layers], c.has_embedding, c.has_head) for c in chunks]
+    assert got == expected
+    names = {n for c in chunks for n, _ in c.named_parameters()}
+    assert ("embed.weight" in names) == (rank == 0) and ("head.weight" in names) == (rank == 1)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(pp=4, global_batch=6), "cannot fill"),  # 3 micro-batches < 4 stages
+    (dict(pp=2, vpp=2, global_batch=6), "divisible"),  # 3 micro-batches, pp=2
+    (dict(pp=2, tie_embeddings=True), "tied embeddings"),
+])
+def test_engine_refuses_what_the_pipeline_cannot_run(kw, match):
+    pp = kw.pop("pp")
+    with pytest.raises(MscaleError, match=match):
+        check_pipeline(tiny_plan(1, pp, 1, **kw))
