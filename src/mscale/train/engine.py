@@ -1,0 +1,126 @@
+"""Build everything one training process needs from a plan: groups, model, optimizer, data.
+
+`build_engine` is the only place that knows how the pieces fit; the loop (loop.py) only calls
+the engine's step functions, so a newcomer reads this file to see the whole wiring.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mscale.config.plan import Plan
+from mscale.dist.groups import ParallelGroups, build_groups
+from mscale.dist.init import init_distributed, pick_device
+from mscale.errors import MscaleError
+from mscale.topology.env import LaunchEnv
+from mscale.topology.placement import placement_for
+from mscale.train.clip import AdaptiveClipper
+from mscale.train.data import BatchPlan, DataLoader, make_source
+from mscale.train.options import TrainOptions
+
+
+@dataclass
+class Engine:
+    """The live objects of one training process."""
+
+    plan: Plan
+    options: TrainOptions
+    env: LaunchEnv
+    groups: ParallelGroups
+    device: torch.device
+    chunks: list[torch.nn.Module]
+    """Model chunks this rank runs: one, or vpp of them under interleaved pipelining."""
+    params: list[torch.nn.Parameter]
+    grads: Any
+    """The data-parallel gradient buffer (parallel/data.py)."""
+    optimizer: Any
+    """The distributed optimizer (ZeRO; parallel/zero.py)."""
+    clipper: AdaptiveClipper
+    loader: DataLoader
+    timings: dict[str, float] = field(default_factory=dict)
+    """Start-up phases in seconds (process-group init, group build, model build)."""
+
+    @property
+    def micro_batches(self) -> int:
+        return self.plan.layout.micro_batches(self.plan.training.global_batch)
+
+    def autocast(self):
+        """bf16 autocast when the plan asks for bf16, a no-op context otherwise."""
+        enabled = self.plan.training.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
+    """Refuse to run when the launcher put this rank on a different node than the plan says:
+    TP groups would then cross nodes and every step would crawl over the NICs."""
+    placement = placement_for(plan)
+    if env.world_size != placement.world:
+        raise MscaleError(f"the launcher started {env.world_size} processes but the plan needs "
+                          f"{placement.world}", field="layout",
+                          fix=f"launch exactly {placement.world} processes (e.g. --local "
+                              f"{placement.world}, srun -n {placement.world})")
+    if env.local_world_size != plan.cluster.gpus_per_node and env.launcher != "torchrun":
+        raise MscaleError(f"{env.local_world_size} processes per node, plan says "
+                          f"{plan.cluster.gpus_per_node}", field="cluster.gpus_per_node",
+                          fix="launch gpus_per_node processes per node (srun --ntasks-per-node)")
+    if placement.node(env.rank) != env.node_rank:
+        raise MscaleError(f"rank {env.rank} runs on node index {env.node_rank} but the plan "
+                          f"places it on node {placement.node(env.rank)}", field="placement",
+                          fix="launch ranks in node order (srun block distribution, torchrun "
+                              "--node-rank matching the plan)")
+
+
+def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
+    from mscale.model import Transformer, init_parameters
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.tensor import TensorParallel
+    from mscale.parallel.zero import DistributedOptimizer
+
+    timings = {}
+    check_node_matches(plan, env)
+    t0 = time.perf_counter()
+    timeout = init_distributed(env, options.timeout_s)
+    timings["init_process_group_s"] = time.perf_counter() - t0
+    layout, training = plan.layout, plan.training
+    groups = build_groups(placement_for(plan), env.rank, timeout,
+                          hierarchical_dp=layout.dp_reduce == "hierarchical")
+    timings["build_groups_s"] = groups.build_seconds
+    device = pick_device(env)
+    torch.manual_seed(training.seed)
+
+    t0 = time.perf_counter()
+    tp = TensorParallel.from_groups(groups, sequence_parallel=layout.sequence_parallel)
+    chunks = build_chunks(plan, groups, tp, device)
+    for chunk in chunks:
+        init_parameters(chunk, training.seed)
+    params = [p for c in chunks for p in c.parameters()]
+    timings["build_model_s"] = time.perf_counter() - t0
+
+    grads = GradBuffer(params, groups, zero_stage=layout.zero_stage,
+                       bucket_bytes=int(training.bucket_mb * 1e6),
+                       overlap=training.overlap_grad_reduce,
+                       hierarchical=layout.dp_reduce == "hierarchical")
+    optimizer = DistributedOptimizer(params, grads, training, groups)
+    source = make_source(training.data, training.seed, plan.model.seq_len, plan.model.vocab)
+    loader = DataLoader(source, BatchPlan(training.global_batch, layout.micro_batch,
+                                          groups.dp_size, groups.dp_rank),
+                        tp_group=groups.tp_group, tp_src=groups.tp_ranks[0],
+                        tp_size=groups.tp_size, is_reader=groups.tp_rank == 0)
+    return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
+                  chunks=chunks, params=params, grads=grads, optimizer=optimizer,
+                  clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings)
+
+
+def build_chunks(plan: Plan, groups: ParallelGroups, tp, device) -> list[torch.nn.Module]:
+    """The model chunks of this rank: the whole model without pipelining."""
+    from mscale.model import Transformer
+
+    if plan.layout.pp > 1:
+        from mscale.parallel.pipeline import build_stage_chunks
+
+        return build_stage_chunks(plan, groups, tp, device)
+    return [Transformer(plan.model, tp, recompute=plan.layout.recompute).to(device)]

@@ -1,0 +1,41 @@
+"""Progress display on rank 0: a rich progress bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from mscale.config.records import MetricsRecord
+
+
+class ProgressReporter:
+    """Shows step, loss and throughput; silent on ranks other than 0."""
+
+    def __init__(self, steps: int, enabled: bool, log_interval: int = 1):
+        self.steps, self.enabled, self.log_interval = steps, enabled, max(1, log_interval)
+        self.tty = sys.stdout.isatty()
+        self._bar: Progress | None = None
+        self._task = None
+
+    def __enter__(self) -> "ProgressReporter":
+        if self.enabled and self.tty:
+            self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self._bar.start()
+            self._task = self._bar.add_task("train", total=self.steps, info="")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, rec: MetricsRecord) -> None:
+        if not self.enabled:
+            return
+        info = (f"loss {rec.loss:.4f}  gnorm {rec.grad_norm:.3f}  lr {rec.lr:.2e}  "
+                f"{rec.tokens_per_s:,.0f} tok/s  step {max(rec.step_time):.3f}s")
+        if self._bar is not None:
+            self._bar.update(self._task, completed=rec.step, info=info)
+        elif rec.step % self.log_interval == 0 or rec.step == self.steps:
+            print(f"step {rec.step}/{self.steps}  {info}", flush=True)
