@@ -138,7 +138,8 @@ class BufferLayout:
                 lo, hi, base = 0, b.padded, b.start
             else:
                 n = self.shard_numel(b)
-                lo, hi, base = shard_index * n, (shard_index + 1) * n, offsets[b.index] - shard_index * n
+                lo, hi = shard_index * n, (shard_index + 1) * n
+                base = offsets[b.index] - lo
             for si in b.slots:
                 s = self.slots[si]
                 a, z = max(lo, s.offset), min(hi, s.offset + s.numel)

@@ -31,7 +31,8 @@ Memory, honestly:
   the forward passes, the optimizer step and a checkpoint only the shard exists. It does not
   save memory *during* gradient accumulation: the full buckets live from the first micro-batch's
   backward to `finish` (DeepSpeed avoids that by reducing every micro-batch, at dp× the traffic).
-  The parameter all-gather after the step uses a transient bucket-sized buffer.
+  The parameter all-gather after the step uses a transient full-size buffer (all buckets are
+  gathered at once, then copied into the parameters and released).
 """
 
 from __future__ import annotations
@@ -57,15 +58,16 @@ class GradBuffer:
         self.groups = groups
         self.zero_stage = zero_stage
         self.overlap = overlap
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         self.comm = make_comm(groups, hierarchical)
         self.dp_size = self.comm.size
         self.shard_index = self.comm.shard_index
         self.layout = BufferLayout(self.params, self.dp_size, max(1, bucket_bytes // 4))
         nb = len(self.layout.buckets)
-        self._full = None if zero_stage == 2 else torch.zeros(self.layout.total)
+        self._full = None if zero_stage == 2 else self._zeros(self.layout.total)
         self._bufs: list[torch.Tensor | None] = [self._bucket_view(b) for b in range(nb)]
         self._offsets = self.layout.owned_offsets()
-        self.shard_grad = None if zero_stage == 0 else torch.zeros(sum(
+        self.shard_grad = None if zero_stage == 0 else self._zeros(sum(
             self.layout.shard_numel(b) for b in self.layout.buckets))
         self._sync = True
         self._poison = False
@@ -79,6 +81,9 @@ class GradBuffer:
             self._hooks.append(self.params[slot.index].register_post_accumulate_grad_hook(hook))
 
     # ----------------------------------------------------------------------------- storage
+    def _zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.float32, device=self.device)
+
     def _bucket_view(self, b: int) -> torch.Tensor | None:
         if self._full is None:
             return None
@@ -87,7 +92,7 @@ class GradBuffer:
 
     def _bucket(self, b: int) -> torch.Tensor:
         if self._bufs[b] is None:  # ZeRO-2: storage lives from first gradient to reduction
-            self._bufs[b] = torch.zeros(self.layout.buckets[b].padded)
+            self._bufs[b] = self._zeros(self.layout.buckets[b].padded)
         return self._bufs[b]
 
     @property
@@ -193,7 +198,9 @@ class GradBuffer:
         if not self.sharded or self.dp_size == 1:
             full, waited = owned_values, 0.0
         else:
-            full = self._full if self._full is not None else torch.empty(self.layout.total)
+            full = self._full
+            if full is None:
+                full = torch.empty(self.layout.total, device=self.device)
             handles = []
             for b in self.layout.buckets:
                 n = self.layout.shard_numel(b)

@@ -57,23 +57,28 @@ class DistributedOptimizer:
     def __init__(self, params: list[torch.nn.Parameter], grads: GradBuffer, training,
                  groups=None):
         """``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay)."""
-        if grads.params != list(params):
+        params = list(params)
+        same = len(grads.params) == len(params) and all(a is b for a, b in zip(grads.params, params))
+        if not same:
             raise ValueError("the optimizer and the gradient buffer must share one parameter list")
         self.params, self.grads = list(params), grads
         self.kind = training.optimizer
         self.beta1, self.beta2, self.eps = training.beta1, training.beta2, training.eps
         self.weight_decay = training.weight_decay
         self.pieces = grads.layout.pieces(grads.shard_index if grads.sharded else None)
-        n = grads.owned_grad.numel()
-        self.master = torch.zeros(n)
-        self.exp_avg, self.exp_avg_sq = torch.zeros(n), torch.zeros(n)
+        self.device = grads.device
+        self.master = torch.zeros_like(grads.owned_grad)
+        self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.master), torch.zeros_like(self.master)
+        self._piece_param = torch.tensor([pc.param_index for pc in self.pieces], dtype=torch.long,
+                                         device=self.device)
         self.step_count = 0
         self.found_non_finite = False
         self._norm: float | None = None
         self._set_groups(groups)
         with torch.no_grad():
             for pc, view in zip(self.pieces, self._views(self.master)):
-                view.copy_(self.params[pc.param_index].detach().reshape(-1)[pc.param_lo:pc.param_hi])
+                flat = self.params[pc.param_index].detach().reshape(-1)
+                view.copy_(flat[pc.param_lo:pc.param_hi])
         decays = [grads.layout.by_param[pc.param_index].spec.weight_decay for pc in self.pieces]
         self._decay = [i for i, d in enumerate(decays) if d]
 
@@ -88,9 +93,9 @@ class DistributedOptimizer:
         tp_rank = dist.get_rank(self.tp_group) if self.tp_group is not None else 0
         specs = [self.grads.layout.by_param[i].spec for i in range(len(self.params))]
         counted = [s.tp_dim is not None or tp_rank == 0 for s in specs]
-        self._param_counted = torch.tensor(counted, dtype=torch.float32)
+        self._param_counted = torch.tensor(counted, dtype=torch.float32, device=self.device)
         """Per parameter: 1 if this rank's copy counts in global norms (TP-replicated: rank 0)."""
-        self._piece_counted = self._param_counted[[pc.param_index for pc in self.pieces]]
+        self._piece_counted = self._param_counted[self._piece_param]
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [flat[pc.owned_lo: pc.owned_hi] for pc in self.pieces]
@@ -106,7 +111,7 @@ class DistributedOptimizer:
         """Global gradient L2 norm before clipping (cached until the step); same on all ranks."""
         if self._norm is None:
             views = self._views(self.grads.owned_grad)
-            sq = torch.zeros(())
+            sq = torch.zeros((), device=self.device)
             if views:
                 norms = torch.stack(torch._foreach_norm(views))
                 sq = (norms.square() * self._piece_counted).sum()
@@ -121,10 +126,10 @@ class DistributedOptimizer:
         return min(1.0, max_norm / (self.grad_norm() + 1e-6))
 
     def _param_sq_norms(self, views: list[torch.Tensor]) -> torch.Tensor:
-        out = torch.zeros(len(self.params), dtype=torch.float64)
+        out = torch.zeros(len(self.params), dtype=torch.float64, device=self.device)
         if views:
-            idx = torch.tensor([pc.param_index for pc in self.pieces])
-            out.index_add_(0, idx, torch.stack(torch._foreach_norm(views)).double().square())
+            norms = torch.stack(torch._foreach_norm(views)).double().square()
+            out.index_add_(0, self._piece_param, norms)
         return out
 
     def _trust_ratios(self, update: torch.Tensor) -> list[float]:
@@ -133,7 +138,7 @@ class DistributedOptimizer:
         both = torch.cat([w, u]) * self._param_counted.double().repeat(2)
         both = self._sum_over(both, self.tp_group, self.dp_group)
         ratio = optim.trust_ratio(both[: len(self.params)], both[len(self.params):])
-        return [float(ratio[pc.param_index]) for pc in self.pieces]
+        return ratio[self._piece_param].tolist()
 
     # ------------------------------------------------------------------------------- step
     def step(self, lr: float, clip_coef: float = 1.0) -> float:
