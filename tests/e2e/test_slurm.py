@@ -71,3 +71,21 @@ def test_sbatch_batch_path(slurm, tmp_path):
     # Nothing set MASTER_ADDR/PORT: env.py takes the first node of the list and a job-id port.
     assert {(r["master_addr"], r["master_port"]) for r in recs} == {
         ("node1", slurm_master_port(job_id.split(";")[0]))}
+
+
+def test_srun_mscale_train_runs_the_plan(slurm, tmp_path):
+    """The real engine under srun: 8 ranks on 4 nodes, tp2 pp2 dp2, as the plan lays them out."""
+    import os
+
+    run = tmp_path / "run"
+    mscale = os.path.join(os.path.dirname(slurm.python), "mscale")
+    slurm.run("srun", "-J", JOB_NAME, "-N", "4", "-n", "8", "--ntasks-per-node=2", mscale,
+              "train", str(PLAN), "--steps", "3", "--run-dir", str(run), "--timeout", "60",
+              timeout=240, MASTER_ADDR="127.0.0.1")
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    start = events[0]
+    assert start["kind"] == "start" and start["evidence"]["launcher"] == "slurm"
+    assert start["evidence"]["layout"]["tp"] == 2 and start["evidence"]["layout"]["pp"] == 2
+    assert events[-1]["kind"] == "stop" and events[-1]["evidence"]["code"] == 0
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3] and len(metrics[0]["step_time"]) == 8
