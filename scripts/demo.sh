@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the embedded default, on a fresh machine: set up, then plan the bundled example.
+# The main job on the embedded default, on a fresh machine: set up, then train the bundled tiny
+# model on 8 gloo processes laid out tp 2 × pp 2 × dp 2. The run directory is left in runs/demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/mscale plan --cluster plans/clusters/a100-12288.yaml --model plans/models/gpt-175b.yaml \
-  --training plans/training/gpt-175b.yaml "$@"
+exec .venv/bin/mscale train --local 8 --run-dir "${RUN_DIR:-runs/demo}" "$@"
