@@ -101,7 +101,8 @@ class Attention(nn.Module):
     """Grouped-query attention with heads split over TP (each rank: heads/tp queries and
     kv_heads/tp keys/values, which are exactly the K/V heads its query heads use).
 
-    Takes the entered (full-sequence) input, returns the partial output before `TensorParallel.exit`.
+    Takes the entered (full-sequence) input; returns the partial output, to be summed by
+    `TensorParallel.exit`.
     """
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel, recompute_core: bool):
