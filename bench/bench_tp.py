@@ -1,6 +1,6 @@
 """Forward+backward time of mscale's tensor parallelism against one process and against DTensor.
 
-    .venv/bin/python bench/tensor_parallel.py [--steps 20]
+    .venv/bin/python bench/bench_tp.py [--steps 20]
 
 Prints milliseconds per forward+backward (median over steps after warm-up) for: one process
 (one thread, like each rank), mscale TP=2 (± SP) on gloo, and DTensor TP=2 (ColwiseParallel /
