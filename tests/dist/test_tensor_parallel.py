@@ -125,8 +125,26 @@ TP2_CASES = [
 ]
 
 
+def _scatter_to_sp_and_compare(rank, world, cases):
+    """`scatter_to_sp` (unused by the model) checked by hand, then the model cases."""
+    import torch.distributed as dist
+
+    from mscale.parallel.tensor import TensorParallel, scatter_to_sp
+
+    tp = TensorParallel(dist.group.WORLD, world, rank, sequence_parallel=True)
+    x = torch.arange(12.0).view(4, 3).requires_grad_()
+    y = scatter_to_sp(x, tp)
+    (y * (rank + 1)).sum().backward()  # backward all-gathers each rank's gradient
+    expected_grad = torch.cat([torch.full((2, 3), r + 1.0) for r in range(world)])
+    scatter_ok = torch.equal(y, x.detach()[2 * rank:2 * rank + 2]) and \
+        torch.equal(x.grad, expected_grad)
+    return scatter_ok, _compare(rank, world, 2, cases)
+
+
 def test_tp2_matches_single_process():
-    _check(run_distributed(_compare, 2, 2, TP2_CASES), TP2_CASES)
+    results = run_distributed(_scatter_to_sp_and_compare, 2, TP2_CASES)
+    assert all(ok for ok, _ in results)
+    _check([per_rank for _, per_rank in results], TP2_CASES)
 
 
 TP4_CASES = [
