@@ -30,17 +30,25 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def read_text(path: str | Path) -> str:
-    """Read a small text file, local or any fsspec URL, with a clear error when it is missing."""
-    import fsspec
+    """Read a small text file, local or any fsspec URL, with a clear error when it is missing.
 
+    Local paths (no ``scheme://``) are read with plain ``open()``, so non-seekable files such as
+    ``/dev/stdin`` or a shell's ``<(...)`` pipe work; fsspec (which seeks) only handles URLs.
+    """
+    text = str(path)
     try:
-        with fsspec.open(str(path), "r") as f:
+        if "://" not in text:
+            with open(text, encoding="utf-8") as f:
+                return f.read()
+        import fsspec
+
+        with fsspec.open(text, "r") as f:
             return f.read()
     except FileNotFoundError:
-        raise MscaleError("file not found", file=str(path),
+        raise MscaleError("file not found", file=text,
                           fix="check the path; relative paths are taken from the current directory")
     except IsADirectoryError:
-        raise MscaleError("is a directory, expected a file", file=str(path))
+        raise MscaleError("is a directory, expected a file", file=text)
 
 
 def parse_yaml(text: str, source: str) -> Any:

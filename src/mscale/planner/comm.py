@@ -87,12 +87,43 @@ def tp_exposed(act_bytes, tp, links: Links, collectives):
     return (1 - TP_OVERLAP) * collectives * ring_half(act_bytes, tp, links.fast)
 
 
-def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links):
+def pp_critical_transfers(pp, vpp, m):
+    """Pipeline transfers per step that lie on the critical path even when every send/recv is
+    asynchronous and overlaps compute.
+
+    Measured on the schedules themselves (`mscale.parallel.pipeline.schedule.simulate`, Megatron's
+    1F1B and interleaved 1F1B, with a fixed delay per transfer; see tests/unit/planner/test_cost.py):
+
+    - interleaved 1F1B (v > 1): ``2·(p·v − 1)``. The first micro-batch crosses all p·v − 1
+      virtual-stage boundaries forward before the last virtual stage can start the first backward,
+      and the same boundaries backward at the end; nothing else can run meanwhile (that is the
+      fill/drain bubble). Deeper interleaving adds p boundaries per extra chunk to this chain:
+      this is where the v-fold communication of Narayanan et al. 2021 (§2.2.2) cannot be hidden.
+    - 1F1B (v = 1): ``2·(p−1)·m/p + 2·(p−2)``. Its steady state has no slack: each forward waits
+      for the activation the previous rank sent right after its own backward, so nearly every
+      transfer is exposed (Megatron-LM overlaps p2p communication only in the interleaved
+      schedule, ``--overlap-p2p-comm``).
+    """
+    pp, vpp, m = np.asarray(pp), np.asarray(vpp), np.asarray(m)
+    crit = np.where(vpp > 1, 2.0 * (pp * vpp - 1), 2.0 * (pp - 1) * m / pp + 2.0 * (pp - 2))
+    return np.where(pp > 1, crit, 0.0)
+
+
+def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk):
     """Exposed seconds of pipeline send/recv per step.
 
-    Each transfer carries one micro-batch's boundary activation split over the TP ranks (Megatron's
-    scatter/gather). Steady state: 2·v·m transfers (forward and backward, per chunk), PP_OVERLAP of
-    them hidden; warm-up and cool-down: 2·(p−1) transfers on the critical path, never hidden.
+    Each transfer carries one micro-batch's boundary activation (or its gradient) split over the
+    TP ranks (Megatron's scatter/gather), ``d = bytes / bandwidth + HOP_LATENCY_S``. A rank sends
+    and receives 2·v·m of them per step (forward and backward, per chunk; Narayanan et al. 2021
+    §2.2.2: interleaving multiplies the communication by v).
+
+    - ``pp_critical_transfers`` of them are on the critical path whatever the overlap: fully exposed.
+    - The others overlap compute. (1 − PP_OVERLAP) of each stays exposed (send/recv kernels compete
+      with compute), and once ``d`` exceeds the forward time of one chunk ``t_fwd_chunk`` the
+      interleaved steady state cannot hide it any more: ``(d − t_fwd_chunk)/2`` per transfer is
+      exposed (fitted to the schedule simulation: within 0–13% above it; 1F1B's critical count
+      already covers its steady state, linear in d).
+
     ``span_gpus`` is how many consecutive ranks one stage covers (tp·dp): neighbours farther apart
     than a node talk over the network.
     """
@@ -100,5 +131,9 @@ def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links):
     bw = np.where(np.asarray(span_gpus) < links.gpus_per_node, links.fast,
                   np.where(np.asarray(span_gpus) * pp <= links.pod_gpus, links.nic, links.inter_pod))
     one = act_bytes / tp / bw + HOP_LATENCY_S
-    exposed = (1 - PP_OVERLAP) * 2 * vpp * m * one + 2 * (pp - 1) * one
-    return np.where(pp > 1, exposed, 0.0)
+    crit = pp_critical_transfers(pp, vpp, m)
+    vpp = np.asarray(vpp)
+    steady = np.maximum(2 * vpp * np.asarray(m) - crit, 0)
+    late = np.where(vpp > 1, (one - np.asarray(t_fwd_chunk)) / 2, 0.0)  # 1F1B: already in crit
+    per_steady = np.maximum((1 - PP_OVERLAP) * one, late)
+    return np.where(pp > 1, crit * one + steady * per_steady, 0.0)

@@ -13,7 +13,9 @@ COMPUTE_EFFICIENCY = 0.655
 attention, element-wise ops together). Calibrated: with the overlaps below, MegaScale's layout (TP 8,
 PP 8, v 6, micro-batch 1, ZeRO-2, batch 6144) reproduces the
 paper's 175B strong-scaling MFU (arXiv 2402.15627, §6.1 Table 2: 59.1/57.3/54.9/55.2% on
-3,072/6,144/8,192/12,288 A100s) within 1.5 points (worst +1.2 at 8,192). Utilization lost to it is shown as "kernels"."""
+3,072/6,144/8,192/12,288 A100s) within 1.5 points (worst −1.1 at 12,288; it was +1.2 at 8,192 before
+the pipeline's critical-path transfers were charged, which moved every point by −0.1 to −0.2, so no
+re-fit). Utilization lost to it is shown as "kernels"."""
 
 # --- bytes ------------------------------------------------------------------------------------
 ACT_BYTES = 2
@@ -49,8 +51,10 @@ TP_OVERLAP = 0.5
 all-gather/reduce-scatter with the adjacent GEMMs (§3.2; +2.2 MFU points in its Table 3 ablation).
 Calibrated together with COMPUTE_EFFICIENCY."""
 PP_OVERLAP = 0.9
-"""Share of steady-state pipeline send/recv hidden behind compute (MegaScale §3.2 decouples send and
-receive so they overlap; the warm-up and cool-down transfers are never hidden)."""
+"""Share of an overlappable pipeline send/recv hidden behind compute (MegaScale §3.2 decouples send
+and receive so they overlap). Assumption; it applies only off the critical path: the 2·(p·v − 1)
+transfers of the fill and drain of an interleaved schedule (nearly all of them under plain 1F1B)
+are never hidden (comm.pp_critical_transfers, derived from the schedule itself)."""
 
 # --- goodput ----------------------------------------------------------------------------------
 FAILURES_PER_1000_NODE_DAYS = 3.79

@@ -132,11 +132,11 @@ def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarr
     passes = np.where(rec == 2, 3, 2)  # forward, backward, and the recomputed forward
     t_tp = np.where(tp > 1, tp_exposed(act, tp, pb.links, micro * c["max_layers"] * per_layer_coll
                                        * passes), 0.0)
-    t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links)
+    t_fwd = t_stage / 3  # forward of one micro-batch on the slowest rank, all its chunks
+    t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links, t_fwd / vpp)
     mem = memory_arrays(pb, c, micro)
     grad_bytes = mem["rank_params"] * GRAD_REDUCE_BYTES[tr.precision]
     half = dp_half(grad_bytes, dp, tp, pb.links, c["hier"])
-    t_fwd = t_stage / 3
     t_dp = np.where(dp > 1, dp_exposed(half, zero, tr.overlap_grad_reduce, t_fwd, t_stage - t_fwd),
                     0.0)
 

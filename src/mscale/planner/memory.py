@@ -41,7 +41,12 @@ def in_flight_micro_batches(p, v, m):
     """Micro-batches whose activations the first pipeline stage holds at its peak.
 
     1F1B: min(p, m) (facts.md: about L layers' worth in total). Interleaved 1F1B holds
-    ``p·(1 + (p−1)/(p·v))`` (Korthikanti et al. §4.2.3). No pipeline: one micro-batch at a time.
+    ``p·(1 + (p−1)/(p·v))``: Megatron-LM's ``interleaved_schedule_memory_penalty``
+    (megatron/training/theoretical_memory_usage.py) multiplies the 1F1B figure by
+    ``1 + (p−1)/(p·v)``, after Korthikanti et al. (arXiv 2205.05198) §4.2.3. The penalty is largest
+    at v = 2 and falls towards 1 + (p−1)/L at one block per virtual stage, so memory does not
+    penalise deep interleaving; its cost is time (comm.pp_critical_transfers). No pipeline: one
+    micro-batch at a time.
     """
     p, v, m = np.asarray(p), np.asarray(v), np.asarray(m)
     one_f_one_b = np.minimum(p, m).astype(float)

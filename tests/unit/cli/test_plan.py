@@ -83,3 +83,24 @@ def test_model_that_fits_nowhere_gets_a_computed_fix(cli, tmp_path):
     assert code == 3 and "fits no layout" in err and str(m) in err
     assert "drop training.recompute" in err or "nodes (" in err
     assert "GB" in err
+
+
+def test_model_from_a_non_seekable_file(cli, tmp_path):
+    """`--model /dev/stdin` (or any pipe) must not crash: local paths are read without seeking."""
+    import os
+    import threading
+
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    text = (PLANS / "models" / "tiny.yaml").read_text()
+
+    def write():
+        with open(fifo, "w") as f:
+            f.write(text)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    code, stdout, err = cli("plan", *CPU[:2], "--model", str(fifo), *CPU[4:], "--json", "--top", "1")
+    t.join(timeout=5)
+    assert code == 0, err
+    assert "Traceback" not in err and json.loads(stdout)["top"]

@@ -77,3 +77,30 @@ def test_layout_errors_name_field_and_fix():
 def test_bundled_plan_loads():
     plan = load_plan(str(PLANS / "cpu-tiny.yaml"))
     assert plan.layout.world_size == plan.cluster.world_size == 8
+
+
+def _fifo_with(tmp_path, name: str, text: str):
+    """A named pipe (non-seekable, like /dev/stdin) that yields ``text`` once to one reader."""
+    import os
+    import threading
+
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "w") as f:
+            f.write(text)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    return fifo, t
+
+
+def test_read_text_reads_non_seekable_local_files(tmp_path):
+    from mscale.config.base import read_text
+
+    fifo, t = _fifo_with(tmp_path, "pipe.yaml", "layers: 2\n")
+    assert read_text(str(fifo)) == "layers: 2\n"
+    t.join(timeout=5)
+    with pytest.raises(MscaleError, match="file not found"):
+        read_text(tmp_path / "missing.yaml")

@@ -57,3 +57,12 @@ def test_zero_shrinks_memory_and_recompute_shrinks_activations():
     acts = [evaluate(*megascale(3072, recompute=r)).mem_activations
             for r in ("none", "selective", "full")]
     assert acts[0] > acts[1] > acts[2]
+
+
+def test_interleaving_trades_bubble_for_exposed_transfers():
+    """Deeper interleaving halves the bubble each time v doubles but lengthens the chain of
+    transfers the fill and drain cannot hide: 2·(p·v − 1) of them (comm.pp_critical_transfers)."""
+    costs = {v: evaluate(*megascale(12288, vpp=v)) for v in (2, 6, 12)}
+    assert costs[2].t_bubble > costs[6].t_bubble > costs[12].t_bubble
+    assert costs[2].t_pp < costs[6].t_pp < costs[12].t_pp
+    assert costs[6].t_bubble / costs[12].t_bubble == pytest.approx(2.0)

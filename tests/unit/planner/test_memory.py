@@ -33,6 +33,10 @@ def test_in_flight_micro_batches():
     assert float(in_flight_micro_batches(8, 1, 4)) == 4       # never more than m
     assert float(in_flight_micro_batches(1, 1, 32)) == 1      # no pipeline
     assert float(in_flight_micro_batches(8, 6, 32)) == pytest.approx(8 * (1 + 7 / 48))
+    # one block per virtual stage (96 blocks, p 3, v 32): 3 · (1 + 2/96) = 3.0625
+    assert float(in_flight_micro_batches(3, 32, 3)) == pytest.approx(3.0625)
+    # v = 2 keeps the most: 8 · (1 + 7/16) = 11.5 micro-batches' worth of a rank's blocks
+    assert float(in_flight_micro_batches(8, 2, 32)) == pytest.approx(11.5)
 
 
 @pytest.mark.parametrize("zero,expected", [(0, 2 + 4 + 12), (1, 2 + 4 + 12 / 8),

@@ -68,5 +68,9 @@ def test_megascale_175b_search_finds_layouts_beating_its_own():
     theirs = LayoutConfig(tp=8, pp=8, dp=192, vpp=6, micro_batch=1, sequence_parallel=True,
                           zero_stage=2, recompute="none")
     check_layout(theirs, pb.model, pb.training, pb.cluster)
-    assert evaluate(pb, theirs).fits
-    assert best.step_time <= evaluate(pb, theirs).step_time
+    mine = evaluate(pb, theirs)
+    assert mine.fits
+    assert best.step_time <= mine.step_time
+    # the paper's layout stays competitive (docs/plan.md explains the 3.3-point gap: TP 8 vs 4 and
+    # 32 small micro-batches for the DP overlap, not the interleaving)
+    assert best.mfu - mine.mfu < 0.04

@@ -1,0 +1,53 @@
+"""Pipeline point-to-point cost: the critical-path count against the schedules themselves, and
+the exposed time against hand values."""
+
+import pytest
+
+from mscale.parallel.pipeline.schedule import simulate
+from mscale.planner.comm import Links, pp_critical_transfers, pp_exposed
+
+LINKS = Links(fast=100e9, nic=10e9, inter_pod=5e9, gpus_per_node=8, pod_gpus=1024)
+
+
+@pytest.mark.parametrize("p,v,m,hand", [
+    (8, 6, 32, 94),    # interleaved: 2·(p·v − 1) = 2·47 (MegaScale's 175B layout)
+    (3, 32, 3, 190),   # one block per virtual stage of a 96-block model: 2·(96 − 1)
+    (35, 3, 140, 208),  # MegaScale's 530B layout: 2·(105 − 1)
+    (8, 1, 32, 68),    # 1F1B: 2·(p−1)·m/p + 2·(p−2) = 56 + 12
+    (4, 1, 8, 16),     # 12 + 4
+    (1, 1, 8, 0),      # no pipeline
+])
+def test_critical_transfers_by_hand(p, v, m, hand):
+    assert float(pp_critical_transfers(p, v, m)) == pytest.approx(hand)
+
+
+@pytest.mark.parametrize("p,v,m", [(2, 1, 8), (4, 1, 16), (8, 1, 8), (2, 4, 4), (4, 3, 8),
+                                   (8, 6, 16), (3, 32, 6)])
+def test_critical_transfers_match_the_schedule_simulation(p, v, m):
+    """With asynchronous p2p and a transfer shorter than any chunk, each transfer of delay d adds
+    exactly (critical transfers)·d to the simulated step of Megatron's schedule."""
+    def step(d):
+        tl = simulate(p, v, m, t_f=1.0 / v, t_b=2.0 / v, latency=d)
+        return max(t[-1][2] for t in tl)
+
+    d = 0.01 / v
+    assert (step(d) - step(0.0)) / d == pytest.approx(float(pp_critical_transfers(p, v, m)))
+
+
+def test_pp_exposed_by_hand():
+    # 80 MB boundary activation over tp 8 = 10 MB per transfer; stages 1,536 ranks apart on a
+    # 12,288-GPU job leave the 1,024-GPU pod: 5 GB/s → d = 2 ms + 5 µs hop latency
+    d = 10e6 / 5e9 + 5e-6
+    args = (80e6, 8, 8, 6, 32, 1536, LINKS)
+    # chunk forward 10 ms > d: 94 critical transfers + (384 − 94)·(1 − 0.9) of the rest
+    assert float(pp_exposed(*args, 0.010)) == pytest.approx((94 + 290 * 0.1) * d)
+    # chunk forward 1 ms < d: the steady state leaks (d − 1 ms)/2 per transfer
+    assert float(pp_exposed(*args, 0.001)) == pytest.approx(94 * d + 290 * (d - 0.001) / 2)
+    # 1F1B: the critical count already covers the steady state
+    assert float(pp_exposed(80e6, 8, 8, 1, 32, 1536, LINKS, 0.001)) == pytest.approx(
+        (68 + 0) * d)
+
+
+def test_deeper_interleaving_exposes_more_transfers():
+    one = [float(pp_exposed(80e6, 8, 8, v, 32, 1536, LINKS, 0.010)) for v in (1, 2, 6, 12)]
+    assert one[1] < one[2] < one[3]
