@@ -1,7 +1,7 @@
 """Every constant of the cost model, in one place, each with where it comes from.
 
 Three kinds: published facts (../shared/facts.md and the papers it cites), values calibrated
-against published measurements (the calibration is a test: tests/unit/planner/test_calibration.py),
+against published measurements (the calibration is a test: tests/unit/planner/test_cost.py),
 and engineering assumptions, labelled as such. docs/plan.md repeats this table for users.
 """
 
