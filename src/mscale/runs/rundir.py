@@ -1,0 +1,73 @@
+"""The run directory: the contract between subcommands (design.md).
+
+Subcommands never talk to each other; they read and write these files. Paths are strings so that
+any fsspec URL (``memory://``, ``s3://``) works as well as a local directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from mscale.runs.atomic import append_line, fs_and_path, read_jsonl, write_text_atomic
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths inside one run directory."""
+
+    root: str
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root.rstrip("/"), *parts])
+
+    @property
+    def plan(self) -> str:
+        return self.path("plan.yaml")
+
+    @property
+    def preflight(self) -> str:
+        return self.path("preflight.json")
+
+    @property
+    def metrics(self) -> str:
+        return self.path("metrics.jsonl")
+
+    @property
+    def events(self) -> str:
+        return self.path("events.jsonl")
+
+    @property
+    def control(self) -> str:
+        return self.path("control")
+
+    @property
+    def quarantine(self) -> str:
+        return self.path("quarantine.json")
+
+    @property
+    def ckpt(self) -> str:
+        return self.path("ckpt")
+
+    @property
+    def logs(self) -> str:
+        return self.path("logs")
+
+    def create(self) -> None:
+        """Make the directory and its fixed subdirectories."""
+        fs, root = fs_and_path(self.root)
+        for sub in ("", "control", "ckpt", "logs"):
+            fs.makedirs(f"{root}/{sub}".rstrip("/"), exist_ok=True)
+
+    def append_record(self, url: str, record: BaseModel) -> None:
+        """Append one schema record as a JSON line (metrics, events)."""
+        append_line(url, record.model_dump_json(exclude_none=True))
+
+    def write_yaml(self, url: str, model: BaseModel) -> None:
+        from mscale.config.base import dump_yaml
+
+        write_text_atomic(url, dump_yaml(model))
+
+    def read_records(self, url: str) -> list[dict]:
+        return read_jsonl(url)
