@@ -14,8 +14,9 @@ from tests.dist.harness import run_distributed
 pytestmark = pytest.mark.dist
 
 TOL = 1e-5
-"""Relative float32 tolerance (max |diff| / max |reference| per tensor). Measured errors are
-~1e-7 to 1e-6: TP only changes the order of float32 sums."""
+"""Relative float32 tolerance (max |diff| / max |reference| per tensor). Measured: gradients
+<= 2e-6, loss, logits and parameters after 3 SGD steps (lr 0.1) <= 4e-7; TP only changes the order
+of float32 sums. A missing gradient all-reduce shows up as ~1 (tried: SP norm gains)."""
 
 BF16_TOL = 5e-2
 """bf16 autocast (fp32 parameters): TP changes where bf16 partial sums are rounded; this checks
@@ -78,7 +79,7 @@ def _compare(rank, world, tp_size, cases):
         tokens = torch.randint(0, cfg.vocab, (2, cfg.seq_len + 1), generator=gen)
         x, labels = tokens[:, :-1], tokens[:, 1:]
         err = {"loss": 0.0, "grad": 0.0, "param": 0.0, "logits": 0.0}
-        for _ in range(case.get("steps", 2)):
+        for _ in range(case.get("steps", 3)):
             loss, ref_loss = _run_model(model, x, labels, split), ref(x, labels)
             loss.backward()
             ref_loss.backward()
@@ -90,7 +91,7 @@ def _compare(rank, world, tp_size, cases):
             err["grad"] = max(err["grad"], max(_rel(grads[k], ref_grads[k]) for k in grads))
             with torch.no_grad():  # plain SGD keeps the comparison free of optimizer state
                 for p in params + list(ref.parameters()):
-                    p -= 0.5 * p.grad
+                    p -= 0.1 * p.grad
                     p.grad = None
         full = {k: v for m in (split or (model,)) for k, v in full_state_dict(m, tp).items()}
         ref_full = full_state_dict(ref, TensorParallel.single())
