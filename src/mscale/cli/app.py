@@ -41,7 +41,7 @@ def register() -> typer.Typer:
     """Import every command module so that it attaches itself to `app`."""
     import importlib
 
-    for name in ("plan", "train"):
+    for name in ("plan", "train", "ckpt"):
         try:
             importlib.import_module(f"mscale.cli.{name}")
         except ModuleNotFoundError as e:  # a command module not written yet

@@ -1,0 +1,311 @@
+"""Checkpoints inside `mscale train`: when to save, the two-stage save, commit, resume.
+
+Every method is called by every rank at the same step boundary (the loop's decisions are already
+agreed by all ranks), so the small collectives here line up.
+
+Rules (docs/ckpt.md):
+- A save is due at every ``interval`` steps, on a control/checkpoint request, before a halt, and
+  at the end of training; at most one per step.
+- A save requested while the previous one is still being written first *waits* for it (and its
+  commit), then snapshots: at most one snapshot lives in host memory, and a halt's save is never
+  skipped. The wait is counted in the new save's blocking time and reported.
+- A failed background write never stops training: rank 0 records a ``checkpoint_failed`` event
+  with every failing rank's error, removes the attempt, and ``latest`` keeps naming the previous
+  checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from mscale.ckpt import catalog, commit
+from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
+from mscale.ckpt.load import CheckpointReader, install, read_for_engine
+from mscale.ckpt.manifest import RNG, TrainState, tensor_key
+from mscale.ckpt.ownership import Item, from_engine, layout_record, write_items
+from mscale.ckpt.resume import ResumePoint, choose_resume
+from mscale.ckpt.snapshot import HostArena, rng_states, set_rng_states
+from mscale.ckpt.writer import BackgroundWriter, write_shard
+from mscale.errors import EXIT_CRITICAL, MscaleError
+
+
+@dataclass
+class CkptOptions:
+    """Checkpoint switches of one training run."""
+
+    interval: int | None = None
+    """Steps between saves (None: only on request, before a halt and at the end)."""
+    keep: int = 3
+    """Committed checkpoints kept (the newest is never deleted)."""
+    level: int = 1
+    """zstd level; 0 stores chunks raw."""
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    resume: str = "auto"
+    """``auto`` (RUN/ckpt/latest if any), ``none``, or a checkpoint/run path."""
+    final: bool = True
+    """Save when training finishes."""
+    chunk_delay_s: float = 0.0
+    """Test hook: the writer sleeps this long after each chunk, to hold a save in flight."""
+
+    @property
+    def codec(self) -> str:
+        return "zstd" if self.level else "raw"
+
+
+@dataclass
+class _InFlight:
+    step: int
+    name: str
+    reason: str
+    future: object
+    blocking_s: float
+    waited_s: float
+    state: TrainState
+    started: float = field(default_factory=time.perf_counter)
+
+
+Emit = Callable[..., None]
+"""``emit(kind=, severity=, step=, message=, evidence=)``: appends an event (rank 0 only)."""
+
+
+class Checkpointer:
+    """One per training process; see the module docstring for the rules."""
+
+    def __init__(self, engine, run_ckpt: str, options: CkptOptions, emit: Emit,
+                 data_fingerprint: int | None = None):
+        self.engine, self.root, self.opts, self.emit = engine, run_ckpt, options, emit
+        self.rank = engine.groups.rank
+        self.world = engine.groups.placement.world
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.layout = from_engine(engine)
+        self.items = write_items(self.layout) + self._rng_items()
+        self.arena = HostArena()
+        self.writer = BackgroundWriter()
+        self.inflight: _InFlight | None = None
+        self.commit_future = None
+        self.last_step: int | None = None
+        self.fingerprint = data_fingerprint
+
+    # ------------------------------------------------------------------ what a rank writes
+    def _rng_items(self) -> list[Item]:
+        out = []
+        for kind, t in rng_states(self.engine.device).items():
+            n = t.numel()
+            out.append(Item(tensor_key(f"{RNG}.{kind}", f"rank-{self.rank:05d}"), (n,), "uint8",
+                            ((0, n),), (0, n), ("rng", kind)))
+        return out
+
+    def _sources(self) -> list[torch.Tensor]:
+        opt, rng = self.engine.optimizer, rng_states(self.engine.device)
+        out = []
+        for it in self.items:
+            if it.source[0] == "param":
+                out.append(self.engine.params[it.source[1]])
+            elif it.source[0] == "optim":
+                pc = self.layout.pieces[it.source[2]]
+                out.append(getattr(opt, it.source[1])[pc.owned_lo: pc.owned_lo + it.count])
+            else:
+                out.append(rng[it.source[1]])
+        return out
+
+    # ------------------------------------------------------------------ saving
+    def due(self, step: int, requested: bool = False, final: bool = False) -> str | None:
+        """Why a save is due after ``step`` (1-based steps done), or None."""
+        if self.last_step == step:
+            return None
+        if requested:
+            return "request"
+        if final and self.opts.final:
+            return "final"
+        if self.opts.interval and step % self.opts.interval == 0:
+            return "interval"
+        return None
+
+    def save(self, step: int, reason: str, lr: float | None = None) -> None:
+        """Stage 1 now (blocking), stage 2 in the background. Collective when a previous save is
+        still in flight (it is finished first)."""
+        t0 = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - t0
+        state = self._train_state(step, lr)
+        snap = self.arena.take(self.items, self._sources())
+        name = catalog.step_dir(step)
+        future = self.writer.submit(write_shard, catalog.join(self.root, name), self.rank, snap,
+                                    self.opts.codec, self.opts.level, self.opts.chunk_bytes,
+                                    self.opts.chunk_delay_s)
+        self.inflight = _InFlight(step, name, reason, future, snap.seconds, waited, state)
+        self.last_step = step
+
+    def _train_state(self, step: int, lr: float | None) -> TrainState:
+        e = self.engine
+        return TrainState(step=step, samples=step * e.plan.training.global_batch,
+                          optimizer=e.optimizer.kind, optimizer_step=e.optimizer.step_count,
+                          lr=lr, clip=e.clipper.state_dict(), data_fingerprint=self.fingerprint,
+                          rng_world=self.world)
+
+    def poll(self) -> None:
+        """Collective, every step boundary: commit the in-flight save once every rank is done."""
+        if self.inflight is None:
+            return
+        f = self.inflight.future
+        writing, failed = commit.status(not f.done(), f.done() and f.exception() is not None,
+                                        self.group)
+        if writing == 0:
+            self._finish()
+
+    def wait(self) -> None:
+        """Collective: block until the in-flight save is written and committed (or failed)."""
+        if self.inflight is None:
+            return
+        try:
+            self.inflight.future.exception()  # blocks until the local write ends
+        finally:
+            commit.status(False, False, self.group)  # keep the poll/finish sequence aligned
+        self._finish()
+        if self.commit_future is not None:
+            self.commit_future.exception()
+
+    def _report(self, fl: _InFlight) -> dict:
+        error = fl.future.exception()
+        report = {"rank": self.rank, "blocking_s": fl.blocking_s, "waited_s": fl.waited_s}
+        if error is not None:
+            report["error"] = f"{type(error).__name__}: {error}"
+            return report
+        res = fl.future.result()
+        report.update(shard=res.info, write_s=res.seconds, raw_bytes=res.raw_bytes,
+                      tensors={it.key: [list(it.shape), it.dtype] for it in self.items})
+        return report
+
+    def _finish(self) -> None:
+        fl, self.inflight = self.inflight, None
+        reports = commit.gather_json(self._report(fl), self.group)
+        if reports is None:  # not rank 0
+            return
+        failed = [r for r in reports if "error" in r]
+        if failed:
+            self._failed(fl, failed)
+            return
+        manifest = commit.build_manifest(
+            fl.step, reports, codec=self.opts.codec, level=self.opts.level,
+            chunk_bytes=self.opts.chunk_bytes, layout=self._layout_record(),
+            plan=self.engine.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
+        evidence = _evidence(fl, reports)
+        self.commit_future = self.writer.submit(self._commit, fl, manifest, evidence)
+
+    def _commit(self, fl: _InFlight, manifest, evidence: dict) -> None:
+        try:
+            result = commit.commit(self.root, fl.name, manifest, self.opts.keep)
+        except Exception as e:  # noqa: BLE001 - a failed commit is an event, not a crash
+            self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
+                      message=f"checkpoint {fl.name} written but not committed: {e}",
+                      evidence={**evidence, "error": f"{type(e).__name__}: {e}",
+                                "latest": catalog.read_latest(self.root)})
+            return
+        self.emit(kind="checkpoint", severity="info", step=fl.step,
+                  message=f"checkpoint {fl.name} committed ({fl.reason})",
+                  evidence={**evidence, **result, "total_s": time.perf_counter() - fl.started})
+
+    def _failed(self, fl: _InFlight, failed: list[dict]) -> None:
+        path = catalog.join(self.root, fl.name)
+        latest = catalog.read_latest(self.root)
+        self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
+                  ranks=[r["rank"] for r in failed],
+                  message=f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
+                          f"{failed[0]['error']}; training continues, latest stays {latest}",
+                  evidence={"path": path, "reason": fl.reason, "latest": latest,
+                            "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
+                            "action": "attempt removed"})
+        self.commit_future = self.writer.submit(catalog.remove, path)
+
+    def _layout_record(self) -> dict:
+        return layout_record(self.engine.plan)
+
+    def close(self) -> None:
+        """Finish what is in flight (collective) and stop the writer thread."""
+        self.wait()
+        self.writer.close()
+
+    # ------------------------------------------------------------------ resuming
+    def resume(self) -> int:
+        """Collective: load the checkpoint chosen by ``options.resume``; returns the step to
+        continue from (0 for a fresh run)."""
+        point = self._agree(lambda: choose_resume(self.root, self.opts.resume))
+        if point is None:
+            return 0
+        t0 = time.perf_counter()
+        manifest = point.manifest
+        owned = self.engine.optimizer.master.numel()
+        reader = CheckpointReader(point.path, manifest)
+        try:
+            data = self._agree(lambda: self._read(reader, owned), share=False)
+            install(self.engine, self.layout, manifest, data)
+            self._restore_state(manifest, data)
+        finally:
+            reader.close()
+        self.last_step = manifest.state.step
+        self.emit(kind="info", severity="info", step=manifest.state.step,
+                  message=f"resumed from {point.path} (step {manifest.state.step})",
+                  evidence={"path": point.path, "from_layout": manifest.layout,
+                            "to_layout": self._layout_record(), "load_s": time.perf_counter() - t0,
+                            "bytes_read_rank0": reader.bytes_read, "cleaned": point.cleaned,
+                            "model_only": "optim" not in data})
+        return manifest.state.step
+
+    def _read(self, reader: CheckpointReader, owned: int) -> dict:
+        """Every file read of a resume (no collectives): state, and the RNG states when the
+        layout is the one that saved them (per-rank streams mean nothing at another layout)."""
+        data = read_for_engine(reader, self.layout, owned)
+        m = reader.manifest
+        if m.layout == self._layout_record() and m.state.rng_world == self.world:
+            data["rng"] = {}
+            for kind in ("cpu", "cuda"):
+                key = tensor_key(f"{RNG}.{kind}", f"rank-{self.rank:05d}")
+                if reader.has(key):
+                    data["rng"][kind] = reader.read_full(key)
+        return data
+
+    def _restore_state(self, manifest, data: dict) -> None:
+        if manifest.state.clip:
+            self.engine.clipper.load_state_dict(manifest.state.clip)
+        if "rng" in data:
+            set_rng_states(data["rng"], self.engine.device)
+
+    def _agree(self, fn, share: bool = True):
+        """Run ``fn`` (rank 0 only when ``share``, then broadcast its result); if it raises on
+        any rank, raise the same MscaleError on every rank, before anyone enters a collective
+        that the failed rank would never join."""
+        result, error = None, None
+        if not share or self.rank == 0:
+            try:
+                result = fn()
+            except MscaleError as e:
+                error = {"message": e.message, "file": e.file, "field": e.field, "fix": e.fix,
+                         "code": e.code}
+            except Exception as e:  # noqa: BLE001 - reported on every rank, with the rank
+                error = {"message": f"rank {self.rank}: {type(e).__name__}: {e}",
+                         "code": EXIT_CRITICAL}
+        errors = commit.gather_json(error, self.group)
+        first = commit.broadcast_json(next((e for e in errors if e), None) if errors else None,
+                                      self.group)
+        if first:
+            raise MscaleError(first["message"], file=first.get("file"), field=first.get("field"),
+                              fix=first.get("fix"), code=first.get("code", EXIT_CRITICAL))
+        if share:
+            shared = commit.broadcast_json(result.to_json() if result else None, self.group)
+            return ResumePoint.from_json(shared) if shared else None
+        return result
+
+
+def _evidence(fl: _InFlight, reports: list[dict]) -> dict:
+    stored = sum(r["shard"]["bytes"] for r in reports)
+    raw = sum(r.get("raw_bytes", 0) for r in reports)
+    write_s = max(r.get("write_s", 0.0) for r in reports)
+    return {"reason": fl.reason, "blocking_s_max": max(r["blocking_s"] for r in reports),
+            "waited_for_previous_s_max": max(r["waited_s"] for r in reports),
+            "write_s_max": write_s, "stored_bytes": stored, "raw_bytes": raw,
+            "shards": len(reports), "write_gb_per_s": stored / write_s / 1e9 if write_s else None}

@@ -1,0 +1,100 @@
+"""The commit protocol: all ranks durable → manifest → commit marker → ``latest`` → retention.
+
+1. Every rank's background job writes and fsyncs its shard (writer.py).
+2. At each step boundary, on the training thread, one small SUM all-reduce on the checkpoint's
+   own gloo group asks "is any rank still writing, did any fail?" (`status`). No collective ever
+   runs on a background thread, and none touches the TP/DP/default groups.
+3. When none is writing, every rank's result (shard info or error) is gathered to rank 0
+   (`gather_json`), again at a step boundary.
+4. Rank 0 writes, on its writer thread: ``manifest.json`` (atomic), then ``COMMITTED`` (atomic;
+   holds the manifest's sha256), then replaces ``latest`` (atomic), then applies retention.
+
+A crash anywhere before step 4's marker leaves a directory without ``COMMITTED``: loaders refuse
+it, ``latest`` still names the previous checkpoint, and the next start removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+from mscale.ckpt.catalog import join, retain, write_latest
+from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
+                                  TensorInfo, TrainState, manifest_bytes, sha256)
+from mscale.runs.atomic import write_bytes_atomic
+
+
+def status(writing: bool, failed: bool, group) -> tuple[int, int]:
+    """Ranks still writing and ranks whose write failed, summed over ``group``."""
+    flags = torch.tensor([int(writing), int(failed)], dtype=torch.int64)
+    if group is not None:
+        dist.all_reduce(flags, group=group)
+    return int(flags[0]), int(flags[1])
+
+
+def gather_json(obj, group, dst: int = 0) -> list | None:
+    """Gather one JSON-able object per rank to ``dst`` (None elsewhere). JSON bytes in uint8
+    tensors: no pickling, and it works on gloo whatever the training backend."""
+    data = json.dumps(obj).encode()
+    if group is None:
+        return [obj]
+    world = dist.get_world_size(group)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s) for s in sizes)
+    buf = torch.zeros(longest, dtype=torch.uint8)
+    buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else buf[:0]
+    me = dist.get_rank()
+    out = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)] if me == dst else None
+    dist.gather(buf, out, dst=dst, group=group)
+    if me != dst:
+        return None
+    return [json.loads(bytes(t[: int(n)].numpy())) for t, n in zip(out, sizes)]
+
+
+def broadcast_json(obj, group, src: int = 0):
+    """Rank ``src``'s object on every rank."""
+    if group is None:
+        return obj
+    data = json.dumps(obj).encode() if dist.get_rank() == src else b""
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    dist.broadcast(size, src=src, group=group)
+    buf = torch.zeros(int(size), dtype=torch.uint8)
+    if dist.get_rank() == src and data:
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buf, src=src, group=group)
+    return json.loads(bytes(buf.numpy()))
+
+
+def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, chunk_bytes: int,
+                   layout: dict, plan: dict, state: TrainState) -> Manifest:
+    """The manifest from every rank's report (``{"shard", "tensors"}``)."""
+    tensors: dict[str, TensorInfo] = {}
+    for r in reports:
+        for key, (shape, dtype) in r["tensors"].items():
+            tensors.setdefault(key, TensorInfo(shape=shape, dtype=dtype))
+    shards = sorted((ShardInfo.model_validate(r["shard"]) for r in reports if r.get("shard")),
+                    key=lambda s: s.rank)
+    return Manifest(step=step, codec=codec, level=level, chunk_bytes=chunk_bytes, layout=layout,
+                    plan=plan, state=state, tensors=dict(sorted(tensors.items())), shards=shards)
+
+
+def write_commit(ckpt: str, manifest: Manifest) -> None:
+    """Manifest first, then the marker naming its sha256 (both atomic). Shards must be durable."""
+    raw = manifest_bytes(manifest)
+    write_bytes_atomic(join(ckpt, MANIFEST), raw)
+    marker = CommitMarker(step=manifest.step, manifest_sha256=sha256(raw))
+    write_bytes_atomic(join(ckpt, COMMITTED), marker.model_dump_json().encode())
+
+
+def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int) -> dict:
+    """Rank 0, once every shard is durable: manifest, marker, ``latest``, retention."""
+    t0 = time.perf_counter()
+    write_commit(join(ckpt_root, name), manifest)
+    write_latest(ckpt_root, name)
+    removed = retain(ckpt_root, keep, name)
+    return {"commit_s": time.perf_counter() - t0, "removed": removed}

@@ -1,0 +1,220 @@
+"""Offline conversion: another layout, HF safetensors out, HF safetensors in.
+
+All three are "write a checkpoint for every rank of a plan from some source of global tensors"
+(`write_layout`): each target rank's slices are computed offline (ownership.for_plan, meta-device
+modules) exactly as a live rank of that plan would write them, filled from the source, and
+committed like a training save. One process; memory is one rank's slices at a time (plus, for an
+HF import, the memory-mapped input).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from typing import Callable
+
+import torch
+
+from mscale.ckpt import catalog, hf, safetensors
+from mscale.ckpt.commit import build_manifest, write_commit
+from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
+from mscale.ckpt.load import CheckpointReader, has_optimizer
+from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_key
+from mscale.ckpt.ownership import Item, for_plan, layout_record, meta_params, write_items
+from mscale.ckpt.snapshot import Snapshot
+from mscale.ckpt.writer import write_shard
+from mscale.config.plan import Plan, load_plan
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path, write_text_atomic
+
+Source = Callable[[Item], torch.Tensor]
+"""The data of one slice (1-D, ``item.count`` elements)."""
+MAX_HF_FILE = 5_000_000_000
+"""Bytes per safetensors file before starting another (HF's default shard size)."""
+
+
+def _check_empty(dst: str) -> None:
+    fs, path = fs_and_path(dst)
+    if fs.exists(path) and (not fs.isdir(path) or fs.ls(path)):
+        raise MscaleError("destination exists and is not empty", file=dst,
+                          fix="choose a new directory; conversion never overwrites")
+
+
+def write_layout(dst: str, plan: Plan, source: Source, state: TrainState, *, optimizer: bool,
+                 level: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
+    """Write and commit a checkpoint of ``plan``'s layout at ``dst``; ``latest`` is updated too
+    when ``dst`` sits in a run's ``ckpt/`` directory."""
+    codec = "zstd" if level else "raw"
+    reports = []
+    for rank in range(plan.layout.world_size):
+        items = [it for it in write_items(for_plan(plan, rank))
+                 if optimizer or it.source[0] == "param"]
+        views = [source(it).detach().contiguous().reshape(-1).view(torch.uint8) for it in items]
+        snap = Snapshot(items, views, 0.0, sum(v.numel() for v in views))
+        res = write_shard(dst, rank, snap, codec, level, chunk_bytes)
+        reports.append({"shard": res.info,
+                        "tensors": {it.key: [list(it.shape), it.dtype] for it in items}})
+    manifest = build_manifest(state.step, reports, codec=codec, level=level,
+                              chunk_bytes=chunk_bytes, layout=layout_record(plan),
+                              plan=plan.model_dump(mode="json", exclude_none=True), state=state)
+    write_commit(dst, manifest)
+    root = catalog.parent(dst)
+    if catalog.basename(root) == "ckpt" and catalog.STEP_DIR.match(catalog.basename(dst)):
+        catalog.write_latest(root, catalog.basename(dst))
+    return manifest
+
+
+def reshard(src: str, manifest: Manifest, dst: str, plan: Plan, level: int = 1) -> Manifest:
+    """The checkpoint at another layout (model and optimizer state)."""
+    with CheckpointReader(src, manifest) as reader:
+        state = manifest.state.model_copy(update={"rng_world": None})
+        return write_layout(dst, plan, reader.read_item, state,
+                            optimizer=has_optimizer(manifest), level=level)
+
+
+def _model_names(cfg) -> list[str]:
+    """Global parameter names in the model's own order (embedding, blocks, norm, head)."""
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(layout=SimpleNamespace(tp=1, pp=1, sequence_parallel=False,
+                                                  recompute="none"), model=cfg)
+    from mscale.parallel.spec import get_spec
+
+    return [get_spec(p).name for p in meta_params(plan, 0, 0)]
+
+
+def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
+    """A consolidated safetensors directory with LLaMA names and config.json."""
+    from mscale.config.model import ModelConfig
+
+    cfg = ModelConfig.model_validate(manifest.plan["model"])
+    names = [n for n in _model_names(cfg) if tensor_key(MODEL, n) in manifest.tensors]
+    if not names:
+        raise MscaleError("the checkpoint holds no model weights", file=src, field="tensors")
+    files, cur, size = [], [], 0
+    for n in names:
+        info = manifest.tensors[tensor_key(MODEL, n)]
+        nbytes = torch.empty((), dtype=_dtype(info.dtype)).element_size()
+        for d in info.shape:
+            nbytes *= d
+        if cur and size + nbytes > MAX_HF_FILE:
+            files.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += nbytes
+    files.append(cur)
+    fs, root = fs_and_path(dst)
+    fs.makedirs(root, exist_ok=True)
+    total, weight_map = 0, {}
+    meta = {"format": "pt", "mscale_step": str(manifest.step)}
+    with CheckpointReader(src, manifest) as reader:
+        for i, group in enumerate(files):
+            fname = ("model.safetensors" if len(files) == 1
+                     else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
+            entries = [(hf.to_hf(n), _dtype(manifest.tensors[tensor_key(MODEL, n)].dtype),
+                        tuple(manifest.tensors[tensor_key(MODEL, n)].shape)) for n in group]
+            back = {hf.to_hf(n): n for n in group}
+            with fs.open(f"{root}/{fname}", "wb") as fh:
+                total += safetensors.write(fh, entries, lambda h: reader.read_full(
+                    tensor_key(MODEL, back[h])), meta)
+            weight_map.update({h: fname for h in back})
+    if len(files) > 1:
+        write_text_atomic(catalog.join(dst, "model.safetensors.index.json"), json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    write_text_atomic(catalog.join(dst, "config.json"), hf.dumps_config(cfg))
+    return {"format": "hf-safetensors", "tensors": len(names), "bytes": total, "files": len(files)}
+
+
+def _dtype(name: str) -> torch.dtype:
+    from mscale.ckpt.manifest import DTYPES
+
+    return DTYPES[name]
+
+
+def is_hf_dir(path: str) -> bool:
+    fs, root = fs_and_path(path)
+    return fs.isdir(root) and fs.exists(f"{root}/config.json") and any(
+        p.endswith(".safetensors") for p in fs.ls(root, detail=False))
+
+
+def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """config.json and every tensor of an HF directory (memory-mapped when local)."""
+    fs, root = fs_and_path(path)
+    config = json.loads(fs.cat_file(f"{root}/config.json"))
+    tensors: dict[str, torch.Tensor] = {}
+    for p in sorted(fs.ls(root, detail=False)):
+        if not p.endswith(".safetensors"):
+            continue
+        with fs.open(p, "rb") as fh:
+            entries, _, start = safetensors.read_header(fh, p)
+            if catalog.is_local(fs):
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+                for e in entries:
+                    n = e.end - e.begin
+                    t = (torch.frombuffer(mm, dtype=e.dtype, count=n // _size(e.dtype),
+                                          offset=start + e.begin) if n else
+                         torch.empty(0, dtype=e.dtype))
+                    tensors[e.name] = t.view(e.shape)
+            else:
+                tensors.update({e.name: safetensors.read_tensor(fh, e, start) for e in entries})
+    return config, tensors
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def import_hf(src: str, dst: str, plan: Plan, level: int = 1) -> Manifest:
+    """A model-only checkpoint (step 0, fresh optimizer) of ``plan``'s layout from HF weights."""
+    config, tensors = open_hf(src)
+    cfg = hf.model_from_hf_config(config, f"{src}/config.json")
+    mine = plan.model.model_dump(exclude={"name"})
+    if cfg.model_dump(exclude={"name"}) != mine:
+        raise MscaleError("config.json describes a different model than the plan",
+                          file=f"{src}/config.json", field="model",
+                          fix="use a plan whose model: section matches the HF config")
+    by_name = {}
+    for h, t in tensors.items():
+        try:
+            by_name[hf.from_hf(h, cfg)] = t
+        except KeyError:
+            raise MscaleError(f"unexpected tensor {h}", file=src, field="tensors",
+                              fix="export only the LLaMA tensors listed in docs/ckpt.md")
+
+    def source(it: Item) -> torch.Tensor:
+        name = split_key(it.key)[1]
+        if name not in by_name:
+            raise MscaleError(f"{hf.to_hf(name)} is missing", file=src, field="tensors",
+                              fix="the HF directory must hold every weight of the model")
+        full = by_name[name].to(torch.float32)
+        if tuple(full.shape) != it.shape:
+            raise MscaleError(f"{hf.to_hf(name)} has shape {list(full.shape)}, the model needs "
+                              f"{list(it.shape)}", file=src, field="tensors")
+        region = full[tuple(slice(a, b) for a, b in it.box)]
+        return region.reshape(-1)[it.flat[0]: it.flat[1]]
+
+    state = TrainState(step=0, samples=0)
+    return write_layout(dst, plan, source, state, optimizer=False, level=level)
+
+
+def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
+            level: int = 1) -> dict:
+    """The CLI's entry point; returns a JSON-able summary."""
+    _check_empty(dst)
+    if is_hf_dir(src):
+        if to_hf or not plan:
+            raise MscaleError("the source is already an HF directory", file=src, field="--plan",
+                              fix="pass --plan PLAN to import it as an mscale checkpoint")
+        m = import_hf(src, dst, load_plan(plan), level)
+        return _summary(src, dst, "mscale (model only, from HF)", m)
+    ckpt = catalog.resolve(src)
+    manifest = catalog.load_committed(ckpt)
+    if to_hf:
+        return {"src": ckpt, "dst": dst, **export_hf(ckpt, manifest, dst)}
+    return _summary(ckpt, dst, "mscale", reshard(ckpt, manifest, dst, load_plan(plan), level))
+
+
+def _summary(src: str, dst: str, fmt: str, m: Manifest) -> dict:
+    return {"src": src, "dst": dst, "format": fmt, "tensors": len(m.tensors),
+            "bytes": sum(s.bytes for s in m.shards), "layout": m.layout, "step": m.step}

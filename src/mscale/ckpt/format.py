@@ -1,0 +1,145 @@
+"""Shard files: tensor bytes cut into fixed-size chunks, each stored raw or as one zstd frame.
+
+Why chunks: a loader at another layout needs a slice of a tensor, not all of it. Each chunk holds
+``chunk_bytes`` raw bytes (the last one of a slice fewer) and is compressed on its own, so the
+elements ``[lo, hi)`` of a slice cost one ranged read of the chunks that cover them and their
+decompression, never the whole file. Each chunk carries a crc32 of its stored bytes (checked on
+every read, so a flipped byte is caught at load, not only by `verify`).
+
+The file is nothing but the chunks back to back; the manifest's `SliceInfo` lists them. Bytes are
+the tensor's memory as is (little-endian), so `torch.frombuffer` rebuilds it: nothing is parsed.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import BinaryIO, Iterator
+
+import torch
+import zstandard
+
+from mscale.ckpt.manifest import DTYPE_NAMES, DTYPES, SliceInfo
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+"""4 MiB: small enough that a resharding read wastes little, large enough for full-speed I/O."""
+
+
+class ChunkError(ValueError):
+    """A chunk whose bytes do not match the manifest (checksum, size, or decoding)."""
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous tensor, without a copy."""
+    t = t.detach().contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES[dtype]
+
+
+def itemsize(dtype: str) -> int:
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+class Encoder:
+    """Cuts byte strings into chunks and encodes them; one per writer thread (zstd contexts are
+    not shared between threads)."""
+
+    def __init__(self, codec: str, level: int, chunk_bytes: int):
+        if codec not in ("raw", "zstd"):
+            raise ValueError(f"unknown codec {codec!r}")
+        self.codec, self.level, self.chunk_bytes = codec, level, chunk_bytes
+        self._zstd = zstandard.ZstdCompressor(level=level) if codec == "zstd" else None
+
+    def chunks(self, data: memoryview) -> Iterator[tuple[bytes | memoryview, int]]:
+        """``(stored bytes, crc32)`` per chunk of ``data``."""
+        for start in range(0, len(data), self.chunk_bytes):
+            raw = data[start: start + self.chunk_bytes]
+            stored = self._zstd.compress(raw) if self._zstd else raw
+            yield stored, zlib.crc32(stored)
+
+
+def write_slice(fh: BinaryIO, encoder: Encoder, data: memoryview, on_chunk=None) -> list[list[int]]:
+    """Write ``data`` as chunks to ``fh``; return the chunk table ``[[stored_bytes, crc32]]``.
+    ``on_chunk`` (tests) is called after each chunk is written."""
+    table = []
+    for stored, crc in encoder.chunks(data):
+        fh.write(stored)
+        table.append([len(stored), crc])
+        if on_chunk:
+            on_chunk()
+    return table
+
+
+def shard_checksum(crcs: list[int]) -> str:
+    """The per-shard checksum: crc32 over the chunks' crc32s (little-endian u32) in file order."""
+    return f"crc32-chunks:{zlib.crc32(struct.pack(f'<{len(crcs)}I', *crcs)):08x}"
+
+
+class Decoder:
+    """Reads elements of a slice: one ranged read of the covering chunks, crc check, decode."""
+
+    def __init__(self, codec: str, chunk_bytes: int):
+        self.codec, self.chunk_bytes = codec, chunk_bytes
+        self._zstd = zstandard.ZstdDecompressor() if codec == "zstd" else None
+
+    def check(self, stored: memoryview, crc: int, where: str) -> None:
+        if zlib.crc32(stored) != crc:
+            raise ChunkError(f"{where}: checksum mismatch")
+
+    def decode(self, stored: memoryview, crc: int, raw_len: int, where: str) -> bytes | memoryview:
+        """One chunk's raw bytes, after checking its crc and length."""
+        self.check(stored, crc, where)
+        if self._zstd is None:
+            out = stored
+        else:
+            try:
+                out = self._zstd.decompress(stored, max_output_size=raw_len)
+            except zstandard.ZstdError as e:
+                raise ChunkError(f"{where}: zstd frame does not decode ({e})") from None
+        if len(out) != raw_len:
+            raise ChunkError(f"{where}: decodes to {len(out)} bytes, expected {raw_len}")
+        return out
+
+    def raw_lengths(self, s: SliceInfo, item: int) -> list[int]:
+        total = s.count * item
+        return [min(self.chunk_bytes, total - i * self.chunk_bytes) for i in range(len(s.chunks))]
+
+    def read(self, fh: BinaryIO, s: SliceInfo, dtype: str, lo: int, hi: int,
+             where: str = "") -> torch.Tensor:
+        """Elements ``[lo, hi)`` of the slice's data (0 = its first element) as a 1-D tensor."""
+        item = itemsize(dtype)
+        if hi <= lo:
+            return torch.empty(0, dtype=DTYPES[dtype])
+        per = self.chunk_bytes // item
+        c0, c1 = lo // per, (hi - 1) // per
+        raw_lens = self.raw_lengths(s, item)
+        fh.seek(s.offset + sum(c[0] for c in s.chunks[:c0]))
+        blob = bytearray(sum(c[0] for c in s.chunks[c0:c1 + 1]))
+        got = fh.readinto(blob)
+        if got != len(blob):
+            raise ChunkError(f"{where}: file ends {len(blob) - (got or 0)} bytes early")
+        view, pos = memoryview(blob), 0
+        skip = (lo - c0 * per) * item
+        if self._zstd is None:  # raw: check the chunks, then hand out the read buffer itself
+            for i in range(c0, c1 + 1):
+                stored_len, crc = s.chunks[i]
+                if stored_len != raw_lens[i]:
+                    raise ChunkError(f"{where} chunk {i}: {stored_len} bytes stored, "
+                                     f"{raw_lens[i]} expected")
+                self.check(view[pos: pos + stored_len], crc, f"{where} chunk {i}")
+                pos += stored_len
+            return torch.frombuffer(blob, dtype=DTYPES[dtype], count=hi - lo, offset=skip)
+        out = bytearray((hi - lo) * item)
+        dst, filled = memoryview(out), 0
+        for i in range(c0, c1 + 1):
+            stored_len, crc = s.chunks[i]
+            raw = memoryview(self.decode(view[pos: pos + stored_len], crc, raw_lens[i],
+                                         f"{where} chunk {i}"))
+            pos += stored_len
+            piece = raw[skip: skip + len(out) - filled]
+            dst[filled: filled + len(piece)] = piece
+            filled, skip = filled + len(piece), 0
+        return torch.frombuffer(out, dtype=DTYPES[dtype])

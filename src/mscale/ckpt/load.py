@@ -1,0 +1,181 @@
+"""Loading with resharding: any rank of any layout reads exactly the regions it holds.
+
+`CheckpointReader.read` returns one region (box + flat range) of a global tensor, assembled from
+whichever saved slices overlap it (slices.py does the index work; only the chunks that cover the
+overlap are read and decoded). Nothing else is needed for a layout change: TP changes the boxes,
+ZeRO/DP changes the flat ranges, PP changes which parameters a rank holds, and each rank asks for
+what it holds now by global name.
+
+`load_into_engine` restores a live engine:
+- with optimizer state: every rank reads its ZeRO shard of master, exp_avg and exp_avg_sq and
+  the model parameters are rebuilt from the masters by the optimizer's all-gather (the parameters
+  *are* the masters after every step), so under ZeRO 1/2 each replica reads 1/dp and none reads
+  the model tensors at all. Under ZeRO 0 every replica needs everything: DP rank 0 reads and
+  broadcasts to its replicas (MegaScale's recovery path);
+- model-only checkpoints (an HF import) load the parameters and start a fresh optimizer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+
+from mscale.ckpt.catalog import open_inside
+from mscale.ckpt.format import ChunkError, Decoder
+from mscale.ckpt.manifest import DTYPES, MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
+from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
+from mscale.ckpt.slices import Box, copy_overlap, intersect, rows_box
+from mscale.errors import EXIT_CRITICAL, MscaleError
+
+
+class CheckpointReader:
+    """Reads regions of a committed checkpoint's tensors; keeps its shard files open."""
+
+    def __init__(self, ckpt_dir: str, manifest: Manifest):
+        self.dir, self.manifest = ckpt_dir, manifest
+        self.decoder = Decoder(manifest.codec, manifest.chunk_bytes)
+        self.slices: dict[str, list[tuple[str, SliceInfo]]] = defaultdict(list)
+        for shard in manifest.shards:
+            for s in shard.slices:
+                self.slices[s.tensor].append((shard.path, s))
+        self._files: dict[str, object] = {}
+        self.bytes_read = 0
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _file(self, name: str):
+        if name not in self._files:
+            try:
+                self._files[name] = open_inside(self.dir, name)
+            except FileNotFoundError:
+                raise MscaleError(f"shard {name} is missing", file=f"{self.dir}/{name}",
+                                  code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; load an "
+                                  "older checkpoint with --resume RUN/ckpt/step-NNNNNN")
+        return self._files[name]
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def has(self, key: str) -> bool:
+        return key in self.manifest.tensors
+
+    def read(self, key: str, box: Box, flat: tuple[int, int],
+             shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Elements ``flat`` of ``global[box]`` (row-major) of tensor ``key``, as a 1-D tensor."""
+        info = self.manifest.tensors.get(key)
+        if info is None:
+            raise MscaleError(f"the checkpoint has no tensor {key}", file=self.dir,
+                              field="tensors", fix="was it saved from a different model? "
+                              "compare the plan's model section with the checkpoint's")
+        if shape is not None and tuple(info.shape) != tuple(shape):
+            raise MscaleError(f"{key} has shape {info.shape} in the checkpoint, {list(shape)} in "
+                              "this model", file=self.dir, field=f"tensors.{key}.shape",
+                              fix="load into the same model configuration (model: section)")
+        out = torch.empty(flat[1] - flat[0], dtype=DTYPES[info.dtype])
+        want = rows_box(box, flat)
+        copied = 0
+        for path, s in self.slices.get(key, []):
+            src_box, src_flat = s.box_tuple(), (s.flat[0], s.flat[1])
+            if intersect(want, rows_box(src_box, src_flat)) is None:
+                continue
+
+            def fetch(lo: int, hi: int, path=path, s=s) -> torch.Tensor:
+                self.bytes_read += (hi - lo) * out.element_size()
+                try:
+                    return self.decoder.read(self._file(path), s, info.dtype, lo, hi,
+                                             where=f"{path} ({key})")
+                except ChunkError as e:
+                    raise MscaleError(str(e), file=f"{self.dir}/{path}", field=key,
+                                      code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; load an "
+                                      "older checkpoint with --resume RUN/ckpt/step-NNNNNN")
+
+            copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
+        if copied != out.numel():
+            raise MscaleError(f"{key}{list(box)}[{flat[0]}:{flat[1]}]: slices cover {copied} of "
+                              f"{out.numel()} elements", file=self.dir, field=f"tensors.{key}",
+                              code=EXIT_CRITICAL, fix="run `mscale ckpt verify` on it")
+        return out
+
+    def read_item(self, it: Item) -> torch.Tensor:
+        return self.read(it.key, it.box, it.flat, it.shape)
+
+    def read_full(self, key: str) -> torch.Tensor:
+        """A whole global tensor (for conversion and tests)."""
+        shape = tuple(self.manifest.tensors[key].shape)
+        box = tuple((0, d) for d in shape)
+        n = 1
+        for d in shape:
+            n *= d
+        return self.read(key, box, (0, n)).view(shape)
+
+
+def has_optimizer(manifest: Manifest) -> bool:
+    return any(split_key(k)[0] == f"optim.{OPTIM_KEYS[0]}" for k in manifest.tensors)
+
+
+def read_optimizer(reader: CheckpointReader, rl: RankLayout, owned: int) -> dict[str, torch.Tensor]:
+    """This rank's flat optimizer state (``owned`` elements per key) from the checkpoint."""
+    flats = {k: torch.zeros(owned, dtype=torch.float32) for k in OPTIM_KEYS}
+    for it in optim_needs(rl):
+        _, key, k = it.source
+        pc = rl.pieces[k]
+        flats[key][pc.owned_lo: pc.owned_lo + it.count] = reader.read_item(it)
+    return flats
+
+
+def read_model(reader: CheckpointReader, rl: RankLayout) -> list[torch.Tensor]:
+    """This rank's parameters (flat, in parameter order) from the checkpoint."""
+    return [reader.read_item(it) for it in model_needs(rl)]
+
+
+def _key_of(key: str) -> str:
+    return split_key(key)[0]
+
+
+def install(engine, rl: RankLayout, manifest: Manifest, data: dict) -> None:
+    """Put what `read_for_engine` returned into the live engine (collectives: the ZeRO-0
+    broadcast and the optimizer's parameter all-gather)."""
+    opt, g = engine.optimizer, engine.groups
+    device = opt.master.device
+    if "optim" in data:
+        flats = {k: v.to(device) for k, v in data["optim"].items()}
+        if rl.zero_stage == 0 and g.dp_size > 1:  # one reader per DP group, broadcast
+            for k in OPTIM_KEYS:
+                dist.broadcast(flats[k], src=g.dp_ranks[0], group=g.dp_group)
+        step = manifest.state.optimizer_step
+    else:
+        params = [t.to(device) for t in data["model"]]
+        master = torch.zeros_like(opt.master)
+        for pc in rl.pieces:
+            master[pc.owned_lo: pc.owned_lo + pc.hi - pc.lo] = params[pc.param][pc.lo: pc.hi]
+        flats = {"master": master, "exp_avg": torch.zeros_like(master),
+                 "exp_avg_sq": torch.zeros_like(master)}
+        step = 0
+    state = {}
+    for pc in rl.pieces:
+        name = rl.params[pc.param].spec.name
+        n = pc.hi - pc.lo
+        state[name] = {"range": (pc.lo, pc.hi),
+                       **{k: flats[k][pc.owned_lo: pc.owned_lo + n] for k in OPTIM_KEYS}}
+    opt.load_state_dict({"step": step, "optimizer": opt.kind, "state": state})
+
+
+def read_for_engine(reader: CheckpointReader, rl: RankLayout, owned: int) -> dict:
+    """File reads only (no collectives), so that a failure on one rank can be agreed on before
+    anyone enters a collective: ``{"optim": flats}`` or ``{"model": params}``."""
+    if has_optimizer(reader.manifest):
+        if rl.zero_stage == 0 and rl.dp_size > 1 and rl.dp_rank != 0:
+            return {"optim": {k: torch.zeros(owned) for k in OPTIM_KEYS}}
+        return {"optim": read_optimizer(reader, rl, owned)}
+    if not reader.manifest.has(MODEL):
+        raise MscaleError("the checkpoint holds neither optimizer state nor model weights",
+                          file=reader.dir, field="tensors", code=EXIT_CRITICAL)
+    return {"model": read_model(reader, rl)}

@@ -1,0 +1,261 @@
+"""The checkpoint manifest: the only description of a checkpoint that loaders and `verify` trust.
+
+A checkpoint directory holds::
+
+    step-000120/
+      manifest.json     this schema: tensors, shards, slices, chunk tables, training state, plan
+      rank-00000.bin    one shard file per writing rank: raw tensor bytes in chunks, nothing else
+      ...
+      COMMITTED         the commit marker, written last; names the manifest's sha256
+
+A shard file has no header: it is the concatenation of the chunks listed in the manifest, so the
+manifest alone says where every byte of every tensor is, and nothing in a shard is ever parsed,
+let alone unpickled. Paths in a manifest are plain file names inside the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from mscale.config.base import StrictModel, validate
+from mscale.errors import EXIT_CRITICAL, MscaleError
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+COMMITTED = "COMMITTED"
+FORMAT = "mscale-ckpt"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
+    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+"""Element types a checkpoint may hold, by the name the manifest uses (little-endian)."""
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+# Tensor keys: "<group>/<global name>". Groups:
+MODEL = "model"
+"""Model parameters (each TP slice written once, by one DP replica)."""
+OPTIM_KEYS = ("master", "exp_avg", "exp_avg_sq")
+"""Optimizer state per parameter; key ``optim.<key>/<name>``."""
+RNG = "rng"
+"""Per-rank generator states; key ``rng.<kind>/rank-<r>``."""
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+def tensor_key(group: str, name: str) -> str:
+    return f"{group}/{name}"
+
+
+def optim_key(key: str, name: str) -> str:
+    return tensor_key(f"optim.{key}", name)
+
+
+def split_key(key: str) -> tuple[str, str]:
+    group, _, name = key.partition("/")
+    return group, name
+
+
+def shard_name(rank: int) -> str:
+    return f"rank-{rank:05d}.bin"
+
+
+def check_relative(path: str) -> str:
+    """A manifest path must name a file directly inside the checkpoint directory: no absolute
+    paths, no ``..``, no sub-directories, no odd characters. (Symlinks that leave the directory
+    are refused where files are opened: `catalog.open_inside`.)"""
+    if not _SAFE_NAME.match(path) or path in (".", ".."):
+        raise ValueError(f"shard path {path!r} must be a plain file name inside the checkpoint "
+                         "directory (no '/', '..', absolute paths or odd characters)")
+    return path
+
+
+class TensorInfo(StrictModel):
+    """One global tensor."""
+
+    shape: list[int]
+    """Global shape (before any tensor-parallel split)."""
+    dtype: str
+    """Element type, a key of `DTYPES`."""
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, v: str) -> str:
+        if v not in DTYPES:
+            raise ValueError(f"unknown dtype {v!r}; one of {sorted(DTYPES)}")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        if any(d < 0 for d in v):
+            raise ValueError("negative dimension")
+        return v
+
+
+class SliceInfo(StrictModel):
+    """One region of a tensor held by a shard file: ``global[box]`` flattened, elements
+    ``flat[0]:flat[1]``, stored from byte ``offset`` as the listed chunks."""
+
+    tensor: str
+    """Key of the tensor in `Manifest.tensors`."""
+    box: list[list[int]]
+    """``[start, stop]`` per dimension of the global tensor (the TP slice)."""
+    flat: list[int] = Field(min_length=2, max_length=2)
+    """Range of the box's row-major flattening held here (a ZeRO shard cuts through rows)."""
+    offset: int = Field(ge=0)
+    """Byte offset of the first chunk in the shard file."""
+    chunks: list[list[int]]
+    """``[stored_bytes, crc32]`` per chunk; every chunk but the last holds `Manifest.chunk_bytes`
+    raw bytes."""
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(c[0] for c in self.chunks)
+
+    @property
+    def count(self) -> int:
+        return self.flat[1] - self.flat[0]
+
+    def box_tuple(self) -> tuple[tuple[int, int], ...]:
+        return tuple((int(a), int(b)) for a, b in self.box)
+
+
+class ShardInfo(StrictModel):
+    """One shard file."""
+
+    path: str
+    """File name inside the checkpoint directory."""
+    rank: int
+    """Global rank that wrote it."""
+    bytes: int = Field(ge=0)
+    """File size."""
+    checksum: str
+    """``crc32-chunks:<hex>``: crc32 over the little-endian crc32s of its chunks in file order,
+    so it covers every byte; `verify` recomputes it from the file."""
+    slices: list[SliceInfo]
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_relative(v)
+
+
+class TrainState(StrictModel):
+    """Everything besides tensors that a resumed run needs to continue exactly."""
+
+    step: int = Field(ge=0)
+    """Optimizer steps completed; also the data position and the LR schedule position."""
+    samples: int = Field(ge=0)
+    """Global samples consumed (step · global_batch): sources are functions of the sample index."""
+    optimizer: str | None = None
+    """``adamw`` / ``lamb``; None for a model-only checkpoint (e.g. imported from HF)."""
+    optimizer_step: int = 0
+    """The optimizer's own step count (Adam bias correction)."""
+    lr: float | None = None
+    """Learning rate of the last step taken (informational: the schedule is a function of step)."""
+    clip: dict[str, Any] = {}
+    """`AdaptiveClipper.state_dict()`."""
+    data_fingerprint: int | None = None
+    """crc32 of sample 0, to notice that the data changed under a resumed run."""
+    rng_world: int | None = None
+    """World size whose per-rank RNG states are stored (restored only at the same layout)."""
+
+
+class Manifest(StrictModel):
+    """``manifest.json``."""
+
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    format: Literal["mscale-ckpt"] = FORMAT
+    step: int = Field(ge=0)
+    time: float = Field(default_factory=time.time)
+    codec: Literal["raw", "zstd"]
+    """How chunks are stored: as is, or each one a zstd frame."""
+    level: int = 0
+    """zstd level (informational)."""
+    chunk_bytes: int = Field(gt=0)
+    """Raw bytes per chunk (a multiple of 16, so no element straddles two chunks)."""
+    byteorder: Literal["little"] = "little"
+    layout: dict[str, Any]
+    """tp, pp, dp, vpp, zero_stage, world: the layout that wrote it."""
+    plan: dict[str, Any]
+    """The resolved plan (model, training, layout) the run used."""
+    state: TrainState
+    tensors: dict[str, TensorInfo]
+    shards: list[ShardInfo]
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v > MANIFEST_SCHEMA_VERSION:
+            raise ValueError(f"schema_version {v} is newer than this mscale understands "
+                             f"({MANIFEST_SCHEMA_VERSION})")
+        return v
+
+    @field_validator("chunk_bytes")
+    @classmethod
+    def _chunk(cls, v: int) -> int:
+        if v % 16:
+            raise ValueError("chunk_bytes must be a multiple of 16")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_paths(self) -> "Manifest":
+        paths = [s.path for s in self.shards]
+        if len(set(paths)) != len(paths) or MANIFEST in paths or COMMITTED in paths:
+            raise ValueError("shard paths must be distinct and not name the manifest or marker")
+        return self
+
+    def has(self, group: str) -> bool:
+        return any(k.startswith(group + "/") or k.startswith(group + ".") for k in self.tensors)
+
+
+class CommitMarker(StrictModel):
+    """``COMMITTED``: written after every shard is durable and the manifest is written."""
+
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+    step: int
+    manifest_sha256: str
+    """sha256 of manifest.json's bytes: a manifest changed after the commit is refused."""
+    time: float = Field(default_factory=time.time)
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    return manifest.model_dump_json().encode()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def parse_manifest(data: bytes, source: str) -> Manifest:
+    """Parse manifest bytes; a malformed manifest is a failed check (exit 2), naming the field."""
+    try:
+        raw = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MscaleError(f"manifest is not valid JSON: {e}", file=source, code=EXIT_CRITICAL,
+                          fix="the checkpoint is damaged; use an older one (mscale ckpt ls)")
+    try:
+        return validate(Manifest, raw, source)
+    except MscaleError as e:
+        e.code = EXIT_CRITICAL
+        raise
+
+
+def parse_marker(data: bytes, source: str) -> CommitMarker:
+    try:
+        return validate(CommitMarker, json.loads(data), source)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MscaleError(f"commit marker is not valid JSON: {e}", file=source,
+                          code=EXIT_CRITICAL, fix="the checkpoint is damaged; use an older one")
+    except MscaleError as e:
+        e.code = EXIT_CRITICAL
+        raise

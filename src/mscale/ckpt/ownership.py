@@ -1,0 +1,240 @@
+"""Who writes what, and what each rank needs back: the checkpoint's view of one rank.
+
+A `RankLayout` is a rank's coordinates plus its parameters (global name, TP box) and its optimizer
+pieces (flat ranges of TP-local tensors, from the ZeRO buffer layout). The live engine gives one
+(`from_engine`); `for_plan` builds the same thing offline for any rank of any plan from meta-device
+modules (no memory, no process groups), which is what offline conversion uses.
+
+Write rules (`write_items`), so that every element is written exactly once and the writing is
+spread over all ranks:
+
+- a TP-replicated parameter (norm gains) is identical on every TP rank: TP rank 0 writes it;
+- model parameters are identical on every DP replica: the replicas split them, each parameter to
+  one DP rank, balanced by size (MegaScale: every rank writes, none gathers);
+- optimizer state under ZeRO 1/2: each DP rank writes its own shard; under ZeRO 0 every replica
+  holds all of it, so it follows the model split;
+- RNG states: every rank its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mscale.ckpt.format import dtype_name
+from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, optim_key, tensor_key
+from mscale.ckpt.slices import Box, box_from_slices, numel
+from mscale.parallel.spec import ParamSpec, get_spec
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """One parameter of this rank."""
+
+    index: int
+    """Position in the rank's parameter list (chunks in order, registration order within)."""
+    spec: ParamSpec
+    box: Box
+    """Its TP slice of the global tensor."""
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        return numel([b - a for a, b in self.box])
+
+    @property
+    def replicated(self) -> bool:
+        """Same values on every TP rank."""
+        return self.spec.tp_dim is None
+
+
+@dataclass(frozen=True)
+class OptPiece:
+    """``local_flat[lo:hi]`` of parameter ``param``, stored at ``owned_lo`` of the optimizer's flat
+    state tensors."""
+
+    param: int
+    lo: int
+    hi: int
+    owned_lo: int
+
+
+@dataclass
+class RankLayout:
+    rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+    dp_size: int
+    pp_size: int
+    tp_size: int
+    zero_stage: int
+    params: list[ParamSlot]
+    pieces: list[OptPiece]
+    _model_owner: list[int] = field(default_factory=list, repr=False)
+
+    def model_owner(self) -> list[int]:
+        """DP rank that writes each parameter (balanced by size; the same on every replica)."""
+        if not self._model_owner:
+            self._model_owner = balance([p.numel * _itemsize(p.dtype) if self.writes_param(p)
+                                         else 0 for p in self.params], self.dp_size)
+        return self._model_owner
+
+    def writes_param(self, p: ParamSlot) -> bool:
+        return not p.replicated or self.tp_rank == 0
+
+
+def _itemsize(dtype: str) -> int:
+    from mscale.ckpt.format import itemsize
+
+    return itemsize(dtype)
+
+
+def balance(sizes: list[int], bins: int) -> list[int]:
+    """Owner bin of each item: largest first onto the least loaded bin (ties: lowest index)."""
+    load = [0] * max(1, bins)
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        b = min(range(len(load)), key=lambda b: (load[b], b))
+        owner[i] = b
+        load[b] += sizes[i]
+    return owner
+
+
+@dataclass(frozen=True)
+class Item:
+    """One slice a rank writes (or one region it reads)."""
+
+    key: str
+    shape: tuple[int, ...]
+    """Global shape."""
+    dtype: str
+    box: Box
+    flat: tuple[int, int]
+    source: tuple
+    """``("param", index)`` or ``("optim", key, piece index)`` or ``("rng", kind)``."""
+
+    @property
+    def count(self) -> int:
+        return self.flat[1] - self.flat[0]
+
+
+def write_items(rl: RankLayout) -> list[Item]:
+    """The model and optimizer slices this rank writes (rules in the module docstring)."""
+    owner = rl.model_owner()
+    mine = [p for p in rl.params if rl.writes_param(p) and owner[p.index] == rl.dp_rank]
+    items = [Item(tensor_key(MODEL, p.spec.name), tuple(p.spec.global_shape), p.dtype, p.box,
+                  (0, p.numel), ("param", p.index)) for p in mine]
+    mine_idx = {p.index for p in mine}
+    for k, pc in enumerate(rl.pieces):
+        p = rl.params[pc.param]
+        if not rl.writes_param(p) or (rl.zero_stage == 0 and pc.param not in mine_idx):
+            continue
+        for key in OPTIM_KEYS:
+            items.append(Item(optim_key(key, p.spec.name), tuple(p.spec.global_shape), "float32",
+                              p.box, (pc.lo, pc.hi), ("optim", key, k)))
+    return items
+
+
+def optim_needs(rl: RankLayout) -> list[Item]:
+    """Every optimizer region this rank holds (all of them, replicated or not), to load."""
+    out = []
+    for k, pc in enumerate(rl.pieces):
+        p = rl.params[pc.param]
+        for key in OPTIM_KEYS:
+            out.append(Item(optim_key(key, p.spec.name), tuple(p.spec.global_shape), "float32",
+                            p.box, (pc.lo, pc.hi), ("optim", key, k)))
+    return out
+
+
+def model_needs(rl: RankLayout) -> list[Item]:
+    """Every parameter this rank holds, whole, to load."""
+    return [Item(tensor_key(MODEL, p.spec.name), tuple(p.spec.global_shape), p.dtype, p.box,
+                 (0, p.numel), ("param", p.index)) for p in rl.params]
+
+
+def layout_record(plan) -> dict:
+    """The ``layout`` a manifest records: enough to tell whether a load reshards."""
+    lo = plan.layout
+    return {"tp": lo.tp, "pp": lo.pp, "dp": lo.dp, "vpp": lo.vpp, "zero_stage": lo.zero_stage,
+            "world": lo.world_size}
+
+
+# --------------------------------------------------------------------------- building layouts
+def _slots(params, tp_rank: int, tp_size: int) -> list[ParamSlot]:
+    out = []
+    for i, p in enumerate(params):
+        spec = get_spec(p)
+        box = box_from_slices(spec.tp_slice(tp_rank, tp_size), spec.global_shape)
+        out.append(ParamSlot(i, spec, box, dtype_name(p.dtype)))
+    return out
+
+
+def _pieces(buffer_pieces) -> list[OptPiece]:
+    return [OptPiece(pc.param_index, pc.param_lo, pc.param_hi, pc.owned_lo) for pc in buffer_pieces]
+
+
+def from_engine(engine) -> RankLayout:
+    """The layout of a live engine (`mscale.train.engine.Engine`)."""
+    g = engine.groups
+    return RankLayout(rank=g.rank, dp_rank=g.dp_rank, pp_rank=g.pp_rank, tp_rank=g.tp_rank,
+                      dp_size=g.dp_size, pp_size=g.pp_size, tp_size=g.tp_size,
+                      zero_stage=engine.plan.layout.zero_stage,
+                      params=_slots(engine.params, g.tp_rank, g.tp_size),
+                      pieces=_pieces(engine.optimizer.pieces))
+
+
+def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
+    """The parameters rank (pp_rank, tp_rank) of ``plan`` would hold, on the meta device."""
+    from types import SimpleNamespace
+
+    from mscale.model import Transformer
+    from mscale.parallel.tensor import TensorParallel
+
+    layout = plan.layout
+    tp = TensorParallel(group=None, size=layout.tp, rank=tp_rank,
+                        sequence_parallel=layout.sequence_parallel)
+    meta = torch.device("meta")
+    with meta:
+        if layout.pp > 1:
+            from mscale.parallel.pipeline import build_stage_chunks
+
+            chunks = build_stage_chunks(plan, SimpleNamespace(pp_rank=pp_rank), tp, meta)
+        else:
+            chunks = [Transformer(plan.model, tp, recompute=layout.recompute)]
+    return [p for c in chunks for p in c.parameters()]
+
+
+def shard_index(plan, rank: int) -> int:
+    """Which ZeRO shard a rank owns: its DP rank, permuted under hierarchical reduction exactly
+    as `mscale.parallel.reduce.HierarchicalComm` does."""
+    from mscale.topology.placement import placement_for
+
+    placement = placement_for(plan)
+    coord = placement.coord(rank)
+    if plan.layout.dp_reduce != "hierarchical" or placement.dp == 1:
+        return coord.dp
+    intra, inter = placement.dp_hierarchy(placement.group_of(placement.dp_groups, rank))
+    k, n = len(intra[0]), len(inter[0])
+    if k == 1 or n == 1:
+        return coord.dp
+    i = next(g.index(rank) for g in intra if rank in g)
+    j = next(g.index(rank) for g in inter if rank in g)
+    return i * n + j
+
+
+def for_plan(plan, rank: int) -> RankLayout:
+    """The layout of ``rank`` under ``plan``, built offline."""
+    from mscale.parallel.buckets import BufferLayout
+    from mscale.topology.placement import placement_for
+
+    layout = plan.layout
+    coord = placement_for(plan).coord(rank)
+    params = meta_params(plan, coord.pp, coord.tp)
+    buffer = BufferLayout(params, layout.dp, max(1, int(plan.training.bucket_mb * 1e6) // 4))
+    shard = shard_index(plan, rank) if layout.zero_stage > 0 else None
+    return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,
+                      dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
+                      zero_stage=layout.zero_stage, params=_slots(params, coord.tp, layout.tp),
+                      pieces=_pieces(buffer.pieces(shard)))

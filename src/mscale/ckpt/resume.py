@@ -1,0 +1,79 @@
+"""Which checkpoint a starting run continues from, and tidying the run's ckpt/ before it does.
+
+Decided on rank 0 only (one rank reads the directory, not 12,288) and broadcast.
+
+- ``auto``: what ``RUN/ckpt/latest`` names; a fresh run when there is none.
+- ``none``: a fresh run; refused when the run already has committed checkpoints (they would be
+  mixed with the new run's).
+- a path: that checkpoint (or run directory's latest), e.g. an HF import or a rollback.
+
+Before training starts, directories without a commit marker are removed (dead attempts: nothing
+is writing at start-up), and committed checkpoints *newer* than the resume point are moved aside
+to ``abandoned-step-NNNNNN-<time>`` (a rollback must not be overwritten step by step, nor
+deleted silently). Both are listed in the resume event.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from mscale.ckpt import catalog
+from mscale.ckpt.manifest import Manifest
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path
+
+
+@dataclass
+class ResumePoint:
+    path: str
+    manifest: Manifest
+    cleaned: list[str]
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "manifest": self.manifest.model_dump(mode="json"),
+                "cleaned": self.cleaned}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ResumePoint":
+        return cls(data["path"], Manifest.model_validate(data["manifest"]), data["cleaned"])
+
+
+def choose_resume(root: str, mode: str) -> ResumePoint | None:
+    """Rank 0: the checkpoint to load (None: start fresh) after tidying ``root`` (RUN/ckpt)."""
+    found = catalog.entries(root, sizes=False)
+    if mode == "none":
+        committed = [e.name for e in found if e.committed]
+        if committed:
+            raise MscaleError(f"the run already has committed checkpoints ({committed[-1]}, ...)",
+                              file=root, field="--resume",
+                              fix="continue it with --resume auto, or use a new --run-dir")
+        target = None
+    elif mode == "auto":
+        name = catalog.read_latest(root)
+        target = catalog.join(root, name) if name else None
+    else:
+        target = catalog.resolve(mode)
+    manifest = catalog.load_committed(target) if target else None
+    step = manifest.state.step if manifest else 0
+    cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
+    if manifest is None:
+        return None
+    return ResumePoint(target, manifest, cleaned)
+
+
+def tidy(root: str, found: list[catalog.Entry], step: int, keep: str | None) -> list[str]:
+    """Remove uncommitted attempts; move committed checkpoints newer than ``step`` aside."""
+    out = []
+    fs, base = fs_and_path(root)
+    for e in found:
+        if e.name == keep:
+            continue
+        if not e.committed:
+            catalog.remove(catalog.join(root, e.name))
+            out.append(f"removed {e.name} (never committed)")
+        elif e.step > step:
+            aside = f"abandoned-{e.name}-{int(time.time())}"
+            fs.mv(f"{base}/{e.name}", f"{base}/{aside}", recursive=True)
+            out.append(f"moved {e.name} to {aside} (newer than the resume point)")
+    return out

@@ -1,0 +1,214 @@
+"""`mscale ckpt verify`: trust nothing but the manifest, and check the manifest too.
+
+Checks, in order (each problem names the file and field at fault):
+1. the manifest parses against its schema (dtypes, paths that stay inside the directory);
+2. the commit marker exists and names this manifest's sha256 and step;
+3. structure: every slice names a known tensor, its box lies inside the tensor and its flat range
+   inside the box, its chunk table matches its element count; the slices of a shard tile the file;
+4. coverage: for every tensor, the distinct boxes tile the tensor without overlap and within each
+   box the flat ranges tile the box: every element is stored exactly once;
+5. files: every shard exists with the recorded size (``--quick`` stops here), and every chunk's
+   crc32, decoded length and the shard checksum match.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from mscale.ckpt import catalog
+from mscale.ckpt.format import ChunkError, Decoder, itemsize, shard_checksum
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, sha256
+from mscale.ckpt.slices import box_shape, contains, intersect, numel
+from mscale.errors import MscaleError
+
+
+@dataclass
+class Problem:
+    file: str
+    """File at fault, relative to the checkpoint directory."""
+    field: str | None
+    message: str
+
+
+@dataclass
+class Report:
+    path: str
+    quick: bool
+    step: int | None = None
+    committed: bool = False
+    shards: int = 0
+    bytes: int = 0
+    tensors: int = 0
+    layout: dict | None = None
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def verify(path: str, quick: bool = False) -> Report:
+    """Verify the checkpoint at ``path`` (a directory, a ``latest`` pointer, or a run)."""
+    ckpt = catalog.resolve(path)
+    rep = Report(path=ckpt, quick=quick)
+    raw = catalog.read_bytes(catalog.join(ckpt, MANIFEST))
+    if raw is None:
+        rep.problems.append(Problem(MANIFEST, None, "missing: the checkpoint was never completed"))
+        _marker(ckpt, None, rep)
+        return rep
+    try:
+        from mscale.ckpt.manifest import parse_manifest
+
+        manifest = parse_manifest(raw, MANIFEST)
+    except MscaleError as e:
+        rep.problems.append(Problem(MANIFEST, e.field, e.message))
+        return rep
+    rep.step, rep.shards, rep.tensors = manifest.step, len(manifest.shards), len(manifest.tensors)
+    rep.layout = manifest.layout
+    rep.bytes = sum(s.bytes for s in manifest.shards)
+    _marker(ckpt, (raw, manifest), rep)
+    rep.problems += structure(manifest)
+    rep.problems += files(ckpt, manifest, quick)
+    return rep
+
+
+def _marker(ckpt: str, parsed, rep: Report) -> None:
+    try:
+        marker = catalog.load_marker(ckpt)
+    except MscaleError as e:
+        rep.problems.append(Problem(COMMITTED, e.field, e.message))
+        return
+    if marker is None:
+        rep.problems.append(Problem(COMMITTED, None, "missing: the checkpoint was not committed "
+                                    "(its write was interrupted or failed)"))
+        return
+    rep.committed = True
+    if parsed is None:
+        return
+    raw, manifest = parsed
+    if marker.manifest_sha256 != sha256(raw):
+        rep.problems.append(Problem(MANIFEST, None, "sha256 differs from the one the commit "
+                                    "marker recorded: changed after the commit"))
+    if marker.step != manifest.step:
+        rep.problems.append(Problem(COMMITTED, "step", f"marker says step {marker.step}, "
+                                    f"manifest {manifest.step}"))
+
+
+def structure(m: Manifest) -> list[Problem]:
+    """Schema-level consistency and exact coverage (checks 3 and 4)."""
+    out: list[Problem] = []
+    by_tensor: dict[str, list[tuple[str, tuple, tuple]]] = defaultdict(list)
+    for shard in m.shards:
+        offset = 0
+        for i, s in enumerate(shard.slices):
+            where = f"slices[{i}]"
+            info = m.tensors.get(s.tensor)
+            if info is None:
+                out.append(Problem(shard.path, where, f"unknown tensor {s.tensor}"))
+                continue
+            box = s.box_tuple()
+            if len(box) != len(info.shape) or not contains(tuple((0, d) for d in info.shape), box) \
+                    or any(a >= b for a, b in box):
+                out.append(Problem(shard.path, where, f"{s.tensor}: box {s.box} is not inside "
+                                   f"shape {info.shape}"))
+                continue
+            lo, hi = s.flat
+            if not 0 <= lo < hi <= numel(box_shape(box)):
+                out.append(Problem(shard.path, where, f"{s.tensor}: flat range {s.flat} is not "
+                                   f"inside its box of {numel(box_shape(box))} elements"))
+                continue
+            raw = (hi - lo) * itemsize(info.dtype)
+            if len(s.chunks) != -(-raw // m.chunk_bytes):
+                out.append(Problem(shard.path, where, f"{s.tensor}: {len(s.chunks)} chunks for "
+                                   f"{raw} bytes of {m.chunk_bytes}-byte chunks"))
+            if s.offset != offset:
+                out.append(Problem(shard.path, where, f"{s.tensor}: starts at byte {s.offset}, "
+                                   f"expected {offset} (slices must tile the file)"))
+            offset = s.offset + s.stored_bytes
+            by_tensor[s.tensor].append((shard.path, box, (lo, hi)))
+        if offset != shard.bytes:
+            out.append(Problem(shard.path, "bytes", f"slices end at byte {offset}, the manifest "
+                               f"says the file has {shard.bytes}"))
+    for key, info in m.tensors.items():
+        out += coverage(key, info.shape, by_tensor.get(key, []))
+    return out
+
+
+def coverage(key: str, shape: list[int], pieces: list[tuple[str, tuple, tuple]]) -> list[Problem]:
+    """Every element of ``key`` stored exactly once (the invariant in the module docstring)."""
+    if not pieces:
+        return [Problem(MANIFEST, f"tensors.{key}", "no shard holds any of it")]
+    by_box: dict[tuple, list[tuple[int, int, str]]] = defaultdict(list)
+    for path, box, (lo, hi) in pieces:
+        by_box[box].append((lo, hi, path))
+    out = []
+    boxes = list(by_box)
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if intersect(a, b) is not None:
+                paths = sorted({p for _, _, p in by_box[a] + by_box[b]})
+                out.append(Problem(paths[0], f"tensors.{key}", f"boxes {list(a)} and {list(b)} "
+                                   f"overlap (shards {', '.join(paths)})"))
+    total = sum(numel(box_shape(b)) for b in boxes)
+    if total != numel(shape):
+        out.append(Problem(MANIFEST, f"tensors.{key}", f"boxes hold {total} of {numel(shape)} "
+                           "elements: part of the tensor is missing"))
+    for box, ranges in by_box.items():
+        end = 0
+        for lo, hi, path in sorted(ranges):
+            if lo != end:
+                what = "overlaps the previous slice" if lo < end else f"leaves [{end}, {lo}) missing"
+                out.append(Problem(path, f"tensors.{key}", f"box {list(box)}: range [{lo}, {hi}) "
+                                   f"{what}"))
+            end = max(end, hi)
+        if end != numel(box_shape(box)):
+            out.append(Problem(MANIFEST, f"tensors.{key}", f"box {list(box)}: elements from {end} "
+                               "on are missing"))
+    return out
+
+
+def files(ckpt: str, m: Manifest, quick: bool) -> list[Problem]:
+    """Shard presence and size; without ``quick``, every chunk and the shard checksums."""
+    out = []
+    decoder = Decoder(m.codec, m.chunk_bytes)
+    for shard in m.shards:
+        try:
+            with catalog.open_inside(ckpt, shard.path) as fh:
+                fh.seek(0, 2)
+                size = fh.tell()
+                if size != shard.bytes:
+                    out.append(Problem(shard.path, "bytes", f"file has {size} bytes, the manifest "
+                                       f"says {shard.bytes} (truncated or overwritten)"))
+                    continue
+                if not quick:
+                    out += _chunks(fh, shard, m, decoder)
+        except FileNotFoundError:
+            out.append(Problem(shard.path, None, "missing"))
+        except MscaleError as e:
+            out.append(Problem(shard.path, e.field, e.message))
+    return out
+
+
+def _chunks(fh, shard, m: Manifest, decoder: Decoder) -> list[Problem]:
+    crcs, bad = [], []
+    for i, s in enumerate(shard.slices):
+        info = m.tensors.get(s.tensor)
+        if info is None:
+            continue
+        fh.seek(s.offset)
+        lens = decoder.raw_lengths(s, itemsize(info.dtype))
+        for j, (stored, crc) in enumerate(s.chunks):
+            data = memoryview(fh.read(stored))
+            crcs.append(crc)
+            try:
+                decoder.decode(data, crc, lens[j], f"{s.tensor} chunk {j}")
+            except ChunkError as e:
+                bad.append(Problem(shard.path, f"slices[{i}]", str(e)))
+    if shard_checksum(crcs) != shard.checksum:
+        bad.append(Problem(shard.path, "checksum", "the chunk checksums do not combine to the "
+                           "recorded shard checksum"))
+    return bad

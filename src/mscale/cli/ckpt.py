@@ -1,0 +1,114 @@
+"""``mscale ckpt``: list, verify and convert checkpoints (docs/ckpt.md).
+
+Thin: parse, call mscale.ckpt, print, choose the exit code. 0 OK, 2 verify failed (the bad file
+is named), 3 bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from mscale.cli.app import app
+from mscale.cli.output import console, print_json
+from mscale.errors import EXIT_CRITICAL, MscaleError
+
+ckpt_app = typer.Typer(help="List, verify and convert checkpoints.", no_args_is_help=True)
+app.add_typer(ckpt_app, name="ckpt")
+
+
+def _layout(layout: dict | None) -> str:
+    if not layout:
+        return "-"
+    return f"tp{layout['tp']} pp{layout['pp']} dp{layout['dp']} zero{layout['zero_stage']}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # pragma: no cover
+
+
+@ckpt_app.command("ls")
+def ls_cmd(
+    run_dir: str = typer.Argument(..., help="Run directory (or its ckpt/ directory)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """List a run's checkpoints: step, size, committed or partial, layout, which is latest."""
+    from mscale.ckpt import catalog
+    from mscale.runs.atomic import fs_and_path
+
+    root = run_dir if catalog.basename(run_dir) == "ckpt" else catalog.join(run_dir, "ckpt")
+    fs, path = fs_and_path(root)
+    if not fs.isdir(path):
+        raise MscaleError("no ckpt/ directory here", file=run_dir,
+                          fix="pass a run directory that `mscale train --run-dir` wrote")
+    latest = catalog.read_latest(root)
+    rows = [{"name": e.name, "step": e.step, "status": "committed" if e.committed else "partial",
+             "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest}
+            for e in catalog.entries(root)]
+    if as_json:
+        print_json({"run": run_dir, "latest": latest, "checkpoints": rows})
+        return
+    table = Table("checkpoint", "step", "status", "size", "layout", "latest")
+    for r in rows:
+        table.add_row(r["name"], str(r["step"]), r["status"], _size(r["bytes"]),
+                      _layout(r["layout"]), "*" if r["latest"] else "")
+    console.print(table)
+
+
+@ckpt_app.command("verify")
+def verify_cmd(
+    path: str = typer.Argument(..., help="Checkpoint directory, RUN/ckpt/latest, or a run."),
+    quick: bool = typer.Option(False, "--quick", help="Check presence and sizes only."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Check manifest, commit marker, coverage and every shard's checksum. Exit 2 names the bad
+    file."""
+    from mscale.ckpt.verify import verify
+
+    report = verify(path, quick=quick)
+    if as_json:
+        print_json(report.to_json())
+    elif report.ok:
+        console.print(f"OK {report.path}: step {report.step}, {report.shards} shards, "
+                      f"{report.tensors} tensors, {_size(report.bytes)}, {_layout(report.layout)}"
+                      + (" (quick: sizes only)" if quick else ""), soft_wrap=True)
+    else:
+        table = Table("file", "field", "problem", title=f"FAILED {report.path}")
+        for p in report.problems:
+            table.add_row(p.file, p.field or "", p.message)
+        console.print(table)
+    if not report.ok:
+        raise typer.Exit(EXIT_CRITICAL)
+
+
+@ckpt_app.command("convert")
+def convert_cmd(
+    src: str = typer.Argument(..., help="Checkpoint (or run) to read, or an HF directory."),
+    dst: str = typer.Argument(..., help="Directory to write."),
+    plan: Optional[str] = typer.Option(None, "--plan", help="Write an mscale checkpoint laid out "
+                                       "for this plan (another TP/PP/DP/ZeRO layout)."),
+    to_hf: bool = typer.Option(False, "--to-hf", help="Write a consolidated HuggingFace-style "
+                               "safetensors directory (LLaMA names, config.json)."),
+    level: int = typer.Option(1, "--level", help="zstd level of the written chunks; 0 = raw."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Convert offline: to another layout (--plan), to HF safetensors (--to-hf), or from an HF
+    directory to a model-only checkpoint that `mscale train --resume DST` starts from."""
+    from mscale.ckpt.convert import convert
+
+    if bool(plan) == to_hf:
+        raise MscaleError("say what to write: --plan PLAN (an mscale checkpoint at that layout) "
+                          "or --to-hf", field="--plan/--to-hf",
+                          fix="e.g. mscale ckpt convert runs/r1 out --plan plans/other.yaml")
+    result = convert(src, dst, plan=plan, to_hf=to_hf, level=level)
+    if as_json:
+        print_json(result)
+        return
+    console.print(f"wrote {result['dst']} ({result['format']}, {result['tensors']} tensors, "
+                  f"{_size(result['bytes'])}) from {result['src']}", soft_wrap=True)

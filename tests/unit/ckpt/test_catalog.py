@@ -1,0 +1,67 @@
+"""The run's ckpt/ directory: retention, pointers, and tidying before a resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from mscale.ckpt import catalog
+from mscale.ckpt.resume import choose_resume
+from mscale.errors import MscaleError
+from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    return global_state(plan(), optimizer=False)
+
+
+def _make(root, steps, tensors, partial=()):
+    p = plan()
+    for s in steps:
+        write_synthetic(f"{root}/{catalog.step_dir(s)}", p, tensors, step=s)
+    for s in partial:
+        catalog.fs_and_path(root)[0].makedirs(f"{root}/{catalog.step_dir(s)}", exist_ok=True)
+
+
+def _names(root):
+    return [(e.name, e.committed) for e in catalog.entries(root)]
+
+
+@pytest.mark.parametrize("proto", ["file", "memory"])
+def test_retention_keeps_newest_and_latest(tmp_path, tensors, proto):
+    root = str(tmp_path / "ckpt") if proto == "file" else f"memory://ret{id(tmp_path)}/ckpt"
+    _make(root, [1, 2, 3, 4], tensors, partial=[0, 9])
+    assert catalog.read_latest(root) == "step-000004"
+    removed = catalog.retain(root, keep=2, newest="step-000004")
+    assert sorted(removed) == ["step-000000", "step-000001", "step-000002"]
+    assert _names(root) == [("step-000003", True), ("step-000004", True), ("step-000009", False)]
+    assert catalog.retain(root, keep=0, newest="step-000004") == ["step-000003"]
+
+
+def test_resolve_accepts_run_ckpt_latest_and_dir(tmp_path, tensors):
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [3], tensors)
+    want = str(root / "step-000003")
+    for given in (tmp_path / "run", root / "latest", root / "step-000003", root):
+        assert catalog.resolve(str(given)).rstrip("/") == want
+    with pytest.raises(MscaleError):
+        catalog.resolve(str(tmp_path / "none"))
+
+
+def test_choose_resume_tidies(tmp_path, tensors):
+    root = str(tmp_path / "ckpt")
+    _make(root, [2, 4, 6], tensors, partial=[8])
+    point = choose_resume(root, "auto")
+    assert point.manifest.step == 6 and "removed step-000008 (never committed)" in point.cleaned
+    with pytest.raises(MscaleError, match="already has committed"):
+        choose_resume(root, "none")
+    point = choose_resume(root, f"{root}/step-000004")  # a rollback
+    assert point.manifest.step == 4
+    names = [n for n, _ in _names(root)]
+    assert names == ["step-000002", "step-000004"]
+    assert any(c.startswith("moved step-000006 to abandoned-step-000006") for c in point.cleaned)
+
+
+def test_fresh_run_has_no_resume_point(tmp_path):
+    assert choose_resume(str(tmp_path / "ckpt"), "auto") is None
+    assert choose_resume(str(tmp_path / "ckpt"), "none") is None

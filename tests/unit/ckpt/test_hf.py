@@ -1,0 +1,135 @@
+"""HF export/import: the safetensors format, LLaMA names, and logits of an independent LLaMA
+implementation (written here from the HF modeling code's math) on the exported weights."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mscale.ckpt import catalog, hf, safetensors
+from mscale.ckpt.convert import convert, open_hf
+from mscale.ckpt.load import CheckpointReader
+from mscale.ckpt.manifest import MODEL, tensor_key
+from mscale.config.model import ModelConfig
+from mscale.errors import MscaleError
+from tests.unit.ckpt.helpers import MODEL_CFG, plan, write_synthetic
+
+
+def test_safetensors_round_trip_and_alignment():
+    tensors = {"a": torch.randn(3, 4), "b": torch.arange(5, dtype=torch.int64),
+               "c": torch.randn(2, 2).to(torch.bfloat16), "d": torch.zeros(0)}
+    entries = [(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()]
+    buf = io.BytesIO()
+    safetensors.write(buf, entries, tensors.__getitem__, {"format": "pt"})
+    (n,) = struct.unpack("<Q", buf.getvalue()[:8])
+    assert (8 + n) % 8 == 0
+    assert json.loads(buf.getvalue()[8: 8 + n])["a"]["dtype"] == "F32"
+    back = safetensors.read_all(buf, "mem")
+    assert all(torch.equal(back[k], v) for k, v in tensors.items())
+
+
+@pytest.mark.parametrize("edit", ["gap", "overlap", "outside", "dtype", "huge"])
+def test_bad_safetensors_headers_are_refused(edit):
+    head = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}
+    data = b"\0" * 12
+    if edit == "gap":
+        head["b"]["data_offsets"] = [9, 13]
+    elif edit == "overlap":
+        head["b"]["data_offsets"] = [4, 8]
+    elif edit == "outside":
+        data = b"\0" * 8
+    elif edit == "dtype":
+        head["a"]["dtype"] = "PICKLE"
+    raw = json.dumps(head).encode()
+    n = len(raw) if edit != "huge" else 1 << 40
+    with pytest.raises(MscaleError):
+        safetensors.read_header(io.BytesIO(struct.pack("<Q", n) + raw + data), "x")
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_names_round_trip(parallel):
+    from mscale.ckpt.convert import _model_names
+
+    cfg = ModelConfig(**MODEL_CFG, parallel_block=parallel)
+    names = _model_names(cfg)
+    hf_names = [hf.to_hf(n) for n in names]
+    assert len(set(hf_names)) == len(names)
+    assert [hf.from_hf(h, cfg) for h in hf_names] == names
+    assert "model.layers.1.self_attn.q_proj.weight" in hf_names
+
+
+def reference_llama(w: dict[str, torch.Tensor], c: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """LlamaForCausalLM's forward (eager attention), from the HF names and config.json only."""
+    heads, kv, hidden = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
+    d, eps = hidden // heads, c["rms_norm_eps"]
+    b, s = tokens.shape
+    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    freqs = torch.outer(torch.arange(s, dtype=torch.float64), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+
+    def norm(x, g):
+        return g * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def rotate_half(x):
+        return torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+
+    h = w["model.embed_tokens.weight"][tokens]
+    mask = torch.full((s, s), float("-inf")).triu(1)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        x = norm(h, w[p + "input_layernorm.weight"])
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(b, s, heads, d).transpose(1, 2)
+        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(b, s, kv, d).transpose(1, 2)
+        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(b, s, kv, d).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+        att = F.softmax(q @ k.transpose(-1, -2) / d ** 0.5 + mask, dim=-1) @ v
+        h = h + att.transpose(1, 2).reshape(b, s, hidden) @ w[p + "self_attn.o_proj.weight"].T
+        x = norm(h, w[p + "post_attention_layernorm.weight"])
+        up = F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)
+        h = h + up @ w[p + "mlp.down_proj.weight"].T
+    return norm(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
+
+
+def test_export_matches_the_model_and_imports_back(tmp_path):
+    from mscale.model import Transformer, init_parameters
+    from mscale.parallel.spec import get_spec
+    from mscale.parallel.tensor import TensorParallel
+
+    p = plan(tp=2, dp=2)
+    model = Transformer(p.model, TensorParallel.single())
+    init_parameters(model, seed=3)
+    weights = {tensor_key(MODEL, get_spec(t).name): t.detach() for t in model.parameters()}
+    src = str(tmp_path / "run" / "ckpt" / "step-000005")
+    write_synthetic(src, p, weights)
+    out = convert(src, str(tmp_path / "hf"), to_hf=True)
+    assert out["tensors"] == len(weights)
+    config, tensors = open_hf(str(tmp_path / "hf"))
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    tokens = torch.randint(0, p.model.vocab, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(tokens)
+    got = reference_llama(tensors, config, tokens)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # and back, at another layout: a model-only checkpoint with exactly these weights
+    back = tmp_path / "run2" / "ckpt" / "step-000000"
+    plan_file = tmp_path / "plan.yaml"
+    from mscale.config.base import dump_yaml
+
+    plan_file.write_text(dump_yaml(plan(tp=4, pp=2)))
+    convert(str(tmp_path / "hf"), str(back), plan=str(plan_file))
+    assert catalog.read_latest(str(back.parent)) == "step-000000"
+    m = catalog.load_committed(str(back))
+    assert m.state.step == 0 and m.state.optimizer is None
+    with CheckpointReader(str(back), m) as r:
+        for k, v in weights.items():
+            assert torch.equal(r.read_full(k), v)
+    with pytest.raises(MscaleError, match="not empty"):
+        convert(str(tmp_path / "hf"), str(back), plan=str(plan_file))

@@ -1,0 +1,139 @@
+"""`verify` and the CLI on synthetic checkpoints: a good one passes; each fault is named."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mscale.ckpt import catalog
+from mscale.ckpt.commit import write_commit
+from mscale.ckpt.manifest import COMMITTED, MANIFEST
+from mscale.ckpt.verify import verify
+from mscale.errors import MscaleError
+from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run") / "ckpt"
+    p = plan(tp=2, dp=2, zero=1)
+    write_synthetic(str(root / "step-000005"), p, global_state(p))
+    return root / "step-000005"
+
+
+@pytest.fixture
+def ckpt(good, tmp_path):
+    import shutil
+
+    dst = tmp_path / "ckpt" / "step-000005"
+    shutil.copytree(good, dst)
+    shutil.copy(good.parent / "latest", dst.parent / "latest")
+    return dst
+
+
+def _problems(path, quick=False):
+    rep = verify(str(path), quick=quick)
+    return [(p.file, p.message) for p in rep.problems]
+
+
+def test_good_checkpoint_verifies_and_latest_resolves(ckpt, cli):
+    assert _problems(ckpt) == [] and _problems(ckpt, quick=True) == []
+    code, out, _ = cli("ckpt", "verify", str(ckpt.parent / "latest"), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["step"] == 5 and doc["shards"] == 4
+    assert doc["layout"]["tp"] == 2
+
+
+def test_flipped_byte_names_the_shard(ckpt, cli):
+    path = ckpt / "rank-00002.bin"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    assert _problems(ckpt, quick=True) == []  # sizes only: a flip needs the full check
+    bad = _problems(ckpt)
+    assert bad and {f for f, _ in bad} == {"rank-00002.bin"}
+    assert any("checksum mismatch" in m for _, m in bad)
+    code, out, err = cli("ckpt", "verify", str(ckpt))
+    assert code == 2 and "rank-00002.bin" in out and "Traceback" not in out + err
+
+
+def test_missing_and_truncated_shards(ckpt):
+    os.remove(ckpt / "rank-00001.bin")
+    path = ckpt / "rank-00003.bin"
+    path.write_bytes(path.read_bytes()[:-5])
+    got = dict(_problems(ckpt, quick=True))
+    assert got["rank-00001.bin"] == "missing"
+    assert "truncated" in got["rank-00003.bin"]
+
+
+def test_uncommitted_and_altered_manifests(ckpt):
+    os.remove(ckpt / COMMITTED)
+    assert ("COMMITTED", ) == tuple(f for f, _ in _problems(ckpt))
+    with pytest.raises(MscaleError) as e:
+        catalog.load_committed(str(ckpt))
+    assert e.value.code == 2
+
+
+def test_manifest_changed_after_commit(ckpt):
+    doc = json.loads((ckpt / MANIFEST).read_text())
+    doc["step"] = 5
+    doc["time"] = 0.0
+    (ckpt / MANIFEST).write_text(json.dumps(doc))
+    assert any("changed after the commit" in m for _, m in _problems(ckpt))
+
+
+def _rewrite(ckpt, edit):
+    """Edit the manifest and re-commit it, as a buggy writer would have."""
+    m = catalog.load_manifest(str(ckpt))
+    edit(m)
+    write_commit(str(ckpt), m)
+
+
+def test_paths_may_not_leave_the_directory(ckpt, tmp_path):
+    original = (ckpt / MANIFEST).read_text()
+    doc = json.loads(original)
+    doc["shards"][0]["path"] = "../evil.bin"
+    (ckpt / MANIFEST).write_text(json.dumps(doc))
+    (bad,) = _problems(ckpt)[:1]
+    assert bad[0] == MANIFEST and "plain file name" in bad[1]
+    (ckpt / MANIFEST).write_text(original)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes((ckpt / "rank-00000.bin").read_bytes())
+    os.remove(ckpt / "rank-00000.bin")
+    os.symlink(outside, ckpt / "rank-00000.bin")
+    got = _problems(ckpt)
+    assert got[0][0] == "rank-00000.bin" and "outside the checkpoint" in got[0][1]
+
+
+def test_coverage_gaps_and_overlaps_are_found(ckpt):
+    def drop(m):
+        m.shards[1].slices.pop()
+        m.shards[1].bytes = sum(s.stored_bytes for s in m.shards[1].slices)
+
+    _rewrite(ckpt, drop)
+    assert any("missing" in msg for _, msg in _problems(ckpt))
+
+    def dup(m):
+        m.shards[0].slices.append(m.shards[0].slices[0].model_copy(
+            update={"offset": m.shards[0].bytes}))
+        m.shards[0].bytes += m.shards[0].slices[0].stored_bytes
+
+    _rewrite(ckpt, dup)
+    assert any("overlaps" in msg for _, msg in _problems(ckpt))
+
+
+def test_cli_ls_and_bad_input(ckpt, cli, tmp_path):
+    (ckpt.parent / "step-000009").mkdir()
+    code, out, _ = cli("ckpt", "ls", str(ckpt.parent.parent), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["latest"] == "step-000005"
+    assert [(c["step"], c["status"]) for c in doc["checkpoints"]] == [(5, "committed"),
+                                                                       (9, "partial")]
+    code, _, err = cli("ckpt", "verify", str(tmp_path / "nothing"))
+    assert code == 3 and "fix:" in err and "Traceback" not in err
+    code, _, err = cli("ckpt", "ls", str(tmp_path / "nothing"))
+    assert code == 3
+    code, _, err = cli("ckpt", "convert", str(ckpt), str(tmp_path / "x"))
+    assert code == 3 and "--plan" in err
