@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -24,3 +27,35 @@ def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
     if _REDUCE_SCATTER_SINGLE is not None:
         return _REDUCE_SCATTER_SINGLE(out, inp, group=group, async_op=async_op)
     return dist.reduce_scatter_tensor(out, inp, group=group, async_op=async_op)
+
+
+class CommClock:
+    """Seconds the training thread spent inside blocking collectives since the last `take`.
+
+    Tensor-parallel collectives sit in the middle of forward and backward, so no region timer
+    around the step can see them; their call sites wrap themselves in `timed()`. The step timer
+    moves the total into ``comm_wait`` at the end of each step. Without this, the TP peer of a slow
+    rank would look busy (its wait hidden inside "compute") and the straggler rule (highest compute,
+    lowest wait) would point at the wrong rank. On GPUs NCCL calls return once enqueued, so this
+    clock measures launch time only; there the engine's region timers carry the signal.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def timed(self):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def take(self) -> float:
+        """Return the accumulated seconds and start again from zero."""
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+
+COMM_CLOCK = CommClock()
+"""The process-wide clock of blocking collectives (one training thread per process)."""

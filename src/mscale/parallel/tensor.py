@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mscale.dist.collectives import COMM_CLOCK
 from mscale.parallel.spec import ParamSpec, get_spec, set_spec
 from mscale.parallel.tensor_ops import (TensorParallel, copy_to_tp, gather_from_sp,
                                         reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp)
@@ -120,7 +121,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         per_rank = logits.shape[-1]
         max_logit = logits.max(dim=-1).values
         if tp.size > 1:
-            dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=tp.group)
+            with COMM_CLOCK.timed():
+                dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=tp.group)
         shifted = logits - max_logit.unsqueeze(-1)
         local = labels - tp.rank * per_rank
         inside = (local >= 0) & (local < per_rank)
@@ -129,7 +131,8 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp()
         sums = torch.stack([target, exp.sum(dim=-1)])
         if tp.size > 1:
-            dist.all_reduce(sums, group=tp.group)
+            with COMM_CLOCK.timed():
+                dist.all_reduce(sums, group=tp.group)
         target, sum_exp = sums[0], sums[1]
         ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, inside)
         return sum_exp.log() - target

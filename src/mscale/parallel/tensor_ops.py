@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mscale.dist.collectives import all_gather_into, reduce_scatter_into
+from mscale.dist.collectives import COMM_CLOCK, all_gather_into, reduce_scatter_into
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,16 @@ class TensorParallel:
 def _all_reduce(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     # A fresh buffer: autograd may hand the same gradient tensor to several consumers.
     out = x.contiguous().clone()
-    dist.all_reduce(out, group=tp.group)
+    with COMM_CLOCK.timed():
+        dist.all_reduce(out, group=tp.group)
     return out
 
 
 def _gather_seq(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
-    all_gather_into(out, x, tp.group)
+    with COMM_CLOCK.timed():
+        all_gather_into(out, x, tp.group)
     return out
 
 
@@ -84,7 +86,8 @@ def _reduce_scatter_seq(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         raise ValueError(f"sequence length {x.shape[0]} is not divisible by tp={tp.size}")
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // tp.size, *x.shape[1:]))
-    reduce_scatter_into(out, x, tp.group)
+    with COMM_CLOCK.timed():
+        reduce_scatter_into(out, x, tp.group)
     return out
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from mscale.config.training import DataConfig
+from mscale.dist.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
 
 
@@ -114,7 +115,8 @@ class DataLoader:
         else:
             batch = torch.empty(shape, dtype=torch.int64)
         if self.tp_size > 1:
-            dist.broadcast(batch, src=self.tp_src, group=self.tp_group)
+            with COMM_CLOCK.timed():  # waiting for a late TP peer is communication, not I/O
+                dist.broadcast(batch, src=self.tp_src, group=self.tp_group)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 
 

@@ -53,3 +53,19 @@ def test_timer_splits_regions():
     out = t.end_step()
     assert out["comm_wait"] >= 0.02 and out["data"] >= 0.01 and out["compute"] >= 0.009
     assert math.isclose(out["step"], out["compute"] + out["comm_wait"] + out["data"] + out["bubble"])
+
+
+def test_collective_time_inside_a_region_counts_once_as_comm():
+    import time
+
+    from mscale.dist.collectives import COMM_CLOCK
+
+    t = StepTimer()
+    t.start_step()
+    with t.region("data"):
+        time.sleep(0.01)
+        with COMM_CLOCK.timed():  # e.g. the batch broadcast to TP peers
+            time.sleep(0.03)
+    out = t.end_step()
+    assert 0.01 <= out["data"] < 0.025 and out["comm_wait"] >= 0.03
+    assert math.isclose(out["step"], out["compute"] + out["comm_wait"] + out["data"] + out["bubble"])

@@ -1,0 +1,116 @@
+"""`mscale train` as users run it: the real binary, several gloo processes, the run directory.
+
+These are the slowest tests of the suite (each launch imports torch in every process), so each
+one checks several things about one run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mscale.config import load_plan
+from tests.conftest import PLANS, REPO
+
+pytestmark = pytest.mark.e2e
+MSCALE = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "mscale")
+if not os.path.exists(MSCALE):
+    import shutil
+
+    MSCALE = shutil.which("mscale") or MSCALE
+
+
+def small_plan(tmp_path: Path, **layout) -> str:
+    """The embedded tiny plan on 4 processes (tp2 dp2, two 2-process nodes): quicker to start."""
+    data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
+    data["cluster"]["hostlist"] = "node[1-2]"
+    data["layout"].update({"pp": 1, **layout})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def mscale(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([MSCALE, *args], cwd=REPO, text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
+    run = tmp_path / "run"
+    p = mscale("train", "--local", "8", "--steps", "4", "--run-dir", str(run))
+    assert p.returncode == 0, p.stdout + p.stderr
+    metrics = records(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    for m in metrics:
+        assert len(m["step_time"]) == len(m["compute_time"]) == len(m["comm_wait"]) == 8
+        assert m["tokens"] == 16 * 64 and m["tokens_per_s"] > 0 and m["mfu"] > 0
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    kinds = [e["kind"] for e in records(run / "events.jsonl")]
+    assert kinds[0] == "start" and kinds[-1] == "stop"
+    plan = load_plan(str(run / "plan.yaml"))  # written resolved, with its placement
+    assert (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (2, 2, 2)
+    assert plan.placement is not None
+    assert sorted(os.listdir(run / "logs")) == [f"rank{r}.log" for r in range(8)]
+
+
+def test_nan_stops_every_rank_before_the_update(tmp_path):
+    run = tmp_path / "run"
+    p = mscale("train", small_plan(tmp_path), "--local", "4", "--steps", "5",
+               "--inject-nan", "2", "--run-dir", str(run))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert [m["step"] for m in records(run / "metrics.jsonl")] == [1]
+    nan = [e for e in records(run / "events.jsonl") if e["kind"] == "nan"]
+    assert len(nan) == 1 and nan[0]["step"] == 2 and nan[0]["severity"] == "critical"
+
+
+def test_straggler_shows_highest_compute_lowest_wait(tmp_path):
+    run = tmp_path / "run"
+    p = mscale("train", small_plan(tmp_path, zero_stage=0), "--local", "4", "--steps", "4",
+               "--inject-delay", "3:0.4", "--run-dir", str(run))
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = records(run / "metrics.jsonl")[-1]
+    compute, wait = last["compute_time"], last["comm_wait"]
+    assert max(range(4), key=compute.__getitem__) == 3
+    # its TP peer (rank 2) waits for it inside every TP collective; the other replica waits in
+    # the DP reduction: the slow rank is the one that waits least
+    assert min(range(4), key=wait.__getitem__) == 3
+
+
+def test_sigterm_halts_cleanly_at_a_step_boundary(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([MSCALE, "train", small_plan(tmp_path), "--local", "4", "--steps",
+                             "500", "--run-dir", str(run)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    events = records(run / "events.jsonl")
+    assert any(e["kind"] == "signal" for e in events), events
+    assert events[-1]["kind"] == "stop"
+    assert len(records(metrics)) < 500
+
+
+def test_bad_input_exits_3_without_traceback(tmp_path):
+    p = mscale("train", str(PLANS / "cpu-tiny.yaml"), "--local", "4", "--run-dir", str(tmp_path))
+    assert p.returncode == 3 and "Traceback" not in p.stderr
+    assert "--local 4" in p.stderr and "layout" in p.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((PLANS / "cpu-tiny.yaml").read_text().replace("tp: 2", "tp: 3"))
+    p = mscale("train", str(bad), "--local", "8", "--run-dir", str(tmp_path))
+    assert p.returncode == 3 and "layout.tp" in p.stderr and "Traceback" not in p.stderr
