@@ -6,13 +6,23 @@ Colour only when stdout is a terminal, so logs and CI output stay plain.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 from rich.console import Console
 
-console = Console(highlight=False, soft_wrap=False)
-err_console = Console(stderr=True, highlight=False)
+
+def _width(stream) -> int | None:
+    """Terminals report their width; elsewhere (SLURM logs, CI, pipes) rich would assume 80
+    columns and truncate table cells, so use COLUMNS or a width that fits every table."""
+    if stream.isatty():
+        return None
+    return int(os.environ.get("COLUMNS", 160))
+
+
+console = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def print_json(obj: Any) -> None:
