@@ -19,8 +19,13 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("MSCALE_DIST_TIMEOUT", 120))
 
 
 def pick_backend() -> str:
-    """nccl with GPUs, gloo on CPUs."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    """gloo on CPUs; on GPUs NCCL for CUDA tensors *and* gloo for CPU tensors.
+
+    The loop's small bookkeeping collectives (control flags, the per-rank timing vectors, the
+    token batch broadcast to TP peers) carry CPU tensors, which NCCL cannot move; a mixed default
+    group routes each tensor to the backend of its device, and every sub-group inherits it.
+    """
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def pick_device(env: LaunchEnv) -> torch.device:
