@@ -31,8 +31,10 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     "H100": GPUSpec(name="H100", peak_tflops=989, memory_gb=80, nvlink_gb_per_s=900),
     "H800": GPUSpec(name="H800", peak_tflops=989, memory_gb=80, nvlink_gb_per_s=400),
     "H200": GPUSpec(name="H200", peak_tflops=989, memory_gb=141, nvlink_gb_per_s=900),
-    # A CPU "device" for gloo test runs: two AVX-512 cores, a nominal peak so that MFU is defined;
-    # "memory" is a per-process budget, "nvlink" the loopback bandwidth measured here (facts.md).
+    # A CPU "device" for gloo test runs: a nominal peak so that MFU is defined; "memory" is a
+    # per-process budget, "nvlink" the loopback bandwidth measured here (facts.md). It exists so
+    # that CPU plans validate and run; its time predictions mean nothing (several processes share
+    # two cores, and per-collective latency, not bandwidth, dominates tiny models).
     "cpu": GPUSpec(name="cpu", peak_tflops=0.2, memory_gb=2, nvlink_gb_per_s=3),
 }
 
