@@ -6,6 +6,10 @@ agreed by all ranks), so the small collectives here line up.
 Rules (docs/ckpt.md):
 - A save is due at every ``interval`` steps, on a control/checkpoint request, before a halt, and
   at the end of training; at most one per step.
+- `save` returns at once: the host copy runs on the writer thread during the next step's
+  forward/backward, and that step's optimizer update waits for it if it is not done
+  (snapshot.py); then the write follows. The blocking time reported is the save call plus that
+  wait.
 - A save requested while the previous one is still being written first *waits* for it (and its
   commit), then snapshots: at most one snapshot lives in host memory, and a halt's save is never
   skipped. The wait is counted in the new save's blocking time and reported.
@@ -16,6 +20,7 @@ Rules (docs/ckpt.md):
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,9 +34,9 @@ from mscale.ckpt.load import CheckpointReader, install, read_for_engine
 from mscale.ckpt.manifest import RNG, TrainState, tensor_key
 from mscale.ckpt.ownership import Item, from_engine, layout_record, write_items
 from mscale.ckpt.resume import ResumePoint, choose_resume
-from mscale.ckpt.snapshot import HostArena, rng_states, set_rng_states
-from mscale.ckpt.writer import BackgroundWriter, write_shard
-from mscale.errors import EXIT_CRITICAL, MscaleError
+from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
+from mscale.ckpt.writer import BackgroundWriter, snapshot_and_write
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 
 @dataclass
@@ -51,6 +56,8 @@ class CkptOptions:
     """Save when training finishes."""
     chunk_delay_s: float = 0.0
     """Test hook: the writer sleeps this long after each chunk, to hold a save in flight."""
+    copy_delay_s: float = 0.0
+    """Test hook: the writer sleeps this long before the host copy (a slow copy)."""
 
     @property
     def codec(self) -> str:
@@ -63,7 +70,9 @@ class _InFlight:
     name: str
     reason: str
     future: object
-    blocking_s: float
+    gate: CopyGate
+    call_s: float
+    """Seconds the save call itself took (waiting for a previous save included)."""
     waited_s: float
     state: TrainState
     started: float = field(default_factory=time.perf_counter)
@@ -90,6 +99,8 @@ class Checkpointer:
         self.commit_future = None
         self.last_step: int | None = None
         self.fingerprint = data_fingerprint
+        self.gate: CopyGate | None = None
+        engine.update_guards.append(self.before_update)
 
     # ------------------------------------------------------------------ what a rank writes
     def _rng_items(self) -> list[Item]:
@@ -101,17 +112,7 @@ class Checkpointer:
         return out
 
     def _sources(self) -> list[torch.Tensor]:
-        opt, rng = self.engine.optimizer, rng_states(self.engine.device)
-        out = []
-        for it in self.items:
-            if it.source[0] == "param":
-                out.append(self.engine.params[it.source[1]])
-            elif it.source[0] == "optim":
-                pc = self.layout.pieces[it.source[2]]
-                out.append(getattr(opt, it.source[1])[pc.owned_lo: pc.owned_lo + it.count])
-            else:
-                out.append(rng[it.source[1]])
-        return out
+        return sources(self.engine, self.layout, self.items)
 
     # ------------------------------------------------------------------ saving
     def due(self, step: int, requested: bool = False, final: bool = False) -> str | None:
@@ -127,19 +128,36 @@ class Checkpointer:
         return None
 
     def save(self, step: int, reason: str, lr: float | None = None) -> None:
-        """Stage 1 now (blocking), stage 2 in the background. Collective when a previous save is
-        still in flight (it is finished first)."""
+        """Start a save of the state after ``step``. Returns at once: the host copy runs on the
+        writer thread and only the next optimizer step waits for it (`before_update`); the write
+        follows. Collective when a previous save is still in flight (it is finished first)."""
         t0 = time.perf_counter()
         self.wait()
+        self._settle_commit()
         waited = time.perf_counter() - t0
         state = self._train_state(step, lr)
-        snap = self.arena.take(self.items, self._sources())
+        sources = self._sources()
+        self.gate = CopyGate()
         name = catalog.step_dir(step)
-        future = self.writer.submit(write_shard, catalog.join(self.root, name), self.rank, snap,
-                                    self.opts.codec, self.opts.level, self.opts.chunk_bytes,
-                                    self.opts.chunk_delay_s)
-        self.inflight = _InFlight(step, name, reason, future, snap.seconds, waited, state)
+        future = self.writer.submit(
+            snapshot_and_write, self.arena, self.gate, self.items, sources, ready_event(sources),
+            catalog.join(self.root, name), self.rank, self.opts.codec, self.opts.level,
+            self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s)
+        self.inflight = _InFlight(step, name, reason, future, self.gate,
+                                  time.perf_counter() - t0, waited, state)
         self.last_step = step
+
+    def before_update(self) -> None:
+        """Engine update guard: the optimizer may change the state only once it is copied."""
+        if self.gate is not None:
+            self.gate.wait()
+
+    def _settle_commit(self) -> None:
+        """Rank 0 finishes the previous commit, and no rank starts writing the next checkpoint
+        before that: a new save filling the disk must not starve the previous one's manifest."""
+        if self.rank == 0 and self.commit_future is not None:
+            self.commit_future.exception()
+        commit.status(False, False, self.group)
 
     def _train_state(self, step: int, lr: float | None) -> TrainState:
         e = self.engine
@@ -169,15 +187,17 @@ class Checkpointer:
         self._finish()
         if self.commit_future is not None:
             self.commit_future.exception()
+        self.commit_future = None
 
     def _report(self, fl: _InFlight) -> dict:
         error = fl.future.exception()
-        report = {"rank": self.rank, "blocking_s": fl.blocking_s, "waited_s": fl.waited_s}
+        report = {"rank": self.rank, "blocking_s": fl.call_s + fl.gate.waited_s,
+                  "gate_waited_s": fl.gate.waited_s, "waited_s": fl.waited_s}
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
             return report
-        res = fl.future.result()
-        report.update(shard=res.info, write_s=res.seconds, raw_bytes=res.raw_bytes,
+        res, copy_s = fl.future.result()
+        report.update(shard=res.info, write_s=res.seconds, copy_s=copy_s, raw_bytes=res.raw_bytes,
                       tensors={it.key: [list(it.shape), it.dtype] for it in self.items})
         return report
 
@@ -201,10 +221,14 @@ class Checkpointer:
         try:
             result = commit.commit(self.root, fl.name, manifest, self.opts.keep)
         except Exception as e:  # noqa: BLE001 - a failed commit is an event, not a crash
+            with contextlib.suppress(Exception):
+                catalog.remove(catalog.join(self.root, fl.name))
+            latest = catalog.read_latest(self.root)
             self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
-                      message=f"checkpoint {fl.name} written but not committed: {e}",
+                      message=f"checkpoint {fl.name} written but not committed: {e}; training "
+                              f"continues, latest stays {latest or '(none yet)'}",
                       evidence={**evidence, "error": f"{type(e).__name__}: {e}",
-                                "latest": catalog.read_latest(self.root)})
+                                "latest": latest, "action": "attempt removed"})
             return
         self.emit(kind="checkpoint", severity="info", step=fl.step,
                   message=f"checkpoint {fl.name} committed ({fl.reason})",
@@ -216,7 +240,8 @@ class Checkpointer:
         self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                   ranks=[r["rank"] for r in failed],
                   message=f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
-                          f"{failed[0]['error']}; training continues, latest stays {latest}",
+                          f"{failed[0]['error']}; training continues, latest stays "
+                          f"{latest or '(none yet)'}",
                   evidence={"path": path, "reason": fl.reason, "latest": latest,
                             "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
                             "action": "attempt removed"})
@@ -239,10 +264,9 @@ class Checkpointer:
             return 0
         t0 = time.perf_counter()
         manifest = point.manifest
-        owned = self.engine.optimizer.master.numel()
         reader = CheckpointReader(point.path, manifest)
         try:
-            data = self._agree(lambda: self._read(reader, owned), share=False)
+            data = self._agree(lambda: self._read(reader), share=False)
             install(self.engine, self.layout, manifest, data)
             self._restore_state(manifest, data)
         finally:
@@ -256,10 +280,10 @@ class Checkpointer:
                             "model_only": "optim" not in data})
         return manifest.state.step
 
-    def _read(self, reader: CheckpointReader, owned: int) -> dict:
+    def _read(self, reader: CheckpointReader) -> dict:
         """Every file read of a resume (no collectives): state, and the RNG states when the
         layout is the one that saved them (per-rank streams mean nothing at another layout)."""
-        data = read_for_engine(reader, self.layout, owned)
+        data = read_for_engine(reader, self.layout, self.engine.optimizer)
         m = reader.manifest
         if m.layout == self._layout_record() and m.state.rng_world == self.world:
             data["rng"] = {}
@@ -277,28 +301,41 @@ class Checkpointer:
 
     def _agree(self, fn, share: bool = True):
         """Run ``fn`` (rank 0 only when ``share``, then broadcast its result); if it raises on
-        any rank, raise the same MscaleError on every rank, before anyone enters a collective
-        that the failed rank would never join."""
+        any rank, raise the same MscaleError on every rank (exit 3: this run cannot start from
+        that checkpoint), before anyone enters a collective the failed rank would never join."""
         result, error = None, None
         if not share or self.rank == 0:
             try:
                 result = fn()
             except MscaleError as e:
-                error = {"message": e.message, "file": e.file, "field": e.field, "fix": e.fix,
-                         "code": e.code}
+                error = {"message": e.message, "file": e.file, "field": e.field, "fix": e.fix}
             except Exception as e:  # noqa: BLE001 - reported on every rank, with the rank
-                error = {"message": f"rank {self.rank}: {type(e).__name__}: {e}",
-                         "code": EXIT_CRITICAL}
+                error = {"message": f"rank {self.rank}: {type(e).__name__}: {e}"}
         errors = commit.gather_json(error, self.group)
         first = commit.broadcast_json(next((e for e in errors if e), None) if errors else None,
                                       self.group)
         if first:
             raise MscaleError(first["message"], file=first.get("file"), field=first.get("field"),
-                              fix=first.get("fix"), code=first.get("code", EXIT_CRITICAL))
+                              fix=first.get("fix"), code=EXIT_BAD_INPUT)
         if share:
             shared = commit.broadcast_json(result.to_json() if result else None, self.group)
             return ResumePoint.from_json(shared) if shared else None
         return result
+
+
+def sources(engine, layout, items: list[Item]) -> list[torch.Tensor]:
+    """The live tensors (views, not copies) behind each item of a rank's write set."""
+    opt, rng = engine.optimizer, rng_states(engine.device)
+    out = []
+    for it in items:
+        if it.source[0] == "param":
+            out.append(engine.params[it.source[1]])
+        elif it.source[0] == "optim":
+            pc = layout.pieces[it.source[2]]
+            out.append(getattr(opt, it.source[1])[pc.owned_lo: pc.owned_lo + it.count])
+        else:
+            out.append(rng[it.source[1]])
+    return out
 
 
 def _evidence(fl: _InFlight, reports: list[dict]) -> dict:
@@ -306,6 +343,8 @@ def _evidence(fl: _InFlight, reports: list[dict]) -> dict:
     raw = sum(r.get("raw_bytes", 0) for r in reports)
     write_s = max(r.get("write_s", 0.0) for r in reports)
     return {"reason": fl.reason, "blocking_s_max": max(r["blocking_s"] for r in reports),
+            "update_waited_s_max": max(r["gate_waited_s"] for r in reports),
+            "copy_s_max": max(r.get("copy_s", 0.0) for r in reports),
             "waited_for_previous_s_max": max(r["waited_s"] for r in reports),
             "write_s_max": write_s, "stored_bytes": stored, "raw_bytes": raw,
             "shards": len(reports), "write_gb_per_s": stored / write_s / 1e9 if write_s else None}

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from mscale.ckpt.catalog import join, retain, write_latest
-from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
-                                  TensorInfo, TrainState, manifest_bytes, sha256)
+from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MODEL_ALIAS, CommitMarker, Manifest,
+                                  ShardInfo, TensorInfo, TrainState, manifest_bytes, sha256)
 from mscale.runs.atomic import write_bytes_atomic
 
 
@@ -72,15 +72,18 @@ def broadcast_json(obj, group, src: int = 0):
 
 def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, chunk_bytes: int,
                    layout: dict, plan: dict, state: TrainState) -> Manifest:
-    """The manifest from every rank's report (``{"shard", "tensors"}``)."""
+    """The manifest from every rank's report (``{"shard", "tensors"}``); ``model_alias`` is
+    set whenever optimizer master weights are stored (ownership.py)."""
     tensors: dict[str, TensorInfo] = {}
     for r in reports:
         for key, (shape, dtype) in r["tensors"].items():
             tensors.setdefault(key, TensorInfo(shape=shape, dtype=dtype))
     shards = sorted((ShardInfo.model_validate(r["shard"]) for r in reports if r.get("shard")),
                     key=lambda s: s.rank)
+    alias = MODEL_ALIAS if any(k.startswith(MODEL_ALIAS + "/") for k in tensors) else None
     return Manifest(step=step, codec=codec, level=level, chunk_bytes=chunk_bytes, layout=layout,
-                    plan=plan, state=state, tensors=dict(sorted(tensors.items())), shards=shards)
+                    plan=plan, state=state, tensors=dict(sorted(tensors.items())), shards=shards,
+                    model_alias=alias)
 
 
 def write_commit(ckpt: str, manifest: Manifest) -> None:

@@ -48,8 +48,7 @@ def write_layout(dst: str, plan: Plan, source: Source, state: TrainState, *, opt
     codec = "zstd" if level else "raw"
     reports = []
     for rank in range(plan.layout.world_size):
-        items = [it for it in write_items(for_plan(plan, rank))
-                 if optimizer or it.source[0] == "param"]
+        items = write_items(for_plan(plan, rank), optimizer=optimizer)
         views = [source(it).detach().contiguous().reshape(-1).view(torch.uint8) for it in items]
         snap = Snapshot(items, views, 0.0, sum(v.numel() for v in views))
         res = write_shard(dst, rank, snap, codec, level, chunk_bytes)
@@ -89,12 +88,13 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
     from mscale.config.model import ModelConfig
 
     cfg = ModelConfig.model_validate(manifest.plan["model"])
-    names = [n for n in _model_names(cfg) if tensor_key(MODEL, n) in manifest.tensors]
+    keys = {n: manifest.resolve(tensor_key(MODEL, n)) for n in _model_names(cfg)}
+    names = [n for n, k in keys.items() if k in manifest.tensors]
     if not names:
         raise MscaleError("the checkpoint holds no model weights", file=src, field="tensors")
     files, cur, size = [], [], 0
     for n in names:
-        info = manifest.tensors[tensor_key(MODEL, n)]
+        info = manifest.tensors[keys[n]]
         nbytes = torch.empty((), dtype=_dtype(info.dtype)).element_size()
         for d in info.shape:
             nbytes *= d
@@ -112,8 +112,8 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
         for i, group in enumerate(files):
             fname = ("model.safetensors" if len(files) == 1
                      else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
-            entries = [(hf.to_hf(n), _dtype(manifest.tensors[tensor_key(MODEL, n)].dtype),
-                        tuple(manifest.tensors[tensor_key(MODEL, n)].shape)) for n in group]
+            entries = [(hf.to_hf(n), _dtype(manifest.tensors[keys[n]].dtype),
+                        tuple(manifest.tensors[keys[n]].shape)) for n in group]
             back = {hf.to_hf(n): n for n in group}
             with fs.open(f"{root}/{fname}", "wb") as fh:
                 total += safetensors.write(fh, entries, lambda h: reader.read_full(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from concurrent.futures import Executor, Future
 from typing import BinaryIO, Iterator
 
 import torch
@@ -53,24 +54,41 @@ class Encoder:
         self.codec, self.level, self.chunk_bytes = codec, level, chunk_bytes
         self._zstd = zstandard.ZstdCompressor(level=level) if codec == "zstd" else None
 
-    def chunks(self, data: memoryview) -> Iterator[tuple[bytes | memoryview, int]]:
-        """``(stored bytes, crc32)`` per chunk of ``data``."""
+    def encode(self, raw: memoryview) -> tuple[bytes | memoryview, int]:
+        """One chunk: ``(stored bytes, crc32 of them)``."""
+        stored = self._zstd.compress(raw) if self._zstd else raw
+        return stored, zlib.crc32(stored)
+
+    def chunks(self, data: memoryview) -> Iterator[memoryview]:
         for start in range(0, len(data), self.chunk_bytes):
-            raw = data[start: start + self.chunk_bytes]
-            stored = self._zstd.compress(raw) if self._zstd else raw
-            yield stored, zlib.crc32(stored)
+            yield data[start: start + self.chunk_bytes]
 
 
-def write_slice(fh: BinaryIO, encoder: Encoder, data: memoryview, on_chunk=None) -> list[list[int]]:
+def write_slice(fh: BinaryIO, encoder: Encoder, data: memoryview, on_chunk=None,
+                pool: Executor | None = None) -> list[list[int]]:
     """Write ``data`` as chunks to ``fh``; return the chunk table ``[[stored_bytes, crc32]]``.
-    ``on_chunk`` (tests) is called after each chunk is written."""
+
+    With ``pool`` (one worker thread) the next chunk is compressed and checksummed while this
+    one is written: zstd, crc32 and file writes all release the GIL, so encoding and I/O
+    overlap. ``on_chunk`` (tests) is called after each chunk is written."""
     table = []
-    for stored, crc in encoder.chunks(data):
-        fh.write(stored)
-        table.append([len(stored), crc])
-        if on_chunk:
-            on_chunk()
+    pending = None
+    for raw in encoder.chunks(data):
+        job = pool.submit(encoder.encode, raw) if pool else None
+        if pending is not None:
+            _write_one(fh, pending, table, on_chunk)
+        pending = job if job is not None else encoder.encode(raw)
+    if pending is not None:
+        _write_one(fh, pending, table, on_chunk)
     return table
+
+
+def _write_one(fh: BinaryIO, pending, table: list, on_chunk) -> None:
+    stored, crc = pending.result() if isinstance(pending, Future) else pending
+    fh.write(stored)
+    table.append([len(stored), crc])
+    if on_chunk:
+        on_chunk()
 
 
 def shard_checksum(crcs: list[int]) -> str:

@@ -65,11 +65,13 @@ class CheckpointReader:
         self._files.clear()
 
     def has(self, key: str) -> bool:
-        return key in self.manifest.tensors
+        return self.manifest.resolve(key) in self.manifest.tensors
 
     def read(self, key: str, box: Box, flat: tuple[int, int],
-             shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Elements ``flat`` of ``global[box]`` (row-major) of tensor ``key``, as a 1-D tensor."""
+             shape: tuple[int, ...] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements ``flat`` of ``global[box]`` (row-major) of tensor ``key``, as a 1-D tensor
+        (a ``model/`` key may be served by its master weights: `Manifest.model_alias`)."""
+        key = self.manifest.resolve(key)
         info = self.manifest.tensors.get(key)
         if info is None:
             raise MscaleError(f"the checkpoint has no tensor {key}", file=self.dir,
@@ -79,7 +81,8 @@ class CheckpointReader:
             raise MscaleError(f"{key} has shape {info.shape} in the checkpoint, {list(shape)} in "
                               "this model", file=self.dir, field=f"tensors.{key}.shape",
                               fix="load into the same model configuration (model: section)")
-        out = torch.empty(flat[1] - flat[0], dtype=DTYPES[info.dtype])
+        if out is None:
+            out = torch.empty(flat[1] - flat[0], dtype=DTYPES[info.dtype])
         want = rows_box(box, flat)
         copied = 0
         for path, s in self.slices.get(key, []):
@@ -105,11 +108,11 @@ class CheckpointReader:
         return out
 
     def read_item(self, it: Item) -> torch.Tensor:
-        return self.read(it.key, it.box, it.flat, it.shape)
+        return self.read(it.key, it.box, it.flat, it.shape).to(DTYPES[it.dtype])
 
     def read_full(self, key: str) -> torch.Tensor:
         """A whole global tensor (for conversion and tests)."""
-        shape = tuple(self.manifest.tensors[key].shape)
+        shape = tuple(self.manifest.tensors[self.manifest.resolve(key)].shape)
         box = tuple((0, d) for d in shape)
         n = 1
         for d in shape:
@@ -121,13 +124,15 @@ def has_optimizer(manifest: Manifest) -> bool:
     return any(split_key(k)[0] == f"optim.{OPTIM_KEYS[0]}" for k in manifest.tensors)
 
 
-def read_optimizer(reader: CheckpointReader, rl: RankLayout, owned: int) -> dict[str, torch.Tensor]:
-    """This rank's flat optimizer state (``owned`` elements per key) from the checkpoint."""
-    flats = {k: torch.zeros(owned, dtype=torch.float32) for k in OPTIM_KEYS}
+def read_optimizer(reader: CheckpointReader, rl: RankLayout,
+                   flats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Read this rank's optimizer state straight into ``flats`` (its flat tensors, on the CPU:
+    no extra copy, no fresh pages)."""
     for it in optim_needs(rl):
         _, key, k = it.source
         pc = rl.pieces[k]
-        flats[key][pc.owned_lo: pc.owned_lo + it.count] = reader.read_item(it)
+        reader.read(it.key, it.box, it.flat, it.shape,
+                    out=flats[key][pc.owned_lo: pc.owned_lo + it.count])
     return flats
 
 
@@ -168,14 +173,18 @@ def install(engine, rl: RankLayout, manifest: Manifest, data: dict) -> None:
     opt.load_state_dict({"step": step, "optimizer": opt.kind, "state": state})
 
 
-def read_for_engine(reader: CheckpointReader, rl: RankLayout, owned: int) -> dict:
+def read_for_engine(reader: CheckpointReader, rl: RankLayout, optimizer) -> dict:
     """File reads only (no collectives), so that a failure on one rank can be agreed on before
-    anyone enters a collective: ``{"optim": flats}`` or ``{"model": params}``."""
+    anyone enters a collective: ``{"optim": flats}`` or ``{"model": params}``. On a CPU the
+    optimizer state is read in place into ``optimizer``'s own tensors."""
     if has_optimizer(reader.manifest):
+        flats = {k: getattr(optimizer, k) for k in OPTIM_KEYS}
+        if any(t.device.type != "cpu" for t in flats.values()):
+            flats = {k: torch.empty(t.numel()) for k, t in flats.items()}
         if rl.zero_stage == 0 and rl.dp_size > 1 and rl.dp_rank != 0:
-            return {"optim": {k: torch.zeros(owned) for k in OPTIM_KEYS}}
-        return {"optim": read_optimizer(reader, rl, owned)}
-    if not reader.manifest.has(MODEL):
+            return {"optim": flats}  # filled by DP rank 0's broadcast in `install`
+        return {"optim": read_optimizer(reader, rl, flats)}
+    if not reader.manifest.has(MODEL) and not reader.manifest.model_alias:
         raise MscaleError("the checkpoint holds neither optimizer state nor model weights",
                           file=reader.dir, field="tensors", code=EXIT_CRITICAL)
     return {"model": read_model(reader, rl)}

@@ -45,6 +45,9 @@ MODEL = "model"
 """Model parameters (each TP slice written once, by one DP replica)."""
 OPTIM_KEYS = ("master", "exp_avg", "exp_avg_sq")
 """Optimizer state per parameter; key ``optim.<key>/<name>``."""
+MASTER_DTYPE = "float32"
+MODEL_ALIAS = "optim.master"
+"""`Manifest.model_alias`: fp32 parameters equal their master weights and are stored once."""
 RNG = "rng"
 """Per-rank generator states; key ``rng.<kind>/rank-<r>``."""
 
@@ -191,6 +194,10 @@ class Manifest(StrictModel):
     state: TrainState
     tensors: dict[str, TensorInfo]
     shards: list[ShardInfo]
+    model_alias: str | None = None
+    """``optim.master``: a ``model/<name>`` tensor that is not listed is ``optim.master/<name>``
+    (fp32 parameters are exactly their master weights after every step, so they are not
+    written twice)."""
 
     @field_validator("schema_version")
     @classmethod
@@ -216,6 +223,13 @@ class Manifest(StrictModel):
 
     def has(self, group: str) -> bool:
         return any(k.startswith(group + "/") or k.startswith(group + ".") for k in self.tensors)
+
+    def resolve(self, key: str) -> str:
+        """The stored tensor behind ``key`` (follows `model_alias`)."""
+        group, name = split_key(key)
+        if key not in self.tensors and group == MODEL and self.model_alias:
+            return tensor_key(self.model_alias, name)
+        return key
 
 
 class CommitMarker(StrictModel):

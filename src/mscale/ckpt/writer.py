@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from mscale.ckpt.catalog import fs_and_path, is_local, join
 from mscale.ckpt.format import Encoder, shard_checksum, write_slice
 from mscale.ckpt.manifest import ShardInfo, SliceInfo, shard_name
-from mscale.ckpt.snapshot import Snapshot
+from mscale.ckpt.snapshot import CopyGate, HostArena, Snapshot
 
 
 @dataclass
@@ -60,9 +60,9 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
     name = shard_name(rank)
     slices, crcs, offset = [], [], 0
     on_chunk = (lambda: time.sleep(chunk_delay_s)) if chunk_delay_s else None
-    with _open(join(ckpt_dir, name)) as fh:
+    with _open(join(ckpt_dir, name)) as fh, ThreadPoolExecutor(1, "mscale-ckpt-enc") as pool:
         for it, view in zip(snap.items, snap.views):
-            table = write_slice(fh, encoder, memoryview(view.numpy()), on_chunk)
+            table = write_slice(fh, encoder, memoryview(view.numpy()), on_chunk, pool)
             slices.append(SliceInfo(tensor=it.key, box=[list(b) for b in it.box],
                                     flat=list(it.flat), offset=offset, chunks=table))
             crcs += [c[1] for c in table]
@@ -71,6 +71,21 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
     info = ShardInfo(path=name, rank=rank, bytes=offset, checksum=shard_checksum(crcs),
                      slices=slices)
     return ShardResult(info.model_dump(), time.perf_counter() - t0, offset, snap.nbytes)
+
+
+def snapshot_and_write(arena: HostArena, gate: CopyGate, items, sources, after, ckpt_dir: str,
+                       rank: int, codec: str, level: int, chunk_bytes: int,
+                       chunk_delay_s: float = 0.0,
+                       copy_delay_s: float = 0.0) -> tuple[ShardResult, float]:
+    """Stage 1 (copy to host; then open the gate for the optimizer step) and stage 2 (write),
+    both on the writer thread. Returns the write's result and the copy's seconds."""
+    try:
+        if copy_delay_s:  # test hook: a slow copy, so the optimizer step must wait for it
+            time.sleep(copy_delay_s)
+        snap = arena.take(items, sources, after)
+    finally:
+        gate.open()  # never leave training blocked, even if the copy failed
+    return write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, chunk_delay_s), snap.seconds
 
 
 class BackgroundWriter:

@@ -45,6 +45,18 @@ def train_cmd(
                                    help="Test hook: make the loss NaN at this step."),
     timeout: float = typer.Option(120.0, "--timeout", help="Seconds before a hung collective fails."),
     log_interval: int = typer.Option(1, "--log-interval", help="Steps between progress lines."),
+    resume: str = typer.Option("auto", "--resume", help="auto: continue from RUN_DIR/ckpt/latest "
+                               "if any; none: start fresh; or a checkpoint/run directory."),
+    ckpt_interval: int = typer.Option(None, "--ckpt-interval", min=1, help="Steps between "
+                                      "checkpoints (default: training.checkpoint_interval, else "
+                                      "the plan's advice)."),
+    ckpt_keep: int = typer.Option(3, "--ckpt-keep", min=1, help="Committed checkpoints to keep."),
+    ckpt_level: int = typer.Option(1, "--ckpt-level", min=-7, max=22,
+                                   help="zstd level of checkpoint chunks; 0 = uncompressed."),
+    final_ckpt: bool = typer.Option(True, "--final-ckpt/--no-final-ckpt",
+                                    help="Save a checkpoint after the last step."),
+    inject_ckpt_delay: float = typer.Option(0.0, "--inject-ckpt-delay", hidden=True,
+                                            help="Test hook: writer sleeps this long per chunk."),
 ) -> None:
     """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash."""
     from mscale.config.plan import load_plan
@@ -52,6 +64,9 @@ def train_cmd(
     path = _plan_path(plan)
     resolved = load_plan(path)  # bad input fails here, once, before any process starts
     delays = _parse_delays(inject_delay)
+    ckpt = {"resume": resume, "ckpt_interval": ckpt_interval, "ckpt_keep": ckpt_keep,
+            "ckpt_level": ckpt_level, "ckpt_final": final_ckpt,
+            "inject_ckpt_delay": inject_ckpt_delay}
     if local:
         world = resolved.layout.world_size
         if local != world:
@@ -61,10 +76,24 @@ def train_cmd(
         from mscale.train.launch import launch_local
 
         worker = _worker_args(path, run_dir, steps, inject_delay, inject_nan, timeout, log_interval)
+        worker += _ckpt_args(ckpt)
         code = launch_local(local, resolved.cluster.gpus_per_node, worker,
                             log_dir=os.path.join(run_dir, "logs"))
         raise typer.Exit(code)
-    _run_worker(resolved, run_dir, steps, delays, inject_nan, timeout, log_interval)
+    _run_worker(resolved, run_dir, steps, delays, inject_nan, timeout, log_interval, ckpt)
+
+
+def _ckpt_args(ckpt: dict) -> list[str]:
+    """The checkpoint options, passed on to every worker unchanged."""
+    args = ["--resume", ckpt["resume"], "--ckpt-keep", str(ckpt["ckpt_keep"]),
+            "--ckpt-level", str(ckpt["ckpt_level"])]
+    if ckpt["ckpt_interval"]:
+        args += ["--ckpt-interval", str(ckpt["ckpt_interval"])]
+    if not ckpt["ckpt_final"]:
+        args.append("--no-final-ckpt")
+    if ckpt["inject_ckpt_delay"]:
+        args += ["--inject-ckpt-delay", str(ckpt["inject_ckpt_delay"])]
+    return args
 
 
 def _worker_args(path, run_dir, steps, delays, nan, timeout, log_interval) -> list[str]:
@@ -79,7 +108,7 @@ def _worker_args(path, run_dir, steps, delays, nan, timeout, log_interval) -> li
     return args
 
 
-def _run_worker(plan, run_dir, steps, delays, nan, timeout, log_interval) -> None:
+def _run_worker(plan, run_dir, steps, delays, nan, timeout, log_interval, ckpt) -> None:
     """One process of the job: read the launcher's environment, train, exit cleanly."""
     from mscale.dist.init import shutdown_and_exit
     from mscale.topology.env import read_launch_env
@@ -88,7 +117,8 @@ def _run_worker(plan, run_dir, steps, delays, nan, timeout, log_interval) -> Non
 
     env = read_launch_env()
     options = TrainOptions(run_dir=run_dir, steps=steps, inject_delay=delays,
-                           inject_nan_step=nan, timeout_s=timeout, log_interval=log_interval)
+                           inject_nan_step=nan, timeout_s=timeout, log_interval=log_interval,
+                           **ckpt)
     try:
         code = train(plan, options, env)
     except MscaleError as e:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -43,6 +43,9 @@ class Engine:
     loader: DataLoader
     timings: dict[str, float] = field(default_factory=dict)
     """Start-up phases in seconds (process-group init, group build, model build)."""
+    update_guards: list[Callable[[], None]] = field(default_factory=list)
+    """Called before every optimizer step: a checkpoint whose host copy overlaps the next
+    forward/backward blocks here until the copy is done (docs/ckpt.md)."""
 
     @property
     def micro_batches(self) -> int:

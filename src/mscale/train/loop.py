@@ -17,6 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
 from mscale.config.base import dump_yaml
 from mscale.config.plan import Plan
 from mscale.config.records import Event
@@ -26,6 +27,7 @@ from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_record
 from mscale.train.control import Control
+from mscale.train.data import source_fingerprint
 from mscale.train.engine import Engine, build_engine
 from mscale.planner.flops import model_flops
 from mscale.train.metrics import build_record, gather_rank_vectors
@@ -48,6 +50,8 @@ def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
         raise
     try:
         return _run(engine, run)
+    except MscaleError:  # e.g. a damaged checkpoint at resume: one message, no traceback
+        raise
     except Exception:
         _write_error(run, env.rank)
         traceback.print_exc()
@@ -78,9 +82,21 @@ def _start(engine: Engine, run: RunDir) -> None:
                      "device": str(engine.device), "launcher": engine.env.launcher})
 
 
+def _checkpointer(engine: Engine, run: RunDir) -> Checkpointer:
+    """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
+    opts = engine.options
+    options = CkptOptions(interval=opts.checkpoint_interval(engine.plan), keep=opts.ckpt_keep,
+                          level=opts.ckpt_level, resume=opts.resume, final=opts.ckpt_final,
+                          chunk_delay_s=opts.inject_ckpt_delay)
+    return Checkpointer(engine, run.ckpt, options, emit=lambda **kw: _event(engine, run, **kw),
+                        data_fingerprint=source_fingerprint(engine.loader.source))
+
+
 def _run(engine: Engine, run: RunDir) -> int:
     plan, opts, g = engine.plan, engine.options, engine.groups
     _start(engine, run)
+    ckpt = _checkpointer(engine, run)
+    first = ckpt.resume()
     control = Control(run.control, engine.env.rank)
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
@@ -93,7 +109,7 @@ def _run(engine: Engine, run: RunDir) -> int:
                                 log_interval=opts.log_interval)
     code = EXIT_OK
     with progress:
-        for step in range(steps):
+        for step in range(first, steps):
             timer.start_step()
             result = train_step(engine, step, timer)
             if not result.finite:
@@ -121,9 +137,17 @@ def _run(engine: Engine, run: RunDir) -> int:
                        message=_decision_message(decision),
                        evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
                                  "signal": decision.signal})
+            ckpt.poll()
+            reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
+            if reason:
+                ckpt.save(step + 1, reason, lr=lr)
             if decision.stop:
                 code = EXIT_WARNING
                 break
+        else:
+            if ckpt.due(steps, final=True) and first < steps:
+                ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
+    ckpt.close()  # a save in flight is finished and committed before the process exits
     _event(engine, run, kind="stop", severity="info" if code == EXIT_OK else "warning",
            message=f"training process exited with code {code}", evidence={"code": code})
     return code
@@ -154,6 +178,8 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
     lr = learning_rate(engine.plan.training, step)
     if not math.isfinite(norm):
         return StepResult(loss, norm, threshold, lr, finite=False)
+    for guard in engine.update_guards:  # a checkpoint still copying this state to host
+        guard()
     timer.add("comm_wait", engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6))))
     engine.clipper.update(norm)
     return StepResult(loss, norm, threshold, lr, finite=True)
@@ -162,9 +188,9 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
 def _decision_message(decision) -> str:
     parts = []
     if decision.checkpoint:
-        parts.append("checkpoint requested (checkpointing is not built yet: nothing saved)")
+        parts.append("checkpoint requested: saving at this step boundary")
     if decision.halt or decision.signal:
-        parts.append("halting at this step boundary"
+        parts.append("saving a checkpoint, then halting at this step boundary"
                      + (" on a signal" if decision.signal else " on a control/halt request"))
     return "; ".join(parts)
 

@@ -25,3 +25,24 @@ class TrainOptions:
     """Show a progress bar / progress lines on rank 0."""
     timeout_s: float = 120.0
     """Timeout of every collective; a hung peer fails the job after this long."""
+    resume: str = "auto"
+    """``auto``: continue from RUN_DIR/ckpt/latest if there is one; ``none``: start fresh; or a
+    checkpoint / run directory to start from (docs/ckpt.md)."""
+    ckpt_interval: int | None = None
+    """Steps between checkpoints; None: training.checkpoint_interval, else the plan's advice."""
+    ckpt_keep: int = 3
+    """Committed checkpoints to keep (the newest is never deleted)."""
+    ckpt_level: int = 1
+    """zstd level of checkpoint chunks; 0 writes them uncompressed."""
+    ckpt_final: bool = True
+    """Save a checkpoint when the last step is done."""
+    inject_ckpt_delay: float = 0.0
+    """Test hook: seconds the checkpoint writer sleeps after each chunk (a slow filesystem)."""
+
+    def checkpoint_interval(self, plan) -> int | None:
+        """The interval in force: this option, the plan's training setting, or its advice."""
+        if self.ckpt_interval:
+            return self.ckpt_interval
+        if plan.training.checkpoint_interval:
+            return plan.training.checkpoint_interval
+        return plan.checkpoint.interval_steps if plan.checkpoint else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mscale.ckpt.convert import write_layout
-from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, TrainState, optim_key, tensor_key
+from mscale.ckpt.manifest import OPTIM_KEYS, TrainState, optim_key, tensor_key
 from mscale.ckpt.ownership import for_plan, write_items
 from mscale.config.plan import Plan
 
@@ -30,12 +30,10 @@ def global_state(p: Plan, seed: int = 0, optimizer: bool = True) -> dict[str, to
     """Random global tensors for every model (and optimizer) key of ``p``'s model."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for it in write_items(for_plan(p, 0)) + [i for r in range(1, p.layout.world_size)
-                                             for i in write_items(for_plan(p, r))]:
-        if it.key not in out:
-            out[it.key] = torch.randn(it.shape, generator=g)
-    if not optimizer:
-        out = {k: v for k, v in out.items() if k.startswith(MODEL + "/")}
+    for r in range(p.layout.world_size):
+        for it in write_items(for_plan(p, r), optimizer=optimizer):
+            if it.key not in out:
+                out[it.key] = torch.randn(it.shape, generator=g)
     return out
 
 

@@ -52,6 +52,10 @@ def test_chain_of_layouts_is_exact(tmp_path, proto):
         written = {s.rank: [(x.tensor, x.box_tuple(), tuple(x.flat)) for x in s.slices]
                    for s in m.shards}
         assert written == native
+        assert m.model_alias == "optim.master" and not any(k.startswith("model/") for k in got)
+        with CheckpointReader(dst, m) as r:  # parameters are served by their master weights
+            name = "layers.1.attn.wq.weight"
+            assert torch.equal(r.read_full(f"model/{name}"), tensors[f"optim.master/{name}"])
         src = dst
 
 
