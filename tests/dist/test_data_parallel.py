@@ -144,3 +144,65 @@ def test_global_norm_over_tp_pp_dp_and_tp_sharded_updates():
             assert norms == pytest.approx(ref_norms, rel=1e-6), key
             want = [p.detach()[p.mscale_spec.tp_slice(tp_rank, 2)] for p in params]
             assert max_rel_diff(local, want) < 1e-5, key
+
+
+def _views_vs_copies(rank, world):
+    """Per ZeRO stage: the run with gradient views + parameter buffer, and the copy path (no
+    parameter declared viewable); plus what ZeRO-2 holds during and after accumulation."""
+    from mscale.dist.groups import build_groups
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.zero import DistributedOptimizer
+    from mscale.topology.placement import Placement
+    from tests.dist.dp_model import batch, loss_fn
+
+    groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=world), rank, TIMEOUT)
+    out = {"runs": {}}
+    viewable = GradBuffer._viewable
+    for zero in (0, 1, 2):
+        for views in (True, False):
+            GradBuffer._viewable = viewable if views else (lambda self, p: False)
+            cfg = config()
+            params = make_params(0)
+            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+            opt = DistributedOptimizer(params, grads, cfg, groups)
+            losses, norms, _ = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
+            out["runs"][(zero, views)] = (losses, norms, [p.detach().clone() for p in params])
+            if views:
+                out[("in_param_buffer", zero)] = all(_inside(p, grads.param_buffer) for p in params)
+                out[("master_is_params", zero)] = opt.master is grads.param_buffer
+            grads.close()
+    GradBuffer._viewable = viewable
+    params = make_params(0)
+    grads = GradBuffer(params, groups, zero_stage=2, bucket_bytes=BUCKET_BYTES)
+    out["z2_before"] = [p.grad is None for p in params]
+    x, y = batch(0)
+    with grads.no_sync():
+        loss_fn(params, x[:4], y[:4]).backward()
+    out["z2_during"] = [any(b is not None and _inside(p.grad, b) for b in grads._bufs)
+                        for p in params]
+    loss_fn(params, x[4:8], y[4:8]).backward()
+    grads.finish()
+    out["z2_after"] = ([p.grad is None for p in params], [b is None for b in grads._bufs])
+    grads.close()
+    return out
+
+
+def _inside(t, flat) -> bool:
+    lo, size = flat.data_ptr(), flat.numel() * flat.element_size()
+    return lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= lo + size
+
+
+def test_dp2_gradient_views_and_param_buffer_match_copying_bit_for_bit():
+    """Gradients accumulated in place in bucket views, parameters as views of one flat buffer
+    (all-gathered into directly; the master under ZeRO 0) give exactly the copy path's numbers;
+    ZeRO-2's bucket storage and the ``.grad`` views into it exist only between the first
+    gradient of the step and `finish`."""
+    for r in run_distributed(_views_vs_copies, 2):
+        for zero in (0, 1, 2):
+            (l1, n1, p1), (l2, n2, p2) = r["runs"][(zero, True)], r["runs"][(zero, False)]
+            assert l1 == l2 and n1 == n2, zero
+            assert all(torch.equal(a, b) for a, b in zip(p1, p2)), zero
+            assert r[("in_param_buffer", zero)], zero
+            assert r[("master_is_params", zero)] == (zero == 0), zero
+        assert all(r["z2_before"]) and all(r["z2_during"])
+        assert all(r["z2_after"][0]) and all(r["z2_after"][1])

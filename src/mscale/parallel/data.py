@@ -8,13 +8,23 @@ Per step the training loop does::
     comm_wait = grads.finish()          # seconds blocked on DP communication (exposed)
     # then the optimizer (parallel/zero.py): grad_norm(), step(lr, clip_coef)
 
-Gradients are *copied* into the buffer by a post-accumulate-grad hook, which then sets
-``param.grad = None``, rather than making ``param.grad`` a view of the buffer. Why: the buffer is
-fp32 whatever the parameters' dtype (a bf16 parameter cannot have an fp32 ``.grad`` view), the
-per-parameter gradient is released as soon as it is copied (peak = buffer + one gradient), and
-under ZeRO-2 a bucket's storage can be dropped after its reduction without leaving dangling
-``.grad`` views. The cost is one add per gradient element per micro-batch, as Megatron's
-``main_grad`` accumulation pays.
+Gradients as views of the buffer (DDP's ``gradient_as_bucket_view``). Each fp32 parameter's
+``.grad`` is a view of its place in the bucket, so autograd's AccumulateGrad adds every
+micro-batch's gradient in place into the buffer (outside ``create_graph`` it does
+``grad += new``, keeping the tensor) and the post-accumulate-grad hook only counts readiness. The
+sum is the one the buffer always held, ``0 + g1 + g2 + ...`` in the same order: bit-identical to
+copying. A gradient that is not the view when the hook runs (a parameter that is not fp32, or a
+``.grad`` someone replaced or set to None) is added into the buffer as before and the view is put
+back (non-fp32 parameters: ``.grad`` is released instead). ``create_graph=True`` backward is
+refused: AccumulateGrad then builds ``grad + new`` out of place.
+
+Parameters as views of a flat buffer (Megatron's contiguous parameter buffer). When every
+parameter is fp32 on one device, the GradBuffer moves them into one flat tensor with the
+gradient buffer's layout (``param.data`` becomes a view; each stays the same ``nn.Parameter``,
+registered in its module, with its ParamSpec). The ZeRO 1/2 all-gather of updated shards then
+writes straight into parameter storage, and where the owned space is the whole buffer (ZeRO 0,
+or DP size 1) the optimizer's fp32 master *is* that flat buffer, updated in place: no copy back.
+Moving a module (``.to()``) after the buffer is built would break the views; build it last.
 
 On the last micro-batch (outside `no_sync`) each bucket's reduction starts as soon as its last
 gradient has arrived. Buckets are launched strictly in bucket order (a ready bucket waits for
@@ -22,17 +32,22 @@ earlier ones) so every rank issues the same collectives in the same order even i
 a slightly different order. Reduction = mean over the DP group: each bucket is divided by the DP
 size, then summed.
 
-Memory, honestly:
-- ZeRO 0: the full buffer persists; all-reduce in place; the optimizer reads it whole.
-- ZeRO 1: the full buffer persists, plus a 1/dp shard buffer that the reduce-scatter writes. The
-  full buffer doubles as the all-gather target for the updated parameters after the step.
+Memory, honestly (gradients; the parameters themselves are the flat parameter buffer, the
+model's own size plus at most dp-1 padding elements per bucket):
+- ZeRO 0: the full gradient buffer persists, and ``param.grad`` views it (no per-parameter
+  gradient tensors); all-reduce in place; the optimizer reads it whole.
+- ZeRO 1: the full buffer persists, plus a 1/dp shard buffer that the reduce-scatter writes.
 - ZeRO 2: only the 1/dp shard buffer persists. A bucket's full storage is allocated at its first
-  gradient of the step and freed once its reduce-scatter has completed (in `finish`), so during
-  the forward passes, the optimizer step and a checkpoint only the shard exists. It does not
-  save memory *during* gradient accumulation: the full buckets live from the first micro-batch's
-  backward to `finish` (DeepSpeed avoids that by reducing every micro-batch, at dp× the traffic).
-  The parameter all-gather after the step uses a transient full-size buffer (all buckets are
-  gathered at once, then copied into the parameters and released).
+  gradient of the step (the parameters of that bucket get their ``.grad`` views then) and freed
+  once its reduce-scatter has completed (in `finish`, which also sets those ``.grad`` to None),
+  so during the forward passes, the optimizer step and a checkpoint only the shard exists. It
+  does not save memory *during* gradient accumulation: the full buckets live from the first
+  micro-batch's backward to `finish` (DeepSpeed avoids that by reducing every micro-batch, at
+  dp× the traffic). The parameter all-gather after the step writes straight into the flat
+  parameter buffer (no transient full-size buffer; with non-fp32 parameters it falls back to a
+  transient buffer and a copy per parameter).
+- DP size 1 (any stage): nothing to shard. The reduced gradient is the full buffer itself (no
+  shard buffer, no copy) and the buffer persists, at most the size ZeRO 1/2 would use there.
 """
 
 from __future__ import annotations
@@ -64,17 +79,30 @@ class GradBuffer:
         self.shard_index = self.comm.shard_index
         self.layout = BufferLayout(self.params, self.dp_size, max(1, bucket_bytes // 4))
         nb = len(self.layout.buckets)
-        self._full = None if zero_stage == 2 else self._zeros(self.layout.total)
+        self._whole = zero_stage == 0 or self.dp_size == 1
+        """The owned space is the whole buffer: no reduce-scatter target, no sharded master."""
+        self._transient = not self._whole and zero_stage == 2
+        """ZeRO 2 at dp > 1: bucket storage lives from the step's first gradient to `finish`."""
+        self._full = None if self._transient else self._zeros(self.layout.total)
         self._bufs: list[torch.Tensor | None] = [self._bucket_view(b) for b in range(nb)]
         self._offsets = self.layout.owned_offsets()
-        self.shard_grad = None if zero_stage == 0 else self._zeros(sum(
-            self.layout.shard_numel(b) for b in self.layout.buckets))
+        shard_numel = sum(self.layout.shard_numel(b) for b in self.layout.buckets)
+        self.shard_grad = (None if zero_stage == 0 else self._full if self._whole else
+                           self._zeros(shard_numel))
+        self._as_view = [self._viewable(self.params[s.index]) for s in self.layout.slots]
+        self._views: list[torch.Tensor | None] = [None] * len(self.layout.slots)
+        self.param_buffer = self._flatten_params()
+        """The parameters' flat storage in buffer layout (None unless all are fp32 on one
+        device); under ZeRO 0 or at DP size 1 the optimizer's master weights are this tensor."""
         self._sync = True
         self._poison = False
         self._launched_early = 0
         self.overlapped_buckets = 0
         """Buckets whose reduction started during backward in the last step (overlap check)."""
         self._reset_step()
+        for b in range(nb):
+            if self._bufs[b] is not None:
+                self._attach_views(b, keep=True)
         self._hooks = []
         for s, slot in enumerate(self.layout.slots):
             hook = self._hook(s)
@@ -83,6 +111,23 @@ class GradBuffer:
     # ----------------------------------------------------------------------------- storage
     def _zeros(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float32, device=self.device)
+
+    def _viewable(self, p: torch.Tensor) -> bool:
+        return p.dtype == torch.float32 and p.device == self.device and p.layout == torch.strided
+
+    def _flatten_params(self) -> torch.Tensor | None:
+        """Move every parameter into one flat fp32 tensor laid out as the gradient buffer."""
+        if not self.params or not all(self._as_view):
+            return None
+        flat = self._zeros(self.layout.total)
+        with torch.no_grad():
+            for s in self.layout.slots:
+                p = self.params[s.index]
+                start = self.layout.buckets[s.bucket].start + s.offset
+                view = flat[start: start + s.numel]
+                view.copy_(p.detach().reshape(-1))
+                p.data = view.view(s.shape)
+        return flat
 
     def _bucket_view(self, b: int) -> torch.Tensor | None:
         if self._full is None:
@@ -93,12 +138,45 @@ class GradBuffer:
     def _bucket(self, b: int) -> torch.Tensor:
         if self._bufs[b] is None:  # ZeRO-2: storage lives from first gradient to reduction
             self._bufs[b] = self._zeros(self.layout.buckets[b].padded)
+            self._attach_views(b)
         return self._bufs[b]
+
+    def _attach_views(self, b: int, keep: bool = False) -> None:
+        """Make ``.grad`` of bucket ``b``'s fp32 parameters views of its storage. A parameter
+        that already has a gradient keeps it (added into the buffer by its hook), except at
+        construction (``keep``) where it is copied into the view."""
+        buf = self._bufs[b]
+        for si in self.layout.buckets[b].slots:
+            if not self._as_view[si]:
+                continue
+            slot = self.layout.slots[si]
+            p = self.params[slot.index]
+            view = buf[slot.offset: slot.offset + slot.numel].view(slot.shape)
+            self._views[si] = view
+            if p.grad is None or keep:
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def _detach_views(self, b: int) -> None:
+        """Drop the ``.grad`` views of bucket ``b`` (its storage is being released)."""
+        for si in self.layout.buckets[b].slots:
+            view = self._views[si]
+            if view is not None:
+                p = self.params[self.layout.slots[si].index]
+                if p.grad is view:
+                    p.grad = None
+                self._views[si] = None
 
     @property
     def owned_grad(self) -> torch.Tensor:
         """Reduced gradients over this rank's owned space (after `finish`)."""
-        return self._full if self.zero_stage == 0 else self.shard_grad
+        return self._full if self._whole else self.shard_grad
+
+    @property
+    def owns_whole_buffer(self) -> bool:
+        """True when the owned space is the whole buffer (ZeRO 0, or DP size 1)."""
+        return self._whole
 
     @property
     def sharded(self) -> bool:
@@ -113,16 +191,20 @@ class GradBuffer:
 
     def _hook(self, s: int):
         slot = self.layout.slots[s]
+        lo, hi = slot.offset, slot.offset + slot.numel
 
         def on_grad(p: torch.Tensor) -> None:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 return
             if self._sync and slot.bucket < self._next:
                 raise RuntimeError(f"gradient of {slot.spec.name} arrived after its bucket was "
                                    "reduced: run earlier micro-batches inside no_sync()")
-            buf = self._bucket(slot.bucket)
-            buf[slot.offset: slot.offset + slot.numel].add_(p.grad.reshape(-1))
-            p.grad = None
+            if grad is not self._views[s]:  # not accumulated in place: add it, restore the view
+                if torch.is_grad_enabled():
+                    raise RuntimeError("GradBuffer does not support backward(create_graph=True)")
+                self._bucket(slot.bucket)[lo:hi].add_(grad.reshape(-1))
+                p.grad = self._views[s]  # None for a parameter that is not fp32
             if self._sync:
                 self._pending[slot.bucket] -= 1
                 if self.overlap:
@@ -140,7 +222,7 @@ class GradBuffer:
         if self.dp_size > 1:
             buf.div_(self.dp_size)
         out = None
-        if self.sharded:
+        if not self._whole:
             off = self._offsets[b]
             out = self.shard_grad[off: off + self.layout.shard_numel(self.layout.buckets[b])]
         self._handles.append(self.comm.reduce(buf, out))
@@ -167,14 +249,20 @@ class GradBuffer:
             h.wait()
         waited = time.perf_counter() - t0
         self.overlapped_buckets, self._launched_early = self._launched_early, 0
-        if self.zero_stage == 2:
-            self._bufs = [None] * len(self._bufs)
+        if self._transient:
+            self._release_buckets()
         if self._poison:
             pieces = self.layout.pieces(self.shard_index if self.sharded else None)
             self.owned_grad[pieces[0].owned_lo if pieces else 0] = float("nan")
             self._poison = False
         self._reset_step()
         return waited
+
+    def _release_buckets(self) -> None:
+        for b in range(len(self._bufs)):
+            if self._bufs[b] is not None:
+                self._detach_views(b)
+                self._bufs[b] = None
 
     def poison_for_test(self) -> None:
         """Make the next `finish` leave a NaN in the reduced gradient (fault-injection tests)."""
@@ -186,21 +274,23 @@ class GradBuffer:
         if self._full is not None:
             self._full.zero_()
         else:
-            self._bufs = [None] * len(self._bufs)
+            self._release_buckets()
 
     def write_params(self, owned_values: torch.Tensor) -> float:
         """Put updated values over the owned space into the model's parameters.
 
-        ZeRO 1/2 all-gather every bucket's shards first. Returns seconds blocked on that
-        communication. Gradients must have been consumed: ZeRO 1 gathers into the gradient
-        buffer's storage.
+        Nothing to do when ``owned_values`` is the flat parameter buffer itself (the master
+        weights under ZeRO 0 / DP size 1). ZeRO 1/2 all-gather every bucket's shards, straight
+        into the parameter buffer. Returns seconds blocked on that communication.
         """
-        if not self.sharded or self.dp_size == 1:
+        flat = self.param_buffer
+        if (flat is not None and owned_values.data_ptr() == flat.data_ptr()
+                and owned_values.numel() == flat.numel()):
+            return 0.0
+        if self._whole:
             full, waited = owned_values, 0.0
         else:
-            full = self._full
-            if full is None:
-                full = torch.empty(self.layout.total, device=self.device)
+            full = flat if flat is not None else torch.empty(self.layout.total, device=self.device)
             handles = []
             for b in self.layout.buckets:
                 n = self.layout.shard_numel(b)
@@ -210,14 +300,21 @@ class GradBuffer:
             for h in handles:
                 h.wait()
             waited = time.perf_counter() - t0
+            if full is flat:
+                return waited
         with torch.no_grad():
+            if flat is not None:
+                flat.copy_(full)
+                return waited
             for s in self.layout.slots:
                 start = self.layout.buckets[s.bucket].start + s.offset
                 self.params[s.index].copy_(full[start: start + s.numel].view(s.shape))
         return waited
 
     def close(self) -> None:
-        """Remove the hooks and stop the communication thread."""
+        """Remove the hooks, drop the ``.grad`` views and stop the communication thread."""
         for h in self._hooks:
             h.remove()
+        for b in range(len(self._bufs)):
+            self._detach_views(b)
         self.comm.close()

@@ -28,7 +28,10 @@ def adam_update_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
     moments_(grad, exp_avg, exp_avg_sq, beta1, beta2)
     bias1 = 1 - beta1 ** step
     bias2_sqrt = math.sqrt(1 - beta2 ** step)
-    denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+    # torch.optim.AdamW writes ``(exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)``; dividing in place
+    # gives the same bits without a second shard-sized temporary, whose fresh pages (glibc hands
+    # a large block back to the OS on free) cost ~6× the arithmetic on CPU.
+    denom = exp_avg_sq.sqrt().div_(bias2_sqrt).add_(eps)
     master.addcdiv_(exp_avg, denom, value=-lr / bias1)
 
 

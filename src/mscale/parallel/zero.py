@@ -3,7 +3,10 @@
 Under ZeRO 1/2 each DP rank keeps master weights, ``exp_avg`` and ``exp_avg_sq`` for its shard of
 every gradient bucket (parallel/buckets.py), updates them from the reduce-scattered gradients, and
 all-gathers the updated shards back into the model's parameters. Under ZeRO 0 every rank keeps
-and updates everything (identically, from identical all-reduced gradients).
+and updates everything (identically, from identical all-reduced gradients). Where a rank owns the
+whole buffer (ZeRO 0, or DP size 1) and the parameters are fp32, the master weights are the
+parameters' flat storage (`GradBuffer.param_buffer`) and the step updates the model in place;
+under ZeRO 1/2 the all-gather writes straight into that storage.
 
 Per step, after ``grads.finish()``::
 
@@ -67,7 +70,11 @@ class DistributedOptimizer:
         self.weight_decay = training.weight_decay
         self.pieces = grads.layout.pieces(grads.shard_index if grads.sharded else None)
         self.device = grads.device
-        self.master = torch.zeros_like(grads.owned_grad)
+        alias = grads.param_buffer if grads.owns_whole_buffer else None
+        self.master = alias if alias is not None else torch.zeros_like(grads.owned_grad)
+        """fp32 master weights over the owned space. Where that is the whole buffer (ZeRO 0, or
+        DP size 1) and the parameters are fp32, it is the parameters' flat storage itself
+        (`GradBuffer.param_buffer`): the step updates the model in place, nothing is copied."""
         self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.master), torch.zeros_like(self.master)
         self._piece_param = torch.tensor([pc.param_index for pc in self.pieces], dtype=torch.long,
                                          device=self.device)
@@ -76,7 +83,7 @@ class DistributedOptimizer:
         self._norm: float | None = None
         self._set_groups(groups)
         with torch.no_grad():
-            for pc, view in zip(self.pieces, self._views(self.master)):
+            for pc, view in zip(self.pieces, self._views(self.master) if alias is None else []):
                 flat = self.params[pc.param_index].detach().reshape(-1)
                 view.copy_(flat[pc.param_lo:pc.param_hi])
         decays = [grads.layout.by_param[pc.param_index].spec.weight_decay for pc in self.pieces]

@@ -1,5 +1,7 @@
 """Gradient buffer layout and the distributed optimizer in one process (DP size 1)."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -95,3 +97,93 @@ def test_state_dict_round_trip_and_pieces():
 def test_trust_ratio_is_one_for_zero_norms():
     r = trust_ratio(torch.tensor([4.0, 0.0, 4.0]), torch.tensor([1.0, 1.0, 0.0]))
     assert r.tolist() == [2.0, 1.0, 1.0]
+
+
+def _in(t: torch.Tensor, flat: torch.Tensor) -> bool:
+    """``t``'s storage lies inside ``flat``'s."""
+    lo, size = flat.data_ptr(), flat.numel() * flat.element_size()
+    return lo <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= lo + size
+
+
+def test_grads_accumulate_in_place_in_the_bucket_views():
+    """AccumulateGrad adds into an existing ``.grad`` view in place (it must not replace it), so
+    the buffer holds 0 + g1 + g2 bit for bit, with no hook copy; a ``.grad`` reset to None in
+    between is added by the hook instead and the view is put back."""
+    from tests.dist.dp_model import batch, loss_fn
+
+    params = make_params(0)
+    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    views = [p.grad for p in params]
+    assert all(v is not None and _in(v, grads.owned_grad) for v in views)
+    x, y = batch(0)
+    halves = [(x[:8], y[:8]), (x[8:], y[8:]), (x[:4], y[:4])]
+    want = [torch.zeros_like(p) for p in params]
+    for i, (xb, yb) in enumerate(halves):
+        gs = torch.autograd.grad(loss_fn(params, xb, yb), params)
+        want = [w + g for w, g in zip(want, gs)]
+        if i == 1:
+            params[2].grad = None  # e.g. module.zero_grad(): the hook copies, then re-attaches
+        with grads.no_sync() if i < 2 else contextlib.nullcontext():
+            loss_fn(params, xb, yb).backward()
+        assert all(p.grad is v for p, v in zip(params, views))
+    grads.finish()
+    for p, w in zip(params, want):
+        assert torch.equal(p.grad, w)
+
+
+def test_params_are_views_of_one_flat_buffer_and_the_master_at_dp1():
+    cfg = config()
+    params = make_params(0)
+    before = [p.detach().clone() for p in params]
+    ids = [id(p) for p in params]
+    for zero in (0, 1, 2):
+        grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, grads, cfg)
+        assert [id(p) for p in params] == ids
+        assert all(isinstance(p, torch.nn.Parameter) and p.mscale_spec for p in params)
+        assert all(_in(p, grads.param_buffer) for p in params)
+        assert all(torch.equal(p, b) for p, b in zip(params, before))
+        assert opt.master is grads.param_buffer  # owned space = whole buffer: no copy back
+        grads.close()
+        assert all(p.grad is None for p in params)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+@pytest.mark.parametrize("optimizer", ["adamw", "lamb"])
+def test_views_are_bit_identical_to_copying(zero, optimizer, monkeypatch):
+    """Gradient views + parameter buffer + aliased master give exactly what the copy path gives
+    (hook copies, separate master, copy back), forced here by declaring no parameter viewable."""
+    cfg = config(optimizer)
+    runs = []
+    for viewable in (True, False):
+        if not viewable:
+            monkeypatch.setattr(GradBuffer, "_viewable", lambda self, p: False)
+        params = make_params(0)
+        grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, grads, cfg)
+        assert (grads.param_buffer is not None) == viewable
+        losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
+        runs.append((losses, norms, [p.detach().clone() for p in params]))
+    (l1, n1, p1), (l2, n2, p2) = runs
+    assert l1 == l2 and n1 == n2
+    assert all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+def test_non_fp32_parameters_fall_back_to_copying():
+    cfg = config()
+    params = [torch.nn.Parameter(p.detach().double()) for p in make_params(0)]
+    for p, q in zip(params, make_params(0)):
+        p.mscale_spec = q.mscale_spec
+    grads = GradBuffer(params, None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, grads, cfg)
+    assert grads.param_buffer is None and all(p.grad is None for p in params)
+    from tests.dist.dp_model import batch, loss_fn
+
+    x, y = batch(0)
+    loss_fn(params, x.double(), y.double()).backward()
+    assert all(p.grad is None for p in params)  # copied into the fp32 buffer and released
+    grads.finish()
+    assert opt.grad_norm() > 0
+    before = [p.detach().clone() for p in params]
+    opt.step(cfg.lr)
+    assert all(not torch.equal(p, b) for p, b in zip(params, before))
