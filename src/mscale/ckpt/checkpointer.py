@@ -136,11 +136,11 @@ class Checkpointer:
         self._settle_commit()
         waited = time.perf_counter() - t0
         state = self._train_state(step, lr)
-        sources = self._sources()
+        tensors = self._sources()
         self.gate = CopyGate()
         name = catalog.step_dir(step)
         future = self.writer.submit(
-            snapshot_and_write, self.arena, self.gate, self.items, sources, ready_event(sources),
+            snapshot_and_write, self.arena, self.gate, self.items, tensors, ready_event(tensors),
             catalog.join(self.root, name), self.rank, self.opts.codec, self.opts.level,
             self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s)
         self.inflight = _InFlight(step, name, reason, future, self.gate,

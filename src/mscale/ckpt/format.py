@@ -13,7 +13,6 @@ the tensor's memory as is (little-endian), so `torch.frombuffer` rebuilds it: no
 from __future__ import annotations
 
 import struct
-import zlib
 from concurrent.futures import Executor, Future
 from typing import BinaryIO, Iterator
 
@@ -21,6 +20,11 @@ import torch
 import zstandard
 
 from mscale.ckpt.manifest import DTYPE_NAMES, DTYPES, SliceInfo
+
+try:  # the same crc32, ~10x faster (ISA-L, carry-less multiply): 19 GB/s against zlib's 2.2 here
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; zlib gives identical values
+    from zlib import crc32
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 """4 MiB: small enough that a resharding read wastes little, large enough for full-speed I/O."""
@@ -57,7 +61,7 @@ class Encoder:
     def encode(self, raw: memoryview) -> tuple[bytes | memoryview, int]:
         """One chunk: ``(stored bytes, crc32 of them)``."""
         stored = self._zstd.compress(raw) if self._zstd else raw
-        return stored, zlib.crc32(stored)
+        return stored, crc32(stored)
 
     def chunks(self, data: memoryview) -> Iterator[memoryview]:
         for start in range(0, len(data), self.chunk_bytes):
@@ -93,7 +97,7 @@ def _write_one(fh: BinaryIO, pending, table: list, on_chunk) -> None:
 
 def shard_checksum(crcs: list[int]) -> str:
     """The per-shard checksum: crc32 over the chunks' crc32s (little-endian u32) in file order."""
-    return f"crc32-chunks:{zlib.crc32(struct.pack(f'<{len(crcs)}I', *crcs)):08x}"
+    return f"crc32-chunks:{crc32(struct.pack(f'<{len(crcs)}I', *crcs)):08x}"
 
 
 class Decoder:
@@ -104,7 +108,7 @@ class Decoder:
         self._zstd = zstandard.ZstdDecompressor() if codec == "zstd" else None
 
     def check(self, stored: memoryview, crc: int, where: str) -> None:
-        if zlib.crc32(stored) != crc:
+        if crc32(stored) != crc:
             raise ChunkError(f"{where}: checksum mismatch")
 
     def decode(self, stored: memoryview, crc: int, raw_len: int, where: str) -> bytes | memoryview:
@@ -161,3 +165,29 @@ class Decoder:
             dst[filled: filled + len(piece)] = piece
             filled, skip = filled + len(piece), 0
         return torch.frombuffer(out, dtype=DTYPES[dtype])
+
+    def read_whole(self, fh: BinaryIO, s: SliceInfo, out: torch.Tensor, where: str = "") -> None:
+        """All of a slice, decoded straight into ``out`` (contiguous, ``s.count`` elements): the
+        same-layout load path, one copy from the file instead of two."""
+        dst = memoryview(out.view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
+        lens = self.raw_lengths(s, out.element_size())
+        fh.seek(s.offset)
+        if self._zstd is None:
+            if [c[0] for c in s.chunks] != lens:
+                raise ChunkError(f"{where}: stored chunk sizes do not match the slice")
+            got = fh.readinto(dst)
+            if got != len(dst):
+                raise ChunkError(f"{where}: file ends {len(dst) - (got or 0)} bytes early")
+            pos = 0
+            for i, (stored_len, crc) in enumerate(s.chunks):
+                self.check(dst[pos: pos + stored_len], crc, f"{where} chunk {i}")
+                pos += stored_len
+            return
+        blob = bytearray(s.stored_bytes)
+        if fh.readinto(blob) != len(blob):
+            raise ChunkError(f"{where}: file ends early")
+        view, pos, filled = memoryview(blob), 0, 0
+        for i, (stored_len, crc) in enumerate(s.chunks):
+            raw = self.decode(view[pos: pos + stored_len], crc, lens[i], f"{where} chunk {i}")
+            dst[filled: filled + lens[i]] = raw
+            pos, filled = pos + stored_len, filled + lens[i]

@@ -83,6 +83,13 @@ class CheckpointReader:
                               fix="load into the same model configuration (model: section)")
         if out is None:
             out = torch.empty(flat[1] - flat[0], dtype=DTYPES[info.dtype])
+        exact = self._exact(key, box, flat)
+        if exact is not None and out.is_contiguous():  # saved at this very layout
+            path, s = exact
+            self.bytes_read += out.numel() * out.element_size()
+            self._guard(path, key, lambda: self.decoder.read_whole(
+                self._file(path), s, out, where=f"{path} ({key})"))
+            return out
         want = rows_box(box, flat)
         copied = 0
         for path, s in self.slices.get(key, []):
@@ -92,13 +99,8 @@ class CheckpointReader:
 
             def fetch(lo: int, hi: int, path=path, s=s) -> torch.Tensor:
                 self.bytes_read += (hi - lo) * out.element_size()
-                try:
-                    return self.decoder.read(self._file(path), s, info.dtype, lo, hi,
-                                             where=f"{path} ({key})")
-                except ChunkError as e:
-                    raise MscaleError(str(e), file=f"{self.dir}/{path}", field=key,
-                                      code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; load an "
-                                      "older checkpoint with --resume RUN/ckpt/step-NNNNNN")
+                return self._guard(path, key, lambda: self.decoder.read(
+                    self._file(path), s, info.dtype, lo, hi, where=f"{path} ({key})"))
 
             copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
         if copied != out.numel():
@@ -106,6 +108,22 @@ class CheckpointReader:
                               f"{out.numel()} elements", file=self.dir, field=f"tensors.{key}",
                               code=EXIT_CRITICAL, fix="run `mscale ckpt verify` on it")
         return out
+
+    def _exact(self, key: str, box: Box, flat: tuple[int, int]):
+        """The one saved slice that is exactly this region, if any."""
+        for path, s in self.slices.get(key, []):
+            if tuple(s.flat) == tuple(flat) and s.box_tuple() == tuple(box):
+                return path, s
+        return None
+
+    def _guard(self, path: str, key: str, fn):
+        """Run a read; a damaged chunk becomes an error naming the shard file."""
+        try:
+            return fn()
+        except ChunkError as e:
+            raise MscaleError(str(e), file=f"{self.dir}/{path}", field=key, code=EXIT_CRITICAL,
+                              fix="run `mscale ckpt verify`; load an older checkpoint with "
+                                  "--resume RUN/ckpt/step-NNNNNN")
 
     def read_item(self, it: Item) -> torch.Tensor:
         return self.read(it.key, it.box, it.flat, it.shape).to(DTYPES[it.dtype])

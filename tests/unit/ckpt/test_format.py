@@ -52,3 +52,16 @@ def test_truncated_file_is_caught():
 def test_shard_checksum_depends_on_every_chunk():
     assert shard_checksum([1, 2]) != shard_checksum([2, 1])
     assert shard_checksum([1, 2]).startswith("crc32-chunks:")
+
+
+@pytest.mark.parametrize("codec", ["raw", "zstd"])
+def test_whole_slice_reads_in_place_and_checks(codec):
+    t = torch.randn(300)
+    buf, s = _write(t, codec, 256)
+    out = torch.empty(300)
+    Decoder(codec, 256).read_whole(buf, s, out)
+    assert torch.equal(out, t)
+    data = bytearray(buf.getvalue())
+    data[-3] ^= 0x80
+    with pytest.raises(ChunkError, match="checksum mismatch"):
+        Decoder(codec, 256).read_whole(io.BytesIO(bytes(data)), s, torch.empty(300))
