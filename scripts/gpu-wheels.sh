@@ -9,7 +9,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl \
   "pydantic>=2.6" pydantic-core annotated-types typing-inspection "typer>=0.29" annotated-doc \
-  zstandard
+  zstandard isal
 # python-hostlist publishes only a source archive; it is pure Python, so a wheel built here fits.
 python3 -m pip wheel -q --no-deps -w .whl python-hostlist
 ls .whl
