@@ -102,6 +102,11 @@ def _run(engine: Engine, run: RunDir) -> int:
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
     timer = StepTimer(engine.device)
     steps = opts.steps or plan.training.steps
+    if engine.env.rank == 0 and first:
+        print(f"resumed from the checkpoint of step {first} in {run.ckpt}"
+              + (f"; continuing to step {steps}" if first < steps else
+                 f": already at step {steps}, nothing to train (raise --steps, or use a new "
+                 "--run-dir to start over)"), flush=True)
     tokens_per_step = plan.training.global_batch * plan.model.seq_len
     flops = model_flops(plan.model, plan.training.global_batch)
     peak = plan.cluster.gpu.peak_tflops * 1e12
