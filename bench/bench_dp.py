@@ -4,7 +4,14 @@ Prints ratios against references measured in the same run (not a test; no pass/f
 - steps/s of mscale (GradBuffer + DistributedOptimizer, ZeRO-1, AdamW) / torch DDP + AdamW on
   the same model, data and bucket size (goal >= 1.0);
 - exposed DP communication per step (seconds `GradBuffer.finish` blocks) with overlap / without
-  (goal <= 1/3).
+  (goal <= 1/3);
+- mscale with the parameter all-gather left in flight for the next forward
+  (``overlap_param_gather``, the default, forward hooks from `GradBuffer.attach_modules`)
+  against the blocking all-gather at the end of the step (the old behaviour).
+
+Steps are timed back to back (one barrier before the timed steps, none between them): a barrier
+between steps would wait for the all-gathers still in flight outside the timed region. The last
+timed step includes `wait_params`.
 
 On one 2-core machine over loopback gloo's communication burns the same cores as backward, so
 overlap can hide little (facts.md). ``--netns`` (root only) runs each rank in its own network
@@ -69,7 +76,7 @@ def run_ddp(args, rank) -> dict:
     return {"step_s": _time_steps(args, step)}
 
 
-def run_mscale(args, rank, overlap: bool) -> dict:
+def run_mscale(args, rank, overlap: bool, param_gather: bool = True) -> dict:
     from mscale.config.training import TrainingConfig
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
@@ -78,22 +85,26 @@ def run_mscale(args, rank, overlap: bool) -> dict:
     model = build_model(args)
     params = list(model.parameters())
     grads = GradBuffer(params, groups, zero_stage=1, bucket_bytes=int(args.bucket_mb * 2**20),
-                       overlap=overlap)
+                       overlap=overlap, overlap_param_gather=param_gather)
+    grads.attach_modules([model])
     cfg = TrainingConfig(global_batch=2, lr=1e-4, beta2=0.999, weight_decay=0.01)
     opt = DistributedOptimizer(params, grads, cfg, groups)
-    data, exposed, gather = batches(args, rank), [], []
+    data, exposed, gather, fwd_wait = batches(args, rank), [], [], []
 
     def step(i):
+        w0 = grads.param_wait_s
         model(data[i % 4]).square().mean().backward()
+        fwd_wait.append(grads.param_wait_s - w0)
         exposed.append(grads.finish())
         opt.grad_norm()
         gather.append(opt.step(cfg.lr))
 
-    step_s = _time_steps(args, step)
+    step_s = _time_steps(args, step, grads.wait_params)
     grads.close()
     n = args.steps
     return {"step_s": step_s, "exposed_s": statistics.median(exposed[-n:]),
-            "gather_s": statistics.median(gather[-n:]), "buckets": len(grads.layout.buckets)}
+            "gather_s": statistics.median(gather[-n:]),
+            "forward_wait_s": statistics.median(fwd_wait[-n:]), "buckets": len(grads.layout.buckets)}
 
 
 _GROUPS = {}
@@ -115,27 +126,36 @@ def _groups():
     return _GROUPS["g"]
 
 
-def _time_steps(args, step) -> float:
-    """Median seconds per step over ``args.steps`` after ``args.warmup`` untimed steps."""
+def _time_steps(args, step, settle=None) -> float:
+    """Median seconds per step over ``args.steps`` back-to-back steps after ``args.warmup``
+    untimed ones; ``settle`` (waiting for work a step leaves in flight) ends the last one."""
     import torch.distributed as dist
 
-    times = []
-    for i in range(args.warmup + args.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
+    for i in range(args.warmup):
         step(i)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
+    if settle is not None:
+        settle()
+    dist.barrier()
+    times, t0 = [], time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        step(i)
+        if settle is not None and i == args.warmup + args.steps - 1:
+            settle()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
     return statistics.median(times)
 
 
 def worker(rank: int, world: int, args) -> dict:
     """ABAB order over rounds so drift on the shared machine hits every variant alike."""
     torch.set_num_threads(1)
-    out: dict[str, list[dict]] = {"ddp": [], "overlap": [], "no_overlap": []}
+    out: dict[str, list[dict]] = {"ddp": [], "overlap": [], "no_overlap": [],
+                                  "blocking_gather": []}
     for _ in range(args.rounds):
         out["ddp"].append(run_ddp(args, rank))
         out["overlap"].append(run_mscale(args, rank, overlap=True))
+        out["blocking_gather"].append(run_mscale(args, rank, overlap=True, param_gather=False))
         out["no_overlap"].append(run_mscale(args, rank, overlap=False))
     return out
 
@@ -147,16 +167,20 @@ def _median(rows: list[dict], key: str) -> float:
 def report(results: list[dict], args) -> dict:
     r = results[0]
     nparams = sum(p.numel() for p in build_model(args).parameters())
-    ddp, ov, no = (_median(r[k], "step_s") for k in ("ddp", "overlap", "no_overlap"))
+    ddp, ov, no, blk = (_median(r[k], "step_s")
+                        for k in ("ddp", "overlap", "no_overlap", "blocking_gather"))
     exp_ov, exp_no = _median(r["overlap"], "exposed_s"), _median(r["no_overlap"], "exposed_s")
     fig = {"params": nparams, "buckets": r["overlap"][0]["buckets"], "ddp_step_s": ddp,
            "mscale_step_s": ov, "mscale_no_overlap_step_s": no, "speed_vs_ddp": ddp / ov,
            "exposed_overlap_s": exp_ov, "exposed_no_overlap_s": exp_no,
            "exposed_ratio": exp_ov / exp_no if exp_no > 0 else float("nan"),
-           "param_gather_s": _median(r["overlap"], "gather_s"),
+           "mscale_blocking_gather_step_s": blk, "speed_vs_ddp_blocking_gather": ddp / blk,
+           "param_gather_s": _median(r["blocking_gather"], "gather_s"),
+           "param_gather_forward_wait_s": _median(r["overlap"], "forward_wait_s"),
            "network": f"netns veth tbf {args.rate}" if args.netns else "loopback"}
     print(json.dumps(fig, indent=2))
-    print(f"mscale ZeRO-1 vs DDP: {fig['speed_vs_ddp']:.2f}x steps/s (goal >= 1.0)")
+    print(f"mscale ZeRO-1 vs DDP: {fig['speed_vs_ddp']:.2f}x steps/s (goal >= 1.0); with the "
+          f"blocking parameter all-gather: {fig['speed_vs_ddp_blocking_gather']:.2f}x")
     print(f"exposed DP comm overlap/no-overlap: {exp_ov * 1e3:.1f} / {exp_no * 1e3:.1f} ms "
           f"= {fig['exposed_ratio']:.2f} (goal <= 0.33)")
     return fig

@@ -19,7 +19,9 @@ def build(rank: int, world: int, case: dict):
     env = LaunchEnv(rank=rank, world_size=world, local_rank=rank % gpn, local_world_size=gpn,
                     node_rank=rank // gpn, master_addr="127.0.0.1", master_port=0,
                     launcher="test", hostname="localhost")
-    return build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
+    engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
+    engine.grads.attach_modules(engine.chunks)  # as the training loop does
+    return engine
 
 
 def checkpointer(engine, root: str, events: list, resume: str = "none", **opts):
@@ -60,6 +62,7 @@ def state(engine) -> dict:
 
     g = engine.groups
     tp = TensorParallel.from_groups(g, engine.plan.layout.sequence_parallel)
+    engine.grads.wait_params()  # the last step's parameter all-gathers
     params = {}
     for chunk in engine.chunks:
         params.update({k: v.clone() for k, v in full_state_dict(chunk, tp).items()})

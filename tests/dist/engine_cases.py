@@ -52,6 +52,8 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
                     node_rank=rank // gpn, master_addr="127.0.0.1", master_port=0,
                     launcher="test", hostname="localhost")
     engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
+    if case.get("overlap_param_gather", True):  # as the training loop does
+        engine.grads.attach_modules(engine.chunks)
     timer = StepTimer()
     losses = []
     for step in range(steps):
@@ -59,6 +61,7 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
         losses.append(train_step(engine, step, timer).loss)
         timer.end_step()
     tp = TensorParallel.from_groups(engine.groups, plan.layout.sequence_parallel)
+    engine.grads.wait_params()  # the last step's parameter all-gathers
     params = {}
     for chunk in engine.chunks:
         params.update({k: v.detach().clone() for k, v in full_state_dict(chunk, tp).items()})

@@ -206,3 +206,75 @@ def test_dp2_gradient_views_and_param_buffer_match_copying_bit_for_bit():
             assert r[("master_is_params", zero)] == (zero == 0), zero
         assert all(r["z2_before"]) and all(r["z2_during"])
         assert all(r["z2_after"][0]) and all(r["z2_after"][1])
+
+
+class _Net(torch.nn.Module):
+    """Linear layers, and a head weight read by the root's forward (no module of its own runs):
+    the forward hooks must find it in the first forward."""
+
+    def __init__(self):
+        super().__init__()
+        from mscale.parallel.spec import ParamSpec, set_spec
+
+        torch.manual_seed(0)
+        self.layers = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)])
+        self.head = torch.nn.Linear(16, 8, bias=False)
+        for name, p in self.named_parameters():
+            set_spec(p, ParamSpec(name, tuple(p.shape), None, p.dim() > 1))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(torch.tanh(self.layers(x)), self.head.weight)
+
+
+def _param_gather_cases(rank, world, cases):
+    from mscale.config.training import TrainingConfig
+    from mscale.dist.groups import build_groups
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.zero import DistributedOptimizer
+    from mscale.topology.placement import Placement
+
+    groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=world), rank, TIMEOUT)
+    out = {}
+    for zero, optimizer, deferred in cases:
+        model = _Net()
+        params = list(model.parameters())
+        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=16 * 17 * 4,
+                           overlap_param_gather=deferred)
+        grads.attach_modules([model])
+        cfg = TrainingConfig(global_batch=2, lr=1e-2, optimizer=optimizer, weight_decay=0.1)
+        opt = DistributedOptimizer(params, grads, cfg, groups)
+        gen = torch.Generator().manual_seed(rank)
+        losses, pending = [], []
+        for _ in range(4):
+            x = torch.randn(8, 16, generator=gen)
+            loss = model(x).square().mean()
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.finish()
+            opt.step(cfg.lr, opt.clip_coef(1.0))
+            pending.append(sum(h is not None for h in grads._gathers))
+        opt.wait_params()
+        out[(zero, optimizer, deferred)] = {"losses": losses, "pending": pending,
+                                            "params": [p.detach().clone() for p in params],
+                                            "buckets": len(grads.layout.buckets)}
+        grads.close()
+    return out
+
+
+def test_dp2_overlapped_param_gather_is_bit_identical_to_blocking():
+    cases = [(z, o, d) for z in (0, 1, 2) for o in ("adamw", "lamb") for d in (True, False)]
+    results = run_distributed(_param_gather_cases, 2, cases)
+    for r in results:
+        for zero, optimizer, _ in cases:
+            on, off = r[(zero, optimizer, True)], r[(zero, optimizer, False)]
+            assert on["losses"] == off["losses"], (zero, optimizer)
+            assert all(torch.equal(a, b) for a, b in zip(on["params"], off["params"]))
+            assert off["pending"] == [0] * 4
+            # ZeRO 0 gathers nothing; ZeRO 1/2 defer every bucket (the first forward, before
+            # the first step, was the observing one)
+            expect = [0] * 4 if zero == 0 else [on["buckets"]] * 4
+            assert on["pending"] == expect, (zero, optimizer, on["pending"])
+            assert on["buckets"] > 2
+    for key in results[0]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0][key]["params"],
+                                                     results[1][key]["params"]))

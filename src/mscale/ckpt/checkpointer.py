@@ -135,6 +135,7 @@ class Checkpointer:
         self.wait()
         self._settle_commit()
         waited = time.perf_counter() - t0
+        self.engine.grads.wait_params()  # parameter all-gathers left in flight by the step
         state = self._train_state(step, lr)
         tensors = self._sources()
         self.gate = CopyGate()

@@ -32,6 +32,13 @@ earlier ones) so every rank issues the same collectives in the same order even i
 a slightly different order. Reduction = mean over the DP group: each bucket is divided by the DP
 size, then summed.
 
+Parameter all-gather overlapped with the next forward (Megatron's ``overlap_param_gather``;
+ZeRO 1/2 at DP size > 1 with the flat parameter buffer): once `attach_modules` has installed
+forward pre-hooks on the model chunks and one forward has run, `write_params` launches each
+bucket's all-gather (the first layers' bucket, the last one, first) and returns; a module's
+pre-hook waits for the buckets holding its own parameters, a root's for parameters that no
+module's forward was seen to own. Readers outside a forward call `wait_params`.
+
 Memory, honestly (gradients; the parameters themselves are the flat parameter buffer, the
 model's own size plus at most dp-1 padding elements per bucket):
 - ZeRO 0: the full gradient buffer persists, and ``param.grad`` views it (no per-parameter
@@ -65,8 +72,13 @@ class GradBuffer:
     """Bucketed fp32 gradients of ``params`` with DP reduction overlapped with backward."""
 
     def __init__(self, params: list[torch.nn.Parameter], groups=None, *, zero_stage: int = 0,
-                 bucket_bytes: int = 25_000_000, overlap: bool = True, hierarchical: bool = False):
-        """``groups``: the rank's ParallelGroups (None: a single process, DP size 1)."""
+                 bucket_bytes: int = 25_000_000, overlap: bool = True, hierarchical: bool = False,
+                 overlap_param_gather: bool = True):
+        """``groups``: the rank's ParallelGroups (None: a single process, DP size 1).
+
+        ``overlap_param_gather``: under ZeRO 1/2 at DP size > 1, `write_params` only launches the
+        all-gathers and the next forward waits for each bucket when a module owning parameters
+        in it is about to run. Takes effect once `attach_modules` has installed those hooks."""
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2, not {zero_stage}")
         self.params = list(params)
@@ -103,6 +115,18 @@ class GradBuffer:
         for b in range(nb):
             if self._bufs[b] is not None:
                 self._attach_views(b, keep=True)
+        self.overlap_param_gather = overlap_param_gather
+        self._gathers: list = [None] * nb
+        """Per bucket: the handle of its parameter all-gather still in flight, or None."""
+        self._gather_pending = False
+        self._module_hooks: list = []
+        self._roots: dict[int, list[int] | None] = {}
+        """Per attached root module (id): buckets its own pre-hook waits for (parameters no
+        module's forward was seen to own); None until its first forward has been observed."""
+        self._seen: set[int] = set()
+        self._gather_order = list(reversed(range(nb)))
+        self.param_wait_s = 0.0
+        """Seconds blocked on deferred parameter all-gathers (forward hooks, `wait_params`)."""
         self._hooks = []
         for s, slot in enumerate(self.layout.slots):
             hook = self._hook(s)
@@ -287,6 +311,16 @@ class GradBuffer:
         if (flat is not None and owned_values.data_ptr() == flat.data_ptr()
                 and owned_values.numel() == flat.numel()):
             return 0.0
+        self.wait_params()
+        if self.deferring_param_gather:
+            for b in self._gather_order:
+                bucket = self.layout.buckets[b]
+                n = self.layout.shard_numel(bucket)
+                shard = owned_values[self._offsets[b]: self._offsets[b] + n]
+                full = flat[bucket.start: bucket.start + bucket.padded]
+                self._gathers[b] = self.comm.gather(full, shard)
+            self._gather_pending = True
+            return 0.0
         if self._whole:
             full, waited = owned_values, 0.0
         else:
@@ -311,8 +345,102 @@ class GradBuffer:
                 self.params[s.index].copy_(full[start: start + s.numel].view(s.shape))
         return waited
 
+    # ----------------------------------------------------------------------------- deferred gather
+    @property
+    def deferring_param_gather(self) -> bool:
+        """True when `write_params` leaves the all-gathers in flight for the forward hooks."""
+        return (self.overlap_param_gather and not self._whole and self.param_buffer is not None
+                and bool(self._roots) and all(v is not None for v in self._roots.values()))
+
+    def attach_modules(self, modules: list[torch.nn.Module]) -> None:
+        """Install forward pre-hooks on ``modules`` (the model chunks; together they must hold
+        every parameter of the buffer) and their submodules, so that the next forward waits for
+        a bucket's parameter all-gather only when a module owning parameters in it runs.
+
+        A parameter read by a forward other than its owner's (e.g. a head weight used through
+        ``F.linear`` by the root) is found in the first forward after attaching (no all-gather
+        is deferred before that one has run): the root's own pre-hook waits for its bucket, and
+        those buckets are gathered first."""
+        self.detach_modules()  # attaching again replaces the hooks
+        index = {id(self.params[s.index]): s.bucket for s in self.layout.slots}
+        covered: set[int] = set()
+        for root in modules:
+            for sub in root.modules():
+                buckets = sorted({index[id(p)] for p in sub._parameters.values()
+                                  if p is not None and id(p) in index}, reverse=True)
+                covered.update(id(p) for p in sub._parameters.values() if p is not None)
+                if buckets:
+                    self._module_hooks.append(sub.register_forward_pre_hook(
+                        self._module_hook(id(sub), buckets)))
+            self._roots[id(root)] = None
+            self._module_hooks.append(root.register_forward_pre_hook(self._root_hook(id(root)),
+                                                                     prepend=True))
+            self._module_hooks.append(root.register_forward_hook(self._observe(root, index)))
+        missing = [p for p in self.params if id(p) not in covered]
+        if missing:
+            self.detach_modules()
+            raise ValueError(f"{len(missing)} parameters of the buffer are in none of the modules")
+
+    def _module_hook(self, key: int, buckets: list[int]):
+        def pre(module, args) -> None:
+            if self._gather_pending:
+                self._wait(buckets)
+            elif key not in self._seen:
+                self._seen.add(key)
+        return pre
+
+    def _root_hook(self, key: int):
+        def pre(module, args) -> None:
+            orphans = self._roots[key]
+            if self._gather_pending and orphans:
+                self._wait(orphans)
+        return pre
+
+    def _observe(self, root: torch.nn.Module, index: dict[int, int]):
+        key = id(root)
+
+        def post(module, args, output) -> None:
+            if self._roots.get(key, 0) is not None:  # observed already (or detached)
+                return
+            orphans = set()
+            for sub in root.modules():
+                if id(sub) not in self._seen:
+                    orphans.update(index[id(p)] for p in sub._parameters.values()
+                                   if p is not None and id(p) in index)
+            self._roots[key] = sorted(orphans, reverse=True)
+            if all(v is not None for v in self._roots.values()):
+                first = sorted({b for v in self._roots.values() for b in v}, reverse=True)
+                rest = [b for b in reversed(range(len(self.layout.buckets))) if b not in first]
+                self._gather_order = first + rest
+        return post
+
+    def _wait(self, buckets) -> None:
+        t0 = time.perf_counter()
+        for b in buckets:
+            h = self._gathers[b]
+            if h is not None:
+                h.wait()
+                self._gathers[b] = None
+        if all(h is None for h in self._gathers):
+            self._gather_pending = False
+        self.param_wait_s += time.perf_counter() - t0
+
+    def wait_params(self) -> None:
+        """Wait for every parameter all-gather still in flight. Call it before reading the
+        parameters outside a forward (checkpoint, evaluation, state dicts, end of training)."""
+        if self._gather_pending:
+            self._wait(self._gather_order)
+
+    def detach_modules(self) -> None:
+        """Remove the forward hooks (pending all-gathers are waited for first)."""
+        self.wait_params()
+        for h in self._module_hooks:
+            h.remove()
+        self._module_hooks, self._roots, self._seen = [], {}, set()
+
     def close(self) -> None:
         """Remove the hooks, drop the ``.grad`` views and stop the communication thread."""
+        self.detach_modules()
         for h in self._hooks:
             h.remove()
         for b in range(len(self._bufs)):

@@ -150,7 +150,10 @@ class DistributedOptimizer:
     # ------------------------------------------------------------------------------- step
     def step(self, lr: float, clip_coef: float = 1.0) -> float:
         """Update the owned shard, write the parameters back; returns seconds blocked on the
-        parameter all-gather. Skipped (gradients dropped) when the gradient is not finite."""
+        parameter all-gather (0 when the all-gathers are left in flight for the next forward:
+        `GradBuffer.attach_modules`). Skipped (gradients dropped) when the gradient is not
+        finite."""
+        self.grads.wait_params()  # the master shard is the source of gathers still in flight
         self.grad_norm()
         grad = self.grads.owned_grad
         waited = 0.0
@@ -186,6 +189,10 @@ class DistributedOptimizer:
             torch._foreach_mul_(views, [-lr * r for r in ratios])
             torch._foreach_add_(self._views(self.master), views)
 
+    def wait_params(self) -> None:
+        """Wait for the parameter all-gathers still in flight (`GradBuffer.wait_params`)."""
+        self.grads.wait_params()
+
     # ------------------------------------------------------------------------------- state
     def shard_pieces(self) -> list[ShardPiece]:
         """What this rank owns: per piece the parameter's spec and local flat range."""
@@ -212,6 +219,7 @@ class DistributedOptimizer:
             if entry is None or tuple(entry["range"]) != (pc.param_lo, pc.param_hi):
                 raise ValueError(f"optimizer state for {pc.name}[{pc.param_lo}:{pc.param_hi}] "
                                  "is missing or sharded differently; reshard it first")
+            self.grads.wait_params()
             for key in STATE_KEYS:
                 getattr(self, key)[pc.owned_lo: pc.owned_hi].copy_(entry[key])
         self.step_count = int(sd["step"])

@@ -97,6 +97,7 @@ def _run(engine: Engine, run: RunDir) -> int:
     _start(engine, run)
     ckpt = _checkpointer(engine, run)
     first = ckpt.resume()
+    engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
     control = Control(run.control, engine.env.rank)
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
@@ -152,6 +153,7 @@ def _run(engine: Engine, run: RunDir) -> int:
         else:
             if ckpt.due(steps, final=True) and first < steps:
                 ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
+    engine.grads.wait_params()  # parameter all-gathers of the last step
     ckpt.close()  # a save in flight is finished and committed before the process exits
     _event(engine, run, kind="stop", severity="info" if code == EXIT_OK else "warning",
            message=f"training process exited with code {code}", evidence={"code": code})

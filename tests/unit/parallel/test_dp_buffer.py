@@ -187,3 +187,18 @@ def test_non_fp32_parameters_fall_back_to_copying():
     before = [p.detach().clone() for p in params]
     opt.step(cfg.lr)
     assert all(not torch.equal(p, b) for p, b in zip(params, before))
+
+
+def test_attach_modules_needs_every_parameter_and_defers_nothing_at_dp1():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    from mscale.parallel.spec import ParamSpec, set_spec
+
+    for name, p in model.named_parameters():
+        set_spec(p, ParamSpec(name, tuple(p.shape), None, True))
+    grads = GradBuffer(list(model.parameters()), None, zero_stage=1, bucket_bytes=64)
+    with pytest.raises(ValueError, match="none of the modules"):
+        grads.attach_modules([model[0]])
+    grads.attach_modules([model])
+    model(torch.ones(1, 4))  # the observing forward
+    assert not grads.deferring_param_gather  # DP size 1: the master is the parameter buffer
+    grads.close()
