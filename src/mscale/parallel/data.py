@@ -64,6 +64,7 @@ import time
 
 import torch
 
+from mscale.dist.collectives import COMM_CLOCK
 from mscale.parallel.buckets import BufferLayout
 from mscale.parallel.reduce import make_comm
 
@@ -415,12 +416,15 @@ class GradBuffer:
         return post
 
     def _wait(self, buckets) -> None:
+        # Inside a forward this wait is exposed communication: COMM_CLOCK hands it to the step's
+        # comm_wait, so the straggler rule (highest compute, lowest wait) still holds.
         t0 = time.perf_counter()
-        for b in buckets:
-            h = self._gathers[b]
-            if h is not None:
-                h.wait()
-                self._gathers[b] = None
+        with COMM_CLOCK.timed():
+            for b in buckets:
+                h = self._gathers[b]
+                if h is not None:
+                    h.wait()
+                    self._gathers[b] = None
         if all(h is None for h in self._gathers):
             self._gather_pending = False
         self.param_wait_s += time.perf_counter() - t0
