@@ -72,7 +72,7 @@ class FlatComm:
     def reduce(self, buf: torch.Tensor, out: torch.Tensor | None):
         if out is None:
             return dist.all_reduce(buf, group=self.group, async_op=True)
-        return reduce_scatter_into(out, buf, self.group, async_op=True)
+        return reduce_scatter_into(out, buf, self.group, async_op=True, scratch=True)
 
     def gather(self, full: torch.Tensor, shard: torch.Tensor):
         return all_gather_into(full, shard, self.group, async_op=True)
@@ -99,12 +99,12 @@ class HierarchicalComm:
 
     def _reduce(self, buf: torch.Tensor, out: torch.Tensor | None) -> None:
         chunk = buf.new_empty(buf.numel() // self.k)
-        reduce_scatter_into(chunk, buf, self.intra)
+        reduce_scatter_into(chunk, buf, self.intra, scratch=True)
         if out is None:
             dist.all_reduce(chunk, group=self.inter)
             all_gather_into(buf, chunk, self.intra)
         else:
-            reduce_scatter_into(out, chunk, self.inter)
+            reduce_scatter_into(out, chunk, self.inter, scratch=True)
 
     def _gather(self, full: torch.Tensor, shard: torch.Tensor) -> None:
         chunk = full.new_empty(full.numel() // self.k)
