@@ -6,22 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from tests.dist.engine_cases import make_plan
+from tests.dist.engine_cases import build_case_engine, make_plan
 
 
 def build(rank: int, world: int, case: dict):
-    from mscale.topology.env import LaunchEnv
-    from mscale.train.engine import build_engine
-    from mscale.train.options import TrainOptions
-
-    plan = make_plan(case)
-    gpn = plan.cluster.gpus_per_node
-    env = LaunchEnv(rank=rank, world_size=world, local_rank=rank % gpn, local_world_size=gpn,
-                    node_rank=rank // gpn, master_addr="127.0.0.1", master_port=0,
-                    launcher="test", hostname="localhost")
-    engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
-    engine.grads.attach_modules(engine.chunks)  # as the training loop does
-    return engine
+    return build_case_engine(rank, world, case)
 
 
 def checkpointer(engine, root: str, events: list, resume: str = "none", **opts):

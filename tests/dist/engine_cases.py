@@ -36,15 +36,11 @@ def make_plan(case: dict):
                     dp_reduce="hierarchical" if case.get("hier") else "flat")))
 
 
-def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
-    """Build the engine for ``case`` on this rank and run ``steps`` optimizer steps."""
-    from mscale.model import full_state_dict
-    from mscale.parallel.tensor import TensorParallel
+def build_case_engine(rank: int, world: int, case: dict):
+    """The real engine for ``case`` on this rank, wired as the training loop wires it."""
     from mscale.topology.env import LaunchEnv
     from mscale.train.engine import build_engine
-    from mscale.train.loop import train_step
     from mscale.train.options import TrainOptions
-    from mscale.train.timers import StepTimer
 
     plan = make_plan(case)
     gpn = plan.cluster.gpus_per_node
@@ -54,6 +50,18 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
     engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
     if case.get("overlap_param_gather", True):  # as the training loop does
         engine.grads.attach_modules(engine.chunks)
+    return engine
+
+
+def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
+    """Build the engine for ``case`` on this rank and run ``steps`` optimizer steps."""
+    from mscale.model import full_state_dict
+    from mscale.parallel.tensor import TensorParallel
+    from mscale.train.loop import train_step
+    from mscale.train.timers import StepTimer
+
+    engine = build_case_engine(rank, world, case)
+    plan = engine.plan
     timer = StepTimer()
     losses = []
     for step in range(steps):
