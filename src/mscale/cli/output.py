@@ -22,7 +22,6 @@ def _width(stream) -> int | None:
 
 
 console = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
-err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def print_json(obj: Any) -> None:

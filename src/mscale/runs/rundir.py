@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from mscale.runs.atomic import append_line, fs_and_path, read_jsonl, write_text_atomic
+from mscale.runs.atomic import append_line, fs_and_path
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,3 @@ class RunDir:
     def append_record(self, url: str, record: BaseModel) -> None:
         """Append one schema record as a JSON line (metrics, events)."""
         append_line(url, record.model_dump_json(exclude_none=True))
-
-    def write_yaml(self, url: str, model: BaseModel) -> None:
-        from mscale.config.base import dump_yaml
-
-        write_text_atomic(url, dump_yaml(model))
-
-    def read_records(self, url: str) -> list[dict]:
-        return read_jsonl(url)
