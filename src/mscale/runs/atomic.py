@@ -16,10 +16,28 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from mscale.errors import MscaleError
+
 
 def fs_and_path(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Split a local path or fsspec URL into (filesystem, path inside it)."""
-    fs, path = fsspec.core.url_to_fs(str(url))
+    """Split a local path or fsspec URL into (filesystem, path inside it).
+
+    An unknown scheme (``foo://``) or one whose package is not installed (``s3://`` without s3fs)
+    is bad input, named as such, not a traceback from deep inside fsspec.
+    """
+    text = str(url)
+    try:
+        fs, path = fsspec.core.url_to_fs(text)
+    except ValueError as e:
+        if "Protocol not known" not in str(e):
+            raise
+        scheme = text.split("://", 1)[0]
+        raise MscaleError(f"unknown storage protocol {scheme!r}", file=text,
+                          fix="use a local path or an fsspec URL whose protocol is installed "
+                              "(file://, memory://, s3:// with s3fs, gs:// with gcsfs, ...)") from None
+    except ImportError as e:
+        raise MscaleError(f"the package for this URL's protocol is not installed ({e})", file=text,
+                          fix="install the fsspec implementation it names, or use a local path") from None
     return fs, path
 
 
@@ -103,8 +121,6 @@ def read_jsonl(url: str) -> list[dict]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break
-            from mscale.errors import MscaleError
-
             raise MscaleError(f"line {i + 1} is not valid JSON", file=url,
                               fix="the file is corrupt; move the bad line away")
     return out

@@ -1,0 +1,67 @@
+"""Check, before any work starts, that a command can write where it was told to.
+
+A plan search, a checkpoint conversion or an 8-process job that fails only at its last step
+because ``-o README.md/plan.yaml`` names a path under a regular file wastes the work and ends in a
+traceback. Every command that writes calls `check_output` on its destinations first: one line
+naming the path and the fix, exit 3.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from fsspec.implementations.local import LocalFileSystem
+
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path
+
+Kind = Literal["file", "dir"]
+
+
+def check_output(url: str, kind: Kind, what: str) -> None:
+    """Raise MscaleError unless ``url`` can be written as a ``kind`` (a file or a directory).
+
+    ``what`` names the option the path came from (``-o``, ``--run-dir``), so the message points at
+    what the user typed. Local paths are checked for real (the nearest existing ancestor must be a
+    writable directory, the path itself must not be of the other kind); for object stores only the
+    protocol is resolved, since their permissions show only on the first write.
+    """
+    fs, path = fs_and_path(url)  # an unknown protocol fails here
+    if not isinstance(fs, LocalFileSystem):
+        if kind == "dir" and fs.isfile(path):
+            raise MscaleError(f"{what} names a file, expected a directory", file=url,
+                              fix=f"give {what} a new or existing directory")
+        return
+    if os.path.lexists(path):
+        _check_existing(url, path, kind, what)
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise MscaleError(f"{what}: cannot create it because {parent} is a file, not a directory",
+                          file=url, fix=f"choose a {kind} path whose parents are directories")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise MscaleError(f"{what}: no permission to create it in {parent}", file=url,
+                          fix=f"choose a writable location for {what}, or fix the permissions")
+
+
+def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
+    if kind == "file":
+        if os.path.isdir(path):
+            raise MscaleError(f"{what} names a directory, expected a file", file=url,
+                              fix=f"give {what} a file name, e.g. {os.path.join(url, 'plan.yaml')}")
+        if not os.path.isfile(path):
+            raise MscaleError(f"{what} names something that is not a regular file", file=url,
+                              fix=f"give {what} a regular file path")
+        if not os.access(path, os.W_OK):
+            raise MscaleError(f"{what}: no permission to overwrite it", file=url,
+                              fix="choose another path, or fix the file's permissions")
+        return
+    if not os.path.isdir(path):
+        raise MscaleError(f"{what} names a file, expected a directory", file=url,
+                          fix=f"give {what} a new or existing directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise MscaleError(f"{what}: no permission to write in it", file=url,
+                          fix=f"choose a writable directory for {what}, or fix the permissions")

@@ -1,0 +1,50 @@
+"""check_output: every kind of unwritable destination is one MscaleError naming the path."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path
+from mscale.runs.targets import check_output
+
+
+def test_writable_new_paths_pass(tmp_path):
+    check_output(str(tmp_path / "a" / "b" / "plan.yaml"), "file", "-o")
+    check_output(str(tmp_path / "run"), "dir", "--run-dir")
+    check_output("memory://bucket/run", "dir", "--run-dir")
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_under_a_regular_file(tmp_path, kind):
+    (tmp_path / "README.md").write_text("x")
+    with pytest.raises(MscaleError, match="is a file, not a directory") as e:
+        check_output(str(tmp_path / "README.md" / "x"), kind, "-o")
+    assert e.value.file.endswith("README.md/x")
+
+
+def test_wrong_kind(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(MscaleError, match="expected a directory"):
+        check_output(str(tmp_path / "f"), "dir", "--run-dir")
+    with pytest.raises(MscaleError, match="expected a file"):
+        check_output(str(tmp_path), "file", "-o")
+
+
+def test_fifo_is_not_a_file(tmp_path):
+    os.mkfifo(tmp_path / "p")
+    with pytest.raises(MscaleError, match="not a regular file"):
+        check_output(str(tmp_path / "p"), "file", "-o")
+
+
+def test_unknown_protocol_is_bad_input(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for url in ("foo://b/run", "nosuch://x"):
+        with pytest.raises(MscaleError, match="unknown storage protocol") as e:
+            check_output(url, "dir", "--run-dir")
+        assert e.value.file == url
+        with pytest.raises(MscaleError):
+            fs_and_path(url)
+    assert list(tmp_path.iterdir()) == []  # no local 'foo:' directory appeared
