@@ -1,6 +1,8 @@
 """The typer application: one sub-app or command per module, registered here.
 
 Each command module stays thin: parse options, call the library, print, choose the exit code.
+`build` turns the app into the click command that `main.run` executes, with the help tidied for
+every command at once, so command modules need no help-formatting code of their own.
 """
 
 from __future__ import annotations
@@ -9,16 +11,19 @@ import typer
 
 from mscale import __version__
 
+HELP_OPTION_NAMES = ["-h", "--help"]
+
 app = typer.Typer(
     name="mscale",
     help="Plan, check, train, watch, checkpoint and recover LLM training on thousands of GPUs.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": HELP_OPTION_NAMES},
 )
 
 STATE = {"debug": False}
+"""Set by `main.run`, which takes ``--debug`` from anywhere on the command line."""
 
 
 def _version(value: bool) -> None:
@@ -29,12 +34,14 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (accepted "
+                               "anywhere on the command line)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
     """mscale: a toolchain for large-scale LLM training (after MegaScale, NSDI 2024)."""
-    STATE["debug"] = debug
+    if debug:  # main.run normally strips --debug first; never clear what it set
+        STATE["debug"] = True
 
 
 def register() -> typer.Typer:
@@ -48,3 +55,25 @@ def register() -> typer.Typer:
             if e.name != f"mscale.cli.{name}":
                 raise
     return app
+
+
+def build():
+    """The click command tree of the whole CLI, with flags shown without a type.
+
+    typer labels every on/off flag (``--json``, ``--sp/--no-sp``, ``-h``) with ``<bool>``, which
+    reads as if the flag took a value; an empty metavar makes the help show the flag alone.
+    """
+    import typer.main
+    from typer import _click as click
+
+    root = typer.main.get_command(register())
+    todo = [(root, None)]
+    while todo:
+        cmd, parent = todo.pop()
+        settings = {"help_option_names": HELP_OPTION_NAMES, **cmd.context_settings}
+        ctx = click.Context(cmd, parent=parent, **settings)
+        for param in cmd.get_params(ctx):  # includes the help option, created and cached here
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        todo += [(sub, ctx) for sub in getattr(cmd, "commands", {}).values()]
+    return root

@@ -1,46 +1,108 @@
-"""Entry point of the ``mscale`` console script: runs the typer app and owns the exit codes.
+"""Entry point of the ``mscale`` console script: runs the CLI and owns the exit codes.
 
-Exit codes (errors.py): 0 OK, 1 warning, 2 critical, 3 bad input or could not run. Usage errors
-(typer/click exit 2) are remapped to 3 so that 2 always means "a check failed".
+Exit codes (errors.py): 0 OK, 1 warning / stopped early on request, 2 critical, 3 bad input or
+could not run. Every failure is reported here, once, for every command:
+
+- an MscaleError: its file, field, message and fix, with its own code;
+- a usage error (click exits 2): exit 3, so that 2 always means "a check failed";
+- anything else is a bug or an unforeseen input: exit 3 and one line, never a traceback and never
+  1, which would read as "stopped early on request". ``--debug`` re-raises instead.
+
+``--json`` anywhere on the line makes the report one JSON document on stdout; ``--debug`` is
+accepted anywhere too (``mscale plan --debug ...``), so it is taken out before typer parses.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 
 from typer.exceptions import Abort, Exit, TyperException
 
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
-_USAGE_EXIT = 2  # what typer's vendored click uses for a usage error
+_END_OF_OPTIONS = "--"
+
+
+def _options(argv: list[str]) -> list[str]:
+    """The part of the command line that can hold options (before a bare ``--``)."""
+    return argv[: argv.index(_END_OF_OPTIONS)] if _END_OF_OPTIONS in argv else argv
+
+
+def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
+    opts = _options(argv)
+    if "--debug" not in opts:
+        return argv, False
+    return [a for a in opts if a != "--debug"] + argv[len(opts):], True
+
+
+def _usage_error(e: TyperException) -> MscaleError:
+    """A click usage error as an MscaleError, for the --json document."""
+    ctx = getattr(e, "ctx", None)
+    param = getattr(e, "param", None)
+    field = (param.opts[0] if param is not None and getattr(param, "opts", None)
+             else getattr(e, "option_name", None))
+    path = ctx.command_path if ctx is not None else "mscale"
+    return MscaleError(e.format_message(), field=field, fix=f"see `{path} --help`")
+
+
+def _internal_error(e: Exception) -> MscaleError:
+    detail = " ".join(str(e).split())[:500]
+    return MscaleError(f"internal error: {type(e).__name__}: {detail}",
+                       fix="run with --debug for the traceback")
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code instead of exiting (used by tests and `main`)."""
-    from mscale.cli.app import STATE, register
+    from mscale.cli.app import STATE, build
+    from mscale.cli.output import configure_help, print_error
 
-    app = register()
+    argv, debug = _take_debug(list(sys.argv[1:] if argv is None else argv))
+    as_json = "--json" in _options(argv)
+    STATE["debug"] = debug
+    configure_help(sys.stdout)
     try:
-        rv = app(args=argv, standalone_mode=False, prog_name="mscale")
+        rv = build().main(args=argv, standalone_mode=False, prog_name="mscale")
     except TyperException as e:  # usage errors and other click-style exceptions
-        show = getattr(e, "show", None)
-        show() if show else sys.stderr.write(f"error: {e.format_message()}\n")
-        return EXIT_BAD_INPUT if e.exit_code == _USAGE_EXIT else e.exit_code
+        if as_json:
+            print_error(_usage_error(e), as_json=True)
+        else:
+            show = getattr(e, "show", None)
+            show() if show else sys.stderr.write(f"error: {e.format_message()}\n")
+        return EXIT_BAD_INPUT
     except Exit as e:
         return e.exit_code
     except Abort:
         sys.stderr.write("aborted\n")
         return 130
     except MscaleError as e:
-        if STATE["debug"]:
+        if debug:
             raise
-        sys.stderr.write(f"error: {e}\n")
+        print_error(e, as_json)
         return e.code
+    except Exception as e:  # noqa: BLE001 - the CLI's edge: no traceback reaches the user
+        if debug:
+            raise
+        err = _internal_error(e)
+        if as_json:
+            print_error(err, as_json=True)
+        else:
+            sys.stderr.write(f"error: {err.message} (run with --debug for the traceback)\n")
+        return err.code
     return rv if isinstance(rv, int) else 0
 
 
 def main() -> None:
-    sys.exit(run())
+    """The console script. With --debug, run() re-raises: show the traceback, keep the code."""
+    try:
+        code = run()
+    except MscaleError as e:
+        traceback.print_exc()
+        code = e.code
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        code = EXIT_BAD_INPUT
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

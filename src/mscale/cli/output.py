@@ -1,6 +1,8 @@
 """Printing helpers shared by commands: one JSON document with --json, rich text otherwise.
 
-Colour only when stdout is a terminal, so logs and CI output stay plain.
+Colour only when stdout is a terminal, so logs and CI output stay plain. Errors go through
+`print_error`, so every command reports them the same way: one JSON document on stdout with
+``--json``, ``error: FILE: FIELD: MESSAGE`` and a ``fix:`` line on stderr without.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sys
 from typing import Any
 
 from rich.console import Console
+
+from mscale.errors import MscaleError
 
 
 def _width(stream) -> int | None:
@@ -24,7 +28,34 @@ def _width(stream) -> int | None:
 console = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
 
 
+def configure_help(stream) -> None:
+    """Give typer's help the same width rule as our tables.
+
+    typer renders help with rich, which assumes 80 columns off a terminal and cuts option help
+    to ``none|selective|ful…`` in ``mscale plan --help | cat``. Its width is a module setting
+    read each time help is printed, so it is set per run for the stream the help goes to.
+    """
+    from typer import rich_utils
+
+    rich_utils.MAX_WIDTH = _width(stream)
+
+
 def print_json(obj: Any) -> None:
     """Write one machine-readable document to stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def error_document(e: MscaleError) -> dict:
+    """The ``--json`` form of an error: the same five facts the text form shows."""
+    return {"error": {"code": e.code, "file": e.file, "field": e.field, "message": e.message,
+                      "fix": e.fix}}
+
+
+def print_error(e: MscaleError, as_json: bool) -> None:
+    """Report an error once: a JSON document on stdout, or the text form on stderr."""
+    if as_json:
+        print_json(error_document(e))
+    else:
+        sys.stderr.write(f"error: {e}\n")
+        sys.stderr.flush()

@@ -22,6 +22,7 @@ from mscale.planner.report import (json_document, layout_table, losses_table, me
                                    ranked, rejects_table)
 from mscale.planner.search import describe, search
 from mscale.runs.atomic import write_text_atomic
+from mscale.runs.targets import check_output
 
 
 @app.command("plan")
@@ -29,7 +30,9 @@ def plan_cmd(
     cluster: Path = typer.Option(..., "--cluster", help="Cluster YAML (plans/clusters/)."),
     model: Path = typer.Option(..., "--model", help="Model YAML (plans/models/)."),
     training: Path = typer.Option(..., "--training", help="Training YAML (plans/training/)."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the chosen plan here."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the chosen plan "
+                                         "here: the best layout, even when one is given, unless "
+                                         "--keep-given."),
     top: int = typer.Option(5, "--top", min=1, help="Show the best N layouts."),
     explain: bool = typer.Option(False, "--explain", help="Show why layouts were rejected."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -44,7 +47,8 @@ def plan_cmd(
     recompute: Optional[str] = typer.Option(None, "--recompute", help="none|selective|full."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Given layout: ZeRO stage 0|1|2."),
     dp_reduce: Optional[str] = typer.Option(None, "--dp-reduce", help="flat|hierarchical."),
-    keep_given: bool = typer.Option(False, "--keep-given", help="Write the given layout, not the best."),
+    keep_given: bool = typer.Option(False, "--keep-given", help="With -o, write the given layout "
+                                    "instead of the best."),
     failure_rate: float = typer.Option(GoodputInputs.failures_per_1000_node_days, "--failure-rate",
                                        min=0.0, help="Failures per 1000 node-days."),
     restart_s: float = typer.Option(GoodputInputs.restart_s, "--restart-s", min=0.0,
@@ -53,17 +57,19 @@ def plan_cmd(
                                      help="Aggregate checkpoint write bandwidth, GB/s."),
 ) -> None:
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
+    if output:  # a search that cannot write its result is wasted: check the destination first
+        check_output(output, "file", "-o")
     files = {"cluster": str(cluster), "model": str(model), "training": str(training)}
     pb = Problem(load_model(ModelConfig, model), load_model(TrainingConfig, training),
                  load_model(ClusterConfig, cluster))
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
                "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}
     given_lo = given_layout(pb, options, layout)
-    given = (given_lo, evaluate(pb, given_lo)) if given_lo else None
-    result = search(pb)
-    if keep_given and given is None:
+    if keep_given and given_lo is None:
         raise MscaleError("--keep-given needs a given layout", field="--keep-given",
                           fix="add --layout FILE or --tp/--pp/... options")
+    given = (given_lo, evaluate(pb, given_lo)) if given_lo else None
+    result = search(pb)
     if keep_given or (result.count == 0 and given is not None and given[1].fits):
         chosen = given
         if not chosen[1].fits:

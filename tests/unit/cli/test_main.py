@@ -1,3 +1,21 @@
+"""The CLI contract every command shares (main.py, app.py, output.py): exit codes, the one-line
+error, --json error documents, the catch-all, --debug anywhere, help that is not cut short."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mscale.errors import MscaleError
+
+from tests.conftest import PLANS
+
+CPU = ["--cluster", str(PLANS / "clusters" / "cpu-4x2.yaml"),
+       "--model", str(PLANS / "models" / "tiny.yaml"),
+       "--training", str(PLANS / "training" / "cpu-demo.yaml")]
+
+
 def test_usage_error_exits_3(cli):
     code, _, _ = cli("no-such-command")
     assert code == 3
@@ -6,3 +24,84 @@ def test_usage_error_exits_3(cli):
 def test_version(cli):
     code, out, _ = cli("--version")
     assert code == 0 and out.startswith("mscale ")
+
+
+def test_error_is_a_json_document_with_json_and_text_without(cli, tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    code, out, err = cli("plan", "--cluster", missing, *CPU[2:], "--json")
+    assert code == 3 and err == ""
+    doc = json.loads(out)["error"]
+    assert doc == {"code": 3, "file": missing, "field": None, "message": "file not found",
+                   "fix": doc["fix"]} and doc["fix"]
+    code, out, err = cli("plan", "--cluster", missing, *CPU[2:])
+    assert code == 3 and out == ""
+    assert err == f"error: {missing}: file not found\n  fix: {doc['fix']}\n"
+
+
+@pytest.mark.parametrize("args,field", [(["plan", "--bogus"], "--bogus"),
+                                        (["plan", *CPU, "--top", "zero"], "--top"),
+                                        (["ckpt", "verify"], "path")])
+def test_usage_error_with_json_is_a_document(cli, args, field):
+    code, out, err = cli(*args, "--json")
+    doc = json.loads(out)["error"]
+    assert code == 3 and doc["code"] == 3 and "Traceback" not in out + err
+    assert doc["field"] == field and doc["message"] and "--help" in doc["fix"]
+
+
+def _broken_search(monkeypatch):
+    import mscale.cli.plan
+
+    def search(pb):
+        raise ZeroDivisionError("division by zero\nsecond line")
+
+    monkeypatch.setattr(mscale.cli.plan, "search", search)
+
+
+def test_unexpected_exception_is_one_line_and_exit_3(cli, monkeypatch):
+    _broken_search(monkeypatch)
+    code, out, err = cli("plan", *CPU)
+    assert code == 3 and out == ""
+    assert err == ("error: internal error: ZeroDivisionError: division by zero second line "
+                   "(run with --debug for the traceback)\n")
+
+
+def test_unexpected_exception_with_json(cli, monkeypatch):
+    _broken_search(monkeypatch)
+    code, out, _ = cli("plan", *CPU, "--json")
+    doc = json.loads(out)["error"]
+    assert code == 3 and doc["message"].startswith("internal error: ZeroDivisionError")
+    assert "--debug" in doc["fix"]
+
+
+def test_debug_reraises_before_or_after_the_command(cli, monkeypatch):
+    _broken_search(monkeypatch)
+    for args in (["--debug", "plan", *CPU], ["plan", "--debug", *CPU], ["plan", *CPU, "--debug"]):
+        with pytest.raises(ZeroDivisionError):
+            cli(*args)
+
+
+def test_debug_after_a_nested_command_reraises_mscale_errors(cli, tmp_path):
+    with pytest.raises(MscaleError):
+        cli("ckpt", "verify", str(tmp_path / "none"), "--debug")
+    code, _, err = cli("ckpt", "verify", str(tmp_path / "none"))  # and is not left on
+    assert code == 3 and err.startswith("error: ")
+
+
+def test_debug_in_the_real_binary_shows_the_traceback_and_keeps_the_code(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "mscale.cli.main", "plan", "--debug",
+                        "--cluster", str(tmp_path / "none.yaml"), *CPU[2:]],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and "Traceback" in p.stderr and "MscaleError" in p.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["plan"], ["train"], ["ckpt", "convert"]])
+def test_help_off_a_terminal_is_full_width_and_flags_have_no_type(cli, args):
+    code, out, _ = cli(*args, "--help")
+    assert code == 0 and "…" not in out and "<bool>" not in out
+    assert "--help" in out and max(len(line) for line in out.splitlines()) > 80
+
+
+def test_plan_help_shows_every_recompute_choice(cli):
+    _, out, _ = cli("plan", "--help")
+    assert "none|selective|full." in out
+    assert "unless --keep-given" in out

@@ -104,3 +104,20 @@ def test_model_from_a_non_seekable_file(cli, tmp_path):
     t.join(timeout=5)
     assert code == 0, err
     assert "Traceback" not in err and json.loads(stdout)["top"]
+
+
+@pytest.mark.parametrize("target", ["file/plan.yaml", "dir", "foo://x/plan.yaml"])
+def test_unwritable_output_fails_before_the_search(cli, tmp_path, monkeypatch, target):
+    """-o under a regular file, onto a directory, or on an unknown protocol: exit 3 naming -o,
+    nothing written, no search run (it would be wasted), no local `foo:` directory."""
+    import mscale.cli.plan
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("keep\n")
+    (tmp_path / "dir").mkdir()
+    monkeypatch.setattr(mscale.cli.plan, "search", lambda pb: pytest.fail("searched"))
+    code, out, err = cli("plan", *CPU, "-o", target)
+    assert code == 3 and out == "" and "Traceback" not in err
+    assert err.startswith(f"error: {target}: ") and "\n  fix: " in err
+    assert (tmp_path / "file").read_text() == "keep\n" and not list((tmp_path / "dir").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]
