@@ -1,4 +1,4 @@
-"""The run directory: the contract between subcommands (design.md).
+"""The run directory: the contract between subcommands.
 
 Subcommands never talk to each other; they read and write these files. Paths are strings so that
 any fsspec URL (``memory://``, ``s3://``) works as well as a local directory.
@@ -37,6 +37,16 @@ class RunDir:
     @property
     def events(self) -> str:
         return self.path("events.jsonl")
+
+    @property
+    def lock(self) -> str:
+        """Who owns the directory now (`mscale.runs.lock.RunLock`)."""
+        return self.path("lock.json")
+
+    @property
+    def plans(self) -> str:
+        """Every plan the run has trained with, oldest first (`mscale.runs.history`)."""
+        return self.path("plans")
 
     @property
     def control(self) -> str:
