@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from importlib import resources
-from pathlib import Path
 
 import typer
 
 from mscale.cli.app import app
 from mscale.errors import MscaleError
 
-DEFAULT_PLAN = "cpu-tiny (embedded)"
+DEMO_RUN_DIR = "runs/demo"
 
 
-def _plan_path(plan: str | None) -> str:
-    if plan:
-        return plan
-    return str(resources.files("mscale") / "presets" / "cpu-tiny.yaml")
+def _positive(name: str):
+    def check(value: float | None):
+        if value is not None and not value > 0:
+            raise typer.BadParameter(f"{name} must be > 0 (got {value})")
+        return value
+    return check
 
 
 def _parse_delays(values: list[str]) -> dict[int, float]:
@@ -35,94 +34,60 @@ def _parse_delays(values: list[str]) -> dict[int, float]:
 
 @app.command("train")
 def train_cmd(
-    plan: str = typer.Argument(None, help=f"Plan file from `mscale plan`. Default: {DEFAULT_PLAN}."),
-    run_dir: str = typer.Option("runs/demo", "--run-dir", help="Run directory (path or fsspec URL)."),
-    local: int = typer.Option(0, "--local", help="Start this many worker processes on this machine."),
-    steps: int = typer.Option(None, "--steps", help="Override training.steps."),
-    inject_delay: list[str] = typer.Option([], "--inject-delay", metavar="RANK:SECONDS",
-                                           help="Test hook: slow one rank's compute each step."),
-    inject_nan: int = typer.Option(None, "--inject-nan", metavar="STEP",
-                                   help="Test hook: make the loss NaN at this step."),
-    timeout: float = typer.Option(120.0, "--timeout", help="Seconds before a hung collective fails."),
-    log_interval: int = typer.Option(1, "--log-interval", help="Steps between progress lines."),
+    plan: str = typer.Argument(None, help="Plan file from `mscale plan`. Default: the embedded "
+                               "cpu-tiny demo (8 gloo processes, tp2·pp2·dp2)."),
+    run_dir: str = typer.Option(None, "--run-dir", help="Run directory (path or fsspec URL). "
+                                f"Required with a plan; the embedded demo uses {DEMO_RUN_DIR}."),
+    local: int = typer.Option(0, "--local", min=0, help="Start this many worker processes on "
+                              "this machine (must equal the plan's world size)."),
+    steps: int = typer.Option(None, "--steps", min=1, help="Train this many steps instead of "
+                              "training.steps; the LR schedule is laid over them."),
+    timeout: float = typer.Option(120.0, "--timeout", callback=_positive("--timeout"),
+                                  help="Seconds before a hung collective fails the job."),
+    log_interval: int = typer.Option(1, "--log-interval", min=1,
+                                     help="Steps between progress lines."),
     resume: str = typer.Option("auto", "--resume", help="auto: continue from RUN_DIR/ckpt/latest "
                                "if any; none: start fresh; or a checkpoint/run directory."),
     ckpt_interval: int = typer.Option(None, "--ckpt-interval", min=1, help="Steps between "
                                       "checkpoints (default: training.checkpoint_interval, else "
                                       "the plan's advice)."),
     ckpt_keep: int = typer.Option(3, "--ckpt-keep", min=1, help="Committed checkpoints to keep."),
-    ckpt_level: int = typer.Option(1, "--ckpt-level", min=-7, max=22,
-                                   help="zstd level of checkpoint chunks; 0 = uncompressed."),
+    zstd_level: int = typer.Option(None, "--zstd-level", min=-7, max=22,
+                                   help="zstd level of checkpoint chunks; 0 = uncompressed "
+                                   "[default: 1]."),
+    ckpt_level: int = typer.Option(None, "--ckpt-level", min=-7, max=22, hidden=True,
+                                   help="Old spelling of --zstd-level."),
     final_ckpt: bool = typer.Option(True, "--final-ckpt/--no-final-ckpt",
                                     help="Save a checkpoint after the last step."),
-    inject_ckpt_delay: float = typer.Option(0.0, "--inject-ckpt-delay", hidden=True,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON summary document at the "
+                                 "end (with --local)."),
+    inject_delay: list[str] = typer.Option([], "--inject-delay", hidden=True,
+                                           help="Test hook RANK:SECONDS: slow one rank's compute."),
+    inject_nan: int = typer.Option(None, "--inject-nan", min=1, hidden=True,
+                                   help="Test hook: make the loss NaN at this step."),
+    inject_ckpt_delay: float = typer.Option(0.0, "--inject-ckpt-delay", min=0, hidden=True,
                                             help="Test hook: writer sleeps this long per chunk."),
 ) -> None:
     """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash."""
-    from mscale.config.plan import load_plan
-
-    path = _plan_path(plan)
-    resolved = load_plan(path)  # bad input fails here, once, before any process starts
-    delays = _parse_delays(inject_delay)
-    ckpt = {"resume": resume, "ckpt_interval": ckpt_interval, "ckpt_keep": ckpt_keep,
-            "ckpt_level": ckpt_level, "ckpt_final": final_ckpt,
-            "inject_ckpt_delay": inject_ckpt_delay}
-    if local:
-        world = resolved.layout.world_size
-        if local != world:
-            raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
-                              file=path, field="layout",
-                              fix=f"use --local {world}, or plan for {local} processes")
-        from mscale.train.launch import launch_local
-
-        worker = _worker_args(path, run_dir, steps, inject_delay, inject_nan, timeout, log_interval)
-        worker += _ckpt_args(ckpt)
-        code = launch_local(local, resolved.cluster.gpus_per_node, worker,
-                            log_dir=os.path.join(run_dir, "logs"))
-        raise typer.Exit(code)
-    _run_worker(resolved, run_dir, steps, delays, inject_nan, timeout, log_interval, ckpt)
-
-
-def _ckpt_args(ckpt: dict) -> list[str]:
-    """The checkpoint options, passed on to every worker unchanged."""
-    args = ["--resume", ckpt["resume"], "--ckpt-keep", str(ckpt["ckpt_keep"]),
-            "--ckpt-level", str(ckpt["ckpt_level"])]
-    if ckpt["ckpt_interval"]:
-        args += ["--ckpt-interval", str(ckpt["ckpt_interval"])]
-    if not ckpt["ckpt_final"]:
-        args.append("--no-final-ckpt")
-    if ckpt["inject_ckpt_delay"]:
-        args += ["--inject-ckpt-delay", str(ckpt["inject_ckpt_delay"])]
-    return args
-
-
-def _worker_args(path, run_dir, steps, delays, nan, timeout, log_interval) -> list[str]:
-    args = ["train", str(Path(path).resolve()) if "://" not in path else path, "--run-dir", run_dir,
-            "--timeout", str(timeout), "--log-interval", str(log_interval)]
-    if steps:
-        args += ["--steps", str(steps)]
-    for d in delays:
-        args += ["--inject-delay", d]
-    if nan:
-        args += ["--inject-nan", str(nan)]
-    return args
-
-
-def _run_worker(plan, run_dir, steps, delays, nan, timeout, log_interval, ckpt) -> None:
-    """One process of the job: read the launcher's environment, train, exit cleanly."""
-    from mscale.dist.init import shutdown_and_exit
-    from mscale.topology.env import read_launch_env
-    from mscale.train.loop import train
+    from mscale.train.launch import check_before_launch, launch_job, options_from_env
     from mscale.train.options import TrainOptions
+    from mscale.train.worker import run_worker
 
-    env = read_launch_env()
-    options = TrainOptions(run_dir=run_dir, steps=steps, inject_delay=delays,
-                           inject_nan_step=nan, timeout_s=timeout, log_interval=log_interval,
-                           **ckpt)
-    try:
-        code = train(plan, options, env)
-    except MscaleError as e:
-        sys.stderr.write(f"error (rank {env.rank}): {e}\n")
-        shutdown_and_exit(e.code, barrier=False)
-    # a clean exit synchronises all ranks; after a failure peers may be gone, so no barrier
-    shutdown_and_exit(code, barrier=code in (0, 1, 2))
+    if plan is None:
+        plan = str(resources.files("mscale") / "presets" / "cpu-tiny.yaml")
+        run_dir = run_dir or DEMO_RUN_DIR
+    elif run_dir is None:
+        raise MscaleError("--run-dir is required with a plan", field="--run-dir",
+                          fix="name the run directory, e.g. --run-dir runs/my-run (a run directory "
+                              "belongs to one model; reusing another run's would resume it)")
+    options = options_from_env() or TrainOptions(
+        run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay),
+        inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval, resume=resume,
+        ckpt_interval=ckpt_interval, ckpt_keep=ckpt_keep,
+        ckpt_level=zstd_level if zstd_level is not None else (ckpt_level if ckpt_level is not None
+                                                              else 1),
+        ckpt_final=final_ckpt, inject_ckpt_delay=inject_ckpt_delay)
+    resolved = check_before_launch(plan, options, local)
+    if local:
+        raise typer.Exit(launch_job(plan, resolved, options, local, as_json=as_json))
+    run_worker(resolved, options)

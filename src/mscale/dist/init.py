@@ -13,6 +13,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mscale.errors import EXIT_BAD_INPUT
 from mscale.topology.env import LaunchEnv
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("MSCALE_DIST_TIMEOUT", 120))
@@ -54,11 +55,19 @@ def shutdown_and_exit(code: int = 0, barrier: bool = True) -> None:
     without an active exception", pytorch issue 190489), which makes a launcher report a failure
     after a run that succeeded. Measured here (facts.md): barrier → destroy_process_group → flush →
     ``os._exit`` gave 0 failures in 20 runs, so every clean exit goes through this function.
+    A final barrier that fails (a peer died after its last step) is said on stderr and turns a
+    code of 0 into 3: the job did not end cleanly, and a launcher must not be told it did.
     """
     try:
         if dist.is_initialized():
             if barrier:
-                dist.barrier()
+                try:
+                    dist.barrier()
+                except Exception as e:  # noqa: BLE001 - said on stderr and in the exit code
+                    first = (str(e).strip().splitlines() or [""])[0][:200]
+                    sys.stderr.write(f"error: the final barrier failed ({type(e).__name__}: "
+                                     f"{first}): a peer did not finish cleanly\n")
+                    code = code if code else EXIT_BAD_INPUT
             dist.destroy_process_group()
     finally:
         sys.stdout.flush()

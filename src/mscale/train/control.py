@@ -1,7 +1,7 @@
 """Requests to a running job, from files and signals, agreed by all ranks at each step boundary.
 
-Operators (and `watch`/`recover`) drop a file in ``RUN_DIR/control/``: ``checkpoint`` (save now)
-or ``halt`` (save, then stop cleanly). SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
+Operators (and `watch`/`recover`) drop an entry in ``RUN_DIR/control/``: ``checkpoint`` (save
+now) or ``halt`` (save, then stop cleanly); a file or a directory of that name counts alike. SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
 ``--signal=B:USR1@120``) mean halt. Only rank 0 reads the directory (12,288 ranks polling a shared
 filesystem every step would be a denial of service); any rank may receive a signal. One MAX
 all-reduce of a small flag vector per step makes every rank take the same decision at the same
@@ -29,10 +29,12 @@ class Decision:
     halt: bool = False
     signal: bool = False
     """A rank received SIGTERM/SIGUSR1 (halt implied)."""
+    disk_full: bool = False
+    """Rank 0 could not append to the run directory: the disk is full (stop, no checkpoint)."""
 
     @property
     def stop(self) -> bool:
-        return self.halt or self.signal
+        return self.halt or self.signal or self.disk_full
 
 
 class Control:
@@ -63,14 +65,25 @@ class Control:
             name = path.rstrip("/").rsplit("/", 1)[-1]
             if name in REQUESTS:
                 found.append(name)
-                fs.rm(path)
+                self._consume(fs, path)
         return found
 
-    def poll(self, group=None) -> Decision:
-        """Collective: every rank must call it at the same step."""
+    @staticmethod
+    def _consume(fs, path: str) -> None:
+        """Remove a request, whatever kind of entry it is (``mkdir control/halt`` is a request
+        too). One that cannot be removed is still honoured; it is simply seen again next step."""
+        try:
+            fs.rm(path, recursive=fs.isdir(path))
+        except OSError:
+            pass
+
+    def poll(self, group=None, disk_full: bool = False) -> Decision:
+        """Collective: every rank must call it at the same step. ``disk_full``: this rank could
+        not write its records (rank 0's journal), so every rank stops here."""
         requests = self._read_requests()
         flags = torch.tensor([float("checkpoint" in requests), float("halt" in requests),
-                              float(self._signalled)])
+                              float(self._signalled), float(disk_full)])
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-        return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]))
+        return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
+                        disk_full=bool(flags[3]))

@@ -1,91 +1,97 @@
 """``mscale train PLAN --local N``: start N worker processes on this machine and watch them.
 
 Each worker is the same ``mscale train`` command with torchrun-style variables (RANK, WORLD_SIZE,
-LOCAL_RANK, GROUP_RANK, MASTER_ADDR/PORT), so the worker path is the one torchrun and srun use.
-Ranks are grouped into "nodes" of the plan's gpus_per_node, so node checks and hierarchical groups
-behave as on a cluster. If any worker fails, the others are stopped (SIGTERM, then SIGKILL after a
-grace period) and the first failure's exit code is returned: a dead rank must never leave its peers
-hanging. SIGINT/SIGTERM to the launcher are forwarded as SIGTERM, which workers treat as "halt at
-the next step boundary".
+LOCAL_RANK, GROUP_RANK, MASTER_ADDR/PORT), so the worker path is the one torchrun and srun use;
+the options travel as one serialised `TrainOptions` (MSCALE_TRAIN_OPTIONS), never re-parsed.
+Ranks are grouped into "nodes" of the plan's gpus_per_node, so node checks and hierarchical
+groups behave as on a cluster. If any worker fails, the others are stopped (SIGTERM, then SIGKILL
+after a grace period): a dead rank must never leave its peers hanging. SIGINT/SIGTERM to the
+launcher are forwarded as SIGTERM, which workers treat as "halt at the next step boundary".
+
+When a worker fails, the launcher knows what no worker can: which rank failed *first*, how
+(exit code or signal), and which ranks were still alive (a SIGSTOPped or deadlocked rank never
+times out itself — its peers do). It writes that into a ``stop`` event and maps the job's end to
+a contract exit code (0–3); job_watch.py does the watching.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
+import uuid
 
-GRACE_S = 15.0
+from mscale.config.plan import Plan, load_plan
+from mscale.errors import MscaleError
+from mscale.runs.rundir import RunDir
+from mscale.runs.targets import check_output
+from mscale.train.job_watch import JobResult, run_local_workers
+from mscale.train.options import TrainOptions
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_local(nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
-                 quiet_rank0: bool = False) -> int:
-    """Run ``mscale <worker_args>`` on ``nprocs`` local processes; return the job's exit code."""
-    os.makedirs(log_dir, exist_ok=True)
-    port = _free_port()
-    threads = str(max(1, (os.cpu_count() or 1) // nprocs))
-    procs: list[subprocess.Popen] = []
-    logs = []
-    for rank in range(nprocs):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nprocs),
-                   LOCAL_RANK=str(rank % gpus_per_node),
-                   LOCAL_WORLD_SIZE=str(min(gpus_per_node, nprocs)),
-                   GROUP_RANK=str(rank // gpus_per_node), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), MSCALE_LAUNCHER="local",
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads))
-        log = open(os.path.join(log_dir, f"rank{rank}.log"), "w")
-        logs.append(log)
-        to_terminal = rank == 0 and not quiet_rank0
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "mscale.cli.main", *worker_args], env=env,
-            stdout=None if to_terminal else log, stderr=None if to_terminal else subprocess.STDOUT))
-
-    def forward(signum, frame):  # noqa: ARG001
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _watch(procs)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        for log in logs:
-            log.close()
+OPTIONS_ENV = "MSCALE_TRAIN_OPTIONS"
 
 
-def _watch(procs: list[subprocess.Popen]) -> int:
-    first_failure: int | None = None
-    deadline: float | None = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            break
-        if first_failure is None:
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                first_failure = failed[0]
-                deadline = time.monotonic() + GRACE_S
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(signal.SIGTERM)
-        elif deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(0.1)
-    if first_failure is None:
-        nonzero = [c for c in codes if c]
-        first_failure = nonzero[0] if nonzero else 0
-    # a worker killed by signal N reports -N; shells report 128+N
-    return first_failure if first_failure >= 0 else 128 - first_failure
+def options_from_env() -> TrainOptions | None:
+    """The options a launcher handed this worker, if it was started by ``--local``."""
+    raw = os.environ.get(OPTIONS_ENV)
+    if not raw:
+        return None
+    data = json.loads(raw)
+    data["inject_delay"] = {int(k): float(v) for k, v in data.get("inject_delay", {}).items()}
+    return TrainOptions(**data)
+
+
+def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
+    """Everything that can be checked before a process starts: the plan, the run directory, the
+    data file, the process count. Bad input fails here once, not in N workers."""
+    from mscale.train.data import check_token_file
+
+    plan = load_plan(plan_path)
+    check_output(options.run_dir, "dir", "--run-dir")
+    data = plan.training.data
+    if data.kind == "tokens" and data.path:
+        check_token_file(data.path, data.dtype)
+    world = plan.layout.world_size
+    if local and local != world:
+        raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
+                          file=plan_path, field="layout",
+                          fix=f"use --local {world}, or plan for {local} processes")
+    return plan
+
+
+def log_dir_for(run_dir: str) -> str:
+    """Workers' stdout goes to local files: RUN/logs for a local run directory, else a local
+    temporary directory (an object store cannot be a process's stdout)."""
+    if "://" not in run_dir or run_dir.startswith("file://"):
+        return os.path.join(run_dir.removeprefix("file://"), "logs")
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="mscale-logs-")
+
+
+def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
+               as_json: bool = False) -> int:
+    """Run the job on ``nprocs`` local processes; returns its contract exit code."""
+    from mscale.train.console import layout_text
+    from mscale.train.job_watch import record_failure, summary_document
+
+    run = RunDir(options.run_dir)
+    run_id = f"local-{uuid.uuid4().hex[:8]}"
+    logs = log_dir_for(options.run_dir)
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
+        (lambda m: print(m, flush=True))
+    per_node = plan.cluster.gpus_per_node
+    say(f"starting {nprocs} workers on this machine: {layout_text(plan)}, "
+        f"{-(-nprocs // per_node)} node(s) of {min(per_node, nprocs)}; run directory "
+        f"{options.run_dir}, logs in {logs}")
+    env = {OPTIONS_ENV: json.dumps(dataclasses.asdict(options)), "MSCALE_RUN_ID": run_id}
+    worker_args = ["train", plan_path if "://" in plan_path else os.path.abspath(plan_path),
+                   "--run-dir", options.run_dir]
+    result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
+                                          rank0_to_stderr=as_json)
+    if result.failed_rank is not None:
+        say(record_failure(run, plan, result, run_id, logs))
+    if as_json:
+        print(json.dumps(summary_document(run, run_id, result), indent=2, default=str), flush=True)
+    return result.code

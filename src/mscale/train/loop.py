@@ -9,25 +9,24 @@ Exit codes of a training process (docs/train.md):
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import json
 import math
-import time
-import traceback
 from dataclasses import dataclass
 
 from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
 from mscale.config.base import dump_yaml
 from mscale.config.plan import Plan
 from mscale.config.records import Event
-from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING, MscaleError
+from mscale.ckpt import catalog
+from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_record
+from mscale.train.console import Summary, resume_line, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
+from mscale.train.session import RunSession, open_session
 from mscale.train.engine import Engine, build_engine
 from mscale.planner.flops import model_flops
 from mscale.train.metrics import build_record, gather_rank_vectors
@@ -39,106 +38,122 @@ from mscale.train.timers import StepTimer
 
 
 def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
-    """Run one training process to completion; returns its exit code (see module docstring)."""
-    run = RunDir(options.run_dir)
-    try:
-        engine = build_engine(plan, env, options)
-    except MscaleError:
-        raise
-    except Exception:
-        _write_error(run, env.rank)
-        raise
-    try:
-        return _run(engine, run)
-    except MscaleError:  # e.g. a damaged checkpoint at resume: one message, no traceback
-        raise
-    except Exception:
-        _write_error(run, env.rank)
-        traceback.print_exc()
-        return EXIT_BAD_INPUT
+    """Run one training process to completion; returns its exit code (see module docstring).
+
+    Exceptions propagate: `train/worker.py` is the process's edge that turns any of them into an
+    error file, one console line and exit code 3.
+    """
+    if options.steps:
+        plan = plan.model_copy(update={"training": with_steps(plan.training, options.steps)})
+    engine = build_engine(plan, env, options)
+    session = open_session(RunDir(options.run_dir), env)
+    return _run(engine, session)
 
 
-def _write_error(run: RunDir, rank: int) -> None:
-    """A crashed rank leaves its traceback where recover can read it (cf. torchelastic @record)."""
-    with contextlib.suppress(Exception):
-        write_text_atomic(run.path("logs", f"rank{rank}.error.json"), json.dumps(
-            {"rank": rank, "time": time.time(), "traceback": traceback.format_exc()}))
+def with_steps(training, steps: int):
+    """``--steps N``: the run is N steps long, and its LR schedule is laid over them — warm-up
+    scaled by the same factor — so a shortened run decays to min_lr like the full one would
+    (docs/train.md). The plan.yaml written into the run directory records the N."""
+    if steps == training.steps:
+        return training
+    warmup = round(training.warmup_steps * steps / training.steps) if training.warmup_steps else 0
+    return training.model_copy(update={"steps": steps, "warmup_steps": min(warmup, steps)})
 
 
-def _event(engine: Engine, run: RunDir, **fields) -> None:
+def _event(s: RunSession, **fields) -> None:
+    s.journal.append(s.run.events, Event(source="train", **fields))
+
+
+def _say(engine: Engine, line: str) -> None:
+    """A console line from rank 0 (the operator's view; other ranks keep to their logs)."""
     if engine.env.rank == 0:
-        run.append_record(run.events, Event(source="train", **fields))
+        print(line, flush=True)
 
 
-def _start(engine: Engine, run: RunDir) -> None:
+def _start(engine: Engine, s: RunSession) -> None:
     plan = engine.plan
     if engine.env.rank == 0:
-        run.create()
+        s.run.create()
         resolved = plan.model_copy(update={"placement": plan.placement or placement_record(plan)})
-        write_text_atomic(run.plan, dump_yaml(resolved))
-    _event(engine, run, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
+        write_text_atomic(s.run.plan, dump_yaml(resolved))
+    _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
+                            s.run_id, s.attempt, str(engine.device)))
+    _event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
            f"processes ({engine.env.launcher})",
-           evidence={**engine.timings, "layout": plan.layout.model_dump(mode="json"),
-                     "device": str(engine.device), "launcher": engine.env.launcher})
+           evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
+                     "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
+                     "launcher": engine.env.launcher})
 
 
-def _checkpointer(engine: Engine, run: RunDir) -> Checkpointer:
+def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
     opts = engine.options
     options = CkptOptions(interval=opts.checkpoint_interval(engine.plan), keep=opts.ckpt_keep,
                           level=opts.ckpt_level, resume=opts.resume, final=opts.ckpt_final,
                           chunk_delay_s=opts.inject_ckpt_delay)
-    return Checkpointer(engine, run.ckpt, options, emit=lambda **kw: _event(engine, run, **kw),
+    return Checkpointer(engine, s.run.ckpt, options, emit=lambda **kw: _event(s, **kw),
                         data_fingerprint=source_fingerprint(engine.loader.source))
 
 
-def _run(engine: Engine, run: RunDir) -> int:
-    plan, opts, g = engine.plan, engine.options, engine.groups
-    _start(engine, run)
-    ckpt = _checkpointer(engine, run)
+def _run(engine: Engine, s: RunSession) -> int:
+    plan, opts = engine.plan, engine.options
+    _start(engine, s)
+    ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
+    steps = plan.training.steps
+    if first:
+        _say(engine, resume_line(getattr(ckpt, "resumed_from", None) or s.run.ckpt, first, steps))
     engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
-    control = Control(run.control, engine.env.rank)
+    control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
+    summary = Summary(first_step=first)
+    code, stop = _loop(engine, s, ckpt, control, first, summary)
+    engine.grads.wait_params()  # parameter all-gathers of the last step
+    ckpt.close()  # a save in flight is finished and committed before the process exits
+    _finish(engine, s, code, stop, summary)
+    return code
+
+
+def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, first: int,
+          summary: Summary) -> tuple[int, tuple[str, int, str] | None]:
+    """Steps ``first`` .. the end; returns (exit code, (reason, step, detail) of an early stop)."""
+    plan, opts, g = engine.plan, engine.options, engine.groups
+    steps = plan.training.steps
     timer = StepTimer(engine.device)
-    steps = opts.steps or plan.training.steps
-    if engine.env.rank == 0 and first:
-        print(f"resumed from the checkpoint of step {first} in {run.ckpt}"
-              + (f"; continuing to step {steps}" if first < steps else
-                 f": already at step {steps}, nothing to train (raise --steps, or use a new "
-                 "--run-dir to start over)"), flush=True)
     tokens_per_step = plan.training.global_batch * plan.model.seq_len
     flops = model_flops(plan.model, plan.training.global_batch)
     peak = plan.cluster.gpu.peak_tflops * 1e12
     progress = ProgressReporter(steps, enabled=opts.progress and engine.env.rank == 0,
                                 log_interval=opts.log_interval)
-    code = EXIT_OK
     with progress:
         for step in range(first, steps):
             timer.start_step()
             result = train_step(engine, step, timer)
             if not result.finite:
-                _event(engine, run, kind="nan", severity="critical", step=step + 1,
+                _event(s, kind="nan", severity="critical", step=step + 1,
                        message="non-finite gradient norm: stopped before the optimizer step",
                        evidence={"grad_norm": str(result.grad_norm), "loss": str(result.loss)})
-                code = EXIT_CRITICAL
-                break
-            norm, threshold, lr, loss = result.grad_norm, result.threshold, result.lr, result.loss
+                return EXIT_CRITICAL, ("nan", step + 1, f"loss {result.loss}")
             if opts.gc_interval and (step + 1) % opts.gc_interval == 0:
                 gc.collect()
             timings = timer.end_step()
             reporter = g.is_last_stage and g.tp_rank == 0
-            vectors = gather_rank_vectors(timings, loss if reporter else None, engine.env.world_size)
+            vectors = gather_rank_vectors(timings, result.loss if reporter else None,
+                                          engine.env.world_size)
             if engine.env.rank == 0:
-                rec = build_record(vectors, step=step + 1, grad_norm=norm, clip_threshold=threshold,
-                                   lr=lr, tokens=tokens_per_step, flops_per_step=flops,
+                rec = build_record(vectors, step=step + 1, grad_norm=result.grad_norm,
+                                   clip_threshold=result.threshold, lr=result.lr,
+                                   tokens=tokens_per_step, flops_per_step=flops,
                                    peak_flops_per_device=peak)
-                run.append_record(run.metrics, rec)
+                s.journal.append(s.run.metrics, rec)
+                summary.add(rec)
                 progress.update(rec)
-            decision = control.poll()
+            decision = control.poll(disk_full=s.journal.failure is not None)
+            if decision.disk_full:
+                return EXIT_BAD_INPUT, ("disk_full", step + 1, _disk_full_detail(s))
             if decision.checkpoint or decision.stop:
-                _event(engine, run, kind="signal" if decision.signal else "control",
+                _event(s, kind="signal" if decision.signal else "control",
                        step=step + 1, severity="warning" if decision.stop else "info",
                        message=_decision_message(decision),
                        evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
@@ -146,18 +161,39 @@ def _run(engine: Engine, run: RunDir) -> int:
             ckpt.poll()
             reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
             if reason:
-                ckpt.save(step + 1, reason, lr=lr)
+                ckpt.save(step + 1, reason, lr=result.lr)
             if decision.stop:
-                code = EXIT_WARNING
-                break
-        else:
-            if ckpt.due(steps, final=True) and first < steps:
-                ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
-    engine.grads.wait_params()  # parameter all-gathers of the last step
-    ckpt.close()  # a save in flight is finished and committed before the process exits
-    _event(engine, run, kind="stop", severity="info" if code == EXIT_OK else "warning",
-           message=f"training process exited with code {code}", evidence={"code": code})
-    return code
+                why = "signal" if decision.signal else "halt"
+                return EXIT_WARNING, (why, step + 1, "a checkpoint is saved before the stop; "
+                                      "the same command resumes")
+    if ckpt.due(steps, final=True) and first < steps:
+        ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
+    return EXIT_OK, None
+
+
+def _disk_full_detail(s: RunSession) -> str:
+    failure = s.journal.failure
+    text = str(failure).splitlines()[0] if failure else "rank 0 could not append a record"
+    return f"the disk is full ({text}); no checkpoint was attempted; free space, then resume"
+
+
+def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) -> dict:
+    """The stop event and the operator's closing line."""
+    latest = catalog.read_latest(s.run.ckpt) if engine.env.rank == 0 else None
+    latest_path = catalog.join(s.run.ckpt, latest) if latest else None
+    figures = {**summary.as_dict(), "code": code, "last_checkpoint": latest_path,
+               "run_id": s.run_id, "attempt": s.attempt}
+    if stop:
+        reason, step, detail = stop
+        figures["reason"] = reason
+        _say(engine, stop_line(reason, step, s.run.events, detail))
+    else:
+        _say(engine, "done: " + summary.line(latest_path, s.run.root))
+    _event(s, kind="stop", severity="info" if code == EXIT_OK else "warning",
+           step=summary.last.step if summary.last else summary.first_step,
+           message=f"training process exited with code {code}"
+           + (f" ({stop[0]})" if stop else ""), evidence=figures)
+    return figures
 
 
 @dataclass

@@ -1,0 +1,85 @@
+"""What the operator reads: a start line, a closing summary, and one line on every abnormal stop.
+
+Rank 0 prints these (other ranks write to their logs). Each line says what happened and where
+the evidence is, so an operator reading a SLURM log knows why the job ended without opening
+anything else. Formatting lives here so the loop reads as a loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mscale.config.plan import Plan
+from mscale.config.records import MetricsRecord
+
+
+def layout_text(plan: Plan) -> str:
+    """``tp2·pp2·dp2`` (with ``·vpp2`` when interleaved)."""
+    lay = plan.layout
+    text = f"tp{lay.tp}·pp{lay.pp}·dp{lay.dp}"
+    vpp = getattr(lay, "vpp", 1) or 1
+    return text + (f"·vpp{vpp}" if vpp > 1 else "")
+
+
+def start_line(plan: Plan, world: int, launcher: str, run_dir: str, run_id: str, attempt: int,
+               device: str) -> str:
+    return (f"training {plan.name}: {layout_text(plan)} on {world} processes ({launcher}, {device}), "
+            f"run {run_id} attempt {attempt}, run directory {run_dir}")
+
+
+def resume_line(path: str, step: int, steps: int) -> str:
+    if step < steps:
+        return f"resumed from {path} (step {step}); continuing to step {steps}"
+    return (f"resumed from {path} (step {step}): already at step {steps}, nothing to train "
+            "(raise --steps, or use a new --run-dir to start over)")
+
+
+@dataclass
+class Summary:
+    """Figures for the closing line, accumulated from rank 0's metrics records."""
+
+    first_step: int
+    records: int = 0
+    last: MetricsRecord | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+    mfu: list[float] = field(default_factory=list)
+
+    def add(self, rec: MetricsRecord) -> None:
+        self.records += 1
+        self.last = rec
+        self.tokens += rec.tokens
+        self.seconds += max(rec.step_time) if rec.step_time else 0.0
+        if rec.mfu is not None:
+            self.mfu.append(rec.mfu)
+
+    def as_dict(self) -> dict:
+        """The figures as a JSON-ready dict (``mscale train --json``)."""
+        last = self.last
+        return {"first_step": self.first_step, "last_step": last.step if last else self.first_step,
+                "steps_this_attempt": self.records,
+                "final_loss": last.loss if last else None,
+                "tokens_per_s": self.tokens / self.seconds if self.seconds else None,
+                "mfu": sum(self.mfu) / len(self.mfu) if self.mfu else None}
+
+    def line(self, checkpoint: str | None, run_dir: str) -> str:
+        d = self.as_dict()
+        if not self.records:
+            core = f"no step trained (at step {self.first_step})"
+        else:
+            core = (f"steps {self.first_step + 1}-{d['last_step']}, final loss {d['final_loss']:.4f}, "
+                    f"{d['tokens_per_s']:,.0f} tokens/s")
+            if d["mfu"] is not None:
+                core += f", MFU {100 * d['mfu']:.1f}%"
+        ckpt = f"last checkpoint {checkpoint}" if checkpoint else "no checkpoint"
+        return f"{core}; {ckpt}; run directory {run_dir}"
+
+
+def stop_line(reason: str, step: int, events: str, detail: str = "") -> str:
+    """One line for a stop that is not a clean finish (reason: nan, halt, signal, disk_full)."""
+    text = {
+        "nan": f"stopped at step {step}: non-finite gradient norm, the optimizer step was not taken",
+        "halt": f"stopped at step {step}: halt requested through control/halt",
+        "signal": f"stopped at step {step}: a signal (SIGTERM/SIGUSR1) asked the job to halt",
+    }.get(reason, f"stopped at step {step}: {reason}")
+    return f"{text}{'; ' + detail if detail else ''}; evidence in {events}"

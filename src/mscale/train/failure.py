@@ -1,0 +1,90 @@
+"""What a failed training process leaves behind, so `recover` can tell what happened.
+
+Every rank that fails writes ``logs/rank<N>.error.json`` (in the spirit of torchelastic's
+``@record`` error files): the kind of failure, the exception, its traceback, the node and the
+time. The kinds are the decisions recover makes from them:
+
+- ``bad_input``: an `MscaleError` (a plan, a checkpoint, a data file): fix the input, do not retry;
+- ``disk_full``: the run directory's filesystem is full: free space, then resume;
+- ``timeout``: a collective did not complete within ``--timeout`` — this rank waited for a peer
+  that is hung, stopped or dead; the peer that did *not* time out is the suspect;
+- ``network``: the job could not rendezvous or lost a connection (a peer died);
+- ``crash``: anything else (a bug, an OOM): the traceback says which.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import time
+import traceback
+
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.rundir import RunDir
+
+_TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded", re.IGNORECASE)
+_NETWORK = re.compile(r"connection (reset|closed|refused)|broken pipe|socket|rendezvous|"
+                      r"DistNetworkError|connect", re.IGNORECASE)
+
+
+def classify(exc: BaseException) -> str:
+    """The failure kind of an exception (module docstring)."""
+    if isinstance(exc, MscaleError):
+        return "disk_full" if getattr(exc, "disk_full", False) else "bad_input"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "disk_full"
+    text = f"{type(exc).__name__}: {exc}"
+    if _TIMEOUT.search(text):
+        return "timeout"
+    if _NETWORK.search(text):
+        return "network"
+    return "crash"
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception as one line (the first line of its message), for the console."""
+    if isinstance(exc, MscaleError):
+        return str(exc).replace("\n  fix:", "; fix:")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def error_file(run: RunDir, rank: int) -> str:
+    return run.path("logs", f"rank{rank}.error.json")
+
+
+def write_error_file(run: RunDir, rank: int, node: str, exc: BaseException) -> str | None:
+    """Write this rank's error file; returns its path, or None when it could not be written (a
+    full disk): the console line still says what happened."""
+    record = {"rank": rank, "node": node, "time": time.time(), "kind": classify(exc),
+              "exception": type(exc).__name__, "message": one_line(exc),
+              "traceback": "".join(traceback.format_exception(exc))}
+    path = error_file(run, rank)
+    try:
+        write_text_atomic(path, json.dumps(record, indent=1) + "\n")
+    except Exception:  # noqa: BLE001 - reporting must not replace the original failure
+        return None
+    return path
+
+
+def read_error_files(run: RunDir) -> dict[int, dict]:
+    """Every rank's error file that parses, by rank (what the launcher and recover read)."""
+    out: dict[int, dict] = {}
+    try:
+        fs, root = fs_and_path(run.logs)
+        names = fs.ls(root, detail=False) if fs.exists(root) else []
+    except (OSError, MscaleError):
+        return out
+    for path in names:
+        m = re.search(r"rank(\d+)\.error\.json$", path)
+        if not m:
+            continue
+        try:
+            rec = json.loads(fs.cat_file(path))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict):
+            out[int(m.group(1))] = rec
+    return out

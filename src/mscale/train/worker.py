@@ -1,0 +1,79 @@
+"""One process of a training job, from the launcher's environment to its exit code.
+
+This is the worker's edge: whatever happens inside, the process ends with a contract exit code
+(0 done, 1 stopped on request, 2 NaN/Inf, 3 bad input or crashed), and a failure leaves one line
+on stderr and ``logs/rank<N>.error.json`` (train/failure.py) for `recover`. It never exits 1 for
+a crash: 1 means "stopped early on request", which recover treats as resumable without repair.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from mscale.config.plan import Plan
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.runs.rundir import RunDir
+from mscale.train.failure import classify, one_line, write_error_file
+from mscale.train.options import TrainOptions
+
+
+def default_threads(local_world_size: int, cpus: int | None = None) -> int:
+    """Intra-op threads per process when OMP_NUM_THREADS is unset: the node's cores shared by
+    its processes. torch otherwise starts one thread per core in *every* process, and on CPUs N
+    processes × all cores oversubscribe the machine (measured ~10x slower steps under srun)."""
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, cpus // max(1, local_world_size))
+
+
+def run_worker(plan: Plan, options: TrainOptions) -> None:
+    """Run this process's share of the job and exit the process with its code (never returns)."""
+    from mscale.dist.init import shutdown_and_exit
+    from mscale.topology.env import read_launch_env
+    from mscale.train.loop import train
+
+    run = RunDir(options.run_dir)
+    rank, node = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", -1))), os.uname().nodename
+    try:
+        env = read_launch_env()
+        rank, node = env.rank, env.hostname
+        if "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(default_threads(env.local_world_size))
+        code = train(plan, options, env)
+    except BaseException as exc:  # noqa: BLE001 - the edge: every failure becomes a contract code
+        code = _report_failure(run, rank, node, exc)
+        shutdown_and_exit(code, barrier=False)
+    # a clean exit synchronises all ranks; after a failure peers may be gone, so no barrier
+    shutdown_and_exit(code, barrier=code in (0, 1, 2))
+
+
+def _report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
+    """One line on stderr, the error file, and the exit code for ``exc``."""
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write(f"rank {rank}: interrupted\n")
+        return 130
+    if isinstance(exc, SystemExit) and isinstance(exc.code, int):
+        return exc.code
+    kind = classify(exc)
+    path = write_error_file(run, rank, node, exc) if rank >= 0 else None
+    where = f"; details in {path}" if path else ""
+    line = f"error (rank {rank} on {node}, {kind}): {one_line(exc)}{where}"
+    sys.stderr.write(line + "\n")
+    if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
+        _stop_event(run, rank, node, kind, line)
+    return exc.code if isinstance(exc, MscaleError) else EXIT_BAD_INPUT
+
+
+def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
+    """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
+    from mscale.config.records import Event
+
+    try:
+        run.append_record(run.events, Event(
+            source="train", kind="hang" if kind == "timeout" else "stop", severity="critical",
+            ranks=[rank], nodes=[node], message=line,
+            evidence={"kind": kind, "error_file": f"logs/rank{rank}.error.json"}))
+    except Exception:  # noqa: BLE001 - the console line above already says what happened
+        sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")
