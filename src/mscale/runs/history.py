@@ -1,0 +1,178 @@
+"""A run directory belongs to one model and one training recipe; its layout may change.
+
+Resuming a checkpoint only makes sense for the model and recipe that wrote it, while a new layout
+or a smaller cluster of the same model is exactly what ``recover`` does after excluding nodes (the
+checkpoint reshards on load). `check_plan_change` tells the two apart:
+
+- refused (`MscaleError`, exit 3): any field of ``model`` except its free-form ``name`` (so
+  ``seq_len`` too), and the training settings that define what the weights and the optimizer state
+  mean: ``global_batch``, ``seed``, ``optimizer`` and the data source ``data`` (kind, path,
+  dtype; a moved token file can keep its old path through a link).
+- accepted and described: the layout, the cluster, the placement, the plan's name and every other
+  training setting (steps, learning-rate schedule, clipping, precision, buckets, checkpoint
+  interval, ...), which runs legitimately change on a restart.
+- ignored: ``estimate`` and ``checkpoint`` (the planner's advice, derived from the rest) and
+  ``schema_version`` fields.
+
+`record_plan` keeps ``RUN/plan.yaml`` as the plan the run trains with now and ``RUN/plans/`` as every
+plan it has trained with (``plan-0001.yaml``, ...): a plan.yaml is never replaced before it is in
+the history, and a refused plan writes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from mscale.config.base import dump_yaml, load_model
+from mscale.config.plan import Plan
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.rundir import RunDir
+
+IDENTITY = ("model.", "training.global_batch", "training.seed", "training.optimizer",
+            "training.data.")
+"""Dotted field prefixes that a run directory's plan may never change."""
+_FREE = ("model.name",)
+_IGNORED_TOP = ("estimate", "checkpoint")
+_RELAYOUT = ("layout.", "cluster.", "placement.")
+_HISTORY_NAME = re.compile(r"^plan-(\d+)\.yaml$")
+
+
+@dataclass(frozen=True)
+class PlanChange:
+    """What a new plan changes in a run directory."""
+
+    kind: Literal["new", "same", "changed"]
+    """``new``: no plan before; ``same``: nothing that matters differs; ``changed``: accepted."""
+    fields: tuple[str, ...] = ()
+    """Dotted names of the fields that differ (all accepted ones)."""
+    old_layout: str | None = None
+    """The previous layout in words, e.g. ``tp2 pp2 dp2 on 4 nodes (cpu-4x2)``."""
+    new_layout: str | None = None
+    """The new layout in words."""
+    history: str | None = None
+    """The ``plans/plan-NNNN.yaml`` that `record_plan` wrote for the new plan, if any."""
+
+    @property
+    def relayout(self) -> bool:
+        """True when the layout, cluster or placement changed (what recover does)."""
+        return any(f.startswith(_RELAYOUT) for f in self.fields)
+
+    def message(self) -> str:
+        """One line for the console and the start event."""
+        if self.kind == "new":
+            return f"new run directory: {self.new_layout}"
+        if self.kind == "same":
+            return f"same plan as before: {self.new_layout}"
+        head = (f"layout {self.old_layout} -> {self.new_layout}" if self.relayout
+                else f"layout unchanged ({self.new_layout})")
+        others = [f for f in self.fields if not f.startswith(_RELAYOUT)]
+        return head + (f"; also changed: {', '.join(others)}" if others else "")
+
+    def evidence(self) -> dict[str, Any]:
+        """The change as JSON-able fields for an event's ``evidence``."""
+        return {"plan_change": self.kind, "fields": list(self.fields),
+                "old_layout": self.old_layout, "new_layout": self.new_layout,
+                "plan_history": self.history}
+
+
+def describe_layout(plan: Plan) -> str:
+    """A layout and its cluster in a few words."""
+    lay, cl = plan.layout, plan.cluster
+    vpp = f" vpp{lay.vpp}" if lay.vpp > 1 else ""
+    return f"tp{lay.tp} pp{lay.pp} dp{lay.dp}{vpp} on {cl.num_nodes} nodes ({cl.name})"
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix.rstrip("."): data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key != "schema_version":
+            out.update(_flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def _comparable(plan: Plan, placement: bool) -> dict[str, Any]:
+    exclude = set(_IGNORED_TOP) | (set() if placement else {"placement"})
+    return _flatten(plan.model_dump(mode="json", exclude=exclude))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_plan_change(old: Plan, new: Plan, source: str | None = None) -> PlanChange:
+    """Compare the run directory's plan ``old`` with ``new`` (module docstring for which fields
+    refuse); raise MscaleError naming the refused fields, else describe the change.
+
+    ``source`` names the old plan's file in the error. Placements are compared only when both
+    plans carry one; without one a plan's placement follows from its layout, which is compared.
+    """
+    placement = old.placement is not None and new.placement is not None
+    a, b = _comparable(old, placement), _comparable(new, placement)
+    differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    refused = [k for k in differ if k.startswith(IDENTITY) and k not in _FREE]
+    if refused:
+        shown = "; ".join(f"{k}: {_short(a.get(k))} -> {_short(b.get(k))}" for k in refused[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        raise MscaleError(
+            f"this run directory belongs to another model or training recipe ({shown}{more}); "
+            "its checkpoints would be meaningless for the new plan", file=source, field=refused[0],
+            fix="use a new --run-dir for a new model or recipe, or keep the run's plan (its "
+                "layout, cluster and schedule may change)")
+    return PlanChange(kind="changed" if differ else "same", fields=tuple(differ),
+                      old_layout=describe_layout(old), new_layout=describe_layout(new))
+
+
+def plan_history(run: RunDir) -> list[str]:
+    """URLs of the run's recorded plans, oldest first."""
+    fs, root = fs_and_path(run.plans)
+    if not fs.isdir(root):
+        return []
+    found = [(int(m.group(1)), p.rsplit("/", 1)[-1]) for p in fs.ls(root, detail=False)
+             if (m := _HISTORY_NAME.match(p.rsplit("/", 1)[-1]))]
+    return [f"{run.plans}/{name}" for _, name in sorted(found)]
+
+
+def record_plan(run: RunDir, plan: Plan) -> PlanChange:
+    """Make ``plan`` the run's plan: check it against ``RUN/plan.yaml`` (raising if refused), add
+    it to ``RUN/plans/`` and write ``RUN/plan.yaml`` atomically. Nothing is written when the plan
+    is the same, and the previous plan.yaml is in the history before it is replaced (a run
+    directory from before the history existed gets its plan.yaml archived as the first entry).
+
+    Pass the resolved plan (placement filled in); call it on one process, holding the run lock.
+    """
+    fs, path = fs_and_path(run.plan)
+    old = load_model(Plan, run.plan) if fs.isfile(path) else None
+    if old is None:
+        change = PlanChange(kind="new", new_layout=describe_layout(plan))
+    else:
+        change = check_plan_change(old, plan, source=run.plan)
+        if change.kind == "same":
+            return change
+    history = plan_history(run)
+    if old is not None and not history:
+        history = [_add_history(run, [], fs.cat_file(path).decode())]
+    text = dump_yaml(plan)
+    entry = _add_history(run, history, text)
+    write_text_atomic(run.plan, text)
+    return replace(change, history=entry)
+
+
+def _add_history(run: RunDir, history: list[str], text: str) -> str:
+    """Write ``text`` as the next plans/plan-NNNN.yaml, unless the last entry already holds it
+    (a crash between the history and plan.yaml); return the entry's URL."""
+    if history:
+        fs, last = fs_and_path(history[-1])
+        if fs.cat_file(last).decode() == text:
+            return history[-1]
+        n = int(_HISTORY_NAME.match(history[-1].rsplit("/", 1)[-1]).group(1)) + 1
+    else:
+        n = 1
+    url = f"{run.plans}/plan-{n:04d}.yaml"
+    write_text_atomic(url, text)
+    return url

@@ -1,0 +1,89 @@
+"""A run directory keeps one model and recipe; a new layout is accepted and recorded."""
+
+import uuid
+
+import pytest
+
+from mscale.config.base import dump_yaml, load_model
+from mscale.config.plan import Plan, load_plan
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.runs.history import check_plan_change, plan_history, record_plan
+from mscale.runs.rundir import RunDir
+from tests.conftest import PLANS
+
+
+def _plan(**sections) -> Plan:
+    """The CPU demo plan with some sections' fields replaced, e.g. layout={"tp": 1, "dp": 4}."""
+    data = load_plan(str(PLANS / "cpu-tiny.yaml")).model_dump(mode="json", exclude_none=True)
+    for section, fields in sections.items():
+        if isinstance(fields, dict):
+            data[section] = {**data[section], **fields}
+        else:
+            data[section] = fields
+    return Plan.model_validate(data)
+
+
+def test_identical_plans_are_no_change():
+    change = check_plan_change(_plan(), _plan(estimate={"mfu": 0.5}))
+    assert change.kind == "same" and change.fields == ()
+
+
+def test_a_new_layout_on_fewer_nodes_is_accepted_and_described():
+    old = _plan()
+    new = _plan(layout={"tp": 2, "pp": 2, "dp": 1},
+                cluster={"hostlist": "node[1-2]", "nodes": 2}, training={"lr": 1e-3})
+    change = check_plan_change(old, new)
+    assert change.kind == "changed" and change.relayout
+    assert change.old_layout == "tp2 pp2 dp2 on 4 nodes (cpu-4x2)"
+    assert change.new_layout == "tp2 pp2 dp1 on 2 nodes (cpu-4x2)"
+    assert "layout.dp" in change.fields and "cluster.hostlist" in change.fields
+    assert "training.lr" in change.fields and "training.lr" in change.message()
+
+
+@pytest.mark.parametrize("section,fields,named", [
+    ("model", {"layers": 6}, "model.layers"),
+    ("model", {"seq_len": 128}, "model.seq_len"),
+    ("training", {"global_batch": 32}, "training.global_batch"),
+    ("training", {"seed": 7}, "training.seed"),
+    ("training", {"optimizer": "lamb"}, "training.optimizer"),
+    ("training", {"data": {"kind": "tokens", "path": "t.bin"}}, "training.data.kind"),
+])
+def test_another_model_or_recipe_is_refused(section, fields, named):
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(), _plan(**{section: fields}), source="RUN/plan.yaml")
+    err = info.value
+    assert err.code == EXIT_BAD_INPUT and err.field == named and named in err.message
+    assert err.file == "RUN/plan.yaml" and "--run-dir" in err.fix
+
+
+def test_renaming_the_model_is_not_a_new_model():
+    change = check_plan_change(_plan(), _plan(model={"name": "tiny-v2"}))
+    assert change.kind == "changed" and change.fields == ("model.name",) and not change.relayout
+
+
+@pytest.mark.parametrize("proto", ["file", "memory"])
+def test_record_plan_keeps_every_plan_and_refuses_without_writing(tmp_path, proto):
+    root = str(tmp_path / "run") if proto == "file" else f"memory://hist-{uuid.uuid4().hex}/run"
+    run = RunDir(root)
+    first, second = _plan(), _plan(layout={"dp": 1}, cluster={"hostlist": "node[1-2]", "nodes": 2})
+    assert record_plan(run, first).kind == "new"
+    assert record_plan(run, first).kind == "same"
+    assert [u.rsplit("/", 1)[-1] for u in plan_history(run)] == ["plan-0001.yaml"]
+    change = record_plan(run, second)
+    assert change.kind == "changed" and change.history.endswith("plans/plan-0002.yaml")
+    assert load_model(Plan, run.plan) == second
+    assert load_model(Plan, plan_history(run)[0]) == first
+    with pytest.raises(MscaleError, match="model.hidden"):
+        record_plan(run, _plan(model={"hidden": 128}))
+    assert load_model(Plan, run.plan) == second and len(plan_history(run)) == 2
+
+
+def test_a_run_directory_from_before_the_history_keeps_its_plan(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    old_text = dump_yaml(_plan())
+    (tmp_path / "run" / "plan.yaml").write_text(old_text)  # written by an older mscale
+    record_plan(run, _plan(layout={"tp": 1, "dp": 4}))
+    names = [u.rsplit("/", 1)[-1] for u in plan_history(run)]
+    assert names == ["plan-0001.yaml", "plan-0002.yaml"]
+    assert (tmp_path / "run" / "plans" / "plan-0001.yaml").read_text() == old_text
