@@ -200,11 +200,10 @@ def _append_local(url: str, path: str, data: bytes) -> None:
             os.makedirs(parent, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        with _flock(fd):
+        with _flock(fd), disk_full_as_error(url):
             start = _mend_torn_tail(fd)
             try:
-                with disk_full_as_error(url):
-                    _write_all(fd, data)
+                _write_all(fd, data)
             except BaseException:
                 with suppress(OSError):  # else the next append's _mend_torn_tail cuts it
                     os.ftruncate(fd, start)  # never leave part of this line before the next one
@@ -218,13 +217,14 @@ def _flock(fd: int) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``fd`` (no-op where the filesystem has no locks)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        locked = True
     except OSError:  # pragma: no cover - e.g. some network filesystems
-        yield
-        return
+        locked = False
     try:
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -299,7 +299,8 @@ def read_jsonl(url: str) -> list[dict]:
     if segments:
         blobs = fs.cat(segments)  # concurrent GETs on async filesystems
         for seg in segments:
-            out += _parse(blobs[seg], f"{url}{SEGMENTS}/{seg.rsplit('/', 1)[-1]}",
+            raw = blobs[seg] if seg in blobs else fs.cat_file(seg)
+            out += _parse(raw, f"{url}{SEGMENTS}/{seg.rsplit('/', 1)[-1]}",
                           torn_tail_ok=False)
     return out
 
