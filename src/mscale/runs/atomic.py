@@ -203,7 +203,7 @@ def _append_local(url: str, path: str, data: bytes) -> None:
         with _flock(fd), disk_full_as_error(url):
             start = _mend_torn_tail(fd)
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
             except BaseException:
                 with suppress(OSError):  # else the next append's _mend_torn_tail cuts it
                     os.ftruncate(fd, start)  # never leave part of this line before the next one
@@ -227,7 +227,8 @@ def _flock(fd: int) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may be short, e.g. near a full disk)."""
     view = memoryview(data)
     while view:
         n = os.write(fd, view)
@@ -259,7 +260,7 @@ def _mend_torn_tail(fd: int) -> int:
     except ValueError:
         os.ftruncate(fd, start)
         return start
-    _write_all(fd, b"\n")
+    write_all(fd, b"\n")
     return size + 1
 
 

@@ -15,7 +15,8 @@ process started later than the holder), or when its heartbeat is older than the 
 (another host: a crashed node cannot be asked).
 
 Locally the record is written to a temp file and hard-linked to ``lock.json``: the link fails if
-the lock exists, so creation is exclusive and the file is never seen half-written. A stale lock is
+the lock exists, so creation is exclusive and the file is never seen half-written (where hard
+links are not supported, ``O_EXCL`` creation). A stale lock is
 renamed aside and checked to be the one judged stale before it is deleted, so two jobs taking
 over the same dead lock cannot both win. Object stores have no exclusive create: the lease there
 is best effort (write the record, wait ``settle_s``, read it back, and own it only if it is still
@@ -38,7 +39,7 @@ from pydantic import Field, ValidationError
 
 from mscale.config.base import StrictModel
 from mscale.errors import MscaleError
-from mscale.runs.atomic import fs_and_path, read_jsonl, write_bytes_atomic
+from mscale.runs.atomic import fs_and_path, read_jsonl, write_all, write_bytes_atomic
 from mscale.runs.rundir import RunDir
 
 DEFAULT_LEASE_S = 120.0
@@ -212,6 +213,8 @@ class RunLock:
                 return True
             except FileExistsError:
                 return False
+            except OSError:  # no hard links here (some FUSE/SMB mounts): plain O_EXCL
+                return self._create_excl(data)
             finally:
                 os.unlink(tmp)
         write_bytes_atomic(self.url, data)  # best effort: the last writer wins, so read back
@@ -221,6 +224,18 @@ class RunLock:
             if back is not None:
                 raise self._busy(back, "was taken at the same time by another job")
             return False
+        return True
+
+    def _create_excl(self, data: bytes) -> bool:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         return True
 
     def _break_local(self, stale: LockRecord) -> bool:

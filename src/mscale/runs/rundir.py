@@ -71,5 +71,6 @@ class RunDir:
             fs.makedirs(f"{root}/{sub}".rstrip("/"), exist_ok=True)
 
     def append_record(self, url: str, record: BaseModel) -> None:
-        """Append one schema record as a JSON line (metrics, events)."""
+        """Append one schema record as a JSON line (metrics, events): the whole line or nothing;
+        a full disk raises `mscale.runs.atomic.DiskFullError` (an MscaleError, exit 3)."""
         append_line(url, record.model_dump_json(exclude_none=True))

@@ -160,3 +160,17 @@ def test_run_ids_are_unique_and_attempts_count_starts(tmp_path):
     assert next_attempt(run.root) == 2
     run.append_record(run.events, Event(source="train", kind="start", evidence={"attempt": 5}))
     assert next_attempt(run.root) == 6
+
+
+def test_without_hard_links_creation_is_still_exclusive(tmp_path, monkeypatch):
+    from mscale.runs import lock as lock_module
+
+    def no_links(src, dst):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(lock_module.os, "link", no_links)
+    run = str(tmp_path / "run")
+    RunLock(run, "first").acquire()
+    with pytest.raises(MscaleError, match="first"):
+        RunLock(run, "second").acquire()
+    assert sorted(os.listdir(run)) == ["lock.json"]  # no temp files left behind
