@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -46,21 +47,40 @@ class RMSNorm(nn.Module):
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * weight
 
 
-@functools.lru_cache(maxsize=16)
-def rotary_tables(seq_len: int, head_dim: int, theta: float,
-                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[s, 1, 1, d/2]`` of position × frequency, shared by every block."""
+def rope_frequencies(head_dim: int, theta: float,
+                     scaling: tuple[float, float, float, int] | None = None) -> torch.Tensor:
+    """The ``d/2`` rotary inverse frequencies, fp64; with ``scaling`` (`RopeScaling.key`:
+    factor, low_freq_factor, high_freq_factor, original context) Llama-3's rule: wavelengths
+    longer than ``original / low`` are divided by ``factor``, those shorter than
+    ``original / high`` kept, and those in between interpolated (as HF's ``rope_type: llama3``)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if scaling is None:
+        return inv_freq
+    factor, low, high, original = scaling
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(wavelen > original / low, inv_freq / factor,
+                       torch.where(wavelen < original / high, inv_freq, scaled))
+
+
+@functools.lru_cache(maxsize=16)
+def rotary_tables(seq_len: int, head_dim: int, theta: float, device: torch.device,
+                  scaling: tuple[float, float, float, int] | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[s, 1, 1, d/2]`` of position × frequency, shared by every block."""
+    inv_freq = rope_frequencies(head_dim, theta, scaling)
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float64), inv_freq)
     shape = (seq_len, 1, 1, head_dim // 2)
     return (angles.cos().float().reshape(shape).to(device),
             angles.sin().float().reshape(shape).to(device))
 
 
-def apply_rotary(x: torch.Tensor, theta: float) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, theta: float,
+                 scaling: tuple[float, float, float, int] | None = None) -> torch.Tensor:
     """Rotate ``x`` ``[s, b, heads, d]`` by its position (rotate-half / GPT-NeoX pairing), so that
     the dot product of a query and a key depends only on their distance."""
-    cos, sin = rotary_tables(x.shape[0], x.shape[-1], theta, x.device)
+    cos, sin = rotary_tables(x.shape[0], x.shape[-1], theta, x.device, scaling)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
@@ -109,6 +129,7 @@ class Attention(nn.Module):
         super().__init__()
         d = cfg.head_dim
         self.head_dim, self.theta, self.window = d, cfg.rope_theta, cfg.sliding_window
+        self.scaling = cfg.rope_scaling.key() if cfg.rope_scaling else None
         self.local_heads = cfg.heads // tp.size
         self.local_kv_heads = cfg.num_kv_heads // tp.size
         self.recompute_core = recompute_core
@@ -119,8 +140,10 @@ class Attention(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         s, b, _ = h.shape
-        q = apply_rotary(self.wq(h).view(s, b, self.local_heads, self.head_dim), self.theta)
-        k = apply_rotary(self.wk(h).view(s, b, self.local_kv_heads, self.head_dim), self.theta)
+        q = apply_rotary(self.wq(h).view(s, b, self.local_heads, self.head_dim), self.theta,
+                         self.scaling)
+        k = apply_rotary(self.wk(h).view(s, b, self.local_kv_heads, self.head_dim), self.theta,
+                         self.scaling)
         v = self.wv(h).view(s, b, self.local_kv_heads, self.head_dim)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # SDPA wants [b, heads, s, d]
         if self.recompute_core:  # selective: drop the s×s-sized intermediates, keep the rest
@@ -231,7 +254,20 @@ class Transformer(nn.Module):
         h = self.final_norm(h)
         h = gather_from_sp(h, self.tp) if self.tp.sp else copy_to_tp(h, self.tp)
         weight = self.embed.weight if self.cfg.tie_embeddings else self.head.weight
-        return F.linear(h, weight)
+        return self._mask_padding(F.linear(h, weight))
+
+    def _mask_padding(self, logits: torch.Tensor) -> torch.Tensor:
+        """Padded vocabulary ids (``real_vocab`` ≤ id < ``vocab``) get the lowest finite logit,
+        so that they take no probability and no gradient and the loss is the unpadded model's.
+        Finite, not -inf: a rank holding only padding would otherwise turn the cross-entropy's
+        ``shifted * inside`` into NaN."""
+        real = self.cfg.real_vocab
+        per_rank = logits.shape[-1]
+        first = self.tp.rank * per_rank
+        if real is None or real >= first + per_rank:
+            return logits
+        ids = torch.arange(first, first + per_rank, device=logits.device)
+        return logits.masked_fill(ids >= real, torch.finfo(logits.dtype).min)
 
     def _precision(self, device: torch.device):
         if self.autocast_dtype is None:
