@@ -18,6 +18,13 @@ Models LLaMA cannot express (a parallel block's single norm, a GeLU MLP, a slidi
 export with these names (the parallel block's ``norm`` as ``input_layernorm``), and config.json
 says so: ``architectures`` is ``LlamaForCausalLM`` only for a plain LLaMA, and ``mscale_model``
 always holds the exact ModelConfig, which the import reads back.
+
+An import of a foreign LLaMA must never be silently wrong: config.json is read in both the
+transformers 4 form (top-level ``rope_theta``, ``rope_scaling``) and the 5 form
+(``rope_parameters``), and every value the model does not compute exactly like
+``LlamaForCausalLM`` (another activation, biases, another rotary scaling, ...) is refused by its
+HF name (`mscale.ckpt.hf_config`). A vocabulary the plan's TP does not divide is padded with zero rows
+whose logits the model masks (`padded_vocab`, `pad_vocab_rows`); an export strips them again.
 """
 
 from __future__ import annotations
@@ -25,7 +32,11 @@ from __future__ import annotations
 import json
 import re
 
+import torch
+
+from mscale.ckpt.hf_config import model_from_hf_config  # noqa: F401 - convert calls hf.model_from_hf_config
 from mscale.config.model import ModelConfig
+from mscale.errors import MscaleError
 
 _RULES = [
     (r"embed\.weight", "model.embed_tokens.weight"),
@@ -72,16 +83,32 @@ def is_llama(cfg: ModelConfig) -> bool:
     return cfg.mlp == "swiglu" and not cfg.parallel_block and cfg.sliding_window is None
 
 
+def rope_parameters(cfg: ModelConfig) -> dict:
+    """transformers 5's ``rope_parameters`` of the model."""
+    if cfg.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    scaling = cfg.rope_scaling.model_dump(exclude={"type"})
+    return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, **scaling}
+
+
 def hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict:
-    """config.json: LLaMA's fields, plus the exact ModelConfig under ``mscale_model``."""
+    """config.json: LLaMA's fields, plus the exact ModelConfig under ``mscale_model``.
+
+    A padded vocabulary is exported unpadded (`unpadded`; the weights' padding rows are dropped
+    by `strip_vocab_rows`). The rotary embedding is written in both generations' forms, top-level
+    ``rope_theta`` + ``rope_scaling`` (transformers 4) and ``rope_parameters`` (5), which agree.
+    """
+    cfg = unpadded(cfg)
     out = {
         "architectures": ["LlamaForCausalLM"] if is_llama(cfg) else ["MscaleForCausalLM"],
         "model_type": "llama" if is_llama(cfg) else "mscale",
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
         "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.num_kv_heads,
-        "num_hidden_layers": cfg.layers, "vocab_size": cfg.vocab,
+        "num_hidden_layers": cfg.layers, "vocab_size": cfg.vocab, "head_dim": cfg.head_dim,
         "max_position_embeddings": cfg.seq_len, "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta, "tie_word_embeddings": cfg.tie_embeddings,
+        "rope_theta": cfg.rope_theta, "rope_parameters": rope_parameters(cfg),
+        "rope_scaling": rope_parameters(cfg) if cfg.rope_scaling else None,
+        "tie_word_embeddings": cfg.tie_embeddings,
         "hidden_act": "silu" if cfg.mlp == "swiglu" else "gelu", "attention_bias": False,
         "mlp_bias": False, "torch_dtype": dtype,
         "mscale_model": cfg.model_dump(mode="json", exclude_none=True),
@@ -91,21 +118,85 @@ def hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict:
     return out
 
 
-def model_from_hf_config(data: dict, source: str) -> ModelConfig:
-    """The ModelConfig of an HF directory: ``mscale_model`` if present, else LLaMA's fields."""
-    from mscale.config.base import validate
-
-    if "mscale_model" in data:
-        return validate(ModelConfig, data["mscale_model"], source, prefix="mscale_model.")
-    fields = {"name": data.get("_name_or_path", "hf"), "layers": data.get("num_hidden_layers"),
-              "hidden": data.get("hidden_size"), "heads": data.get("num_attention_heads"),
-              "kv_heads": data.get("num_key_value_heads"),
-              "ffn_hidden": data.get("intermediate_size"), "vocab": data.get("vocab_size"),
-              "seq_len": data.get("max_position_embeddings"),
-              "norm_eps": data.get("rms_norm_eps", 1e-5), "rope_theta": data.get("rope_theta", 1e4),
-              "tie_embeddings": data.get("tie_word_embeddings", False)}
-    return validate(ModelConfig, {k: v for k, v in fields.items() if v is not None}, source)
-
-
 def dumps_config(cfg: ModelConfig) -> str:
     return json.dumps(hf_config(cfg), indent=2) + "\n"
+
+
+VOCAB_PARAMS = ("embed.weight", "head.weight")
+"""The parameters with one row per vocabulary id (mscale names)."""
+
+
+def unpadded(cfg: ModelConfig) -> ModelConfig:
+    """The model without its vocabulary padding (itself when it has none)."""
+    if cfg.real_vocab is None:
+        return cfg
+    return cfg.model_copy(update={"vocab": cfg.real_vocab, "real_vocab": None})
+
+
+def padded_vocab(vocab: int, tp: int, plan_cfg: ModelConfig) -> int:
+    """The vocabulary an import of ``vocab`` ids builds for a plan at ``tp``: ``vocab`` when TP
+    divides it (and the plan does not name it as its ``real_vocab``), else the plan's own padded
+    size when that fits and TP divides it, else the next multiple of TP."""
+    if plan_cfg.real_vocab == vocab:
+        return plan_cfg.vocab
+    if vocab % tp == 0:
+        return vocab
+    if plan_cfg.vocab > vocab and plan_cfg.vocab % tp == 0:
+        return plan_cfg.vocab
+    return -(-vocab // tp) * tp
+
+
+def pad_vocab(cfg: ModelConfig, vocab: int) -> ModelConfig:
+    """``cfg`` with ``vocab`` rows, the original count kept as ``real_vocab``."""
+    if vocab == cfg.vocab:
+        return cfg
+    data = cfg.model_dump()
+    data.update(vocab=vocab, real_vocab=cfg.real_vocab or cfg.vocab)
+    return ModelConfig.model_validate(data)
+
+
+def pad_vocab_rows(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """An HF tensor with zero rows appended for the padded ids (embedding and head only; any
+    other tensor, or one whose row count is not ``real_vocab``, is returned as it is)."""
+    if name not in VOCAB_PARAMS or cfg.real_vocab is None or t.shape[0] != cfg.real_vocab:
+        return t
+    return torch.cat([t, t.new_zeros((cfg.vocab - cfg.real_vocab, *t.shape[1:]))])
+
+
+def strip_vocab_rows(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The rows of the real vocabulary only (embedding and head; others unchanged)."""
+    if name not in VOCAB_PARAMS or cfg.real_vocab is None:
+        return t
+    return t[: cfg.real_vocab]
+
+
+def hf_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[int, ...]:
+    """The shape `strip_vocab_rows` gives a tensor of ``shape``."""
+    if name not in VOCAB_PARAMS or cfg.real_vocab is None:
+        return tuple(shape)
+    return (cfg.real_vocab, *shape[1:])
+
+
+def diff_model(hf_cfg: ModelConfig, plan_cfg: ModelConfig) -> list[str]:
+    """The ModelConfig fields on which an imported model and a plan's disagree (``name`` never
+    counts; ``real_vocab`` counts only when the plan sets it, since the import records it)."""
+    a, b = hf_cfg.model_dump(exclude={"name"}), plan_cfg.model_dump(exclude={"name"})
+    if plan_cfg.real_vocab is None:
+        del a["real_vocab"], b["real_vocab"]
+    return [k for k in a if a[k] != b[k]]
+
+
+def fit_to_plan(hf_cfg: ModelConfig, plan_cfg: ModelConfig, tp: int, source: str) -> ModelConfig:
+    """The model an import writes for a plan: the HF model, its vocabulary padded for ``tp``,
+    under the plan's name, with ``real_vocab`` recorded so an export restores the original.
+
+    Refuses a plan whose model differs, naming every differing field with both values."""
+    cfg = pad_vocab(hf_cfg, padded_vocab(hf_cfg.vocab, tp, plan_cfg))
+    diffs = diff_model(cfg, plan_cfg)
+    if diffs:
+        a, b = cfg.model_dump(), plan_cfg.model_dump()
+        detail = "; ".join(f"{k}: {a[k]!r} in config.json, {b[k]!r} in the plan" for k in diffs)
+        raise MscaleError(f"config.json describes a different model than the plan ({detail})",
+                          file=source, field=", ".join(f"model.{k}" for k in diffs),
+                          fix="use a plan whose model: section matches the HF config")
+    return cfg.model_copy(update={"name": plan_cfg.name})
