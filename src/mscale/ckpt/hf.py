@@ -22,9 +22,10 @@ always holds the exact ModelConfig, which the import reads back.
 An import of a foreign LLaMA must never be silently wrong: config.json is read in both the
 transformers 4 form (top-level ``rope_theta``, ``rope_scaling``) and the 5 form
 (``rope_parameters``), and every value the model does not compute exactly like
-``LlamaForCausalLM`` (another activation, biases, another rotary scaling, ...) is refused by its
-HF name (`mscale.ckpt.hf_config`). A vocabulary the plan's TP does not divide is padded with zero rows
-whose logits the model masks (`padded_vocab`, `pad_vocab_rows`); an export strips them again.
+``LlamaForCausalLM`` (another activation, biases, another rotary scaling, ...) is refused by
+its HF name (`mscale.ckpt.hf_config`). A vocabulary the plan's TP does not divide is padded
+with zero rows whose logits the model masks (`fit_to_plan`, `padded_region`); an export strips
+them again (`hf_shape`, `strip_vocab_rows`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import re
 
 import torch
 
-from mscale.ckpt.hf_config import model_from_hf_config  # noqa: F401 - convert calls hf.model_from_hf_config
+from mscale.ckpt.hf_config import model_from_hf_config  # noqa: F401 - convert calls it from here
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
 
@@ -155,12 +156,24 @@ def pad_vocab(cfg: ModelConfig, vocab: int) -> ModelConfig:
     return ModelConfig.model_validate(data)
 
 
-def pad_vocab_rows(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """An HF tensor with zero rows appended for the padded ids (embedding and head only; any
-    other tensor, or one whose row count is not ``real_vocab``, is returned as it is)."""
+def padded_region(name: str, t: torch.Tensor, box, cfg: ModelConfig) -> torch.Tensor:
+    """The region ``box`` (``(start, stop)`` per dimension) of HF tensor ``t`` as the padded
+    model holds it: rows past ``real_vocab`` of the embedding and head are zeros. Reads only
+    the rows it returns, so a memory-mapped input is never copied whole."""
+    index = tuple(slice(a, b) for a, b in box)
     if name not in VOCAB_PARAMS or cfg.real_vocab is None or t.shape[0] != cfg.real_vocab:
-        return t
-    return torch.cat([t, t.new_zeros((cfg.vocab - cfg.real_vocab, *t.shape[1:]))])
+        return t[index]
+    (a, b), real = box[0], cfg.real_vocab
+    inner = t[(slice(min(a, real), min(b, real)), *index[1:])]
+    if inner.shape[0] == b - a:
+        return inner
+    return torch.cat([inner, inner.new_zeros((b - a - inner.shape[0], *inner.shape[1:]))])
+
+
+def pad_vocab_rows(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """A whole HF tensor as the padded model holds it (`padded_region` of everything)."""
+    rows = cfg.vocab if name in VOCAB_PARAMS and cfg.real_vocab == t.shape[0] else t.shape[0]
+    return padded_region(name, t, [(0, rows), *((0, d) for d in t.shape[1:])], cfg)
 
 
 def strip_vocab_rows(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:

@@ -47,19 +47,40 @@ def refuse(source: str, field: str, message: str, fix: str) -> MscaleError:
     return MscaleError(message, file=source, field=field, fix=fix)
 
 
+def short(value: Any) -> str:
+    """A value as the message shows it: config.json may hold anything, of any size."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _derived(head_dim: Any, heads: Any, hidden: Any) -> bool:
+    """Whether ``head_dim`` is what mscale derives, hidden / heads (a bad ``heads`` is left to
+    its own check)."""
+    if not _is_number(head_dim):
+        return False
+    try:
+        return not _is_number(heads) or head_dim * heads == hidden
+    except OverflowError:  # a 400-digit integer times a float
+        return False
+
+
 def check_supported(data: dict, source: str) -> None:
     """Refuse every value of `ACCEPTED` (and a ``head_dim`` other than hidden/heads) that would
     make LlamaForCausalLM compute something mscale does not."""
     for field, allowed in ACCEPTED.items():
         if field in data and data[field] not in allowed:
             raise refuse(source, field, f"mscale's decoder does not implement {field}="
-                         f"{data[field]!r}", f"only {' or '.join(map(repr, allowed))} computes "
-                         "what mscale computes: import a plain LLaMA checkpoint")
+                         f"{short(data[field])}", f"only {' or '.join(map(repr, allowed))} "
+                         "computes what mscale computes: import a plain LLaMA checkpoint")
     head_dim, heads, hidden = (data.get(k) for k in ("head_dim", "num_attention_heads",
                                                       "hidden_size"))
-    if head_dim is not None and isinstance(heads, int) and head_dim * heads != hidden:
-        raise refuse(source, "head_dim", f"head_dim={head_dim} is not hidden_size / "
-                     f"num_attention_heads ({hidden} / {heads}); mscale derives it",
+    if head_dim is not None and not _derived(head_dim, heads, hidden):
+        raise refuse(source, "head_dim", f"head_dim={short(head_dim)} is not hidden_size / "
+                     f"num_attention_heads ({short(hidden)} / {short(heads)}); mscale derives it",
                      "import a model whose head_dim equals hidden_size / num_attention_heads")
 
 
@@ -67,23 +88,24 @@ def _rope_block(key: str, d: Any, data: dict, source: str) -> tuple[dict, dict]:
     """One rotary description (``rope_parameters`` or ``rope_scaling``) → ModelConfig fields and
     where each came from."""
     if not isinstance(d, dict):
-        raise refuse(source, key, f"{key} must be a mapping, got {d!r}", "fix config.json")
+        raise refuse(source, key, f"{key} must be a mapping, got {short(d)}", "fix config.json")
     kind = d.get("rope_type", d.get("type", "default"))
-    if kind not in ROPE_TYPES:
-        raise refuse(source, f"{key}.rope_type", f"rope_type {kind!r} is not implemented by "
+    if not isinstance(kind, str) or kind not in ROPE_TYPES:
+        raise refuse(source, f"{key}.rope_type", f"rope_type {short(kind)} is not implemented by "
                      f"mscale (only {', '.join(ROPE_TYPES)})", "import a model with plain or "
                      "Llama-3 rotary embeddings")
-    extra = sorted(set(d) - ROPE_COMMON - set(ROPE_TYPES[kind]))
+    extra = sorted(map(str, set(d) - ROPE_COMMON - set(ROPE_TYPES[kind])))
     if extra:
-        raise refuse(source, f"{key}.{extra[0]}", f"{extra[0]} is not used by rope_type "
-                     f"{kind!r} in mscale", "remove it, or import a model that does not need it")
+        name = extra[0][:80]
+        raise refuse(source, f"{key}.{name}", f"{name} is not used by rope_type {kind!r} in "
+                     "mscale", "remove it, or import a model that does not need it")
     if d.get("partial_rotary_factor", 1) != 1:
         raise refuse(source, f"{key}.partial_rotary_factor", "partial rotary embeddings are "
                      "not implemented by mscale", "import a model with a fully rotated head")
     theta, top = d.get("rope_theta"), data.get("rope_theta")
     if theta is not None and top is not None and theta != top:
-        raise refuse(source, f"{key}.rope_theta", f"{key}.rope_theta={theta} and rope_theta="
-                     f"{top} disagree", "keep one value")
+        raise refuse(source, f"{key}.rope_theta", f"{key}.rope_theta={short(theta)} and "
+                     f"rope_theta={short(top)} disagree", "keep one value")
     out = {"rope_theta": DEFAULT_THETA if theta is None and top is None else
            theta if theta is not None else top}
     where = {"rope_theta": f"{key}.rope_theta" if theta is not None else "rope_theta",
@@ -116,7 +138,7 @@ def rope_fields(data: dict, source: str) -> tuple[dict, dict]:
 
 
 def llama_fields(data: dict, source: str) -> tuple[dict, dict[str, str]]:
-    """ModelConfig fields of a LLaMA config.json, and ModelConfig field → HF field (for errors)."""
+    """ModelConfig fields of a LLaMA config.json, and ModelConfig field → HF field (errors)."""
     missing = [k for k in REQUIRED if data.get(k) is None]
     if missing:
         raise refuse(source, missing[0], f"{missing[0]} is missing", "config.json must give "
@@ -138,6 +160,9 @@ def llama_fields(data: dict, source: str) -> tuple[dict, dict[str, str]]:
 def model_from_hf_config(data: dict, source: str) -> ModelConfig:
     """The ModelConfig of an HF directory: ``mscale_model`` if present (an mscale export), else
     LLaMA's fields, every unsupported value refused and every error named by its HF field."""
+    if not isinstance(data, dict):
+        raise refuse(source, "(top level)", f"config.json must be a JSON object, got "
+                     f"{type(data).__name__}", "import an HF model directory's config.json")
     if "mscale_model" in data:
         return validate(ModelConfig, data["mscale_model"], source, prefix="mscale_model.")
     fields, names = llama_fields(data, source)

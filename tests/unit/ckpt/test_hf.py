@@ -133,3 +133,41 @@ def test_export_matches_the_model_and_imports_back(tmp_path):
             assert torch.equal(r.read_full(k), v)
     with pytest.raises(MscaleError, match="not empty"):
         convert(str(tmp_path / "hf"), str(back), plan=str(plan_file))
+
+
+def test_padding_rows_added_on_import_are_stripped_on_export():
+    cfg = ModelConfig(**{**MODEL_CFG, "vocab": 250})
+    padded = hf.pad_vocab(cfg, hf.padded_vocab(250, 4, cfg))
+    assert (padded.vocab, padded.real_vocab) == (252, 250)
+    embed = torch.randn(250, 64)
+    rows = hf.pad_vocab_rows("embed.weight", embed, padded)
+    assert rows.shape == (252, 64) and not rows[250:].any() and torch.equal(rows[:250], embed)
+    norm = torch.ones(64)
+    assert torch.equal(hf.pad_vocab_rows("final_norm.weight", norm, padded), norm)
+    assert torch.equal(hf.strip_vocab_rows("head.weight", rows, padded), embed)
+    assert hf.hf_shape("head.weight", (252, 64), padded) == (250, 64)
+    assert hf.hf_shape("layers.0.attn.wq.weight", (64, 64), padded) == (64, 64)
+    exported = hf.hf_config(padded)
+    assert exported["vocab_size"] == 250 and "real_vocab" not in exported["mscale_model"]
+    assert hf.model_from_hf_config(exported, "c") == cfg
+
+
+@pytest.mark.parametrize("vocab,tp,plan_vocab,plan_real,want", [
+    (256, 4, 256, None, 256),   # TP divides it: no padding
+    (250, 4, 256, None, 256),   # the plan's own padded size
+    (250, 4, 250, None, 252),   # the next multiple of TP (the plan is then refused)
+    (256, 4, 384, 256, 384),    # the plan names 256 as its real vocabulary
+])
+def test_padded_vocab_follows_the_plan(vocab, tp, plan_vocab, plan_real, want):
+    plan_cfg = ModelConfig(**{**MODEL_CFG, "vocab": plan_vocab, "real_vocab": plan_real})
+    assert hf.padded_vocab(vocab, tp, plan_cfg) == want
+
+
+@pytest.mark.parametrize("rows", [(0, 100), (200, 252), (248, 252), (251, 252), (250, 252)])
+def test_padded_region_reads_real_rows_and_zeros_beyond(rows):
+    padded = ModelConfig(**{**MODEL_CFG, "vocab": 252, "real_vocab": 250})
+    embed = torch.randn(250, 64)
+    whole = torch.cat([embed, torch.zeros(2, 64)])
+    box = [rows, (8, 24)]
+    got = hf.padded_region("head.weight", embed, box, padded)
+    assert torch.equal(got, whole[rows[0]: rows[1], 8:24])

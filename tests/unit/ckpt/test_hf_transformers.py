@@ -210,3 +210,19 @@ def test_a_different_plan_is_refused_naming_every_differing_field(tmp_path):
         hf.fit_to_plan(imported, other, 1, "hf/config.json")
     assert e.value.field == "model.layers, model.rope_theta"
     assert "layers: 2 in config.json, 4 in the plan" in e.value.message
+
+
+@pytest.mark.parametrize("edit,field", [
+    ({"head_dim": "16" * 40}, "head_dim"), ({"head_dim": 16.5}, "head_dim"),
+    ({"num_attention_heads": 10**400}, "head_dim"),
+    ({"rope_parameters": {"rope_type": ["llama3"]}}, "rope_parameters.rope_type"),
+    ({"rope_parameters": [1, 2]}, "rope_parameters"),
+    ({"hidden_act": "x" * 100_000}, "hidden_act"),
+])
+def test_hostile_values_are_refused_without_a_traceback(tmp_path, edit, field):
+    data = {**llama_json(tmp_path), **edit}
+    with pytest.raises(MscaleError) as e:
+        hf.model_from_hf_config(data, "c")
+    assert e.value.field == field and len(str(e.value)) < 500
+    with pytest.raises(MscaleError, match="JSON object"):
+        hf.model_from_hf_config([data], "c")
