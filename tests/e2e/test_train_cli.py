@@ -18,34 +18,9 @@ import yaml
 
 from mscale.config import load_plan
 from tests.conftest import PLANS, REPO
+from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 
 pytestmark = pytest.mark.e2e
-MSCALE = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "mscale")
-if not os.path.exists(MSCALE):
-    import shutil
-
-    MSCALE = shutil.which("mscale") or MSCALE
-
-
-def small_plan(tmp_path: Path, **layout) -> str:
-    """The embedded tiny plan on 4 processes (tp2 dp2, two 2-process nodes): quicker to start."""
-    data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
-    data["cluster"]["hostlist"] = "node[1-2]"
-    data["layout"].update({"pp": 1, **layout})
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
-def mscale(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([MSCALE, *args], cwd=REPO, text=True, capture_output=True,
-                          timeout=timeout)
-
-
-def records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
     run = tmp_path / "run"
     p = mscale("train", "--local", "8", "--steps", "4", "--run-dir", str(run))

@@ -75,11 +75,16 @@ class Summary:
         return f"{core}; {ckpt}; run directory {run_dir}"
 
 
-def stop_line(reason: str, step: int, events: str, detail: str = "") -> str:
-    """One line for a stop that is not a clean finish (reason: nan, halt, signal, disk_full)."""
+def stop_line(reason: str, step: int, events: str | None, detail: str = "") -> str:
+    """One line for a stop that is not a clean finish (reason: nan, halt, signal, abort)."""
     text = {
         "nan": f"stopped at step {step}: non-finite gradient norm, the optimizer step was not taken",
         "halt": f"stopped at step {step}: halt requested through control/halt",
         "signal": f"stopped at step {step}: a signal (SIGTERM/SIGUSR1) asked the job to halt",
-    }.get(reason, f"stopped at step {step}: {reason}")
-    return f"{text}{'; ' + detail if detail else ''}; evidence in {events}"
+    }.get(reason, f"stopped at step {step}")
+    sep = "; " if reason in _KNOWN else ": "
+    where = f"; evidence in {events}" if events else ""
+    return f"{text}{sep + detail if detail else ''}{where}"
+
+
+_KNOWN = ("nan", "halt", "signal")

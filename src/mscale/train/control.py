@@ -29,12 +29,13 @@ class Decision:
     halt: bool = False
     signal: bool = False
     """A rank received SIGTERM/SIGUSR1 (halt implied)."""
-    disk_full: bool = False
-    """Rank 0 could not append to the run directory: the disk is full (stop, no checkpoint)."""
+    abort: bool = False
+    """A rank cannot go on (rank 0: the disk is full, the run directory's lock was lost): every
+    rank stops here, without a checkpoint."""
 
     @property
     def stop(self) -> bool:
-        return self.halt or self.signal or self.disk_full
+        return self.halt or self.signal or self.abort
 
 
 class Control:
@@ -77,13 +78,13 @@ class Control:
         except OSError:
             pass
 
-    def poll(self, group=None, disk_full: bool = False) -> Decision:
-        """Collective: every rank must call it at the same step. ``disk_full``: this rank could
-        not write its records (rank 0's journal), so every rank stops here."""
+    def poll(self, group=None, abort: bool = False) -> Decision:
+        """Collective: every rank must call it at the same step. ``abort``: this rank cannot go
+        on (Decision.abort), so every rank stops here."""
         requests = self._read_requests()
         flags = torch.tensor([float("checkpoint" in requests), float("halt" in requests),
-                              float(self._signalled), float(disk_full)])
+                              float(self._signalled), float(abort)])
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
         return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
-                        disk_full=bool(flags[3]))
+                        abort=bool(flags[3]))

@@ -21,7 +21,7 @@ import time
 import traceback
 
 from mscale.errors import MscaleError
-from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
 from mscale.runs.rundir import RunDir
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded", re.IGNORECASE)
@@ -31,8 +31,10 @@ _NETWORK = re.compile(r"connection (reset|closed|refused)|broken pipe|socket|ren
 
 def classify(exc: BaseException) -> str:
     """The failure kind of an exception (module docstring)."""
+    if isinstance(exc, DiskFullError):
+        return "disk_full"
     if isinstance(exc, MscaleError):
-        return "disk_full" if getattr(exc, "disk_full", False) else "bad_input"
+        return "bad_input"
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return "disk_full"
     text = f"{type(exc).__name__}: {exc}"

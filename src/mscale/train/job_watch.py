@@ -169,7 +169,8 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
     errors = read_error_files(run)
     first = result.failed_rank
     assert first is not None
-    kind = errors.get(first, {}).get("kind", "killed" if result.returncodes[first] < 0 else "crash")
+    kind = errors.get(first, {}).get("kind") or (
+        "killed" if result.returncodes[first] < 0 else "no error file; its output says why")
     timed_out = sorted(r for r, e in errors.items() if e.get("kind") == "timeout")
     hung = result.stopped_at_failure or ([r for r in result.alive_at_failure
                                           if r not in timed_out] if kind == "timeout" else [])

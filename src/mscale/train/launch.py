@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import sys
-import uuid
 
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import MscaleError
@@ -52,12 +51,25 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     data = plan.training.data
     if data.kind == "tokens" and data.path:
         check_token_file(data.path, data.dtype)
+    _check_same_run(plan, options.run_dir)
     world = plan.layout.world_size
     if local and local != world:
         raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
                           file=plan_path, field="layout",
                           fix=f"use --local {world}, or plan for {local} processes")
     return plan
+
+
+def _check_same_run(plan: Plan, run_dir: str) -> None:
+    """Refuse now, not in the workers, a plan of another model or recipe than the run's."""
+    from mscale.config.base import load_model
+    from mscale.runs.atomic import fs_and_path
+    from mscale.runs.history import check_plan_change
+
+    run = RunDir(run_dir)
+    fs, path = fs_and_path(run.plan)
+    if fs.isfile(path):
+        check_plan_change(load_model(Plan, run.plan), plan, source=run.plan)
 
 
 def log_dir_for(run_dir: str) -> str:
@@ -73,11 +85,24 @@ def log_dir_for(run_dir: str) -> str:
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
                as_json: bool = False) -> int:
     """Run the job on ``nprocs`` local processes; returns its contract exit code."""
+    from mscale.runs.lock import RunLock, new_run_id
+    from mscale.train.session import LOCK_HELD_ENV
+
+    run = RunDir(options.run_dir)
+    run_id = f"local-{new_run_id()}"
+    lock = RunLock(run.root, run_id).acquire()  # held for the workers; refused if in use
+    lock.start_heartbeat()
+    try:
+        return _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id,
+                               {LOCK_HELD_ENV: run_id})
+    finally:
+        lock.release()
+
+
+def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env) -> int:
     from mscale.train.console import layout_text
     from mscale.train.job_watch import record_failure, summary_document
 
-    run = RunDir(options.run_dir)
-    run_id = f"local-{uuid.uuid4().hex[:8]}"
     logs = log_dir_for(options.run_dir)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
@@ -85,7 +110,7 @@ def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
     say(f"starting {nprocs} workers on this machine: {layout_text(plan)}, "
         f"{-(-nprocs // per_node)} node(s) of {min(per_node, nprocs)}; run directory "
         f"{options.run_dir}, logs in {logs}")
-    env = {OPTIONS_ENV: json.dumps(dataclasses.asdict(options)), "MSCALE_RUN_ID": run_id}
+    env.update({OPTIONS_ENV: json.dumps(dataclasses.asdict(options)), "MSCALE_RUN_ID": run_id})
     worker_args = ["train", plan_path if "://" in plan_path else os.path.abspath(plan_path),
                    "--run-dir", options.run_dir]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,

@@ -14,19 +14,17 @@ import math
 from dataclasses import dataclass
 
 from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
-from mscale.config.base import dump_yaml
 from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.ckpt import catalog
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
-from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_record
 from mscale.train.console import Summary, resume_line, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
-from mscale.train.session import RunSession, open_session
+from mscale.train.session import RunSession, agree_on_rank0, open_session
 from mscale.train.engine import Engine, build_engine
 from mscale.planner.flops import model_flops
 from mscale.train.metrics import build_record, gather_rank_vectors
@@ -71,13 +69,21 @@ def _say(engine: Engine, line: str) -> None:
 
 
 def _start(engine: Engine, s: RunSession) -> None:
+    """Rank 0 takes the run directory (lock, plan history, attempt number); every rank learns
+    whether it could, so a refused start ends all of them at once instead of leaving the others
+    waiting in their first collective."""
     plan = engine.plan
-    if engine.env.rank == 0:
-        s.run.create()
-        resolved = plan.model_copy(update={"placement": plan.placement or placement_record(plan)})
-        write_text_atomic(s.run.plan, dump_yaml(resolved))
+    change = agree_on_rank0(lambda: s.claim(plan.model_copy(
+        update={"placement": plan.placement or placement_record(plan)})), engine.env.rank)
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
+    if change is not None and change.kind == "changed":
+        _say(engine, f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
+             f"{' ...' if len(change.fields) > 6 else ''}); layout {change.old_layout} -> "
+             f"{change.new_layout}; previous plans kept in {s.run.plans}")
+        _event(s, kind="info", message="plan changed on restart",
+               evidence={"fields": list(change.fields), "old_layout": change.old_layout,
+                         "new_layout": change.new_layout, "history": change.history})
     _event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
            f"processes ({engine.env.launcher})",
            evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
@@ -112,6 +118,7 @@ def _run(engine: Engine, s: RunSession) -> int:
     engine.grads.wait_params()  # parameter all-gathers of the last step
     ckpt.close()  # a save in flight is finished and committed before the process exits
     _finish(engine, s, code, stop, summary)
+    s.release()
     return code
 
 
@@ -149,9 +156,11 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                 s.journal.append(s.run.metrics, rec)
                 summary.add(rec)
                 progress.update(rec)
-            decision = control.poll(disk_full=s.journal.failure is not None)
-            if decision.disk_full:
-                return EXIT_BAD_INPUT, ("disk_full", step + 1, _disk_full_detail(s))
+            trouble = s.trouble()
+            decision = control.poll(abort=trouble is not None)
+            if decision.abort:
+                return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
+                                        "(its output says why)")
             if decision.checkpoint or decision.stop:
                 _event(s, kind="signal" if decision.signal else "control",
                        step=step + 1, severity="warning" if decision.stop else "info",
@@ -171,12 +180,6 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     return EXIT_OK, None
 
 
-def _disk_full_detail(s: RunSession) -> str:
-    failure = s.journal.failure
-    text = str(failure).splitlines()[0] if failure else "rank 0 could not append a record"
-    return f"the disk is full ({text}); no checkpoint was attempted; free space, then resume"
-
-
 def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) -> dict:
     """The stop event and the operator's closing line."""
     latest = catalog.read_latest(s.run.ckpt) if engine.env.rank == 0 else None
@@ -186,7 +189,7 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) ->
     if stop:
         reason, step, detail = stop
         figures["reason"] = reason
-        _say(engine, stop_line(reason, step, s.run.events, detail))
+        _say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail))
     else:
         _say(engine, "done: " + summary.line(latest_path, s.run.root))
     _event(s, kind="stop", severity="info" if code == EXIT_OK else "warning",

@@ -11,22 +11,29 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
-import uuid
 from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+import torch
+import torch.distributed as dist
 
 from pydantic import BaseModel
 
 from mscale.errors import MscaleError
-from mscale.runs.atomic import read_jsonl
+from mscale.runs.atomic import DiskFullError
+from mscale.runs.history import PlanChange, record_plan
+from mscale.runs.lock import RunLock, new_run_id, next_attempt
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
+
+
+T = TypeVar("T")
 
 
 def is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
-    return isinstance(exc, MscaleError) and bool(getattr(exc, "disk_full", False))
+    return isinstance(exc, DiskFullError)
 
 
 class Journal:
@@ -50,6 +57,10 @@ class Journal:
                 self.failure = exc
 
 
+LOCK_HELD_ENV = "MSCALE_RUN_LOCK_HELD"
+"""Set by the --local launcher, which holds the run directory's lock for its workers."""
+
+
 @dataclass
 class RunSession:
     """This process's view of the run directory for one attempt of the job."""
@@ -58,9 +69,54 @@ class RunSession:
     journal: Journal
     run_id: str
     """Identifies one launch of the job (the launcher's, SLURM's job id, or made here)."""
-    attempt: int
-    """1 for the first launch into this run directory, then 2, 3, ... (read from the start
-    events already there), so two start events are never confused."""
+    attempt: int = 0
+    """1 for the first launch into this run directory, then 2, 3, ... (from the start events
+    already there, read under the lock), so two start events are never confused. 0 off rank 0."""
+    lock: RunLock | None = None
+
+    def claim(self, plan) -> PlanChange:
+        """Rank 0: lock the run directory (unless the launcher holds it), record the plan in its
+        history (refusing another model or recipe), and number this attempt."""
+        self.run.create()
+        if not os.environ.get(LOCK_HELD_ENV):
+            self.lock = RunLock(self.run.root, self.run_id).acquire()
+            self.lock.start_heartbeat()
+        change = record_plan(self.run, plan)
+        self.attempt = next_attempt(self.run.root)
+        return change
+
+    def trouble(self) -> str | None:
+        """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost."""
+        if self.journal.failure is not None:
+            first = str(self.journal.failure).splitlines()[0]
+            return f"{first}; no checkpoint was attempted; free space, then resume"
+        if self.lock is not None and self.lock.lost is not None:
+            return f"{str(self.lock.lost).splitlines()[0]}; stopping so two jobs do not interleave"
+        return None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+def agree_on_rank0(fn: Callable[[], T], rank: int) -> T | None:
+    """Run ``fn`` on rank 0 and tell every rank whether it succeeded (one broadcast). Rank 0
+    re-raises its own error; the others raise a short MscaleError pointing at rank 0's."""
+    result, error, ok = None, None, torch.ones(1)
+    if rank == 0:
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - re-raised below, after the others know
+            error, ok = exc, torch.zeros(1)
+    if dist.is_initialized():
+        dist.broadcast(ok, src=0)
+    if error is not None:
+        raise error
+    if not ok.item():
+        raise MscaleError("rank 0 could not start the run (its error says why)",
+                          fix="see rank 0's error line or logs/rank0.error.json")
+    return result
 
 
 def run_id_from_env(env: LaunchEnv) -> str:
@@ -74,19 +130,8 @@ def run_id_from_env(env: LaunchEnv) -> str:
         return f"slurm-{e['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if e.get("TORCHELASTIC_RUN_ID") and e["TORCHELASTIC_RUN_ID"] != "none":
         return f"torchrun-{e['TORCHELASTIC_RUN_ID']}"
-    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-
-
-def previous_starts(run: RunDir) -> int:
-    """How many start events the run directory already holds."""
-    try:
-        records = read_jsonl(run.events)
-    except MscaleError:
-        return 0
-    return sum(1 for r in records if r.get("kind") == "start" and r.get("source") == "train")
+    return new_run_id()
 
 
 def open_session(run: RunDir, env: LaunchEnv) -> RunSession:
-    rank0 = env.rank == 0
-    attempt = previous_starts(run) + 1 if rank0 else 0
-    return RunSession(run, Journal(run, enabled=rank0), run_id_from_env(env), attempt)
+    return RunSession(run, Journal(run, enabled=env.rank == 0), run_id_from_env(env))

@@ -1,0 +1,39 @@
+"""Helpers of the end-to-end train tests: the installed binary, a 4-process plan, JSONL records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.conftest import PLANS, REPO
+
+MSCALE = str(Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "mscale")
+if not os.path.exists(MSCALE):
+    import shutil
+
+    MSCALE = shutil.which("mscale") or MSCALE
+
+
+def small_plan(tmp_path: Path, **layout) -> str:
+    """The embedded tiny plan on 4 processes (tp2 dp2, two 2-process nodes): quicker to start."""
+    data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
+    data["cluster"]["hostlist"] = "node[1-2]"
+    data["layout"].update({"pp": 1, **layout})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def mscale(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([MSCALE, *args], cwd=REPO, text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
