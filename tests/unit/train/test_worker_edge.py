@@ -1,0 +1,94 @@
+"""The worker's edge and the launcher's view of a failure, without starting a job."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+
+import pytest
+
+from mscale.config.training import TrainingConfig
+from mscale.errors import MscaleError
+from mscale.runs.atomic import DiskFullError
+from mscale.runs.rundir import RunDir
+from mscale.train.console import Summary, stop_line
+from mscale.train.control import Control
+from mscale.train.failure import classify, read_error_files, write_error_file
+from mscale.train.job_watch import JobResult, _how
+from mscale.train.loop import with_steps
+from mscale.train.schedule import learning_rate
+from mscale.train.worker import _report_failure, default_threads
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (MscaleError("bad plan"), "bad_input"),
+    (DiskFullError("full"), "disk_full"),
+    (OSError(errno.ENOSPC, "No space left on device"), "disk_full"),
+    (RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"), "timeout"),
+    (RuntimeError("Connection closed by peer [127.0.0.1]:1234"), "network"),
+    (ZeroDivisionError("division by zero"), "crash"),
+])
+def test_failures_are_classified_for_recover(exc, kind):
+    assert classify(exc) == kind
+
+
+def test_a_crash_is_exit_3_with_an_error_file_never_1(tmp_path, capsys):
+    run = RunDir(str(tmp_path))
+    try:
+        raise KeyError("pp")
+    except KeyError as e:
+        code = _report_failure(run, 5, "node3", e)
+    assert code == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank 5 on node3, crash" in err and "rank5.error.json" in err
+    rec = read_error_files(run)[5]
+    assert rec["kind"] == "crash" and rec["node"] == "node3" and "KeyError" in rec["traceback"]
+
+
+def test_bad_input_keeps_its_code(tmp_path, capsys):
+    assert _report_failure(RunDir(str(tmp_path)), 0, "n", MscaleError("x", code=2)) == 2
+
+
+def test_error_file_on_a_full_disk_does_not_hide_the_failure(tmp_path):
+    (tmp_path / "logs").write_text("a file where the logs directory should be")
+    assert write_error_file(RunDir(str(tmp_path)), 0, "n", RuntimeError("boom")) is None
+
+
+def test_default_threads_share_the_cores():
+    assert default_threads(8, cpus=2) == 1 and default_threads(2, cpus=16) == 8
+    assert default_threads(1, cpus=4) == 4
+
+
+def test_steps_override_lays_the_schedule_over_the_new_length():
+    cfg = TrainingConfig(global_batch=8, steps=40, warmup_steps=10, lr=1.0, min_lr=0.1)
+    short = with_steps(cfg, 20)
+    assert short.steps == 20 and short.warmup_steps == 5
+    assert math.isclose(learning_rate(short, 4), 1.0)  # peak at the end of the scaled warm-up
+    assert math.isclose(learning_rate(short, 20), 0.1)  # decays to min_lr by the last step
+    assert with_steps(cfg, 40) is cfg
+
+
+def test_a_control_entry_of_any_kind_is_a_request(tmp_path):
+    ctl = tmp_path / "control"
+    (ctl / "halt").mkdir(parents=True)
+    (ctl / "halt" / "note").write_text("operator")
+    d = Control(str(ctl), rank=0).poll()
+    assert d.halt and d.stop and not (ctl / "halt").exists()
+
+
+def test_abort_flag_stops_every_rank():
+    d = Control(None, rank=0).poll(abort=True)
+    assert d.abort and d.stop and not d.checkpoint
+
+
+def test_console_lines_say_why_and_where():
+    line = stop_line("nan", 7, "R/events.jsonl", "loss nan")
+    assert "step 7" in line and "non-finite" in line and "R/events.jsonl" in line
+    assert "evidence" not in stop_line("abort", 3, None, "the disk is full")
+    assert Summary(first_step=4).line(None, "R").startswith("no step trained (at step 4)")
+
+
+def test_how_a_worker_ended():
+    assert _how(-9) == "killed by SIGKILL" and _how(3) == "exited with code 3"
+    assert JobResult(code=0, returncodes=[0]).failed_rank is None
