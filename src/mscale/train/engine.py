@@ -108,7 +108,9 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
                        overlap=training.overlap_grad_reduce,
                        hierarchical=layout.dp_reduce == "hierarchical")
     optimizer = DistributedOptimizer(params, grads, training, groups)
-    source = make_source(training.data, training.seed, plan.model.seq_len, plan.model.vocab)
+    # a padded vocabulary (an HF import that TP does not divide): data uses only the real ids
+    vocab = plan.model.real_vocab or plan.model.vocab
+    source = make_source(training.data, training.seed, plan.model.seq_len, vocab)
     loader = DataLoader(source, BatchPlan(training.global_batch, layout.micro_batch,
                                           groups.dp_size, groups.dp_rank),
                         tp_group=groups.tp_group, tp_src=groups.tp_ranks[0],
