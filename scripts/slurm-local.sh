@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real four-node SLURM (node[1-4]) on this one machine, so tests and CI prove mscale's SLURM
-# path against real srun/sbatch rather than a mock. Recipe: /work/shared/slurm-local.md.
+# path against real srun/sbatch rather than a mock. How it works: docs/slurm.md.
 #
 #   scripts/slurm-local.sh start    install if missing, start munged/slurmctld/4×slurmd, wait idle
 #   scripts/slurm-local.sh stop     stop exactly the daemons this script started
