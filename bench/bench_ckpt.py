@@ -156,7 +156,7 @@ def dcp_runs(engine, root: str, rank: int, repeats: int, group) -> dict:
         t0 = time.perf_counter()
         dcp.load(state, checkpoint_id=f"{root}/s{i}")
         out["load"].append(tmax(time.perf_counter() - t0))
-    stager = DefaultStager(StagingOptions(False, False, True, False))  # CPU (facts.md)
+    stager = DefaultStager(StagingOptions(False, False, True, False))  # CPU (docs/references.md)
     waited = [0.0]
     staged = [None]
 

@@ -14,7 +14,7 @@ between steps would wait for the all-gathers still in flight outside the timed r
 timed step includes `wait_params`.
 
 On one 2-core machine over loopback gloo's communication burns the same cores as backward, so
-overlap can hide little (facts.md). ``--netns`` (root only) runs each rank in its own network
+overlap can hide little (docs/references.md). ``--netns`` (root only) runs each rank in its own network
 namespace joined by a veth pair whose egress is rate-limited with ``tc tbf``: wire time is then
 not CPU time, as on a real cluster. Only the private veth addresses below are used.
 

@@ -1,6 +1,6 @@
 """One error type for everything a user can get wrong, and the exit codes every command shares.
 
-Exit codes follow the Nagios plugin convention that health checks already use (facts.md):
+Exit codes follow the Nagios plugin convention that health checks already use (docs/references.md):
 0 OK, 1 warning / degraded, 2 critical (a check failed, the job must not run), 3 bad input or
 could not run. The CLI turns an `MscaleError` into one message naming the file, the field and the
 fix, with no traceback (``--debug`` shows one).

@@ -3,7 +3,7 @@
 Every test in tests/dist goes through `run_distributed`: it picks a free port, gives each process
 an explicit collective timeout, turns a child's exception into a test failure with its traceback,
 kills everything if one process hangs, and exits children with os._exit so gloo's exit-time abort
-(facts.md) never turns a pass into a failure.
+(docs/references.md) never turns a pass into a failure.
 
 Start-up costs ~2 s per 2 processes on these cores (importing torch), so tests should run several
 cases per launch instead of one launch per case.

@@ -4,7 +4,7 @@ The real engine (build_engine + train_step) runs 3 AdamW steps at each layout; t
 and every parameter afterwards must match a single-process run of the same model, seed and global
 batch. Tolerance: losses 1e-5 relative. Parameters: every element within 1e-4 (lr/10) and the mean
 absolute difference of each tensor below 1e-6. AdamW's normalised update m/sqrt(v) turns a
-float32 reduction-order difference in a near-zero gradient into a visible step (facts.md: seen as
+float32 reduction-order difference in a near-zero gradient into a visible step (docs/references.md: seen as
 one element in 8,192 off by 2e-5), so a per-element bound alone must be loose; the mean bound is
 what catches a systematic error (a wrong scale, a missing reduction) that would move every element.
 """

@@ -2,7 +2,7 @@
 
 Each group is created with ``use_local_synchronization=True``: only the members of a group take
 part in creating it. Without it every rank joins the creation of every group, an O(n²) start-up
-that MegaScale measured at ~1,000 s on 2,048 GPUs (facts.md); with it start-up is O(n).
+that MegaScale measured at ~1,000 s on 2,048 GPUs (docs/references.md); with it start-up is O(n).
 """
 
 from __future__ import annotations

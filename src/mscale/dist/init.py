@@ -1,7 +1,7 @@
 """Start and stop torch.distributed for one process of a job.
 
 nccl when CUDA is present, gloo otherwise; every collective gets an explicit timeout (gloo's
-default is 30 minutes, so a hung test would hang CI for 30 minutes: facts.md).
+default is 30 minutes, so a hung test would hang CI for 30 minutes: docs/references.md).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def shutdown_and_exit(code: int = 0, barrier: bool = True) -> None:
 
     Processes that used gloo sometimes die at interpreter exit with SIGABRT ("terminate called
     without an active exception", pytorch issue 190489), which makes a launcher report a failure
-    after a run that succeeded. Measured here (facts.md): barrier → destroy_process_group → flush →
+    after a run that succeeded. Measured here (docs/references.md): barrier → destroy_process_group → flush →
     ``os._exit`` gave 0 failures in 20 runs, so every clean exit goes through this function.
     A final barrier that fails (a peer died after its last step) is said on stderr and turns a
     code of 0 into 3: the job did not end cleanly, and a launcher must not be told it did.

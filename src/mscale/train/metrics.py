@@ -1,7 +1,7 @@
 """Per-step metrics: every rank's timings and loss gathered to rank 0 with one collective.
 
 At 12,288 ranks one file per rank per step would be a denial of service on a shared filesystem,
-so ranks send a few floats to rank 0, which writes one JSONL record (design.md).
+so ranks send a few floats to rank 0, which writes one JSONL record (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Without this split no straggler can be found: in synchronous training every rank's step time
 equals the slowest rank's, and the culprit is the rank with the highest compute time and the
-lowest communication wait (facts.md). Tensor-parallel collectives, which run inside forward and
+lowest communication wait (docs/references.md). Tensor-parallel collectives, which run inside forward and
 backward, are counted by `mscale.dist.collectives.COMM_CLOCK`. On CPUs a monotonic clock is exact
 because every call is synchronous; on GPUs the regions are closed with a device synchronize at
 the region boundary (CUDA events would avoid the sync but make attribution of overlapped kernels
