@@ -89,3 +89,22 @@ def test_bad_input_exits_3_without_traceback(tmp_path):
     bad.write_text((PLANS / "cpu-tiny.yaml").read_text().replace("tp: 2", "tp: 3"))
     p = mscale("train", str(bad), "--local", "8", "--run-dir", str(tmp_path))
     assert p.returncode == 3 and "layout.tp" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_json_summary_from_rank_0_under_a_launcher_environment(tmp_path):
+    """srun/torchrun path (no --local): stdout is one JSON document, the console lines stderr."""
+    data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
+    data["cluster"].update({"hostlist": "node1", "gpus_per_node": 1})
+    data["layout"].update({"tp": 1, "pp": 1, "dp": 1})
+    plan = tmp_path / "one.yaml"
+    plan.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000))
+    p = subprocess.run([MSCALE, "train", str(plan), "--run-dir", str(tmp_path / "run"), "--steps",
+                        "2", "--json"], cwd=REPO, env=env, text=True, capture_output=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["code"] == 0 and doc["last_step"] == 2 and doc["attempt"] == 1
+    assert doc["last_checkpoint"].endswith("step-000002")
+    assert "done: steps 1-2" in p.stderr and "step 2/2" in p.stderr

@@ -60,7 +60,7 @@ def train_cmd(
     final_ckpt: bool = typer.Option(True, "--final-ckpt/--no-final-ckpt",
                                     help="Save a checkpoint after the last step."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary document at the "
-                                 "end (with --local)."),
+                                 "end on stdout (console lines go to stderr)."),
     inject_delay: list[str] = typer.Option([], "--inject-delay", hidden=True,
                                            help="Test hook RANK:SECONDS: slow one rank's compute."),
     inject_nan: int = typer.Option(None, "--inject-nan", min=1, hidden=True,
@@ -86,7 +86,8 @@ def train_cmd(
         ckpt_interval=ckpt_interval, ckpt_keep=ckpt_keep,
         ckpt_level=zstd_level if zstd_level is not None else (ckpt_level if ckpt_level is not None
                                                               else 1),
-        ckpt_final=final_ckpt, inject_ckpt_delay=inject_ckpt_delay)
+        ckpt_final=final_ckpt, inject_ckpt_delay=inject_ckpt_delay,
+        json_summary=as_json and not local)
     resolved = check_before_launch(plan, options, local)
     if local:
         raise typer.Exit(launch_job(plan, resolved, options, local, as_json=as_json))

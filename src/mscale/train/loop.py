@@ -10,7 +10,9 @@ Exit codes of a training process (docs/train.md):
 from __future__ import annotations
 
 import gc
+import json
 import math
+import sys
 from dataclasses import dataclass
 
 from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
@@ -63,9 +65,10 @@ def _event(s: RunSession, **fields) -> None:
 
 
 def _say(engine: Engine, line: str) -> None:
-    """A console line from rank 0 (the operator's view; other ranks keep to their logs)."""
+    """A console line from rank 0 (the operator's view; other ranks keep to their logs). With
+    ``--json`` stdout carries only the closing document, so the lines go to stderr."""
     if engine.env.rank == 0:
-        print(line, flush=True)
+        print(line, flush=True, file=sys.stderr if engine.options.json_summary else sys.stdout)
 
 
 def _start(engine: Engine, s: RunSession) -> None:
@@ -117,8 +120,10 @@ def _run(engine: Engine, s: RunSession) -> int:
     code, stop = _loop(engine, s, ckpt, control, first, summary)
     engine.grads.wait_params()  # parameter all-gathers of the last step
     ckpt.close()  # a save in flight is finished and committed before the process exits
-    _finish(engine, s, code, stop, summary)
+    figures = _finish(engine, s, code, stop, summary)
     s.release()
+    if engine.options.json_summary and engine.env.rank == 0:
+        print(json.dumps({"run_dir": s.run.root, **figures}, indent=2, default=str), flush=True)
     return code
 
 
@@ -132,7 +137,8 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     flops = model_flops(plan.model, plan.training.global_batch)
     peak = plan.cluster.gpu.peak_tflops * 1e12
     progress = ProgressReporter(steps, enabled=opts.progress and engine.env.rank == 0,
-                                log_interval=opts.log_interval)
+                                log_interval=opts.log_interval,
+                                stream=sys.stderr if opts.json_summary else sys.stdout)
     with progress:
         for step in range(first, steps):
             timer.start_step()

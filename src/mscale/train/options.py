@@ -36,6 +36,9 @@ class TrainOptions:
     """zstd level of checkpoint chunks; 0 writes them uncompressed."""
     ckpt_final: bool = True
     """Save a checkpoint when the last step is done."""
+    json_summary: bool = False
+    """Rank 0 prints one JSON document with the closing figures on stdout, its console lines on
+    stderr (``mscale train --json`` under srun/torchrun; with --local the launcher does it)."""
     inject_ckpt_delay: float = 0.0
     """Test hook: seconds the checkpoint writer sleeps after each chunk (a slow filesystem)."""
 

@@ -12,16 +12,20 @@ from mscale.config.records import MetricsRecord
 class ProgressReporter:
     """Shows step, loss and throughput; silent on ranks other than 0."""
 
-    def __init__(self, steps: int, enabled: bool, log_interval: int = 1):
+    def __init__(self, steps: int, enabled: bool, log_interval: int = 1, stream=None):
         self.steps, self.enabled, self.log_interval = steps, enabled, max(1, log_interval)
-        self.tty = sys.stdout.isatty()
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
         self._bar: Progress | None = None
         self._task = None
 
     def __enter__(self) -> "ProgressReporter":
         if self.enabled and self.tty:
+            from rich.console import Console
+
             self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 console=Console(file=self.stream))
             self._bar.start()
             self._task = self._bar.add_task("train", total=self.steps, info="")
         return self
@@ -38,4 +42,4 @@ class ProgressReporter:
         if self._bar is not None:
             self._bar.update(self._task, completed=rec.step, info=info)
         elif rec.step % self.log_interval == 0 or rec.step == self.steps:
-            print(f"step {rec.step}/{self.steps}  {info}", flush=True)
+            print(f"step {rec.step}/{self.steps}  {info}", flush=True, file=self.stream)
