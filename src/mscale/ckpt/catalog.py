@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, check_relative,
-                                  parse_manifest, parse_marker, sha256)
+from mscale.ckpt import untrusted
+from mscale.ckpt.limits import MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
+from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
+                                  check_relative, parse_manifest, parse_marker, sha256)
 from mscale.errors import EXIT_CRITICAL, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 
@@ -44,13 +47,69 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-def read_bytes(url: str) -> bytes | None:
-    """A small file's bytes, or None when it does not exist."""
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+
+
+def _not_regular(url: str, kind: str) -> MscaleError:
+    return MscaleError(f"is {kind}, not a regular file", file=url, code=EXIT_CRITICAL,
+                       fix="the checkpoint was altered; move it away and use an older one")
+
+
+def _open_regular(url: str) -> tuple[object, int]:
+    """Open a file for reading and return (handle, size), refusing anything but a regular file
+    *before* reading: opening a FIFO blocks until a writer appears, and a directory or a device
+    is never a checkpoint file. Locally the file is opened non-blocking and checked with fstat
+    on the open descriptor, so nothing can be swapped in between the check and the read."""
     fs, path = fs_and_path(url)
+    if is_local(fs):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise _not_regular(url, _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file"))
+        return os.fdopen(fd, "rb"), st.st_size
+    info = fs.info(path)
+    if info.get("type") != "file":
+        raise _not_regular(url, f"a {info.get('type', 'thing')}")
+    return fs.open(path, "rb"), int(info.get("size") or 0)
+
+
+def read_bytes(url: str, limit: int = MAX_SMALL_BYTES) -> bytes | None:
+    """A small file's bytes, or None when it does not exist. A file that is not a regular file or
+    is larger than ``limit`` is refused before it is read (exit 2, naming it)."""
     try:
-        return fs.cat_file(path)
-    except FileNotFoundError:
+        fh, size = _open_regular(url)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except PermissionError as e:
+        raise MscaleError(f"cannot read it: {e.strerror}", file=url, fix="fix its permissions")
+    with fh:
+        if size > limit:
+            raise MscaleError(f"is {size} bytes, more than the {limit} it may have", file=url,
+                              code=EXIT_CRITICAL, fix=untrusted.DAMAGED)
+        return fh.read(limit + 1)
+
+
+def read_pointer(url: str) -> str:
+    """The step-NNNNNN name held by a pointer file such as ``latest`` (an error names the file:
+    binary, another encoding, a path, anything but a checkpoint directory's name)."""
+    data = read_bytes(url)
+    if data is None:
+        raise MscaleError("no such file", file=url, fix="pass RUN_DIR or RUN_DIR/ckpt/step-NNNNNN")
+    return _pointer_name(data, url)
+
+
+_REWRITE = ("rewrite it with the name of a committed step-NNNNNN directory beside it "
+            "(mscale ckpt ls lists them)")
+
+
+def _pointer_name(data: bytes, url: str) -> str:
+    name = untrusted.text(data, url, "pointer", fix=_REWRITE).strip()
+    if not STEP_DIR.match(name) or len(name) > 64:
+        raise MscaleError(f"names {name[:80]!r}, not a checkpoint directory (step-NNNNNN)",
+                          file=url, code=EXIT_CRITICAL, fix=_REWRITE)
+    return name
 
 
 def resolve(path: str) -> str:
@@ -58,44 +117,55 @@ def resolve(path: str) -> str:
     pointer file, a run's ``ckpt`` directory, or a run directory (its latest checkpoint)."""
     fs, p = fs_and_path(path)
     if fs.isfile(p):
-        name = (read_bytes(path) or b"").decode().strip()
-        try:
-            check_relative(name)
-        except ValueError:
-            raise MscaleError(f"pointer names {name!r}, not a checkpoint directory", file=path,
-                              fix="rewrite it with the name of a step-NNNNNN directory")
-        return join(parent(path), name)
+        return join(parent(path), read_pointer(path))
     if not fs.isdir(p):
         raise MscaleError("no such checkpoint or run directory", file=path,
                           fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")
     if fs.exists(join(p, MANIFEST)) or STEP_DIR.match(basename(p)):
         return path
     for root in (join(path, "ckpt"), path):
-        if fs.isfile(fs_and_path(join(root, LATEST))[1]):
+        if fs.exists(fs_and_path(join(root, LATEST))[1]):
             return resolve(join(root, LATEST))
     raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest)", file=path,
                       fix="pass a step-NNNNNN checkpoint directory or a run directory that has one")
 
 
-def open_inside(ckpt: str, name: str, mode: str = "rb"):
-    """Open a file named by a manifest, refusing one that escapes the checkpoint directory (the
-    name is checked by `check_relative`; locally, a symlink pointing outside is refused too)."""
+def open_inside(ckpt: str, name: str):
+    """Open a file named by a manifest for reading, refusing one that escapes the checkpoint
+    directory (the name is checked by `check_relative`; locally, a symlink pointing outside is
+    refused too) or that is not a regular file. Returns (handle, size)."""
     check_relative(name)
     fs, root = fs_and_path(ckpt)
-    path = join(root, name)
+    url = join(ckpt, name)
     if is_local(fs):
         real_root = os.path.realpath(root)
-        real = os.path.realpath(path)
+        real = os.path.realpath(join(root, name))
         if os.path.dirname(real) != real_root:
-            raise MscaleError(f"{name} resolves to {real}, outside the checkpoint directory",
-                              file=join(ckpt, name), field="shards.path", code=EXIT_CRITICAL,
+            raise MscaleError(f"resolves to {real}, outside the checkpoint directory", file=url,
+                              field="shards.path", code=EXIT_CRITICAL,
                               fix="replace the symlink with the shard file itself")
-        return open(path, mode)
-    return fs.open(path, mode)
+    return _open_regular(url)
+
+
+def open_shard(ckpt: str, shard: ShardInfo):
+    """A shard file opened for reading, after checking it has the size the manifest records:
+    the manifest's slices all lie inside that size (checks.py), so no read can go past the end."""
+    try:
+        fh, size = open_inside(ckpt, shard.path)
+    except FileNotFoundError:
+        raise MscaleError("missing", file=join(ckpt, shard.path), code=EXIT_CRITICAL,
+                          fix="run `mscale ckpt verify`; use an older checkpoint") from None
+    if size != shard.bytes:
+        fh.close()
+        raise MscaleError(f"file has {size} bytes, the manifest says {shard.bytes} (truncated "
+                          "or overwritten)", file=join(ckpt, shard.path), field="bytes",
+                          code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; use an older "
+                                                  "checkpoint")
+    return fh
 
 
 def load_manifest(ckpt: str) -> Manifest:
-    data = read_bytes(join(ckpt, MANIFEST))
+    data = read_bytes(join(ckpt, MANIFEST), MAX_MANIFEST_BYTES)
     if data is None:
         raise MscaleError("manifest.json is missing", file=ckpt, code=EXIT_CRITICAL,
                           fix="the checkpoint was never completed; use an older one (mscale ckpt ls)")
@@ -109,7 +179,7 @@ def load_marker(ckpt: str) -> CommitMarker | None:
 
 def load_committed(ckpt: str) -> Manifest:
     """The manifest of a committed checkpoint; refuses an uncommitted or altered one (exit 2)."""
-    raw = read_bytes(join(ckpt, MANIFEST))
+    raw = read_bytes(join(ckpt, MANIFEST), MAX_MANIFEST_BYTES)
     marker = load_marker(ckpt)
     if marker is None:
         raise MscaleError("not committed (no COMMITTED marker): its write never finished",
@@ -119,7 +189,12 @@ def load_committed(ckpt: str) -> Manifest:
         raise MscaleError("manifest.json does not match the commit marker's sha256",
                           file=join(ckpt, MANIFEST), code=EXIT_CRITICAL,
                           fix="the checkpoint was altered after its commit; use an older one")
-    return parse_manifest(raw, join(ckpt, MANIFEST))
+    manifest = parse_manifest(raw, join(ckpt, MANIFEST))
+    if manifest.step != marker.step:
+        raise MscaleError(f"the commit marker says step {marker.step}, the manifest "
+                          f"{manifest.step}", file=join(ckpt, COMMITTED), field="step",
+                          code=EXIT_CRITICAL, fix=untrusted.DAMAGED)
+    return manifest
 
 
 @dataclass
@@ -128,13 +203,19 @@ class Entry:
 
     name: str
     step: int
+    """The step its name says."""
     committed: bool
     bytes: int
     layout: dict | None
+    manifest_step: int | None = None
+    """The step its manifest says (None when not read or unreadable)."""
+    problem: str | None = None
+    """Why its manifest could not be read, for `ls`."""
 
 
 def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
-    """The step-NNNNNN directories under a run's ckpt/, oldest first."""
+    """The step-NNNNNN directories under a run's ckpt/, oldest first. With ``sizes`` (``ls``),
+    also their sizes and what their manifests say; retention and resume need only the names."""
     fs, root = fs_and_path(ckpt_root)
     if not fs.isdir(root):
         return []
@@ -144,27 +225,40 @@ def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
         m = STEP_DIR.match(name)
         if not m or info.get("type") != "directory":
             continue
-        path = join(ckpt_root, name)
         committed = fs.exists(join(root, name, COMMITTED))
-        size = sum(f.get("size") or 0 for f in fs.ls(join(root, name), detail=True)) if sizes else 0
-        layout = None
-        if committed:
+        entry = Entry(name, int(m.group(1)), committed, 0, None)
+        if sizes:
+            entry.bytes = sum(f.get("size") or 0 for f in fs.ls(join(root, name), detail=True))
+        if sizes and committed:
             try:
-                layout = load_manifest(path).layout
-            except MscaleError:
-                layout = None
-        out.append(Entry(name, int(m.group(1)), committed, size, layout))
+                manifest = load_manifest(join(ckpt_root, name))
+                entry.layout, entry.manifest_step = manifest.layout, manifest.step
+            except MscaleError as e:
+                entry.problem = f"{e.field + ': ' if e.field else ''}{e.message}"
+        out.append(entry)
     return sorted(out, key=lambda e: e.step)
 
 
 def read_latest(ckpt_root: str) -> str | None:
-    """The directory name ``latest`` points to, or None."""
-    data = read_bytes(join(ckpt_root, LATEST))
-    if data is None:
-        return None
-    name = data.decode().strip()
-    check_relative(name)
-    return name
+    """The directory name ``latest`` points to, or None when there is no ``latest``; an
+    MscaleError naming the file when it holds anything but a step-NNNNNN name."""
+    url = join(ckpt_root, LATEST)
+    data = read_bytes(url)
+    return None if data is None else _pointer_name(data, url)
+
+
+def advance_latest(ckpt_root: str, name: str) -> str | None:
+    """Point ``latest`` at ``name`` unless it names a newer step (an offline conversion into a
+    run must not roll the run back). Returns the name ``latest`` keeps, or None when moved. An
+    unreadable ``latest`` is replaced."""
+    try:
+        current = read_latest(ckpt_root)
+    except MscaleError:
+        current = None
+    if current and int(STEP_DIR.match(current).group(1)) > int(STEP_DIR.match(name).group(1)):
+        return current
+    write_latest(ckpt_root, name)
+    return None
 
 
 def write_latest(ckpt_root: str, name: str) -> None:

@@ -9,6 +9,7 @@ HF import, the memory-mapped input).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -20,6 +21,7 @@ from mscale.ckpt import catalog, hf, safetensors
 from mscale.ckpt.commit import build_manifest, write_commit
 from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
+from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_key
 from mscale.ckpt.ownership import Item, for_plan, layout_record, meta_params, write_items
 from mscale.ckpt.snapshot import Snapshot
@@ -27,6 +29,7 @@ from mscale.ckpt.writer import write_shard
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.targets import check_output
 
 Source = Callable[[Item], torch.Tensor]
 """The data of one slice (1-D, ``item.count`` elements)."""
@@ -43,8 +46,8 @@ def _check_empty(dst: str) -> None:
 
 def write_layout(dst: str, plan: Plan, source: Source, state: TrainState, *, optimizer: bool,
                  level: int = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
-    """Write and commit a checkpoint of ``plan``'s layout at ``dst``; ``latest`` is updated too
-    when ``dst`` sits in a run's ``ckpt/`` directory."""
+    """Write and commit a checkpoint of ``plan``'s layout at ``dst``; ``latest`` is moved to it
+    too when ``dst`` sits in a run's ``ckpt/`` directory and ``latest`` names no newer step."""
     codec = "zstd" if level else "raw"
     reports = []
     for rank in range(plan.layout.world_size):
@@ -58,10 +61,15 @@ def write_layout(dst: str, plan: Plan, source: Source, state: TrainState, *, opt
                               chunk_bytes=chunk_bytes, layout=layout_record(plan),
                               plan=plan.model_dump(mode="json", exclude_none=True), state=state)
     write_commit(dst, manifest)
-    root = catalog.parent(dst)
-    if catalog.basename(root) == "ckpt" and catalog.STEP_DIR.match(catalog.basename(dst)):
-        catalog.write_latest(root, catalog.basename(dst))
+    if in_run(dst):  # never backwards: a run's newer checkpoints stay its latest
+        catalog.advance_latest(catalog.parent(dst), catalog.basename(dst))
     return manifest
+
+
+def in_run(dst: str) -> bool:
+    """True when ``dst`` is ``RUN/ckpt/step-NNNNNN``, where ``latest`` may follow it."""
+    return (catalog.basename(catalog.parent(dst)) == "ckpt"
+            and catalog.STEP_DIR.match(catalog.basename(dst)) is not None)
 
 
 def reshard(src: str, manifest: Manifest, dst: str, plan: Plan, level: int = 1) -> Manifest:
@@ -200,21 +208,71 @@ def import_hf(src: str, dst: str, plan: Plan, level: int = 1) -> Manifest:
 
 def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
             level: int = 1) -> dict:
-    """The CLI's entry point; returns a JSON-able summary."""
+    """The CLI's entry point; returns a JSON-able summary. Everything that can be checked is
+    checked before any byte is written (level, destination, source, plan, step); a conversion
+    that fails later removes the directory it created."""
+    check_level(level)
+    check_output(dst, "dir", "DEST")
     _check_empty(dst)
     if is_hf_dir(src):
         if to_hf or not plan:
             raise MscaleError("the source is already an HF directory", file=src, field="--plan",
                               fix="pass --plan PLAN to import it as an mscale checkpoint")
-        m = import_hf(src, dst, load_plan(plan), level)
+        target = load_plan(plan)
+        _check_step_name(dst, 0)
+        m = _cleanup_on_error(dst, lambda: import_hf(src, dst, target, level))
         return _summary(src, dst, "mscale (model only, from HF)", m)
     ckpt = catalog.resolve(src)
     manifest = catalog.load_committed(ckpt)
     if to_hf:
-        return {"src": ckpt, "dst": dst, **export_hf(ckpt, manifest, dst)}
-    return _summary(ckpt, dst, "mscale", reshard(ckpt, manifest, dst, load_plan(plan), level))
+        return {"src": ckpt, "dst": dst,
+                **_cleanup_on_error(dst, lambda: export_hf(ckpt, manifest, dst))}
+    target = load_plan(plan)
+    _check_step_name(dst, manifest.step)
+    m = _cleanup_on_error(dst, lambda: reshard(ckpt, manifest, dst, target, level))
+    return _summary(ckpt, dst, "mscale", m)
+
+
+def check_level(level: int) -> None:
+    """The zstd levels mscale writes (0: raw chunks); zstd itself refuses above 22."""
+    if not MIN_LEVEL <= level <= MAX_LEVEL:
+        raise MscaleError(f"zstd level {level} is outside {MIN_LEVEL}..{MAX_LEVEL}",
+                          field="--zstd-level", fix="use 1 (fast, the default) to 19 (small); "
+                                                    "0 stores chunks uncompressed")
+
+
+def _check_step_name(dst: str, step: int) -> None:
+    """A ``step-NNNNNN`` directory holds step NNNNNN: `ls`, retention and ``latest`` go by the
+    name, resuming by the manifest, so the two must never disagree."""
+    m = catalog.STEP_DIR.match(catalog.basename(dst))
+    if m and int(m.group(1)) != step:
+        right = catalog.join(catalog.parent(dst), catalog.step_dir(step))
+        raise MscaleError(f"{catalog.basename(dst)} names step {int(m.group(1))}, but the "
+                          f"checkpoint written there is at step {step}", file=dst, field="DEST",
+                          fix=f"write it to {right}, or to a directory not named step-NNNNNN")
+
+
+def _cleanup_on_error(dst: str, work: Callable):
+    """Run ``work``; if it fails, remove ``dst`` (it did not exist before: `_check_empty`)."""
+    fs, path = fs_and_path(dst)
+    existed = fs.exists(path)
+    try:
+        return work()
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(Exception):
+                catalog.remove(dst)
+        raise
 
 
 def _summary(src: str, dst: str, fmt: str, m: Manifest) -> dict:
-    return {"src": src, "dst": dst, "format": fmt, "tensors": len(m.tensors),
-            "bytes": sum(s.bytes for s in m.shards), "layout": m.layout, "step": m.step}
+    out = {"src": src, "dst": dst, "format": fmt, "tensors": len(m.tensors),
+           "bytes": sum(s.bytes for s in m.shards), "layout": m.layout, "step": m.step}
+    if in_run(dst):
+        root = catalog.parent(dst)
+        out["latest"] = catalog.read_latest(root)
+        if out["latest"] != catalog.basename(dst):
+            out["note"] = (f"{catalog.join(root, catalog.LATEST)} still names {out['latest']}, "
+                           f"newer than step {m.step}: resume from this checkpoint with "
+                           f"--resume {dst}")
+    return out

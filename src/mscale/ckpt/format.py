@@ -34,6 +34,15 @@ class ChunkError(ValueError):
     """A chunk whose bytes do not match the manifest (checksum, size, or decoding)."""
 
 
+def _at(where: str, what: str) -> str:
+    """``where: what``, or ``what`` alone: callers that already name the file pass no ``where``."""
+    return f"{where}: {what}" if where else what
+
+
+def _chunk(where: str, i: int) -> str:
+    return f"{where} chunk {i}" if where else f"chunk {i}"
+
+
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous tensor, without a copy."""
     t = t.detach().contiguous().reshape(-1)
@@ -109,7 +118,7 @@ class Decoder:
 
     def check(self, stored: memoryview, crc: int, where: str) -> None:
         if crc32(stored) != crc:
-            raise ChunkError(f"{where}: checksum mismatch")
+            raise ChunkError(_at(where, "checksum mismatch"))
 
     def decode(self, stored: memoryview, crc: int, raw_len: int, where: str) -> bytes | memoryview:
         """One chunk's raw bytes, after checking its crc and length."""
@@ -120,9 +129,9 @@ class Decoder:
             try:
                 out = self._zstd.decompress(stored, max_output_size=raw_len)
             except zstandard.ZstdError as e:
-                raise ChunkError(f"{where}: zstd frame does not decode ({e})") from None
+                raise ChunkError(_at(where, f"zstd frame does not decode ({e})")) from None
         if len(out) != raw_len:
-            raise ChunkError(f"{where}: decodes to {len(out)} bytes, expected {raw_len}")
+            raise ChunkError(_at(where, f"decodes to {len(out)} bytes, expected {raw_len}"))
         return out
 
     def raw_lengths(self, s: SliceInfo, item: int) -> list[int]:
@@ -142,16 +151,16 @@ class Decoder:
         blob = bytearray(sum(c[0] for c in s.chunks[c0:c1 + 1]))
         got = fh.readinto(blob)
         if got != len(blob):
-            raise ChunkError(f"{where}: file ends {len(blob) - (got or 0)} bytes early")
+            raise ChunkError(_at(where, f"file ends {len(blob) - (got or 0)} bytes early"))
         view, pos = memoryview(blob), 0
         skip = (lo - c0 * per) * item
         if self._zstd is None:  # raw: check the chunks, then hand out the read buffer itself
             for i in range(c0, c1 + 1):
                 stored_len, crc = s.chunks[i]
                 if stored_len != raw_lens[i]:
-                    raise ChunkError(f"{where} chunk {i}: {stored_len} bytes stored, "
-                                     f"{raw_lens[i]} expected")
-                self.check(view[pos: pos + stored_len], crc, f"{where} chunk {i}")
+                    raise ChunkError(_at(_chunk(where, i), f"{stored_len} bytes stored, "
+                                         f"{raw_lens[i]} expected"))
+                self.check(view[pos: pos + stored_len], crc, _chunk(where, i))
                 pos += stored_len
             return torch.frombuffer(blob, dtype=DTYPES[dtype], count=hi - lo, offset=skip)
         out = bytearray((hi - lo) * item)
@@ -159,7 +168,7 @@ class Decoder:
         for i in range(c0, c1 + 1):
             stored_len, crc = s.chunks[i]
             raw = memoryview(self.decode(view[pos: pos + stored_len], crc, raw_lens[i],
-                                         f"{where} chunk {i}"))
+                                         _chunk(where, i)))
             pos += stored_len
             piece = raw[skip: skip + len(out) - filled]
             dst[filled: filled + len(piece)] = piece
@@ -174,20 +183,29 @@ class Decoder:
         fh.seek(s.offset)
         if self._zstd is None:
             if [c[0] for c in s.chunks] != lens:
-                raise ChunkError(f"{where}: stored chunk sizes do not match the slice")
+                raise ChunkError(_at(where, "stored chunk sizes do not match the slice"))
             got = fh.readinto(dst)
             if got != len(dst):
-                raise ChunkError(f"{where}: file ends {len(dst) - (got or 0)} bytes early")
+                raise ChunkError(_at(where, f"file ends {len(dst) - (got or 0)} bytes early"))
             pos = 0
             for i, (stored_len, crc) in enumerate(s.chunks):
-                self.check(dst[pos: pos + stored_len], crc, f"{where} chunk {i}")
+                self.check(dst[pos: pos + stored_len], crc, _chunk(where, i))
                 pos += stored_len
             return
         blob = bytearray(s.stored_bytes)
         if fh.readinto(blob) != len(blob):
-            raise ChunkError(f"{where}: file ends early")
+            raise ChunkError(_at(where, "file ends early"))
         view, pos, filled = memoryview(blob), 0, 0
         for i, (stored_len, crc) in enumerate(s.chunks):
-            raw = self.decode(view[pos: pos + stored_len], crc, lens[i], f"{where} chunk {i}")
+            raw = self.decode(view[pos: pos + stored_len], crc, lens[i], _chunk(where, i))
             dst[filled: filled + lens[i]] = raw
             pos, filled = pos + stored_len, filled + lens[i]
+
+
+def max_stored(raw_len: int, codec: str) -> int:
+    """The most bytes a chunk of ``raw_len`` raw bytes can take on disk: itself when raw, zstd's
+    worst case (ZSTD_COMPRESSBOUND: incompressible data grows by ~1/256 plus a frame) otherwise."""
+    if codec == "raw":
+        return raw_len
+    small = ((128 << 10) - raw_len) >> 11 if raw_len < (128 << 10) else 0
+    return raw_len + (raw_len >> 8) + small + 64

@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from mscale.ckpt.catalog import open_inside
+from mscale.ckpt.catalog import open_shard
 from mscale.ckpt.format import ChunkError, Decoder
 from mscale.ckpt.manifest import DTYPES, MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
 from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
@@ -37,6 +37,7 @@ class CheckpointReader:
         self.dir, self.manifest = ckpt_dir, manifest
         self.decoder = Decoder(manifest.codec, manifest.chunk_bytes)
         self.slices: dict[str, list[tuple[str, SliceInfo]]] = defaultdict(list)
+        self.shards = {shard.path: shard for shard in manifest.shards}
         for shard in manifest.shards:
             for s in shard.slices:
                 self.slices[s.tensor].append((shard.path, s))
@@ -50,13 +51,9 @@ class CheckpointReader:
         self.close()
 
     def _file(self, name: str):
+        """The open shard file (checked to be a regular file of the recorded size)."""
         if name not in self._files:
-            try:
-                self._files[name] = open_inside(self.dir, name)
-            except FileNotFoundError:
-                raise MscaleError(f"shard {name} is missing", file=f"{self.dir}/{name}",
-                                  code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; load an "
-                                  "older checkpoint with --resume RUN/ckpt/step-NNNNNN")
+            self._files[name] = open_shard(self.dir, self.shards[name])
         return self._files[name]
 
     def close(self) -> None:
@@ -82,13 +79,13 @@ class CheckpointReader:
                               "this model", file=self.dir, field=f"tensors.{key}.shape",
                               fix="load into the same model configuration (model: section)")
         if out is None:
-            out = torch.empty(flat[1] - flat[0], dtype=DTYPES[info.dtype])
+            out = _empty(flat[1] - flat[0], DTYPES[info.dtype], key, self.dir)
         exact = self._exact(key, box, flat)
-        if exact is not None and out.is_contiguous():  # saved at this very layout
+        if exact is not None and out.is_contiguous() and out.dtype == DTYPES[info.dtype]:
+            # saved at this very layout
             path, s = exact
             self.bytes_read += out.numel() * out.element_size()
-            self._guard(path, key, lambda: self.decoder.read_whole(
-                self._file(path), s, out, where=f"{path} ({key})"))
+            self._guard(path, key, lambda: self.decoder.read_whole(self._file(path), s, out))
             return out
         want = rows_box(box, flat)
         copied = 0
@@ -100,7 +97,7 @@ class CheckpointReader:
             def fetch(lo: int, hi: int, path=path, s=s) -> torch.Tensor:
                 self.bytes_read += (hi - lo) * out.element_size()
                 return self._guard(path, key, lambda: self.decoder.read(
-                    self._file(path), s, info.dtype, lo, hi, where=f"{path} ({key})"))
+                    self._file(path), s, info.dtype, lo, hi))
 
             copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
         if copied != out.numel():
@@ -117,7 +114,8 @@ class CheckpointReader:
         return None
 
     def _guard(self, path: str, key: str, fn):
-        """Run a read; a damaged chunk becomes an error naming the shard file."""
+        """Run a read; a damaged chunk becomes an error naming the shard file once (as the
+        file; the message says only which chunk and what is wrong)."""
         try:
             return fn()
         except ChunkError as e:
@@ -136,6 +134,18 @@ class CheckpointReader:
         for d in shape:
             n *= d
         return self.read(key, box, (0, n)).view(shape)
+
+
+def _empty(n: int, dtype: torch.dtype, key: str, where: str) -> torch.Tensor:
+    """A buffer for ``n`` elements; a size this machine cannot hold is the manifest's claim to
+    answer for (it may be a tampered shape), not an allocator traceback."""
+    try:
+        return torch.empty(n, dtype=dtype)
+    except (RuntimeError, MemoryError):
+        gb = n * torch.empty((), dtype=dtype).element_size() / 1e9
+        raise MscaleError(f"{key} needs {gb:.1f} GB, more memory than this process can allocate",
+                          file=where, field=f"tensors.{key}", code=EXIT_CRITICAL,
+                          fix="check the shape the manifest records (mscale ckpt verify)") from None
 
 
 def has_optimizer(manifest: Manifest) -> bool:

@@ -16,15 +16,19 @@ let alone unpickled. Paths in a manifest are plain file names inside the checkpo
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mscale.config.base import StrictModel, validate
+from mscale.ckpt import untrusted
+from mscale.ckpt.limits import (MAX_BYTES, MAX_CHUNK_BYTES, MAX_LEVEL, MAX_MANIFEST_BYTES,
+                                MAX_NDIM, MAX_NUMEL, MAX_SMALL_BYTES, MAX_STEP, MAX_WORLD,
+                                MIN_LEVEL, U32)
+from mscale.ckpt.untrusted import DAMAGED
+from mscale.config.base import StrictModel, validate, validation_to_error
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -52,6 +56,11 @@ RNG = "rng"
 """Per-rank generator states; key ``rng.<kind>/rank-<r>``."""
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+TENSOR_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}/[A-Za-z0-9][A-Za-z0-9._-]{0,400}$")
+
+Count = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Pair = Annotated[list[Count], Field(min_length=2, max_length=2)]
+"""``[start, stop]`` of a box dimension or a flat range; ``[stored_bytes, crc32]`` of a chunk."""
 
 
 def tensor_key(group: str, name: str) -> str:
@@ -81,10 +90,16 @@ def check_relative(path: str) -> str:
     return path
 
 
-class TensorInfo(StrictModel):
+class _Record(StrictModel):
+    """Base of everything a checkpoint records: unknown fields refused, numbers finite."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class TensorInfo(_Record):
     """One global tensor."""
 
-    shape: list[int]
+    shape: list[Annotated[int, Field(ge=0, le=MAX_NUMEL)]] = Field(max_length=MAX_NDIM)
     """Global shape (before any tensor-parallel split)."""
     dtype: str
     """Element type, a key of `DTYPES`."""
@@ -99,24 +114,27 @@ class TensorInfo(StrictModel):
     @field_validator("shape")
     @classmethod
     def _shape(cls, v: list[int]) -> list[int]:
-        if any(d < 0 for d in v):
-            raise ValueError("negative dimension")
+        n = 1
+        for d in v:
+            n *= d
+        if n > MAX_NUMEL:
+            raise ValueError(f"{n} elements, more than {MAX_NUMEL}")
         return v
 
 
-class SliceInfo(StrictModel):
+class SliceInfo(_Record):
     """One region of a tensor held by a shard file: ``global[box]`` flattened, elements
     ``flat[0]:flat[1]``, stored from byte ``offset`` as the listed chunks."""
 
-    tensor: str
+    tensor: str = Field(max_length=512)
     """Key of the tensor in `Manifest.tensors`."""
-    box: list[list[int]]
+    box: list[Pair] = Field(max_length=MAX_NDIM)
     """``[start, stop]`` per dimension of the global tensor (the TP slice)."""
-    flat: list[int] = Field(min_length=2, max_length=2)
+    flat: Pair
     """Range of the box's row-major flattening held here (a ZeRO shard cuts through rows)."""
-    offset: int = Field(ge=0)
+    offset: Count
     """Byte offset of the first chunk in the shard file."""
-    chunks: list[list[int]]
+    chunks: list[Pair]
     """``[stored_bytes, crc32]`` per chunk; every chunk but the last holds `Manifest.chunk_bytes`
     raw bytes."""
 
@@ -132,16 +150,16 @@ class SliceInfo(StrictModel):
         return tuple((int(a), int(b)) for a, b in self.box)
 
 
-class ShardInfo(StrictModel):
+class ShardInfo(_Record):
     """One shard file."""
 
     path: str
     """File name inside the checkpoint directory."""
-    rank: int
+    rank: int = Field(ge=0, lt=MAX_WORLD)
     """Global rank that wrote it."""
-    bytes: int = Field(ge=0)
+    bytes: Count
     """File size."""
-    checksum: str
+    checksum: str = Field(pattern=r"^crc32-chunks:[0-9a-f]{8}$")
     """``crc32-chunks:<hex>``: crc32 over the little-endian crc32s of its chunks in file order,
     so it covers every byte; `verify` recomputes it from the file."""
     slices: list[SliceInfo]
@@ -152,49 +170,75 @@ class ShardInfo(StrictModel):
         return check_relative(v)
 
 
-class TrainState(StrictModel):
+class ClipState(_Record):
+    """`AdaptiveClipper.state_dict()`, checked before the clipper trusts it."""
+
+    version: Literal[1]
+    ema: float = Field(ge=0)
+    count: int = Field(ge=0, le=MAX_STEP)
+
+
+class TrainState(_Record):
     """Everything besides tensors that a resumed run needs to continue exactly."""
 
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     """Optimizer steps completed; also the data position and the LR schedule position."""
-    samples: int = Field(ge=0)
+    samples: int = Field(ge=0, le=MAX_BYTES)
     """Global samples consumed (step · global_batch): sources are functions of the sample index."""
-    optimizer: str | None = None
+    optimizer: Literal["adamw", "lamb"] | None = None
     """``adamw`` / ``lamb``; None for a model-only checkpoint (e.g. imported from HF)."""
-    optimizer_step: int = 0
+    optimizer_step: int = Field(default=0, ge=0, le=MAX_STEP)
     """The optimizer's own step count (Adam bias correction)."""
-    lr: float | None = None
+    lr: float | None = Field(default=None, ge=0)
     """Learning rate of the last step taken (informational: the schedule is a function of step)."""
     clip: dict[str, Any] = {}
-    """`AdaptiveClipper.state_dict()`."""
-    data_fingerprint: int | None = None
+    """`AdaptiveClipper.state_dict()` (a `ClipState`), or empty."""
+    data_fingerprint: int | None = Field(default=None, ge=0, le=U32)
     """crc32 of sample 0, to notice that the data changed under a resumed run."""
-    rng_world: int | None = None
+    rng_world: int | None = Field(default=None, ge=1, le=MAX_WORLD)
     """World size whose per-rank RNG states are stored (restored only at the same layout)."""
 
 
-class Manifest(StrictModel):
+class LayoutRecord(_Record):
+    """`Manifest.layout`: the layout that wrote the checkpoint (ownership.layout_record)."""
+
+    tp: int = Field(ge=1, le=MAX_WORLD)
+    pp: int = Field(ge=1, le=MAX_WORLD)
+    dp: int = Field(ge=1, le=MAX_WORLD)
+    vpp: int = Field(ge=1, le=MAX_WORLD)
+    zero_stage: Literal[0, 1, 2]
+    world: int = Field(ge=1, le=MAX_WORLD)
+
+    @model_validator(mode="after")
+    def _world(self) -> "LayoutRecord":
+        if self.world != self.tp * self.pp * self.dp:
+            want = self.tp * self.pp * self.dp
+            raise ValueError(f"world {self.world} is not tp·pp·dp = {want}")
+        return self
+
+
+class Manifest(_Record):
     """``manifest.json``."""
 
-    schema_version: int = MANIFEST_SCHEMA_VERSION
+    schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION, ge=1)
     format: Literal["mscale-ckpt"] = FORMAT
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=MAX_STEP)
     time: float = Field(default_factory=time.time)
     codec: Literal["raw", "zstd"]
     """How chunks are stored: as is, or each one a zstd frame."""
-    level: int = 0
+    level: int = Field(default=0, ge=MIN_LEVEL, le=MAX_LEVEL)
     """zstd level (informational)."""
-    chunk_bytes: int = Field(gt=0)
+    chunk_bytes: int = Field(gt=0, le=MAX_CHUNK_BYTES)
     """Raw bytes per chunk (a multiple of 16, so no element straddles two chunks)."""
     byteorder: Literal["little"] = "little"
     layout: dict[str, Any]
-    """tp, pp, dp, vpp, zero_stage, world: the layout that wrote it."""
+    """A `LayoutRecord`: tp, pp, dp, vpp, zero_stage, world of the layout that wrote it."""
     plan: dict[str, Any]
-    """The resolved plan (model, training, layout) the run used."""
+    """The resolved plan (model, training, layout) the run used; a valid `Plan`."""
     state: TrainState
     tensors: dict[str, TensorInfo]
-    shards: list[ShardInfo]
-    model_alias: str | None = None
+    shards: list[ShardInfo] = Field(max_length=MAX_WORLD)
+    model_alias: Literal["optim.master"] | None = None
     """``optim.master``: a ``model/<name>`` tensor that is not listed is ``optim.master/<name>``
     (fp32 parameters are exactly their master weights after every step, so they are not
     written twice)."""
@@ -232,12 +276,12 @@ class Manifest(StrictModel):
         return key
 
 
-class CommitMarker(StrictModel):
+class CommitMarker(_Record):
     """``COMMITTED``: written after every shard is durable and the manifest is written."""
 
-    schema_version: int = MANIFEST_SCHEMA_VERSION
-    step: int
-    manifest_sha256: str
+    schema_version: int = Field(default=MANIFEST_SCHEMA_VERSION, ge=1)
+    step: int = Field(ge=0, le=MAX_STEP)
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     """sha256 of manifest.json's bytes: a manifest changed after the commit is refused."""
     time: float = Field(default_factory=time.time)
 
@@ -250,26 +294,42 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _strict(model, data, source: str, prefix: str = ""):
+    """Validate untrusted data (strict: no "1" for 1, no 1.5 for an int); a failure is exit 2."""
+    if not isinstance(data, dict):
+        raise MscaleError(f"expected a JSON object, found {type(data).__name__}", file=source,
+                          field=prefix.rstrip(".") or None, code=EXIT_CRITICAL)
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as e:
+        err = validation_to_error(e, source, prefix)
+        err.code, err.fix = EXIT_CRITICAL, DAMAGED
+        raise err from None
+
+
 def parse_manifest(data: bytes, source: str) -> Manifest:
-    """Parse manifest bytes; a malformed manifest is a failed check (exit 2), naming the field."""
+    """Parse manifest bytes, checking everything before any of it is used: the JSON's size and
+    depth (untrusted.py), the schema and its bounds (strict), the embedded layout, clip state
+    and plan, and that every slice and chunk is consistent with them (`check_manifest`). A
+    malformed manifest is a failed check (exit 2) naming the field."""
+    raw = untrusted.load_json(data, source, "manifest", MAX_MANIFEST_BYTES)
+    m = _strict(Manifest, raw, source)
+    _strict(LayoutRecord, m.layout, source, "layout.")
+    if m.state.clip:
+        _strict(ClipState, m.state.clip, source, "state.clip.")
+    from mscale.config.plan import Plan
+
     try:
-        raw = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MscaleError(f"manifest is not valid JSON: {e}", file=source, code=EXIT_CRITICAL,
-                          fix="the checkpoint is damaged; use an older one (mscale ckpt ls)")
-    try:
-        return validate(Manifest, raw, source)
+        plan = validate(Plan, m.plan, source, prefix="plan.")
     except MscaleError as e:
-        e.code = EXIT_CRITICAL
+        e.code, e.fix = EXIT_CRITICAL, DAMAGED
         raise
+    from mscale.ckpt.checks import check_manifest
+
+    check_manifest(m, plan, source)
+    return m
 
 
 def parse_marker(data: bytes, source: str) -> CommitMarker:
-    try:
-        return validate(CommitMarker, json.loads(data), source)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MscaleError(f"commit marker is not valid JSON: {e}", file=source,
-                          code=EXIT_CRITICAL, fix="the checkpoint is damaged; use an older one")
-    except MscaleError as e:
-        e.code = EXIT_CRITICAL
-        raise
+    raw = untrusted.load_json(data, source, "commit marker", MAX_SMALL_BYTES)
+    return _strict(CommitMarker, raw, source)

@@ -50,8 +50,7 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
                               fix="continue it with --resume auto, or use a new --run-dir")
         target = None
     elif mode == "auto":
-        name = catalog.read_latest(root)
-        target = catalog.join(root, name) if name else None
+        target = _latest_target(root)
     else:
         target = catalog.resolve(mode)
     manifest = catalog.load_committed(target) if target else None
@@ -60,6 +59,22 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     if manifest is None:
         return None
     return ResumePoint(target, manifest, cleaned)
+
+
+def _latest_target(root: str) -> str | None:
+    """The checkpoint ``latest`` names, checked to exist: a bad pointer is reported as the
+    pointer's fault (naming ``latest``), not as a missing manifest or shard of what it names."""
+    name = catalog.read_latest(root)  # an MscaleError naming latest when it is not a step name
+    if name is None:
+        return None
+    target = catalog.join(root, name)
+    fs, path = fs_and_path(target)
+    if not fs.isdir(path):
+        raise MscaleError(f"names {name}, which does not exist",
+                          file=catalog.join(root, catalog.LATEST),
+                          fix="rewrite it with the newest committed checkpoint (mscale ckpt ls "
+                              "lists them), or pass --resume RUN_DIR/ckpt/step-NNNNNN")
+    return target
 
 
 def tidy(root: str, found: list[catalog.Entry], step: int, keep: str | None) -> list[str]:

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 
 from mscale.ckpt import catalog
 from mscale.ckpt.format import ChunkError, Decoder, itemsize, shard_checksum
-from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, sha256
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, parse_manifest, sha256
+from mscale.ckpt.limits import MAX_MANIFEST_BYTES
 from mscale.ckpt.slices import box_shape, contains, intersect, numel
 from mscale.errors import MscaleError
 
@@ -55,17 +56,21 @@ def verify(path: str, quick: bool = False) -> Report:
     """Verify the checkpoint at ``path`` (a directory, a ``latest`` pointer, or a run)."""
     ckpt = catalog.resolve(path)
     rep = Report(path=ckpt, quick=quick)
-    raw = catalog.read_bytes(catalog.join(ckpt, MANIFEST))
+    try:
+        raw = catalog.read_bytes(catalog.join(ckpt, MANIFEST), MAX_MANIFEST_BYTES)
+    except MscaleError as e:  # a directory, a FIFO, too large: the checkpoint is damaged
+        rep.problems.append(Problem(MANIFEST, e.field, e.message))
+        _marker(ckpt, None, rep)
+        return rep
     if raw is None:
         rep.problems.append(Problem(MANIFEST, None, "missing: the checkpoint was never completed"))
         _marker(ckpt, None, rep)
         return rep
     try:
-        from mscale.ckpt.manifest import parse_manifest
-
         manifest = parse_manifest(raw, MANIFEST)
     except MscaleError as e:
         rep.problems.append(Problem(MANIFEST, e.field, e.message))
+        _marker(ckpt, None, rep)
         return rep
     rep.step, rep.shards, rep.tensors = manifest.step, len(manifest.shards), len(manifest.tensors)
     rep.layout = manifest.layout
@@ -172,24 +177,18 @@ def coverage(key: str, shape: list[int], pieces: list[tuple[str, tuple, tuple]])
 
 
 def files(ckpt: str, m: Manifest, quick: bool) -> list[Problem]:
-    """Shard presence and size; without ``quick``, every chunk and the shard checksums."""
+    """Shard presence, kind and size; without ``quick``, every chunk and the shard checksums."""
     out = []
     decoder = Decoder(m.codec, m.chunk_bytes)
     for shard in m.shards:
         try:
-            with catalog.open_inside(ckpt, shard.path) as fh:
-                fh.seek(0, 2)
-                size = fh.tell()
-                if size != shard.bytes:
-                    out.append(Problem(shard.path, "bytes", f"file has {size} bytes, the manifest "
-                                       f"says {shard.bytes} (truncated or overwritten)"))
-                    continue
+            with catalog.open_shard(ckpt, shard) as fh:
                 if not quick:
                     out += _chunks(fh, shard, m, decoder)
-        except FileNotFoundError:
-            out.append(Problem(shard.path, None, "missing"))
         except MscaleError as e:
             out.append(Problem(shard.path, e.field, e.message))
+        except OSError as e:  # permissions, I/O errors: this file cannot be checked
+            out.append(Problem(shard.path, None, f"cannot read it: {e.strerror or e}"))
     return out
 
 

@@ -2,16 +2,18 @@
 
 The thread does file I/O only (no collective ever runs off the training thread: a collective
 from a second thread on the TP or default group can interleave with training's own and deadlock,
-as torch.distributed.checkpoint's thread-mode async_save does, facts.md). zstd, crc32 and file
-writes release the GIL, so training keeps running; on a machine with few cores it does slow down
-while a write is in flight (facts.md measured ~2x on 2 cores).
+as torch.distributed.checkpoint's thread-mode async_save does; docs/references.md). zstd, crc32
+and file writes release the GIL, so training keeps running; on a machine with few cores it does
+slow down while a write is in flight (~2x measured on 2 cores, docs/references.md).
 
-Durability: each shard is flushed and fsynced before its job reports success; the commit marker
-is written only after every rank's job has succeeded (commit.py).
+Durability: each shard is flushed and fsynced before its job reports success, and a failed fsync
+fails the job (the save becomes a ``checkpoint_failed`` event, ``latest`` stays); the commit
+marker is written only after every rank's job has succeeded (commit.py).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,12 +45,16 @@ def _open(url: str):
 
 
 def _sync(fh) -> None:
-    if hasattr(fh, "fileno"):
-        try:
-            fh.flush()
-            os.fsync(fh.fileno())
-        except (OSError, ValueError, AttributeError):  # pragma: no cover - non-file handles
-            pass
+    """Flush and fsync a shard. Every error propagates: a shard whose fsync failed (EIO, ENOSPC
+    on a network filesystem's write-back) may never reach the disk, and a checkpoint committed
+    over it would be trusted and lost. Only a handle with no file descriptor (an object store's
+    whole-object upload, memory://) has nothing to fsync; its write completes on close."""
+    fh.flush()
+    try:
+        fd = fh.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+    os.fsync(fd)
 
 
 def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int,

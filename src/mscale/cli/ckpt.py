@@ -13,7 +13,8 @@ from rich.table import Table
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
-from mscale.errors import EXIT_CRITICAL, MscaleError
+from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
+from mscale.errors import EXIT_CRITICAL, EXIT_WARNING, MscaleError
 
 ckpt_app = typer.Typer(help="List, verify and convert checkpoints.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
@@ -38,27 +39,54 @@ def ls_cmd(
     run_dir: str = typer.Argument(..., help="Run directory (or its ckpt/ directory)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """List a run's checkpoints: step, size, committed or partial, layout, which is latest."""
+    """List a run's checkpoints: step, size, committed or partial, layout, which is latest.
+    Exit 1 when something needs a look: a `latest` that names no checkpoint, a manifest that
+    cannot be read, a directory whose name and manifest disagree on the step."""
     from mscale.ckpt import catalog
     from mscale.runs.atomic import fs_and_path
 
+    fs_and_path(run_dir)  # an unknown protocol is named as the user typed it
     root = run_dir if catalog.basename(run_dir) == "ckpt" else catalog.join(run_dir, "ckpt")
     fs, path = fs_and_path(root)
     if not fs.isdir(path):
         raise MscaleError("no ckpt/ directory here", file=run_dir,
                           fix="pass a run directory that `mscale train --run-dir` wrote")
-    latest = catalog.read_latest(root)
-    rows = [{"name": e.name, "step": e.step, "status": "committed" if e.committed else "partial",
-             "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest}
-            for e in catalog.entries(root)]
+    latest, warnings = None, []
+    try:
+        latest = catalog.read_latest(root)
+    except MscaleError as e:
+        warnings.append(str(e))
+    rows = [_row(e, latest) for e in catalog.entries(root)]
+    if latest and not any(r["latest"] and r["status"] == "committed" for r in rows):
+        warnings.append(f"{catalog.join(root, catalog.LATEST)} names {latest}, which is not a "
+                        "committed checkpoint here; `mscale train` will refuse to resume")
+    warnings += [f"{r['name']}: {r['note']}" for r in rows if r["note"]]
     if as_json:
-        print_json({"run": run_dir, "latest": latest, "checkpoints": rows})
-        return
-    table = Table("checkpoint", "step", "status", "size", "layout", "latest")
-    for r in rows:
-        table.add_row(r["name"], str(r["step"]), r["status"], _size(r["bytes"]),
-                      _layout(r["layout"]), "*" if r["latest"] else "")
-    console.print(table)
+        print_json({"run": run_dir, "latest": latest, "checkpoints": rows, "warnings": warnings})
+    else:
+        table = Table("checkpoint", "step", "status", "size", "layout", "latest")
+        for r in rows:
+            table.add_row(r["name"], str(r["step"]), r["status"], _size(r["bytes"]),
+                          _layout(r["layout"]), "*" if r["latest"] else "")
+        console.print(table)
+        for w in warnings:
+            console.print(f"warning: {w}", soft_wrap=True, markup=False)
+    if warnings:
+        raise typer.Exit(EXIT_WARNING)
+
+
+def _row(e, latest: str | None) -> dict:
+    """One `ls` row: the step is the directory's; ``note`` says when the manifest disagrees."""
+    note = None
+    if e.problem:
+        note = f"manifest.json cannot be read: {e.problem}"
+    elif e.manifest_step is not None and e.manifest_step != e.step:
+        note = f"its manifest is at step {e.manifest_step}, not the {e.step} its name says"
+    status = "committed" if e.committed else "partial"
+    if note:
+        status += " (see warning)"
+    return {"name": e.name, "step": e.step, "manifest_step": e.manifest_step, "status": status,
+            "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest, "note": note}
 
 
 @ckpt_app.command("verify")
@@ -95,7 +123,10 @@ def convert_cmd(
                                        "for this plan (another TP/PP/DP/ZeRO layout)."),
     to_hf: bool = typer.Option(False, "--to-hf", help="Write a consolidated HuggingFace-style "
                                "safetensors directory (LLaMA names, config.json)."),
-    level: int = typer.Option(1, "--level", help="zstd level of the written chunks; 0 = raw."),
+    level: int = typer.Option(1, "--zstd-level", min=MIN_LEVEL, max=MAX_LEVEL,
+                              help="zstd level of the written chunks; 0 = raw."),
+    level_alias: Optional[int] = typer.Option(None, "--level", min=MIN_LEVEL, max=MAX_LEVEL,
+                                              hidden=True, help="Old name of --zstd-level."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Convert offline: to another layout (--plan), to HF safetensors (--to-hf), or from an HF
@@ -106,9 +137,12 @@ def convert_cmd(
         raise MscaleError("say what to write: --plan PLAN (an mscale checkpoint at that layout) "
                           "or --to-hf", field="--plan/--to-hf",
                           fix="e.g. mscale ckpt convert runs/r1 out --plan plans/other.yaml")
-    result = convert(src, dst, plan=plan, to_hf=to_hf, level=level)
+    result = convert(src, dst, plan=plan, to_hf=to_hf,
+                     level=level if level_alias is None else level_alias)
     if as_json:
         print_json(result)
         return
     console.print(f"wrote {result['dst']} ({result['format']}, {result['tensors']} tensors, "
                   f"{_size(result['bytes'])}) from {result['src']}", soft_wrap=True)
+    if result.get("note"):
+        console.print(f"note: {result['note']}", soft_wrap=True, markup=False)

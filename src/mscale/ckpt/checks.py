@@ -1,0 +1,88 @@
+"""What a manifest's fields must agree on, beyond each field's own bounds (manifest.py).
+
+Readers index, seek and allocate by what the manifest says: a chunk table of the wrong length, a
+slice outside its tensor or a chunk "of 2^46 bytes" would otherwise become an IndexError, a
+negative read or a MemoryError deep inside a load. So `parse_manifest` runs `check_manifest`
+before returning: after it, every slice lies inside its tensor and its shard's recorded size,
+every chunk is no longer than the chunk size allows, and the step, layout and plan agree.
+What is left for `verify` is what needs the whole picture or the files: that slices tile each
+shard, that every element is stored exactly once, and the bytes themselves. The shard's real
+size is checked where it is opened (`catalog.open_shard`), so no read goes past it.
+"""
+
+from __future__ import annotations
+
+from mscale.ckpt.format import itemsize, max_stored
+from mscale.ckpt.limits import U32
+from mscale.ckpt.manifest import MASTER_DTYPE, TENSOR_KEY, Manifest, SliceInfo
+from mscale.ckpt.untrusted import DAMAGED
+from mscale.errors import EXIT_CRITICAL, MscaleError
+
+
+def _bad(source: str, field: str, message: str) -> MscaleError:
+    return MscaleError(message, file=source, field=field, code=EXIT_CRITICAL, fix=DAMAGED)
+
+
+def check_manifest(m: Manifest, plan, source: str) -> None:
+    """Raise an MscaleError (exit 2) naming the first field that disagrees."""
+    if m.state.step != m.step:
+        raise _bad(source, "state.step", f"state says step {m.state.step}, the manifest {m.step}")
+    lo = plan.layout
+    want = {"tp": lo.tp, "pp": lo.pp, "dp": lo.dp, "vpp": lo.vpp, "zero_stage": lo.zero_stage,
+            "world": lo.world_size}
+    if m.layout != want:
+        raise _bad(source, "layout", f"{m.layout} disagrees with the plan's layout {want}")
+    world = want["world"]
+    if m.state.rng_world not in (None, world):
+        raise _bad(source, "state.rng_world", f"{m.state.rng_world}, but the layout has {world} "
+                   "ranks")
+    for key, info in m.tensors.items():
+        if not TENSOR_KEY.match(key):
+            raise _bad(source, "tensors", f"{key[:80]!r} is not a tensor key (group/name)")
+        if key.startswith("optim.") and info.dtype != MASTER_DTYPE:
+            raise _bad(source, f"tensors.{key}.dtype", f"optimizer state is {MASTER_DTYPE}, "
+                       f"not {info.dtype}")
+    ranks: set[int] = set()
+    for i, shard in enumerate(m.shards):
+        if shard.rank >= world or shard.rank in ranks:
+            raise _bad(source, f"shards.{i}.rank", f"rank {shard.rank} is outside the {world} "
+                       "ranks of the layout or written twice")
+        ranks.add(shard.rank)
+        for j, s in enumerate(shard.slices):
+            _check_slice(m, s, shard.bytes, source, f"shards.{i}.slices.{j}")
+
+
+def raw_lengths(nbytes: int, chunk_bytes: int) -> list[int]:
+    """Raw bytes of each chunk of a slice of ``nbytes`` bytes."""
+    return [min(chunk_bytes, nbytes - start) for start in range(0, nbytes, chunk_bytes)]
+
+
+def _check_slice(m: Manifest, s: SliceInfo, file_bytes: int, source: str, where: str) -> None:
+    info = m.tensors.get(s.tensor)
+    if info is None:
+        raise _bad(source, f"{where}.tensor", f"unknown tensor {s.tensor[:80]!r}")
+    if len(s.box) != len(info.shape) or not all(
+            0 <= a < b <= d for (a, b), d in zip(s.box, info.shape)):
+        raise _bad(source, f"{where}.box", f"{s.box} is not inside {s.tensor}'s shape "
+                   f"{info.shape}")
+    n = 1
+    for a, b in s.box:
+        n *= b - a
+    lo, hi = s.flat
+    if not lo < hi <= n:
+        raise _bad(source, f"{where}.flat", f"{s.flat} is not inside its box of {n} elements")
+    nbytes = (hi - lo) * itemsize(info.dtype)
+    if len(s.chunks) != -(-nbytes // m.chunk_bytes):
+        raise _bad(source, f"{where}.chunks", f"{len(s.chunks)} chunks for {nbytes} bytes of "
+                   f"{m.chunk_bytes}-byte chunks")
+    for k, ((stored, crc), raw) in enumerate(zip(s.chunks, raw_lengths(nbytes, m.chunk_bytes))):
+        limit = max_stored(raw, m.codec)
+        if not (stored == raw if m.codec == "raw" else 0 < stored <= limit):
+            raise _bad(source, f"{where}.chunks.{k}", f"{stored} bytes stored for {raw} raw "
+                       f"bytes; a {m.codec} chunk of that size takes "
+                       + (f"exactly {raw}" if m.codec == "raw" else f"1 to {limit}"))
+        if crc > U32:
+            raise _bad(source, f"{where}.chunks.{k}", f"crc32 {crc} does not fit in 32 bits")
+    if s.offset + s.stored_bytes > file_bytes:
+        raise _bad(source, f"{where}.offset", f"its chunks end at byte "
+                   f"{s.offset + s.stored_bytes}, beyond the shard's {file_bytes} bytes")

@@ -1,0 +1,32 @@
+"""Bounds on what a checkpoint may claim, shared by the writers, the manifest schema, the readers
+and the CLI (which imports this module without torch).
+
+Every number a reader seeks to, allocates for or loops over comes from a file that anyone with
+write access may have edited, and a checksum proves nothing when whoever changed the manifest
+also re-signed it. So each is bounded: far above any real checkpoint, low enough that a tampered
+number becomes a named error instead of a MemoryError, a negative read or an hour-long loop.
+"""
+
+MIN_LEVEL, MAX_LEVEL = -7, 22
+"""zstd levels mscale writes (``--zstd-level`` of train and convert); 0 stores chunks raw."""
+
+MAX_CHUNK_BYTES = 1 << 28
+"""Raw bytes per chunk: 256 MiB, 64x the default; a reader holds one chunk's worth at a time."""
+MAX_WORLD = 1 << 20
+"""Ranks of a layout (and shards of a checkpoint)."""
+MAX_STEP = 1 << 53
+MAX_BYTES = 1 << 50
+"""A shard file, an offset in it: 1 PiB."""
+MAX_NUMEL = 1 << 48
+"""Elements of one tensor."""
+MAX_NDIM = 8
+U32 = (1 << 32) - 1
+
+MAX_MANIFEST_BYTES = 1 << 30
+"""manifest.json of 12,288 ranks is a few MB (4 MiB chunks); 1 GiB describes ~100 TB."""
+MAX_SMALL_BYTES = 64 << 10
+"""``latest`` and ``COMMITTED`` hold a name, or a hash and a step."""
+MAX_DEPTH = 64
+"""A manifest nests 7 levels (root, shards, shard, slices, slice, chunks, chunk); a plan a few."""
+MAX_INT_DIGITS = 20
+"""Every integer of a manifest fits in 64 bits."""
