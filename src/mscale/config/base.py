@@ -1,97 +1,277 @@
 """Shared pieces of every schema: strict models and YAML/JSON loading with actionable errors.
 
-Every file mscale reads goes through `load_model`, so a typo in any config, plan or run-directory
-record produces the same kind of message: the file, the dotted field, what is wrong, how to fix it.
+Every file mscale reads goes through `load_model` (or `read_text` + `parse_yaml`/`parse_json` +
+`validate`), so a typo, a wrong type, a number out of range or a hostile file produces the same
+kind of message: the file, the dotted field, what is wrong, how to fix it; never a traceback.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from mscale.config.files import MAX_CONFIG_BYTES, decode_text, read_text
 from mscale.errors import MscaleError
+
+__all__ = ["MAX_CONFIG_BYTES", "FieldError", "StrictModel", "decode_text", "dump_yaml",
+           "load_model", "parse_json", "parse_yaml", "read_text", "validate",
+           "validation_to_error"]
 
 try:  # the C loader is ~10x faster on 12,288-rank plans; same safety as SafeLoader
     _SafeLoader: type = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover - pyyaml built without libyaml
     _SafeLoader = yaml.SafeLoader
 
+REFERENCE = "docs/config-reference.md"
+_LISTS = f"{REFERENCE} lists every field with its type and bounds"
+FIX = f"correct the field; {_LISTS}"
+
 
 class StrictModel(BaseModel):
-    """Base for all schemas: unknown fields are errors (a typo must not be silently ignored)."""
+    """Base for all schemas: what the file says is what runs, or it is refused.
 
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+    - unknown fields are errors (a typo must not be silently ignored);
+    - strict types: ``true`` is not the integer 1, ``96.5`` is not a layer count, ``"64"`` is not
+      a number (an int is still accepted where a float is expected);
+    - no ``.inf``/``.nan`` in any float field;
+    - attribute docstrings become the field descriptions that docs/config-reference.md lists.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True,
+                              strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+
+class FieldError(ValueError):
+    """Raised by a model validator to blame one field (relative to the model), so the error
+    names ``cluster.nodes`` instead of ``cluster`` and the message need not repeat the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 M = TypeVar("M", bound=BaseModel)
 
+# -- YAML -----------------------------------------------------------------------------------------
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+ALIAS_SLACK = 10_000
+"""Nodes that aliases may add beyond twice the file's size: room for ``<<: *defaults``, never
+for a "billion laughs" file, whose few hundred bytes expand to 10^9 nodes."""
 
-def read_text(path: str | Path) -> str:
-    """Read a small text file, local or any fsspec URL, with a clear error when it is missing.
 
-    Local paths (no ``scheme://``) are read with plain ``open()``, so non-seekable files such as
-    ``/dev/stdin`` or a shell's ``<(...)`` pipe work; fsspec (which seeks) only handles URLs.
-    """
-    text = str(path)
-    try:
-        if "://" not in text:
-            with open(text, encoding="utf-8") as f:
-                return f.read()
-        import fsspec
+class _Loader(_SafeLoader):  # type: ignore[misc,valid-type]
+    """The safe loader, plus YAML 1.2 floats without a dot (``1e-4``, which YAML 1.1 reads as a
+    string), refusing non-finite floats (``.inf``, ``.nan``, ``1e999``) wherever they appear."""
 
-        with fsspec.open(text, "r") as f:
-            return f.read()
-    except FileNotFoundError:
-        raise MscaleError("file not found", file=text,
-                          fix="check the path; relative paths are taken from the current directory")
-    except IsADirectoryError:
-        raise MscaleError("is a directory, expected a file", file=text)
+
+class _BadNode(Exception):
+    """A problem found while walking or constructing; ``node`` (if any) locates it."""
+
+    def __init__(self, node: yaml.Node | None, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.node, self.message, self.fix = node, message, fix
+
+
+def _finite_float(loader: yaml.BaseLoader, node: yaml.ScalarNode) -> float:
+    value = yaml.SafeLoader.construct_yaml_float(loader, node)
+    if not math.isfinite(value):
+        raise _BadNode(node, f"non-finite number {node.value!r}",
+                       "write a finite number (mscale refuses .inf and .nan in every file)")
+    return value
+
+
+_Loader.add_implicit_resolver(
+    _FLOAT_TAG, re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_constructor(_FLOAT_TAG, _finite_float)
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """Parse YAML safely (never constructs Python objects) and report syntax errors by line."""
+    """Parse YAML safely (never constructs Python objects) and report problems by field or line.
+
+    Before building anything, the node graph is walked once with aliases expanded: a file whose
+    aliases expand past ``2·len(text) + ALIAS_SLACK`` nodes is refused (files without aliases
+    never come close), and so is a mapping that repeats a key (YAML would keep the last silently).
+    """
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_nodes(root, 2 * len(text) + ALIAS_SLACK)
+        return loader.construct_document(root)
+    except _BadNode as e:
+        if e.node is None:
+            raise MscaleError(e.message, file=source, fix=e.fix) from None
+        mark = e.node.start_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}"
+        path = _node_path(root, e.node)
+        raise MscaleError(f"{e.message} ({where})" if path else e.message, file=source,
+                          field=path or where, fix=e.fix) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        raise MscaleError(f"not valid YAML: {getattr(e, 'problem', e)}", file=source, field=where,
-                          fix="fix the YAML syntax at that position")
+        raise MscaleError(f"not valid YAML: {getattr(e, 'problem', None) or e}", file=source,
+                          field=where, fix="fix the YAML syntax at that position") from None
+    except RecursionError:
+        raise MscaleError("nested too deeply", file=source,
+                          fix="a config is a few levels of mappings and lists") from None
+    finally:
+        loader.dispose()
 
 
+def _check_nodes(root: yaml.Node, budget: int) -> None:
+    """Walk the graph as construction would (aliases expanded): bounded size, no repeated keys."""
+    stack, seen = [root], 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > budget:
+            raise _BadNode(None, f"YAML aliases expand to more than {budget:,} values (an alias "
+                           "bomb?)", "write the values out instead of through &anchors/*aliases")
+        if node.id == "sequence":
+            stack.extend(node.value)
+        elif node.id == "mapping":
+            keys = set()
+            for key, value in node.value:
+                if key.id == "scalar" and key.tag != _MERGE_TAG:
+                    if (key.tag, key.value) in keys:
+                        raise _BadNode(key, "appears twice in one mapping",
+                                       "keep one of the two (YAML would silently use the last)")
+                    keys.add((key.tag, key.value))
+                stack.append(key)
+                stack.append(value)
+
+
+def _node_path(root: yaml.Node, target: yaml.Node) -> str | None:
+    """Dotted path of ``target`` below ``root`` (keys by name, list items by index), or None."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    seen: set[int] = set()
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path or None
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.id == "sequence":
+            stack.extend((n, f"{path}[{i}]") for i, n in enumerate(node.value))
+        elif node.id == "mapping":
+            for key, value in node.value:
+                name = f"{path}.{key.value}" if path else str(key.value)
+                stack.extend(((key, name), (value, name)))
+    return None
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+def parse_json(data: bytes | str, source: str) -> Any:
+    """Parse a JSON document (e.g. an HF ``config.json``) with the same guarantees as YAML:
+    UTF-8 only, bounded size and depth, no ``NaN``/``Infinity``, errors by line."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise MscaleError(f"larger than {MAX_CONFIG_BYTES / 2**20:g} MiB, too large for a config",
+                          file=source, fix="give the JSON config itself")
+    text = decode_text(data, source) if isinstance(data, bytes) else data
+
+    def no_constant(name: str) -> Any:
+        raise MscaleError(f"non-finite number {name}", file=source,
+                          fix="write a finite number (mscale refuses NaN and Infinity)")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as e:
+        raise MscaleError(f"not valid JSON: {e.msg}", file=source,
+                          field=f"line {e.lineno}, column {e.colno}",
+                          fix="fix the JSON syntax at that position") from None
+    except RecursionError:
+        raise MscaleError("nested too deeply", file=source,
+                          fix="a config is a few levels of objects and arrays") from None
+
+
+# -- validation -----------------------------------------------------------------------------------
 def validation_to_error(err: ValidationError, source: str | None, prefix: str = "") -> MscaleError:
     """Turn pydantic's error list into one MscaleError naming the first bad field.
 
-    All problems are listed in the message; the first one's location becomes the field.
+    The field goes in ``field`` only (the CLI prints ``file: field: message``), never again in the
+    message; further problems follow as ``also: field: message``.
     """
-    lines = []
-    first_field = None
-    for item in err.errors():
-        loc = ".".join(str(p) for p in item["loc"])
-        loc = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "(top level)"
-        first_field = first_field or loc
-        msg = item["msg"]
-        if item["type"] == "extra_forbidden":
-            msg = "unknown field (a typo?)"
-        elif item["type"] == "missing":
-            msg = "required field is missing"
-        lines.append(f"{loc}: {msg}")
-    message = lines[0].split(": ", 1)[1] if len(lines) == 1 else "; ".join(lines)
-    return MscaleError(message, file=source, field=first_field,
-                       fix="correct the field; `mscale plan --help` and docs/ list every field")
+    problems = [_problem(item, prefix) for item in err.errors()]
+    field, message, fix = problems[0]
+    if len(problems) > 1:
+        rest = [f"{f}: {m}" for f, m, _ in problems[1:4]]
+        more = f" (and {len(problems) - 4} more)" if len(problems) > 4 else ""
+        message += "; also " + "; ".join(rest) + more
+    return MscaleError(message, file=source, field=field, fix=fix)
+
+
+def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
+    """(dotted field, message without the field, fix) of one pydantic error."""
+    loc = [str(p) for p in item["loc"]]
+    kind, msg = item["type"], item["msg"]
+    error = (item.get("ctx") or {}).get("error")
+    if isinstance(error, FieldError):
+        loc.append(error.field)
+        msg = str(error)
+    elif kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+    elif kind == "extra_forbidden":
+        msg = "unknown field (a typo?)"
+    elif kind == "missing":
+        msg = "required field is missing"
+    field = f"{prefix}{'.'.join(loc)}" if loc else prefix.rstrip(".") or "(top level)"
+    value = item.get("input")
+    if kind not in ("missing", "extra_forbidden", "value_error") and _scalar(value):
+        msg += f", got {_show(value)}"
+    return field, msg, _fix(kind, value)
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _show(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _fix(kind: str, value: Any) -> str:
+    if kind == "int_type" and isinstance(value, bool):
+        return f"write a whole number, not true/false; {_LISTS}"
+    if kind == "int_type" and isinstance(value, float):
+        return f"write a whole number, without a decimal point or exponent; {_LISTS}"
+    if kind in ("int_type", "float_type") and isinstance(value, str):
+        return f"write a number, without quotes; {_LISTS}"
+    if kind == "string_type" and isinstance(value, (int, float)):
+        return f'quote the value to make it a string (name: "175"); {_LISTS}'
+    return FIX
 
 
 def validate(model: type[M], data: Any, source: str | None, prefix: str = "") -> M:
     """Validate already-parsed data against a schema, raising MscaleError on failure."""
     if data is None:
         raise MscaleError("file is empty", file=source, fix="fill in the required fields")
+    if not isinstance(data, (dict, BaseModel)):
+        raise MscaleError(f"expected a mapping of fields, found a {_kind(data)}", file=source,
+                          field=prefix.rstrip(".") or None, fix=FIX)
     try:
         return model.model_validate(data)
     except ValidationError as e:
         raise validation_to_error(e, source, prefix) from None
+    except RecursionError:
+        raise MscaleError("nested too deeply", file=source, field=prefix.rstrip(".") or None,
+                          fix=FIX) from None
+
+
+def _kind(data: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(data), type(data).__name__)
 
 
 def load_model(model: type[M], path: str | Path) -> M:
@@ -99,6 +279,7 @@ def load_model(model: type[M], path: str | Path) -> M:
     return validate(model, parse_yaml(read_text(path), str(path)), str(path))
 
 
+# -- writing --------------------------------------------------------------------------------------
 def dump_yaml(model: BaseModel) -> str:
     """Serialise a schema instance as YAML; short lists of scalars stay on one line."""
     data = model.model_dump(mode="json", exclude_none=True)
@@ -109,7 +290,13 @@ _SafeDumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~1
 
 
 class _FlowListDumper(_SafeDumper):  # type: ignore[misc,valid-type]
-    """Write lists of scalars in flow style ([0, 1, 2]) so rank maps stay one line per rank."""
+    """Write lists of scalars in flow style ([0, 1, 2]) so rank maps stay one line per rank.
+
+    Never anchors: a value that appears twice is written twice, so the loader's alias budget
+    never sees a file mscale wrote."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:

@@ -1,6 +1,6 @@
 """The cluster: how many nodes, what is in each, and how they are wired.
 
-Three bandwidth tiers matter to the planner (MegaScale §3, facts.md): the fast domain inside a node
+Three bandwidth tiers matter to the planner (MegaScale §3, docs/references.md): the fast domain inside a node
 (NVLink) where tensor parallelism lives, the NICs between nodes of one pod, and the links between
 pods, often oversubscribed, which data-parallel traffic should avoid.
 """
@@ -11,36 +11,45 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from mscale.config.base import StrictModel
-from mscale.config.gpus import GPUSpec, resolve_gpu
+from mscale.config.base import FieldError, StrictModel
+from mscale.config.gpus import MAX_RATE, GPUSpec, resolve_gpu
+
+MAX_GPUS = 1 << 20
+"""Largest cluster mscale plans for (1,048,576 GPUs; the largest trainings today use ~10^5).
+The planner's search and a plan's rank map stay bounded in time and size up to here."""
+MAX_PER_NODE = 1024
+"""Most GPUs or NICs in one node."""
 
 
 class ClusterConfig(StrictModel):
     """A cluster description, e.g. ``plans/clusters/a100-12288.yaml``."""
 
-    schema_version: int = 1
+    schema_version: int = Field(default=1, ge=1, le=1)
     """Version of this schema; bumped on incompatible changes."""
-    name: str = "cluster"
+    name: str = Field(default="cluster", max_length=200)
     """Free-form name shown in reports."""
-    nodes: int | None = Field(default=None, gt=0)
-    """Number of nodes. May be omitted when ``hostlist`` is given; must agree with it otherwise."""
-    hostlist: str | None = None
-    """Node names in SLURM syntax, e.g. ``node[0001-1536]``. Default: ``node00000`` … ."""
-    gpus_per_node: int = Field(default=8, gt=0)
+    nodes: int | None = Field(default=None, gt=0, le=MAX_GPUS)
+    """Number of nodes. May be omitted when ``hostlist`` is given; must agree with it otherwise.
+    At most 1,048,576 GPUs in all (nodes·gpus_per_node)."""
+    hostlist: str | None = Field(default=None, min_length=1, max_length=1_000_000)
+    """Node names in SLURM syntax, e.g. ``node[0001-1536]`` (at most 100,000 nodes). Default:
+    ``node00000`` … ."""
+    gpus_per_node: int = Field(default=8, gt=0, le=MAX_PER_NODE)
     """Accelerators (one process each) per node."""
-    gpu: GPUSpec
+    gpu: GPUSpec = Field(json_schema_extra={"doc_type": "preset name or mapping"})
     """A preset name (A100, A100-40GB, H100, H800, H200, cpu) or a full spec."""
-    fast_domain_size: int | None = Field(default=None, gt=0)
-    """GPUs joined by the fast interconnect (NVLink). Default: ``gpus_per_node``."""
-    fast_domain_gb_per_s: float | None = Field(default=None, gt=0)
+    fast_domain_size: int | None = Field(default=None, gt=0, le=MAX_PER_NODE)
+    """GPUs joined by the fast interconnect (NVLink); divides ``gpus_per_node``. Default:
+    ``gpus_per_node``."""
+    fast_domain_gb_per_s: float | None = Field(default=None, gt=0, le=MAX_RATE)
     """Bidirectional GB/s per GPU inside the fast domain. Default: the GPU preset's NVLink rate."""
-    nics_per_node: int = Field(default=8, gt=0)
+    nics_per_node: int = Field(default=8, gt=0, le=MAX_PER_NODE)
     """Inter-node NICs per node (one per GPU on the paper's machines)."""
-    nic_gbit_per_s: float = Field(default=200, gt=0)
+    nic_gbit_per_s: float = Field(default=200, gt=0, le=MAX_RATE)
     """Line rate of one NIC in Gb/s per direction (HDR 200, NDR 400)."""
-    nodes_per_pod: int | None = Field(default=None, gt=0)
+    nodes_per_pod: int | None = Field(default=None, gt=0, le=MAX_GPUS)
     """Nodes below one spine/pod with non-blocking bandwidth. Default: the whole cluster is one pod."""
-    inter_pod_gbit_per_s: float | None = Field(default=None, gt=0)
+    inter_pod_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_RATE)
     """Per-NIC Gb/s available when traffic leaves the pod. Default: ``nic_gbit_per_s`` (non-blocking)."""
 
     @field_validator("gpu", mode="before")
@@ -53,19 +62,25 @@ class ClusterConfig(StrictModel):
         from mscale.topology.hostlist import expand_hostlist
 
         if self.hostlist is not None:
-            count = len(expand_hostlist(self.hostlist))
+            try:
+                count = len(expand_hostlist(self.hostlist))
+            except ValueError as e:
+                raise FieldError("hostlist", str(e)) from None
             if self.nodes is None:
                 object.__setattr__(self, "nodes", count)
             elif self.nodes != count:
-                raise ValueError(f"hostlist {self.hostlist!r} names {count} nodes but nodes is "
-                                 f"{self.nodes}; make them agree or drop one of the two")
+                raise FieldError("nodes", f"hostlist {_short(self.hostlist)} names {count} nodes "
+                                 f"but nodes is {self.nodes}; make them agree or drop one")
         if self.nodes is None:
-            raise ValueError("give nodes (a count) or hostlist (SLURM syntax)")
+            raise FieldError("nodes", "give nodes (a count) or hostlist (SLURM syntax)")
+        if self.nodes * self.gpus_per_node > MAX_GPUS:
+            raise FieldError("nodes", f"{self.nodes * self.gpus_per_node:,} GPUs in all "
+                             f"(nodes·gpus_per_node), more than the {MAX_GPUS:,} mscale plans for")
         if self.fast_domain_size is not None and self.fast_domain_size > self.gpus_per_node:
-            raise ValueError("fast_domain_size larger than gpus_per_node is not supported "
+            raise FieldError("fast_domain_size", "larger than gpus_per_node is not supported "
                              "(multi-node NVLink domains); set it to gpus_per_node or less")
         if self.fast_domain_size is not None and self.gpus_per_node % self.fast_domain_size:
-            raise ValueError("fast_domain_size must divide gpus_per_node")
+            raise FieldError("fast_domain_size", "must divide gpus_per_node")
         return self
 
     # -- derived values: one place so every consumer agrees ------------------------------------
@@ -109,3 +124,8 @@ class ClusterConfig(StrictModel):
         if self.hostlist:
             return expand_hostlist(self.hostlist)
         return [f"node{i:05d}" for i in range(self.num_nodes)]
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """A quoted value cut to fit in a one-line error."""
+    return repr(text) if len(text) <= limit else repr(text[: limit - 3] + "...")

@@ -13,33 +13,36 @@ from pydantic import Field
 from mscale.config.base import StrictModel
 from mscale.config.cluster import ClusterConfig
 from mscale.config.model import ModelConfig
-from mscale.config.training import Recompute, TrainingConfig
+from mscale.config.training import MAX_MICRO_BATCH, Recompute, TrainingConfig, ZeroStage
 from mscale.errors import MscaleError
+
+MAX_PARALLEL = 1 << 20
+"""Largest tp, pp, dp or vpp: no cluster mscale plans for has more GPUs (cluster.MAX_GPUS)."""
 
 
 class LayoutConfig(StrictModel):
     """The ``layout:`` section of a plan: parallel sizes and per-layout memory choices."""
 
-    tp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
     """Tensor-parallel size; lives inside one fast domain (node)."""
-    pp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
     """Pipeline-parallel stages."""
-    dp: int = Field(default=1, gt=0)
+    dp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
     """Data-parallel replicas; tp·pp·dp is the world size."""
-    vpp: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0, le=MAX_PARALLEL)
     """Virtual pipeline stages (model chunks) per rank; >1 selects interleaved 1F1B."""
     sequence_parallel: bool = False
     """Shard norms and activations between TP regions along the sequence (Korthikanti et al.)."""
-    micro_batch: int = Field(default=1, gt=0)
+    micro_batch: int = Field(default=1, gt=0, le=MAX_MICRO_BATCH)
     """Sequences per micro-batch per replica."""
-    zero_stage: Literal[0, 1, 2] = 1
+    zero_stage: ZeroStage = 1
     """Optimizer-state (1) and gradient (2) sharding over the DP group."""
     recompute: Recompute = "none"
     """Activation recomputation."""
     dp_reduce: Literal["flat", "hierarchical"] = "flat"
     """DP gradient reduction: one ring over the group, or reduce-scatter inside the node, reduce
     across nodes on the shard, all-gather inside the node."""
-    stage_layers: list[int] | None = None
+    stage_layers: list[int] | None = Field(default=None, min_length=1, max_length=MAX_PARALLEL)
     """Transformer blocks per (virtual) stage, pp·vpp entries in pipeline order. Default: as even
     as possible, the remainder going to the middle stages (the first and last carry the embedding
     and the head)."""
@@ -95,15 +98,20 @@ def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingCon
     if layout.sequence_parallel and layout.tp > 1 and model.seq_len % layout.tp:
         raise bad("sequence_parallel", f"seq_len={model.seq_len} not divisible by tp={layout.tp}",
                   "use a sequence length divisible by tp, or turn sequence_parallel off")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise bad("vpp", "virtual stages need pp > 1", "set vpp: 1 or pp >= 2")
+    stages = layout.pp * layout.vpp
+    if layout.stage_layers is None and stages > model.layers:
+        raise bad("pp", f"pp·vpp = {stages} stages but the model has {model.layers} layers",
+                  "give every (virtual) stage at least one layer: lower pp or vpp")
     split = layout.layers_per_stage(model.layers)
-    if len(split) != layout.pp * layout.vpp:
+    if len(split) != stages:
         raise bad("stage_layers", f"{len(split)} entries for pp·vpp={layout.pp * layout.vpp} stages",
                   "give one layer count per virtual stage, or drop stage_layers")
     if sum(split) != model.layers or min(split) < 1:
-        raise bad("stage_layers", f"split {split} does not give every stage >=1 of "
-                  f"{model.layers} layers", "make the counts positive and sum to model.layers")
-    if layout.vpp > 1 and layout.pp == 1:
-        raise bad("vpp", "virtual stages need pp > 1", "set vpp: 1 or pp >= 2")
+        raise bad("stage_layers", f"counts sum to {sum(split)} (smallest {min(split)}), but every "
+                  f"stage needs >= 1 of the model's {model.layers} layers",
+                  "make the counts positive and sum to model.layers")
     per_replica = layout.dp * layout.micro_batch
     if training.global_batch % per_replica:
         raise bad("micro_batch", f"global_batch={training.global_batch} is not divisible by "

@@ -6,7 +6,7 @@ and refuses a plan whose rank map disagrees, so a hand-edited map cannot silentl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -33,7 +33,7 @@ class GroupsRecord(StrictModel):
 class PlacementRecord(StrictModel):
     """Where every rank runs and what it does."""
 
-    order: str = "tp-dp-pp"
+    order: Literal["tp-dp-pp"] = "tp-dp-pp"
     """Rank order, fastest-varying first: TP neighbours share a node, DP groups are contiguous
     (so they stay in a pod), pipeline stages are farthest apart."""
     columns: list[str] = ["rank", "node", "local_rank", "dp", "pp", "tp"]
@@ -51,24 +51,24 @@ class CheckpointAdvice(StrictModel):
 
     interval_steps: int = Field(gt=0)
     """Steps between checkpoints that minimise expected lost time."""
-    interval_s: float
+    interval_s: float = Field(ge=0)
     """The same interval in seconds of training."""
-    mtbf_h: float
+    mtbf_h: float = Field(gt=0)
     """Expected hours between failures for the whole job."""
-    checkpoint_cost_s: float
+    checkpoint_cost_s: float = Field(ge=0)
     """Blocking time of one checkpoint, as estimated."""
-    restart_s: float
+    restart_s: float = Field(ge=0)
     """Time from a failure to training again (detect, relaunch, load)."""
-    effective_training: float
+    effective_training: float = Field(ge=0, le=1)
     """Expected share of wall time spent making progress (goodput), 0..1."""
 
 
 class Plan(StrictModel):
     """A complete, runnable plan."""
 
-    schema_version: int = PLAN_SCHEMA_VERSION
+    schema_version: int = Field(default=PLAN_SCHEMA_VERSION, ge=1, le=PLAN_SCHEMA_VERSION)
     """Version of the plan schema."""
-    name: str = "plan"
+    name: str = Field(default="plan", max_length=200)
     """Run name."""
     cluster: ClusterConfig
     """The cluster the plan was made for."""

@@ -1,4 +1,4 @@
-"""Records of the run directory shared by train, watch, recover and ckpt (design.md).
+"""Records of the run directory shared by train, watch, recover and ckpt.
 
 Every record carries ``schema_version`` so that a reader can refuse a file from the future
 instead of misreading it.
@@ -9,20 +9,31 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from mscale.config.base import StrictModel
 
 RECORD_SCHEMA_VERSION = 1
 
 
-class MetricsRecord(StrictModel):
+class RecordModel(StrictModel):
+    """Base of the run-directory records: what training measured, kept as measured.
+
+    Unlike configs, records may hold NaN and infinity (a NaN loss is exactly what a record must
+    be able to say), and values are coerced (a numpy or torch scalar is still a number): records
+    are written by mscale itself during a run, where a refusal would kill the job."""
+
+    model_config = ConfigDict(strict=False, allow_inf_nan=True)
+
+
+class MetricsRecord(RecordModel):
     """One line of ``metrics.jsonl``, written by rank 0 after every step.
 
     Per-rank vectors are indexed by global rank and were gathered with one collective.
     """
 
     schema_version: int = RECORD_SCHEMA_VERSION
+    """Version of the record schema."""
     step: int
     """Optimizer step just completed (1-based)."""
     time: float = Field(default_factory=time.time)
@@ -61,10 +72,11 @@ EventKind = Literal[
 ]
 
 
-class Event(StrictModel):
+class Event(RecordModel):
     """One line of ``events.jsonl``: an alert or a decision, with its evidence."""
 
     schema_version: int = RECORD_SCHEMA_VERSION
+    """Version of the record schema."""
     time: float = Field(default_factory=time.time)
     """Unix wall time."""
     source: Literal["train", "watch", "recover", "preflight", "ckpt", "plan"]
@@ -85,7 +97,7 @@ class Event(StrictModel):
     """The numbers behind the decision."""
 
 
-class QuarantineEntry(StrictModel):
+class QuarantineEntry(RecordModel):
     """A node kept out of future launches."""
 
     node: str
@@ -100,8 +112,10 @@ class QuarantineEntry(StrictModel):
     """The numbers behind the decision."""
 
 
-class Quarantine(StrictModel):
+class Quarantine(RecordModel):
     """``quarantine.json``."""
 
     schema_version: int = RECORD_SCHEMA_VERSION
+    """Version of the record schema."""
     entries: list[QuarantineEntry] = []
+    """Nodes kept out, one entry each."""
