@@ -6,7 +6,7 @@ micro-batch), then more nodes (×2 up to ×16, keeping the global batch).
 
 from __future__ import annotations
 
-from mscale.config.cluster import ClusterConfig
+from mscale.config.cluster import MAX_GPUS, ClusterConfig
 from mscale.errors import MscaleError
 from mscale.planner.cost import Problem
 from mscale.planner.search import SearchResult, describe, search
@@ -29,16 +29,20 @@ def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> Ms
     set_fields = [f for f in RESTRICTED if getattr(pb.training, f) is not None]
     if set_fields:
         free = pb.training.model_copy(update={f: None for f in set_fields})
-        r = search(Problem(pb.model, free, pb.cluster))
-        if r.count:
+        r = _search_or_none(Problem(pb.model, free, pb.cluster))
+        if r is not None and r.count:
             best = r.layout(0)
             fixes.append(f"drop {', '.join(f'training.{f}' for f in set_fields)} from the training "
                          f"config: then {describe(best)} fits ({r.cost(0).mem_total / 1e9:.1f} GB)")
     for factor in (2, 4, 8, 16):
+        if pb.cluster.world_size * factor > MAX_GPUS:
+            break
         bigger = pb.cluster.model_copy(update={"nodes": pb.cluster.num_nodes * factor,
                                                "hostlist": None})
         bigger = ClusterConfig.model_validate(bigger.model_dump())
-        r = search(Problem(pb.model, pb.training, bigger))
+        r = _search_or_none(Problem(pb.model, pb.training, bigger))
+        if r is None:
+            break
         if r.count:
             fixes.append(f"use {bigger.num_nodes} nodes ({bigger.world_size} GPUs): then "
                          f"{describe(r.layout(0))} fits ({r.cost(0).mem_total / 1e9:.1f} GB)")
@@ -49,3 +53,11 @@ def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> Ms
                        f"{pb.cluster.gpu.name}: the least memory any layout needs is {need:.1f} GB "
                        f"per GPU ({describe(lo)}) against {budget:.1f} GB usable",
                        file=files.get("model"), field=None, fix="; or ".join(fixes))
+
+
+def _search_or_none(pb: Problem) -> SearchResult | None:
+    """A search for advice; None when that search would be too large to run."""
+    try:
+        return search(pb)
+    except MscaleError:
+        return None

@@ -1,6 +1,6 @@
 """Communication time: ring collectives on the fast domain and the network, and what overlap hides.
 
-Ring costs as nccl-tests reports them (facts.md): reduce-scatter and all-gather move (n−1)/n of
+Ring costs as nccl-tests reports them (docs/references.md): reduce-scatter and all-gather move (n−1)/n of
 the buffer per GPU, an all-reduce twice that. Bandwidths are unidirectional GB/s per GPU, scaled by
 LINK_EFFICIENCY. All functions accept numpy arrays.
 """
@@ -51,7 +51,7 @@ def ring_half(nbytes, n, bandwidth):
 def dp_half(nbytes, dp, tp, links: Links, hierarchical):
     """Seconds for half a data-parallel all-reduce (a reduce-scatter or an all-gather).
 
-    Flat: one ring over the DP group at its slowest tier. Hierarchical (facts.md): reduce-scatter
+    Flat: one ring over the DP group at its slowest tier. Hierarchical (docs/references.md): reduce-scatter
     among the k DP members inside a node on NVLink, then the ring across the nodes on a 1/k shard,
     each of the k GPUs using its own NIC share.
     """

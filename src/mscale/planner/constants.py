@@ -1,6 +1,6 @@
 """Every constant of the cost model, in one place, each with where it comes from.
 
-Three kinds: published facts (../shared/facts.md and the papers it cites), values calibrated
+Three kinds: published facts (docs/references.md and the papers it cites), values calibrated
 against published measurements (the calibration is a test: tests/unit/planner/test_cost.py),
 and engineering assumptions, labelled as such. docs/plan.md repeats this table for users.
 """
@@ -22,7 +22,7 @@ ACT_BYTES = 2
 """Bytes per activation element in bf16 (Korthikanti et al., arXiv 2205.05198, §4: the 34 and 5as/h
 coefficients already assume 2-byte activations and 1-byte dropout masks)."""
 STATE_BYTES = {
-    # facts.md "Memory per GPU": bf16 weight 2 B, fp32 main grad 4 B, fp32 master + Adam m + v 12 B.
+    # docs/references.md "Memory per GPU": bf16 weight 2 B, fp32 main grad 4 B, fp32 master + Adam m + v 12 B.
     "bf16": {"weight": 2, "grad": 4, "optimizer": 12},
     # fp32 training keeps no separate master copy: weight 4, grad 4, Adam m + v 8.
     "fp32": {"weight": 4, "grad": 4, "optimizer": 8},
@@ -31,7 +31,7 @@ GRAD_REDUCE_BYTES = {"bf16": 2, "fp32": 4}
 """Bytes per gradient element on the wire for the data-parallel reduction: bf16 runs reduce bf16
 gradients (Megatron-LM's default without --accumulate-allreduce-grads-in-fp32), fp32 runs fp32."""
 CHECKPOINT_BYTES_PER_PARAM = 14
-"""A resumable checkpoint: bf16 weights + fp32 master + Adam m + v (facts.md: 175B → ~2.45 TB)."""
+"""A resumable checkpoint: bf16 weights + fp32 master + Adam m + v (docs/references.md: 175B → ~2.45 TB)."""
 
 # --- memory -----------------------------------------------------------------------------------
 MEMORY_USABLE_FRACTION = 0.90
@@ -65,8 +65,8 @@ RESTART_S = 600.0
 """Time from a failure to training again, before loading: MegaScale §6.3 reports detection and
 diagnosis in under 10 minutes."""
 SNAPSHOT_GB_PER_S = 20.0
-"""Device → pinned host copy per GPU, the blocking part of a two-stage checkpoint (MegaScale §4.3;
-design.md). Assumption: a PCIe Gen4 x16 link (~25 GB/s) at ~80%."""
+"""Device → pinned host copy per GPU, the blocking part of a two-stage checkpoint (MegaScale §4.3).
+Assumption: a PCIe Gen4 x16 link (~25 GB/s) at ~80%."""
 STORAGE_WRITE_GB_PER_S = 273.0
 """Aggregate checkpoint write bandwidth: Narayanan et al. (arXiv 2104.04473, §5.10) measured
 273 GB/s saving to Selene's all-NVMe filesystem. Override with --ckpt-write-gbps."""
@@ -76,3 +76,7 @@ STORAGE_READ_GB_PER_S = 1000.0
 # --- search -----------------------------------------------------------------------------------
 MAX_MICRO_BATCH = 16
 """Largest micro-batch tried: Narayanan et al. (Fig. 7) saw throughput saturate by b≈4-8."""
+MAX_SKELETONS = 50_000
+"""Most (tp, pp, vpp, micro-batch) combinations one search enumerates before it refuses with
+advice to narrow it. GPT-175B on 12,288 GPUs needs a few hundred; each combination is costed under
+up to 36 option sets, so the bound keeps a search within seconds and a few hundred MB."""

@@ -7,7 +7,7 @@ Step time on the critical path (the slowest pipeline rank)::
 
     step = m·t_stage + bubble + exposed TP + exposed PP + exposed DP
     t_stage   = FLOPs of the slowest rank per micro-batch / (peak · COMPUTE_EFFICIENCY)
-    bubble    = (p−1)/(v·m) · m·t_stage                      (facts.md, Narayanan et al. §2.2)
+    bubble    = (p−1)/(v·m) · m·t_stage                      (docs/references.md, Narayanan et al. §2.2)
 
 and m·t_stage is shown split into model work, recompute and stage imbalance.
 """
@@ -15,12 +15,12 @@ and m·t_stage is shown split into model work, recompute and stage imbalance.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
 from mscale.config.cluster import ClusterConfig
-from mscale.config.layout import LayoutConfig
+from mscale.config.layout import LayoutConfig, even_split
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
 from mscale.planner import flops
@@ -45,7 +45,7 @@ class Problem:
 
     @cached_property
     def peak(self) -> float:
-        """Dense FLOP/s of one GPU (facts.md; never the sparse figure)."""
+        """Dense FLOP/s of one GPU (docs/references.md; never the sparse figure)."""
         return self.cluster.gpu.peak_tflops * 1e12
 
     @cached_property
@@ -193,8 +193,30 @@ def memory_arrays(pb: Problem, c: dict[str, np.ndarray], micro) -> dict[str, np.
 
 def rank_layers(layout: LayoutConfig, layers: int) -> tuple[int, int, int]:
     """(most, first rank's, last rank's) blocks per pipeline rank; rank r runs chunks r, r+p, …"""
+    if layout.stage_layers is None:
+        return rank_layer_counts(layers, layout.pp, layout.vpp)
     split = layout.layers_per_stage(layers)
     per_rank = [sum(split[r::layout.pp]) for r in range(layout.pp)]
+    return max(per_rank), per_rank[0], per_rank[-1]
+
+
+@lru_cache(maxsize=4096)
+def rank_layer_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int]:
+    """(most, first, last) blocks per pipeline rank under the default even split.
+
+    In closed form for the splits the search produces (an exact split, or vpp = 1), so its cost
+    does not grow with the number of stages; `even_split` spells out the rule used here: the
+    remainder goes to the middle stages first, then to the first stage.
+    """
+    stages = pp * vpp
+    if layers % stages == 0:
+        per_rank = layers // pp
+        return per_rank, per_rank, per_rank
+    if vpp == 1:
+        base, extra = divmod(layers, pp)
+        return base + 1, base + (extra > pp - 2), base
+    split = even_split(layers, stages)
+    per_rank = [sum(split[r::pp]) for r in range(pp)]
     return max(per_rank), per_rank[0], per_rank[-1]
 
 

@@ -2,7 +2,7 @@
 
 Model FLOPs follow Korthikanti et al. (arXiv 2205.05198): every matrix multiply, attention scores
 included, counted once per forward and twice per backward; recomputation is not model work (it
-counts towards HFU only). The literal facts.md formulas are here too, so that tests can check the
+counts towards HFU only). The literal docs/references.md formulas are here too, so that tests can check the
 general per-layer counting against them on GPT-shaped models.
 """
 
@@ -12,21 +12,21 @@ from mscale.config.model import ModelConfig
 
 
 def gpt_parameters(layers: int, hidden: int, vocab: int, seq_len: int) -> float:
-    """facts.md: parameters of a GPT, ``12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h))`` (with biases and
+    """docs/references.md: parameters of a GPT, ``12·l·h²·(1 + 13/(12h) + (V+s)/(12·l·h))`` (with biases and
     learned positions, as GPT-3 has them)."""
     l, h = layers, hidden
     return 12 * l * h**2 * (1 + 13 / (12 * h) + (vocab + seq_len) / (12 * l * h))
 
 
 def korthikanti_flops(batch: float, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
-    """facts.md: model FLOPs per iteration of a GPT with a 4h MLP, no recompute:
+    """docs/references.md: model FLOPs per iteration of a GPT with a 4h MLP, no recompute:
     ``72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``."""
     s, l, h = seq_len, layers, hidden
     return 72 * batch * s * l * h**2 * (1 + s / (6 * h) + vocab / (12 * l * h))
 
 
 def full_recompute_flops(batch: float, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
-    """facts.md (Narayanan et al. eq. 3): hardware FLOPs with full recompute,
+    """docs/references.md (Narayanan et al. eq. 3): hardware FLOPs with full recompute,
     ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))``."""
     s, l, h = seq_len, layers, hidden
     return 96 * batch * s * l * h**2 * (1 + s / (6 * h) + vocab / (16 * l * h))

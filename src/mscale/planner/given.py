@@ -38,7 +38,9 @@ def given_layout(pb: Problem, options: dict[str, Any], path: str | None) -> Layo
     data.update(options)
     source = path or "command line"
     tr, world = pb.training, pb.cluster.world_size
-    tp, pp = int(data.get("tp", 1)), int(data.get("pp", 1))
+    sizes = validate(LayoutConfig, {k: data[k] for k in ("tp", "pp") if k in data}, source,
+                     prefix="layout.")  # types and bounds first: the arithmetic below trusts them
+    tp, pp = sizes.tp, sizes.pp
     for name, val in (("tp", tp), ("pp", tp * pp)):
         if val < 1 or world % val:
             raise MscaleError(f"{world} GPUs are not divisible by "

@@ -1,6 +1,6 @@
 """Goodput: how often to checkpoint and how much of the wall time makes progress.
 
-Young/Daly (facts.md): the interval that minimises lost time is ``sqrt(2·C·MTBF)`` for a blocking
+Young/Daly (docs/references.md): the interval that minimises lost time is ``sqrt(2·C·MTBF)`` for a blocking
 checkpoint cost C. Expected waste per unit time, to first order: ``C/τ`` for writing checkpoints,
 plus, per failure, half an interval of lost work and the restart: ``(τ/2 + R)/MTBF``.
 """
@@ -11,9 +11,15 @@ import math
 from dataclasses import dataclass
 
 from mscale.config.plan import CheckpointAdvice
+from mscale.errors import MscaleError
 from mscale.planner.constants import (CHECKPOINT_BYTES_PER_PARAM, FAILURES_PER_1000_NODE_DAYS,
                                       RESTART_S, SNAPSHOT_GB_PER_S, STORAGE_READ_GB_PER_S,
                                       STORAGE_WRITE_GB_PER_S)
+
+
+OPTIONS = {"failures_per_1000_node_days": "--failure-rate", "restart_s": "--restart-s",
+           "write_gb_per_s": "--ckpt-write-gbps"}
+"""The `mscale plan` option that sets each input, for error messages."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,17 @@ class GoodputInputs:
     snapshot_gb_per_s: float = SNAPSHOT_GB_PER_S
     write_gb_per_s: float = STORAGE_WRITE_GB_PER_S
     read_gb_per_s: float = STORAGE_READ_GB_PER_S
+
+    def __post_init__(self) -> None:
+        """Refuse what would make the advice undefined: Young/Daly needs a finite, positive
+        failure rate (at 0 the interval is infinite) and finite, non-negative times and rates."""
+        for name, value in vars(self).items():
+            positive = name != "restart_s"
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                kind = f"{'positive' if positive else 'non-negative'} finite number"
+                raise MscaleError(f"{value:g} is not a {kind}", field=OPTIONS.get(name, name),
+                                  fix=f"give a {kind}, e.g. the default "
+                                      f"{getattr(GoodputInputs, name):g}")
 
 
 def young_daly(cost_s: float, mtbf_s: float) -> float:

@@ -16,7 +16,7 @@ RECOMPUTE_CODES = {"none": 0, "selective": 1, "full": 2}
 
 def activation_bytes_per_layer(s, b, h, a, t, sp, recompute):
     """Bytes one block keeps for backward, per micro-batch (Korthikanti et al., arXiv 2205.05198;
-    facts.md), for s sequence length, b micro-batch, h hidden, a heads, t TP size.
+    docs/references.md), for s sequence length, b micro-batch, h hidden, a heads, t TP size.
 
     - no recompute, TP only: ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (t = 1: ``s·b·h·(34 + 5·a·s/h)``)
     - no recompute, TP + SP: ``s·b·h·(34 + 5·a·s/h)/t``
@@ -40,7 +40,7 @@ def activation_bytes_per_layer(s, b, h, a, t, sp, recompute):
 def in_flight_micro_batches(p, v, m):
     """Micro-batches whose activations the first pipeline stage holds at its peak.
 
-    1F1B: min(p, m) (facts.md: about L layers' worth in total). Interleaved 1F1B holds
+    1F1B: min(p, m) (docs/references.md: about L layers' worth in total). Interleaved 1F1B holds
     ``p·(1 + (p−1)/(p·v))``: Megatron-LM's ``interleaved_schedule_memory_penalty``
     (megatron/training/theoretical_memory_usage.py) multiplies the 1F1B figure by
     ``1 + (p−1)/(p·v)``, after Korthikanti et al. (arXiv 2205.05198) §4.2.3. The penalty is largest
@@ -55,7 +55,7 @@ def in_flight_micro_batches(p, v, m):
 
 
 def state_bytes_per_param(precision: str, dp, zero):
-    """Bytes of model state per parameter on one GPU (facts.md): weights, gradients, optimizer.
+    """Bytes of model state per parameter on one GPU (docs/references.md): weights, gradients, optimizer.
 
     Returns a dict of arrays. ZeRO-1 divides the optimizer state by DP; ZeRO-2 the gradients too.
     """

@@ -9,13 +9,13 @@ recompute, ZeRO stage and DP reduction as numpy arrays and costed in one vectori
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
-from mscale.config.layout import LayoutConfig, even_split
-from mscale.planner.constants import MAX_MICRO_BATCH
-from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays
+from mscale.config.layout import LayoutConfig
+from mscale.errors import MscaleError
+from mscale.planner.constants import MAX_MICRO_BATCH, MAX_SKELETONS
+from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays, rank_layer_counts
 from mscale.planner.memory import RECOMPUTE_CODES
 
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -59,15 +59,16 @@ class SearchResult:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-@lru_cache(maxsize=4096)
-def rank_layer_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int]:
-    """(most, first, last) blocks per pipeline rank under the default even split."""
-    split = even_split(layers, pp * vpp)
-    per_rank = [sum(split[r::pp]) for r in range(pp)]
-    return max(per_rank), per_rank[0], per_rank[-1]
+    """Divisors of ``n`` in increasing order, in O(√n)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def tp_candidates(pb: Problem, rejects: Rejects) -> list[int]:
@@ -85,16 +86,29 @@ def tp_candidates(pb: Problem, rejects: Rejects) -> list[int]:
     return out
 
 
+def interleavings(layers: int, pp: int) -> list[int]:
+    """Virtual stages per rank v > 1 that Megatron-LM's interleaving allows (pp·v divides the
+    layers), found among the divisors rather than by trying every v up to layers/pp."""
+    if pp == 1 or layers % pp:
+        return []
+    return divisors(layers // pp)[1:]
+
+
 def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, int]]:
-    """Valid (tp, pp, vpp, dp, micro_batch) tuples; the rest go to ``rejects``."""
+    """Valid (tp, pp, vpp, dp, micro_batch) tuples; the rest go to ``rejects``.
+
+    Raises MscaleError rather than build more than MAX_SKELETONS of them, so that no input can
+    keep the planner busy for minutes (each one is later crossed with up to 36 option sets).
+    """
     tr, layers, world = pb.training, pb.model.layers, pb.cluster.world_size
     mbs = [tr.micro_batch] if tr.micro_batch else range(1, MAX_MICRO_BATCH + 1)
-    out = []
+    out: list[tuple[int, int, int, int, int]] = []
     for tp in tp_candidates(pb, rejects):
         for pp in divisors(world // tp):
             if pp > layers:
                 continue  # not a layout at all: fewer blocks than stages
             dp = world // (tp * pp)
+            vs = interleavings(layers, pp)
             for mb in mbs:
                 if tr.global_batch % (dp * mb):
                     rejects.add("global_batch not divisible by dp·micro_batch",
@@ -105,17 +119,33 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
                     rejects.add("fewer micro-batches than pipeline stages",
                                 f"tp={tp} pp={pp} dp={dp} mb={mb}: m={m}")
                     continue
-                for vpp in range(1, layers // pp + 1 if pp > 1 else 2):
-                    if vpp > 1 and layers % (pp * vpp):
-                        rejects.add("interleaving needs layers divisible by pp·vpp (Megatron-LM)",
-                                    f"pp={pp} vpp={vpp}, layers={layers}")
-                        continue
-                    if vpp > 1 and m % pp:
-                        rejects.add("interleaving needs micro-batches divisible by pp",
-                                    f"tp={tp} pp={pp} vpp={vpp} m={m}")
-                        continue
-                    out.append((tp, pp, vpp, dp, mb))
+                _reject_interleavings(layers, tp, pp, m, vs, rejects)
+                ok = [1] + (vs if m % pp == 0 else [])
+                if len(out) + len(ok) > MAX_SKELETONS:
+                    raise _too_large(pb)
+                out.extend((tp, pp, v, dp, mb) for v in ok)
     return out
+
+
+def _reject_interleavings(layers: int, tp: int, pp: int, m: int, vs: list[int],
+                          rejects: Rejects) -> None:
+    """Count the v in 2..layers/pp that cannot interleave, with the first as the example."""
+    tried = layers // pp - 1 if pp > 1 else 0
+    if tried > len(vs):
+        v = next(v for v in range(2, layers // pp + 1) if layers % (pp * v))
+        rejects.add("interleaving needs layers divisible by pp·vpp (Megatron-LM)",
+                    f"pp={pp} vpp={v}, layers={layers}", n=tried - len(vs))
+    if vs and m % pp:
+        rejects.add("interleaving needs micro-batches divisible by pp",
+                    f"tp={tp} pp={pp} vpp={vs[0]} m={m}", n=len(vs))
+
+
+def _too_large(pb: Problem) -> MscaleError:
+    return MscaleError(
+        f"more than {MAX_SKELETONS:,} (tp, pp, vpp, micro-batch) combinations to search for "
+        f"{pb.model.layers:,} layers on {pb.cluster.world_size:,} GPUs",
+        field="micro_batch", fix="set training.micro_batch (and zero_stage, recompute) to narrow "
+                                 "the search, or check model.layers and cluster.nodes")
 
 
 def expand(pb: Problem, sk: list[tuple[int, int, int, int, int]]) -> dict[str, np.ndarray]:
@@ -124,11 +154,14 @@ def expand(pb: Problem, sk: list[tuple[int, int, int, int, int]]) -> dict[str, n
     recs = [RECOMPUTE_CODES[tr.recompute]] if tr.recompute else [0, 1, 2]
     zeros = [tr.zero_stage] if tr.zero_stage is not None else [0, 1, 2]
     opts = np.array([(sp, r, z, h) for sp in (0, 1) for r in recs for z in zeros for h in (0, 1)])
-    base = np.array(sk, dtype=np.int64).reshape(-1, 5)
+    counts = [rank_layer_counts(pb.model.layers, pp, vpp) for _, pp, vpp, _, _ in sk]
+    base = np.hstack([np.array(sk, dtype=np.int64).reshape(-1, 5),
+                      np.array(counts, dtype=np.int64).reshape(-1, 3)])
     nb, no = len(base), len(opts)
     b = np.repeat(base, no, axis=0)
     o = np.tile(opts, (nb, 1))
-    arr = {k: b[:, i] for i, k in enumerate(("tp", "pp", "vpp", "dp", "mb"))}
+    names = ("tp", "pp", "vpp", "dp", "mb", "max_layers", "first_layers", "last_layers")
+    arr = {k: b[:, i] for i, k in enumerate(names)}
     arr.update(sp=o[:, 0].astype(bool), rec=o[:, 1], zero=o[:, 2], hier=o[:, 3].astype(bool))
     # drop options that change nothing: SP without TP, ZeRO without DP, hierarchical without
     # several DP members per node or several nodes
@@ -138,11 +171,7 @@ def expand(pb: Problem, sk: list[tuple[int, int, int, int, int]]) -> dict[str, n
     keep &= ~(arr["hier"] & ((k == 1) | (arr["dp"] // k <= 1)))
     if pb.model.seq_len:
         keep &= ~(arr["sp"] & (pb.model.seq_len % arr["tp"] != 0))
-    arr = {key: v[keep] for key, v in arr.items()}
-    counts = np.array([rank_layer_counts(pb.model.layers, int(p), int(v))
-                       for p, v in zip(arr["pp"], arr["vpp"])]).reshape(-1, 3)
-    arr["max_layers"], arr["first_layers"], arr["last_layers"] = counts.T
-    return arr
+    return {key: v[keep] for key, v in arr.items()}
 
 
 def search(pb: Problem) -> SearchResult:

@@ -1,0 +1,69 @@
+"""Inputs at the edges of the schemas: the planner answers within a second, or refuses with an
+MscaleError, whatever the model and cluster; no loop grows with the layer or GPU count."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
+from mscale.config.layout import even_split
+from mscale.errors import MscaleError
+from mscale.planner.cost import Problem, rank_layer_counts
+from mscale.planner.given import given_layout
+from mscale.planner.goodput import GoodputInputs
+from mscale.planner.search import search
+
+
+def problem(layers: int, nodes: int, global_batch: int = 1 << 24) -> Problem:
+    """A 175B-wide model with any layer count: built without validation, as the planner must not
+    rely on the model schema's bounds."""
+    fields = ModelConfig(layers=96, hidden=12288, heads=96, vocab=51200, seq_len=2048).__dict__
+    model = ModelConfig.model_construct(**{**fields, "layers": layers})
+    return Problem(model, TrainingConfig(global_batch=global_batch),
+                   ClusterConfig(nodes=nodes, gpus_per_node=8, gpu="A100"))
+
+
+@pytest.mark.parametrize("layers, nodes", [(10**9, 1), (10_000, 131_072), (720_720, 1)])
+def test_huge_layer_or_gpu_counts_search_quickly(layers, nodes):
+    t0 = time.perf_counter()
+    r = search(problem(layers, nodes))
+    assert time.perf_counter() - t0 < 5 and r.examined > 0
+
+
+def test_a_search_space_too_large_is_refused_quickly():
+    t0 = time.perf_counter()
+    with pytest.raises(MscaleError, match="combinations") as e:
+        search(problem(735_134_400, 131_072))  # 1,344 divisors × 2^20 GPUs × 16 micro-batches
+    assert time.perf_counter() - t0 < 5 and "micro_batch" in e.value.fix
+
+
+def test_closed_form_layer_counts_match_the_split():
+    for layers in range(1, 40):
+        for pp in range(1, layers + 1):
+            for vpp in range(1, layers // pp + 1):
+                split = even_split(layers, pp * vpp)
+                per_rank = [sum(split[r::pp]) for r in range(pp)]
+                want = (max(per_rank), per_rank[0], per_rank[-1])
+                assert rank_layer_counts(layers, pp, vpp) == want, (layers, pp, vpp)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("failures_per_1000_node_days", 0.0), ("failures_per_1000_node_days", float("nan")),
+    ("restart_s", float("inf")), ("write_gb_per_s", -1.0),
+])
+def test_goodput_inputs_that_leave_the_advice_undefined(field, value):
+    with pytest.raises(MscaleError, match="finite"):
+        GoodputInputs(**{field: value})
+
+
+@pytest.mark.parametrize("text, message", [("tp: abc\n", "valid integer"),
+                                           ("tp: [2]\n", "valid integer"),
+                                           ("pp: true\n", "valid integer")])
+def test_given_layout_file_types_are_checked_before_arithmetic(tmp_path, text, message):
+    f = tmp_path / "layout.yaml"
+    f.write_text(text)
+    with pytest.raises(MscaleError, match=message) as e:
+        given_layout(problem(96, 2), {}, str(f))
+    assert e.value.file == str(f) and e.value.field.startswith("layout.")
