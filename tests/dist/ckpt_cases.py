@@ -220,3 +220,64 @@ def memory_roundtrip(rank: int, world: int, case: dict) -> dict:
     ck.close()
     return {"saved": saved, "loaded": loaded, "want": want, "got": got, "first": first,
             "events": events}
+
+
+def _fsync_fails_for(fragment: str) -> None:
+    """os.fsync raises EIO for files whose path contains ``fragment`` (a dying disk)."""
+    import errno
+    import os
+
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if fragment in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, "Input/output error (injected at fsync)")
+        real(fd)
+
+    os.fsync = fsync
+
+
+def fsync_fails(rank: int, world: int, root: str, case: dict) -> dict:
+    """Save after steps 2 and 3; rank 1's fsync of its step-3 shard fails with EIO."""
+    from mscale.ckpt import catalog
+
+    events: list = []
+    engine = build(rank, world, case)
+    if rank == 1:
+        _fsync_fails_for("step-000003/rank-")
+    ck = checkpointer(engine, f"{root}/ckpt", events)
+    steps(engine, 0, 3, ck, save_at=(2, 3), wait=True)
+    ck.close()
+    engine.grads.close()
+    return {"events": events, "latest": catalog.read_latest(f"{root}/ckpt"),
+            "dirs": [e.name for e in catalog.entries(f"{root}/ckpt")]}
+
+
+def commit_never_reached(rank: int, world: int, root: str, case: dict, timeout_s: float) -> dict:
+    """Both ranks start a save; rank 1 then never reaches the commit. Rank 0's wait for it must
+    fail after the job's timeout (the engine's options), not gloo's default 30 minutes. Rank 1
+    stays alive (so that rank 0 sees a silent peer, not a closed connection) until rank 0 has
+    its answer."""
+    import os
+    import time
+
+    events: list = []
+    engine = build(rank, world, case)
+    engine.options.timeout_s = timeout_s  # what `mscale train --timeout` sets
+    ck = checkpointer(engine, f"{root}/ckpt", events)
+    steps(engine, 0, 1, ck, save_at=(1,))
+    done = os.path.join(root, "rank0-done")
+    if rank == 1:
+        deadline = time.monotonic() + 600
+        while not os.path.exists(done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {}
+    t0 = time.monotonic()
+    try:
+        ck.wait()
+        error = None
+    except Exception as e:  # noqa: BLE001 - the failure is the result
+        error = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - t0
+    open(done, "w").close()
+    return {"error": error, "elapsed": elapsed}

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable
 
 import torch
@@ -90,7 +91,11 @@ class Checkpointer:
         self.engine, self.root, self.opts, self.emit = engine, run_ckpt, options, emit
         self.rank = engine.groups.rank
         self.world = engine.groups.placement.world
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # its own gloo group, with the job's --timeout: gloo's default is 30 minutes, and a rank
+        # that never reaches the commit must fail the job as fast as any other collective
+        self.group = (dist.new_group(backend="gloo",
+                                     timeout=timedelta(seconds=engine.options.timeout_s))
+                      if dist.is_initialized() else None)
         self.layout = from_engine(engine)
         self.items = write_items(self.layout) + self._rng_items()
         self.arena = HostArena()
@@ -224,7 +229,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - a failed commit is an event, not a crash
             with contextlib.suppress(Exception):
                 catalog.remove(catalog.join(self.root, fl.name))
-            latest = catalog.read_latest(self.root)
+            latest = self._latest()
             self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                       message=f"checkpoint {fl.name} written but not committed: {e}; training "
                               f"continues, latest stays {latest or '(none yet)'}",
@@ -237,7 +242,7 @@ class Checkpointer:
 
     def _failed(self, fl: _InFlight, failed: list[dict]) -> None:
         path = catalog.join(self.root, fl.name)
-        latest = catalog.read_latest(self.root)
+        latest = self._latest()
         self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                   ranks=[r["rank"] for r in failed],
                   message=f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
@@ -247,6 +252,13 @@ class Checkpointer:
                             "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
                             "action": "attempt removed"})
         self.commit_future = self.writer.submit(catalog.remove, path)
+
+    def _latest(self) -> str | None:
+        """What ``latest`` names, for a failure event (which must not fail in turn)."""
+        try:
+            return catalog.read_latest(self.root)
+        except Exception as e:  # noqa: BLE001 - an unreadable pointer is part of the report
+            return f"(unreadable: {e})"
 
     def _layout_record(self) -> dict:
         return layout_record(self.engine.plan)

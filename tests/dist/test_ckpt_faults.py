@@ -1,0 +1,36 @@
+"""Checkpoint faults with the real engine on 2 gloo processes: a shard whose fsync fails is never
+committed (the save fails, `latest` stays), and a rank that never reaches the commit fails the
+job within the job's timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.dist.ckpt_cases import commit_never_reached, fsync_fails
+from tests.dist.harness import run_distributed
+
+pytestmark = pytest.mark.dist
+
+CASE = dict(dp=2, zero=1)
+
+
+def test_a_failed_fsync_fails_the_save_and_latest_stays(tmp_path):
+    per_rank = run_distributed(fsync_fails, 2, str(tmp_path), CASE)
+    events = per_rank[0]["events"]
+    assert [(e["kind"], e["step"]) for e in events] == [("checkpoint", 2),
+                                                       ("checkpoint_failed", 3)]
+    failed = events[1]
+    assert failed["ranks"] == [1] and "Input/output error" in failed["evidence"]["errors"]["1"]
+    assert failed["evidence"]["latest"] == "step-000002"
+    assert per_rank[0]["latest"] == "step-000002" and per_rank[0]["dirs"] == ["step-000002"]
+
+
+def test_a_rank_that_never_commits_fails_the_job_within_the_timeout(tmp_path):
+    timeout_s = 3.0
+    # without the job's timeout on the commit group, rank 0 waits gloo's 30 minutes and the
+    # harness gives up after 2 * 20 + 30 s
+    per_rank = run_distributed(commit_never_reached, 2, str(tmp_path), CASE, timeout_s,
+                               timeout_s=20)
+    got = per_rank[0]
+    assert got["error"] is not None and "timed out" in got["error"].lower(), got
+    assert timeout_s * 0.8 <= got["elapsed"] < timeout_s + 20, got
