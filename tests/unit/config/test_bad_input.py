@@ -106,6 +106,7 @@ def test_fsspec_urls_get_the_same_checks(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("{\"a\": NaN}", "non-finite"), ("{\"a\": -Infinity}", "non-finite"),
     ("{\"a\": 1,}", "not valid JSON"), ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("{\"a\": 1" + "0" * 5000 + "}", "5,001 characters"), ("{\"a\": 1e999}", "non-finite"),
 ])
 def test_json_configs(text, message):
     with pytest.raises(MscaleError, match=message) as e:
@@ -160,6 +161,7 @@ def test_repeated_keys_are_refused(tmp_path):
     (TrainingConfig, TRAINING, "beta1: .nan", "beta1"),
     (TrainingConfig, TRAINING, "lr: 1e999", "lr"),
     (TrainingConfig, TRAINING, "lr: !!float inf", "lr"),
+    (TrainingConfig, "", "global_batch: 1" + "0" * 5000, "global_batch"),
     (TrainingConfig, TRAINING, "beta2: -1", "beta2"),
     (TrainingConfig, TRAINING, "beta1: 1.0", "beta1"),
     (TrainingConfig, TRAINING, "eps: 0", "eps"),
