@@ -4,7 +4,8 @@ Exit codes (errors.py): 0 OK, 1 warning / stopped early on request, 2 critical, 
 could not run. Every failure is reported here, once, for every command:
 
 - an MscaleError: its file, field, message and fix, with its own code;
-- a usage error (click exits 2): exit 3, so that 2 always means "a check failed";
+- a usage error (click exits 2): reported like an MscaleError naming the option, exit 3, so
+  that 2 always means "a check failed";
 - anything else is a bug or an unforeseen input: exit 3 and one line, never a traceback and never
   1, which would read as "stopped early on request". ``--debug`` re-raises instead.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import sys
 import traceback
 
+from typer._click.exceptions import NoArgsIsHelpError
 from typer.exceptions import Abort, Exit, TyperException
 
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
@@ -37,7 +39,8 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
 
 
 def _usage_error(e: TyperException) -> MscaleError:
-    """A click usage error as an MscaleError, for the --json document."""
+    """A click usage error as an MscaleError: the same one line and ``fix:`` as every other
+    error (click's own form is a usage banner and no fix), or the same --json document."""
     ctx = getattr(e, "ctx", None)
     param = getattr(e, "param", None)
     field = (param.opts[0] if param is not None and getattr(param, "opts", None)
@@ -63,12 +66,11 @@ def run(argv: list[str] | None = None) -> int:
     configure_help(sys.stdout)
     try:
         rv = build().main(args=argv, standalone_mode=False, prog_name="mscale")
+    except NoArgsIsHelpError as e:  # `mscale ckpt` alone: the help is the answer
+        e.show()
+        return EXIT_BAD_INPUT
     except TyperException as e:  # usage errors and other click-style exceptions
-        if as_json:
-            print_error(_usage_error(e), as_json=True)
-        else:
-            show = getattr(e, "show", None)
-            show() if show else sys.stderr.write(f"error: {e.format_message()}\n")
+        print_error(_usage_error(e), as_json)
         return EXIT_BAD_INPUT
     except Exit as e:
         return e.exit_code

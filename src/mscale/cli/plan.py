@@ -3,7 +3,7 @@ the chosen plan. Thin: parse, call mscale.planner, print, pick the exit code (do
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 from typing import Optional
 
 import typer
@@ -25,11 +25,20 @@ from mscale.runs.atomic import write_text_atomic
 from mscale.runs.targets import check_output
 
 
+def _finite(value: float) -> float:
+    """click's float ranges let ``nan`` and ``inf`` through (nan compares false with any bound);
+    the checkpoint advice would turn them into a crash or a meaningless interval."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a finite number")
+    return value
+
+
 @app.command("plan")
 def plan_cmd(
-    cluster: Path = typer.Option(..., "--cluster", help="Cluster YAML (plans/clusters/)."),
-    model: Path = typer.Option(..., "--model", help="Model YAML (plans/models/)."),
-    training: Path = typer.Option(..., "--training", help="Training YAML (plans/training/)."),
+    cluster: str = typer.Option(..., "--cluster", help="Cluster YAML (plans/clusters/); a path "
+                                "or fsspec URL, like every file option."),
+    model: str = typer.Option(..., "--model", help="Model YAML (plans/models/)."),
+    training: str = typer.Option(..., "--training", help="Training YAML (plans/training/)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the chosen plan "
                                          "here: the best layout, even when one is given, unless "
                                          "--keep-given."),
@@ -50,10 +59,13 @@ def plan_cmd(
     keep_given: bool = typer.Option(False, "--keep-given", help="With -o, write the given layout "
                                     "instead of the best."),
     failure_rate: float = typer.Option(GoodputInputs.failures_per_1000_node_days, "--failure-rate",
-                                       min=0.0, help="Failures per 1000 node-days."),
+                                       min=0.0, callback=_finite,
+                                       help="Failures per 1000 node-days."),
     restart_s: float = typer.Option(GoodputInputs.restart_s, "--restart-s", min=0.0,
+                                    callback=_finite,
                                     help="Seconds from a failure to relaunch, before loading."),
     write_gbps: float = typer.Option(GoodputInputs.write_gb_per_s, "--ckpt-write-gbps", min=0.001,
+                                     callback=_finite,
                                      help="Aggregate checkpoint write bandwidth, GB/s."),
 ) -> None:
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""

@@ -105,3 +105,10 @@ def test_plan_help_shows_every_recompute_choice(cli):
     _, out, _ = cli("plan", "--help")
     assert "none|selective|full." in out
     assert "unless --keep-given" in out
+
+
+def test_usage_error_without_json_is_the_same_one_line_and_fix(cli):
+    code, out, err = cli("plan", *CPU, "--top", "0")
+    assert code == 3 and out == ""
+    assert err.startswith("error: --top: ") and err.endswith("\n  fix: see `mscale plan --help`\n")
+    assert err.count("\n") == 2 and "Usage:" not in err

@@ -121,3 +121,17 @@ def test_unwritable_output_fails_before_the_search(cli, tmp_path, monkeypatch, t
     assert err.startswith(f"error: {target}: ") and "\n  fix: " in err
     assert (tmp_path / "file").read_text() == "keep\n" and not list((tmp_path / "dir").iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]
+
+
+@pytest.mark.parametrize("option", ["--failure-rate", "--restart-s", "--ckpt-write-gbps"])
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_non_finite_goodput_numbers_are_usage_errors(cli, option, value):
+    code, _, err = cli("plan", *CPU, option, value)
+    assert code == 3 and err.startswith(f"error: {option}: ") and "\n  fix: " in err
+
+
+def test_config_urls_reach_the_reader_unchanged(cli):
+    """Config options are strings, not paths: a Path would turn foo://b/c.yaml into foo:/b/c.yaml
+    (a local file name) and the error would name a file the user never gave."""
+    code, _, err = cli("plan", "--cluster", "foo://bucket/c.yaml", *CPU[2:])
+    assert code == 3 and err.startswith("error: foo://bucket/c.yaml: ")
