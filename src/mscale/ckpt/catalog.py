@@ -168,7 +168,8 @@ def load_manifest(ckpt: str) -> Manifest:
     data = read_bytes(join(ckpt, MANIFEST), MAX_MANIFEST_BYTES)
     if data is None:
         raise MscaleError("manifest.json is missing", file=ckpt, code=EXIT_CRITICAL,
-                          fix="the checkpoint was never completed; use an older one (mscale ckpt ls)")
+                          fix="the checkpoint was never completed; use an older one "
+                              "(mscale ckpt ls)")
     return parse_manifest(data, join(ckpt, MANIFEST))
 
 

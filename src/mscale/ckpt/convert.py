@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from mscale.ckpt import catalog, hf, safetensors
+from mscale.ckpt import catalog, hf, safetensors, untrusted
 from mscale.ckpt.commit import build_manifest, write_commit
 from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
@@ -26,8 +26,10 @@ from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_
 from mscale.ckpt.ownership import Item, for_plan, layout_record, meta_params, write_items
 from mscale.ckpt.snapshot import Snapshot
 from mscale.ckpt.writer import write_shard
+from mscale.config.files import MAX_CONFIG_BYTES
+from mscale.config.files import read_bytes as read_config_bytes
 from mscale.config.plan import Plan, load_plan
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 from mscale.runs.targets import check_output
 
@@ -149,7 +151,7 @@ def is_hf_dir(path: str) -> bool:
 def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and every tensor of an HF directory (memory-mapped when local)."""
     fs, root = fs_and_path(path)
-    config = json.loads(fs.cat_file(f"{root}/config.json"))
+    config = read_hf_config(catalog.join(path, "config.json"))
     tensors: dict[str, torch.Tensor] = {}
     for p in sorted(fs.ls(root, detail=False)):
         if not p.endswith(".safetensors"):
@@ -167,6 +169,15 @@ def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
             else:
                 tensors.update({e.name: safetensors.read_tensor(fh, e, start) for e in entries})
     return config, tensors
+
+
+def read_hf_config(url: str) -> object:
+    """config.json of an HF directory as JSON data: read bounded and without blocking (a FIFO, a
+    directory), UTF-8 only (json would silently accept UTF-16), depth and numbers bounded; every
+    failure names the file (exit 3)."""
+    data = read_config_bytes(url)
+    return untrusted.load_json(data, url, "config.json", MAX_CONFIG_BYTES, code=EXIT_BAD_INPUT,
+                               fix="give the config.json of an HF model directory, as UTF-8 JSON")
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -228,6 +239,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
         return {"src": ckpt, "dst": dst,
                 **_cleanup_on_error(dst, lambda: export_hf(ckpt, manifest, dst))}
     target = load_plan(plan)
+    _check_same_model(manifest, target, plan)
     _check_step_name(dst, manifest.step)
     m = _cleanup_on_error(dst, lambda: reshard(ckpt, manifest, dst, target, level))
     return _summary(ckpt, dst, "mscale", m)
@@ -239,6 +251,21 @@ def check_level(level: int) -> None:
         raise MscaleError(f"zstd level {level} is outside {MIN_LEVEL}..{MAX_LEVEL}",
                           field="--zstd-level", fix="use 1 (fast, the default) to 19 (small); "
                                                     "0 stores chunks uncompressed")
+
+
+def _check_same_model(manifest: Manifest, target: Plan, plan_file: str) -> None:
+    """Resharding moves a model to another layout, never to another model: a plan whose model
+    differs would read tensors that do not exist, or silently drop some."""
+    saved = type(target.model).model_validate(manifest.plan["model"]).model_dump(mode="json")
+    mine = target.model.model_dump(mode="json")
+    diffs = sorted(k for k in (set(saved) | set(mine)) - {"name"} if saved.get(k) != mine.get(k))
+    if diffs:
+        detail = "; ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} in the "
+                           "plan" for k in diffs)
+        raise MscaleError(f"the plan's model differs from the checkpoint's ({detail})",
+                          file=plan_file, field=", ".join(f"model.{k}" for k in diffs),
+                          fix="use a plan whose model: section is the checkpoint's (only the "
+                              "layout may change)")
 
 
 def _check_step_name(dst: str, step: int) -> None:

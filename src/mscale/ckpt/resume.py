@@ -42,23 +42,33 @@ class ResumePoint:
 def choose_resume(root: str, mode: str) -> ResumePoint | None:
     """Rank 0: the checkpoint to load (None: start fresh) after tidying ``root`` (RUN/ckpt)."""
     found = catalog.entries(root, sizes=False)
-    if mode == "none":
-        committed = [e.name for e in found if e.committed]
-        if committed:
-            raise MscaleError(f"the run already has committed checkpoints ({committed[-1]}, ...)",
-                              file=root, field="--resume",
-                              fix="continue it with --resume auto, or use a new --run-dir")
-        target = None
-    elif mode == "auto":
-        target = _latest_target(root)
-    else:
-        target = catalog.resolve(mode)
+    target = _target(root, mode, found)
     manifest = catalog.load_committed(target) if target else None
     step = manifest.state.step if manifest else 0
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
         return None
     return ResumePoint(target, manifest, cleaned)
+
+
+def check_resume(root: str, mode: str) -> Manifest | None:
+    """What `choose_resume` would load, checked without changing anything: for a launcher to
+    refuse a bad ``--resume`` or ``latest`` (naming the file) before any worker starts."""
+    target = _target(root, mode, catalog.entries(root, sizes=False))
+    return catalog.load_committed(target) if target else None
+
+
+def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
+    if mode == "none":
+        committed = [e.name for e in found if e.committed]
+        if committed:
+            raise MscaleError(f"the run already has committed checkpoints ({committed[-1]}, ...)",
+                              file=root, field="--resume",
+                              fix="continue it with --resume auto, or use a new --run-dir")
+        return None
+    if mode == "auto":
+        return _latest_target(root)
+    return catalog.resolve(mode)
 
 
 def _latest_target(root: str) -> str | None:

@@ -63,20 +63,26 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_json(data: bytes, source: str, what: str, max_bytes: int) -> Any:
+def load_json(data: bytes, source: str, what: str, max_bytes: int, code: int = EXIT_CRITICAL,
+              fix: str = DAMAGED) -> Any:
     """Parse untrusted JSON bytes: bounded size and depth, UTF-8, finite numbers, 64-bit ints.
-    Every failure is an MscaleError naming ``source`` (exit 2: the checkpoint is damaged)."""
+    Every failure is an MscaleError naming ``source``; ``code`` 2 (the default) says a
+    checkpoint is damaged, 3 that an input (an HF config.json) is bad."""
     if len(data) > max_bytes:
         raise MscaleError(f"{what} is {len(data)} bytes, more than the {max_bytes} allowed",
-                          file=source, code=EXIT_CRITICAL, fix=DAMAGED)
-    decoded = text(data, source, what)
+                          file=source, code=code, fix=fix)
+    try:
+        decoded = text(data, source, what, fix)
+    except MscaleError as e:
+        e.code = code
+        raise
     nesting = depth(data)
     if nesting > MAX_DEPTH:
         raise MscaleError(f"{what} nests {nesting} levels deep (at most {MAX_DEPTH})",
-                          file=source, code=EXIT_CRITICAL, fix=DAMAGED)
+                          file=source, code=code, fix=fix)
     try:
         return json.loads(decoded, parse_float=_finite, parse_int=_bounded_int,
                           parse_constant=_no_constant)
     except ValueError as e:  # JSONDecodeError is one
-        raise MscaleError(f"{what} is not valid JSON: {e}", file=source, code=EXIT_CRITICAL,
-                          fix=DAMAGED) from None
+        raise MscaleError(f"{what} is not valid JSON: {e}", file=source, code=code,
+                          fix=fix) from None

@@ -89,3 +89,29 @@ def test_a_failed_conversion_removes_what_it_wrote(run, good, tmp_path):
     with pytest.raises(MscaleError, match="checksum mismatch"):
         convert(str(run), str(tmp_path / "out"), plan=_plan(good))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_plan_of_another_model_is_refused(run, tmp_path, cli):
+    other = tmp_path / "other.yaml"
+    other.write_text(dump_yaml(plan(dp=2, model={"layers": 3})))
+    code, out, err = cli("ckpt", "convert", str(run), str(tmp_path / "out"), "--plan", str(other))
+    assert code == 3 and no_crash(code, out, err) and "model.layers" in err and "other.yaml" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(60)  # a FIFO config.json must not block
+@pytest.mark.parametrize("kind", ["utf-16", "binary", "deep", "empty", "FIFO"])
+def test_hf_config_json_that_is_not_utf8_json_is_named(run, tmp_path, cli, good, kind):
+    hf = tmp_path / "hf"
+    assert cli("ckpt", "convert", str(run), str(hf), "--to-hf")[0] == 0
+    config = hf / "config.json"
+    text = config.read_text()
+    if kind == "FIFO":
+        config.unlink()
+        os.mkfifo(config)
+    else:
+        config.write_bytes({"utf-16": text.encode("utf-16"), "binary": b"\x89PNG\r\n\x1a\n",
+                            "deep": b"[" * 100_000 + b"]" * 100_000, "empty": b""}[kind])
+    code, out, err = cli("ckpt", "convert", str(hf), str(tmp_path / "out"), "--plan", _plan(good))
+    assert code == 3 and no_crash(code, out, err) and "config.json" in err
+    assert not (tmp_path / "out").exists()

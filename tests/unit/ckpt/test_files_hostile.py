@@ -12,7 +12,7 @@ import pytest
 from mscale.ckpt import catalog
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import MANIFEST
-from mscale.ckpt.resume import choose_resume
+from mscale.ckpt.resume import check_resume, choose_resume
 from mscale.ckpt.verify import verify
 from mscale.errors import MscaleError
 from tests.unit.ckpt.hostile import copy_run, make_run, no_crash
@@ -79,10 +79,11 @@ def test_bad_latest_is_named_by_ls_verify_and_resume(run, case, cli):
     data, fragment = BAD_LATEST[case]
     latest = run / "ckpt" / "latest"
     latest.write_bytes(data)
-    with pytest.raises(MscaleError) as e:
-        choose_resume(str(run / "ckpt"), "auto")
-    assert e.value.file == str(latest) and fragment in e.value.message
-    assert "shard" not in e.value.message
+    for check in (choose_resume, check_resume):
+        with pytest.raises(MscaleError) as e:
+            check(str(run / "ckpt"), "auto")
+        assert e.value.file == str(latest) and fragment in e.value.message
+        assert "shard" not in e.value.message
     code, out, err = cli("ckpt", "ls", str(run), "--json")
     doc = json.loads(out)
     assert code == 1 and no_crash(code, out, err) and "latest" in doc["warnings"][0]
@@ -147,3 +148,12 @@ def test_fsync_failure_fails_the_shard_write(run, monkeypatch):
     monkeypatch.setattr(os, "fsync", eio)
     with pytest.raises(OSError, match="Input/output error"):
         write_shard(str(run / "ckpt" / "step-000009"), 0, snap, "raw", 0, 1024)
+
+
+def test_check_resume_loads_without_tidying(run):
+    (run / "ckpt" / "step-000009").mkdir()  # a dead attempt: choose_resume would remove it
+    assert check_resume(str(run / "ckpt"), "auto").step == 5
+    assert check_resume(str(run / "ckpt"), str(run / "ckpt" / "step-000002")).step == 2
+    assert (run / "ckpt" / "step-000009").is_dir() and (run / "ckpt" / "step-000005").is_dir()
+    with pytest.raises(MscaleError, match="already has committed"):
+        check_resume(str(run / "ckpt"), "none")
