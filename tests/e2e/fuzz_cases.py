@@ -7,6 +7,7 @@ that reads a YAML file gets every kind of bad file, and every number option its 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -39,8 +40,9 @@ class Case:
         return self.code if isinstance(self.code, tuple) else (self.code,)
 
 
-FILE_KINDS = (*BAD_TEXT, "dir", "missing", "foo")
-"""Every way a file argument can be wrong: bad text (`BAD_TEXT`), or not a readable file."""
+FILE_KINDS = (*BAD_TEXT, "dir", "missing", "foo", *(("mode000",) if os.geteuid() else ()))
+"""Every way a file argument can be wrong: bad text (`BAD_TEXT`), or not a readable file
+(mode 000 only where it is unreadable: not for root)."""
 SLOTS = ("cluster", "model", "training")
 
 

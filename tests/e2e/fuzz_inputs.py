@@ -185,12 +185,15 @@ class Workspace:
         """``src`` replaced by something that is not a regular file of text, or by bad text.
 
         ``how``: a `BAD_TEXT` key, ``dir``, ``missing``, ``foo`` (an unknown protocol),
-        ``fifo`` (a named pipe nobody writes).
+        ``fifo`` (a named pipe nobody writes), ``mode000`` (the good text, unreadable).
         """
         p = self.root / name
         if how in BAD_TEXT:
             return self.put(name, BAD_TEXT[how](src.read_text() if src.is_file() else ""))
-        if how == "dir":
+        if how == "mode000":
+            self.put(name, src.read_bytes())
+            p.chmod(0)
+        elif how == "dir":
             p.mkdir(parents=True)
         elif how == "fifo":
             os.mkfifo(p)
