@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from mscale.config.base import StrictModel
+from mscale.config.base import FieldError, StrictModel
 
 MAX_LAYERS = 10_000
 MAX_WIDTH = 1_000_000
@@ -33,12 +33,12 @@ class RopeScaling(StrictModel):
 
     type: Literal["llama3"] = "llama3"
     """The scaling rule; only Llama-3's is implemented."""
-    factor: float = Field(ge=1.0, le=1e6, allow_inf_nan=False)
+    factor: float = Field(ge=1.0, le=1e6)
     """Divisor of the low frequencies (8 in Llama-3.1)."""
-    low_freq_factor: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    low_freq_factor: float = Field(gt=0, le=1e6)
     """Wavelengths above ``original_max_position_embeddings / low_freq_factor`` are divided by
     ``factor`` (1 in Llama-3.1)."""
-    high_freq_factor: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    high_freq_factor: float = Field(gt=0, le=1e6)
     """Wavelengths below ``original_max_position_embeddings / high_freq_factor`` are kept
     (4 in Llama-3.1); must exceed ``low_freq_factor``."""
     original_max_position_embeddings: int = _count(MAX_SEQ)
@@ -47,8 +47,8 @@ class RopeScaling(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "RopeScaling":
         if self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError(f"high_freq_factor ({self.high_freq_factor}) must exceed "
-                             f"low_freq_factor ({self.low_freq_factor})")
+            raise FieldError("high_freq_factor", f"must exceed low_freq_factor "
+                             f"({self.low_freq_factor}), got {self.high_freq_factor}")
         return self
 
     def key(self) -> tuple[float, float, float, int]:
@@ -91,9 +91,9 @@ class ModelConfig(StrictModel):
     """Each token attends to at most this many previous tokens (MegaScale §3.1). None = full causal."""
     tie_embeddings: bool = False
     """Share the input embedding and output projection."""
-    norm_eps: float = Field(default=1e-5, gt=0, le=1.0, allow_inf_nan=False)
+    norm_eps: float = Field(default=1e-5, gt=0, le=1.0)
     """RMSNorm epsilon."""
-    rope_theta: float = Field(default=10000.0, gt=0, le=1e12, allow_inf_nan=False)
+    rope_theta: float = Field(default=10000.0, gt=0, le=1e12)
     """Base of the rotary position embedding frequencies."""
     rope_scaling: RopeScaling | None = None
     """Llama-3 scaling of the rotary frequencies (long-context models such as Llama-3.1).
@@ -102,13 +102,15 @@ class ModelConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "ModelConfig":
         if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+            raise FieldError("hidden", f"{self.hidden} is not divisible by heads ({self.heads})")
         if self.heads % self.num_kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+            raise FieldError("kv_heads", f"heads ({self.heads}) is not divisible by kv_heads "
+                             f"({self.kv_heads})")
         if (self.hidden // self.heads) % 2:
-            raise ValueError("head dimension hidden/heads must be even for rotary embeddings")
+            raise FieldError("hidden", "the head dimension hidden/heads must be even for rotary "
+                             "embeddings")
         if self.real_vocab is not None and self.real_vocab > self.vocab:
-            raise ValueError(f"real_vocab ({self.real_vocab}) must not exceed vocab ({self.vocab})")
+            raise FieldError("real_vocab", f"{self.real_vocab} exceeds vocab ({self.vocab})")
         return self
 
     @property

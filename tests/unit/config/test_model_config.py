@@ -33,11 +33,15 @@ def test_out_of_bounds_values_are_refused_by_field(edit, field):
     assert e.value.field == field and "unknown field" not in e.value.message
 
 
-@pytest.mark.parametrize("edit", [dict(real_vocab=300),
-                                  dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0})])
-def test_inconsistent_values_are_refused(edit):
-    with pytest.raises(MscaleError, match="must not exceed vocab|must exceed low_freq_factor"):
+@pytest.mark.parametrize("edit, field", [
+    (dict(real_vocab=300), "real_vocab"),
+    (dict(rope_scaling={**LLAMA3, "high_freq_factor": 1.0}), "rope_scaling.high_freq_factor"),
+    (dict(hidden=66), "hidden"), (dict(kv_heads=3), "kv_heads")])
+def test_inconsistent_values_are_refused_naming_the_field(edit, field):
+    with pytest.raises(MscaleError, match="exceeds vocab|must exceed low_freq_factor|divisible"
+                       ) as e:
         validate(ModelConfig, {**OK, **edit}, "m.yaml")
+    assert e.value.field == field
 
 
 def test_largest_sane_models_and_llama3_scaling_are_accepted():
