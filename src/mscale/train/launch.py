@@ -22,7 +22,7 @@ import os
 import sys
 
 from mscale.config.plan import Plan, load_plan
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
 from mscale.train.job_watch import JobResult, run_local_workers
@@ -52,6 +52,13 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     if data.kind == "tokens" and data.path:
         check_token_file(data.path, data.dtype)
     _check_same_run(plan, options.run_dir)
+    from mscale.ckpt.resume import check_resume
+
+    try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
+        check_resume(RunDir(options.run_dir).ckpt, options.resume)
+    except MscaleError as e:
+        e.code = EXIT_BAD_INPUT
+        raise
     world = plan.layout.world_size
     if local and local != world:
         raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",

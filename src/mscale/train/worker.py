@@ -14,7 +14,7 @@ import sys
 import torch
 
 from mscale.config.plan import Plan
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.errors import EXIT_BAD_INPUT
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import classify, one_line, write_error_file
 from mscale.train.options import TrainOptions
@@ -63,7 +63,9 @@ def _report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> in
     sys.stderr.write(line + "\n")
     if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
         _stop_event(run, rank, node, kind, line)
-    return exc.code if isinstance(exc, MscaleError) else EXIT_BAD_INPUT
+    # 3 for every failure: a damaged checkpoint's MscaleError carries verify's 2, which for
+    # train would read as "NaN stop"
+    return EXIT_BAD_INPUT
 
 
 def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:

@@ -46,8 +46,8 @@ def test_a_crash_is_exit_3_with_an_error_file_never_1(tmp_path, capsys):
     assert rec["kind"] == "crash" and rec["node"] == "node3" and "KeyError" in rec["traceback"]
 
 
-def test_bad_input_keeps_its_code(tmp_path, capsys):
-    assert _report_failure(RunDir(str(tmp_path)), 0, "n", MscaleError("x", code=2)) == 2
+def test_a_damaged_checkpoint_is_3_for_train_not_the_nan_code(tmp_path, capsys):
+    assert _report_failure(RunDir(str(tmp_path)), 0, "n", MscaleError("x", code=2)) == 3
 
 
 def test_error_file_on_a_full_disk_does_not_hide_the_failure(tmp_path):
