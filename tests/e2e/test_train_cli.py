@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from mscale.config import load_plan
+from mscale.planner.flops import model_flops
 from tests.conftest import PLANS, REPO
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 
@@ -27,13 +28,22 @@ def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     metrics = records(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    plan = load_plan(str(run / "plan.yaml"))
+    flops = model_flops(plan.model, plan.training.global_batch)
     for m in metrics:
         assert len(m["step_time"]) == len(m["compute_time"]) == len(m["comm_wait"]) == 8
-        assert m["tokens"] == 16 * 64 and m["tokens_per_s"] > 0 and m["mfu"] > 0
+        # a synchronous step lasts as long as its slowest rank: throughput and MFU follow from it
+        assert m["tokens"] == 16 * 64
+        assert m["tokens_per_s"] == pytest.approx(m["tokens"] / max(m["step_time"]), rel=1e-9)
+        peak = plan.cluster.gpu.peak_tflops * 1e12 * 8
+        assert m["mfu"] == pytest.approx(flops / max(m["step_time"]) / peak, rel=1e-9)
+        for r in range(8):  # every rank's regions add up to no more than its step
+            parts = m["compute_time"][r] + m["comm_wait"][r] + m["data_time"][r]
+            assert parts + (m["bubble_time"] or [0] * 8)[r] <= m["step_time"][r] * (1 + 1e-6)
     assert metrics[-1]["loss"] < metrics[0]["loss"]
     kinds = [e["kind"] for e in records(run / "events.jsonl")]
     assert kinds[0] == "start" and kinds[-1] == "stop"
-    plan = load_plan(str(run / "plan.yaml"))  # written resolved, with its placement
+    # plan.yaml is written resolved, with its placement
     assert (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (2, 2, 2)
     assert plan.placement is not None
     assert sorted(os.listdir(run / "logs")) == [f"rank{r}.log" for r in range(8)]
