@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.test_train_cli import MSCALE, mscale, records
-from tests.e2e.test_train_cli import small_plan as plan4
+from tests.e2e.train_run import MSCALE, mscale, records
+from tests.e2e.train_run import small_plan as plan4
 
 pytestmark = pytest.mark.e2e
 
@@ -42,13 +42,19 @@ def straight(tmp_path_factory):
 
 
 def test_stop_and_resume_is_bit_identical(straight, tmp_path):
+    """A halt (requested before the start, so it lands on the first step boundary) saves and
+    stops; the resumed run ends exactly where the straight one did. Both runs keep --steps 6:
+    --steps lays the LR schedule over the steps it names."""
     plan, ref = straight
     run = tmp_path / "run"
-    train(plan, str(run), "--steps", "3")
+    (run / "control" / "halt").mkdir(parents=True)
+    p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "6")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert sorted(losses(run)) == [1] and not (run / "control" / "halt").exists()
     train(plan, str(run), "--steps", "6")
     assert losses(run) == losses(ref) and len(losses(ref)) == 6
     resumed = [e for e in records(run / "events.jsonl") if e["kind"] == "info"]
-    assert "resumed from" in resumed[0]["message"] and resumed[0]["step"] == 3
+    assert "resumed from" in resumed[0]["message"] and resumed[0]["step"] == 1
     p = mscale("ckpt", "ls", str(run), "--json")
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["latest"] == "step-000006"
@@ -59,7 +65,7 @@ def test_kill_9_during_a_write_keeps_the_previous_checkpoint(straight, tmp_path)
     plan, ref = straight
     run = tmp_path / "run"
     proc = subprocess.Popen([MSCALE, "train", plan, "--local", "4", "--run-dir", str(run),
-                             "--steps", "40", "--ckpt-interval", "2", "--inject-ckpt-delay",
+                             "--steps", "6", "--ckpt-interval", "2", "--inject-ckpt-delay",
                              "0.2"], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     ckpt = run / "ckpt"
@@ -97,7 +103,7 @@ def test_full_checkpoint_filesystem_is_survived(straight, tmp_path):
         pytest.skip(f"cannot mount a small tmpfs here ({m.stderr.strip()}); "
                     "tests/dist/test_ckpt_save.py injects ENOSPC instead")
     try:
-        train(plan, str(run), "--steps", "3", "--ckpt-interval", "1", "--ckpt-level", "0")
+        train(plan, str(run), "--steps", "3", "--ckpt-interval", "1", "--zstd-level", "0")
         events = records(run / "events.jsonl")
         ok = [e["step"] for e in events if e["kind"] == "checkpoint"]
         failed = [e for e in events if e["kind"] == "checkpoint_failed"]

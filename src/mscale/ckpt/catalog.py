@@ -116,7 +116,7 @@ def resolve(path: str) -> str:
     """A checkpoint directory from what a user may pass: the directory itself, a ``latest``
     pointer file, a run's ``ckpt`` directory, or a run directory (its latest checkpoint)."""
     fs, p = fs_and_path(path)
-    if fs.isfile(p):
+    if fs.exists(p) and not fs.isdir(p):  # a pointer (read_pointer refuses FIFOs and the like)
         return join(parent(path), read_pointer(path))
     if not fs.isdir(p):
         raise MscaleError("no such checkpoint or run directory", file=path,
@@ -125,7 +125,7 @@ def resolve(path: str) -> str:
         return path
     for root in (join(path, "ckpt"), path):
         if fs.exists(fs_and_path(join(root, LATEST))[1]):
-            return resolve(join(root, LATEST))
+            return join(root, read_pointer(join(root, LATEST)))
     raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest)", file=path,
                       fix="pass a step-NNNNNN checkpoint directory or a run directory that has one")
 

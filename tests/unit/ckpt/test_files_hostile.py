@@ -157,3 +157,16 @@ def test_check_resume_loads_without_tidying(run):
     assert (run / "ckpt" / "step-000009").is_dir() and (run / "ckpt" / "step-000005").is_dir()
     with pytest.raises(MscaleError, match="already has committed"):
         check_resume(str(run / "ckpt"), "none")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["directory", "FIFO"])
+def test_latest_that_is_not_a_regular_file(run, kind, cli):
+    latest = run / "ckpt" / "latest"
+    _replace(latest, kind)
+    for args, want in ((("verify", str(run)), 2), (("ls", str(run)), 1)):
+        code, out, err = cli("ckpt", *args)
+        assert code == want and no_crash(code, out, err) and f"is a {kind}" in out + err, args
+    with pytest.raises(MscaleError, match=f"is a {kind}") as e:
+        check_resume(str(run / "ckpt"), "auto")
+    assert e.value.file == str(latest)
