@@ -84,11 +84,20 @@ def run_cases(rank: int, world: int, cases: list[dict], steps: int) -> list[dict
 
 
 def merge_params(results: list[dict]) -> dict[str, torch.Tensor]:
-    """Full parameters of the replica with dp rank 0, gathered over pipeline stages."""
+    """Full parameters, gathered over pipeline stages, after checking that every rank holding a
+    copy agrees: TP ranks hold replicated tensors (norms) and DP replicas hold everything, and a
+    rank whose copy drifted (a missed all-reduce of a replicated gradient) must fail the case
+    rather than be hidden by whichever copy is read last."""
     out: dict[str, torch.Tensor] = {}
+    holder: dict[str, tuple] = {}
     for r in results:
-        if r["coord"][0] == 0:
-            out.update(r["params"])
+        for name, value in r["params"].items():
+            if name not in out:
+                out[name], holder[name] = value, r["coord"]
+                continue
+            assert torch.equal(out[name], value), (
+                f"{name}: rank at (dp, pp, tp) {r['coord']} differs from {holder[name]} by "
+                f"{(out[name] - value).abs().max().item():.3g}")
     return out
 
 
