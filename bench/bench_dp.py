@@ -268,7 +268,7 @@ def main() -> None:
     if args.netns:
         results = run_netns(args)
     else:
-        from tests.dist.harness import run_distributed
+        from mscale.dist.spawn import run_distributed
 
         results = run_distributed(worker, 2, args, timeout_s=600)
     report(results, args)

@@ -213,7 +213,7 @@ def main() -> None:
                         "the torch side does not pay)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = p.parse_args()
-    from tests.dist.harness import run_distributed
+    from mscale.dist.spawn import run_distributed
 
     rows = []
     for pp in args.pp:
