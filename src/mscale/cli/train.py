@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 
 import typer
@@ -88,6 +89,10 @@ def train_cmd(
                                                               else 1),
         ckpt_final=final_ckpt, inject_ckpt_delay=inject_ckpt_delay,
         json_summary=as_json and not local)
+    from mscale.cli.app import STATE
+
+    if STATE["debug"]:  # workers (started by --local, srun or torchrun) print full tracebacks
+        os.environ["MSCALE_DEBUG"] = "1"
     resolved = check_before_launch(plan, options, local)
     if local:
         raise typer.Exit(launch_job(plan, resolved, options, local, as_json=as_json))

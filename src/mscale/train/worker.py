@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 import torch
 
@@ -60,6 +61,8 @@ def _report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> in
     path = write_error_file(run, rank, node, exc) if rank >= 0 else None
     where = f"; details in {path}" if path else ""
     line = f"error (rank {rank} on {node}, {kind}): {one_line(exc)}{where}"
+    if os.environ.get("MSCALE_DEBUG"):  # `mscale --debug train ...`
+        traceback.print_exception(exc, file=sys.stderr)
     sys.stderr.write(line + "\n")
     if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
         _stop_event(run, rank, node, kind, line)
