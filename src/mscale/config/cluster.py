@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from mscale.config.base import FieldError, StrictModel
 from mscale.config.gpus import MAX_RATE, GPUSpec, resolve_gpu
+from mscale.hostlist import expand_hostlist
 
 MAX_GPUS = 1 << 20
 """Largest cluster mscale plans for (1,048,576 GPUs; the largest trainings today use ~10^5).
@@ -59,8 +60,6 @@ class ClusterConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "ClusterConfig":
-        from mscale.topology.hostlist import expand_hostlist
-
         if self.hostlist is not None:
             try:
                 count = len(expand_hostlist(self.hostlist))
@@ -119,8 +118,6 @@ class ClusterConfig(StrictModel):
 
     def node_names(self) -> list[str]:
         """Names of all nodes in order; node index i is ``node_names()[i]``."""
-        from mscale.topology.hostlist import expand_hostlist
-
         if self.hostlist:
             return expand_hostlist(self.hostlist)
         return [f"node{i:05d}" for i in range(self.num_nodes)]

@@ -1,1 +1,1 @@
-"""Cluster topology: hostlists, launcher environments, and rank placement."""
+"""Cluster topology: launcher environments and rank placement (hostlist syntax: mscale.hostlist)."""

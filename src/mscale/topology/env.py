@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from mscale.errors import MscaleError
-from mscale.topology.hostlist import expand_hostlist
+from mscale.hostlist import expand_hostlist
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import pytest
 
 from mscale.errors import MscaleError
 from mscale.topology.env import read_launch_env
-from mscale.topology.hostlist import collect_hostlist, expand_hostlist
+from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.topology.placement import Placement
 
 LAYOUTS = [(1, 1, 1, 1), (2, 2, 2, 2), (8, 8, 4, 8), (4, 2, 8, 8), (2, 4, 3, 8), (1, 3, 5, 1)]

@@ -1,4 +1,9 @@
-"""SLURM hostlists in and out (``node[001-004,007]``), via the python-hostlist package."""
+"""SLURM hostlists in and out (``node[001-004,007]``), via the python-hostlist package.
+
+A leaf: pure text in, text out, importing nothing from mscale, so the cluster schema (config) can
+validate its ``hostlist`` field and the launcher environment (topology) can read SLURM's node list
+without either importing the other (docs/architecture.md, "Layers").
+"""
 
 from __future__ import annotations
 
