@@ -87,12 +87,13 @@ class Plan(StrictModel):
 
 
 def load_plan(path: str, check: bool = True) -> Plan:
-    """Load a plan file and check its layout against its model and cluster."""
+    """Load a plan file and check its layout against its model and cluster.
+
+    The ``placement:`` section is only parsed here: checking it means re-deriving the rank map,
+    which is topology's job, a layer above this one. Whoever runs or reshards a plan loads it
+    with `mscale.topology.placement.load_checked_plan`, which checks both.
+    """
     plan = load_model(Plan, path)
     if check:
         check_layout(plan.layout, plan.model, plan.training, plan.cluster, source=path)
-        if plan.placement is not None:
-            from mscale.topology.placement import check_placement_record
-
-            check_placement_record(plan, source=path)
     return plan

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING
 
+from mscale.config.plan import GroupsRecord, Plan, PlacementRecord, load_plan
 from mscale.errors import MscaleError
-
-if TYPE_CHECKING:
-    from mscale.config.plan import Plan, PlacementRecord
 
 
 @dataclass(frozen=True)
@@ -131,22 +128,20 @@ class Placement:
         return out
 
 
-def placement_for(plan: "Plan") -> Placement:
+def placement_for(plan: Plan) -> Placement:
     """The placement of a plan's layout on its cluster's nodes."""
     return Placement(tp=plan.layout.tp, pp=plan.layout.pp, dp=plan.layout.dp,
                      gpus_per_node=plan.cluster.gpus_per_node)
 
 
-def placement_record(plan: "Plan") -> "PlacementRecord":
+def placement_record(plan: Plan) -> PlacementRecord:
     """Build the ``placement:`` section of plan.yaml."""
-    from mscale.config.plan import GroupsRecord, PlacementRecord
-
     p = placement_for(plan)
     return PlacementRecord(ranks=p.rows(), nodes=plan.cluster.node_names()[: p.num_nodes],
                            groups=GroupsRecord(tp=p.tp_groups, pp=p.pp_groups, dp=p.dp_groups))
 
 
-def check_placement_record(plan: "Plan", source: str | None = None) -> None:
+def check_placement_record(plan: Plan, source: str | None = None) -> None:
     """Refuse a plan whose written rank map or groups differ from the derived ones."""
     assert plan.placement is not None
     expected = placement_record(plan)
@@ -157,3 +152,13 @@ def check_placement_record(plan: "Plan", source: str | None = None) -> None:
                               file=source, field=f"placement.{field}",
                               fix="regenerate the plan with `mscale plan`, or delete the "
                                   "placement section to have it derived")
+
+
+def load_checked_plan(path: str) -> Plan:
+    """Load a plan to run or reshard: its layout checked (`load_plan`) and its written rank map,
+    when present, equal to the one derived here. Every command that acts on a plan file loads it
+    through this function; `load_plan` alone cannot check the map (config sits below topology)."""
+    plan = load_plan(path)
+    if plan.placement is not None:
+        check_placement_record(plan, source=path)
+    return plan

@@ -14,15 +14,13 @@ import json
 import sys
 
 from mscale.topology.env import LaunchEnv, read_launch_env
-from mscale.topology.placement import placement_for
+from mscale.topology.placement import load_checked_plan, placement_for
 
 
 def probe(plan_path: str, env: LaunchEnv | None = None) -> dict:
     """The record one process prints; see the module docstring."""
-    from mscale.config.plan import load_plan
-
     env = env or read_launch_env()
-    plan = load_plan(plan_path)
+    plan = load_checked_plan(plan_path)
     place = placement_for(plan)
     if env.world_size != place.world:
         from mscale.errors import MscaleError
