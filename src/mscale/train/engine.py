@@ -78,7 +78,7 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
 
 
 def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
-    from mscale.model import Transformer, init_parameters
+    from mscale.model import build_chunks, init_parameters
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.tensor import TensorParallel
     from mscale.parallel.zero import DistributedOptimizer
@@ -97,7 +97,7 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
 
     t0 = time.perf_counter()
     tp = TensorParallel.from_groups(groups, sequence_parallel=layout.sequence_parallel)
-    chunks = build_chunks(plan, groups, tp, device)
+    chunks = build_chunks(plan, groups.pp_rank, tp, device)
     for chunk in chunks:
         init_parameters(chunk, training.seed)
     params = [p for c in chunks for p in c.parameters()]
@@ -118,14 +118,3 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
                   chunks=chunks, params=params, grads=grads, optimizer=optimizer,
                   clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings)
-
-
-def build_chunks(plan: Plan, groups: ParallelGroups, tp, device) -> list[torch.nn.Module]:
-    """The model chunks of this rank: the whole model without pipelining."""
-    from mscale.model import Transformer
-
-    if plan.layout.pp > 1:
-        from mscale.parallel.pipeline import build_stage_chunks
-
-        return build_stage_chunks(plan, groups, tp, device)
-    return [Transformer(plan.model, tp, recompute=plan.layout.recompute).to(device)]

@@ -1,12 +1,11 @@
 """The stage split and the engine-side refusals, without processes."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from mscale.errors import MscaleError
-from mscale.parallel.pipeline.stages import build_stage_chunks, check_pipeline, stage_layer_ids
+from mscale.model import build_chunks
+from mscale.parallel.pipeline.stages import ChunkSpec, check_pipeline, rank_chunks, stage_layer_ids
 from mscale.parallel.tensor import TensorParallel
 from tests.dist.pipeline_plan import tiny_plan
 
@@ -20,12 +19,19 @@ def test_stage_layer_ids_are_consecutive_global_blocks():
 def test_interleaved_chunks_follow_megatron_assignment(rank, expected):
     """pp=2, vpp=2, 6 blocks split [1, 2, 2, 1]: rank r holds virtual stages r and r+2."""
     plan = tiny_plan(1, 2, 2, vpp=2)
-    groups = SimpleNamespace(pp_rank=rank)
-    chunks = build_stage_chunks(plan, groups, TensorParallel.single(), torch.device("cpu"))
+    chunks = build_chunks(plan, rank, TensorParallel.single(), torch.device("cpu"))
     got = [([int(i) for i in c.layers], c.has_embedding, c.has_head) for c in chunks]
     assert got == expected
     names = {n for c in chunks for n, _ in c.named_parameters()}
     assert ("embed.weight" in names) == (rank == 0) and ("head.weight" in names) == (rank == 1)
+
+
+def test_without_pipelining_one_chunk_holds_the_whole_model():
+    plan = tiny_plan(2, 1, 2)
+    assert rank_chunks(plan, 0) == [ChunkSpec(tuple(range(plan.model.layers)), True, True)]
+    (chunk,) = build_chunks(plan, 0, TensorParallel.single(), torch.device("meta"))
+    assert [int(i) for i in chunk.layers] == list(range(plan.model.layers))
+    assert chunk.has_embedding and chunk.has_head
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -5,11 +5,15 @@ allowed). Virtual stage k holds the next counts[k] blocks; rank r runs virtual s
 r, r+pp, r+2pp, … (Megatron's interleaved assignment), the first carrying the embedding and the
 last the head and loss. Blocks keep their global indices, so parameter names, initial values and
 checkpoints are the same at every layout.
+
+This module says what each chunk holds, as data (`ChunkSpec`); `mscale.model.build_chunks` turns
+that into modules. The model sits above the parallel layer (it is written against its TP layers),
+so nothing here builds a `Transformer`.
 """
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
 
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.schedule import check_micro_batches, virtual_stage
@@ -45,20 +49,27 @@ def check_pipeline(plan) -> None:
                           field="model.tie_embeddings", fix="set tie_embeddings: false or pp: 1")
 
 
-def build_stage_chunks(plan, groups, tp, device: torch.device) -> list[torch.nn.Module]:
-    """This rank's model chunks (one per virtual stage it runs), uninitialised, on ``device``.
+@dataclass(frozen=True)
+class ChunkSpec:
+    """One model chunk of a rank: its global block indices, and whether it carries the embedding
+    (first virtual stage) and the head and loss (last virtual stage)."""
 
-    The engine initialises them by global name (`init_parameters`) afterwards.
-    """
-    from mscale.model import Transformer
+    layer_ids: tuple[int, ...]
+    has_embedding: bool
+    has_head: bool
 
-    check_pipeline(plan)
+
+def rank_chunks(plan, pp_rank: int) -> list[ChunkSpec]:
+    """What the chunks of pipeline rank ``pp_rank`` hold, one per virtual stage it runs; without
+    pipelining, one chunk with the whole model. A plan the pipeline cannot run is refused."""
     layout = plan.layout
+    if layout.pp == 1:
+        return [ChunkSpec(tuple(range(plan.model.layers)), True, True)]
+    check_pipeline(plan)
     pp, stages = layout.pp, layout.pp * layout.vpp
     ids = stage_layer_ids(layout.layers_per_stage(plan.model.layers))
-    chunks = []
+    specs = []
     for chunk in range(layout.vpp):
-        vs = virtual_stage(groups.pp_rank, chunk, pp)
-        chunks.append(Transformer(plan.model, tp, layer_ids=ids[vs], has_embedding=vs == 0,
-                                  has_head=vs == stages - 1, recompute=layout.recompute).to(device))
-    return chunks
+        vs = virtual_stage(pp_rank, chunk, pp)
+        specs.append(ChunkSpec(tuple(ids[vs]), has_embedding=vs == 0, has_head=vs == stages - 1))
+    return specs
