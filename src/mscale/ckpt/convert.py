@@ -106,7 +106,7 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
     for n in names:
         info = manifest.tensors[keys[n]]
         nbytes = torch.empty((), dtype=_dtype(info.dtype)).element_size()
-        for d in info.shape:
+        for d in hf.hf_shape(n, info.shape, cfg):
             nbytes *= d
         if cur and size + nbytes > MAX_HF_FILE:
             files.append(cur)
@@ -123,11 +123,11 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
             fname = ("model.safetensors" if len(files) == 1
                      else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
             entries = [(hf.to_hf(n), _dtype(manifest.tensors[keys[n]].dtype),
-                        tuple(manifest.tensors[keys[n]].shape)) for n in group]
+                        hf.hf_shape(n, manifest.tensors[keys[n]].shape, cfg)) for n in group]
             back = {hf.to_hf(n): n for n in group}
             with fs.open(f"{root}/{fname}", "wb") as fh:
-                total += safetensors.write(fh, entries, lambda h: reader.read_full(
-                    tensor_key(MODEL, back[h])), meta)
+                total += safetensors.write(fh, entries, lambda h: hf.strip_vocab_rows(
+                    back[h], reader.read_full(tensor_key(MODEL, back[h])), cfg), meta)
             weight_map.update({h: fname for h in back})
     if len(files) > 1:
         write_text_atomic(catalog.join(dst, "model.safetensors.index.json"), json.dumps(
@@ -187,12 +187,10 @@ def _size(dtype: torch.dtype) -> int:
 def import_hf(src: str, dst: str, plan: Plan, level: int = 1) -> Manifest:
     """A model-only checkpoint (step 0, fresh optimizer) of ``plan``'s layout from HF weights."""
     config, tensors = open_hf(src)
-    cfg = hf.model_from_hf_config(config, f"{src}/config.json")
-    mine = plan.model.model_dump(exclude={"name"})
-    if cfg.model_dump(exclude={"name"}) != mine:
-        raise MscaleError("config.json describes a different model than the plan",
-                          file=f"{src}/config.json", field="model",
-                          fix="use a plan whose model: section matches the HF config")
+    source_file = f"{src}/config.json"
+    cfg = hf.fit_to_plan(hf.model_from_hf_config(config, source_file), plan.model,
+                         plan.layout.tp, source_file)
+    plan = plan.model_copy(update={"model": cfg})  # the checkpoint records real_vocab
     by_name = {}
     for h, t in tensors.items():
         try:
@@ -206,11 +204,12 @@ def import_hf(src: str, dst: str, plan: Plan, level: int = 1) -> Manifest:
         if name not in by_name:
             raise MscaleError(f"{hf.to_hf(name)} is missing", file=src, field="tensors",
                               fix="the HF directory must hold every weight of the model")
-        full = by_name[name].to(torch.float32)
-        if tuple(full.shape) != it.shape:
+        full = by_name[name]
+        need = hf.hf_shape(name, it.shape, cfg)
+        if tuple(full.shape) != need:
             raise MscaleError(f"{hf.to_hf(name)} has shape {list(full.shape)}, the model needs "
-                              f"{list(it.shape)}", file=src, field="tensors")
-        region = full[tuple(slice(a, b) for a, b in it.box)]
+                              f"{list(need)}", file=src, field="tensors")
+        region = hf.padded_region(name, full, it.box, cfg).to(torch.float32)
         return region.reshape(-1)[it.flat[0]: it.flat[1]]
 
     state = TrainState(step=0, samples=0)

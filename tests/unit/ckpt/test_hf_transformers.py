@@ -226,3 +226,36 @@ def test_hostile_values_are_refused_without_a_traceback(tmp_path, edit, field):
     assert e.value.field == field and len(str(e.value)) < 500
     with pytest.raises(MscaleError, match="JSON object"):
         hf.model_from_hf_config([data], "c")
+@pytest.mark.parametrize("tied", [False, True])
+def test_import_pads_for_tp_and_export_strips(tmp_path, tied):
+    from mscale.ckpt import catalog
+
+    ref = save_llama(tmp_path / "hf", vocab=99, tie_word_embeddings=tied)
+    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "rope_theta": 500000.0,
+                          "tie_embeddings": tied})
+    (tmp_path / "plan.yaml").write_text(dump_yaml(p))
+    dst = str(tmp_path / "run" / "ckpt" / "step-000000")
+    convert(str(tmp_path / "hf"), dst, plan=str(tmp_path / "plan.yaml"))
+    m = catalog.load_committed(dst)
+    cfg = ModelConfig.model_validate(m.plan["model"])
+    assert (cfg.vocab, cfg.real_vocab) == (100, 99)
+    with CheckpointReader(dst, m) as r:
+        mine = load_into(cfg, lambda n: r.read_full(tensor_key(MODEL, n)))
+    x = tokens(99)
+    with torch.no_grad():
+        want, got = ref(x).logits, mine(x)
+    assert rel_err(got[..., :99], want) < 1e-5
+    convert(dst, str(tmp_path / "out"), to_hf=True)
+    back = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert back.config.vocab_size == 99
+    with torch.no_grad():
+        assert rel_err(back(x).logits, want) < 1e-6
+
+
+def test_import_into_a_different_plan_names_the_fields(tmp_path):
+    save_llama(tmp_path / "hf", vocab=99)
+    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "layers": 4, "rope_theta": 10000.0})
+    (tmp_path / "plan.yaml").write_text(dump_yaml(p))
+    with pytest.raises(MscaleError) as e:
+        convert(str(tmp_path / "hf"), str(tmp_path / "c"), plan=str(tmp_path / "plan.yaml"))
+    assert e.value.field == "model.layers, model.rope_theta"
