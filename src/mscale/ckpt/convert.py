@@ -28,7 +28,8 @@ from mscale.ckpt.snapshot import Snapshot
 from mscale.ckpt.writer import write_shard
 from mscale.config.files import MAX_CONFIG_BYTES
 from mscale.config.files import read_bytes as read_config_bytes
-from mscale.config.plan import Plan, load_plan
+from mscale.config.plan import Plan
+from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 from mscale.runs.targets import check_output
@@ -228,7 +229,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
         if to_hf or not plan:
             raise MscaleError("the source is already an HF directory", file=src, field="--plan",
                               fix="pass --plan PLAN to import it as an mscale checkpoint")
-        target = load_plan(plan)
+        target = load_checked_plan(plan)
         _check_step_name(dst, 0)
         m = _cleanup_on_error(dst, lambda: import_hf(src, dst, target, level))
         return _summary(src, dst, "mscale (model only, from HF)", m)
@@ -237,7 +238,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
     if to_hf:
         return {"src": ckpt, "dst": dst,
                 **_cleanup_on_error(dst, lambda: export_hf(ckpt, manifest, dst))}
-    target = load_plan(plan)
+    target = load_checked_plan(plan)
     _check_same_model(manifest, target, plan)
     _check_step_name(dst, manifest.step)
     m = _cleanup_on_error(dst, lambda: reshard(ckpt, manifest, dst, target, level))

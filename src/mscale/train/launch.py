@@ -21,7 +21,8 @@ import json
 import os
 import sys
 
-from mscale.config.plan import Plan, load_plan
+from mscale.config.plan import Plan
+from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
@@ -46,7 +47,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     data file, the process count. Bad input fails here once, not in N workers."""
     from mscale.train.data import check_token_file
 
-    plan = load_plan(plan_path)
+    plan = load_checked_plan(plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
     data = plan.training.data
     if data.kind == "tokens" and data.path:

@@ -59,13 +59,6 @@ def test_the_probe_refuses_a_hand_edited_map(tmp_path):
         probe(write_plan(tmp_path, swap_nodes), env)
 
 
-# The commands that load a plan file to act on it. Until their owners switch them from
-# `load_plan` to `load_checked_plan` these are expected to fail (strict: once fixed, drop the mark).
-PENDING = pytest.mark.xfail(strict=True, reason="train/launch.py and ckpt/convert.py still call "
-                                                "config.plan.load_plan; use load_checked_plan")
-
-
-@PENDING
 def test_train_refuses_a_hand_edited_map_before_any_worker(tmp_path):
     from mscale.train.launch import check_before_launch
     from mscale.train.options import TrainOptions
@@ -76,7 +69,6 @@ def test_train_refuses_a_hand_edited_map_before_any_worker(tmp_path):
     assert e.value.field == "placement.ranks"
 
 
-@PENDING
 def test_ckpt_convert_refuses_a_hand_edited_target_plan(tmp_path):
     from mscale.ckpt.convert import convert
 
