@@ -195,9 +195,7 @@ def from_engine(engine) -> RankLayout:
 
 def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
     """The parameters rank (pp_rank, tp_rank) of ``plan`` would hold, on the meta device."""
-    from types import SimpleNamespace
-
-    from mscale.model import Transformer
+    from mscale.model import build_chunks
     from mscale.parallel.tensor import TensorParallel
 
     layout = plan.layout
@@ -205,12 +203,7 @@ def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
                         sequence_parallel=layout.sequence_parallel)
     meta = torch.device("meta")
     with meta:
-        if layout.pp > 1:
-            from mscale.parallel.pipeline import build_stage_chunks
-
-            chunks = build_stage_chunks(plan, SimpleNamespace(pp_rank=pp_rank), tp, meta)
-        else:
-            chunks = [Transformer(plan.model, tp, recompute=layout.recompute)]
+        chunks = build_chunks(plan, pp_rank, tp, meta)
     return [p for c in chunks for p in c.parameters()]
 
 

@@ -65,7 +65,7 @@ def _too_big(text: str, limit: int) -> MscaleError:
 
 
 def _read_url(text: str, limit: int) -> bytes:
-    from mscale.runs.atomic import fs_and_path  # lazily: config sits below runs
+    from mscale.urls import fs_and_path
 
     fs, path = fs_and_path(text)
     info = fs.info(path)

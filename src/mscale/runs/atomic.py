@@ -43,6 +43,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from mscale.errors import MscaleError
+from mscale.urls import fs_and_path
 
 SEGMENTS = ".d"
 """Suffix of the directory holding a JSONL file's appended records on object stores."""
@@ -78,28 +79,6 @@ def disk_full_as_error(url: str) -> Iterator[None]:
         if e.errno in _FULL:
             raise DiskFullError.of(url, e) from None
         raise
-
-
-def fs_and_path(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Split a local path or fsspec URL into (filesystem, path inside it).
-
-    An unknown scheme (``foo://``) or one whose package is not installed (``s3://`` without s3fs)
-    is bad input, named as such, not a traceback from deep inside fsspec.
-    """
-    text = str(url)
-    try:
-        fs, path = fsspec.core.url_to_fs(text)
-    except ValueError as e:
-        if "Protocol not known" not in str(e):
-            raise
-        scheme = text.split("://", 1)[0]
-        raise MscaleError(f"unknown storage protocol {scheme!r}", file=text,
-                          fix="use a local path or an fsspec URL whose protocol is installed "
-                              "(file://, memory://, s3:// with s3fs, gs:// with gcsfs, ...)") from None
-    except ImportError as e:
-        raise MscaleError(f"the package for this URL's protocol is not installed ({e})", file=text,
-                          fix="install the fsspec implementation it names, or use a local path") from None
-    return fs, path
 
 
 def _fsync_dir(path: str) -> None:

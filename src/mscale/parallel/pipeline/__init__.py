@@ -13,12 +13,3 @@ from mscale.parallel.pipeline.stages import ChunkSpec, rank_chunks
 
 __all__ = ["ChunkSpec", "rank_chunks", "run_pipeline_step"]
 
-
-def __getattr__(name: str):
-    """Transition only: `ckpt/ownership.py` still imports ``build_stage_chunks`` from here.
-    Remove with its entry in tests/unit/test_layering.py once it calls `mscale.model.build_chunks`."""
-    if name == "build_stage_chunks":
-        from mscale.model.chunks import build_chunks
-
-        return lambda plan, groups, tp, device: build_chunks(plan, groups.pp_rank, tp, device)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
