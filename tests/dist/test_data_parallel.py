@@ -6,6 +6,7 @@ losses and norms must agree to 1e-5 relative and every parameter to 1e-4 relativ
 (|ref| + 1e-3)) after 4 steps with lr 1e-2. DP ranks must hold bit-identical parameters.
 """
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -21,7 +22,12 @@ TIMEOUT = timedelta(seconds=60)
 
 
 def _train_cases(rank, world, cases):
-    """Each case: (zero, optimizer, hierarchical, overlap); world 4 = 2 nodes × 2 ranks."""
+    """Each case: (zero, optimizer, hierarchical, overlap); world 4 = 2 nodes × 2 ranks.
+    ``hierarchical="one thread"``: the chain issued as on CUDA (NCCL), from the thread that runs
+    backward, with the order of issue recorded."""
+    import threading
+
+    import mscale.parallel.reduce as reduce
     from mscale.dist.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
@@ -31,19 +37,41 @@ def _train_cases(rank, world, cases):
     groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=per_node), rank, TIMEOUT,
                           hierarchical_dp=world == 4)
     out = {}
+    threaded = reduce.issue_from_thread
     for zero, optimizer, hier, overlap in cases:
         cfg = config(optimizer, overlap_grad_reduce=overlap)
         params = make_params(0)
+        reduce.issue_from_thread = (lambda device: False) if hier == "one thread" else threaded
         grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES,
-                           overlap=overlap, hierarchical=hier)
+                           overlap=overlap, hierarchical=bool(hier))
+        reduce.issue_from_thread = threaded
+        if hier == "one thread":
+            grads.comm.issued = []
+        outer = _time_calls(grads, "finish")
         opt = DistributedOptimizer(params, grads, cfg, groups)
         losses, norms, waits = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
         out[(zero, optimizer, hier, overlap)] = {
             "losses": losses, "norms": norms, "params": [p.detach() for p in params],
             "overlapped": grads.overlapped_buckets, "buckets": len(grads.layout.buckets),
-            "waits": waits}
+            "waits": list(zip(waits, outer)), "main_thread": threading.get_ident(),
+            "issued": getattr(grads.comm, "issued", None)}
         grads.close()
     return out
+
+
+def _time_calls(obj, name: str) -> list[float]:
+    """Wrap ``obj.name`` so that each call's wall time is appended to the returned list."""
+    inner, times = getattr(obj, name), []
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - t0)
+
+    setattr(obj, name, timed)
+    return times
 
 
 def _check(results, world):
@@ -60,18 +88,38 @@ def _check(results, world):
             assert r[key]["norms"] == r0["norms"], key
         assert r0["buckets"] >= 3
         assert (r0["overlapped"] > 0) == overlap, key
-        assert all(w >= 0 for w in r0["waits"])
+        # finish() reports the seconds it spent blocked: some, and no more than the call lasted
+        assert all(0 < waited <= call for waited, call in r0["waits"]), (key, r0["waits"])
+
+
+def _check_issue_order(results, key):
+    """The chain issued from one thread (the training thread, which runs backward on CPU) in one
+    order, the same on every rank: bucket by bucket, each bucket's steps in chain order."""
+    logs = [[(group, op) for group, op, _ in r[key]["issued"]] for r in results]
+    assert all(log == logs[0] for log in logs[1:]), key
+    zero, buckets = key[0], results[0][key]["buckets"]
+    chain = ([("intra", "reduce_scatter"), ("inter", "all_reduce"), ("intra", "all_gather")]
+             if zero == 0 else [("intra", "reduce_scatter"), ("inter", "reduce_scatter")])
+    gather = [] if zero == 0 else [("inter", "all_gather"), ("intra", "all_gather")]
+    assert logs[0] == (chain * buckets + gather * buckets) * STEPS, key
+    for r in results:
+        assert {t for _, _, t in r[key]["issued"]} == {r[key]["main_thread"]}, key
 
 
 def test_dp4_flat_and_hierarchical_all_zero_stages_match_single_process():
     cases = [(z, o, False, True) for z in (0, 1, 2) for o in ("adamw", "lamb")]
     cases += [(z, "adamw", True, True) for z in (0, 1, 2)] + [(1, "lamb", True, True)]
     cases += [(1, "adamw", False, False), (2, "adamw", True, False)]
+    cases += [(z, "adamw", "one thread", True) for z in (0, 1)]
     results = run_distributed(_train_cases, 4, cases)
     _check(results, 4)
     for z in (0, 1, 2):  # hierarchical gives what flat gives
         flat, hier = results[0][(z, "adamw", False, True)], results[0][(z, "adamw", True, True)]
         assert max_rel_diff(hier["params"], flat["params"]) < 1e-5
+    for z in (0, 1):  # issued from one thread (the CUDA path's order): the threaded chain's bits
+        one, hier = results[0][(z, "adamw", "one thread", True)], results[0][(z, "adamw", True, True)]
+        assert all(torch.equal(a, b) for a, b in zip(one["params"], hier["params"])), z
+        _check_issue_order(results, (z, "adamw", "one thread", True))
 
 
 def test_dp2_all_zero_stages_match_single_process():
@@ -252,7 +300,7 @@ def _param_gather_cases(rank, world, cases):
             losses.append(float(loss.detach()))
             grads.finish()
             opt.step(cfg.lr, opt.clip_coef(1.0))
-            pending.append(sum(h is not None for h in grads._gathers))
+            pending.append(grads.param_gather.in_flight)
         opt.wait_params()
         out[(zero, optimizer, deferred)] = {"losses": losses, "pending": pending,
                                             "params": [p.detach().clone() for p in params],

@@ -18,26 +18,16 @@ copying. A gradient that is not the view when the hook runs (a parameter that is
 back (non-fp32 parameters: ``.grad`` is released instead). ``create_graph=True`` backward is
 refused: AccumulateGrad then builds ``grad + new`` out of place.
 
-Parameters as views of a flat buffer (Megatron's contiguous parameter buffer). When every
-parameter is fp32 on one device, the GradBuffer moves them into one flat tensor with the
-gradient buffer's layout (``param.data`` becomes a view; each stays the same ``nn.Parameter``,
-registered in its module, with its ParamSpec). The ZeRO 1/2 all-gather of updated shards then
-writes straight into parameter storage, and where the owned space is the whole buffer (ZeRO 0,
-or DP size 1) the optimizer's fp32 master *is* that flat buffer, updated in place: no copy back.
-Moving a module (``.to()``) after the buffer is built would break the views; build it last.
+The parameters themselves, as views of one flat buffer with this layout, and the all-gather of
+updated shards back into them (possibly deferred to the next forward) are `ParamGather`'s job
+(parallel/param_gather.py); this buffer builds it and forwards the calls the loop, the engine and
+the checkpoint make (`write_params`, `wait_params`, `attach_modules`, `param_buffer`).
 
 On the last micro-batch (outside `no_sync`) each bucket's reduction starts as soon as its last
 gradient has arrived. Buckets are launched strictly in bucket order (a ready bucket waits for
 earlier ones) so every rank issues the same collectives in the same order even if hooks fire in
 a slightly different order. Reduction = mean over the DP group: each bucket is divided by the DP
 size, then summed.
-
-Parameter all-gather overlapped with the next forward (Megatron's ``overlap_param_gather``;
-ZeRO 1/2 at DP size > 1 with the flat parameter buffer): once `attach_modules` has installed
-forward pre-hooks on the model chunks and one forward has run, `write_params` launches each
-bucket's all-gather (the first layers' bucket, the last one, first) and returns; a module's
-pre-hook waits for the buckets holding its own parameters, a root's for parameters that no
-module's forward was seen to own. Readers outside a forward call `wait_params`.
 
 Memory, honestly (gradients; the parameters themselves are the flat parameter buffer, the
 model's own size plus at most dp-1 padding elements per bucket):
@@ -64,8 +54,8 @@ import time
 
 import torch
 
-from mscale.dist.collectives import COMM_CLOCK
 from mscale.parallel.buckets import BufferLayout
+from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.reduce import make_comm
 
 
@@ -87,7 +77,7 @@ class GradBuffer:
         self.zero_stage = zero_stage
         self.overlap = overlap
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.comm = make_comm(groups, hierarchical)
+        self.comm = make_comm(groups, hierarchical, self.device)
         self.dp_size = self.comm.size
         self.shard_index = self.comm.shard_index
         self.layout = BufferLayout(self.params, self.dp_size, max(1, bucket_bytes // 4))
@@ -104,9 +94,10 @@ class GradBuffer:
                            self._zeros(shard_numel))
         self._as_view = [self._viewable(self.params[s.index]) for s in self.layout.slots]
         self._views: list[torch.Tensor | None] = [None] * len(self.layout.slots)
-        self.param_buffer = self._flatten_params()
-        """The parameters' flat storage in buffer layout (None unless all are fp32 on one
-        device); under ZeRO 0 or at DP size 1 the optimizer's master weights are this tensor."""
+        self.param_gather = ParamGather(self.params, self.layout, self.comm, device=self.device,
+                                        whole=self._whole, flatten=all(self._as_view),
+                                        overlap=overlap_param_gather)
+        """The parameters' flat storage and the all-gathers that refill it (param_gather.py)."""
         self._sync = True
         self._poison = False
         self._launched_early = 0
@@ -116,18 +107,6 @@ class GradBuffer:
         for b in range(nb):
             if self._bufs[b] is not None:
                 self._attach_views(b, keep=True)
-        self.overlap_param_gather = overlap_param_gather
-        self._gathers: list = [None] * nb
-        """Per bucket: the handle of its parameter all-gather still in flight, or None."""
-        self._gather_pending = False
-        self._module_hooks: list = []
-        self._roots: dict[int, list[int] | None] = {}
-        """Per attached root module (id): buckets its own pre-hook waits for (parameters no
-        module's forward was seen to own); None until its first forward has been observed."""
-        self._seen: set[int] = set()
-        self._gather_order = list(reversed(range(nb)))
-        self.param_wait_s = 0.0
-        """Seconds blocked on deferred parameter all-gathers (forward hooks, `wait_params`)."""
         self._hooks = []
         for s, slot in enumerate(self.layout.slots):
             hook = self._hook(s)
@@ -139,20 +118,6 @@ class GradBuffer:
 
     def _viewable(self, p: torch.Tensor) -> bool:
         return p.dtype == torch.float32 and p.device == self.device and p.layout == torch.strided
-
-    def _flatten_params(self) -> torch.Tensor | None:
-        """Move every parameter into one flat fp32 tensor laid out as the gradient buffer."""
-        if not self.params or not all(self._as_view):
-            return None
-        flat = self._zeros(self.layout.total)
-        with torch.no_grad():
-            for s in self.layout.slots:
-                p = self.params[s.index]
-                start = self.layout.buckets[s.bucket].start + s.offset
-                view = flat[start: start + s.numel]
-                view.copy_(p.detach().reshape(-1))
-                p.data = view.view(s.shape)
-        return flat
 
     def _bucket_view(self, b: int) -> torch.Tensor | None:
         if self._full is None:
@@ -301,150 +266,42 @@ class GradBuffer:
         else:
             self._release_buckets()
 
-    def write_params(self, owned_values: torch.Tensor) -> float:
-        """Put updated values over the owned space into the model's parameters.
+    # ----------------------------------------------------------------------------- parameters
+    @property
+    def param_buffer(self) -> torch.Tensor | None:
+        """The parameters' flat storage (`ParamGather.buffer`)."""
+        return self.param_gather.buffer
 
-        Nothing to do when ``owned_values`` is the flat parameter buffer itself (the master
-        weights under ZeRO 0 / DP size 1). ZeRO 1/2 all-gather every bucket's shards, straight
-        into the parameter buffer. Returns seconds blocked on that communication.
-        """
-        flat = self.param_buffer
-        if (flat is not None and owned_values.data_ptr() == flat.data_ptr()
-                and owned_values.numel() == flat.numel()):
-            return 0.0
-        self.wait_params()
-        if self.deferring_param_gather:
-            for b in self._gather_order:
-                bucket = self.layout.buckets[b]
-                n = self.layout.shard_numel(bucket)
-                shard = owned_values[self._offsets[b]: self._offsets[b] + n]
-                full = flat[bucket.start: bucket.start + bucket.padded]
-                self._gathers[b] = self.comm.gather(full, shard)
-            self._gather_pending = True
-            return 0.0
-        if self._whole:
-            full, waited = owned_values, 0.0
-        else:
-            full = flat if flat is not None else torch.empty(self.layout.total, device=self.device)
-            handles = []
-            for b in self.layout.buckets:
-                n = self.layout.shard_numel(b)
-                shard = owned_values[self._offsets[b.index]: self._offsets[b.index] + n]
-                handles.append(self.comm.gather(full[b.start: b.start + b.padded], shard))
-            t0 = time.perf_counter()
-            for h in handles:
-                h.wait()
-            waited = time.perf_counter() - t0
-            if full is flat:
-                return waited
-        with torch.no_grad():
-            if flat is not None:
-                flat.copy_(full)
-                return waited
-            for s in self.layout.slots:
-                start = self.layout.buckets[s.bucket].start + s.offset
-                self.params[s.index].copy_(full[start: start + s.numel].view(s.shape))
-        return waited
+    @property
+    def param_wait_s(self) -> float:
+        """Host seconds blocked on deferred parameter all-gathers (`ParamGather.wait_s`)."""
+        return self.param_gather.wait_s
 
-    # ----------------------------------------------------------------------------- deferred gather
     @property
     def deferring_param_gather(self) -> bool:
-        """True when `write_params` leaves the all-gathers in flight for the forward hooks."""
-        return (self.overlap_param_gather and not self._whole and self.param_buffer is not None
-                and bool(self._roots) and all(v is not None for v in self._roots.values()))
+        """True when `write_params` leaves the all-gathers in flight (`ParamGather.deferring`)."""
+        return self.param_gather.deferring
+
+    def write_params(self, owned_values: torch.Tensor) -> float:
+        """Updated values over the owned space into the parameters (`ParamGather.write`)."""
+        return self.param_gather.write(owned_values)
 
     def attach_modules(self, modules: list[torch.nn.Module]) -> None:
-        """Install forward pre-hooks on ``modules`` (the model chunks; together they must hold
-        every parameter of the buffer) and their submodules, so that the next forward waits for
-        a bucket's parameter all-gather only when a module owning parameters in it runs.
-
-        A parameter read by a forward other than its owner's (e.g. a head weight used through
-        ``F.linear`` by the root) is found in the first forward after attaching (no all-gather
-        is deferred before that one has run): the root's own pre-hook waits for its bucket, and
-        those buckets are gathered first."""
-        self.detach_modules()  # attaching again replaces the hooks
-        index = {id(self.params[s.index]): s.bucket for s in self.layout.slots}
-        covered: set[int] = set()
-        for root in modules:
-            for sub in root.modules():
-                buckets = sorted({index[id(p)] for p in sub._parameters.values()
-                                  if p is not None and id(p) in index}, reverse=True)
-                covered.update(id(p) for p in sub._parameters.values() if p is not None)
-                if buckets:
-                    self._module_hooks.append(sub.register_forward_pre_hook(
-                        self._module_hook(id(sub), buckets)))
-            self._roots[id(root)] = None
-            self._module_hooks.append(root.register_forward_pre_hook(self._root_hook(id(root)),
-                                                                     prepend=True))
-            self._module_hooks.append(root.register_forward_hook(self._observe(root, index)))
-        missing = [p for p in self.params if id(p) not in covered]
-        if missing:
-            self.detach_modules()
-            raise ValueError(f"{len(missing)} parameters of the buffer are in none of the modules")
-
-    def _module_hook(self, key: int, buckets: list[int]):
-        def pre(module, args) -> None:
-            if self._gather_pending:
-                self._wait(buckets)
-            elif key not in self._seen:
-                self._seen.add(key)
-        return pre
-
-    def _root_hook(self, key: int):
-        def pre(module, args) -> None:
-            orphans = self._roots[key]
-            if self._gather_pending and orphans:
-                self._wait(orphans)
-        return pre
-
-    def _observe(self, root: torch.nn.Module, index: dict[int, int]):
-        key = id(root)
-
-        def post(module, args, output) -> None:
-            if self._roots.get(key, 0) is not None:  # observed already (or detached)
-                return
-            orphans = set()
-            for sub in root.modules():
-                if id(sub) not in self._seen:
-                    orphans.update(index[id(p)] for p in sub._parameters.values()
-                                   if p is not None and id(p) in index)
-            self._roots[key] = sorted(orphans, reverse=True)
-            if all(v is not None for v in self._roots.values()):
-                first = sorted({b for v in self._roots.values() for b in v}, reverse=True)
-                rest = [b for b in reversed(range(len(self.layout.buckets))) if b not in first]
-                self._gather_order = first + rest
-        return post
-
-    def _wait(self, buckets) -> None:
-        # Inside a forward this wait is exposed communication: COMM_CLOCK hands it to the step's
-        # comm_wait, so the straggler rule (highest compute, lowest wait) still holds.
-        t0 = time.perf_counter()
-        with COMM_CLOCK.timed():
-            for b in buckets:
-                h = self._gathers[b]
-                if h is not None:
-                    h.wait()
-                    self._gathers[b] = None
-        if all(h is None for h in self._gathers):
-            self._gather_pending = False
-        self.param_wait_s += time.perf_counter() - t0
-
-    def wait_params(self) -> None:
-        """Wait for every parameter all-gather still in flight. Call it before reading the
-        parameters outside a forward (checkpoint, evaluation, state dicts, end of training)."""
-        if self._gather_pending:
-            self._wait(self._gather_order)
+        """Forward pre-hooks that wait per bucket (`ParamGather.attach_modules`)."""
+        self.param_gather.attach_modules(modules)
 
     def detach_modules(self) -> None:
-        """Remove the forward hooks (pending all-gathers are waited for first)."""
-        self.wait_params()
-        for h in self._module_hooks:
-            h.remove()
-        self._module_hooks, self._roots, self._seen = [], {}, set()
+        """Remove the forward hooks (`ParamGather.detach_modules`)."""
+        self.param_gather.detach_modules()
+
+    def wait_params(self) -> None:
+        """Wait for the parameter all-gathers in flight (`ParamGather.wait`): before reading
+        parameters outside a forward (checkpoint, evaluation, end of training)."""
+        self.param_gather.wait()
 
     def close(self) -> None:
         """Remove the hooks, drop the ``.grad`` views and stop the communication thread."""
-        self.detach_modules()
+        self.param_gather.detach_modules()
         for h in self._hooks:
             h.remove()
         for b in range(len(self._bufs)):

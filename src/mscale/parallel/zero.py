@@ -5,8 +5,8 @@ every gradient bucket (parallel/buckets.py), updates them from the reduce-scatte
 all-gathers the updated shards back into the model's parameters. Under ZeRO 0 every rank keeps
 and updates everything (identically, from identical all-reduced gradients). Where a rank owns the
 whole buffer (ZeRO 0, or DP size 1) and the parameters are fp32, the master weights are the
-parameters' flat storage (`GradBuffer.param_buffer`) and the step updates the model in place;
-under ZeRO 1/2 the all-gather writes straight into that storage.
+parameters' flat storage (`ParamGather.buffer`, parallel/param_gather.py) and the step updates
+the model in place; under ZeRO 1/2 the all-gather writes straight into that storage.
 
 Per step, after ``grads.finish()``::
 
@@ -65,16 +65,18 @@ class DistributedOptimizer:
         if not same:
             raise ValueError("the optimizer and the gradient buffer must share one parameter list")
         self.params, self.grads = list(params), grads
+        self.gather = grads.param_gather
+        """Where updated values go: the parameters' flat storage and its all-gathers."""
         self.kind = training.optimizer
         self.beta1, self.beta2, self.eps = training.beta1, training.beta2, training.eps
         self.weight_decay = training.weight_decay
         self.pieces = grads.layout.pieces(grads.shard_index if grads.sharded else None)
         self.device = grads.device
-        alias = grads.param_buffer if grads.owns_whole_buffer else None
+        alias = self.gather.buffer if grads.owns_whole_buffer else None
         self.master = alias if alias is not None else torch.zeros_like(grads.owned_grad)
         """fp32 master weights over the owned space. Where that is the whole buffer (ZeRO 0, or
         DP size 1) and the parameters are fp32, it is the parameters' flat storage itself
-        (`GradBuffer.param_buffer`): the step updates the model in place, nothing is copied."""
+        (`ParamGather.buffer`): the step updates the model in place, nothing is copied."""
         self.exp_avg, self.exp_avg_sq = torch.zeros_like(self.master), torch.zeros_like(self.master)
         self._piece_param = torch.tensor([pc.param_index for pc in self.pieces], dtype=torch.long,
                                          device=self.device)
@@ -151,9 +153,9 @@ class DistributedOptimizer:
     def step(self, lr: float, clip_coef: float = 1.0) -> float:
         """Update the owned shard, write the parameters back; returns seconds blocked on the
         parameter all-gather (0 when the all-gathers are left in flight for the next forward:
-        `GradBuffer.attach_modules`). Skipped (gradients dropped) when the gradient is not
-        finite."""
-        self.grads.wait_params()  # the master shard is the source of gathers still in flight
+        `ParamGather.attach_modules`). Skipped (gradients dropped) when the gradient is not
+        finite. The wait is also counted by COMM_CLOCK (the step timer's ``comm_wait``)."""
+        self.gather.wait()  # the master shard is the source of gathers still in flight
         self.grad_norm()
         grad = self.grads.owned_grad
         waited = 0.0
@@ -162,7 +164,7 @@ class DistributedOptimizer:
                 grad.mul_(clip_coef)
             self.step_count += 1
             (self._adamw if self.kind == "adamw" else self._lamb)(grad, lr)
-            waited = self.grads.write_params(self.master)
+            waited = self.gather.write(self.master)
         self.grads.zero_grad()
         self._norm = None
         return waited
@@ -190,8 +192,8 @@ class DistributedOptimizer:
             torch._foreach_add_(self._views(self.master), views)
 
     def wait_params(self) -> None:
-        """Wait for the parameter all-gathers still in flight (`GradBuffer.wait_params`)."""
-        self.grads.wait_params()
+        """Wait for the parameter all-gathers still in flight (`ParamGather.wait`)."""
+        self.gather.wait()
 
     # ------------------------------------------------------------------------------- state
     def shard_pieces(self) -> list[ShardPiece]:
@@ -219,9 +221,9 @@ class DistributedOptimizer:
             if entry is None or tuple(entry["range"]) != (pc.param_lo, pc.param_hi):
                 raise ValueError(f"optimizer state for {pc.name}[{pc.param_lo}:{pc.param_hi}] "
                                  "is missing or sharded differently; reshard it first")
-            self.grads.wait_params()
+            self.gather.wait()
             for key in STATE_KEYS:
                 getattr(self, key)[pc.owned_lo: pc.owned_hi].copy_(entry[key])
         self.step_count = int(sd["step"])
-        self.grads.write_params(self.master)
+        self.gather.write(self.master)
         self.grads.zero_grad()
