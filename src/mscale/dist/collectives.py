@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -65,32 +66,131 @@ def reduce_scatter_into(out: torch.Tensor, inp: torch.Tensor, group: dist.Proces
     return dist.reduce_scatter_tensor(out, inp, group=group, async_op=async_op)
 
 
+class HostClock:
+    """Marks from a monotonic clock (``now``, injectable so tests need no real sleeps). Exact on
+    CPUs, where every call is synchronous: a region's end mark is taken when its work is done."""
+
+    immediate = True
+
+    def __init__(self, now: Callable[[], float] = time.perf_counter):
+        self.now = now
+
+    def mark(self) -> float:
+        return self.now()
+
+    def seconds(self, a: float, b: float) -> float:
+        return b - a
+
+    def settle(self, last: float) -> None:  # noqa: ARG002 - same calls as CudaClock
+        """Nothing to wait for: host marks are final when taken."""
+
+    def recycle(self) -> None:
+        """Nothing to recycle."""
+
+
+class CudaClock:
+    """Marks are CUDA events recorded on the current stream of ``device``.
+
+    A mark is the moment the stream *reaches* it, so the seconds between two marks are how long
+    the compute stream spent on what was queued between them: a wait for a collective, a data
+    copy, or nothing at all when the host queued that work while the device was still busy.
+    Reading needs the events complete; the step timer waits once, at the step's end (`settle`),
+    instead of synchronizing around every region, which would stop the CPU queuing ahead.
+    Events come from a pool reused after each `recycle` (creating ~2 per collective per step
+    would cost more than recording them)."""
+
+    immediate = False
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._free: list = []
+        self._used: list = []
+
+    def mark(self):
+        ev = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        self._used.append(ev)
+        return ev
+
+    def seconds(self, a, b) -> float:
+        try:
+            return a.elapsed_time(b) / 1e3
+        except RuntimeError:  # a mark recorded on another stream than the settled one
+            a.synchronize()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+
+    def settle(self, last) -> None:
+        """The step's one synchronize: every mark on this stream before ``last`` is then final."""
+        last.synchronize()
+
+    def recycle(self) -> None:
+        """Every mark handed out so far is resolved: their events may be recorded again."""
+        self._free.extend(self._used)
+        self._used.clear()
+
+
+def clock_for(device: torch.device | None) -> HostClock | CudaClock:
+    """CUDA events on a CUDA device, the monotonic clock elsewhere."""
+    if device is not None and device.type == "cuda":
+        return CudaClock(device)
+    return HostClock()
+
+
 class CommClock:
-    """Seconds the training thread spent inside blocking collectives since the last `take`.
+    """Time the training thread spent inside blocking collectives since the last `take`.
 
     Tensor-parallel collectives sit in the middle of forward and backward, so no region timer
     around the step can see them; their call sites wrap themselves in `timed()`. The step timer
     moves the total into ``comm_wait`` at the end of each step. Without this, the TP peer of a slow
     rank would look busy (its wait hidden inside "compute") and the straggler rule (highest compute,
-    lowest wait) would point at the wrong rank. On GPUs NCCL calls return once enqueued, so this
-    clock measures launch time only; there the engine's region timers carry the signal.
+    lowest wait) would point at the wrong rank.
+
+    The step timer installs its clock (`use`). On CPUs (`HostClock`) each span is added up at
+    once into `seconds`. On GPUs NCCL calls return once enqueued, so host time would measure the
+    launch only; there (`CudaClock`) a span is a pair of events around the call on the current
+    stream, which the stream reaches before the collective starts and after it (or the stream's
+    wait for it) ends: how long the compute stream waited. Those spans are kept until the step
+    timer resolves them at the step's end.
     """
 
     def __init__(self) -> None:
+        self.clock: HostClock | CudaClock = HostClock()
         self.seconds = 0.0
+        """Resolved seconds (host clock)."""
+        self.spans: list[tuple] = []
+        """Event pairs not resolved yet (device clock)."""
+
+    def use(self, clock) -> None:
+        """Time with ``clock`` from now on, forgetting everything counted so far."""
+        self.clock, self.seconds, self.spans = clock, 0.0, []
 
     @contextmanager
     def timed(self):
-        t0 = time.perf_counter()
+        clock = self.clock
+        a = clock.mark()
         try:
             yield
         finally:
-            self.seconds += time.perf_counter() - t0
+            b = clock.mark()
+            if clock.immediate:
+                self.seconds += clock.seconds(a, b)
+            else:
+                self.spans.append((a, b))
+
+    def position(self) -> tuple[float, int]:
+        """Where the count stands; `between` two positions is the collective time in between."""
+        return self.seconds, len(self.spans)
+
+    def between(self, p0: tuple[float, int], p1: tuple[float, int]) -> float:
+        """Seconds counted from ``p0`` to ``p1`` (device spans must be settled: see CudaClock)."""
+        return p1[0] - p0[0] + sum(self.clock.seconds(a, b) for a, b in self.spans[p0[1]:p1[1]])
 
     def take(self) -> float:
         """Return the accumulated seconds and start again from zero."""
-        s, self.seconds = self.seconds, 0.0
-        return s
+        total = self.between((0.0, 0), self.position())
+        self.seconds, self.spans = 0.0, []
+        return total
 
 
 COMM_CLOCK = CommClock()

@@ -15,6 +15,8 @@ import math
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
 from mscale.config.plan import Plan
 from mscale.config.records import Event
@@ -33,7 +35,7 @@ from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
-from mscale.train.step import forward_backward
+from mscale.train.step import run_micro_batches
 from mscale.train.timers import StepTimer
 
 
@@ -152,7 +154,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                 gc.collect()
             timings = timer.end_step()
             reporter = g.is_last_stage and g.tp_rank == 0
-            vectors = gather_rank_vectors(timings, result.loss if reporter else None,
+            vectors = gather_rank_vectors(timings, result.device_loss if reporter else None,
                                           engine.env.world_size)
             if engine.env.rank == 0:
                 rec = build_record(vectors, step=step + 1, grad_norm=result.grad_norm,
@@ -209,8 +211,9 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) ->
 class StepResult:
     """What one optimizer step produced on this rank."""
 
-    loss: float | None
-    """This rank's mean loss over the step's micro-batches (None off the last stage)."""
+    device_loss: torch.Tensor | None
+    """This rank's mean loss over the step's micro-batches (None off the last stage), still on
+    the device: the metrics gather reads it once per step."""
     grad_norm: float
     """Global gradient norm before clipping (identical on every rank)."""
     threshold: float
@@ -220,11 +223,20 @@ class StepResult:
     finite: bool
     """False when the norm was NaN/Inf: the optimizer step was not taken."""
 
+    @property
+    def loss(self) -> float | None:
+        """The mean loss as a number (waits for the device: not on the per-step path)."""
+        return None if self.device_loss is None else float(self.device_loss)
+
 
 def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
-    """One optimizer step: micro-batches, DP reduction, norm, NaN stop, clipping, update."""
-    loss = forward_backward(engine, step, timer)
-    timer.add("comm_wait", engine.grads.finish())
+    """One optimizer step: micro-batches, DP reduction, norm, NaN stop, clipping, update.
+
+    DP communication the step waits for is ``comm_wait``: the reduction's wait as a region (on a
+    GPU, how long the stream waited), the optimizer's parameter all-gather through COMM_CLOCK."""
+    loss = run_micro_batches(engine, step, timer)
+    with timer.region("comm_wait"):
+        engine.grads.finish()
     norm = engine.optimizer.grad_norm()
     threshold = engine.clipper.threshold()
     lr = learning_rate(engine.plan.training, step)
@@ -232,7 +244,7 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
         return StepResult(loss, norm, threshold, lr, finite=False)
     for guard in engine.update_guards:  # a checkpoint still copying this state to host
         guard()
-    timer.add("comm_wait", engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6))))
+    engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6)))
     engine.clipper.update(norm)
     return StepResult(loss, norm, threshold, lr, finite=True)
 

@@ -17,16 +17,19 @@ from mscale.config.records import MetricsRecord
 FIELDS = ("step", "compute", "comm_wait", "data", "bubble", "loss", "loss_weight")
 
 
-def gather_rank_vectors(timings: dict[str, float], loss: float | None, world: int) -> torch.Tensor | None:
+def gather_rank_vectors(timings: dict[str, float], loss: torch.Tensor | float | None,
+                        world: int) -> torch.Tensor | None:
     """Gather [world, len(FIELDS)] on rank 0 (None elsewhere).
 
     ``loss`` is this rank's mean loss if it computed one (last pipeline stage, TP rank 0), else
     None; rank 0 averages the contributed losses with weight 1 each, which is the mean over DP
-    replicas of equal-sized shards.
+    replicas of equal-sized shards. A device tensor is read here, once per step: the only point
+    where the host waits for the loss (after the step timer's synchronize, so at no extra cost).
     """
+    value = 0.0 if loss is None else float(loss)
     row = torch.tensor([timings["step"], timings["compute"], timings["comm_wait"], timings["data"],
-                        timings["bubble"], 0.0 if loss is None else loss,
-                        0.0 if loss is None else 1.0], dtype=torch.float64)
+                        timings["bubble"], value, 0.0 if loss is None else 1.0],
+                       dtype=torch.float64)
     if not dist.is_initialized() or world == 1:
         return row.unsqueeze(0)
     rank = dist.get_rank()

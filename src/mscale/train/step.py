@@ -17,7 +17,20 @@ from mscale.train.timers import StepTimer
 
 
 def forward_backward(engine, step: int, timer: StepTimer) -> float | None:
-    """Run one step's micro-batches; return this rank's mean loss (None off the last stage)."""
+    """`run_micro_batches` with the loss read as a number: a host sync, for tests and tools
+    (the training loop keeps it on the device until the metrics gather)."""
+    loss = run_micro_batches(engine, step, timer)
+    return None if loss is None else float(loss)
+
+
+def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | None:
+    """Run one step's micro-batches; return this rank's mean loss (None off the last stage).
+
+    The loss stays a 0-dim float64 tensor on the device: reading it per micro-batch would make
+    the host wait for the device every time and stop it queuing ahead. It is summed there, in
+    float64 and in micro-batch order, which gives exactly the bits of the host sum it replaces,
+    and read once per step by the metrics gather (train/metrics.py).
+    """
     if engine.plan.layout.pp > 1:
         from mscale.parallel.pipeline import run_pipeline_step
 
@@ -25,21 +38,36 @@ def forward_backward(engine, step: int, timer: StepTimer) -> float | None:
     model = engine.chunks[0]
     m = engine.micro_batches
     delay = engine.options.inject_delay.get(engine.env.rank, 0.0)
-    total = 0.0
+    total = None
     for j in range(m):
         with timer.region("data"):
-            tokens, labels = engine.loader.get(step, j)
-            tokens, labels = tokens.to(engine.device), labels.to(engine.device)
+            tokens, labels = (to_device(t, engine.device) for t in engine.loader.get(step, j))
         sync = contextlib.nullcontext() if j == m - 1 else engine.grads.no_sync()
         with sync:
             with engine.autocast():
                 loss = model(tokens, labels)
             loss = poison_if_asked(engine, step, loss)
             (loss / m).backward()
-        total += float(loss.detach())
+        total = add_loss(total, loss)
         if delay:
             time.sleep(delay / m)  # test hook: a slow GPU, spread over the step's compute
     return total / m
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch onto ``device``. To a GPU from pinned memory, asynchronously: a plain
+    ``.to("cuda")`` of pageable memory waits until the stream has caught up with the host,
+    once per micro-batch (the pinned copy stays alive until the copy is done: torch's pinned
+    allocator reuses it only then)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def add_loss(total: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
+    """``total + loss`` on the loss's device, in float64 (no host sync)."""
+    value = loss.detach().double()
+    return value if total is None else total + value
 
 
 def poison_if_asked(engine, step: int, loss: torch.Tensor) -> torch.Tensor:

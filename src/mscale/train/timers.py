@@ -1,44 +1,52 @@
-"""Per-rank step timing, split into compute, communication wait and data loading.
+"""Per-rank step timing, split into compute, communication wait, data loading and bubble.
 
 Without this split no straggler can be found: in synchronous training every rank's step time
 equals the slowest rank's, and the culprit is the rank with the highest compute time and the
-lowest communication wait (docs/references.md). Tensor-parallel collectives, which run inside forward and
-backward, are counted by `mscale.dist.collectives.COMM_CLOCK`. On CPUs a monotonic clock is exact
-because every call is synchronous; on GPUs the regions are closed with a device synchronize at
-the region boundary (CUDA events would avoid the sync but make attribution of overlapped kernels
-ambiguous; the boundaries here are the few points where the loop waits anyway).
+lowest communication wait (docs/references.md). Tensor-parallel collectives, which run inside
+forward and backward, are counted by `mscale.dist.collectives.COMM_CLOCK`.
+
+Regions are pairs of marks resolved at the step's end. On CPUs a mark is a monotonic clock
+reading, exact because every call is synchronous. On GPUs a mark is a CUDA event on the current
+stream: a region then measures how long the *compute stream* spent on it (waiting for a
+collective, a batch copy, or for the host to queue the next kernel), and the host never waits
+inside a step, so it keeps queuing ahead of the device. The step's one synchronize is in
+`end_step`, where the events are read. Work the host queued while the device was still busy
+costs the stream nothing, so a region whose work was hidden reads near zero: the exposed time,
+which is what the straggler rule needs.
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import torch
 
-from mscale.dist.collectives import COMM_CLOCK
+from mscale.dist.collectives import COMM_CLOCK, HostClock, clock_for
 
 REGIONS = ("step", "compute", "comm_wait", "data", "bubble")
 
 
-@dataclass
 class StepTimer:
-    """Accumulates seconds per region for the current step."""
+    """Accumulates seconds per region for the current step.
 
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REGIONS, 0.0))
-    _step_start: float = 0.0
+    ``clock``: where marks come from; by default CUDA events on a CUDA ``device`` and the
+    monotonic clock elsewhere. Tests pass a `HostClock` over a fake ``now``.
+    """
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def __init__(self, device: torch.device | None = None, clock=None):
+        self.device = device or torch.device("cpu")
+        self.clock = clock or clock_for(self.device)
+        self._added = dict.fromkeys(REGIONS, 0.0)
+        self._spans: list[tuple] = []
+        self._start = None
 
     def start_step(self) -> None:
-        self.totals = dict.fromkeys(REGIONS, 0.0)
-        self._sync()
-        COMM_CLOCK.take()  # drop what collectives between steps (metrics, control) accumulated
-        self._step_start = time.perf_counter()
+        self._added = dict.fromkeys(REGIONS, 0.0)
+        self._spans = []
+        # the collective clock follows this timer; what collectives between steps (metrics,
+        # control) counted is dropped
+        COMM_CLOCK.use(self.clock)
+        self._start = self.clock.mark()
 
     @contextmanager
     def region(self, name: str):
@@ -48,23 +56,26 @@ class StepTimer:
         batch to TP peers inside ``data``) is left out here, since the clock hands it to
         ``comm_wait`` at the end of the step: every second is counted once.
         """
-        self._sync()
-        t0, inner0 = time.perf_counter(), COMM_CLOCK.seconds
+        p0, m0 = COMM_CLOCK.position(), self.clock.mark()
         try:
             yield
         finally:
-            self._sync()
-            elapsed = time.perf_counter() - t0
-            self.totals[name] += elapsed - (COMM_CLOCK.seconds - inner0)
+            self._spans.append((name, m0, self.clock.mark(), p0, COMM_CLOCK.position()))
 
     def add(self, name: str, seconds: float) -> None:
-        """Add time measured elsewhere (e.g. the DP wait the gradient buffer reports)."""
-        self.totals[name] += seconds
+        """Add time measured elsewhere, in host seconds."""
+        self._added[name] += seconds
 
     def end_step(self) -> dict[str, float]:
-        self._sync()
-        t = self.totals
-        t["step"] = time.perf_counter() - self._step_start
+        end = self.clock.mark()
+        self.clock.settle(end)  # GPU: the step's one synchronize
+        t = dict(self._added)
+        for name, m0, m1, p0, p1 in self._spans:
+            t[name] += self.clock.seconds(m0, m1) - COMM_CLOCK.between(p0, p1)
+        t["step"] = self.clock.seconds(self._start, end)
         t["comm_wait"] += COMM_CLOCK.take()  # tensor-parallel collectives inside forward/backward
         t["compute"] = max(0.0, t["step"] - t["comm_wait"] - t["data"] - t["bubble"])
-        return dict(t)
+        self._spans = []
+        COMM_CLOCK.use(HostClock())  # between steps collectives are not attributed
+        self.clock.recycle()
+        return t

@@ -1,10 +1,15 @@
 import math
 import os
 import signal
+import time
+
+import pytest
+import torch
 
 from mscale.config.training import TrainingConfig
 from mscale.train.control import Control
 from mscale.train.schedule import learning_rate
+from mscale.dist.collectives import COMM_CLOCK, CudaClock, HostClock
 from mscale.train.timers import StepTimer
 
 
@@ -40,32 +45,165 @@ def test_signal_becomes_halt_decision(tmp_path):
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def test_timer_splits_regions():
-    import time
+class FakeNow:
+    """A clock that moves only when the test says: region arithmetic without real sleeps."""
 
-    t = StepTimer()
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def _timer() -> tuple[StepTimer, FakeNow]:
+    now = FakeNow()
+    return StepTimer(clock=HostClock(now)), now
+
+
+def test_timer_splits_regions():
+    t, now = _timer()
     t.start_step()
     with t.region("comm_wait"):
-        time.sleep(0.02)
+        now.sleep(0.02)
     with t.region("data"):
-        time.sleep(0.01)
-    time.sleep(0.01)
+        now.sleep(0.01)
+    now.sleep(0.01)
+    t.add("bubble", 0.005)
     out = t.end_step()
-    assert out["comm_wait"] >= 0.02 and out["data"] >= 0.01 and out["compute"] >= 0.009
+    assert out["comm_wait"] == pytest.approx(0.02) and out["data"] == pytest.approx(0.01)
+    assert out["step"] == pytest.approx(0.04) and out["compute"] == pytest.approx(0.005)
     assert math.isclose(out["step"], out["compute"] + out["comm_wait"] + out["data"] + out["bubble"])
+    t.start_step()  # a new step starts from zero
+    now.sleep(0.03)
+    assert t.end_step() == pytest.approx({"step": 0.03, "compute": 0.03, "comm_wait": 0.0,
+                                          "data": 0.0, "bubble": 0.0})
 
 
 def test_collective_time_inside_a_region_counts_once_as_comm():
-    import time
-
-    from mscale.dist.collectives import COMM_CLOCK
-
-    t = StepTimer()
+    t, now = _timer()
+    COMM_CLOCK.use(HostClock(FakeNow()))  # a stale clock: start_step must install the timer's
     t.start_step()
+    with COMM_CLOCK.timed():  # e.g. a TP all-reduce inside forward
+        now.sleep(0.002)
     with t.region("data"):
-        time.sleep(0.01)
+        now.sleep(0.01)
         with COMM_CLOCK.timed():  # e.g. the batch broadcast to TP peers
-            time.sleep(0.03)
+            now.sleep(0.03)
     out = t.end_step()
-    assert 0.01 <= out["data"] < 0.025 and out["comm_wait"] >= 0.03
-    assert math.isclose(out["step"], out["compute"] + out["comm_wait"] + out["data"] + out["bubble"])
+    assert out["data"] == pytest.approx(0.01) and out["comm_wait"] == pytest.approx(0.032)
+    assert out["step"] == pytest.approx(0.042) and out["compute"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_collectives_between_steps_are_not_counted():
+    t, now = _timer()
+    t.start_step()
+    now.sleep(0.01)
+    t.end_step()
+    with COMM_CLOCK.timed():  # metrics gather, control all-reduce
+        time.sleep(0.001)
+    t.start_step()
+    now.sleep(0.01)
+    assert t.end_step()["comm_wait"] == 0.0
+
+
+def test_default_clock_follows_the_device():
+    assert isinstance(StepTimer().clock, HostClock)
+    assert isinstance(StepTimer(torch.device("cuda", 0)).clock, CudaClock)  # no GPU needed
+
+
+class FakeEvents:
+    """The GPU clock's contract on a CPU: marks are events readable only after `settle`, as
+    CUDA events are only after the synchronize; reading one earlier would be a host sync."""
+
+    immediate = False
+
+    def __init__(self, now: FakeNow):
+        self.now, self.settles, self.recycled = now, 0, 0
+        self._live, self._settled = [], set()
+
+    def mark(self):
+        event = [self.now()]  # a fresh object per mark, like an event
+        self._live.append(event)
+        return event
+
+    def seconds(self, a, b) -> float:
+        assert {id(a), id(b)} <= self._settled, "read before the step's synchronize"
+        return b[0] - a[0]
+
+    def settle(self, last) -> None:
+        self.settles += 1
+        self._settled |= {id(e) for e in self._live}
+
+    def recycle(self) -> None:
+        self.recycled += 1
+
+
+def test_device_clock_is_read_once_per_step_after_one_settle():
+    now = FakeNow()
+    clock = FakeEvents(now)
+    t = StepTimer(clock=clock)
+    for step in range(2):
+        t.start_step()
+        with COMM_CLOCK.timed():
+            now.sleep(0.004)
+        with t.region("bubble"):
+            now.sleep(0.002)
+            with COMM_CLOCK.timed():
+                now.sleep(0.001)
+        t.add("comm_wait", 0.5)  # host seconds measured elsewhere still add up
+        now.sleep(0.003)
+        assert clock.settles == step and clock.recycled == step  # no sync inside the step
+        out = t.end_step()
+        assert clock.settles == step + 1 and clock.recycled == step + 1
+        assert out == pytest.approx({"step": 0.01, "bubble": 0.002, "comm_wait": 0.505,
+                                     "data": 0.0, "compute": 0.0})
+    assert isinstance(COMM_CLOCK.clock, HostClock)  # between steps: not the device clock
+
+
+class _Loader:
+    def get(self, step, j):
+        g = torch.Generator().manual_seed(10 * step + j)
+        x = torch.randn(3, 4, generator=g)
+        return x, x.sum(1)
+
+
+class _Engine:
+    """What `run_micro_batches` reads of an engine, without process groups."""
+
+    def __init__(self, m: int):
+        import contextlib
+        from types import SimpleNamespace
+
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 1)
+        self.chunks = [lambda x, y: ((lin(x).squeeze(1) - y) ** 2).mean() * 1.7]
+        self.plan = SimpleNamespace(layout=SimpleNamespace(pp=1))
+        self.micro_batches, self.device = m, torch.device("cpu")
+        self.options = SimpleNamespace(inject_delay={}, inject_nan_step=None)
+        self.env = SimpleNamespace(rank=0)
+        self.loader = _Loader()
+        self.grads = SimpleNamespace(no_sync=contextlib.nullcontext)
+        self.autocast = contextlib.nullcontext
+
+
+def test_loss_stays_a_tensor_until_the_gather_and_keeps_its_bits(monkeypatch):
+    from mscale.train.metrics import gather_rank_vectors
+    from mscale.train.step import run_micro_batches
+
+    engine, m = _Engine(5), 5
+    expect = 0.0  # the host sum the device sum replaces: float64, micro-batch order
+    for j in range(m):
+        x, y = engine.loader.get(3, j)
+        expect += float(engine.chunks[0](x, y).detach())
+    expect /= m
+    reads = []
+    to_float = torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(1) or to_float(t))
+    loss = run_micro_batches(engine, 3, StepTimer(clock=HostClock(FakeNow())))
+    assert reads == [] and isinstance(loss, torch.Tensor) and loss.dtype == torch.float64
+    timings = dict.fromkeys(("step", "compute", "comm_wait", "data", "bubble"), 0.0)
+    row = gather_rank_vectors(timings, loss, 1)[0]
+    assert reads == [1] and row[5].item() == expect and row[6].item() == 1.0

@@ -61,12 +61,13 @@ class PipelineStep:
         self.link = _link(engine)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         """(micro, chunk) → (input that needs its gradient, output to run backward from)."""
-        self.losses: list[float] = []
+        self.loss_sum: torch.Tensor | None = None
+        """Sum of this rank's micro-batch losses, kept on the device (float64, in order)."""
 
     def _need(self, k: int):
         return needs(self.actions[k], self.rank, self.pp, self.vpp) if k < len(self.actions) else None
 
-    def run(self) -> float | None:
+    def run(self) -> torch.Tensor | None:
         self.link.post([], [n for n in (self._need(0), self._need(1)) if n is not None])
         for k, action in enumerate(self.actions):
             out = self._forward(k, action) if action.forward else self._backward(k, action)
@@ -76,7 +77,7 @@ class PipelineStep:
             self.link.reap()
         with self.timer.region("comm_wait"):
             self.link.drain()
-        return sum(self.losses) / self.m if self.losses else None
+        return None if self.loss_sum is None else self.loss_sum / self.m
 
     def _receive(self, k: int) -> torch.Tensor:
         """Wait for action k's input; the wait counts as bubble in warm-up and cool-down."""
@@ -104,7 +105,8 @@ class PipelineStep:
                 loss = chunk(x, labels)
             if engine.options.inject_nan_step == self.step + 1:  # as train.step.poison_if_asked
                 loss = loss * float("nan")
-            self.losses.append(float(loss.detach()))
+            value = loss.detach().double()  # no host sync: read once per step, in the gather
+            self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
             self.saved[(a.micro, a.chunk)] = (grad_in, loss / self.m)
             return loss
         with engine.autocast():
@@ -125,11 +127,12 @@ class PipelineStep:
         return None if x is None else x.grad
 
 
-def run_pipeline_step(engine, step: int, timer) -> float | None:
+def run_pipeline_step(engine, step: int, timer) -> torch.Tensor | None:
     """One step's forwards and backwards under 1F1B / interleaved 1F1B.
 
     Returns this rank's mean loss over the step's micro-batches on the rank holding the last
-    virtual stage, None elsewhere. Gradients end in ``engine.grads`` with the DP reduction of
+    virtual stage (a 0-dim float64 tensor on the device, as `train.step.run_micro_batches`),
+    None elsewhere. Gradients end in ``engine.grads`` with the DP reduction of
     every bucket launched (the loop's ``grads.finish()`` waits for it).
     """
     return PipelineStep(engine, step, timer).run()
