@@ -40,8 +40,6 @@ LIMIT_BYTES = 4 << 30
 """Address-space cap of a real-binary run: a bad size must not take the machine's memory."""
 
 PENDING: dict[str, list[str]] = {
-    "ckpt": ["convert-hf-config-no-hidden", "convert-hf-config-hidden-wide",
-             "convert-hf-config-layers-1e9"],
 }
 """Cases that fail today, by the owner of the fix (case ids)."""
 

@@ -157,6 +157,23 @@ def llama_fields(data: dict, source: str) -> tuple[dict, dict[str, str]]:
     return fields, names
 
 
+def _check_agrees(data: dict, cfg: ModelConfig, source: str) -> None:
+    """An mscale export carries both LLaMA's size fields and the exact ``mscale_model``; they
+    must say the same thing (transformers reads the first, mscale the second), and the shape
+    fields must be there: a config.json edited on one side only is refused by its HF field."""
+    from mscale.ckpt.hf import hf_config
+
+    expected = hf_config(cfg)
+    for key in (*REQUIRED, "num_key_value_heads"):
+        if key not in data:
+            raise refuse(source, key, "missing beside mscale_model", "restore the field as the "
+                         f"export wrote it ({short(expected[key])}), or drop mscale_model")
+        if data[key] != expected[key] or isinstance(data[key], bool):
+            raise refuse(source, key, f"{short(data[key])} disagrees with mscale_model "
+                         f"({short(expected[key])})", "make the two agree (re-export the "
+                         "checkpoint), or drop mscale_model to import the LLaMA fields")
+
+
 def model_from_hf_config(data: dict, source: str) -> ModelConfig:
     """The ModelConfig of an HF directory: ``mscale_model`` if present (an mscale export), else
     LLaMA's fields, every unsupported value refused and every error named by its HF field."""
@@ -164,7 +181,9 @@ def model_from_hf_config(data: dict, source: str) -> ModelConfig:
         raise refuse(source, "(top level)", f"config.json must be a JSON object, got "
                      f"{type(data).__name__}", "import an HF model directory's config.json")
     if "mscale_model" in data:
-        return validate(ModelConfig, data["mscale_model"], source, prefix="mscale_model.")
+        cfg = validate(ModelConfig, data["mscale_model"], source, prefix="mscale_model.")
+        _check_agrees(data, cfg, source)
+        return cfg
     fields, names = llama_fields(data, source)
     try:
         return validate(ModelConfig, fields, source)
