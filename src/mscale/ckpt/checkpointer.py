@@ -103,6 +103,8 @@ class Checkpointer:
         self.inflight: _InFlight | None = None
         self.commit_future = None
         self.last_step: int | None = None
+        self.resumed_from: str | None = None
+        """The checkpoint `resume` loaded (for the console's resume line)."""
         self.fingerprint = data_fingerprint
         self.gate: CopyGate | None = None
         engine.update_guards.append(self.before_update)
@@ -285,6 +287,7 @@ class Checkpointer:
         finally:
             reader.close()
         self.last_step = manifest.state.step
+        self.resumed_from = point.path
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "from_layout": manifest.layout,

@@ -7,6 +7,7 @@ from importlib import resources
 
 import typer
 
+from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.cli.app import app
 from mscale.errors import MscaleError
 
@@ -53,10 +54,10 @@ def train_cmd(
                                       "checkpoints (default: training.checkpoint_interval, else "
                                       "the plan's advice)."),
     ckpt_keep: int = typer.Option(3, "--ckpt-keep", min=1, help="Committed checkpoints to keep."),
-    zstd_level: int = typer.Option(None, "--zstd-level", min=-7, max=22,
+    zstd_level: int = typer.Option(None, "--zstd-level", min=MIN_LEVEL, max=MAX_LEVEL,
                                    help="zstd level of checkpoint chunks; 0 = uncompressed "
                                    "[default: 1]."),
-    ckpt_level: int = typer.Option(None, "--ckpt-level", min=-7, max=22, hidden=True,
+    ckpt_level: int = typer.Option(None, "--ckpt-level", min=MIN_LEVEL, max=MAX_LEVEL, hidden=True,
                                    help="Old spelling of --zstd-level."),
     final_ckpt: bool = typer.Option(True, "--final-ckpt/--no-final-ckpt",
                                     help="Save a checkpoint after the last step."),

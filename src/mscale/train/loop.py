@@ -113,7 +113,7 @@ def _run(engine: Engine, s: RunSession) -> int:
     first = ckpt.resume()
     steps = plan.training.steps
     if first:
-        _say(engine, resume_line(getattr(ckpt, "resumed_from", None) or s.run.ckpt, first, steps))
+        _say(engine, resume_line(ckpt.resumed_from or s.run.ckpt, first, steps))
     engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()
