@@ -1,4 +1,4 @@
-"""FLOPs and parameter counts against hand expansions of the facts.md formulas."""
+"""FLOPs and parameter counts against hand expansions of the docs/references.md formulas."""
 
 import pytest
 
@@ -44,7 +44,7 @@ def test_selective_recompute_repeats_only_attention_core():
 
 
 def test_megascale_mfu_reproduces_from_published_iteration_times():
-    """facts.md: the paper's MFUs reproduce with a 312 TFLOP/s peak. Table 2 (batch 6144).
+    """docs/references.md: the paper's MFUs reproduce with a 312 TFLOP/s peak. Table 2 (batch 6144).
 
     The Korthikanti count comes out 1.0-1.2% (relative) above the paper's MFU column at every
     point, so the paper's own count differs slightly (it is not stated); 1.5% is the tolerance.

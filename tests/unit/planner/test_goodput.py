@@ -12,7 +12,7 @@ def test_young_daly():
 
 
 def test_default_rate_reproduces_llama3_interruption_interval():
-    # Llama 3 (facts.md): one unexpected interruption every ~3.1 h on 16K GPUs = 2048 nodes
+    # Llama 3 (docs/references.md): one unexpected interruption every ~3.1 h on 16K GPUs = 2048 nodes
     assert job_mtbf_s(2048, 3.79) / 3600 == pytest.approx(3.1, abs=0.05)
 
 

@@ -1,4 +1,4 @@
-"""Activation and model-state bytes against hand values from facts.md."""
+"""Activation and model-state bytes against hand values from docs/references.md."""
 
 import pytest
 
