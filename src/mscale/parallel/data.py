@@ -300,7 +300,8 @@ class GradBuffer:
         self.param_gather.wait()
 
     def close(self) -> None:
-        """Remove the hooks, drop the ``.grad`` views and stop the communication thread."""
+        """Remove the hooks (parameter all-gathers in flight are waited for) and drop the ``.grad``
+        views."""
         self.param_gather.detach_modules()
         for h in self._hooks:
             h.remove()

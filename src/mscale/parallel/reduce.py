@@ -9,31 +9,27 @@ Three strategies with the same two calls, each returning a handle with ``wait()`
   (ZeRO 1/2) of that chunk across nodes, then (ZeRO 0) all-gather inside the node. Each step
   needs the previous one's result, on another group.
 
-Who issues the hierarchical chain, and why the order is the same on every rank:
+Who issues the hierarchical chain, and why the order is the same on every rank: the thread that
+runs backward (the training thread; on CUDA, autograd's device thread while the training thread
+waits inside ``backward()``), with ``async_op`` handles, never a second host thread. So the host
+issues, in program order, bucket 0's collectives, then bucket 1's, ...: one sequence, identical on
+every rank (buckets launch strictly in order, parallel/data.py; the tensor- and pipeline-parallel
+collectives around them come in the same program order too). Each collective depends only on
+collectives issued before it in that sequence, so by induction each one can complete on every
+rank once the ones before it have: no cycle between the intra and inter communicators. A second
+host thread would interleave its collectives with the training thread's in a timing-dependent
+order that differs between ranks; NCCL kernels of different communicators launched in different
+orders can deadlock the GPUs.
 
-- CUDA (NCCL): the thread that runs backward, with ``async_op`` handles, never a second host
-  thread. A bucket's whole chain is issued at once on a side stream that first waits for the
-  compute stream (the gradients are complete there); between two steps of the chain the side
-  stream waits for the previous handle (``work.wait()`` blocks the *current stream*, not the
-  host), and the caller's ``wait()`` makes the compute stream wait for the last one. So the host
-  issues, in program order, bucket 0's three collectives, then bucket 1's, ...: one sequence,
-  identical on every rank (buckets launch strictly in order, parallel/data.py). Each collective
-  depends only on collectives issued before it in that sequence, so by induction each one can
-  complete on every rank once the ones before it have: no cycle between the intra and inter
-  communicators, whose streams each run their collectives in that issue order. A second host
-  thread would interleave its collectives with the training thread's tensor- and
-  pipeline-parallel ones in a timing-dependent order that differs between ranks; NCCL kernels of
-  different communicators launched in different orders can deadlock the GPUs. Only one thread
-  issues at a time here (autograd's device thread runs the backward hooks while the training
-  thread waits inside ``backward()``).
-- CPU (gloo): one worker thread runs each bucket's chain with blocking collectives, buckets in
-  order. A gloo collective blocks the thread that waits for it, so on the training thread the
-  chain would stall backward at every step of it; on the worker the chain overlaps backward
-  (docs/benchmarks.md measures the difference). It is safe on gloo: the worker is the only thread
-  that issues on the intra and inter groups, so each of them sees one order (bucket order, chain
-  order), the same on every rank; gloo pairs a group's collectives by their per-group sequence
-  number and runs each group on its own connections and host threads, so a collective of one
-  group (the training thread's TP, PP or DP-norm ones) never waits for another group's.
+- CUDA: a bucket's whole chain is issued at once on a side stream that first waits for the
+  compute stream (the gradients are complete there); between two steps the side stream waits for
+  the previous handle (``work.wait()`` blocks the *current stream*, not the host), and the
+  caller's ``wait()`` makes the compute stream wait for the last one. The host never blocks, and
+  the chain overlaps the rest of backward.
+- CPU (gloo): a gloo wait blocks the thread, so the chain's intermediate waits run inside the
+  backward hook that launches the bucket. Against the former worker thread (which ran each chain
+  with blocking collectives, beside backward) this cost nothing measurable on two cores:
+  4 ranks, ZeRO-1, 4.2 M parameters, step 147-154 ms against 151-155 ms (docs/benchmarks.md).
 
 Shard numbering under hierarchical ZeRO: with ``k`` DP ranks per node and ``n`` nodes, the rank
 at intra position ``i`` on node ``j`` owns shard ``i*n + j`` of each bucket: the intra
@@ -45,7 +41,6 @@ flat one; the optimizer only needs `shard_index`.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -56,14 +51,6 @@ from mscale.dist.collectives import all_gather_into, reduce_scatter_into
 class _Done:
     def wait(self) -> None:
         return None
-
-
-class _FutureHandle:
-    def __init__(self, fut: Future):
-        self._fut = fut
-
-    def wait(self) -> None:
-        self._fut.result()
 
 
 class LocalComm:
@@ -120,12 +107,6 @@ class _StreamHandle:
         self.keep = []
 
 
-def issue_from_thread(device: torch.device) -> bool:
-    """True where the hierarchical chain runs on a worker thread: CPU tensors (gloo). See the
-    module docstring for why, and why CUDA tensors (NCCL) never do."""
-    return device.type == "cpu"
-
-
 class HierarchicalComm:
     """Node-local reduce-scatter, cross-node reduction of the chunk, node-local all-gather."""
 
@@ -135,9 +116,6 @@ class HierarchicalComm:
         self.size = self.k * self.n
         self.shard_index = dist.get_rank(intra) * self.n + dist.get_rank(inter)
         self.device = device
-        threaded = issue_from_thread(device)
-        self._pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="mscale-dp")
-                      if threaded else None)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.issued: list[tuple[str, str, int]] | None = None
         """Set to a list to record (group, collective, issuing thread) in issue order: the
@@ -150,17 +128,14 @@ class HierarchicalComm:
         return self._issue(self._gather, full, shard)
 
     def _issue(self, chain, *tensors: torch.Tensor):
-        """Run ``chain`` on the worker thread (gloo) or issue it here (see the module docstring);
-        ``chain`` returns (the last collective's handle, temporaries to keep until it is done)."""
-        if self._pool is not None:
-            return _FutureHandle(self._pool.submit(lambda: chain(*tensors)[0].wait()))
-        if self._side is None:  # the CUDA path's order on CPU tensors (tests): waits block
-            work, _ = chain(*tensors)
-            return work
+        """Issue ``chain`` from this thread (see the module docstring); it returns the last
+        collective's handle and the temporaries to keep until that one is done."""
+        if self._side is None:  # CPU: the intermediate waits have blocked; the last is pending
+            return chain(*tensors)[0]
         self._side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._side):
             work, keep = chain(*tensors)
-        return _StreamHandle(work, keep + list(tensors))
+        return _StreamHandle(work, keep + [t for t in tensors if t is not None])
 
     def _note(self, group: str, op: str) -> None:
         if self.issued is not None:
@@ -186,13 +161,12 @@ class HierarchicalComm:
         return all_gather_into(full, chunk, self.intra, async_op=True), [chunk]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        pass
 
 
 def make_comm(groups, hierarchical: bool, device: torch.device | None = None):
     """The strategy for this rank's DP group (``groups``: ParallelGroups, or None = one process;
-    ``device``: where the buckets live, which decides who issues a hierarchical chain)."""
+    ``device``: where the buckets live; on CUDA a hierarchical chain runs on a side stream)."""
     if groups is None or groups.dp_size == 1 or groups.dp_group is None:
         return LocalComm()
     intra, inter = groups.dp_intra_group, groups.dp_inter_group
