@@ -1,25 +1,205 @@
 #!/usr/bin/env bash
-# GPU checks, run ON the device machine (one H200) by a session lent one:
+# GPU checks, run ON the device machine (one H200, or more) by a session lent one:
 #   here:   bash scripts/gpu-wheels.sh
 #   device: bash bench/gpu_check.sh            (writes $OUT/gpu-check.txt and metrics)
 # 1. the engine on CUDA with the mixed cpu:gloo,cuda:nccl default group (world 1: one GPU cannot
-#    host two NCCL ranks), bf16 autocast, a ~0.9B LLaMA-class model; 2. its MFU against the
-#    989 TFLOP/s dense peak, median over steps 6..N.
+#    host two NCCL ranks), bf16 autocast, a ~0.9B LLaMA-class model; its MFU against the
+#    989 TFLOP/s dense peak, median over steps 6..N, and its per-step time split.
+# 2. event timers: StepTimer on CUDA against the wall clock around a step of known matmuls (the
+#    split must match, and the host must leave each region before the device finishes it).
+# 3. the loss stays on the device: no synchronizing CUDA call inside a step's micro-batches
+#    (train.step.run_micro_batches under torch.cuda.set_sync_debug_mode), with a control that
+#    the detector sees float(loss).
+# 4. hierarchical DP reduction on NCCL, issued from one thread (needs 4 GPUs: 2 "nodes" x 2;
+#    skipped with a message otherwise): equal to flat, same issue order on every rank.
+# Each of 2-4 prints PASS/FAIL/SKIP; the script exits 1 if any failed. ~2 min on one H200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
+REPORT="$OUT/gpu-check.txt"
 python3 -m pip install -q --no-index --no-deps .whl/*.whl
 python3 -m pip install -q --no-deps --no-build-isolation -e .
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu-check.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu-check.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$REPORT"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$REPORT"
 mscale train plans/gpu-1b-h200.yaml --local 1 --steps "${STEPS:-30}" --run-dir "$OUT/run" \
-  --log-interval 5 2>&1 | tail -n 12 | tee -a "$OUT/gpu-check.txt"
-python3 - "$OUT/run/metrics.jsonl" <<'PY' | tee -a "$OUT/gpu-check.txt"
+  --log-interval 5 2>&1 | tail -n 12 | tee -a "$REPORT"
+python3 - "$OUT/run/metrics.jsonl" <<'PY' | tee -a "$REPORT"
 import json, statistics, sys
 recs = [json.loads(l) for l in open(sys.argv[1])][5:]
 mfu = statistics.median(r["mfu"] for r in recs)
 tps = statistics.median(r["tokens_per_s"] for r in recs)
 print(f"steps {recs[0]['step']}..{recs[-1]['step']}: median MFU {mfu:.3f}, {tps:,.0f} tokens/s, "
       f"loss {recs[0]['loss']:.3f} -> {recs[-1]['loss']:.3f}")
+med = {k: statistics.median(r[k][0] for r in recs)
+       for k in ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time")}
+print("median split (event timers), ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in med.items()))
 PY
+failed=0
+
+echo "== 2. event timers against the wall clock" | tee -a "$REPORT"
+python3 - <<'PY' 2>&1 | tee -a "$REPORT" || failed=1
+import time, torch
+from mscale.dist.collectives import COMM_CLOCK
+from mscale.train.timers import StepTimer
+
+dev = torch.device("cuda", 0)
+a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+def work(n):
+    for _ in range(n):
+        a @ a
+timer, rows = StepTimer(dev), []
+for trial in range(4):
+    torch.cuda.synchronize(dev)
+    w0 = time.perf_counter()
+    timer.start_step()
+    work(20)                                   # compute
+    with timer.region("data"):
+        work(10)
+    h0 = time.perf_counter()
+    with timer.region("comm_wait"):
+        with COMM_CLOCK.timed():               # nested: counted once, as comm_wait
+            work(10)
+    host_in_region = time.perf_counter() - h0
+    out = timer.end_step()
+    rows.append((time.perf_counter() - w0, host_in_region, out))
+wall, host_in_region, out = rows[-1]
+share = {k: out[k] / out["step"] for k in ("compute", "data", "comm_wait")}
+print(f"wall {wall * 1e3:.2f} ms, events: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in out.items())
+      + f" ms; host time inside the comm region {host_in_region * 1e3:.3f} ms")
+ok = (abs(out["step"] - wall) <= 0.05 * wall + 1e-3 and abs(share["compute"] - 0.5) < 0.1
+      and abs(share["data"] - 0.25) < 0.05 and abs(share["comm_wait"] - 0.25) < 0.05
+      and host_in_region < 0.2 * out["comm_wait"])
+print(("PASS" if ok else "FAIL") + ": step = wall within 5%, split 50/25/25 within 5-10 points, "
+      "host left the region before the device finished it (no per-region sync)")
+raise SystemExit(0 if ok else 1)
+PY
+
+echo "== 3. the loss stays on the device until the step's gather" | tee -a "$REPORT"
+python3 - <<'PY' 2>&1 | tee -a "$REPORT" || failed=1
+import os, time, warnings
+import torch, torch.distributed as dist
+from mscale.topology.env import LaunchEnv
+from mscale.train.engine import build_engine
+from mscale.train.loop import train_step
+from mscale.train.options import TrainOptions
+from mscale.train.step import run_micro_batches
+from mscale.train.timers import StepTimer
+from tests.dist.engine_cases import make_plan
+
+dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29533", rank=0,
+                        world_size=1)
+plan = make_plan(dict(mb=2, model=dict(layers=4, hidden=1024, heads=16, kv_heads=8,
+                                       ffn_hidden=2816, vocab=32000, seq_len=1024),
+                      training=dict(global_batch=16, precision="bf16", bucket_mb=25.0)))
+env = LaunchEnv(0, 1, 0, 1, 0, "127.0.0.1", 29533, "bench", "localhost")
+engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused"))
+engine.grads.attach_modules(engine.chunks)
+timer = StepTimer(engine.device)
+for step in range(2):                          # warm-up: allocations, autotuning
+    timer.start_step(); train_step(engine, step, timer); timer.end_step()
+def caught(fn):
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            value = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return value, [str(x.message).splitlines()[0] for x in w if "synchroniz" in str(x.message)]
+timer.start_step()
+t0 = time.perf_counter()
+loss, syncs = caught(lambda: run_micro_batches(engine, 2, timer))
+host_s = time.perf_counter() - t0
+_, control = caught(lambda: float(loss))       # the detector sees a real read
+engine.grads.finish(); engine.optimizer.grad_norm(); engine.optimizer.step(1e-4)
+dev_s = timer.end_step()["step"]
+print(f"run_micro_batches: {len(syncs)} synchronizing calls {syncs[:3]}; host returned after "
+      f"{host_s * 1e3:.1f} ms of a {dev_s * 1e3:.1f} ms step; control float(loss): "
+      f"{len(control)} seen; loss {float(loss):.4f} ({loss.dtype}, {loss.device})")
+ok = not syncs and control and loss.device.type == "cuda"
+print(("PASS" if ok else "FAIL") + ": no host sync inside the micro-batches, the loss a device tensor")
+dist.destroy_process_group()
+raise SystemExit(0 if ok else 1)
+PY
+
+echo "== 4. hierarchical DP reduction on NCCL, issued from one thread" | tee -a "$REPORT"
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+if [ "$NGPU" -lt 4 ]; then
+  echo "SKIP: hierarchical DP needs 4 GPUs (2 nodes x 2 per node), this machine has $NGPU" \
+    | tee -a "$REPORT"
+else
+TMPD=$(mktemp -d)
+cat > "$TMPD/hier_check.py" <<'PY'
+import os, sys, threading
+sys.path.insert(0, os.getcwd())  # the repository root: tests.dist.dp_model (spawned children too)
+from datetime import timedelta
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def run(rank, q):
+    from mscale.dist.groups import build_groups
+    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.spec import get_spec, set_spec
+    from mscale.parallel.zero import DistributedOptimizer
+    from mscale.topology.placement import Placement
+    from tests.dist.dp_model import batch, config, loss_fn, make_params
+    dev = torch.device("cuda", rank); torch.cuda.set_device(dev)
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29534",
+                            rank=rank, world_size=4, timeout=timedelta(seconds=120))
+    groups = build_groups(Placement(tp=1, pp=1, dp=4, gpus_per_node=2), rank,
+                          timedelta(seconds=120), hierarchical_dp=True)
+    res = {}
+    for zero in (0, 1, 2):
+        for hier in (False, True):
+            params = [set_spec(torch.nn.Parameter(p.detach().to(dev)), get_spec(p))
+                      for p in make_params(0)]
+            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=400, hierarchical=hier)
+            if hier:
+                grads.comm.issued = []
+            cfg = config()
+            opt = DistributedOptimizer(params, grads, cfg, groups)
+            for step in range(4):
+                x, y = batch(step)
+                x, y = x[rank * 4:(rank + 1) * 4].to(dev), y[rank * 4:(rank + 1) * 4].to(dev)
+                with grads.no_sync():
+                    (loss_fn(params, x[:2], y[:2]) / 2).backward()
+                (loss_fn(params, x[2:], y[2:]) / 2).backward()
+                grads.finish()
+                opt.step(cfg.lr, clip_coef=opt.clip_coef(cfg.grad_clip))
+            opt.wait_params()
+            res[(zero, hier)] = [p.detach().cpu() for p in params]
+            if hier:
+                log = grads.comm.issued
+                res[("order", zero)] = [(g, o) for g, o, _ in log]
+                # backward hooks run on autograd's device thread while this one waits in
+                # backward(): at most that one thread besides this one, never a worker of ours
+                res[("threads", zero)] = len({t for _, _, t in log} - {threading.get_ident()}) <= 1
+            grads.close()
+    q.put((rank, res))
+    dist.barrier(); dist.destroy_process_group()
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn"); q = ctx.Queue()
+    procs = [ctx.Process(target=run, args=(r, q)) for r in range(4)]
+    for p in procs: p.start()
+    out = dict(q.get(timeout=300) for _ in procs)
+    for p in procs: p.join(60)
+    ok = True
+    for zero in (0, 1, 2):
+        flat, hier = out[0][(zero, False)], out[0][(zero, True)]
+        diff = max(float(((a - b).abs() / (b.abs() + 1e-3)).max()) for a, b in zip(hier, flat))
+        same_order = all(out[r][("order", zero)] == out[0][("order", zero)] for r in out)
+        one_thread = all(out[r][("threads", zero)] for r in out)
+        replicas = all(torch.equal(a, b) for r in out for a, b in zip(out[r][(zero, True)], hier))
+        print(f"ZeRO {zero}: hierarchical vs flat max rel diff {diff:.2e}; "
+              f"{len(out[0][('order', zero)])} collectives in the same order on every rank: "
+              f"{same_order}; from the training thread (or autograd's, inside backward): {one_thread}; "
+              f"replicas equal: {replicas}")
+        ok = ok and diff < 1e-5 and same_order and one_thread and replicas
+    print(("PASS" if ok else "FAIL") + ": hierarchical NCCL reduction from one thread")
+    raise SystemExit(0 if ok else 1)
+PY
+python3 "$TMPD/hier_check.py" 2>&1 | tee -a "$REPORT" || failed=1
+fi
+echo "checks failed: $failed" | tee -a "$REPORT"
+exit "$failed"
