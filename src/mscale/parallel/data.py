@@ -5,7 +5,7 @@ Per step the training loop does::
     for i, mb in enumerate(micro_batches):
         with grads.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext():
             (loss(mb) / len(micro_batches)).backward()
-    comm_wait = grads.finish()          # seconds blocked on DP communication (exposed)
+    grads.finish()                      # waits for the reduction (returns host seconds blocked)
     # then the optimizer (parallel/zero.py): grad_norm(), step(lr, clip_coef)
 
 Gradients as views of the buffer (DDP's ``gradient_as_bucket_view``). Each fp32 parameter's
