@@ -37,6 +37,16 @@ def pick_device(env: LaunchEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch onto ``device``. To a GPU from pinned memory, asynchronously: a plain
+    ``.to("cuda")`` of pageable memory waits until the stream has caught up with the host,
+    once per micro-batch (the pinned copy stays alive until the copy is done: torch's pinned
+    allocator reuses it only then)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def init_distributed(env: LaunchEnv, timeout_s: float = DEFAULT_TIMEOUT_S,
                      backend: str | None = None) -> timedelta:
     """Join the job's default process group; returns the timeout used for every group."""

@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from mscale.dist.init import to_device
 from mscale.train.timers import StepTimer
 
 
@@ -52,16 +53,6 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
         if delay:
             time.sleep(delay / m)  # test hook: a slow GPU, spread over the step's compute
     return total / m
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host batch onto ``device``. To a GPU from pinned memory, asynchronously: a plain
-    ``.to("cuda")`` of pageable memory waits until the stream has caught up with the host,
-    once per micro-batch (the pinned copy stays alive until the copy is done: torch's pinned
-    allocator reuses it only then)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 def add_loss(total: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:

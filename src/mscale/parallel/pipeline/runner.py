@@ -27,6 +27,7 @@ import torch
 
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
+from mscale.dist.init import to_device
 from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, needs, phases,
                                                produces, schedule, virtual_stage)
 
@@ -88,7 +89,8 @@ class PipelineStep:
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self.timer.region("data"):
             tokens, labels = self.engine.loader.get(self.step, micro)
-            return tokens.to(self.engine.device), labels.to(self.engine.device)
+            device = self.engine.device  # pinned and asynchronous to a GPU
+            return to_device(tokens, device), to_device(labels, device)
 
     def _forward(self, k: int, a: Action) -> torch.Tensor:
         """Run one chunk forward; return what goes to the next stage (the loss on the last)."""
