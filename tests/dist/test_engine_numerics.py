@@ -35,7 +35,8 @@ CASES = {
         ("base", dict(dp=4, zero=1, gpn=2, hier=True, recompute="full"))],
     8: [("base", dict(tp=4, dp=2, sp=True, zero=1)),
         ("window", dict(tp=4, dp=2, zero=2, gpn=4)),
-        ("parallel", dict(tp=4, dp=2, sp=True, zero=0, recompute="selective"))],
+        ("parallel", dict(tp=4, dp=2, sp=True, zero=0, recompute="selective")),
+        ("base", dict(tp=2, dp=4, zero=1, gpn=4, hier=True))],
 }
 
 
