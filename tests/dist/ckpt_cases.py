@@ -14,14 +14,15 @@ def build(rank: int, world: int, case: dict):
 
 
 def checkpointer(engine, root: str, events: list, resume: str = "none", **opts):
-    from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
+    from mscale.ckpt.checkpointer import Checkpointer
+    from mscale.ckpt.options import CkptOptions
 
     def emit(**fields):
         if engine.groups.rank == 0:
             events.append(fields)
 
     opts.setdefault("chunk_bytes", 4096)
-    return Checkpointer(engine, root, CkptOptions(resume=resume, **opts), emit)
+    return Checkpointer(engine.live_rank(), root, CkptOptions(resume=resume, **opts), emit)
 
 
 def steps(engine, first: int, last: int, ckpt=None, save_at=(), wait=False) -> list:
@@ -281,3 +282,24 @@ def commit_never_reached(rank: int, world: int, root: str, case: dict, timeout_s
     elapsed = time.monotonic() - t0
     open(done, "w").close()
     return {"error": error, "elapsed": elapsed}
+
+
+def layouts_agree(rank: int, world: int, cases: list[dict]) -> list[str | None]:
+    """Per case: None when the layout derived from the plan alone (`for_plan`, what offline
+    conversion writes) equals the live engine's (`from_live`: its parameters and its optimizer's
+    pieces, i.e. the gradient buffer's real buckets and ZeRO shard), else the first difference."""
+    from dataclasses import fields
+
+    from mscale.ckpt.ownership import for_plan, from_live
+
+    out = []
+    for case in cases:
+        engine = build(rank, world, case)
+        live, offline = from_live(engine.live_rank()), for_plan(engine.plan, rank)
+        diff = next((f"{case}: rank {rank} {f.name}: live {getattr(live, f.name)!r:.300} != "
+                     f"plan {getattr(offline, f.name)!r:.300}"
+                     for f in fields(live) if f.compare
+                     and getattr(live, f.name) != getattr(offline, f.name)), None)
+        out.append(diff)
+        engine.grads.close()
+    return out

@@ -30,39 +30,15 @@ import torch
 import torch.distributed as dist
 
 from mscale.ckpt import catalog, commit
-from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
-from mscale.ckpt.load import CheckpointReader, install, read_for_engine
+from mscale.ckpt.live import LiveRank
+from mscale.ckpt.load import CheckpointReader, install, read_for_rank
 from mscale.ckpt.manifest import RNG, TrainState, tensor_key
-from mscale.ckpt.ownership import Item, from_engine, layout_record, write_items
+from mscale.ckpt.options import CkptOptions
+from mscale.ckpt.ownership import Item, RankLayout, from_live, layout_record, write_items
 from mscale.ckpt.resume import ResumePoint, choose_resume
 from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
 from mscale.ckpt.writer import BackgroundWriter, snapshot_and_write
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
-
-
-@dataclass
-class CkptOptions:
-    """Checkpoint switches of one training run."""
-
-    interval: int | None = None
-    """Steps between saves (None: only on request, before a halt and at the end)."""
-    keep: int = 3
-    """Committed checkpoints kept (the newest is never deleted)."""
-    level: int = 1
-    """zstd level; 0 stores chunks raw."""
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    resume: str = "auto"
-    """``auto`` (RUN/ckpt/latest if any), ``none``, or a checkpoint/run path."""
-    final: bool = True
-    """Save when training finishes."""
-    chunk_delay_s: float = 0.0
-    """Test hook: the writer sleeps this long after each chunk, to hold a save in flight."""
-    copy_delay_s: float = 0.0
-    """Test hook: the writer sleeps this long before the host copy (a slow copy)."""
-
-    @property
-    def codec(self) -> str:
-        return "zstd" if self.level else "raw"
 
 
 @dataclass
@@ -86,17 +62,18 @@ Emit = Callable[..., None]
 class Checkpointer:
     """One per training process; see the module docstring for the rules."""
 
-    def __init__(self, engine, run_ckpt: str, options: CkptOptions, emit: Emit,
+    def __init__(self, live: LiveRank, run_ckpt: str, options: CkptOptions, emit: Emit,
                  data_fingerprint: int | None = None):
-        self.engine, self.root, self.opts, self.emit = engine, run_ckpt, options, emit
-        self.rank = engine.groups.rank
-        self.world = engine.groups.placement.world
+        self.live, self.root, self.opts, self.emit = live, run_ckpt, options, emit
+        self.rank = live.groups.rank
+        self.world = live.groups.placement.world
+        self.interval = options.interval_for(live.plan)
+        """Steps between saves in force (the option, the plan's setting or its advice)."""
         # its own gloo group, with the job's --timeout: gloo's default is 30 minutes, and a rank
         # that never reaches the commit must fail the job as fast as any other collective
-        self.group = (dist.new_group(backend="gloo",
-                                     timeout=timedelta(seconds=engine.options.timeout_s))
+        self.group = (dist.new_group(backend="gloo", timeout=timedelta(seconds=live.timeout_s))
                       if dist.is_initialized() else None)
-        self.layout = from_engine(engine)
+        self.layout = from_live(live)
         self.items = write_items(self.layout) + self._rng_items()
         self.arena = HostArena()
         self.writer = BackgroundWriter()
@@ -107,19 +84,19 @@ class Checkpointer:
         """The checkpoint `resume` loaded (for the console's resume line)."""
         self.fingerprint = data_fingerprint
         self.gate: CopyGate | None = None
-        engine.update_guards.append(self.before_update)
+        live.update_guards.append(self.before_update)
 
     # ------------------------------------------------------------------ what a rank writes
     def _rng_items(self) -> list[Item]:
         out = []
-        for kind, t in rng_states(self.engine.device).items():
+        for kind, t in rng_states(self.live.device).items():
             n = t.numel()
             out.append(Item(tensor_key(f"{RNG}.{kind}", f"rank-{self.rank:05d}"), (n,), "uint8",
                             ((0, n),), (0, n), ("rng", kind)))
         return out
 
     def _sources(self) -> list[torch.Tensor]:
-        return sources(self.engine, self.layout, self.items)
+        return sources(self.live, self.layout, self.items)
 
     # ------------------------------------------------------------------ saving
     def due(self, step: int, requested: bool = False, final: bool = False) -> str | None:
@@ -130,7 +107,7 @@ class Checkpointer:
             return "request"
         if final and self.opts.final:
             return "final"
-        if self.opts.interval and step % self.opts.interval == 0:
+        if self.interval and step % self.interval == 0:
             return "interval"
         return None
 
@@ -142,7 +119,7 @@ class Checkpointer:
         self.wait()
         self._settle_commit()
         waited = time.perf_counter() - t0
-        self.engine.grads.wait_params()  # parameter all-gathers left in flight by the step
+        self.live.optimizer.wait_params()  # parameter all-gathers left in flight by the step
         state = self._train_state(step, lr)
         tensors = self._sources()
         self.gate = CopyGate()
@@ -150,7 +127,8 @@ class Checkpointer:
         future = self.writer.submit(
             snapshot_and_write, self.arena, self.gate, self.items, tensors, ready_event(tensors),
             catalog.join(self.root, name), self.rank, self.opts.codec, self.opts.level,
-            self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s)
+            self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s,
+            device=self.live.device)
         self.inflight = _InFlight(step, name, reason, future, self.gate,
                                   time.perf_counter() - t0, waited, state)
         self.last_step = step
@@ -168,10 +146,10 @@ class Checkpointer:
         commit.status(False, False, self.group)
 
     def _train_state(self, step: int, lr: float | None) -> TrainState:
-        e = self.engine
-        return TrainState(step=step, samples=step * e.plan.training.global_batch,
-                          optimizer=e.optimizer.kind, optimizer_step=e.optimizer.step_count,
-                          lr=lr, clip=e.clipper.state_dict(), data_fingerprint=self.fingerprint,
+        live = self.live
+        return TrainState(step=step, samples=step * live.plan.training.global_batch,
+                          optimizer=live.optimizer.kind, optimizer_step=live.optimizer.step_count,
+                          lr=lr, clip=live.clipper.state_dict(), data_fingerprint=self.fingerprint,
                           rng_world=self.world)
 
     def poll(self) -> None:
@@ -221,7 +199,7 @@ class Checkpointer:
         manifest = commit.build_manifest(
             fl.step, reports, codec=self.opts.codec, level=self.opts.level,
             chunk_bytes=self.opts.chunk_bytes, layout=self._layout_record(),
-            plan=self.engine.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
+            plan=self.live.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
         evidence = _evidence(fl, reports)
         self.commit_future = self.writer.submit(self._commit, fl, manifest, evidence)
 
@@ -263,7 +241,7 @@ class Checkpointer:
             return f"(unreadable: {e})"
 
     def _layout_record(self) -> dict:
-        return layout_record(self.engine.plan)
+        return layout_record(self.live.plan)
 
     def close(self) -> None:
         """Finish what is in flight (collective) and stop the writer thread."""
@@ -282,7 +260,7 @@ class Checkpointer:
         reader = CheckpointReader(point.path, manifest)
         try:
             data = self._agree(lambda: self._read(reader), share=False)
-            install(self.engine, self.layout, manifest, data)
+            install(self.live, self.layout, manifest, data)
             self._restore_state(manifest, data)
         finally:
             reader.close()
@@ -299,7 +277,7 @@ class Checkpointer:
     def _read(self, reader: CheckpointReader) -> dict:
         """Every file read of a resume (no collectives): state, and the RNG states when the
         layout is the one that saved them (per-rank streams mean nothing at another layout)."""
-        data = read_for_engine(reader, self.layout, self.engine.optimizer)
+        data = read_for_rank(reader, self.layout, self.live.optimizer)
         m = reader.manifest
         if m.layout == self._layout_record() and m.state.rng_world == self.world:
             data["rng"] = {}
@@ -311,9 +289,9 @@ class Checkpointer:
 
     def _restore_state(self, manifest, data: dict) -> None:
         if manifest.state.clip:
-            self.engine.clipper.load_state_dict(manifest.state.clip)
+            self.live.clipper.load_state_dict(manifest.state.clip)
         if "rng" in data:
-            set_rng_states(data["rng"], self.engine.device)
+            set_rng_states(data["rng"], self.live.device)
 
     def _agree(self, fn, share: bool = True):
         """Run ``fn`` (rank 0 only when ``share``, then broadcast its result); if it raises on
@@ -339,13 +317,13 @@ class Checkpointer:
         return result
 
 
-def sources(engine, layout, items: list[Item]) -> list[torch.Tensor]:
+def sources(live: LiveRank, layout: RankLayout, items: list[Item]) -> list[torch.Tensor]:
     """The live tensors (views, not copies) behind each item of a rank's write set."""
-    opt, rng = engine.optimizer, rng_states(engine.device)
+    opt, rng = live.optimizer, rng_states(live.device)
     out = []
     for it in items:
         if it.source[0] == "param":
-            out.append(engine.params[it.source[1]])
+            out.append(live.params[it.source[1]])
         elif it.source[0] == "optim":
             pc = layout.pieces[it.source[2]]
             out.append(getattr(opt, it.source[1])[pc.owned_lo: pc.owned_lo + it.count])

@@ -6,7 +6,7 @@ overlap are read and decoded). Nothing else is needed for a layout change: TP ch
 ZeRO/DP changes the flat ranges, PP changes which parameters a rank holds, and each rank asks for
 what it holds now by global name.
 
-`load_into_engine` restores a live engine:
+`read_for_rank` then `install` restore a live training process (`LiveRank`):
 - with optimizer state: every rank reads its ZeRO shard of master, exp_avg and exp_avg_sq and
   the model parameters are rebuilt from the masters by the optimizer's all-gather (the parameters
   *are* the masters after every step), so under ZeRO 1/2 each replica reads 1/dp and none reads
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from mscale.ckpt.catalog import open_shard
 from mscale.ckpt.format import ChunkError, Decoder
+from mscale.ckpt.live import LiveRank, OptimizerState
 from mscale.ckpt.manifest import DTYPES, MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
 from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
 from mscale.ckpt.slices import Box, copy_overlap, intersect, rows_box
@@ -173,10 +174,10 @@ def _key_of(key: str) -> str:
     return split_key(key)[0]
 
 
-def install(engine, rl: RankLayout, manifest: Manifest, data: dict) -> None:
-    """Put what `read_for_engine` returned into the live engine (collectives: the ZeRO-0
+def install(live: LiveRank, rl: RankLayout, manifest: Manifest, data: dict) -> None:
+    """Put what `read_for_rank` returned into the live process (collectives: the ZeRO-0
     broadcast and the optimizer's parameter all-gather)."""
-    opt, g = engine.optimizer, engine.groups
+    opt, g = live.optimizer, live.groups
     device = opt.master.device
     if "optim" in data:
         flats = {k: v.to(device) for k, v in data["optim"].items()}
@@ -201,7 +202,7 @@ def install(engine, rl: RankLayout, manifest: Manifest, data: dict) -> None:
     opt.load_state_dict({"step": step, "optimizer": opt.kind, "state": state})
 
 
-def read_for_engine(reader: CheckpointReader, rl: RankLayout, optimizer) -> dict:
+def read_for_rank(reader: CheckpointReader, rl: RankLayout, optimizer: OptimizerState) -> dict:
     """File reads only (no collectives), so that a failure on one rank can be agreed on before
     anyone enters a collective: ``{"optim": flats}`` or ``{"model": params}``. On a CPU the
     optimizer state is read in place into ``optimizer``'s own tensors."""

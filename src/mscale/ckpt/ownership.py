@@ -1,9 +1,12 @@
 """Who writes what, and what each rank needs back: the checkpoint's view of one rank.
 
 A `RankLayout` is a rank's coordinates plus its parameters (global name, TP box) and its optimizer
-pieces (flat ranges of TP-local tensors, from the ZeRO buffer layout). The live engine gives one
-(`from_engine`); `for_plan` builds the same thing offline for any rank of any plan from meta-device
-modules (no memory, no process groups), which is what offline conversion uses.
+pieces (flat ranges of TP-local tensors, from the ZeRO buffer layout). A live training process
+gives one (`from_live`); `for_plan` builds the same thing offline for any rank of any plan from
+meta-device modules (no memory, no process groups), which is what offline conversion uses. Both
+take the bucket size and the ZeRO shard order from `mscale.parallel.shard_layout`, the functions
+the gradient buffer uses, so the two cannot disagree (tests/dist/test_ckpt_layout.py compares them
+on live engines).
 
 Write rules (`write_items`), so that every element is written exactly once and the writing is
 spread over all ranks:
@@ -26,10 +29,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mscale.ckpt.format import dtype_name
+from mscale.ckpt.format import dtype_name, itemsize
+from mscale.ckpt.live import LiveRank
 from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, optim_key, tensor_key
 from mscale.ckpt.slices import Box, box_from_slices, numel
+from mscale.parallel.buckets import BufferLayout, Piece
+from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard
 from mscale.parallel.spec import ParamSpec, get_spec
+from mscale.topology.placement import placement_for
 
 
 @dataclass(frozen=True)
@@ -76,23 +83,17 @@ class RankLayout:
     zero_stage: int
     params: list[ParamSlot]
     pieces: list[OptPiece]
-    _model_owner: list[int] = field(default_factory=list, repr=False)
+    _model_owner: list[int] = field(default_factory=list, repr=False, compare=False)
 
     def model_owner(self) -> list[int]:
         """DP rank that writes each parameter (balanced by size; the same on every replica)."""
         if not self._model_owner:
-            self._model_owner = balance([p.numel * _itemsize(p.dtype) if self.writes_param(p)
+            self._model_owner = balance([p.numel * itemsize(p.dtype) if self.writes_param(p)
                                          else 0 for p in self.params], self.dp_size)
         return self._model_owner
 
     def writes_param(self, p: ParamSlot) -> bool:
         return not p.replicated or self.tp_rank == 0
-
-
-def _itemsize(dtype: str) -> int:
-    from mscale.ckpt.format import itemsize
-
-    return itemsize(dtype)
 
 
 def balance(sizes: list[int], bins: int) -> list[int]:
@@ -179,18 +180,18 @@ def _slots(params, tp_rank: int, tp_size: int) -> list[ParamSlot]:
     return out
 
 
-def _pieces(buffer_pieces) -> list[OptPiece]:
+def _pieces(buffer_pieces: list[Piece]) -> list[OptPiece]:
     return [OptPiece(pc.param_index, pc.param_lo, pc.param_hi, pc.owned_lo) for pc in buffer_pieces]
 
 
-def from_engine(engine) -> RankLayout:
-    """The layout of a live engine (`mscale.train.engine.Engine`)."""
-    g = engine.groups
+def from_live(live: LiveRank) -> RankLayout:
+    """The layout of a live training process: its parameters and its optimizer's pieces."""
+    g = live.groups
     return RankLayout(rank=g.rank, dp_rank=g.dp_rank, pp_rank=g.pp_rank, tp_rank=g.tp_rank,
                       dp_size=g.dp_size, pp_size=g.pp_size, tp_size=g.tp_size,
-                      zero_stage=engine.plan.layout.zero_stage,
-                      params=_slots(engine.params, g.tp_rank, g.tp_size),
-                      pieces=_pieces(engine.optimizer.pieces))
+                      zero_stage=live.plan.layout.zero_stage,
+                      params=_slots(live.params, g.tp_rank, g.tp_size),
+                      pieces=_pieces(live.optimizer.pieces))
 
 
 def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
@@ -207,34 +208,15 @@ def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
     return [p for c in chunks for p in c.parameters()]
 
 
-def shard_index(plan, rank: int) -> int:
-    """Which ZeRO shard a rank owns: its DP rank, permuted under hierarchical reduction exactly
-    as `mscale.parallel.reduce.HierarchicalComm` does."""
-    from mscale.topology.placement import placement_for
-
+def for_plan(plan, rank: int) -> RankLayout:
+    """The layout of ``rank`` under ``plan``, built offline: the buffer layout the gradient
+    buffer would build over the same parameters, and the shard the DP reduction would leave it."""
+    layout = plan.layout
     placement = placement_for(plan)
     coord = placement.coord(rank)
-    if plan.layout.dp_reduce != "hierarchical" or placement.dp == 1:
-        return coord.dp
-    intra, inter = placement.dp_hierarchy(placement.group_of(placement.dp_groups, rank))
-    k, n = len(intra[0]), len(inter[0])
-    if k == 1 or n == 1:
-        return coord.dp
-    i = next(g.index(rank) for g in intra if rank in g)
-    j = next(g.index(rank) for g in inter if rank in g)
-    return i * n + j
-
-
-def for_plan(plan, rank: int) -> RankLayout:
-    """The layout of ``rank`` under ``plan``, built offline."""
-    from mscale.parallel.buckets import BufferLayout
-    from mscale.topology.placement import placement_for
-
-    layout = plan.layout
-    coord = placement_for(plan).coord(rank)
     params = meta_params(plan, coord.pp, coord.tp)
-    buffer = BufferLayout(params, layout.dp, max(1, int(plan.training.bucket_mb * 1e6) // 4))
-    shard = shard_index(plan, rank) if layout.zero_stage > 0 else None
+    buffer = BufferLayout(params, layout.dp, bucket_numel(bucket_bytes(plan.training)))
+    shard = owned_shard(placement, rank, layout.zero_stage, layout.dp_reduce == "hierarchical")
     return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,
                       dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
                       zero_stage=layout.zero_stage, params=_slots(params, coord.tp, layout.tp),

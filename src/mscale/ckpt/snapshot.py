@@ -9,9 +9,18 @@ last step) waits for the whole write anyway.
 
 All slices go into one host arena, allocated at the first save and reused by every later one
 (the paper keeps pinned host buffers for the same reason: allocating and faulting in fresh pages
-costs as much as the copy itself). On a GPU the arena is pinned and the copies run on a side
-stream ordered after the optimizer step that produced the values; on a CPU they are memcpys that
-release the GIL.
+costs as much as the copy itself). On a CPU the copies are memcpys that release the GIL. On a GPU
+the arena is pinned and the copies are asynchronous, which needs three things to be right:
+
+- the writer thread is a new host thread, whose current CUDA device is GPU 0 whatever the
+  training thread chose: `save` captures the rank's device and the thread sets it
+  (`use_device`) before creating anything, or every rank with local rank != 0 would open a
+  context on GPU 0 and put its copy stream there;
+- the copies run on a side stream of that device which first waits for an event recorded on the
+  training stream after the update that produced the values (`ready_event`);
+- a non-blocking device-to-host copy returns before the bytes are in host memory: an event
+  recorded on the side stream after the last copy is synchronised before the snapshot is handed
+  on, so the write (and its crc32) never reads pinned memory that is still being filled.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ class HostArena:
     def __init__(self) -> None:
         self._buf: torch.Tensor | None = None
         self._pinned = False
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}
 
     def _ensure(self, size: int, pin: bool) -> torch.Tensor:
         if self._buf is None or self._buf.numel() < size or self._pinned != pin:
@@ -53,10 +63,12 @@ class HostArena:
             self._pinned = pin
         return self._buf
 
-    def take(self, items: list[Item], sources: list[torch.Tensor], after=None) -> Snapshot:
+    def take(self, items: list[Item], sources: list[torch.Tensor], after=None,
+             device: torch.device | None = None) -> Snapshot:
         """Copy ``sources[i]`` (1-D, ``items[i].count`` elements of ``items[i].dtype``) into the
-        arena. GPU sources are copied on a side stream that first waits for ``after`` (a CUDA
-        event recorded where the values were final)."""
+        arena. GPU sources (on ``device``, the rank's GPU) are copied on a side stream of that
+        device that first waits for ``after`` (a CUDA event recorded where the values were final);
+        returns only once the bytes are in host memory."""
         t0 = time.perf_counter()
         offsets, size = [], 0
         for it in items:
@@ -65,28 +77,52 @@ class HostArena:
         cuda = any(s.is_cuda for s in sources)
         buf = self._ensure(size, pin=cuda)
         views = []
-        stream = torch.cuda.Stream() if cuda else None
-        if stream is not None and after is not None:
-            stream.wait_event(after)
-        with torch.cuda.stream(stream) if cuda else _nothing():
-            for it, src, off in zip(items, sources, offsets):
-                n = it.count * itemsize(it.dtype)
-                view = buf[off: off + n]
-                if n:
-                    view.view(DTYPES[it.dtype]).copy_(src.detach().reshape(-1), non_blocking=cuda)
-                views.append(view)
-        if stream is not None:
-            stream.synchronize()
+        for it, off in zip(items, offsets):
+            views.append(buf[off: off + it.count * itemsize(it.dtype)])
+        if cuda:
+            self._copy_cuda(views, items, sources, after, _cuda_device(sources, device))
+        else:
+            for it, src, view in zip(items, sources, views):
+                if view.numel():
+                    view.view(DTYPES[it.dtype]).copy_(src.detach().reshape(-1))
         nbytes = sum(v.numel() for v in views)
         return Snapshot(items, views, time.perf_counter() - t0, nbytes)
 
+    def _copy_cuda(self, views, items, sources, after, device: torch.device) -> None:
+        """Non-blocking copies on this device's side stream, ordered after ``after``; waits for
+        an event recorded after the last one (see the module docstring)."""
+        with torch.cuda.device(device):
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device)
+            if after is not None:
+                stream.wait_event(after)
+            with torch.cuda.stream(stream):
+                for it, src, view in zip(items, sources, views):
+                    if view.numel():
+                        view.view(DTYPES[it.dtype]).copy_(src.detach().reshape(-1),
+                                                          non_blocking=True)
+                copied = torch.cuda.Event()
+                copied.record(stream)
+            copied.synchronize()
 
-class _nothing:
-    def __enter__(self):
-        return None
 
-    def __exit__(self, *exc):
-        return None
+def _cuda_device(sources: list[torch.Tensor], device: torch.device | None) -> torch.device:
+    """The GPU the copies run on: the rank's device, which every GPU source must be on."""
+    on = {s.device for s in sources if s.is_cuda}
+    device = device if device is not None and device.type == "cuda" else next(iter(on))
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if any(d != device for d in on):
+        raise ValueError(f"snapshot sources on {sorted(map(str, on))}, expected {device}")
+    return device
+
+
+def use_device(device: torch.device | None) -> None:
+    """Make ``device`` the calling thread's current CUDA device (a no-op off CUDA). Each host
+    thread has its own current device, GPU 0 until set."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 class CopyGate:
@@ -107,12 +143,14 @@ class CopyGate:
 
 
 def ready_event(sources: list[torch.Tensor]):
-    """A CUDA event on the current stream (the values are final there), or None on CPUs."""
-    if any(s.is_cuda for s in sources):
-        event = torch.cuda.Event()
-        event.record()
-        return event
-    return None
+    """A CUDA event on the training thread's current stream of the sources' device (the values
+    are final there), or None on CPUs."""
+    device = next((s.device for s in sources if s.is_cuda), None)
+    if device is None:
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def rng_states(device: torch.device) -> dict[str, torch.Tensor]:

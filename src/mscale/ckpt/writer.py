@@ -19,10 +19,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from mscale.ckpt.catalog import fs_and_path, is_local, join
 from mscale.ckpt.format import Encoder, shard_checksum, write_slice
 from mscale.ckpt.manifest import ShardInfo, SliceInfo, shard_name
-from mscale.ckpt.snapshot import CopyGate, HostArena, Snapshot
+from mscale.ckpt.snapshot import CopyGate, HostArena, Snapshot, use_device
 
 
 @dataclass
@@ -81,14 +83,17 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
 
 def snapshot_and_write(arena: HostArena, gate: CopyGate, items, sources, after, ckpt_dir: str,
                        rank: int, codec: str, level: int, chunk_bytes: int,
-                       chunk_delay_s: float = 0.0,
-                       copy_delay_s: float = 0.0) -> tuple[ShardResult, float]:
+                       chunk_delay_s: float = 0.0, copy_delay_s: float = 0.0, *,
+                       device: torch.device | None = None) -> tuple[ShardResult, float]:
     """Stage 1 (copy to host; then open the gate for the optimizer step) and stage 2 (write),
-    both on the writer thread. Returns the write's result and the copy's seconds."""
+    both on the writer thread, which first makes ``device`` (the rank's, captured by `save` on
+    the training thread) its current CUDA device. Returns the write's result and the copy's
+    seconds."""
     try:
+        use_device(device)
         if copy_delay_s:  # test hook: a slow copy, so the optimizer step must wait for it
             time.sleep(copy_delay_s)
-        snap = arena.take(items, sources, after)
+        snap = arena.take(items, sources, after, device)
     finally:
         gate.open()  # never leave training blocked, even if the copy failed
     return write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, chunk_delay_s), snap.seconds

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
+from mscale.ckpt.live import LiveRank
 from mscale.config.plan import Plan
 from mscale.dist.groups import ParallelGroups, build_groups
 from mscale.dist.init import init_distributed, pick_device
 from mscale.errors import MscaleError
+from mscale.parallel.data import GradBuffer
+from mscale.parallel.shard_layout import bucket_bytes
+from mscale.parallel.zero import DistributedOptimizer
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
 from mscale.train.clip import AdaptiveClipper
@@ -35,9 +39,9 @@ class Engine:
     chunks: list[torch.nn.Module]
     """Model chunks this rank runs: one, or vpp of them under interleaved pipelining."""
     params: list[torch.nn.Parameter]
-    grads: Any
+    grads: GradBuffer
     """The data-parallel gradient buffer (parallel/data.py)."""
-    optimizer: Any
+    optimizer: DistributedOptimizer
     """The distributed optimizer (ZeRO; parallel/zero.py)."""
     clipper: AdaptiveClipper
     loader: DataLoader
@@ -55,6 +59,12 @@ class Engine:
         """bf16 autocast when the plan asks for bf16, a no-op context otherwise."""
         enabled = self.plan.training.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def live_rank(self) -> LiveRank:
+        """What checkpoints save from and restore into (ckpt/live.py), and nothing more."""
+        return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
+                        optimizer=self.optimizer, clipper=self.clipper,
+                        timeout_s=self.options.timeout_s, update_guards=self.update_guards)
 
 
 def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
@@ -79,9 +89,7 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
 
 def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     from mscale.model import build_chunks, init_parameters
-    from mscale.parallel.data import GradBuffer
     from mscale.parallel.tensor import TensorParallel
-    from mscale.parallel.zero import DistributedOptimizer
 
     timings = {}
     check_node_matches(plan, env)
@@ -104,7 +112,7 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     timings["build_model_s"] = time.perf_counter() - t0
 
     grads = GradBuffer(params, groups, zero_stage=layout.zero_stage,
-                       bucket_bytes=int(training.bucket_mb * 1e6),
+                       bucket_bytes=bucket_bytes(training),
                        overlap=training.overlap_grad_reduce,
                        hierarchical=layout.dp_reduce == "hierarchical")
     optimizer = DistributedOptimizer(params, grads, training, groups)

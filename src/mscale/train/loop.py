@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mscale.ckpt.checkpointer import Checkpointer, CkptOptions
+from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.ckpt import catalog
@@ -98,11 +98,8 @@ def _start(engine: Engine, s: RunSession) -> None:
 
 def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
-    opts = engine.options
-    options = CkptOptions(interval=opts.checkpoint_interval(engine.plan), keep=opts.ckpt_keep,
-                          level=opts.ckpt_level, resume=opts.resume, final=opts.ckpt_final,
-                          chunk_delay_s=opts.inject_ckpt_delay)
-    return Checkpointer(engine, s.run.ckpt, options, emit=lambda **kw: _event(s, **kw),
+    return Checkpointer(engine.live_rank(), s.run.ckpt, engine.options.ckpt,
+                        emit=lambda **kw: _event(s, **kw),
                         data_fingerprint=source_fingerprint(engine.loader.source))
 
 
