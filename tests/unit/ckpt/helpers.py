@@ -20,8 +20,8 @@ def plan(tp=1, pp=1, dp=1, zero=1, hier=False, model=None, **training) -> Plan:
     return Plan.model_validate(dict(
         name="u", cluster=dict(nodes=max(1, world // gpn), gpus_per_node=gpn, gpu="cpu"),
         model={**MODEL_CFG, **(model or {})},
-        training=dict(global_batch=8, micro_batch=mb, precision="fp32", bucket_mb=0.02,
-                      **training),
+        training={**dict(global_batch=8, micro_batch=mb, precision="fp32", bucket_mb=0.02),
+                  **training},
         layout=dict(tp=tp, pp=pp, dp=dp, micro_batch=mb, zero_stage=zero,
                     dp_reduce="hierarchical" if hier else "flat")))
 
