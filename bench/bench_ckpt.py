@@ -104,7 +104,8 @@ def ours(engine, root: str, level: int, events: list, rank: int, repeats: int, s
         if rank == 0:
             events.append(fields)
 
-    ck = Checkpointer(engine, root, CkptOptions(level=level, keep=1000, resume="none"), emit)
+    ck = Checkpointer(engine.live_rank(), root, CkptOptions(level=level, keep=1000, resume="none"),
+                      emit)
     ck.save(step0, "warm-up")  # allocates the host arena once, as a run does
     ck.wait()
     out = {"block": [], "step_with_save": [], "step": [], "sync": [], "evidence": []}
@@ -132,12 +133,13 @@ def ours(engine, root: str, level: int, events: list, rank: int, repeats: int, s
 def dcp_state(engine) -> dict:
     """The same per-rank tensors, as DCP sees them: live views, distinct keys per rank."""
     from mscale.ckpt.checkpointer import sources
-    from mscale.ckpt.ownership import from_engine, write_items
+    from mscale.ckpt.ownership import from_live, write_items
 
-    layout = from_engine(engine)
+    live = engine.live_rank()
+    layout = from_live(live)
     items = write_items(layout)
     return {f"r{layout.rank}/{it.key}/{it.flat[0]}": t
-            for it, t in zip(items, sources(engine, layout, items))}
+            for it, t in zip(items, sources(live, layout, items))}
 
 
 def dcp_runs(engine, root: str, rank: int, repeats: int, group) -> dict:
@@ -210,7 +212,7 @@ def loads(args, rank: int, src: str, repeats: int) -> dict:
         engine = build(rank, make_plan(args, tp, dp, zero))
         times = []
         for _ in range(repeats):
-            ck = Checkpointer(engine, f"{src}-unused-{label}", CkptOptions(resume=src),
+            ck = Checkpointer(engine.live_rank(), f"{src}-unused-{label}", CkptOptions(resume=src),
                               lambda **kw: None)
             t0 = time.perf_counter()
             ck.resume()

@@ -12,7 +12,9 @@
 #    the detector sees float(loss).
 # 4. hierarchical DP reduction on NCCL, issued from one thread (needs 4 GPUs: 2 "nodes" x 2;
 #    skipped with a message otherwise): equal to flat, same issue order on every rank.
-# Each of 2-4 prints PASS/FAIL/SKIP; the script exits 1 if any failed. ~2 min on one H200.
+# 5. checkpoints on the GPU (bench/gpu_ckpt_check.py): the snapshot's copy ordered on the rank's
+#    own device, a bit-exact save/load round trip, the async save's blocking ratio.
+# Each of 2-5 prints PASS/FAIL/SKIP; the script exits 1 if any failed. ~2 min on one H200.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -201,5 +203,7 @@ if __name__ == "__main__":
 PY
 python3 "$TMPD/hier_check.py" 2>&1 | tee -a "$REPORT" || failed=1
 fi
+echo "== 5. checkpoints on the GPU: bit-exact save/load round trip, async blocking ratio" | tee -a "$REPORT"
+python3 bench/gpu_ckpt_check.py 2>&1 | tee -a "$REPORT" || failed=1
 echo "checks failed: $failed" | tee -a "$REPORT"
 exit "$failed"

@@ -72,6 +72,7 @@ def train_cmd(
 ) -> None:
     """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash."""
     from mscale.train.launch import check_before_launch, launch_job, options_from_env
+    from mscale.ckpt.options import CkptOptions
     from mscale.train.options import TrainOptions
     from mscale.train.worker import run_worker
 
@@ -82,14 +83,13 @@ def train_cmd(
         raise MscaleError("--run-dir is required with a plan", field="--run-dir",
                           fix="name the run directory, e.g. --run-dir runs/my-run (a run directory "
                               "belongs to one model; reusing another run's would resume it)")
+    level = zstd_level if zstd_level is not None else (ckpt_level if ckpt_level is not None else 1)
     options = options_from_env() or TrainOptions(
         run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay),
-        inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval, resume=resume,
-        ckpt_interval=ckpt_interval, ckpt_keep=ckpt_keep,
-        ckpt_level=zstd_level if zstd_level is not None else (ckpt_level if ckpt_level is not None
-                                                              else 1),
-        ckpt_final=final_ckpt, inject_ckpt_delay=inject_ckpt_delay,
-        json_summary=as_json and not local)
+        inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval,
+        json_summary=as_json and not local,
+        ckpt=CkptOptions(interval=ckpt_interval, keep=ckpt_keep, resume=resume, level=level,
+                         final=final_ckpt, chunk_delay_s=inject_ckpt_delay))
     from mscale.cli.app import STATE
 
     if STATE["debug"]:  # workers (started by --local, srun or torchrun) print full tracebacks

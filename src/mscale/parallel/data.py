@@ -57,6 +57,7 @@ import torch
 from mscale.parallel.buckets import BufferLayout
 from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.reduce import make_comm
+from mscale.parallel.shard_layout import bucket_numel
 
 
 class GradBuffer:
@@ -80,7 +81,7 @@ class GradBuffer:
         self.comm = make_comm(groups, hierarchical, self.device)
         self.dp_size = self.comm.size
         self.shard_index = self.comm.shard_index
-        self.layout = BufferLayout(self.params, self.dp_size, max(1, bucket_bytes // 4))
+        self.layout = BufferLayout(self.params, self.dp_size, bucket_numel(bucket_bytes))
         nb = len(self.layout.buckets)
         self._whole = zero_stage == 0 or self.dp_size == 1
         """The owned space is the whole buffer: no reduce-scatter target, no sharded master."""

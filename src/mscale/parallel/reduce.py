@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from mscale.dist.collectives import all_gather_into, reduce_scatter_into
+from mscale.parallel.shard_layout import hierarchical_shard
 
 
 class _Done:
@@ -114,7 +115,7 @@ class HierarchicalComm:
         self.intra, self.inter = intra, inter
         self.k, self.n = dist.get_world_size(intra), dist.get_world_size(inter)
         self.size = self.k * self.n
-        self.shard_index = dist.get_rank(intra) * self.n + dist.get_rank(inter)
+        self.shard_index = hierarchical_shard(dist.get_rank(intra), dist.get_rank(inter), self.n)
         self.device = device
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.issued: list[tuple[str, str, int]] | None = None

@@ -56,7 +56,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     from mscale.ckpt.resume import check_resume
 
     try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
-        check_resume(RunDir(options.run_dir).ckpt, options.resume)
+        check_resume(RunDir(options.run_dir).ckpt, options.ckpt.resume)
     except MscaleError as e:
         e.code = EXIT_BAD_INPUT
         raise

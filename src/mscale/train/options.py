@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from mscale.ckpt.options import CkptOptions
@@ -42,24 +41,3 @@ class TrainOptions:
         if isinstance(self.ckpt, dict):  # the launcher's JSON (`dataclasses.asdict`) read back
             self.ckpt = CkptOptions(**self.ckpt)
 
-    # TRANSITION (delete once cli/train.py builds ``ckpt=CkptOptions(...)`` and launch.py reads
-    # ``options.ckpt.resume``): the flat names those two still use, mapped onto ``ckpt``.
-    @property
-    def resume(self) -> str:
-        return self.ckpt.resume
-
-
-_LEGACY = {"resume": "resume", "ckpt_interval": "interval", "ckpt_keep": "keep",
-           "ckpt_level": "level", "ckpt_final": "final", "inject_ckpt_delay": "chunk_delay_s"}
-_dataclass_init = TrainOptions.__init__
-
-
-def _init(self, *args, **kwargs) -> None:
-    legacy = {new: kwargs.pop(old) for old, new in _LEGACY.items() if old in kwargs}
-    _dataclass_init(self, *args, **kwargs)
-    if legacy:
-        self.ckpt = dataclasses.replace(self.ckpt, **legacy)
-
-
-TrainOptions.__init__ = _init  # type: ignore[method-assign]
-# END TRANSITION
