@@ -91,7 +91,7 @@ def mscale_step(engine):
 
     def step() -> dict:
         timer.start_step()
-        run_pipeline_step(engine, 0, timer)
+        run_pipeline_step(engine.pipeline, 0, timer)
         engine.grads.finish()
         out = timer.end_step()
         engine.grads.zero_grad()

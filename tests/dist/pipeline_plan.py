@@ -62,7 +62,7 @@ def reference_run(plan: Plan, steps: int) -> dict:
         loader=DataLoader(source, BatchPlan(training.global_batch, single.layout.micro_batch, 1, 0)),
         grads=grads, device=torch.device("cpu"), env=SimpleNamespace(rank=0),
         options=SimpleNamespace(inject_delay={}, inject_nan_step=None),
-        autocast=lambda: torch.autocast("cpu", enabled=False))
+        autocast=lambda: torch.autocast("cpu", enabled=False), pipeline=None)
     losses, norms = [], []
     for step in range(steps):
         losses.append(forward_backward(engine, step, StepTimer()))

@@ -22,6 +22,7 @@ from mscale.parallel.shard_layout import bucket_bytes
 from mscale.parallel.zero import DistributedOptimizer
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
+from mscale.parallel.pipeline.runner import PipelineStage, build_stage
 from mscale.train.clip import AdaptiveClipper
 from mscale.train.data import BatchPlan, DataLoader, make_source
 from mscale.train.options import TrainOptions
@@ -50,6 +51,8 @@ class Engine:
     update_guards: list[Callable[[], None]] = field(default_factory=list)
     """Called before every optimizer step: a checkpoint whose host copy overlaps the next
     forward/backward blocks here until the copy is done (docs/ckpt.md)."""
+    pipeline: PipelineStage | None = None
+    """What the pipeline runner needs of this rank (pp > 1), built once with its link."""
 
     @property
     def micro_batches(self) -> int:
@@ -123,6 +126,12 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
                                           groups.dp_size, groups.dp_rank),
                         tp_group=groups.tp_group, tp_src=groups.tp_ranks[0],
                         tp_size=groups.tp_size, is_reader=groups.tp_rank == 0)
-    return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
-                  chunks=chunks, params=params, grads=grads, optimizer=optimizer,
-                  clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings)
+    engine = Engine(plan=plan, options=options, env=env, groups=groups, device=device,
+                    chunks=chunks, params=params, grads=grads, optimizer=optimizer,
+                    clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings)
+    if layout.pp > 1:
+        engine.pipeline = build_stage(
+            plan, groups, device, chunks, micro_batches=engine.micro_batches,
+            get_batch=loader.get, no_sync=grads.no_sync, autocast=engine.autocast,
+            nan_step=options.inject_nan_step, delay_s=options.inject_delay.get(env.rank, 0.0))
+    return engine

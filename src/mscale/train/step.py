@@ -32,10 +32,10 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
     float64 and in micro-batch order, which gives exactly the bits of the host sum it replaces,
     and read once per step by the metrics gather (train/metrics.py).
     """
-    if engine.plan.layout.pp > 1:
+    if engine.pipeline is not None:
         from mscale.parallel.pipeline import run_pipeline_step
 
-        return run_pipeline_step(engine, step, timer)
+        return run_pipeline_step(engine.pipeline, step, timer)
     model = engine.chunks[0]
     m = engine.micro_batches
     delay = engine.options.inject_delay.get(engine.env.rank, 0.0)

@@ -180,7 +180,7 @@ class _Engine:
         torch.manual_seed(0)
         lin = torch.nn.Linear(4, 1)
         self.chunks = [lambda x, y: ((lin(x).squeeze(1) - y) ** 2).mean() * 1.7]
-        self.plan = SimpleNamespace(layout=SimpleNamespace(pp=1))
+        self.plan, self.pipeline = SimpleNamespace(layout=SimpleNamespace(pp=1)), None
         self.micro_batches, self.device = m, torch.device("cpu")
         self.options = SimpleNamespace(inject_delay={}, inject_nan_step=None)
         self.env = SimpleNamespace(rank=0)

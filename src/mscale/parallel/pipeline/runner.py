@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 
@@ -32,26 +34,55 @@ from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, need
                                                produces, schedule, virtual_stage)
 
 
-def _link(engine) -> StageLink:
-    """The rank's StageLink, built once per engine. Its first use is a barrier over the PP
-    group: NCCL wants every member in the group's first call before subsets talk point-to-point."""
-    link = getattr(engine, "_pipeline_link", None)
-    if link is None:
-        g, layout = engine.groups, engine.plan.layout
-        shape = boundary_shape(engine.plan, g.tp_size, layout.sequence_parallel)
-        torch.distributed.barrier(group=g.pp_group)
-        link = StageLink(g.pp_group, g.pp_ranks, layout.vpp, shape, engine.device)
-        engine._pipeline_link = link
-    return link
+@dataclass(frozen=True)
+class PipelineStage:
+    """What the runner needs of one rank, typed and built once (`build_stage`), instead of the
+    whole training engine: its chunks and place in the pipeline, its link to the neighbours, and
+    the few callbacks into data loading, DP gradient accumulation and autocast."""
+
+    chunks: list[torch.nn.Module]
+    """This rank's model chunks, one per virtual stage, in chunk order."""
+    pp: int
+    vpp: int
+    pp_rank: int
+    micro_batches: int
+    """Micro-batches per step per replica."""
+    device: torch.device
+    link: StageLink
+    """Activation/gradient transfer with the neighbouring stages."""
+    get_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    """(step, micro) → (tokens, labels) on the host."""
+    no_sync: Callable[[], ContextManager]
+    """Context that holds the DP reduction back (every backward but a chunk's last)."""
+    autocast: Callable[[], ContextManager]
+    nan_step: int | None = None
+    """Test hook: poison the loss at this (1-based) step."""
+    delay_s: float = 0.0
+    """Test hook: extra compute seconds per step on this rank (a straggler)."""
+
+
+def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module], *,
+                micro_batches: int, get_batch, no_sync, autocast, nan_step: int | None = None,
+                delay_s: float = 0.0) -> PipelineStage:
+    """The rank's PipelineStage. Collective over the PP group: the link's first use is a
+    barrier, since NCCL wants every member in a group's first call before subsets talk
+    point-to-point."""
+    layout = plan.layout
+    shape = boundary_shape(plan, groups.tp_size, layout.sequence_parallel)
+    torch.distributed.barrier(group=groups.pp_group)
+    link = StageLink(groups.pp_group, groups.pp_ranks, layout.vpp, shape, device)
+    return PipelineStage(chunks=chunks, pp=layout.pp, vpp=layout.vpp, pp_rank=groups.pp_rank,
+                         micro_batches=micro_batches, device=device, link=link,
+                         get_batch=get_batch, no_sync=no_sync, autocast=autocast,
+                         nan_step=nan_step, delay_s=delay_s)
 
 
 class PipelineStep:
     """State of one step on one rank: what is in flight and what awaits its backward."""
 
-    def __init__(self, engine, step: int, timer):
-        layout, g = engine.plan.layout, engine.groups
-        self.engine, self.step, self.timer = engine, step, timer
-        self.pp, self.vpp, self.m, self.rank = layout.pp, layout.vpp, engine.micro_batches, g.pp_rank
+    def __init__(self, stage: PipelineStage, step: int, timer):
+        self.stage, self.step, self.timer = stage, step, timer
+        self.pp, self.vpp, self.m, self.rank = stage.pp, stage.vpp, stage.micro_batches, stage.pp_rank
         reason = check_micro_batches(self.pp, self.vpp, self.m)
         if reason:
             raise MscaleError(reason, field="layout.micro_batch",
@@ -59,7 +90,7 @@ class PipelineStep:
         self.last_stage = self.pp * self.vpp - 1
         self.actions = schedule(self.pp, self.vpp, self.m, self.rank)
         self.first_b, self.last_f = phases(self.actions)
-        self.link = _link(engine)
+        self.link = stage.link
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         """(micro, chunk) → (input that needs its gradient, output to run backward from)."""
         self.loss_sum: torch.Tensor | None = None
@@ -88,30 +119,30 @@ class PipelineStep:
 
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self.timer.region("data"):
-            tokens, labels = self.engine.loader.get(self.step, micro)
-            device = self.engine.device  # pinned and asynchronous to a GPU
+            tokens, labels = self.stage.get_batch(self.step, micro)
+            device = self.stage.device  # pinned and asynchronous to a GPU
             return to_device(tokens, device), to_device(labels, device)
 
     def _forward(self, k: int, a: Action) -> torch.Tensor:
         """Run one chunk forward; return what goes to the next stage (the loss on the last)."""
-        engine, vs = self.engine, virtual_stage(self.rank, a.chunk, self.pp)
+        stage, vs = self.stage, virtual_stage(self.rank, a.chunk, self.pp)
         if vs == 0:
             x, _ = self._batch(a.micro)
             grad_in = None
         else:
             x = grad_in = self._receive(k).requires_grad_()
-        chunk = engine.chunks[a.chunk]
+        chunk = stage.chunks[a.chunk]
         if vs == self.last_stage:
             _, labels = self._batch(a.micro)
-            with engine.autocast():
+            with stage.autocast():
                 loss = chunk(x, labels)
-            if engine.options.inject_nan_step == self.step + 1:  # as train.step.poison_if_asked
+            if stage.nan_step == self.step + 1:  # as train.step.poison_if_asked
                 loss = loss * float("nan")
             value = loss.detach().double()  # no host sync: read once per step, in the gather
             self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
             self.saved[(a.micro, a.chunk)] = (grad_in, loss / self.m)
             return loss
-        with engine.autocast():
+        with stage.autocast():
             out = chunk(x)
         self.saved[(a.micro, a.chunk)] = (grad_in, out)
         return out
@@ -121,20 +152,20 @@ class PipelineStep:
         x, out = self.saved.pop((a.micro, a.chunk))
         grad = None if self._need(k) is None else self._receive(k)
         last = a.micro == self.m - 1  # this chunk's final gradient: let DP reduction start
-        with contextlib.nullcontext() if last else self.engine.grads.no_sync():
+        with contextlib.nullcontext() if last else self.stage.no_sync():
             torch.autograd.backward(out, grad_tensors=grad)
-        delay = self.engine.options.inject_delay.get(self.engine.env.rank, 0.0)
+        delay = self.stage.delay_s
         if delay:  # test hook: a slow GPU, spread over the step's compute
             time.sleep(delay / (self.m * self.vpp))
         return None if x is None else x.grad
 
 
-def run_pipeline_step(engine, step: int, timer) -> torch.Tensor | None:
+def run_pipeline_step(stage: PipelineStage, step: int, timer) -> torch.Tensor | None:
     """One step's forwards and backwards under 1F1B / interleaved 1F1B.
 
     Returns this rank's mean loss over the step's micro-batches on the rank holding the last
     virtual stage (a 0-dim float64 tensor on the device, as `train.step.run_micro_batches`),
-    None elsewhere. Gradients end in ``engine.grads`` with the DP reduction of
-    every bucket launched (the loop's ``grads.finish()`` waits for it).
+    None elsewhere. Gradients end in the DP gradient buffer with the reduction of every bucket
+    launched (the loop's ``grads.finish()`` waits for it).
     """
-    return PipelineStep(engine, step, timer).run()
+    return PipelineStep(stage, step, timer).run()
