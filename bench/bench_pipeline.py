@@ -104,11 +104,10 @@ def torch_step(args, plan, engine):
     """Schedule1F1B over fresh copies of the same chunk (same weights, no gradient hooks)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from mscale.model import init_parameters
-    from mscale.parallel.pipeline import build_stage_chunks
+    from mscale.model import build_chunks, init_parameters
 
     g = engine.groups
-    module = build_stage_chunks(plan, g, engine.chunks[0].tp, engine.device)[0]
+    module = build_chunks(plan, g.pp_rank, engine.chunks[0].tp, engine.device)[0]
     init_parameters(module, plan.training.seed)
     stage = PipelineStage(module, g.pp_rank, args.pp, engine.device, group=g.pp_group)
 
