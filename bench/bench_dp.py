@@ -117,7 +117,7 @@ def _groups():
 
         import torch.distributed as dist
 
-        from mscale.dist.groups import build_groups
+        from mscale.distributed.groups import build_groups
         from mscale.topology.placement import Placement
 
         _GROUPS["g"] = build_groups(Placement(tp=1, pp=1, dp=dist.get_world_size(),
@@ -268,7 +268,7 @@ def main() -> None:
     if args.netns:
         results = run_netns(args)
     else:
-        from mscale.dist.spawn import run_distributed
+        from mscale.distributed.spawn import run_distributed
 
         results = run_distributed(worker, 2, args, timeout_s=600)
     report(results, args)

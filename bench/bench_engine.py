@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 
 def make_plan(args):
-    from tests.dist.engine_cases import make_plan as case_plan
+    from tests.distributed.engine_cases import make_plan as case_plan
 
     model = dict(layers=args.layers, hidden=args.hidden, heads=args.hidden // 32,
                  kv_heads=args.hidden // 32, ffn_hidden=args.hidden * 3, vocab=args.vocab,

@@ -46,7 +46,7 @@ class CachedLoader:
 
 
 def build(args, rank: int, vpp: int):
-    from tests.dist.pipeline_plan import tiny_plan
+    from tests.distributed.pipeline_plan import tiny_plan
     from mscale.topology.env import LaunchEnv
     from mscale.train.engine import build_engine
     from mscale.train.options import TrainOptions
@@ -212,7 +212,7 @@ def main() -> None:
                         "the torch side does not pay)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = p.parse_args()
-    from mscale.dist.spawn import run_distributed
+    from mscale.distributed.spawn import run_distributed
 
     rows = []
     for pp in args.pp:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mscale.dist.spawn import run_distributed  # noqa: E402
+from mscale.distributed.spawn import run_distributed  # noqa: E402
 
 MODELS = {
     "tiny": (dict(layers=4, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, vocab=256,

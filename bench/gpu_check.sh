@@ -42,7 +42,7 @@ failed=0
 echo "== 2. event timers against the wall clock" | tee -a "$REPORT"
 python3 - <<'PY' 2>&1 | tee -a "$REPORT" || failed=1
 import time, torch
-from mscale.dist.collectives import COMM_CLOCK
+from mscale.distributed.collectives import COMM_CLOCK
 from mscale.train.timers import StepTimer
 
 dev = torch.device("cuda", 0)
@@ -87,7 +87,7 @@ from mscale.train.loop import train_step
 from mscale.train.options import TrainOptions
 from mscale.train.step import run_micro_batches
 from mscale.train.timers import StepTimer
-from tests.dist.engine_cases import make_plan
+from tests.distributed.engine_cases import make_plan
 
 dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29533", rank=0,
                         world_size=1)
@@ -134,17 +134,17 @@ else
 TMPD=$(mktemp -d)
 cat > "$TMPD/hier_check.py" <<'PY'
 import os, sys, threading
-sys.path.insert(0, os.getcwd())  # the repository root: tests.dist.dp_model (spawned children too)
+sys.path.insert(0, os.getcwd())  # the repository root: tests.distributed.dp_model (spawned children too)
 from datetime import timedelta
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def run(rank, q):
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.spec import get_spec, set_spec
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
-    from tests.dist.dp_model import batch, config, loss_fn, make_params
+    from tests.distributed.dp_model import batch, config, loss_fn, make_params
     dev = torch.device("cuda", rank); torch.cuda.set_device(dev)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29534",
                             rank=rank, world_size=4, timeout=timedelta(seconds=120))

@@ -116,7 +116,7 @@ def blocking(engine, ck, first: int, repeats: int) -> tuple[float, float]:
 
 def run(args, say) -> bool:
     from mscale.ckpt.verify import verify
-    from mscale.dist.spawn import free_port
+    from mscale.distributed.spawn import free_port
 
     ok = True
 

@@ -101,7 +101,7 @@ def test_full_checkpoint_filesystem_is_survived(straight, tmp_path):
                        capture_output=True, text=True)
     if m.returncode:
         pytest.skip(f"cannot mount a small tmpfs here ({m.stderr.strip()}); "
-                    "tests/dist/test_ckpt_save.py injects ENOSPC instead")
+                    "tests/distributed/test_ckpt_save.py injects ENOSPC instead")
     try:
         train(plan, str(run), "--steps", "3", "--ckpt-interval", "1", "--zstd-level", "0")
         events = records(run / "events.jsonl")

@@ -14,7 +14,7 @@ from typing import Callable, Protocol
 import torch
 
 from mscale.config.plan import Plan
-from mscale.dist.groups import ParallelGroups
+from mscale.distributed.groups import ParallelGroups
 from mscale.parallel.buckets import Piece
 
 

@@ -5,7 +5,7 @@ pieces (flat ranges of TP-local tensors, from the ZeRO buffer layout). A live tr
 gives one (`from_live`); `for_plan` builds the same thing offline for any rank of any plan from
 meta-device modules (no memory, no process groups), which is what offline conversion uses. Both
 take the bucket size and the ZeRO shard order from `mscale.parallel.shard_layout`, the functions
-the gradient buffer uses, so the two cannot disagree (tests/dist/test_ckpt_layout.py compares them
+the gradient buffer uses, so the two cannot disagree (tests/distributed/test_ckpt_layout.py compares them
 on live engines).
 
 Write rules (`write_items`), so that every element is written exactly once and the writing is

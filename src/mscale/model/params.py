@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from mscale.dist.collectives import all_gather_into
+from mscale.distributed.collectives import all_gather_into
 from mscale.parallel.spec import ParamSpec, get_spec
 from mscale.parallel.tensor import TensorParallel
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from mscale.dist.collectives import COMM_CLOCK
+from mscale.distributed.collectives import COMM_CLOCK
 from mscale.parallel.buckets import BufferLayout
 
 

@@ -45,7 +45,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from mscale.dist.collectives import all_gather_into, reduce_scatter_into
+from mscale.distributed.collectives import all_gather_into, reduce_scatter_into
 from mscale.parallel.shard_layout import hierarchical_shard
 
 

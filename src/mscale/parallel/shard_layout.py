@@ -5,7 +5,7 @@ Three places need the same answers: the engine and the gradient buffer (`train/e
 which shard each DP rank ends up owning, and the checkpoint (`ckpt/ownership.py`) derives, from a
 plan alone, what any rank of any layout holds, to write it and to read it back. If two of them
 computed these separately a change to one would make checkpoints land in the wrong shards without
-any error, so each answer is one function here (tests/dist/test_ckpt_layout.py checks the plan-only
+any error, so each answer is one function here (tests/distributed/test_ckpt_layout.py checks the plan-only
 layout against live engines, hierarchical DP included).
 """
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from mscale.dist.collectives import COMM_CLOCK
+from mscale.distributed.collectives import COMM_CLOCK
 from mscale.parallel.spec import ParamSpec, get_spec, set_spec
 from mscale.parallel.tensor_ops import (TensorParallel, copy_to_tp, gather_from_sp,
                                         reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp)

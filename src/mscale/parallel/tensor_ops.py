@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mscale.dist.collectives import COMM_CLOCK, all_gather_into, reduce_scatter_into
+from mscale.distributed.collectives import COMM_CLOCK, all_gather_into, reduce_scatter_into
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class TensorParallel:
 
     @classmethod
     def from_groups(cls, groups, sequence_parallel: bool = False) -> "TensorParallel":
-        """From `mscale.dist.groups.ParallelGroups`."""
+        """From `mscale.distributed.groups.ParallelGroups`."""
         return cls(group=groups.tp_group, size=groups.tp_size, rank=groups.tp_rank,
                    sequence_parallel=sequence_parallel)
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from mscale.config.training import DataConfig
-from mscale.dist.collectives import COMM_CLOCK
+from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
 
 

@@ -14,8 +14,8 @@ import torch
 
 from mscale.ckpt.live import LiveRank
 from mscale.config.plan import Plan
-from mscale.dist.groups import ParallelGroups, build_groups
-from mscale.dist.init import init_distributed, pick_device
+from mscale.distributed.groups import ParallelGroups, build_groups
+from mscale.distributed.init import init_distributed, pick_device
 from mscale.errors import MscaleError
 from mscale.parallel.data import GradBuffer
 from mscale.parallel.shard_layout import bucket_bytes

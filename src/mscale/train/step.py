@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from mscale.dist.init import to_device
+from mscale.distributed.init import to_device
 from mscale.train.timers import StepTimer
 
 

@@ -3,7 +3,7 @@
 Without this split no straggler can be found: in synchronous training every rank's step time
 equals the slowest rank's, and the culprit is the rank with the highest compute time and the
 lowest communication wait (docs/references.md). Tensor-parallel collectives, which run inside
-forward and backward, are counted by `mscale.dist.collectives.COMM_CLOCK`.
+forward and backward, are counted by `mscale.distributed.collectives.COMM_CLOCK`.
 
 Regions are pairs of marks resolved at the step's end. On CPUs a mark is a monotonic clock
 reading, exact because every call is synchronous. On GPUs a mark is a CUDA event on the current
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from mscale.dist.collectives import COMM_CLOCK, HostClock, clock_for
+from mscale.distributed.collectives import COMM_CLOCK, HostClock, clock_for
 
 REGIONS = ("step", "compute", "comm_wait", "data", "bubble")
 

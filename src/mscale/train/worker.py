@@ -31,7 +31,7 @@ def default_threads(local_world_size: int, cpus: int | None = None) -> int:
 
 def run_worker(plan: Plan, options: TrainOptions) -> None:
     """Run this process's share of the job and exit the process with its code (never returns)."""
-    from mscale.dist.init import shutdown_and_exit
+    from mscale.distributed.init import shutdown_and_exit
     from mscale.topology.env import read_launch_env
     from mscale.train.loop import train
 

@@ -1,8 +1,8 @@
 """Offline resharding over a grid of layouts: every tensor comes back bit for bit, every slice
 holds the bytes of the region it claims, and each rank's slices are the ones the ownership rules
 give, worked out by hand here (not by the code convert calls). That the plan-only layout is the
-live engine's is tests/dist/test_ckpt_layout.py; that a converted checkpoint equals the live
-engine's own save at the target layout is tests/dist/test_ckpt_reshard.py."""
+live engine's is tests/distributed/test_ckpt_layout.py; that a converted checkpoint equals the live
+engine's own save at the target layout is tests/distributed/test_ckpt_reshard.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from mscale.parallel.buckets import BufferLayout
 from mscale.parallel.data import GradBuffer
 from mscale.parallel.optim import trust_ratio
 from mscale.parallel.zero import DistributedOptimizer
-from tests.dist.dp_model import (BUCKET_BYTES, config, dp_run, make_params, max_rel_diff,
+from tests.distributed.dp_model import (BUCKET_BYTES, config, dp_run, make_params, max_rel_diff,
                                  reference_run)
 
 
@@ -48,7 +48,7 @@ def test_single_process_matches_reference(zero, optimizer):
 def test_gradient_after_its_bucket_was_reduced_is_refused():
     params = make_params(0)
     grads = GradBuffer(params, None, bucket_bytes=BUCKET_BYTES)
-    from tests.dist.dp_model import batch, loss_fn
+    from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
     loss_fn(params, x, y).backward()  # outside no_sync: reductions launched
@@ -62,7 +62,7 @@ def test_non_finite_gradient_skips_the_step_and_is_reported():
     before = [p.detach().clone() for p in params]
     grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
-    from tests.dist.dp_model import batch, loss_fn
+    from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
     loss_fn(params, x, y).backward()
@@ -109,7 +109,7 @@ def test_grads_accumulate_in_place_in_the_bucket_views():
     """AccumulateGrad adds into an existing ``.grad`` view in place (it must not replace it), so
     the buffer holds 0 + g1 + g2 bit for bit, with no hook copy; a ``.grad`` reset to None in
     between is added by the hook instead and the view is put back."""
-    from tests.dist.dp_model import batch, loss_fn
+    from tests.distributed.dp_model import batch, loss_fn
 
     params = make_params(0)
     grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
@@ -177,7 +177,7 @@ def test_non_fp32_parameters_fall_back_to_copying():
     grads = GradBuffer(params, None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
     assert grads.param_buffer is None and all(p.grad is None for p in params)
-    from tests.dist.dp_model import batch, loss_fn
+    from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
     loss_fn(params, x.double(), y.double()).backward()

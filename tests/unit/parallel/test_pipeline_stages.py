@@ -7,7 +7,7 @@ from mscale.errors import MscaleError
 from mscale.model import build_chunks
 from mscale.parallel.pipeline.stages import ChunkSpec, check_pipeline, rank_chunks, stage_layer_ids
 from mscale.parallel.tensor import TensorParallel
-from tests.dist.pipeline_plan import tiny_plan
+from tests.distributed.pipeline_plan import tiny_plan
 
 
 def test_stage_layer_ids_are_consecutive_global_blocks():

@@ -9,7 +9,7 @@ import torch
 from mscale.config.training import TrainingConfig
 from mscale.train.control import Control
 from mscale.train.schedule import learning_rate
-from mscale.dist.collectives import COMM_CLOCK, CudaClock, HostClock
+from mscale.distributed.collectives import COMM_CLOCK, CudaClock, HostClock
 from mscale.train.timers import StepTimer
 
 

@@ -29,7 +29,7 @@ import torch
 
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
-from mscale.dist.init import to_device
+from mscale.distributed.init import to_device
 from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, needs, phases,
                                                produces, schedule, virtual_stage)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist.harness import run_distributed
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.dist
 def _groups(rank, world, hierarchical):
     from datetime import timedelta
 
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.topology.placement import Placement
 
     pl = Placement(tp=2, pp=1, dp=world // 2, gpus_per_node=4)

@@ -9,7 +9,7 @@ per launch because a launch costs seconds of torch import.
 import pytest
 import torch
 
-from tests.dist.harness import run_distributed
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 
@@ -52,7 +52,7 @@ def _compare(rank, world, tp_size, cases):
     from datetime import timedelta
 
     from mscale.config.model import ModelConfig
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.model import Transformer, full_state_dict, init_parameters
     from mscale.parallel.spec import ParamSpec
     from mscale.model.params import gather_tp

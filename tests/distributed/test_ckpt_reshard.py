@@ -17,9 +17,9 @@ from mscale.ckpt import catalog
 from mscale.ckpt.convert import reshard
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import RNG
-from tests.dist.ckpt_cases import assemble, chain, resume_once
-from tests.dist.engine_cases import make_plan
-from tests.dist.harness import run_distributed
+from tests.distributed.ckpt_cases import assemble, chain, resume_once
+from tests.distributed.engine_cases import make_plan
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 

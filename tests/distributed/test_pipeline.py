@@ -18,8 +18,8 @@ import tempfile
 import pytest
 import torch
 
-from tests.dist.harness import run_distributed
-from tests.dist.pipeline_plan import clip_coef, reference_run, tiny_plan
+from tests.distributed.harness import run_distributed
+from tests.distributed.pipeline_plan import clip_coef, reference_run, tiny_plan
 
 pytestmark = pytest.mark.dist
 STEPS = 3

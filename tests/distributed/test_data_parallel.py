@@ -12,9 +12,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.dist.dp_model import (BUCKET_BYTES, SHAPES, Reference, config, dp_run, global_grads,
+from tests.distributed.dp_model import (BUCKET_BYTES, SHAPES, Reference, config, dp_run, global_grads,
                                  make_params, max_rel_diff, reference_run)
-from tests.dist.harness import run_distributed
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 STEPS = 4
@@ -26,7 +26,7 @@ def _train_cases(rank, world, cases):
     hierarchical chain records the order in which it issued its collectives, and from where."""
     import threading
 
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
@@ -131,7 +131,7 @@ def _inject(params, grads_full, tp_rank, tp_size, scale):
 
 def _tp_pp_norm_and_step(rank, world):
     """tp2 × dp2: global norm, LAMB/AdamW steps with clipping; pp2 × dp2: norm over stages."""
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
@@ -191,11 +191,11 @@ def test_global_norm_over_tp_pp_dp_and_tp_sharded_updates():
 def _views_vs_copies(rank, world):
     """Per ZeRO stage: the run with gradient views + parameter buffer, and the copy path (no
     parameter declared viewable); plus what ZeRO-2 holds during and after accumulation."""
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
-    from tests.dist.dp_model import batch, loss_fn
+    from tests.distributed.dp_model import batch, loss_fn
 
     groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=world), rank, TIMEOUT)
     out = {"runs": {}}
@@ -270,7 +270,7 @@ class _Net(torch.nn.Module):
 
 def _param_gather_cases(rank, world, cases):
     from mscale.config.training import TrainingConfig
-    from mscale.dist.groups import build_groups
+    from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement

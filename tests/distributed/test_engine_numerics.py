@@ -12,8 +12,8 @@ what catches a systematic error (a wrong scale, a missing reduction) that would 
 import pytest
 import torch
 
-from tests.dist.engine_cases import merge_params, reported_losses, run_cases
-from tests.dist.harness import run_distributed
+from tests.distributed.engine_cases import merge_params, reported_losses, run_cases
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 

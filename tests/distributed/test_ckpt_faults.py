@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.ckpt_cases import commit_never_reached, fsync_fails
-from tests.dist.harness import run_distributed
+from tests.distributed.ckpt_cases import commit_never_reached, fsync_fails
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mscale.ckpt.convert import convert, open_hf
-from tests.dist.ckpt_cases import assemble, live_logits, memory_roundtrip, protocol, resume_once
-from tests.dist.harness import run_distributed
+from tests.distributed.ckpt_cases import assemble, live_logits, memory_roundtrip, protocol, resume_once
+from tests.distributed.harness import run_distributed
 from tests.unit.ckpt.test_hf import reference_llama
 
 pytestmark = pytest.mark.dist

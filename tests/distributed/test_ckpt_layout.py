@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist.ckpt_cases import layouts_agree
-from tests.dist.harness import run_distributed
+from tests.distributed.ckpt_cases import layouts_agree
+from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
 
