@@ -17,24 +17,24 @@ from dataclasses import dataclass
 
 import torch
 
+from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
 from mscale.config.records import Event
-from mscale.ckpt import catalog
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
+from mscale.planner.flops import model_flops
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_record
 from mscale.train.console import Summary, resume_line, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
-from mscale.train.session import RunSession, agree_on_rank0, open_session
 from mscale.train.engine import Engine, build_engine
-from mscale.planner.flops import model_flops
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
+from mscale.train.session import RunSession, agree_on_rank0, open_session
 from mscale.train.step import run_micro_batches
 from mscale.train.timers import StepTimer
 
@@ -104,7 +104,7 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
 
 
 def _run(engine: Engine, s: RunSession) -> int:
-    plan, opts = engine.plan, engine.options
+    plan = engine.plan
     _start(engine, s)
     ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
