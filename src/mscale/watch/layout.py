@@ -1,0 +1,80 @@
+"""Who is where: each rank's (dp, pp, tp) coordinate and node, as arrays.
+
+From the run's ``plan.yaml`` (the placement `train` used), or from flags for a metrics file
+written by another trainer. The rank order is mscale's (tp fastest, then dp, then pp;
+topology/placement.py), which is also Megatron-LM's default order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mscale.errors import MscaleError
+from mscale.hostlist import expand_hostlist
+from mscale.topology.placement import Placement, placement_for
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """The rank grid of a job as arrays indexed by global rank."""
+
+    tp: int
+    pp: int
+    dp: int
+    ranks_per_node: int
+    node_names: tuple[str, ...]
+    """Name of each node, by node index."""
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def ranks(self) -> np.ndarray:
+        return np.arange(self.world)
+
+    @property
+    def tp_rank(self) -> np.ndarray:
+        return self.ranks % self.tp
+
+    @property
+    def dp_rank(self) -> np.ndarray:
+        return (self.ranks // self.tp) % self.dp
+
+    @property
+    def pp_rank(self) -> np.ndarray:
+        return self.ranks // (self.tp * self.dp)
+
+    @property
+    def node(self) -> np.ndarray:
+        """[world] node index of each rank."""
+        return self.ranks // self.ranks_per_node
+
+    def node_name(self, rank: int) -> str:
+        return self.node_names[int(self.node[rank])]
+
+    @classmethod
+    def from_plan(cls, plan) -> "JobLayout":
+        p = placement_for(plan)
+        names = tuple(plan.cluster.node_names()[: p.num_nodes])
+        return cls(tp=p.tp, pp=p.pp, dp=p.dp, ranks_per_node=p.gpus_per_node, node_names=names)
+
+    @classmethod
+    def from_flags(cls, tp: int, pp: int, dp: int, ranks_per_node: int,
+                   hostlist: str | None = None) -> "JobLayout":
+        """For a metrics file without a plan: ``--tp/--pp/--dp/--ranks-per-node [--hostlist]``."""
+        Placement(tp=tp, pp=pp, dp=dp, gpus_per_node=ranks_per_node)  # same refusals as a plan
+        nodes = max(1, tp * pp * dp // ranks_per_node)
+        names = tuple(expand_hostlist(hostlist)) if hostlist else tuple(
+            f"node{i}" for i in range(nodes))
+        if len(names) < nodes:
+            raise MscaleError(f"the hostlist names {len(names)} nodes, the layout needs {nodes}",
+                              field="--hostlist", fix="give one host per node, in rank order")
+        return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes])
+
+    @classmethod
+    def flat(cls, world: int) -> "JobLayout":
+        """No layout known: every rank its own DP replica on one node (rank-level rules only)."""
+        return cls(tp=1, pp=1, dp=world, ranks_per_node=world, node_names=("node0",))
