@@ -22,15 +22,18 @@ def _positive(name: str):
     return check
 
 
-def _parse_delays(values: list[str]) -> dict[int, float]:
+def _parse_delays(values: list[str], flag: str) -> dict[int, float]:
     out = {}
     for v in values:
         try:
             rank, seconds = v.split(":")
             out[int(rank)] = float(seconds)
         except ValueError:
-            raise MscaleError(f"--inject-delay {v!r} is not RANK:SECONDS", field="--inject-delay",
-                              fix="e.g. --inject-delay 3:0.5 slows rank 3 by 0.5 s per step")
+            raise MscaleError(f"{flag} {v!r} is not RANK:SECONDS", field=flag,
+                              fix=f"e.g. {flag} 3:0.5 slows rank 3 by 0.5 s per step") from None
+        if not (0 <= out[int(rank)] < 3600):
+            raise MscaleError(f"{flag} {v!r}: seconds must be in [0, 3600)", field=flag,
+                              fix=f"e.g. {flag} 3:0.5")
     return out
 
 
@@ -65,6 +68,9 @@ def train_cmd(
                                  "end on stdout (console lines go to stderr)."),
     inject_delay: list[str] = typer.Option([], "--inject-delay", hidden=True,
                                            help="Test hook RANK:SECONDS: slow one rank's compute."),
+    inject_data_delay: list[str] = typer.Option([], "--inject-data-delay", hidden=True,
+                                                help="Test hook RANK:SECONDS: slow one rank's "
+                                                "data loader."),
     inject_nan: int = typer.Option(None, "--inject-nan", min=1, hidden=True,
                                    help="Test hook: make the loss NaN at this step."),
     inject_ckpt_delay: float = typer.Option(0.0, "--inject-ckpt-delay", min=0, hidden=True,
@@ -85,7 +91,8 @@ def train_cmd(
                               "belongs to one model; reusing another run's would resume it)")
     level = zstd_level if zstd_level is not None else (ckpt_level if ckpt_level is not None else 1)
     options = options_from_env() or TrainOptions(
-        run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay),
+        run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay, "--inject-delay"),
+        inject_data_delay=_parse_delays(inject_data_delay, "--inject-data-delay"),
         inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval,
         json_summary=as_json and not local,
         ckpt=CkptOptions(interval=ckpt_interval, keep=ckpt_keep, resume=resume, level=level,

@@ -58,6 +58,14 @@ class Engine:
     def micro_batches(self) -> int:
         return self.plan.layout.micro_batches(self.plan.training.global_batch)
 
+    def get_batch(self, step: int, micro: int):
+        """(tokens, labels) of one micro-batch from the loader; ``--inject-data-delay`` (a test
+        hook) makes this rank's loader that much slower per step, spread over its micro-batches."""
+        delay = self.options.inject_data_delay.get(self.env.rank, 0.0)
+        if delay:
+            time.sleep(delay / self.micro_batches)
+        return self.loader.get(step, micro)
+
     def autocast(self):
         """bf16 autocast when the plan asks for bf16, a no-op context otherwise."""
         enabled = self.plan.training.precision == "bf16"
@@ -132,6 +140,6 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     if layout.pp > 1:
         engine.pipeline = build_stage(
             plan, groups, device, chunks, micro_batches=engine.micro_batches,
-            get_batch=loader.get, no_sync=grads.no_sync, autocast=engine.autocast,
+            get_batch=engine.get_batch, no_sync=grads.no_sync, autocast=engine.autocast,
             nan_step=options.inject_nan_step, delay_s=options.inject_delay.get(env.rank, 0.0))
     return engine

@@ -38,7 +38,8 @@ def options_from_env() -> TrainOptions | None:
     if not raw:
         return None
     data = json.loads(raw)
-    data["inject_delay"] = {int(k): float(v) for k, v in data.get("inject_delay", {}).items()}
+    for hook in ("inject_delay", "inject_data_delay"):  # JSON made the rank keys strings
+        data[hook] = {int(k): float(v) for k, v in data.get(hook, {}).items()}
     return TrainOptions(**data)
 
 

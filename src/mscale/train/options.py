@@ -21,6 +21,8 @@ class TrainOptions:
     """Override training.steps (e.g. a short smoke test)."""
     inject_delay: dict[int, float] = field(default_factory=dict)
     """Test hook: global rank → seconds of extra compute per step, to emulate a straggler."""
+    inject_data_delay: dict[int, float] = field(default_factory=dict)
+    """Test hook: global rank → seconds its data loader takes longer per step (a slow reader)."""
     inject_nan_step: int | None = None
     """Test hook: poison the loss with NaN at this (1-based) step, to exercise the NaN stop."""
     gc_interval: int = 50

@@ -42,7 +42,7 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
     total = None
     for j in range(m):
         with timer.region("data"):
-            tokens, labels = (to_device(t, engine.device) for t in engine.loader.get(step, j))
+            tokens, labels = (to_device(t, engine.device) for t in engine.get_batch(step, j))
         sync = contextlib.nullcontext() if j == m - 1 else engine.grads.no_sync()
         with sync:
             with engine.autocast():
