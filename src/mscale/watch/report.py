@@ -1,0 +1,155 @@
+"""``watch --report FILE.html``: one self-contained page for CI artifacts and post-mortems.
+
+The page must open years later on an air-gapped laptop: no script, no stylesheet or font from a
+network, every figure inlined as SVG drawn by matplotlib (raster heat maps become base64 PNGs
+inside the SVG). matplotlib is used through `Figure` directly, never pyplot, so no GUI backend
+or global state is touched and the import happens only when a report is asked for.
+
+What it shows: loss, gradient-norm and throughput curves; per-rank × step heat maps of compute
+time and of communication wait with lines at node boundaries (a straggler is a bright compute
+row and a dark wait row; its peers are the opposite); and every finding with its evidence and
+what watch did about it.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+import time
+
+import numpy as np
+
+from mscale.runs.atomic import write_text_atomic
+from mscale.watch.actions import finding_dict
+from mscale.watch.findings import Finding
+from mscale.watch.history import History
+from mscale.watch.layout import JobLayout
+
+MAX_NODE_LINES = 128
+"""Above this many nodes, boundaries are left out: the lines would cover the heat map."""
+
+_CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}.critical{color:#b00;font-weight:bold}
+.warning{color:#b60}.info{color:#06b}pre{margin:0;font-size:12px;white-space:pre-wrap}
+svg{max-width:100%;height:auto}"""
+
+
+def _svg(fig) -> str:
+    """A figure as an inline ``<svg>`` element (the XML prolog and doctype stripped)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _curves(history: History) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 6.5))
+    axes = fig.subplots(3, 1, sharex=True)
+    for ax, (name, label) in zip(axes, (("loss", "loss"), ("grad_norm", "gradient norm"),
+                                        ("tokens_per_s", "tokens/s"))):
+        steps, values = history.scalar(name)
+        ax.plot(steps, values, lw=1.2)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
+    return _svg(fig)
+
+
+def _heat(history: History, layout: JobLayout | None, which: str, title: str) -> str:
+    from matplotlib.figure import Figure
+
+    steps, grid = history.heat(which)
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.subplots()
+    extent = (float(steps[0]) - 0.5, float(steps[-1]) + 0.5, grid.shape[0] - 0.5, -0.5)
+    im = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="magma", extent=extent)
+    fig.colorbar(im, ax=ax, label="seconds")
+    if layout is not None and 1 < layout.world // layout.ranks_per_node <= MAX_NODE_LINES:
+        for b in range(layout.ranks_per_node, layout.world, layout.ranks_per_node):
+            ax.axhline(b - 0.5, color="cyan", lw=0.6)
+        centres = np.arange(layout.world // layout.ranks_per_node) * layout.ranks_per_node
+        ax.set_yticks(centres + (layout.ranks_per_node - 1) / 2,
+                      labels=list(layout.node_names), fontsize=7)
+        ax.set_ylabel("rank, by node")
+    else:
+        ax.set_ylabel("rank")
+    ax.set_xlabel("step")
+    ax.set_title(title)
+    return _svg(fig)
+
+
+def _table(rows: list[list[str]], head: list[str]) -> str:
+    out = ["<table><tr>", *(f"<th>{html.escape(h)}</th>" for h in head), "</tr>"]
+    for row in rows:
+        out += ["<tr>", *(f"<td>{cell}</td>" for cell in row), "</tr>"]
+    return "".join(out + ["</table>"])
+
+
+def _findings(findings: list[Finding]) -> str:
+    if not findings:
+        return "<p>No findings: the run looks healthy.</p>"
+    rows = []
+    for f in findings:
+        d = finding_dict(f)
+        steps = f"{f.first_step}–{f.last_step}" if f.last_step != f.first_step else f.first_step
+        slow = "" if f.slowdown_pct is None else f"{f.slowdown_pct:+.1f}%"
+        evidence = html.escape(json.dumps(d["evidence"], indent=1, default=str))
+        rows.append([f'<span class="{f.severity}">{f.severity}</span>', html.escape(f.kind),
+                     html.escape(f.cause), html.escape(_few(f.ranks)), html.escape(_few(f.nodes)),
+                     html.escape(str(steps)), slow, html.escape(f.message),
+                     html.escape(f.advice), f"<details><summary>evidence</summary>"
+                                            f"<pre>{evidence}</pre></details>"])
+    return _table(rows, ["severity", "kind", "cause", "ranks", "nodes", "steps", "what-if",
+                         "message", "advice", "evidence"])
+
+
+def _few(items, limit: int = 16) -> str:
+    items = [str(i) for i in items]
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit})" if len(items) > limit else "")
+
+
+def render(target: str, history: History | None, layout: JobLayout | None,
+           findings: list[Finding], actions: list[dict], summary: dict, code: int) -> str:
+    """The whole page as one string."""
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mscale watch: "
+             f"{html.escape(target)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>mscale watch</h1><p><b>{html.escape(target)}</b> — exit code {code} "
+             f"({['healthy', 'warnings', 'critical'][min(code, 2)]}), written "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}</p>"]
+    if layout is not None:
+        parts.append(f"<p>layout tp {layout.tp} × pp {layout.pp} × dp {layout.dp} = "
+                     f"{layout.world} ranks on {len(layout.node_names)} node(s)</p>")
+    parts.append("<h2>Summary</h2>" + _table(
+        [[html.escape(str(k)), html.escape(json.dumps(v, default=str))]
+         for k, v in summary.items()], ["", ""]))
+    parts.append(f"<h2>Findings ({len(findings)})</h2>" + _findings(findings))
+    if actions:
+        parts.append("<h2>Actions</h2>" + _table(
+            [[html.escape(time.strftime("%H:%M:%S", time.localtime(a.get("time", 0)))),
+              html.escape(str(a.get("action"))),
+              html.escape(json.dumps({k: v for k, v in a.items() if k not in ("time", "action")},
+                                     default=str))] for a in actions], ["time", "action", ""]))
+    if history is not None and history.scalars.used:
+        parts += ["<h2>Curves</h2>", _curves(history), "<h2>Per-rank time</h2>",
+                  _heat(history, layout, "compute", "compute time per rank"),
+                  _heat(history, layout, "wait", "communication wait per rank")]
+    else:
+        parts.append("<p>No metrics records yet.</p>")
+    return "".join(parts) + "</body></html>\n"
+
+
+_NETWORK = re.compile(r"""(?:src|href)\s*=\s*["'](?!data:|#)""", re.I)
+
+
+def network_references(page: str) -> list[str]:
+    """Attributes of ``page`` that would load something (anything not ``data:`` or ``#``)."""
+    return [page[m.start(): m.start() + 80] for m in _NETWORK.finditer(page)]
+
+
+def write_report(url: str, page: str) -> None:
+    write_text_atomic(url, page)

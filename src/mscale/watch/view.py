@@ -1,0 +1,173 @@
+"""What a person watching sees: a live rich view on a terminal, plain lines elsewhere.
+
+On a terminal: the step, loss and gradient-norm trend, tokens/s and MFU, the slowest ranks and
+nodes as a small heat map over the last steps (each cell: how far the rank's compute time is
+above the median of all ranks at that step), and the open alerts. In a pipe, a log or CI, a
+redrawn screen is noise, so the same facts come as plain lines: one per new finding, and a
+status line every ``status_every_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import IO
+
+import numpy as np
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from mscale.watch.findings import Finding
+from mscale.watch.history import History
+from mscale.watch.layout import JobLayout
+from mscale.watch.window import Window
+
+SPARK = "▁▂▃▄▅▆▇█"
+HEAT_STEPS = 40
+"""Columns of the terminal heat map: the last steps, one each."""
+HEAT_ROWS = 8
+"""Ranks (and nodes) shown: the slowest by compute above the median."""
+_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def sparkline(values: np.ndarray, width: int = 40) -> str:
+    v = np.asarray(values, float)[-width:]
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return ""
+    lo, hi = v.min(), v.max()
+    idx = np.zeros(len(v), int) if hi == lo else ((v - lo) / (hi - lo) * (len(SPARK) - 1))
+    return "".join(SPARK[int(i)] for i in np.round(idx))
+
+
+def finding_line(f: Finding) -> str:
+    """One plain line per finding (also the live view's alert rows)."""
+    where = ""
+    if f.ranks:
+        where += f" rank{'s' if len(f.ranks) > 1 else ''} {_few(f.ranks)}"
+    if f.nodes:
+        where += f" ({_few(f.nodes)})"
+    slow = "" if f.slowdown_pct is None else f" {f.slowdown_pct:+.1f}%"
+    steps = "" if f.first_step is None else f"step {f.first_step} "
+    return f"{steps}{f.severity.upper()} {f.kind}/{f.cause}{where}{slow}: {f.message}"
+
+
+def _few(items, limit: int = 6) -> str:
+    items = [str(i) for i in items]
+    return ",".join(items[:limit]) + (f",+{len(items) - limit}" if len(items) > limit else "")
+
+
+def status_line(history: History, open_count: int) -> str:
+    x = history.latest
+    if not x:
+        return "waiting for metrics records"
+    parts = [f"step {x['step']}", f"loss {x['loss']:.4g}", f"grad-norm {x['grad_norm']:.3g}",
+             f"step-time {x['step_time']:.3g}s"]
+    if np.isfinite(x.get("tokens_per_s", np.nan)):
+        parts.append(f"tokens/s {x['tokens_per_s']:.4g}")
+    if np.isfinite(x.get("mfu", np.nan)):
+        parts.append(f"MFU {100 * x['mfu']:.1f}%")
+    return " | ".join(parts + [f"open alerts {open_count}"])
+
+
+class PlainView:
+    """Lines for logs and pipes (module docstring)."""
+
+    def __init__(self, stream: IO[str], status_every_s: float = 30.0, clock=time.monotonic):
+        self.stream, self.every, self.clock = stream, status_every_s, clock
+        self._last = None
+
+    def update(self, history: History, window: Window | None, new: list[Finding],
+               open_findings: list[Finding], final: bool = False) -> None:
+        for f in new:
+            self.stream.write(finding_line(f) + "\n")
+        now = self.clock()
+        if final or (history.latest and (self._last is None or now - self._last >= self.every)):
+            self.stream.write(status_line(history, len(open_findings)) + "\n")
+            self._last = now
+        self.stream.flush()
+
+    def close(self) -> None:
+        pass
+
+
+class LiveView:
+    """The rich screen on a terminal, redrawn at each poll."""
+
+    def __init__(self, layout_of, stream: IO[str] = sys.stdout):
+        self.console = Console(file=stream)
+        self.layout_of = layout_of
+        """A callable returning the current `JobLayout` (None until known)."""
+        self.recent: deque[np.ndarray] = deque(maxlen=HEAT_STEPS)
+        self.live = Live(console=self.console, auto_refresh=False, transient=False)
+        self.live.start()
+
+    def update(self, history: History, window: Window | None, new: list[Finding],
+               open_findings: list[Finding], final: bool = False) -> None:
+        if window is not None and len(window):
+            compute = window.per_rank("compute_time")
+            for row in compute[-HEAT_STEPS:]:
+                self.recent.append(row - np.median(row))
+        self.live.update(self._render(history, open_findings), refresh=True)
+
+    def _render(self, history: History, open_findings: list[Finding]):
+        parts = [Text(status_line(history, len(open_findings)), style="bold")]
+        steps, loss = history.scalar("loss")
+        _, gnorm = history.scalar("grad_norm")
+        if len(steps):
+            parts += [Text(f"loss      {sparkline(loss)}"), Text(f"grad-norm {sparkline(gnorm)}")]
+        if self.recent:
+            parts.append(self._heat(np.stack(self.recent), self.layout_of()))
+        alerts = Table(title="open alerts", show_header=False, box=None)
+        for f in open_findings[:10]:
+            alerts.add_row(Text(finding_line(f), style=_STYLE.get(f.severity, "")))
+        if not open_findings:
+            alerts.add_row(Text("none", style="green"))
+        return Group(*parts, alerts)
+
+    def _heat(self, excess: np.ndarray, layout: JobLayout | None) -> Table:
+        """Rows: the slowest ranks, then the slowest nodes; cells: compute above the median."""
+        table = Table(title="compute above the median, last steps", show_header=False, box=None)
+        mean = excess.mean(axis=0)
+        top = np.argsort(mean)[::-1][:HEAT_ROWS]
+        scale = max(float(excess.max()), 1e-9)
+        for r in top:
+            name = f"rank {r}" + (f" {layout.node_name(int(r))}" if layout else "")
+            table.add_row(name, _cells(excess[:, r], scale))
+        if layout is not None and layout.world // layout.ranks_per_node > 1:
+            nodes = excess.reshape(len(excess), -1, layout.ranks_per_node).mean(axis=2)
+            for n in np.argsort(nodes.mean(axis=0))[::-1][: min(3, nodes.shape[1])]:
+                table.add_row(f"node {layout.node_names[int(n)]}", _cells(nodes[:, n], scale))
+        return table
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def _cells(values: np.ndarray, scale: float) -> Text:
+    text = Text()
+    for v in values:
+        level = int(np.clip(v / scale, 0, 1) * 4)
+        text.append("█", style=("grey23", "green", "yellow", "dark_orange", "red")[level])
+    return text
+
+
+class NullView:
+    """``--json``/``--jsonl``: stdout carries the machine output, nothing else."""
+
+    def update(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_view(stream: IO[str], quiet: bool, layout_of, status_every_s: float = 30.0):
+    if quiet:
+        return NullView()
+    if stream.isatty():
+        return LiveView(layout_of, stream)
+    return PlainView(stream, status_every_s)
