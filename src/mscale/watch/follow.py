@@ -1,0 +1,274 @@
+"""The watch loop: read what the job appended, judge it, act, report; live or once.
+
+One pass (`Follower.poll`) reads the new lines of ``events.jsonl`` first (job start/stop, the
+checkpoint a quarantine waits for), then the new metrics records, judges them as one `Window`,
+checks for a hang while the job is alive, acts, and hands the results to the outputs. Reading
+events before metrics makes "the job stopped" safe to act on: the stop event is written after
+the job's last record, so the metrics pass that follows it has seen every step.
+
+The job is alive while ``lock.json`` is held by a live holder (runs/lock.py) and no ``stop``
+follows its latest ``start``. A metrics file alone has neither; it counts as alive while watch
+follows it live (hangs are judged), never with ``--once``.
+
+The parts are passed in (the feed, the judge, the actor, the outputs), so this loop is tested
+with small fakes and its pieces with real traces.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from mscale.errors import MscaleError
+from mscale.hostlist import expand_hostlist
+from mscale.runs.atomic import fs_and_path, read_jsonl
+from mscale.runs.lock import RunLock, stale_reason
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import load_checked_plan
+from mscale.watch.actions import Actor
+from mscale.watch.findings import Finding
+from mscale.watch.history import History
+from mscale.watch.layout import JobLayout
+from mscale.watch.window import Window
+
+LIFECYCLE = ("start", "stop", "hang")
+"""Events of ``train`` that open (start) or close (stop, hang) a job's life."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ``mscale watch TARGET`` names: a run directory, or a metrics file."""
+
+    url: str
+    metrics: str
+    run: RunDir | None
+    """The run directory to act on and read events from; None for a metrics file alone."""
+    plan: str | None
+    """``plan.yaml`` beside the metrics, if there is one."""
+
+
+def resolve_target(url: str) -> Target:
+    """A run directory, a run's ``metrics.jsonl`` (treated as its run), or any ``.jsonl``."""
+    fs, path = fs_and_path(url)
+    if fs.isdir(path):
+        run = RunDir(url.rstrip("/"))
+        return Target(url, run.metrics, run, _existing(run.plan))
+    if not url.endswith(".jsonl"):
+        raise MscaleError("no such run directory or metrics file", file=url,
+                          fix="pass a run directory (train --run-dir) or a metrics .jsonl file")
+    parent = RunDir(url.rsplit("/", 1)[0] if "/" in url else ".")
+    plan = _existing(parent.plan)
+    if not fs.isfile(path) and not fs.isdir(path + ".d"):
+        raise MscaleError("no such metrics file", file=url,
+                          fix="check the path; a run directory can be passed instead")
+    if url.rsplit("/", 1)[-1] == "metrics.jsonl" and plan:
+        return Target(url, url, parent, plan)
+    return Target(url, url, None, plan)
+
+
+def _existing(url: str) -> str | None:
+    fs, path = fs_and_path(url)
+    return url if fs.isfile(path) else None
+
+
+def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
+                  dp: int | None = None, ranks_per_node: int | None = None,
+                  hostlist: str | None = None) -> Callable[[int], JobLayout]:
+    """How to lay out a job of ``world`` ranks: flags when any is given, else the run's plan,
+    else every rank on its own (rank-level rules only; nodes and stages unknown)."""
+    def from_flags(world: int) -> JobLayout:
+        t, p = tp or 1, pp or 1
+        d = dp or max(1, world // (t * p))
+        nodes = len(expand_hostlist(hostlist)) if hostlist else 1
+        per_node = ranks_per_node or max(1, t * p * d // nodes)
+        return JobLayout.from_flags(t, p, d, per_node, hostlist)
+
+    if any(v is not None for v in (tp, pp, dp, ranks_per_node, hostlist)):
+        return from_flags
+    if target.plan:
+        load_checked_plan(target.plan)  # a bad plan fails now, before any work
+        # read again for each attempt: a restarted job may run a new layout (runs/history.py)
+        return lambda world: JobLayout.from_plan(load_checked_plan(target.plan))
+    return JobLayout.flat
+
+
+def plan_hints(target: Target, flags_given: bool) -> dict:
+    """What the run's plan tells the judge: the step time it predicts (the hang time until the
+    run's own is known) and the micro-batches per step (the what-if pipeline model)."""
+    if not target.plan or flags_given:
+        return {}
+    plan = load_checked_plan(target.plan)
+    hints = {"micro_batches": plan.layout.micro_batches(plan.training.global_batch)}
+    step_s = plan.estimate.get("step_time_s")
+    if isinstance(step_s, (int, float)) and step_s > 0:
+        hints["expected_step_s"] = float(step_s)
+    return hints
+
+
+class JobState:
+    """Whether the job writing the run is alive (module docstring)."""
+
+    def __init__(self, run: RunDir | None, follows_live: bool, clock: Callable[[], float]):
+        self.run, self.clock = run, clock
+        self.follows_live = follows_live
+        self.last: str | None = None
+        """The latest lifecycle event kind of ``train``."""
+        self._lock = RunLock(run.root, "watch") if run is not None else None
+
+    def observe(self, events: list[dict]) -> None:
+        for ev in events:
+            if ev.get("source", "train") == "train" and ev.get("kind") in LIFECYCLE:
+                self.last = ev["kind"]
+
+    @property
+    def stopped(self) -> bool:
+        return self.last in ("stop", "hang")
+
+    def alive(self) -> bool:
+        if self._lock is None:
+            return self.follows_live
+        if self.stopped:
+            return False
+        try:
+            rec = self._lock.holder()
+        except MscaleError:  # a torn or foreign lock file: say nothing about the job
+            return False
+        return rec is not None and stale_reason(rec, self.clock()) is None
+
+
+class EventFeed:
+    """New lines of ``events.jsonl``. The file is small (a few lines per start, checkpoint and
+    alert), so it is read whole each time and the lines already seen are skipped; a file that
+    shrank was replaced and is read from its start."""
+
+    def __init__(self, url: str):
+        self.url, self.seen = url, 0
+
+    def poll(self) -> list[dict]:
+        rows = read_jsonl(self.url)
+        if len(rows) < self.seen:
+            self.seen = 0
+        new, self.seen = rows[self.seen:], len(rows)
+        return new
+
+
+class Feed(Protocol):
+    last_record_time: float | None
+    restarted: bool
+
+    def poll(self) -> list[dict]: ...
+
+
+class Outputs(Protocol):
+    def poll(self, follower: "Follower", window: Window | None, new: list[Finding]) -> None: ...
+
+
+@dataclass
+class Follower:
+    """State of one watch session (module docstring)."""
+
+    target: Target
+    layout_for: Callable[[int], JobLayout]
+    """The layout for a job of this many ranks (from the plan, flags, or flat)."""
+    make_watcher: Callable[[JobLayout], object]
+    feed: Feed
+    events: EventFeed | None
+    to_window: Callable[..., Window]
+    actor: Actor
+    outputs: Outputs
+    live: bool = True
+    clock: Callable[[], float] = time.time
+    layout: JobLayout | None = None
+    watcher: object | None = None
+    history: History | None = None
+    findings: list[Finding] = field(default_factory=list)
+    """Every finding of this session, in the order found."""
+    records: int = 0
+    restarts: int = 0
+    job: JobState = None
+
+    def __post_init__(self) -> None:
+        self.job = JobState(self.target.run, self.live, self.clock)
+        self._seeded = False
+
+    def poll(self) -> int:
+        """One pass (module docstring); returns how many new metrics records it judged."""
+        self._read_events()
+        records = self.feed.poll()
+        if getattr(self.feed, "restarted", False):
+            self._restart()
+        window, new = None, []
+        if records:
+            window = self._window(records)
+            new += self.watcher.feed(window)
+            self.history.add(window)
+            self.records += len(records)
+        alive = self.job.alive()
+        if alive and self.watcher is not None:
+            new += self.watcher.check_hang(self.clock(), self.feed.last_record_time)
+        self.findings += new
+        self.actor.handle(new, alive)
+        self.actor.tick(alive)
+        self.outputs.poll(self, window, new)
+        return len(records)
+
+    def _read_events(self) -> None:
+        if self.events is None:
+            return
+        evs = self.events.poll()
+        if not self._seeded:
+            self.actor.seed(evs)
+            self._seeded = True
+        self.job.observe(evs)
+        self.actor.observe(evs)
+
+    def _window(self, records: list[dict]) -> Window:
+        window = self.to_window(records, self.layout.world if self.layout else None)
+        if self.layout is None:
+            self.layout = self.layout_for(window.world)
+            if self.layout.world != window.world:
+                raise MscaleError(f"the records have {window.world} ranks, the layout "
+                                  f"{self.layout.world}", file=self.target.metrics,
+                                  fix="give the job's --tp/--pp/--dp (or its plan.yaml)")
+            self.watcher = self.make_watcher(self.layout)
+        if self.history is None or self.history.world != window.world:
+            self.history = History(window.world)
+        return window
+
+    def _restart(self) -> None:
+        """The job restarted in the same run directory: judge the new attempt from scratch
+        (its layout may differ: the plan is read again)."""
+        self.restarts += 1
+        self.layout = self.watcher = None
+
+    def open_findings(self) -> list[Finding]:
+        return list(self.watcher.open_findings()) if self.watcher is not None else []
+
+    def summary(self) -> dict:
+        base = dict(self.watcher.summary()) if self.watcher is not None else {}
+        return {**base, "records": self.records, "restarts": self.restarts,
+                "findings_total": len(self.findings)}
+
+    def run(self, interval: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        """Live: poll until the job's stop is seen and judged (or Ctrl-C). Once: one pass,
+        then wait (bounded) for a checkpoint a quarantine depends on."""
+        try:
+            while True:
+                got = self.poll()
+                if not self.live and getattr(self.feed, "caught_up", True):
+                    break
+                if self.job.stopped and not got and not self.actor.pending:
+                    break
+                if getattr(self.feed, "caught_up", True):
+                    sleep(interval)
+            while self.actor.pending:
+                sleep(interval)
+                self._read_events()
+                self.actor.tick(self.job.alive())
+        except KeyboardInterrupt:
+            pass
+        if not self.live and not self.records:
+            raise MscaleError("no metrics records to judge", file=self.target.metrics,
+                              fix="point watch at a run that has written steps, or follow it "
+                                  "live (without --once)")

@@ -1,0 +1,71 @@
+"""Every output of one watch session, fed after each poll and closed once at the end.
+
+After each poll: the view (live screen or plain lines), ``--jsonl`` lines for the new findings,
+and the Prometheus textfile. At the end: the ``--json`` document and the ``--report`` page, so a
+session stopped by Ctrl-C still leaves both. stdout carries machine output when ``--json`` or
+``--jsonl`` is given, and then nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import IO
+
+from mscale.watch import report, sinks
+from mscale.watch.findings import Finding
+from mscale.watch.view import make_view
+from mscale.watch.window import Window
+
+
+@dataclass
+class OutputOptions:
+    as_json: bool = False
+    jsonl: bool = False
+    prometheus: str | None = None
+    report: str | None = None
+    status_every_s: float = 30.0
+
+
+class Outputs:
+    """Implements `mscale.watch.follow.Outputs` for the CLI."""
+
+    def __init__(self, options: OutputOptions, stream: IO[str] | None = None):
+        self.options = options
+        self.stream = stream or sys.stdout
+        self._follower = None
+        self.view = make_view(self.stream, options.as_json or options.jsonl,
+                              lambda: self._follower.layout if self._follower else None,
+                              options.status_every_s)
+
+    def poll(self, follower, window: Window | None, new: list[Finding]) -> None:
+        self._follower = follower
+        if self.options.jsonl:
+            sinks.write_jsonl(self.stream, new)
+        if follower.history is not None:
+            self.view.update(follower.history, window, new, follower.open_findings())
+        if self.options.prometheus:
+            sinks.write_prometheus(self.options.prometheus, sinks.prometheus_text(
+                follower.target.url, follower.history, follower.open_findings(),
+                follower.findings, follower.feed.last_record_time, time.time()))
+
+    def finish(self, follower) -> int:
+        """Close the view, write the document and the report; return the exit code."""
+        code = sinks.exit_code(follower.findings)
+        if follower.history is not None:
+            self.view.update(follower.history, None, [], follower.open_findings(), final=True)
+        self.view.close()
+        summary = follower.summary()
+        if self.options.report:
+            report.write_report(self.options.report, report.render(
+                follower.target.url, follower.history, follower.layout, follower.findings,
+                follower.actor.log, summary, code))
+        if self.options.as_json:
+            doc = sinks.document(follower.target.url, follower.findings,
+                                 follower.open_findings(), follower.actor.log, summary,
+                                 follower.history, code)
+            self.stream.write(json.dumps(doc, indent=2, default=str) + "\n")
+            self.stream.flush()
+        return code

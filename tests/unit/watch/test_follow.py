@@ -1,0 +1,216 @@
+"""watch/follow.py: the loop over small fakes of the feed and the judge — when it stops, when it
+judges hangs, restarts, the checkpoint wait of --once — and how a target and a layout resolve."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from mscale.errors import MscaleError
+from mscale.runs.atomic import append_line
+from mscale.runs.rundir import RunDir
+from mscale.watch.actions import ActionConfig, Actor
+from mscale.watch.findings import Finding
+from mscale.watch.follow import (EventFeed, Follower, JobState, layout_source, resolve_target)
+from mscale.watch.window import PER_RANK, SCALARS, Window
+
+from tests.conftest import PLANS
+
+
+class Feed:
+    def __init__(self, batches, restart_at=()):
+        self.batches, self.restart_at, self.polls = list(batches), set(restart_at), 0
+        self.last_record_time, self.restarted, self.caught_up = None, False, True
+
+    def poll(self):
+        self.polls += 1
+        self.restarted = self.polls in self.restart_at
+        out = self.batches.pop(0) if self.batches else []
+        if out:
+            self.last_record_time = 1.0
+        return out
+
+
+class Judge:
+    def __init__(self, layout, emit=None):
+        self.layout, self.emit, self.rows, self.hang_checks = layout, emit or {}, [], 0
+
+    def feed(self, window):
+        self.rows += window.steps.tolist()
+        return [f for step, f in self.emit.items() if step in window.steps.tolist()]
+
+    def check_hang(self, now, last):
+        self.hang_checks += 1
+        return []
+
+    def open_findings(self):
+        return []
+
+    def summary(self):
+        return {"rows": len(self.rows)}
+
+
+class Out:
+    def __init__(self):
+        self.polls = []
+
+    def poll(self, follower, window, new):
+        self.polls.append((None if window is None else window.steps.tolist(), list(new)))
+
+
+def to_window(records, world=None):
+    n, w = len(records), world or len(records[0]["step_time"])
+    return Window(np.array([r["step"] for r in records]), np.ones((n, len(PER_RANK), w)),
+                  np.zeros((n, len(SCALARS))), [{} for _ in records])
+
+
+def recs(*steps, world=4):
+    return [{"step": s, "step_time": [1.0] * world} for s in steps]
+
+
+def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), **actor_kw):
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    target = resolve_target(rd.root if run else rd.metrics)
+    judges = []
+
+    def make_watcher(layout):
+        judges.append(Judge(layout, emit))
+        return judges[-1]
+
+    f = Follower(target=target, layout_for=layout_source(target), make_watcher=make_watcher,
+                 feed=Feed(batches, restart_at), events=EventFeed(rd.events) if run else None,
+                 to_window=to_window, actor=Actor(target.run, ActionConfig(**actor_kw)),
+                 outputs=Out(), live=live)
+    return f, rd, judges
+
+
+def hold_lock(rd: RunDir) -> None:
+    now = time.time()
+    (open(rd.lock, "w")).write(json.dumps({
+        "run_id": "r", "host": socket.gethostname(), "pid": os.getpid(), "since": now,
+        "heartbeat": now, "lease_s": 120.0, "token": "t"}))
+
+
+def event(rd, kind, **kw):
+    append_line(rd.events, json.dumps({"source": "train", "kind": kind, "time": time.time(),
+                                       **kw}))
+
+
+def test_live_stops_once_the_stop_is_seen_and_every_record_judged(tmp_path):
+    f, rd, judges = make(tmp_path, [recs(1, 2), [], recs(3)])
+    event(rd, "start")
+    naps = []
+
+    def sleep(s):
+        naps.append(s)
+        if len(naps) == 3:
+            event(rd, "stop")
+
+    f.run(interval=0.5, sleep=sleep)
+    assert judges[0].rows == [1, 2, 3] and f.records == 3
+    assert naps == [0.5] * 3  # the pass that saw the stop read the last records; one more, empty
+
+
+def test_hang_is_judged_only_while_the_job_is_alive(tmp_path):
+    f, rd, judges = make(tmp_path, [recs(1), [], []])
+    event(rd, "start")
+    f.poll()
+    assert judges[0].hang_checks == 0  # no lock: the job is not running
+    hold_lock(rd)
+    f.poll()
+    assert judges[0].hang_checks == 1
+    event(rd, "stop")
+    f.poll()
+    assert judges[0].hang_checks == 1 and f.job.stopped
+
+
+def test_a_metrics_file_alone_counts_as_alive_only_when_followed_live(tmp_path):
+    assert JobState(None, follows_live=True, clock=time.time).alive()
+    assert not JobState(None, follows_live=False, clock=time.time).alive()
+
+
+def test_restart_starts_a_fresh_judge(tmp_path):
+    f, rd, judges = make(tmp_path, [recs(1, 2, 3), recs(1, 2)], restart_at={2})
+    f.poll()
+    f.poll()
+    assert len(judges) == 2 and judges[1].rows == [1, 2] and f.restarts == 1
+
+
+def test_once_judges_what_is_there_and_needs_records(tmp_path):
+    f, rd, judges = make(tmp_path, [recs(1, 2)], live=False)
+    f.run(interval=1, sleep=lambda s: pytest.fail("--once must not sleep"))
+    assert judges[0].rows == [1, 2]
+    empty, _, _ = make(tmp_path / "b", [], live=False)
+    with pytest.raises(MscaleError, match="no metrics records"):
+        empty.run(interval=1, sleep=lambda s: None)
+
+
+def test_once_waits_for_the_requested_checkpoint_before_quarantining(tmp_path):
+    slow = Finding(kind="straggler", severity="warning", message="rank 3 slow",
+                   cause="slow_device", ranks=[3], nodes=["node1"], first_step=2, last_step=2)
+    f, rd, _ = make(tmp_path, [recs(1, 2)], live=False, emit={2: slow})
+    event(rd, "start")
+    hold_lock(rd)
+    naps = []
+
+    def sleep(s):
+        naps.append(s)
+        assert not os.path.exists(rd.quarantine)
+        if len(naps) == 2:
+            event(rd, "checkpoint", step=3)
+
+    f.run(interval=0.25, sleep=sleep)
+    assert os.path.exists(rd.path("control", "checkpoint")) and len(naps) == 2
+    [entry] = json.loads(open(rd.quarantine).read())["entries"]
+    assert entry["node"] == "node1" and entry["evidence"]["checkpoint_confirmed"]
+
+
+def test_resolve_target(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    assert resolve_target(rd.root).run == rd and resolve_target(rd.root).plan is None
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    assert resolve_target(rd.metrics).run is None  # no plan beside it: a file alone
+    (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+    t = resolve_target(rd.metrics)
+    assert t.run == rd and t.plan == rd.plan
+    other = tmp_path / "trace.jsonl"
+    other.write_text("")
+    assert resolve_target(str(other)).run is None
+    for bad in (tmp_path / "missing", tmp_path / "missing.jsonl"):
+        with pytest.raises(MscaleError) as e:
+            resolve_target(str(bad))
+        assert e.value.file == str(bad)
+
+
+def test_layout_from_plan_flags_or_flat(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+    target = resolve_target(rd.root)
+    plan = layout_source(target)(8)
+    assert (plan.tp, plan.pp, plan.dp, plan.world) == (2, 2, 2, 8)
+    flags = layout_source(target, tp=2, hostlist="gpu[1-4]")(8)
+    assert (flags.tp, flags.pp, flags.dp, flags.ranks_per_node) == (2, 1, 4, 2)
+    assert flags.node_name(7) == "gpu4"
+    flat = layout_source(resolve_target(str(tmp_path)))(6)
+    assert (flat.dp, flat.world) == (6, 6)
+
+
+def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+    target = resolve_target(rd.root)
+    f = Follower(target=target, layout_for=layout_source(target), make_watcher=Judge,
+                 feed=Feed([recs(1, world=4)]), events=None, to_window=to_window,
+                 actor=Actor(None), outputs=Out(), live=False)
+    with pytest.raises(MscaleError, match="4 ranks, the layout 8"):
+        f.poll()
