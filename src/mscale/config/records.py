@@ -6,14 +6,27 @@ instead of misreading it.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_serializer, model_validator
 
 from mscale.config.base import StrictModel
+from mscale.config.vectors import COMPACT_MIN_RANKS, decode_vector, encode_vector, is_encoded
 
 RECORD_SCHEMA_VERSION = 1
+METRICS_SCHEMA_VERSION = 2
+"""Newest `MetricsRecord` version: 2 may carry per-rank vectors encoded (config/vectors.py)."""
+PER_RANK_FIELDS = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time")
+_NON_FINITE_AS_NULL = ("loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s")
+"""Required numbers that JSON writes as null when they are NaN or infinite (it has no NaN)."""
+
+
+def metrics_version_for(world: int) -> int:
+    """The version mscale writes for a world: compact vectors only where they pay
+    (`COMPACT_MIN_RANKS`), so small runs stay plain JSON lists that any tool reads."""
+    return METRICS_SCHEMA_VERSION if world >= COMPACT_MIN_RANKS else 1
 
 
 class RecordModel(StrictModel):
@@ -29,11 +42,13 @@ class RecordModel(StrictModel):
 class MetricsRecord(RecordModel):
     """One line of ``metrics.jsonl``, written by rank 0 after every step.
 
-    Per-rank vectors are indexed by global rank and were gathered with one collective.
+    Per-rank vectors are indexed by global rank and were gathered with one collective. In memory
+    they are always lists; a version-2 record writes them encoded (config/vectors.py) and reading
+    one decodes them, so every user of the model sees lists whatever the file holds.
     """
 
     schema_version: int = RECORD_SCHEMA_VERSION
-    """Version of the record schema."""
+    """Version of the record schema: 1 writes per-rank vectors as JSON lists, 2 encoded."""
     step: int
     """Optimizer step just completed (1-based)."""
     time: float = Field(default_factory=time.time)
@@ -64,6 +79,31 @@ class MetricsRecord(RecordModel):
     """Seconds per rank idle in the pipeline bubble (pipeline runs)."""
     extra: dict[str, Any] = {}
     """Anything else worth keeping (e.g. skipped-step flags)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decode_vectors(cls, data: Any) -> Any:
+        """Refuse a record from the future; read null as the NaN it was written for; turn
+        encoded vectors into lists."""
+        if not isinstance(data, dict):
+            return data
+        version = data.get("schema_version", 1)
+        if isinstance(version, int) and version > METRICS_SCHEMA_VERSION:
+            raise ValueError(f"schema_version {version} is newer than this mscale understands "
+                             f"({METRICS_SCHEMA_VERSION}): upgrade mscale")
+        out = dict(data)
+        for k in _NON_FINITE_AS_NULL:
+            if k in out and out[k] is None:
+                out[k] = math.nan
+        for k in PER_RANK_FIELDS:
+            if is_encoded(out.get(k)):
+                out[k] = decode_vector(out[k], field=k).tolist()
+        return out
+
+    @field_serializer(*PER_RANK_FIELDS)
+    def _encode_vectors(self, v: list[float] | None) -> Any:
+        """Version 2 writes each vector in the compact form (~8x smaller at 12,288 ranks)."""
+        return encode_vector(v) if v is not None and self.schema_version >= 2 else v
 
 
 EventKind = Literal[

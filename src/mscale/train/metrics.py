@@ -1,7 +1,10 @@
 """Per-step metrics: every rank's timings and loss gathered to rank 0 with one collective.
 
 At 12,288 ranks one file per rank per step would be a denial of service on a shared filesystem,
-so ranks send a few floats to rank 0, which writes one JSONL record (docs/architecture.md).
+so ranks send a few floats to rank 0, which writes one JSONL record (docs/architecture.md). From
+`COMPACT_MIN_RANKS` ranks on, the record is schema version 2: its per-rank vectors are written as
+zstd-compressed microseconds (config/vectors.py), ~8x fewer bytes a step than JSON text
+(docs/benchmarks.md, "watch"); smaller runs keep the plain lists of version 1.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from mscale.config.records import MetricsRecord
+from mscale.config.records import MetricsRecord, metrics_version_for
 
 # Layout of the vector each rank contributes.
 FIELDS = ("step", "compute", "comm_wait", "data", "bubble", "loss", "loss_weight")
@@ -50,7 +53,7 @@ def build_record(vectors: torch.Tensor, *, step: int, grad_norm: float, clip_thr
     if flops_per_step and step_time > 0:
         mfu = flops_per_step / step_time / (peak_flops_per_device * len(cols["step"]))
     return MetricsRecord(
-        step=step, loss=loss, grad_norm=grad_norm, clip_threshold=clip_threshold, lr=lr,
+        schema_version=metrics_version_for(len(cols["step"])), step=step, loss=loss, grad_norm=grad_norm, clip_threshold=clip_threshold, lr=lr,
         tokens=tokens, tokens_per_s=tokens / step_time if step_time > 0 else 0.0, mfu=mfu,
         step_time=cols["step"], compute_time=cols["compute"], comm_wait=cols["comm_wait"],
         data_time=cols["data"], bubble_time=cols["bubble"], extra=extra or {})
