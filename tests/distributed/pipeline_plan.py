@@ -57,9 +57,10 @@ def reference_run(plan: Plan, steps: int) -> dict:
     grads = GradBuffer(params, None, zero_stage=0, bucket_bytes=int(training.bucket_mb * 1e6))
     opt = DistributedOptimizer(params, grads, training, None)
     source = make_source(training.data, training.seed, single.model.seq_len, single.model.vocab)
+    loader = DataLoader(source, BatchPlan(training.global_batch, single.layout.micro_batch, 1, 0))
     engine = SimpleNamespace(
         plan=single, chunks=[model], micro_batches=single.layout.micro_batches(training.global_batch),
-        loader=DataLoader(source, BatchPlan(training.global_batch, single.layout.micro_batch, 1, 0)),
+        loader=loader, get_batch=loader.get,
         grads=grads, device=torch.device("cpu"), env=SimpleNamespace(rank=0),
         options=SimpleNamespace(inject_delay={}, inject_nan_step=None),
         autocast=lambda: torch.autocast("cpu", enabled=False), pipeline=None)

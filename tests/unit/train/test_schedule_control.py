@@ -185,6 +185,7 @@ class _Engine:
         self.options = SimpleNamespace(inject_delay={}, inject_nan_step=None)
         self.env = SimpleNamespace(rank=0)
         self.loader = _Loader()
+        self.get_batch = self.loader.get
         self.grads = SimpleNamespace(no_sync=contextlib.nullcontext)
         self.autocast = contextlib.nullcontext
 
