@@ -45,7 +45,12 @@ class Target:
     run: RunDir | None
     """The run directory to act on and read events from; None for a metrics file alone."""
     plan: str | None
-    """``plan.yaml`` beside the metrics, if there is one."""
+    """Where the run's ``plan.yaml`` is or will be (a job writes it after creating the run
+    directory, so a watch started at once may not find it yet): see `plan_now`."""
+
+    def plan_now(self) -> str | None:
+        """The plan's URL if the file exists now."""
+        return _existing(self.plan) if self.plan else None
 
 
 def resolve_target(url: str) -> Target:
@@ -53,7 +58,7 @@ def resolve_target(url: str) -> Target:
     fs, path = fs_and_path(url)
     if fs.isdir(path):
         run = RunDir(url.rstrip("/"))
-        return Target(url, run.metrics, run, _existing(run.plan))
+        return Target(url, run.metrics, run, run.plan)
     if not url.endswith(".jsonl"):
         raise MscaleError("no such run directory or metrics file", file=url,
                           fix="pass a run directory (train --run-dir) or a metrics .jsonl file")
@@ -86,19 +91,24 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
 
     if any(v is not None for v in (tp, pp, dp, ranks_per_node, hostlist)):
         return from_flags
-    if target.plan:
-        load_checked_plan(target.plan)  # a bad plan fails now, before any work
-        # read again for each attempt: a restarted job may run a new layout (runs/history.py)
-        return lambda world: JobLayout.from_plan(load_checked_plan(target.plan))
-    return JobLayout.flat
+    if target.plan_now():
+        load_checked_plan(target.plan_now())  # a bad plan fails now, before any work
+
+    def from_plan(world: int) -> JobLayout:
+        # read when the first records come, and again for each attempt: the plan may be
+        # written after watch starts, and a restarted job may run a new layout (runs/history.py)
+        plan = target.plan_now()
+        return JobLayout.from_plan(load_checked_plan(plan)) if plan else JobLayout.flat(world)
+
+    return from_plan
 
 
 def plan_hints(target: Target, flags_given: bool) -> dict:
     """What the run's plan tells the judge: the step time it predicts (the hang time until the
     run's own is known) and the micro-batches per step (the what-if pipeline model)."""
-    if not target.plan or flags_given:
+    if not target.plan_now() or flags_given:
         return {}
-    plan = load_checked_plan(target.plan)
+    plan = load_checked_plan(target.plan_now())
     hints = {"micro_batches": plan.layout.micro_batches(plan.training.global_batch)}
     step_s = plan.estimate.get("step_time_s")
     if isinstance(step_s, (int, float)) and step_s > 0:

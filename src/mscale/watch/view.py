@@ -78,16 +78,17 @@ class PlainView:
 
     def __init__(self, stream: IO[str], status_every_s: float = 30.0, clock=time.monotonic):
         self.stream, self.every, self.clock = stream, status_every_s, clock
-        self._last = None
+        self._last = self._step = None
 
     def update(self, history: History, window: Window | None, new: list[Finding],
                open_findings: list[Finding], final: bool = False) -> None:
         for f in new:
             self.stream.write(finding_line(f) + "\n")
-        now = self.clock()
-        if final or (history.latest and (self._last is None or now - self._last >= self.every)):
+        now, step = self.clock(), history.latest.get("step")
+        due = self._last is None or now - self._last >= self.every
+        if history.latest and (step != self._step if final else due):
             self.stream.write(status_line(history, len(open_findings)) + "\n")
-            self._last = now
+            self._last, self._step = now, step
         self.stream.flush()
 
     def close(self) -> None:

@@ -175,12 +175,12 @@ def test_once_waits_for_the_requested_checkpoint_before_quarantining(tmp_path):
 def test_resolve_target(tmp_path):
     rd = RunDir(str(tmp_path / "run"))
     rd.create()
-    assert resolve_target(rd.root).run == rd and resolve_target(rd.root).plan is None
+    assert resolve_target(rd.root).run == rd and resolve_target(rd.root).plan_now() is None
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     assert resolve_target(rd.metrics).run is None  # no plan beside it: a file alone
     (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
     t = resolve_target(rd.metrics)
-    assert t.run == rd and t.plan == rd.plan
+    assert t.run == rd and t.plan_now() == rd.plan
     other = tmp_path / "trace.jsonl"
     other.write_text("")
     assert resolve_target(str(other)).run is None
@@ -214,3 +214,12 @@ def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
                  actor=Actor(None), outputs=Out(), live=False)
     with pytest.raises(MscaleError, match="4 ranks, the layout 8"):
         f.poll()
+
+
+def test_a_plan_written_after_watch_started_lays_out_the_records(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    layout_for = layout_source(resolve_target(rd.root))  # train has not written plan.yaml yet
+    (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+    layout = layout_for(8)
+    assert (layout.tp, layout.pp, layout.dp) == (2, 2, 2) and layout.node_name(7) == "node4"
