@@ -131,31 +131,35 @@ class Actor:
             self._seen.append(evidence)
             if not self.acting:
                 continue
-            evidence["action"] = self._steer(f, job_alive, evidence)
+            evidence["action"], then = self._steer(f, job_alive, evidence)
             self._event(f.kind, f.severity, f.last_step, f.ranks, f.nodes, f.message, evidence)
+            if then is not None:  # after the finding's event, which explains it
+                then()
 
-    def _steer(self, f: Finding, job_alive: bool, evidence: dict) -> str:
-        """The request a finding calls for; returns what was done, for its event."""
+    def _steer(self, f: Finding, job_alive: bool,
+               evidence: dict) -> tuple[str, Callable[[], None] | None]:
+        """What a finding calls for: the words for its event, and the step to take after it."""
         if f.hardware and f.nodes:
             if job_alive:
-                now = self.clock()
-                self._request("checkpoint", f)
-                self.pending.append(_Pending(f, now, now + self.config.ckpt_wait_s))
-                return "checkpoint requested; the node is quarantined once it is committed"
-            self._quarantine_now(f, None, "(the job is not running: its newest checkpoint holds "
-                                          "all its progress)")
-            return "quarantined"
+                return ("checkpoint requested; the node is quarantined once it is committed",
+                        lambda: self._request_checkpoint(f))
+            return "quarantined at once: the job is not running", lambda: self._quarantine_now(
+                f, None, "(the job is not running: its newest checkpoint holds all its progress)")
         if f.kind == "nan":
             if job_alive:
-                self._request("halt", f)
-                return "halt requested"
-            return "none: the job is not running"
+                return "halt requested", lambda: self._request("halt", f)
+            return "none: the job is not running", None
         if f.kind == "divergence":
             target = self.rollback_target(f.first_step)
             evidence["rollback_to"] = target
             return (f"roll back to {target}" if target else
-                    "no committed checkpoint precedes the divergence")
-        return "recorded"
+                    "no committed checkpoint precedes the divergence"), None
+        return "recorded", None
+
+    def _request_checkpoint(self, f: Finding) -> None:
+        now = self.clock()
+        self._request("checkpoint", f)
+        self.pending.append(_Pending(f, now, now + self.config.ckpt_wait_s))
 
     def observe(self, events: list[dict]) -> None:
         """New lines of ``events.jsonl``: a committed checkpoint at or after a request releases

@@ -127,6 +127,9 @@ def test_job_not_running_quarantines_at_once_without_a_request(run):
     assert os.listdir(run.control) == []
     [entry] = json.loads(open(run.quarantine).read())["entries"]
     assert entry["node"] == "node2" and entry["expires"] is None
+    # the finding's event comes first: it explains the quarantine that follows
+    assert [(e["kind"], e["evidence"]["action"]) for e in watch_events(run)] == [
+        ("straggler", "quarantined at once: the job is not running"), ("info", "quarantine")]
 
 
 def test_a_node_already_quarantined_is_not_added_again(run):

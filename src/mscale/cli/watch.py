@@ -1,0 +1,87 @@
+"""``mscale watch``: follow a run (or judge it once), name the slow rank and why, and act."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from mscale.cli.app import app
+
+
+def _positive(name: str):
+    def check(value: float | None):
+        if value is not None and not value > 0:
+            raise typer.BadParameter(f"{name} must be > 0 (got {value})")
+        return value
+    return check
+
+
+@app.command("watch")
+def watch_cmd(
+    target: str = typer.Argument(..., help="Run directory (path or fsspec URL), or a metrics "
+                                 ".jsonl file written by any trainer (docs/watch.md)."),
+    once: bool = typer.Option(False, "--once", help="Judge everything written so far and exit "
+                              "(CI, batch scripts). Default: follow the run live until its stop."),
+    no_act: bool = typer.Option(False, "--no-act", help="Only observe: write no event, control "
+                                "request or quarantine entry."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document at the end."),
+    jsonl: bool = typer.Option(False, "--jsonl", help="Print one JSON line per finding as found."),
+    prometheus: str = typer.Option(None, "--prometheus", metavar="FILE", help="Keep a "
+                                   "Prometheus textfile (node_exporter) up to date, atomically."),
+    report: str = typer.Option(None, "--report", metavar="FILE.html", help="Write a "
+                               "self-contained HTML report (curves, heat maps, findings) at the end."),
+    tp: int = typer.Option(None, "--tp", min=1, help="Tensor-parallel size (no plan.yaml)."),
+    pp: int = typer.Option(None, "--pp", min=1, help="Pipeline-parallel size (no plan.yaml)."),
+    dp: int = typer.Option(None, "--dp", min=1, help="Data-parallel size (default: the rest)."),
+    ranks_per_node: int = typer.Option(None, "--ranks-per-node", min=1,
+                                       help="Ranks per node (no plan.yaml)."),
+    hostlist: str = typer.Option(None, "--hostlist", help="Node names in rank order, SLURM "
+                                 "syntax, e.g. gpu[001-128] (no plan.yaml)."),
+    hang_s: float = typer.Option(None, "--hang-s", callback=_positive("--hang-s"), help="Seconds "
+                                 "without a record while the job is alive that count as a hang "
+                                 "(default: from the step time)."),
+    interval: float = typer.Option(2.0, "--interval", callback=_positive("--interval"),
+                                   help="Seconds between looks at the run when following it."),
+    ckpt_wait: float = typer.Option(300.0, "--ckpt-wait", callback=_positive("--ckpt-wait"),
+                                    help="Longest wait for the requested checkpoint before a "
+                                    "sick node is quarantined anyway."),
+) -> None:
+    """Find stragglers (with their cause), gradient spikes, NaN, divergence, slowdowns and hangs.
+
+    Exit 0 healthy, 1 warnings, 2 critical, 3 bad input.
+    """
+    from mscale.runs.targets import check_output
+    from mscale.watch.actions import ActionConfig, Actor
+    from mscale.watch.config import WatchConfig
+    from mscale.watch.follow import (EventFeed, Follower, layout_source, plan_hints,
+                                     resolve_target)
+    from mscale.watch.judge import Watcher
+    from mscale.watch.outputs import OutputOptions, Outputs
+    from mscale.watch.stream import MetricsFeed, records_to_window
+
+    for url, flag in ((prometheus, "--prometheus"), (report, "--report")):
+        if url:
+            check_output(url, kind="file", what=flag)
+    where = resolve_target(target)
+    flags = (tp, pp, dp, ranks_per_node, hostlist)
+    layout_for = layout_source(where, *flags)
+
+    def make_watcher(layout):
+        hints = plan_hints(where, flags_given=any(v is not None for v in flags))
+        return Watcher(layout, WatchConfig(**hints, **({} if hang_s is None else
+                                                       {"hang_s": hang_s})))
+
+    actor = Actor(where.run, ActionConfig(act=not no_act, ckpt_wait_s=ckpt_wait))
+    outputs = Outputs(OutputOptions(as_json=as_json, jsonl=jsonl, prometheus=prometheus,
+                                    report=report))
+    follower = Follower(
+        target=where, layout_for=layout_for, make_watcher=make_watcher,
+        feed=MetricsFeed(where.metrics), events=EventFeed(where.run.events) if where.run else None,
+        to_window=records_to_window, actor=actor, outputs=outputs, live=not once, clock=time.time)
+    try:
+        follower.run(interval)
+    except BaseException:
+        outputs.view.close()  # give the terminal back before the error is printed
+        raise
+    raise typer.Exit(outputs.finish(follower))

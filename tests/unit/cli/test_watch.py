@@ -1,0 +1,112 @@
+"""``mscale watch`` in-process on simulated traces: exit codes, the layout from flags or the run's
+plan, --json/--jsonl/--prometheus/--report, acting on a run directory, and bad input (exit 3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from mscale.watch.sim import simulate
+
+from tests.conftest import PLANS
+
+
+def write(path, records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+FLAGS = ["--tp", "2", "--pp", "2", "--ranks-per-node", "4", "--hostlist", "gpu[1-4]"]
+
+
+def trace(tmp_path, *inject, name="m.jsonl", world=16, rpn=4, steps=60):
+    return write(tmp_path / name, simulate(world, tp=2, pp=2, ranks_per_node=rpn, steps=steps,
+                                           seed=3, inject=inject))
+
+
+def test_healthy_trace_exits_0_with_an_empty_verdict(cli, tmp_path):
+    code, out, err = cli("watch", trace(tmp_path), "--once", "--json", *FLAGS)
+    assert code == 0, out + err
+    doc = json.loads(out)
+    assert doc["exit_code"] == 0 and doc["findings"] == [] and doc["latest"]["step"] == 60
+
+
+def test_slow_device_named_with_its_node_exit_1(cli, tmp_path):
+    path = trace(tmp_path, {"cause": "slow_device", "step": 20, "target": 5})
+    code, out, err = cli("watch", path, "--once", "--jsonl", *FLAGS)
+    assert code == 1, out + err
+    [line] = [json.loads(x) for x in out.splitlines()]
+    assert line["kind"] == "straggler" and line["ranks"] == [5] and line["nodes"] == ["gpu2"]
+    assert line["cause"] == "slow_device" and line["slowdown_pct"] > 5
+    code, out, _ = cli("watch", path, "--once")  # no layout: every rank on its own, still named
+    assert code == 1 and "rank 5" in out and out.startswith("step ")
+
+
+def test_nan_is_critical(cli, tmp_path):
+    code, out, _ = cli("watch", trace(tmp_path, {"cause": "nan", "step": 30}), "--once",
+                       "--json", *FLAGS)
+    doc = json.loads(out)
+    assert code == 2 and doc["exit_code"] == 2
+    assert [f["kind"] for f in doc["findings"]] == ["nan"]
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A finished run directory (no lock, a stop event) of the cpu-tiny plan, rank 3 slow."""
+    run = tmp_path / "run"
+    (run / "control").mkdir(parents=True)
+    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
+    write(run / "metrics.jsonl", simulate(8, tp=2, pp=2, ranks_per_node=2, steps=60, seed=1,
+                                          inject=[{"cause": "slow_device", "step": 15,
+                                                   "target": 3}]))
+    write(run / "events.jsonl", [{"source": "train", "kind": "start", "time": 1.0},
+                                 {"source": "train", "kind": "stop", "time": 2.0, "step": 60}])
+    return run
+
+
+def test_acts_on_a_run_directory_once_and_writes_every_sink(cli, run, tmp_path):
+    prom, page = tmp_path / "out" / "watch.prom", tmp_path / "out" / "watch.html"
+    code, out, err = cli("watch", str(run), "--once", "--prometheus", str(prom), "--report",
+                         str(page))
+    assert code == 1, out + err
+    assert "rank 3 (node2)" in out  # the plan's rank map: rank 3 is on node2 of node[1-4]
+    [entry] = json.loads((run / "quarantine.json").read_text())["entries"]
+    assert entry["node"] == "node2" and entry["evidence"]["ranks"] == [3]
+    assert not (run / "control" / "checkpoint").exists()  # the job is not running: no request
+    watch_events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()
+                    if '"watch"' in x]
+    assert [e["kind"] for e in watch_events] == ["straggler", "info"]
+    assert "mscale_watch_severity" in prom.read_text() and "<svg" in page.read_text()
+    code, _, _ = cli("watch", str(run), "--once")  # again: reported, not recorded twice
+    assert code == 1 and (run / "events.jsonl").read_text().count('"watch"') == 2
+
+
+def test_no_act_leaves_the_run_directory_alone(cli, run):
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    code, _, _ = cli("watch", str(run), "--once", "--no-act")
+    assert code == 1
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["{tmp}/nope"], "no such run directory"),
+    (["{tmp}/nope.jsonl"], "no such metrics file"),
+    (["{run}", "--report", "{tmp}"], "--report names a directory"),
+    (["{run}", "--hang-s", "0"], "--hang-s must be > 0"),
+    (["{run}", "--tp", "3"], "tp"),
+    (["{empty}"], "no metrics records"),
+    (["{small}"], "the records have 4 ranks, the layout 8"),
+])
+def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    small = tmp_path / "small"
+    small.mkdir()
+    shutil.copy(PLANS / "cpu-tiny.yaml", small / "plan.yaml")
+    write(small / "metrics.jsonl", simulate(4, tp=2, ranks_per_node=2, steps=3))
+    fill = {"tmp": str(tmp_path), "run": str(run), "empty": str(empty), "small": str(small)}
+    code, out, err = cli("watch", *[a.format(**fill) for a in args], "--once", "--no-act")
+    assert code == 3, out + err
+    assert needle in err and "Traceback" not in err and err.startswith("error: ")
