@@ -1,0 +1,238 @@
+"""Slow ranks, nodes, links, data loaders and pipeline stages, each with the evidence that decided.
+
+In a synchronous job every rank's step time is the same, so the split decides (docs/watch.md):
+the rank everyone waits for has the highest busy time and the lowest wait. Each rank is compared
+with its *stage* peers (stages legitimately differ: embedding, head, loss), row by row; the
+per-rank excess is then taken as the median over the last ``persist_steps`` rows, so a rank is
+named only when it was slow in most of them. A rank is slow when that excess passes both a
+robust z-score across all ranks and a floor of ``min_excess_frac`` of the step time.
+
+- compute high → the device (``slow_device``); most ranks of one node → the node (``slow_node``);
+- data time high on a reading rank (TP rank 0) against its DP peers → the loader (``slow_data``);
+- wait conspicuously *low* while compute and data are typical → everyone waits on this rank's
+  traffic, i.e. its link (``slow_link``; most ranks of a node → the node's link);
+- one stage's median compute above the other stages' → ``stage_imbalance`` (re-plan), or
+  ``slow_node`` when that stage is one node and was typical in the run's baseline (a change on
+  one node is hardware; a split that was uneven from the start is the plan's).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from mscale.watch.config import WatchConfig
+from mscale.watch.detect.rows import Recent, robust_sigma
+from mscale.watch.findings import Finding
+from mscale.watch.whatif import Grid, WhatIf
+
+MIN_PEERS = 5
+
+
+def _outliers(x: np.ndarray, eligible: np.ndarray, cfg: WatchConfig, step_s: float):
+    """Mask of eligible ranks whose ``x`` passes the z-score and the floor; the bar; sigma.
+    Below ``MIN_PEERS`` eligible ranks the MAD is mostly the outlier itself: the floor decides."""
+    sigma = float(robust_sigma(x[eligible])) if eligible.sum() >= MIN_PEERS else 0.0
+    bar = max(cfg.z_threshold * sigma, cfg.min_excess_frac * step_s)
+    return eligible & (x > bar), bar, sigma
+
+
+def _by_node(mask: np.ndarray, eligible: np.ndarray, g: Grid, cfg: WatchConfig):
+    """Nodes where most eligible ranks are flagged (at least two), and the remaining ranks."""
+    flagged = np.bincount(g.node[mask], minlength=g.nodes)
+    size = np.bincount(g.node[eligible], minlength=g.nodes)
+    whole = (flagged >= 2) & (flagged >= cfg.node_fraction * size)
+    return np.flatnonzero(whole), np.flatnonzero(mask & ~whole[g.node])
+
+
+def _node_median(x: np.ndarray, g: Grid) -> np.ndarray:
+    """``[world]`` → ``[nodes]``: the median rank of each node."""
+    size = g.world // g.nodes
+    if size * g.nodes == g.world:
+        return np.median(x.reshape(g.nodes, size), axis=1)
+    return np.array([np.median(x[g.node == n]) for n in range(g.nodes)])
+
+
+def _typical(x: np.ndarray, g: Grid, exclude: np.ndarray | None, peers: str) -> np.ndarray:
+    """``[n, world]``: per row, what a typical peer of each rank has, the median over its peers
+    outside ``exclude`` (all of them where none is left). Peers: ``"stage"``, every rank of the
+    stage; ``"dp"``, the DP replicas of the same stage and TP position."""
+    if exclude is None or not exclude.any():
+        x = x[:, None, :]
+        med = np.nan
+    else:
+        x = np.stack([x, np.where(exclude, np.nan, x)], axis=1)  # [n, 2, world]
+    grid = x.reshape(*x.shape[:-1], g.pp, g.dp, g.tp)
+    with warnings.catch_warnings():  # an all-excluded group is NaN here, replaced below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if peers == "stage":
+            med = np.nanmedian(grid.reshape(*grid.shape[:-2], g.dp * g.tp), axis=-1)
+            med = med[..., g.stage]
+        else:
+            med = np.nanmedian(grid, axis=-2)[..., g.stage, g.tp_rank]
+    if med.shape[1] == 2:
+        return np.where(np.isnan(med[:, 1]), med[:, 0], med[:, 1])
+    return med[:, 0]
+
+
+class StragglerRules:
+    """The windowed per-rank and per-stage rules over one `Recent` window."""
+
+    def __init__(self, grid: Grid, config: WatchConfig):
+        self.g, self.cfg = grid, config
+        self.excess: np.ndarray | None = None
+        """Each rank's windowed busy excess at the last judgement (the summary's slowest)."""
+
+    def _excess(self, x: np.ndarray, eligible: np.ndarray, peers: str, step_s: float):
+        """Windowed excess of each rank over a typical peer, in two passes: flag against all
+        peers, then measure against the peers outside flagged ranks and outside nodes whose
+        median rank looks slow (a slow node may be half of a stage)."""
+        g, exclude = self.g, None
+        for _ in range(2):
+            typ = _typical(x, g, exclude, peers)
+            ex = np.median(x - typ, axis=0)
+            slow, bar, sig = _outliers(ex, eligible, self.cfg, step_s)
+            exclude = slow | (_node_median(ex, g) > bar / 2)[g.node]
+        return ex, slow, bar, sig, typ
+
+    def judge(self, w: Recent, whatif: WhatIf, base_stage: np.ndarray | None) -> list[Finding]:
+        g, cfg = self.g, self.cfg
+        step_s = float(np.median(w.step_time))
+        everyone = np.ones(g.world, bool)
+        c_ex, slow_c, bar_c, sig_c, typ_c = self._excess(w.compute, everyone, "stage", step_s)
+        d_ex, slow_d, bar_d, sig_d, typ_d = self._excess(w.data, g.reader, "dp", step_s)
+        busy = slow_c | slow_d
+        whole_c, _ = _by_node(slow_c, everyone, g, cfg)
+        busy = busy | np.isin(g.node, whole_c)
+        # link: time a rank accounts for (busy + wait) below its stage peers'; where a rank is
+        # busy longer its wait is shorter by as much, so only unaccounted time is left
+        acct = w.own + w.wait
+        deficit = -np.median(acct - _typical(acct, g, busy, "stage"), axis=0)
+        quiet, bar_w, sig_w = _outliers(deficit, ~busy, cfg, step_s)
+        self.excess = c_ex + d_ex * g.reader
+        found: list[Finding] = []
+        common = {"window_steps": [int(w.steps[0]), int(w.steps[-1])], "step_s": step_s}
+        ctx = (deficit, w, whatif, typ_c, typ_d, common)
+        for cause, mask, ex, bar, sig, elig in (
+                ("slow_device", slow_c, c_ex, bar_c, sig_c, everyone),
+                ("slow_data", slow_d, d_ex, bar_d, sig_d, g.reader),
+                ("slow_link", quiet, deficit, bar_w, sig_w, everyone)):
+            nodes, ranks = _by_node(mask, elig, g, cfg)
+            for node in nodes:
+                members = np.flatnonzero(mask & (g.node == node))
+                found.append(self._finding(cause, members, int(node), ex, bar, sig, ctx))
+            for r in ranks[np.argsort(-ex[ranks])][: cfg.max_findings]:
+                found.append(self._finding(cause, np.array([r]), None, ex, bar, sig, ctx))
+        found = [f for f in found if (f.slowdown_pct or 0.0) >= cfg.min_slowdown_pct]
+        found.sort(key=lambda f: -(f.slowdown_pct or 0.0))
+        stage = self._stage(w, whatif, typ_c, base_stage, common)
+        return found[: cfg.max_findings] + ([stage] if stage else [])
+
+    def _finding(self, cause: str, members: np.ndarray, node: int | None, ex: np.ndarray,
+                 bar: float, sig: float, ctx) -> Finding:
+        g = self.g
+        deficit, w, whatif, typ_c, typ_d, common = ctx
+        if cause == "slow_link":
+            pct, saved = whatif.from_saving(float(np.mean(ex[members])), common["step_s"])
+        else:
+            pct, saved = whatif.slowdown(
+                w.own, whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d), w.step_time)
+        if cause == "slow_device" and node is not None:
+            cause = "slow_node"
+        excess = float(np.mean(ex[members]))
+        what = {"slow_device": "compute", "slow_node": "compute", "slow_data": "data time",
+                "slow_link": "time accounted for (below its peers')"}[cause]
+        evidence = {**common, "rule": _RULES[cause], "excess_s": excess, "threshold_s": bar,
+                    "z": excess / sig if sig > 0 else None, "saved_s": saved,
+                    "wait_deficit_s": float(np.mean(deficit[members])),
+                    "stages": sorted({int(s) for s in g.stage[members]}),
+                    "decided_by": f"{what} {excess:+.3g} s against its peers' median "
+                                  f"(bar {bar:.3g} s) over {len(w)} judged steps"}
+        if node is not None:
+            ranks = g.node_ranks(node)
+            evidence["slow_ranks_on_node"] = [int(r) for r in members]
+            where, nodes = f"node {g.name(node)} ({len(members)} of {len(ranks)} ranks)", \
+                [g.name(node)]
+        else:
+            r = int(members[0])
+            ranks, nodes = [r], [g.name(int(g.node[r]))]
+            where = f"rank {r} on {nodes[0]}"
+        message = f"{where}: {_SAYS[cause]}, {excess:.3g} s above its peers per step; " \
+                  f"the job is {pct:.0f}% slower because of it"
+        return Finding(kind="straggler", severity="warning", message=message, cause=cause,
+                       ranks=ranks, nodes=nodes, first_step=int(w.steps[0]),
+                       last_step=int(w.steps[-1]), slowdown_pct=pct, evidence=evidence,
+                       advice=_ADVICE[cause].format(node=nodes[0], ranks=ranks))
+
+    def _stage(self, w: Recent, whatif: WhatIf, typ_c: np.ndarray,
+               base_stage: np.ndarray | None, common: dict) -> Finding | None:
+        """The heaviest pipeline stage, when making it typical would buy enough."""
+        g, cfg = self.g, self.cfg
+        if g.pp < 2:
+            return None
+        typ_c = typ_c[:, :: g.dp * g.tp]  # [n, pp]: a stage's ranks share one typical value
+        sc = np.median(typ_c, axis=0)
+        excess = np.array([sc[s] - np.median(np.delete(sc, s)) for s in range(g.pp)])
+        s = int(excess.argmax())
+        if excess[s] <= 0:
+            return None
+        pct, saved = whatif.slowdown(w.own, whatif.typical_stage(w.compute, w.data, s, typ_c),
+                                     w.step_time)
+        if pct < cfg.stage_min_slowdown_pct:
+            return None
+        nodes = np.unique(g.node[g.stage == s])
+        was = None if base_stage is None else float(base_stage[s])
+        changed = was is not None and was < 0.5 * excess[s]
+        evidence = {**common, "stage": s, "stage_compute_s": [float(x) for x in sc],
+                    "excess_s": float(excess[s]), "baseline_excess_s": was, "saved_s": saved,
+                    "micro_batches": whatif.micro_batches}
+        if changed and len(nodes) == 1:
+            node = int(nodes[0])
+            evidence.update(rule=_RULES["slow_node"] + "; the node is the whole stage and the "
+                            "stage was typical in the baseline",
+                            decided_by=f"stage {s} (only {g.name(node)}) rose from "
+                                       f"{was:+.3g} s to {excess[s]:+.3g} s over the others")
+            return Finding(kind="straggler", severity="warning", cause="slow_node",
+                           message=f"node {g.name(node)} (all of stage {s}) became slow: "
+                                   f"{excess[s]:.3g} s above the other stages per step; the "
+                                   f"job is {pct:.0f}% slower because of it",
+                           ranks=g.node_ranks(node), nodes=[g.name(node)],
+                           first_step=int(w.steps[0]), last_step=int(w.steps[-1]),
+                           slowdown_pct=pct, evidence=evidence,
+                           advice=_ADVICE["slow_node"].format(node=g.name(node), ranks=[]))
+        evidence.update(rule=_RULES["stage_imbalance"], changed_since_baseline=changed,
+                        decided_by=f"stage {s} computes {excess[s]:.3g} s more than the median "
+                                   f"of the other stages, on all of its ranks")
+        return Finding(kind="straggler", severity="warning", cause="stage_imbalance",
+                       message=f"pipeline stage {s} of {g.pp} computes {excess[s]:.3g} s more "
+                               f"per step than the others; the job is {pct:.0f}% slower "
+                               f"because of it",
+                       first_step=int(w.steps[0]), last_step=int(w.steps[-1]),
+                       slowdown_pct=pct, evidence=evidence, advice=_ADVICE["stage_imbalance"])
+
+
+_RULES = {
+    "slow_device": "one rank's compute persistently above its stage peers, its wait the lowest",
+    "slow_node": "most ranks of one node persistently above their stage peers",
+    "slow_data": "a reading rank's data time persistently above its DP peers'",
+    "slow_link": "one rank accounts for persistently less time (busy + wait) than its stage "
+                 "peers while the others wait: they wait on its traffic",
+    "stage_imbalance": "every rank of one pipeline stage computes more than the other stages",
+}
+_SAYS = {
+    "slow_device": "the device is slow",
+    "slow_node": "the node is slow",
+    "slow_data": "its data loading is slow",
+    "slow_link": "its peers wait on its traffic (slow link)",
+}
+_ADVICE = {
+    "slow_device": "checkpoint, then take {node} out of the job (quarantine) and resume",
+    "slow_node": "checkpoint, then take {node} out of the job (quarantine) and resume",
+    "slow_link": "checkpoint, then take {node} out of the job (quarantine) and check its NIC "
+                 "and cabling",
+    "slow_data": "look at the data source and the loader on {node} (storage, loader workers, "
+                 "prefetch); no node needs to leave the job",
+    "stage_imbalance": "re-plan the pipeline split (give this stage fewer layers: "
+                       "`mscale plan`, stage_layers); no node is at fault",
+}

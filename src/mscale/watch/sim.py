@@ -1,0 +1,234 @@
+"""Synthetic metrics of a 3D-parallel job, with each straggler cause and training fault injectable.
+
+The proof of the watch rules needs traces whose truth is known. `simulate` produces
+metrics.jsonl v1 records of a synchronous tp x pp x dp job whose per-rank split obeys the same
+semantics as `train`'s timers (train/timers.py, parallel/pipeline/runner.py):
+
+- a rank is busy for its compute plus, on TP rank 0 (the reader), its data time;
+- a TP group runs at its slowest member; the others wait for it inside TP collectives (wait);
+- a replica's pipeline takes ``max + (sum - max) / m`` of its stage times (m micro-batches):
+  a stage's time beyond its own is bubble;
+- replicas meet in the gradient reduction: the step is the slowest replica plus the exposed
+  reduction, and every faster replica waits (wait);
+so each rank's compute + data + wait + bubble is the step time, as in a real record.
+
+Noise is realistic rather than Gaussian: per-rank lognormal jitter (3%), a per-rank constant
+(devices differ by ~1%), a job-wide per-step factor, rare one-step hiccups on single ranks, GC
+pauses on every rank at the same steps and checkpoint stalls, optionally without the ``extra``
+flags that mark them (``flag_pauses=False``), warm-up steps, a decreasing noisy loss and a
+wandering gradient norm. Causes are injected from a step on (`Injection`); the data-imbalance
+injection moves the slow replica every step. Everything is drawn with numpy from ``seed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mscale.errors import MscaleError
+from mscale.watch.layout import JobLayout
+from mscale.watch.window import PER_RANK, SCALARS, Window
+
+CAUSES = ("slow_device", "slow_node", "slow_link", "slow_data", "stage_imbalance",
+          "data_imbalance", "job_wide", "grad_spike", "nan", "divergence")
+
+DEFAULT_MAGNITUDE = {
+    "slow_device": 0.3,       # compute x1.3
+    "slow_node": 0.25,        # compute x1.25 on every rank of the node
+    "slow_link": 0.2,         # seconds of wait per step (x base compute) on the others
+    "slow_data": 0.3,         # seconds of data time per step (x base compute)
+    "stage_imbalance": 0.4,   # compute x1.4 on one stage
+    "data_imbalance": 0.4,    # compute x(1 + 0.4 * U(0.5, 1.5)) on one replica, a new one each step
+    "job_wide": 0.5,          # seconds of reduction wait per step (x base compute): the network
+    "grad_spike": 20.0,       # gradient norm x20 for one step
+    "nan": 1.0,
+    "divergence": 0.03,       # loss x exp(0.03 * steps since the onset)
+}
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One fault: ``cause`` from ``step`` on (1-based), on ``target`` (a rank for device, link and
+    data; a node index for node; a stage for stage imbalance; unused otherwise)."""
+
+    cause: str
+    step: int
+    target: int | None = None
+    magnitude: float | None = None
+    until: int | None = None
+    """Last affected step (inclusive); None: to the end."""
+
+    @property
+    def size(self) -> float:
+        return DEFAULT_MAGNITUDE[self.cause] if self.magnitude is None else self.magnitude
+
+
+@dataclass
+class Trace:
+    """A simulated run as arrays (``[steps, world]`` per part)."""
+
+    layout: JobLayout
+    steps: np.ndarray
+    step_time: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    data: np.ndarray
+    bubble: np.ndarray
+    scalars: dict[str, np.ndarray]
+    extra: list[dict] = field(default_factory=list)
+
+    def window(self) -> Window:
+        ranks = np.stack([getattr(self, n) for n in ("step_time", "compute", "comm", "data",
+                                                       "bubble")], axis=1)
+        assert len(PER_RANK) == ranks.shape[1]
+        scal = np.stack([self.scalars.get(n, np.full(len(self.steps), np.nan))
+                         for n in SCALARS], axis=1)
+        return Window(self.steps.copy(), ranks, scal, [dict(e) for e in self.extra])
+
+    def records(self) -> list[dict]:
+        """metrics.jsonl schema v1 records (config/records.py: MetricsRecord)."""
+        s = self.scalars
+        out = []
+        for i, step in enumerate(self.steps.tolist()):
+            out.append({
+                "schema_version": 1, "step": step, "time": float(s["time"][i]),
+                "loss": float(s["loss"][i]), "grad_norm": float(s["grad_norm"][i]),
+                "clip_threshold": float(s["clip_threshold"][i]), "lr": float(s["lr"][i]),
+                "tokens": int(s["tokens"][i]), "tokens_per_s": float(s["tokens_per_s"][i]),
+                "mfu": float(s["mfu"][i]),
+                "step_time": self.step_time[i].tolist(), "compute_time": self.compute[i].tolist(),
+                "comm_wait": self.comm[i].tolist(), "data_time": self.data[i].tolist(),
+                "bubble_time": self.bubble[i].tolist(), "extra": dict(self.extra[i])})
+        return out
+
+
+def simulate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
+             ranks_per_node: int = 8, steps: int = 200, seed: int = 0,
+             inject=(), **knobs) -> list[dict]:
+    """metrics.jsonl v1 records of a simulated job (module docstring); ``inject``: `Injection`s
+    or dicts of their fields. ``knobs``: see `generate`."""
+    return generate(world, tp, pp, dp, ranks_per_node, steps, seed, inject, **knobs).records()
+
+
+def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
+             ranks_per_node: int = 8, steps: int = 200, seed: int = 0, inject=(), *,
+             base_compute: float = 1.0, micro_batches: int = 8, noise: float = 0.03,
+             gc_every: int = 50, gc_pause: float = 0.25, ckpt_every: int = 200,
+             ckpt_stall: float = 1.0, flag_pauses: bool = True, hiccup_rate: float = 2e-4,
+             warmup: tuple[float, ...] = (3.0, 1.5, 1.2), stage_weights=None) -> Trace:
+    """The arrays behind `simulate`. Times are in units of ``base_compute`` seconds."""
+    dp = world // (tp * pp) if dp is None else dp
+    if tp * pp * dp != world or min(tp, pp, dp, steps) < 1:
+        raise MscaleError(f"tp {tp} x pp {pp} x dp {dp} is not world {world}",
+                          field="world", fix="give tp * pp * dp == world")
+    layout = JobLayout.from_flags(tp, pp, dp, min(ranks_per_node, world))
+    injections = [i if isinstance(i, Injection) else Injection(**i) for i in inject]
+    for inj in injections:
+        if inj.cause not in CAUSES:
+            raise MscaleError(f"unknown cause {inj.cause!r}", field="inject",
+                              fix=f"use one of {', '.join(CAUSES)}")
+    rng = np.random.default_rng(seed)
+    n, c0 = steps, base_compute
+    stage = layout.pp_rank
+    weights = np.ones(pp) if stage_weights is None else np.asarray(stage_weights, float)
+    compute = c0 * weights[stage] * rng.lognormal(0, 0.01, world)  # devices differ a little
+    compute = compute * rng.lognormal(0, 0.01, (n, 1)) * rng.lognormal(0, noise, (n, world))
+    hiccup = rng.random((n, world)) < hiccup_rate
+    compute += hiccup * rng.uniform(0.05, 0.3, (n, world)) * c0
+    reader = layout.tp_rank == 0
+    data = np.where(reader, 0.03 * c0 * rng.lognormal(0, 0.2, (n, world)),
+                    0.001 * c0 * rng.lognormal(0, 0.2, (n, world)))
+    tpc = (0.04 * c0 * rng.lognormal(0, 0.1, (n, pp, dp))) if tp > 1 else np.zeros((n, pp, dp))
+    reduce = 0.06 * c0 * rng.lognormal(0, 0.1, n)
+    link = np.zeros((n, world))
+    steps_arr = np.arange(1, n + 1)
+    w = np.ones(n)
+    w[: len(warmup)] = warmup[:n]
+    compute *= w[:, None]
+    extra = [{} for _ in range(n)]
+    for i in range(n):
+        s = i + 1
+        if gc_every and s % gc_every == 0:
+            compute[i] += gc_pause * c0 * rng.lognormal(0, 0.1, world)
+            if flag_pauses:
+                extra[i]["gc"] = True
+        if ckpt_every and s % ckpt_every == 0:
+            compute[i] += ckpt_stall * c0 * rng.lognormal(0, 0.05, world)
+            if flag_pauses:
+                extra[i]["checkpoint"] = True
+    scal = _scalars(rng, n)
+    for inj in injections:
+        rows = (steps_arr >= inj.step) & (steps_arr <= (inj.until or n))
+        _apply(inj, rows, layout, rng, c0, compute, data, reduce, link, scal)
+    return _assemble(layout, steps_arr, compute, data, tpc, reduce, link, micro_batches, scal,
+                     extra, rng)
+
+
+def _apply(inj: Injection, rows, layout: JobLayout, rng, c0, compute, data, reduce, link,
+           scal) -> None:
+    """Change the arrays in place for one injection over the boolean step mask ``rows``."""
+    k, t = inj.size, inj.target
+    if inj.cause == "slow_device":
+        compute[rows, t] *= 1 + k
+    elif inj.cause == "slow_node":
+        compute[np.ix_(rows, layout.node == t)] *= 1 + k
+    elif inj.cause == "stage_imbalance":
+        compute[np.ix_(rows, layout.pp_rank == t)] *= 1 + k
+    elif inj.cause == "slow_data":
+        data[rows, t] += k * c0
+    elif inj.cause == "slow_link":
+        # the ranks that receive its traffic wait, and so does the rest of the job at the next
+        # synchronisation; the slow sender itself is not blocked on its own sends
+        others = np.arange(layout.world) != t
+        link[np.ix_(rows, others)] += k * c0
+    elif inj.cause == "data_imbalance":
+        idx = np.flatnonzero(rows)
+        slow = rng.integers(0, layout.dp, len(idx))
+        factor = 1 + k * rng.uniform(0.5, 1.5, len(idx))
+        hit = layout.dp_rank[None, :] == slow[:, None]
+        compute[idx] *= np.where(hit, factor[:, None], 1.0)
+    elif inj.cause == "job_wide":
+        reduce[rows] += k * c0
+    elif inj.cause == "grad_spike":
+        one = np.flatnonzero(rows)[:1] if inj.until is None else np.flatnonzero(rows)
+        scal["grad_norm"][one] *= k
+    elif inj.cause == "nan":
+        scal["loss"][rows] = np.nan
+        scal["grad_norm"][rows] = np.nan
+    elif inj.cause == "divergence":
+        idx = np.flatnonzero(rows)
+        since = np.arange(len(idx))
+        scal["loss"][idx] *= np.exp(k * since)
+        scal["grad_norm"][idx] *= 1 + 0.05 * since
+
+
+def _scalars(rng, n: int) -> dict[str, np.ndarray]:
+    t = np.arange(1, n + 1)
+    loss = (2.0 + 6.0 * np.exp(-t / 400)) * rng.lognormal(0, 0.02, n)
+    grad = (0.5 + 2.0 * np.exp(-t / 200)) * rng.lognormal(0, 0.15, n)
+    lr = 3e-4 * np.minimum(1.0, t / 50) * (0.55 + 0.45 * np.cos(np.pi * np.minimum(t / 1e5, 1)))
+    return {"loss": loss, "grad_norm": grad, "lr": lr, "clip_threshold": np.ones(n)}
+
+
+def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, m: int, scal, extra,
+              rng) -> Trace:
+    """Per-rank wait, bubble and step time from the busy times (module docstring)."""
+    n, world = compute.shape
+    g = (n, layout.pp, layout.dp, layout.tp)
+    own = (compute + data).reshape(g)
+    group = own.max(axis=3) + tpc                                   # [n, pp, dp]
+    top = group.max(axis=1)
+    replica = top + (group.sum(axis=1) - top) / m                   # [n, dp]
+    slowest = replica.max(axis=1)                                   # [n]
+    step = slowest + reduce + link.max(axis=1)
+    tp_wait = (group - tpc)[..., None] - own + tpc[..., None]
+    bubble = np.broadcast_to(replica[:, None, :, None] - group[..., None], g)
+    dp_wait = np.broadcast_to((slowest[:, None] - replica)[:, None, :, None], g)
+    comm = (tp_wait + dp_wait).reshape(n, world) + reduce[:, None] + link
+    step_time = np.repeat(step[:, None], world, axis=1) + rng.normal(0, 1e-4, (n, world))
+    tokens = np.full(n, 1 << 20)
+    scal = dict(scal, tokens=tokens, tokens_per_s=tokens / step,
+                time=1.7e9 + np.cumsum(step), mfu=0.45 * np.median(step) / step)
+    return Trace(layout, steps, step_time, compute, comm, data, bubble.reshape(n, world), scal,
+                 extra)
