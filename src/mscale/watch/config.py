@@ -38,9 +38,11 @@ class WatchConfig:
     """Robust z-score (median/MAD across peers) a rank's windowed excess must pass. The largest
     of 12,288 normal draws is about 4 sigma, so 5 keeps a healthy job at that scale silent."""
 
-    min_excess_frac: float = 0.05
-    """Smallest excess, as a fraction of the step time, worth naming: on a quiet machine the MAD
-    is tiny and a z-score alone would flag a 1% difference nobody should act on."""
+    min_excess_frac: float = 0.08
+    """Smallest excess, as a fraction of the step time, worth naming. Healthy devices differ by
+    a few percent and the windowed median of noisy steps moves by one or two: 8% stays clear of
+    both on small jobs, where the MAD of a handful of ranks says little and a z-score alone would
+    flag a 2% difference nobody should act on."""
 
     min_slowdown_pct: float = 2.0
     """What-if slowdown below which a straggler is not reported: a slow rank that is not on the

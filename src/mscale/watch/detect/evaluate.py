@@ -85,7 +85,7 @@ def run_case(cause: str, job: Job, seed: int, steps: int = 400, onset: int | Non
              config: WatchConfig | None = None) -> Outcome:
     """Inject ``cause`` once and score what the watcher says."""
     rng = np.random.default_rng(seed + 7919)
-    onset = onset or int(rng.integers(steps // 4, steps // 2))
+    onset = int(rng.integers(steps // 4, steps // 2)) if onset is None else onset
     target = _target(cause, job, rng)
     args = (job.world, job.tp, job.pp, None, job.ranks_per_node, steps, seed)
     trace = generate(*args, inject=[Injection(cause, onset, target)])

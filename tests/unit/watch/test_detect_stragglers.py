@@ -1,0 +1,91 @@
+"""Straggler attribution on simulated jobs: each cause found, named, priced, and only hardware
+ever names a node for quarantine."""
+
+import numpy as np
+import pytest
+
+from mscale.watch.detect.evaluate import STRAGGLERS, Job, run_case
+from mscale.watch.findings import HARDWARE_CAUSES
+from mscale.watch.judge import Watcher
+from mscale.watch.sim import Injection, generate
+
+JOB = Job(64, 2, 4)  # 8 nodes of 8, a stage is 2 nodes
+LATENCY = {"data_imbalance": 10, "job_wide": 10}
+"""Steps after the onset by which each cause is found (3-4 for the rank rules: the median of the
+last 8 judged steps turns once most of them are slow)."""
+
+
+@pytest.mark.parametrize("cause", STRAGGLERS)
+def test_each_cause_is_found_with_its_place_and_price(cause):
+    for seed in (0, 1):
+        o = run_case(cause, JOB, seed, steps=200)
+        assert o.detected and o.right_cause and o.right_target, o
+        assert 0 <= o.latency <= LATENCY.get(cause, 5), o
+        assert o.early == 0 and o.others == [], o  # no false alarm before, nothing else after
+        tolerance = 0.35 if cause == "data_imbalance" else 0.2
+        assert o.slowdown_pct == pytest.approx(o.true_pct, rel=tolerance), o
+
+
+def findings(world, tp, pp, rpn, inject, steps=150, seed=3):
+    t = generate(world, tp=tp, pp=pp, ranks_per_node=rpn, steps=steps, seed=seed,
+                 inject=inject)
+    return Watcher(t.layout).feed(t.window())
+
+
+@pytest.mark.parametrize("cause,target", [
+    ("slow_device", 9), ("slow_node", 2), ("slow_link", 30), ("slow_data", 40),
+    ("stage_imbalance", 1), ("data_imbalance", None), ("job_wide", None)])
+def test_only_hardware_causes_can_quarantine(cause, target):
+    (f,) = findings(64, 2, 4, 8, [Injection(cause, 40, target)])
+    assert f.cause == cause and f.hardware == (cause in HARDWARE_CAUSES)
+    if cause in ("stage_imbalance", "data_imbalance", "job_wide"):
+        assert f.nodes == [] and f.ranks == []
+        assert "no node" in f.advice
+    if cause in HARDWARE_CAUSES:
+        assert "checkpoint" in f.advice and f.nodes[0] in f.advice
+    assert f.evidence["rule"] and f.evidence["decided_by"]
+
+
+def test_slow_device_evidence_shows_the_split():
+    (f,) = findings(64, 2, 4, 8, [Injection("slow_device", 40, 21, magnitude=0.4)])
+    ev = f.evidence
+    assert f.ranks == [21] and f.nodes == ["node2"] and ev["stages"] == [1]
+    assert ev["excess_s"] == pytest.approx(0.4, rel=0.15) and ev["excess_s"] > ev["threshold_s"]
+    # its peers wait by the same amount: the slow one waits least
+    assert ev["wait_deficit_s"] == pytest.approx(ev["excess_s"], rel=0.15)
+    assert ev["z"] > 5 and f.first_step <= f.evidence["detected_at"] <= 44
+
+
+@pytest.mark.parametrize("cause,target,want", [("slow_device", 3, [3]), ("slow_data", 2, [2])])
+def test_small_job_slow_from_the_first_step(cause, target, want):
+    """The e2e shape: 4 ranks (tp 2, dp 2), one rank slow from the start (--inject-delay)."""
+    (f,) = findings(4, 2, 1, 2, [Injection(cause, 1, target)], steps=30)
+    assert f.cause == cause and f.ranks == want and f.nodes == ["node1"]
+    assert f.evidence["detected_at"] <= 5 + 8 + 1  # warm-up, then one window
+
+
+def test_a_node_that_is_a_whole_stage():
+    """Stage 1 is exactly node1: slow from mid-run is the node (it was typical in the
+    baseline); uneven from the start is the split (advice, nobody quarantined)."""
+    (f,) = findings(16, 2, 2, 8, [Injection("slow_node", 80, 1)])
+    assert f.cause == "slow_node" and f.nodes == ["node1"] and f.hardware
+    assert f.evidence["baseline_excess_s"] < 0.1 < f.evidence["excess_s"]
+    (f,) = findings(16, 2, 2, 8, [Injection("stage_imbalance", 1, 1)])
+    assert f.cause == "stage_imbalance" and not f.hardware and f.evidence["stage"] == 1
+    assert f.evidence["changed_since_baseline"] is False
+
+
+def test_imbalance_with_few_replicas_is_not_blamed_on_a_node():
+    fs = findings(8, 2, 1, 2, [Injection("data_imbalance", 1)], steps=100)
+    assert [f.cause for f in fs] == ["data_imbalance"]
+
+
+def test_slowest_ranks_in_the_summary():
+    t = generate(64, tp=2, pp=4, ranks_per_node=8, steps=60, seed=4,
+                 inject=[Injection("slow_device", 20, 50)])
+    w = Watcher(t.layout)
+    w.feed(t.window())
+    s = w.summary()
+    assert s["slowest_ranks"][0]["rank"] == 50 and s["slowest_nodes"][0]["node"] == "node6"
+    assert s["worst"] == "warning" and s["emitted"] == {"straggler": 1}
+    assert np.isclose(s["micro_batches"], 8, rtol=0.2)
