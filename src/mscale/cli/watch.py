@@ -9,14 +9,6 @@ import typer
 from mscale.cli.app import app
 
 
-def _positive(name: str):
-    def check(value: float | None):
-        if value is not None and not value > 0:
-            raise typer.BadParameter(f"{name} must be > 0 (got {value})")
-        return value
-    return check
-
-
 @app.command("watch")
 def watch_cmd(
     target: str = typer.Argument(..., help="Run directory (path or fsspec URL), or a metrics "
@@ -30,7 +22,8 @@ def watch_cmd(
     prometheus: str = typer.Option(None, "--prometheus", metavar="FILE", help="Keep a "
                                    "Prometheus textfile (node_exporter) up to date, atomically."),
     report: str = typer.Option(None, "--report", metavar="FILE.html", help="Write a "
-                               "self-contained HTML report (curves, heat maps, findings) at the end."),
+                               "self-contained HTML report (curves, heat maps, findings) at the "
+                               "end."),
     tp: int = typer.Option(None, "--tp", min=1, help="Tensor-parallel size (no plan.yaml)."),
     pp: int = typer.Option(None, "--pp", min=1, help="Pipeline-parallel size (no plan.yaml)."),
     dp: int = typer.Option(None, "--dp", min=1, help="Data-parallel size (default: the rest)."),
@@ -38,14 +31,14 @@ def watch_cmd(
                                        help="Ranks per node (no plan.yaml)."),
     hostlist: str = typer.Option(None, "--hostlist", help="Node names in rank order, SLURM "
                                  "syntax, e.g. gpu[001-128] (no plan.yaml)."),
-    hang_s: float = typer.Option(None, "--hang-s", callback=_positive("--hang-s"), help="Seconds "
+    hang_s: float = typer.Option(None, "--hang-s", min=1.0, help="Seconds "
                                  "without a record while the job is alive that count as a hang "
                                  "(default: from the step time)."),
-    interval: float = typer.Option(2.0, "--interval", callback=_positive("--interval"),
-                                   help="Seconds between looks at the run when following it."),
-    ckpt_wait: float = typer.Option(300.0, "--ckpt-wait", callback=_positive("--ckpt-wait"),
-                                    help="Longest wait for the requested checkpoint before a "
-                                    "sick node is quarantined anyway."),
+    interval: float = typer.Option(2.0, "--interval", min=0.05, help="Seconds between looks "
+                                   "at the run when following it."),
+    ckpt_wait: float = typer.Option(300.0, "--ckpt-wait", min=1.0, help="Longest wait for "
+                                    "the requested checkpoint before a sick node is "
+                                    "quarantined anyway."),
 ) -> None:
     """Find stragglers (with their cause), gradient spikes, NaN, divergence, slowdowns and hangs.
 
