@@ -223,3 +223,13 @@ def test_a_plan_written_after_watch_started_lays_out_the_records(tmp_path):
     (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
     layout = layout_for(8)
     assert (layout.tp, layout.pp, layout.dp) == (2, 2, 2) and layout.node_name(7) == "node4"
+
+
+def test_ctrl_c_ends_a_live_watch_cleanly(tmp_path):
+    f, rd, judges = make(tmp_path, [recs(1, 2), recs(3)])
+
+    def sleep(s):
+        raise KeyboardInterrupt
+
+    f.run(interval=1, sleep=sleep)  # returns: the outputs are still written by the caller
+    assert judges[0].rows == [1, 2] and not f.job.stopped
