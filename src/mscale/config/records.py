@@ -107,8 +107,8 @@ class MetricsRecord(RecordModel):
 
 
 EventKind = Literal[
-    "start", "stop", "nan", "divergence", "grad_spike", "straggler", "hang", "signal",
-    "control", "checkpoint", "checkpoint_failed", "recover", "preflight", "info",
+    "start", "stop", "nan", "divergence", "grad_spike", "straggler", "throughput", "hang",
+    "signal", "control", "checkpoint", "checkpoint_failed", "recover", "preflight", "info",
 ]
 
 
