@@ -17,7 +17,9 @@ Noise is realistic rather than Gaussian: per-rank lognormal jitter (3%), a per-r
 pauses on every rank at the same steps and checkpoint stalls, optionally without the ``extra``
 flags that mark them (``flag_pauses=False``), warm-up steps, a decreasing noisy loss and a
 wandering gradient norm. Causes are injected from a step on (`Injection`); the data-imbalance
-injection moves the slow replica every step. Everything is drawn with numpy from ``seed``.
+injection moves the slow replica every step; a slow link makes every other rank wait on the
+culprit's traffic while the culprit itself is not blocked on its sends (its parts then add up to
+less than the step: time its timers did not see). Everything is drawn with numpy from ``seed``.
 """
 
 from __future__ import annotations

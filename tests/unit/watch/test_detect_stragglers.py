@@ -89,3 +89,10 @@ def test_slowest_ranks_in_the_summary():
     assert s["slowest_ranks"][0]["rank"] == 50 and s["slowest_nodes"][0]["node"] == "node6"
     assert s["worst"] == "warning" and s["emitted"] == {"straggler": 1}
     assert np.isclose(s["micro_batches"], 8, rtol=0.2)
+
+
+def test_job_level_rules_wait_while_an_imbalance_builds_up():
+    """Seed 11: the step time passes the job-wide bar a few steps before 16 rows prove the moving
+    replica; steps with one clearly slow replica are not 'every rank slower'."""
+    o = run_case("data_imbalance", JOB, 11, steps=400)
+    assert o.right_cause and o.others == [], o

@@ -7,11 +7,13 @@ the true one (the same seed without the injection). Healthy traces count false a
 
     python -m mscale.watch.detect.evaluate                 # the docs/benchmarks.md tables
     python -m mscale.watch.detect.evaluate --quick         # fewer trials
+    taskset -c 0 python -m mscale.watch.detect.evaluate --scale   # judge cost at 12,288 ranks
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from mscale.watch.config import WatchConfig
 from mscale.watch.findings import Finding
 from mscale.watch.judge import Watcher
 from mscale.watch.sim import Injection, generate
+from mscale.watch.window import Window
 
 STRAGGLERS = ("slow_device", "slow_node", "slow_link", "slow_data", "stage_imbalance",
               "data_imbalance", "job_wide")
@@ -54,6 +57,8 @@ class Outcome:
     """Findings before the onset (false alarms)."""
     slowdown_pct: float | None
     true_pct: float | None
+    rollback_error: int | None = None
+    """Divergence: the named first bad step minus the true onset."""
 
 
 def _target(cause: str, job: Job, rng) -> int | None:
@@ -110,7 +115,8 @@ def run_case(cause: str, job: Job, seed: int, steps: int = 400, onset: int | Non
         right_target=match is not None and _hits(match, cause, target, trace),
         others=[f"{f.kind}/{f.cause}" for f in late if f is not match],
         early=len(early), slowdown_pct=None if match is None else match.slowdown_pct,
-        true_pct=true_pct)
+        true_pct=true_pct, rollback_error=match.first_step - onset
+        if match is not None and cause == "divergence" else None)
 
 
 def healthy_alarms(job: Job, steps: int, seed: int, flag_pauses: bool = True) -> list[Finding]:
@@ -123,7 +129,7 @@ def healthy_alarms(job: Job, steps: int, seed: int, flag_pauses: bool = True) ->
 def _table(job: Job, trials: int, steps: int) -> list[str]:
     lines = [f"Injected causes, {job}, {trials} trials each, {steps} steps:", "",
              "| cause | detected | latency (steps, median/max) | right cause | right place | "
-             "other findings | what-if / true slowdown |",
+             "other findings | what-if / true slowdown (medians) |",
              "|---|---|---|---|---|---|---|"]
     for cause in STRAGGLERS + TRAINING:
         outs = [run_case(cause, job, seed, steps) for seed in range(trials)]
@@ -132,6 +138,9 @@ def _table(job: Job, trials: int, steps: int) -> list[str]:
               if o.slowdown_pct is not None and o.true_pct]
         ratio = f"{np.median([a for a, _ in wi]):.0f}% / {np.median([b for _, b in wi]):.0f}%" \
             if wi else "-"
+        back = [o.rollback_error for o in outs if o.rollback_error is not None]
+        if back:
+            ratio = f"first bad step {min(back):+d}..{max(back):+d} from the onset"
         lines.append(
             f"| {cause} | {sum(o.detected for o in outs)}/{trials} | "
             + (f"{int(np.median(lat))}/{max(lat)}" if lat else "-")
@@ -141,10 +150,42 @@ def _table(job: Job, trials: int, steps: int) -> list[str]:
     return lines
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def scale(records: int = 1000, chunk: int = 50) -> None:
+    """Judge time per record and memory at 12,288 ranks (tp 8, pp 16, dp 96), fed 10 rows a
+    look as a live watch would; the trace is generated ``chunk`` steps at a time."""
+    job = Job(12288, 8, 16)
+    watcher, spent, rss = None, 0.0, []
+    for c in range(records // chunk):
+        t = generate(job.world, job.tp, job.pp, None, 8, chunk, seed=c,
+                     warmup=(3.0, 1.5, 1.2) if c == 0 else ())
+        win = t.window()
+        win.steps += c * chunk
+        watcher = watcher or Watcher(t.layout)
+        for i in range(0, chunk, 10):
+            part = Window(win.steps[i:i + 10], win.ranks[i:i + 10], win.scalars[i:i + 10],
+                          win.extra[i:i + 10])
+            t0 = time.perf_counter()
+            assert watcher.feed(part) == []
+            spent += time.perf_counter() - t0
+        del t, win, part  # the trace is the harness's, not the judge's: measure without it
+        rss.append(_rss_mb())
+    print(f"judge at {job}: {1e3 * spent / records:.1f} ms per record "
+          f"({records / spent:.0f} records/s on one core); resident memory after "
+          f"{2 * chunk} records {rss[1]:.0f} MB, after {records} {rss[-1]:.0f} MB")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer trials and steps")
+    ap.add_argument("--scale", action="store_true", help="only the cost at 12,288 ranks")
     args = ap.parse_args(argv)
+    if args.scale:
+        return scale()
     trials = 3 if args.quick else 20
     t0 = time.perf_counter()
     for job in (Job(64, 2, 4), Job(1024, 8, 8)):

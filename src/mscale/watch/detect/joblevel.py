@@ -5,11 +5,13 @@ tokens/s, busy/wait/data medians and the compute of each pipeline stage. A clust
 universal "good" step time; the run itself is the reference.
 
 - job-wide: the windowed step time is ``job_wide_rel`` above the baseline beyond what the open
-  rank/node/stage findings explain (their what-if savings): every rank is slower, so it is the
+  rank/node/stage findings explain (their what-if savings), and most steps do not have one
+  clearly slow replica (that is an imbalance): every rank is slower, so it is the
   network, the storage or the whole fleet, never one node. The evidence says which part of the
   step grew (busy time: clocks, thermals; wait: network; data: storage).
 - throughput: tokens/s ``throughput_rel`` below the baseline while no straggler finding is open
-  (e.g. a trainer that reports no split, or fewer tokens per step).
+  and no imbalance is building up (e.g. a trainer that reports no split, or fewer tokens per
+  step).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mscale.watch.whatif import Grid
 def _parts(w: Recent) -> dict[str, float]:
     """Median seconds per rank of each part of the step over the window."""
     return {"busy": float(np.median(w.compute)), "wait": float(np.median(w.wait)),
-            "data": float(np.median(w.data[:, :])),
+            "data": float(np.median(w.data)),
             "step": float(np.median(w.step_time)),
             "tokens_per_s": float(np.nanmedian(w.tokens_per_s))
             if np.isfinite(w.tokens_per_s).any() else math.nan}
@@ -62,10 +64,13 @@ class JobLevel:
         steps = [int(w.steps[0]), int(w.steps[-1])]
         # once open, it stays open down to half the bar: a slowdown near the bar is one finding
         rel = self.cfg.job_wide_rel / (2 if any(f.cause == "job_wide" for f in stragglers) else 1)
-        if rest > base["step"] * (1 + rel):
+        # most steps with one clearly slow replica is not every rank slower (imbalance.py)
+        lopsided = np.mean(w.top_excess > w.top_threshold) >= self.cfg.imbalance_frac
+        if rest > base["step"] * (1 + rel) and not lopsided:
             return [self._job_wide(base, now, explained, rest, steps)]
         tps, btps = now["tokens_per_s"], base["tokens_per_s"]
-        if (not stragglers and math.isfinite(tps) and math.isfinite(btps) and btps > 0
+        if (not stragglers and not lopsided and math.isfinite(tps) and math.isfinite(btps)
+                and btps > 0
                 and tps < btps * (1 - self.cfg.throughput_rel)):
             pct = 100.0 * (btps / tps - 1) if tps > 0 else math.inf
             return [Finding(

@@ -9,8 +9,10 @@ robust z-score across all ranks and a floor of ``min_excess_frac`` of the step t
 
 - compute high → the device (``slow_device``); most ranks of one node → the node (``slow_node``);
 - data time high on a reading rank (TP rank 0) against its DP peers → the loader (``slow_data``);
-- wait conspicuously *low* while compute and data are typical → everyone waits on this rank's
-  traffic, i.e. its link (``slow_link``; most ranks of a node → the node's link);
+- less time accounted for (busy + wait) than its peers while they wait → everyone waits on this
+  rank's traffic, not on its work, i.e. its link (``slow_link``; most ranks of a node → the
+  node's link). A rank that computes longer waits shorter by as much, so only time its timers
+  did not count is left (docs/watch.md, "Rules", on what that needs of a trainer);
 - one stage's median compute above the other stages' → ``stage_imbalance`` (re-plan), or
   ``slow_node`` when that stage is one node and was typical in the run's baseline (a change on
   one node is hardware; a split that was uneven from the start is the plan's).
@@ -50,6 +52,14 @@ def _node_median(x: np.ndarray, g: Grid) -> np.ndarray:
     if size * g.nodes == g.world:
         return np.median(x.reshape(g.nodes, size), axis=1)
     return np.array([np.median(x[g.node == n]) for n in range(g.nodes)])
+
+
+def _over_rows(x: np.ndarray) -> np.ndarray:
+    """Median over the rows (axis 0) of a short window: a sort of a few rows is a third of
+    ``np.median``'s cost across 12,288 columns."""
+    s = np.sort(x, axis=0)
+    n = len(s)
+    return (s[(n - 1) // 2] + s[n // 2]) / 2
 
 
 def _nanmedian(x: np.ndarray) -> np.ndarray:
@@ -94,7 +104,7 @@ class StragglerRules:
         g, exclude = self.g, None
         for _ in range(2):
             typ = _typical(x, g, exclude, peers)
-            ex = np.median(x - typ, axis=0)
+            ex = _over_rows(x - typ)
             slow, bar, sig = _outliers(ex, eligible, self.cfg, step_s)
             exclude = slow | (_node_median(ex, g) > bar / 2)[g.node]
         return ex, slow, bar, sig, typ
@@ -111,8 +121,8 @@ class StragglerRules:
         # link: time a rank accounts for (busy + wait) below its stage peers'; where a rank is
         # busy longer its wait is shorter by as much, so only unaccounted time is left
         acct = w.own + w.wait
-        deficit = -np.median(acct - _typical(acct, g, busy, "stage"), axis=0)
-        waits_less = -np.median(w.wait - _typical(w.wait, g, busy, "stage"), axis=0)
+        deficit = -_over_rows(acct - _typical(acct, g, busy, "stage"))
+        waits_less = -_over_rows(w.wait - _typical(w.wait, g, busy, "stage"))
         quiet, bar_w, sig_w = _outliers(deficit, ~busy, cfg, step_s)
         self.excess = c_ex + d_ex * g.reader
         found: list[Finding] = []
@@ -167,7 +177,7 @@ class StragglerRules:
         return Finding(kind="straggler", severity="warning", message=message, cause=cause,
                        ranks=ranks, nodes=nodes, first_step=int(w.steps[0]),
                        last_step=int(w.steps[-1]), slowdown_pct=pct, evidence=evidence,
-                       advice=_ADVICE[cause].format(node=nodes[0], ranks=ranks))
+                       advice=_ADVICE[cause].format(node=nodes[0]))
 
     def _stage(self, w: Recent, whatif: WhatIf, typ_c: np.ndarray,
                base_stage: np.ndarray | None, common: dict) -> Finding | None:
@@ -191,30 +201,26 @@ class StragglerRules:
         evidence = {**common, "stage": s, "stage_compute_s": [float(x) for x in sc],
                     "excess_s": float(excess[s]), "baseline_excess_s": was, "saved_s": saved,
                     "micro_batches": whatif.micro_batches}
+        same = dict(kind="straggler", severity="warning", first_step=int(w.steps[0]),
+                    last_step=int(w.steps[-1]), slowdown_pct=pct, evidence=evidence)
         if changed and len(nodes) == 1:
-            node = int(nodes[0])
+            node = g.name(int(nodes[0]))
             evidence.update(rule=_RULES["slow_node"] + "; the node is the whole stage and the "
                             "stage was typical in the baseline",
-                            decided_by=f"stage {s} (only {g.name(node)}) rose from "
+                            decided_by=f"stage {s} (only {node}) rose from "
                                        f"{was:+.3g} s to {excess[s]:+.3g} s over the others")
-            return Finding(kind="straggler", severity="warning", cause="slow_node",
-                           message=f"node {g.name(node)} (all of stage {s}) became slow: "
+            return Finding(cause="slow_node", ranks=g.node_ranks(int(nodes[0])), nodes=[node],
+                           message=f"node {node} (all of stage {s}) became slow: "
                                    f"{excess[s]:.3g} s above the other stages per step; the "
                                    f"job is {pct:.0f}% slower because of it",
-                           ranks=g.node_ranks(node), nodes=[g.name(node)],
-                           first_step=int(w.steps[0]), last_step=int(w.steps[-1]),
-                           slowdown_pct=pct, evidence=evidence,
-                           advice=_ADVICE["slow_node"].format(node=g.name(node), ranks=[]))
+                           advice=_ADVICE["slow_node"].format(node=node), **same)
         evidence.update(rule=_RULES["stage_imbalance"], changed_since_baseline=changed,
                         decided_by=f"stage {s} computes {excess[s]:.3g} s more than the median "
                                    f"of the other stages, on all of its ranks")
-        return Finding(kind="straggler", severity="warning", cause="stage_imbalance",
+        return Finding(cause="stage_imbalance", advice=_ADVICE["stage_imbalance"],
                        message=f"pipeline stage {s} of {g.pp} computes {excess[s]:.3g} s more "
                                f"per step than the others; the job is {pct:.0f}% slower "
-                               f"because of it",
-                       first_step=int(w.steps[0]), last_step=int(w.steps[-1]),
-                       slowdown_pct=pct, evidence=evidence, advice=_ADVICE["stage_imbalance"])
-
+                               f"because of it", **same)
 
 _RULES = {
     "slow_device": "one rank's compute persistently above its stage peers, its wait the lowest",

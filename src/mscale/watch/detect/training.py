@@ -8,7 +8,7 @@
   or of an instability that a divergence follows.
 - Divergence: the median loss over ``divergence_window`` rows rises ``divergence_rel`` above the
   best such median seen. The evidence names the first bad step: the start of the last stretch
-  where the loss stayed above a quarter of that rise, so a rollback goes to a checkpoint before
+  where the loss stayed above an eighth of that rise, so a rollback goes to a checkpoint before
   the trouble began, not merely before it was noticed.
 """
 
@@ -95,7 +95,7 @@ class TrainingRules:
         rise = self.cfg.divergence_rel * abs(best)
         if med <= best + rise:
             return None
-        first = self._first_bad(best + rise / 4, best_step)
+        first = self._first_bad(best + rise / 8, best_step)
         return Finding(kind="divergence", severity="critical", first_step=first, last_step=step,
                        message=f"the loss diverges: median {med:.4g} over the last "
                                f"{len(self.losses)} steps against a best of {best:.4g} "
