@@ -11,7 +11,7 @@ launcher are forwarded as SIGTERM, which workers treat as "halt at the next step
 When a worker fails, the launcher knows what no worker can: which rank failed *first*, how
 (exit code or signal), and which ranks were still alive (a SIGSTOPped or deadlocked rank never
 times out itself — its peers do). It writes that into a ``stop`` event and maps the job's end to
-a contract exit code (0–3); job_watch.py does the watching.
+a contract exit code (0–3); `mscale.distributed.launch` does the watching.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
-from mscale.train.job_watch import JobResult, run_local_workers
+from mscale.distributed.launch import JobResult, run_local_workers
 from mscale.train.options import TrainOptions
 
 OPTIONS_ENV = "MSCALE_TRAIN_OPTIONS"
