@@ -1,0 +1,228 @@
+"""Storage: can this node write the plan's checkpoint in time, and is there room for it?
+
+A checkpoint that takes longer to write than the interval between saves never finishes before the
+next one starts; `mscale plan` chose that interval (Young/Daly, raised to at least the write
+time) assuming a storage bandwidth. This check measures what one node really gets — write,
+fsync, read back — through the same fsspec layer the checkpointer uses, while every node
+measures at the same time (preflight runs it on each node's local rank 0 at once), and judges
+it against the node's share of a resumable checkpoint over that interval.
+
+Everything is written under a fresh ``.preflight-<id>`` directory and removed afterwards, along
+with the checkpoint directory itself if the probe had to create it: preflight leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+from mscale.config.plan import Plan
+from mscale.config.preflight import CheckResult, Status
+from mscale.errors import MscaleError
+from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM, STORAGE_WRITE_GB_PER_S
+from mscale.runs.atomic import _is_object_store, fs_and_path
+from mscale.runs.targets import check_output
+
+PROBE_BYTES = {"quick": 64 << 20, "full": 1 << 30}
+"""Bytes written and read back per node: enough to pass the first caches and per-request
+overheads, small enough that ``--level quick`` stays quick on a slow store."""
+BLOCK_BYTES = 8 << 20
+"""One write/read call; the block is random so that compression cannot flatter the store."""
+HEADROOM = 1.5
+"""Below this multiple of the need: WARNING. The write would then take more than 2/3 of the
+interval, so any slowdown (other jobs on the store) delays the next checkpoint. An assumption."""
+WHAT = "the checkpoint URL"
+
+
+@dataclass(frozen=True)
+class StorageNeed:
+    """What one node must write per checkpoint, and in how long."""
+
+    node_bytes: float
+    total_bytes: float
+    target_s: float
+    source: str
+    """Where ``target_s`` comes from, for the report."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.node_bytes / self.target_s
+
+
+def storage_need(plan: Plan) -> StorageNeed:
+    """A resumable checkpoint's bytes (the planner's estimate), split over the nodes, over the
+    plan's checkpoint interval: every node writes its own ranks' shards at the same time, and
+    the background write must finish before the next save begins. Without checkpoint advice in
+    the plan, the time the planner would assume the write takes (its storage bandwidth)."""
+    total = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM
+    nodes = plan.cluster.num_nodes
+    if plan.checkpoint is not None and plan.checkpoint.interval_s > 0:
+        target, source = plan.checkpoint.interval_s, "the plan's checkpoint interval"
+    else:
+        target = total / (STORAGE_WRITE_GB_PER_S * 1e9)
+        source = f"the planner's assumed {STORAGE_WRITE_GB_PER_S:g} GB/s aggregate write"
+    return StorageNeed(node_bytes=total / nodes, total_bytes=total, target_s=max(target, 1e-3),
+                       source=source)
+
+
+def check_storage_url(url: str) -> None:
+    """Raise MscaleError naming ``url`` unless a file can be written, read and removed there.
+
+    Bad input, exit 3, before any rank starts measuring: an unknown protocol, a path under a
+    regular file, no permission, a host that does not answer. What it creates is removed.
+    """
+    check_output(url, kind="dir", what=WHAT)
+    fs, path = fs_and_path(url)
+    try:
+        with _probe_dir(fs, path) as probe:
+            fs.pipe_file(f"{probe}/reach", b"preflight")
+            fs.cat_file(f"{probe}/reach")
+    except MscaleError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every fsspec backend raises its own types
+        raise MscaleError(f"the checkpoint storage cannot be reached ({type(e).__name__}: "
+                          f"{_first_line(e)})", file=url,
+                          fix="check the URL, the credentials and that the storage is mounted "
+                              "or reachable from this node") from None
+
+
+def storage_checks(url: str, plan: Plan, node: str, *, level: str = "quick",
+                   probe_bytes: int | None = None,
+                   fs: fsspec.AbstractFileSystem | None = None) -> list[CheckResult]:
+    """Write + fsync, then read back, ``probe_bytes`` at ``url``; judge both against the plan's
+    need; report free space. ``fs`` replaces the filesystem resolved from ``url`` (tests pass a
+    throttled one). A store that fails midway (full, gone) is CRITICAL for this node."""
+    if fs is None:
+        fs, path = fs_and_path(url)
+    else:
+        path = fs._strip_protocol(url)
+    need = storage_need(plan)
+    size = probe_bytes or PROBE_BYTES.get(level, PROBE_BYTES["quick"])
+    try:
+        with _probe_dir(fs, path) as probe:
+            write_s = _timed_write(fs, f"{probe}/probe.bin", size)
+            read_s, got = _timed_read(fs, f"{probe}/probe.bin")
+    except Exception as e:  # noqa: BLE001 - a failing store is this node's finding, not a crash
+        return [_result("storage_write", node, url, None, need, "CRITICAL",
+                        f"writing {size} bytes failed ({type(e).__name__}: {_first_line(e)})")]
+    if got != size:
+        return [_result("storage_read", node, url, None, need, "CRITICAL",
+                        f"read back {got} of the {size} bytes written")]
+    out = [_judged("storage_write", node, url, size / write_s, need, "write + fsync"),
+           _judged("storage_read", node, url, size / read_s, need, "read back")]
+    free = free_space(fs, path, need, node, url)
+    return out + ([free] if free is not None else [])
+
+
+def free_space(fs: fsspec.AbstractFileSystem, path: str, need: StorageNeed, node: str,
+               url: str) -> CheckResult | None:
+    """Room for one more checkpoint (a new save is written in full before the oldest kept one is
+    deleted): CRITICAL below one, WARNING below two. Object stores have no visible capacity (no
+    result); other remote filesystems do not say (UNKNOWN)."""
+    if _is_object_store(fs):
+        return None
+    common = dict(check="free_space", entity_kind="storage", entity=url, node=node, unit="GB",
+                  expected=f">= {need.total_bytes / 1e9:.3g} GB (one checkpoint)")
+    if not isinstance(fs, LocalFileSystem):
+        return CheckResult(**common, status="UNKNOWN",
+                           message=f"{type(fs).__name__} does not report free space")
+    at = path
+    while not os.path.exists(at):
+        at = os.path.dirname(at) or "/"
+    free = shutil.disk_usage(at).free
+    ratio = free / max(need.total_bytes, 1.0)
+    status: Status = "CRITICAL" if ratio < 1 else "WARNING" if ratio < 2 else "OK"
+    msg = {"CRITICAL": "not enough room for one checkpoint: free space or move the checkpoints",
+           "WARNING": "room for only one more checkpoint",
+           "OK": f"room for {min(ratio, 999):.0f} checkpoints"}[status]
+    return CheckResult(**common, value=round(free / 1e9, 3), status=status, message=msg,
+                       evidence={"checkpoint_bytes": need.total_bytes, "free_bytes": free})
+
+
+def _judged(check: str, node: str, url: str, bps: float, need: StorageNeed,
+            what: str) -> CheckResult:
+    ratio = bps / need.bytes_per_s
+    status: Status = "CRITICAL" if ratio < 1 else "WARNING" if ratio < HEADROOM else "OK"
+    secs = need.node_bytes / bps
+    msg = (f"{what} at {bps / 1e6:.1f} MB/s: this node's share of a checkpoint "
+           f"({need.node_bytes / 1e9:.3g} GB) takes {secs:.3g} s against {need.target_s:.3g} s "
+           f"({need.source})")
+    if status == "CRITICAL":
+        msg += "; the checkpoint cannot keep up: use faster storage or exclude this node"
+    return _result(check, node, url, bps, need, status, msg)
+
+
+def _result(check: str, node: str, url: str, bps: float | None, need: StorageNeed,
+            status: Status, message: str) -> CheckResult:
+    return CheckResult(check=check, entity_kind="storage", entity=url, node=node,
+                       value=None if bps is None else round(bps / 1e6, 3), unit="MB/s",
+                       expected=f">= {need.bytes_per_s / 1e6:.3g} MB/s "
+                                f"(WARNING below {HEADROOM:g}×)",
+                       status=status, message=message,
+                       evidence={"node_checkpoint_bytes": need.node_bytes,
+                                 "target_s": need.target_s, "target_source": need.source})
+
+
+@contextlib.contextmanager
+def _probe_dir(fs: fsspec.AbstractFileSystem, path: str):
+    """A fresh directory under ``path``, removed on the way out with every parent the probe had
+    to create (``path`` itself when it did not exist yet)."""
+    top = probe = f"{path.rstrip('/')}/.preflight-{uuid.uuid4().hex[:12]}"
+    while (parent := os.path.dirname(top)) not in ("", "/", top) and not fs.exists(parent):
+        top = parent
+    fs.makedirs(probe, exist_ok=True)
+    try:
+        yield probe
+    finally:
+        with contextlib.suppress(Exception):
+            fs.rm(top, recursive=True)
+
+
+def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int) -> float:
+    """Seconds to write ``size`` bytes and make them durable: fsync locally (then drop the
+    file's clean pages from the page cache so the read is not a memory copy), close (the
+    upload) elsewhere."""
+    block = os.urandom(min(BLOCK_BYTES, size))
+    t0 = time.perf_counter()
+    with fs.open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+        f.flush()
+        fd = _fileno(f)
+        if fd is not None:
+            os.fsync(fd)
+    elapsed = time.perf_counter() - t0
+    if fd is not None and hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError), open(path, "rb") as g:
+            os.posix_fadvise(g.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return max(elapsed, 1e-9)
+
+
+def _timed_read(fs: fsspec.AbstractFileSystem, path: str) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    got = 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(BLOCK_BYTES):
+            got += len(chunk)
+    return max(time.perf_counter() - t0, 1e-9), got
+
+
+def _fileno(f) -> int | None:
+    try:
+        return f.fileno()
+    except (AttributeError, OSError, ValueError, NotImplementedError):
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:200]

@@ -1,0 +1,128 @@
+"""Storage check: a store slower than the plan's checkpoint needs is CRITICAL, a fast one OK, an
+unreachable URL is bad input naming it, and the probe leaves nothing behind."""
+
+import time
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from mscale.config.plan import CheckpointAdvice, load_plan
+from mscale.errors import MscaleError
+from mscale.preflight.storage import check_storage_url, storage_checks, storage_need
+from tests.conftest import PLANS
+
+PROBE = 256 << 10
+
+
+def _plan(need_mb_per_s: float):
+    """cpu-tiny with a checkpoint interval chosen so that one node must write ``need`` MB/s."""
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml"))
+    share = storage_need(plan).node_bytes
+    plan.checkpoint = CheckpointAdvice(interval_steps=1, interval_s=share / (need_mb_per_s * 1e6),
+                                       mtbf_h=1, checkpoint_cost_s=0, restart_s=0,
+                                       effective_training=1)
+    return plan
+
+
+class _Slow:
+    """A file whose reads and writes take ``len / bytes_per_s`` seconds."""
+
+    def __init__(self, f, bytes_per_s):
+        self._f, self._bps = f, bytes_per_s
+
+    def write(self, data):
+        time.sleep(len(data) / self._bps)
+        return self._f.write(data)
+
+    def read(self, n=-1):
+        data = self._f.read(n)
+        time.sleep(len(data) / self._bps)
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+class ThrottledFS(MemoryFileSystem):
+    """An in-memory filesystem that moves 1 MB/s: a storage target slower than needed."""
+
+    protocol = "throttled"
+    bytes_per_s = 1e6
+
+    def _open(self, path, mode="rb", **kwargs):
+        return _Slow(super()._open(path, mode, **kwargs), self.bytes_per_s)
+
+
+def test_throttled_store_is_critical_and_leaves_nothing():
+    fs = ThrottledFS()
+    results = storage_checks("throttled://ckpt", _plan(10), "node1", probe_bytes=PROBE, fs=fs)
+    by = {r.check: r for r in results}
+    assert by["storage_write"].status == "CRITICAL"
+    assert by["storage_read"].status == "CRITICAL"
+    assert by["storage_write"].value < 1.1 and by["storage_write"].node == "node1"
+    assert "cannot keep up" in by["storage_write"].message
+    assert not fs.exists("/ckpt")
+
+
+def test_fast_store_is_ok_with_free_space(tmp_path):
+    url = str(tmp_path / "run" / "ckpt")
+    results = storage_checks(url, _plan(0.01), "node1", probe_bytes=PROBE)
+    assert {r.check: r.status for r in results} == {
+        "storage_write": "OK", "storage_read": "OK", "free_space": "OK"}
+    assert not (tmp_path / "run").exists()  # the probe created it, and removed it
+
+
+def test_free_space_short_of_one_checkpoint_is_critical(tmp_path, monkeypatch):
+    import shutil
+    usage = shutil.disk_usage(tmp_path)
+    need = storage_need(_plan(0.01)).total_bytes
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=int(need / 2)))
+    (r,) = [r for r in storage_checks(str(tmp_path), _plan(0.01), "n", probe_bytes=PROBE)
+            if r.check == "free_space"]
+    assert r.status == "CRITICAL"
+
+
+def test_failing_store_is_critical_for_the_node():
+    class Broken(MemoryFileSystem):
+        protocol = "broken"
+
+        def _open(self, path, mode="rb", **kwargs):
+            raise OSError(5, "Input/output error")
+
+    (r,) = storage_checks("broken://x", _plan(1), "node3", probe_bytes=PROBE, fs=Broken())
+    assert (r.check, r.status, r.node) == ("storage_write", "CRITICAL", "node3")
+
+
+@pytest.mark.parametrize("url", ["nosuch://bucket/ckpt", "{file}/ckpt"])
+def test_unreachable_url_is_bad_input_naming_it(tmp_path, url):
+    (tmp_path / "file").write_text("x")
+    url = url.format(file=tmp_path / "file")
+    with pytest.raises(MscaleError) as e:
+        check_storage_url(url)
+    assert e.value.code == 3 and url in str(e.value)
+
+
+def test_unanswering_remote_is_bad_input(monkeypatch):
+    class Down(MemoryFileSystem):
+        protocol = "down"
+
+        def pipe_file(self, *a, **k):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr("mscale.preflight.storage.fs_and_path", lambda u: (Down(), "/x"))
+    monkeypatch.setattr("mscale.preflight.storage.check_output", lambda *a, **k: None)
+    with pytest.raises(MscaleError, match="cannot be reached.*Connection refused") as e:
+        check_storage_url("down://x")
+    assert e.value.file == "down://x"
+
+
+def test_reachable_url_leaves_nothing():
+    check_storage_url("memory://pf-reach/ckpt")
+    assert not fsspec.filesystem("memory").exists("/pf-reach")
