@@ -26,7 +26,8 @@ from fsspec.implementations.local import LocalFileSystem
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, Status
 from mscale.errors import MscaleError
-from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM, STORAGE_WRITE_GB_PER_S
+from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM
+from mscale.planner.goodput import advise
 from mscale.runs.atomic import _is_object_store, fs_and_path
 from mscale.runs.targets import check_output
 
@@ -59,17 +60,19 @@ class StorageNeed:
 def storage_need(plan: Plan) -> StorageNeed:
     """A resumable checkpoint's bytes (the planner's estimate), split over the nodes, over the
     plan's checkpoint interval: every node writes its own ranks' shards at the same time, and
-    the background write must finish before the next save begins. Without checkpoint advice in
-    the plan, the time the planner would assume the write takes (its storage bandwidth)."""
-    total = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM
+    the background write must finish before the next save begins. A plan without checkpoint
+    advice (written by hand) gets the advice `mscale plan` would give it (the step time, when
+    the plan has no estimate, only rounds the interval)."""
+    params = plan.model.num_parameters()
+    total = params * CHECKPOINT_BYTES_PER_PARAM
     nodes = plan.cluster.num_nodes
-    if plan.checkpoint is not None and plan.checkpoint.interval_s > 0:
-        target, source = plan.checkpoint.interval_s, "the plan's checkpoint interval"
-    else:
-        target = total / (STORAGE_WRITE_GB_PER_S * 1e9)
-        source = f"the planner's assumed {STORAGE_WRITE_GB_PER_S:g} GB/s aggregate write"
-    return StorageNeed(node_bytes=total / nodes, total_bytes=total, target_s=max(target, 1e-3),
-                       source=source)
+    advice, source = plan.checkpoint, "the plan's checkpoint interval"
+    if advice is None:
+        step_s = float(plan.estimate.get("step_time_s") or 1.0)
+        advice, _ = advise(params, plan.cluster.world_size, nodes, step_s)
+        source = "the planner's checkpoint interval for this plan"
+    return StorageNeed(node_bytes=total / nodes, total_bytes=total,
+                       target_s=max(advice.interval_s, 1e-3), source=source)
 
 
 def check_storage_url(url: str) -> None:
