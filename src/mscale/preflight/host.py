@@ -3,7 +3,7 @@
 The distributed runner calls `node_checks` once per node, on its local rank 0, while the other
 nodes do the same; every check here is a pure function of what this node shows (sysfs, NVML,
 its environment, what it measures against the checkpoint URL) and returns `CheckResult`s
-blamed on this node. `check_host_inputs` is the bad-input half, called before any rank starts,
+blamed on this node. `check_inputs` is the bad-input half, called before any rank starts,
 so a wrong ``--sysfs-root`` or an unreachable checkpoint URL is exit 3 with nothing written.
 """
 
@@ -34,7 +34,7 @@ def checkpoint_url(run_dir: str, storage_url: str | None) -> str:
     return storage_url or RunDir(run_dir).ckpt
 
 
-def check_host_inputs(run_dir: str, *, sysfs_root: str = "/sys",
+def check_inputs(run_dir: str, *, sysfs_root: str = "/sys",
                       storage_url: str | None = None) -> None:
     """Raise MscaleError (exit 3) for a sysfs root that is not a sysfs tree or a checkpoint URL
     that cannot be written; leaves nothing behind."""

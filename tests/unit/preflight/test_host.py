@@ -6,7 +6,7 @@ import pytest
 
 from mscale.config.plan import load_plan
 from mscale.errors import MscaleError
-from mscale.preflight.host import check_host_inputs, node_checks
+from mscale.preflight.host import check_inputs, node_checks
 from tests.conftest import PLANS
 from tests.unit.preflight.test_gpu_health import fake_nvml
 
@@ -35,9 +35,9 @@ def test_gpu_plan_without_nvml_or_ports_is_unknown_not_ok(tmp_path):
 
 def test_bad_inputs_are_exit_3(tmp_path):
     with pytest.raises(MscaleError, match="sysfs") as e:
-        check_host_inputs(str(tmp_path), sysfs_root=str(tmp_path))
+        check_inputs(str(tmp_path), sysfs_root=str(tmp_path))
     assert e.value.code == 3
     with pytest.raises(MscaleError, match="nosuch"):
-        check_host_inputs(str(tmp_path), sysfs_root=FIXTURE, storage_url="nosuch://b/ckpt")
-    check_host_inputs(str(tmp_path / "run"), sysfs_root=FIXTURE)
+        check_inputs(str(tmp_path), sysfs_root=FIXTURE, storage_url="nosuch://b/ckpt")
+    check_inputs(str(tmp_path / "run"), sysfs_root=FIXTURE)
     assert not (tmp_path / "run").exists()
