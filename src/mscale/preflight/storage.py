@@ -144,7 +144,8 @@ def free_space(fs: fsspec.AbstractFileSystem, path: str, need: StorageNeed, node
     status: Status = "CRITICAL" if ratio < 1 else "WARNING" if ratio < 2 else "OK"
     msg = {"CRITICAL": "not enough room for one checkpoint: free space or move the checkpoints",
            "WARNING": "room for only one more checkpoint",
-           "OK": f"room for {min(ratio, 999):.0f} checkpoints"}[status]
+           "OK": f"room for {ratio:.0f} checkpoints" if ratio < 1000
+           else "room for over 1000 checkpoints"}[status]
     return CheckResult(**common, value=round(free / 1e9, 3), status=status, message=msg,
                        evidence={"checkpoint_bytes": need.total_bytes, "free_bytes": free})
 
