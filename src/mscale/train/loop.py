@@ -138,6 +138,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     progress = ProgressReporter(steps, enabled=opts.progress and engine.env.rank == 0,
                                 log_interval=opts.log_interval,
                                 stream=sys.stderr if opts.json_summary else sys.stdout)
+    saving = False  # a save started at the last boundary: its host copy overlaps this step
     with progress:
         for step in range(first, steps):
             timer.start_step()
@@ -147,8 +148,10 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                        message="non-finite gradient norm: stopped before the optimizer step",
                        evidence={"grad_norm": str(result.grad_norm), "loss": str(result.loss)})
                 return EXIT_CRITICAL, ("nan", step + 1, f"loss {result.loss}")
+            flags = {"checkpoint": True} if saving else {}
             if opts.gc_interval and (step + 1) % opts.gc_interval == 0:
                 gc.collect()
+                flags["gc"] = True  # watch masks steps every rank paused on together
             timings = timer.end_step()
             reporter = g.is_last_stage and g.tp_rank == 0
             vectors = gather_rank_vectors(timings, result.device_loss if reporter else None,
@@ -157,7 +160,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                 rec = build_record(vectors, step=step + 1, grad_norm=result.grad_norm,
                                    clip_threshold=result.threshold, lr=result.lr,
                                    tokens=tokens_per_step, flops_per_step=flops,
-                                   peak_flops_per_device=peak)
+                                   peak_flops_per_device=peak, extra=flags)
                 s.journal.append(s.run.metrics, rec)
                 summary.add(rec)
                 progress.update(rec)
@@ -174,6 +177,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                                  "signal": decision.signal})
             ckpt.poll()
             reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
+            saving = bool(reason)
             if reason:
                 ckpt.save(step + 1, reason, lr=result.lr)
             if decision.stop:
