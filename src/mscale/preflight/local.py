@@ -1,0 +1,89 @@
+"""``mscale preflight PLAN --local N``: N worker processes on this machine, then the report.
+
+The workers are the same ``mscale preflight`` command with torchrun-style variables
+(`mscale.distributed.launch.run_local_workers`, train's launcher), ranks grouped into "nodes" of
+the plan's gpus_per_node. Rank 0 writes ``preflight.json``; this process prints it and exits
+with its Nagios code. If a worker dies before rank 0 could write a report, the launcher, which
+knows who died first, writes one that names that rank's node.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mscale.config.plan import Plan
+from mscale.config.preflight import CheckResult, PreflightReport
+from mscale.distributed.launch import run_local_workers
+from mscale.preflight import judge
+from mscale.preflight.report import finish, publish, render
+from mscale.preflight.runner import PreflightOptions
+from mscale.runs.atomic import fs_and_path
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import placement_for
+
+
+def worker_args(plan_path: str, opts: PreflightOptions) -> list[str]:
+    """The command line every worker runs (the launcher's own flags, minus --local/--json)."""
+    args = ["preflight", plan_path if "://" in plan_path else os.path.abspath(plan_path),
+            "--run-dir", opts.run_dir, "--level", opts.level, "--timeout", str(opts.timeout_s),
+            "--sysfs-root", opts.sysfs_root]
+    if opts.storage_url:
+        args += ["--storage-url", opts.storage_url]
+    if opts.prometheus:
+        args += ["--prometheus", opts.prometheus]
+    for rank, factor in sorted(opts.inject_slow.items()):
+        args += ["--inject-slow", f"{rank}:{factor}"]
+    return args
+
+
+def _fresh_report(run_dir: str, since: float) -> PreflightReport | None:
+    from mscale.config.base import load_model
+
+    path = RunDir(run_dir).preflight
+    fs, p = fs_and_path(path)
+    if not fs.isfile(p):
+        return None
+    report = load_model(PreflightReport, path)
+    return report if report.time >= since else None
+
+
+def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int) -> int:
+    """Run the preflight job on ``nprocs`` local processes; returns the report's exit code."""
+    import tempfile
+
+    logs = tempfile.mkdtemp(prefix="mscale-preflight-logs-")
+    started = time.time()
+    result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
+                               logs, {"MSCALE_PREFLIGHT_LOGS": logs}, rank0_to_stderr=True)
+    report = _fresh_report(opts.run_dir, started)
+    if report is None or (result.failed_rank is not None and report.status == "UNKNOWN"):
+        report = _launcher_report(plan, opts, nprocs, result, logs)
+        publish(report, opts, quiet=True)
+    render(report, opts.as_json)
+    return judge.exit_code(report.status)
+
+
+def _launcher_report(plan: Plan, opts: PreflightOptions, nprocs: int, result, logs: str):
+    """No report from rank 0: name the first worker that died, and the ones still running."""
+    names = plan.cluster.node_names()
+    placement = placement_for(plan)
+    node = lambda r: names[placement.node(r)]  # noqa: E731
+    results = []
+    first = result.failed_rank
+    if first is not None:
+        code = result.returncodes[first]
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited {code}"
+        results.append(CheckResult(
+            check="rank_alive", entity_kind="rank", entity=f"rank {first}", node=node(first),
+            ranks=[first], status="CRITICAL", expected="runs to the end",
+            message=f"rank {first} {how} first; worker logs in {logs}"))
+        results += [CheckResult(
+            check="rank_alive", entity_kind="rank", entity=f"rank {r}", node=node(r), ranks=[r],
+            status="CRITICAL", expected="answers within the timeout",
+            message="stopped (SIGSTOP) when the job failed: hung") for r in result.stopped_at_failure]
+    else:
+        results.append(CheckResult(check="rank_alive", entity_kind="job", entity="job",
+                                   status="UNKNOWN", expected="rank 0 writes the report",
+                                   message=f"no report was written; worker logs in {logs}"))
+    return finish(plan, opts, nprocs, results, {})

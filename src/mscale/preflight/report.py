@@ -1,0 +1,270 @@
+"""From every rank's figures to ``preflight.json``, the table, the exclude list and the exit code.
+
+Rank 0 judges once, with everybody's numbers in hand (judge.py): GEMM per device against the
+other devices, each pair against pairs of its kind, each group's bus bandwidth against the other
+groups of its kind and collective, and, on NCCL, against the cluster file's link rate. The bad
+nodes are those a CRITICAL result is blamed on, merged with the unexpired nodes of
+``quarantine.json``; the exclude list is their SLURM hostlist.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+from mscale.config.plan import Plan
+from mscale.config.preflight import CheckResult, PreflightReport
+from mscale.config.records import Quarantine
+from mscale.hostlist import collect_hostlist
+from mscale.preflight import judge
+from mscale.runs.atomic import fs_and_path, write_json_atomic, write_text_atomic
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import placement_for
+
+SKEW_WARN_S = 0.1
+SKEW_CRIT_S = 1.0
+
+
+def _gemm_results(payloads: list[dict]) -> list[CheckResult]:
+    values = {p["rank"]: p["gemm"]["tflops"] for p in payloads}
+    verdicts = judge.judge_peers(values)
+    out = []
+    for p in payloads:
+        v, g = verdicts[p["rank"]], p["gemm"]
+        msg = (f"{g['dtype']} {g['n']}x{g['n']} matmul at {v.evidence.get('fraction_of_median', 1):.0%}"
+               " of the peers' median" if v.evidence else f"{g['dtype']} {g['n']}x{g['n']} matmul")
+        if v.status != "OK":
+            msg += ": a slow device (throttled, degraded, or sharing its cores); exclude its node"
+        out.append(CheckResult(check="gemm", entity_kind="rank", entity=f"rank {p['rank']}",
+                               node=p["node"], ranks=[p["rank"]], value=g["tflops"],
+                               unit="TFLOP/s", expected=v.expected, status=v.status,
+                               message=msg, evidence=v.evidence))
+    return out
+
+
+def _link_rate(plan: Plan, ranks: list[int], nccl: bool) -> float | None:
+    """The cluster file's per-GPU GB/s for a link (None on gloo: CPUs are not the cluster)."""
+    if not nccl:
+        return None
+    placement = placement_for(plan)
+    if len({placement.node(r) for r in ranks}) == 1:
+        return plan.cluster.domain_gb_per_s
+    return plan.cluster.node_gb_per_s / plan.cluster.gpus_per_node
+
+
+def _judged(check: str, kind_key: str, items: list[dict], value_key: str, unit: str,
+            plan: Plan, nccl: bool, node_of: dict[int, str]) -> list[CheckResult]:
+    """Judge link items (pairs or groups) of one kind against their peers and the link rate."""
+    out = []
+    verdicts = judge.judge_peers({i: it[value_key] for i, it in enumerate(items)},
+                                 warn=judge.LINK_WARN_PEER_FRACTION)
+    for i, it in enumerate(items):
+        v = verdicts[i]
+        rate_status, rate_expected = judge.judge_rate(
+            it[value_key], _link_rate(plan, it["ranks"], nccl))
+        status = judge.worse(v.status, rate_status)
+        entity = (f"{it['ranks'][0]}-{it['ranks'][1]}" if check == "p2p"
+                  else f"{it['kind']}[{','.join(map(str, it['ranks']))}]")
+        nodes = sorted({node_of[r] for r in it["ranks"]})
+        msg = f"{kind_key} on {','.join(nodes)}"
+        if status != "OK":
+            msg += ": slower than its peers" if v.status != "OK" else ": below the link rate"
+        out.append(CheckResult(
+            check=check, entity_kind="pair" if check == "p2p" else "group", entity=entity,
+            ranks=it["ranks"], value=it[value_key], unit=unit,
+            expected="; ".join(x for x in (v.expected, rate_expected) if x), status=status,
+            message=msg, evidence={**v.evidence, **{k: it[k] for k in it if k != "ranks"}}))
+    return out
+
+
+def _link_results(plan: Plan, payloads: list[dict], node_of: dict[int, str]) -> list[CheckResult]:
+    nccl = any(p.get("device") == "cuda" for p in payloads)
+    pairs: dict[str, dict[tuple, dict]] = {}
+    for p in payloads:  # a pair's figure: its slower end's
+        for it in p.get("pairs", []):
+            have = pairs.setdefault(it["kind"], {})
+            key = tuple(it["ranks"])
+            if key not in have or it["gbps"] < have[key]["gbps"]:
+                have[key] = it
+    groups: dict[tuple[str, str], dict[tuple, dict]] = {}
+    for p in payloads:  # a group's time: its slowest member's best
+        for it in p.get("groups", []):
+            key = tuple(it["ranks"])
+            have = groups.setdefault((it["kind"], it["op"]), {})
+            if key not in have or it["seconds"] > have[key]["seconds"]:
+                have[key] = it
+    out = []
+    for kind, items in sorted(pairs.items()):
+        out += _judged("p2p", f"{kind} pair", list(items.values()), "gbps", "GB/s", plan, nccl, node_of)
+    for (kind, op), items in sorted(groups.items()):
+        out += _judged(op, f"{kind} group", list(items.values()), "busbw", "GB/s busbw", plan,
+                       nccl, node_of)
+    return out
+
+
+def _skew_results(payloads: list[dict]) -> list[CheckResult]:
+    offsets = next((p["clock_offsets"] for p in payloads if "clock_offsets" in p), None)
+    if offsets is None:
+        return []
+    by_node: dict[str, list[float]] = {}
+    for p in payloads:
+        by_node.setdefault(p["node"], []).append(offsets[p["rank"]])
+    out = []
+    for node, offs in by_node.items():
+        skew = statistics.median(offs)
+        status = ("CRITICAL" if abs(skew) > SKEW_CRIT_S else
+                  "WARNING" if abs(skew) > SKEW_WARN_S else "OK")
+        out.append(CheckResult(
+            check="clock_skew", entity_kind="node", entity=node, node=node, value=skew, unit="s",
+            expected=f"|skew| <= {SKEW_WARN_S:g} s vs rank 0", status=status,
+            message="wall clock against rank 0's" + ("" if status == "OK" else
+                    ": events and traces from this node will be misordered; fix its NTP")))
+    return out
+
+
+def _measured(results: list[CheckResult], payloads: list[dict]) -> dict:
+    """What `plan --calibrate` can read instead of datasheet constants."""
+    tf = [r.value for r in results if r.check == "gemm" and r.value is not None]
+    out: dict = {}
+    if tf:
+        g = payloads[0]["gemm"]
+        out["gemm_tflops"] = {"median": statistics.median(tf), "min": min(tf),
+                              "dtype": g["dtype"], "n": g["n"]}
+    for r in results:
+        if r.entity_kind in ("pair", "group") and r.value is not None:
+            kind = r.evidence.get("kind", "")
+            out.setdefault("busbw_gbps" if r.check != "p2p" else "p2p_gbps", {}).setdefault(
+                kind, {}).setdefault(r.check, []).append(r.value)
+    for key in ("busbw_gbps", "p2p_gbps"):
+        for kind, by_op in out.get(key, {}).items():
+            for op, vals in by_op.items():
+                by_op[op] = statistics.median(vals)
+    storage = {r.check: r.value for r in results if r.check.startswith("storage")}
+    if storage:
+        out["storage"] = storage
+    return out
+
+
+def quarantined(run_dir: str, now: float | None = None) -> list[str]:
+    """Nodes ``quarantine.json`` still keeps out (no expiry, or not expired yet)."""
+    from mscale.config.base import load_model
+
+    path = RunDir(run_dir).quarantine
+    fs, p = fs_and_path(path)
+    if not fs.isfile(p):
+        return []
+    now = time.time() if now is None else now
+    q = load_model(Quarantine, path)
+    return sorted({e.node for e in q.entries if e.expires is None or e.expires > now})
+
+
+def finish(plan: Plan, opts, world: int, results: list[CheckResult],
+           node_of: dict[int, str]) -> PreflightReport:
+    """Blame links, collect the bad nodes and the exclude list, the job's status."""
+    judge.blame_links(results, node_of)
+    bad = {r.node for r in results if r.status == "CRITICAL" and r.node}
+    bad |= set(quarantined(opts.run_dir))
+    return PreflightReport(level=opts.level, plan=opts.plan_path, world=world,
+                           layout={"tp": plan.layout.tp, "pp": plan.layout.pp,
+                                   "dp": plan.layout.dp},
+                           results=results, bad_nodes=sorted(bad),
+                           exclude=collect_hostlist(sorted(bad)),
+                           status=judge.job_status(results))
+
+
+def assemble(plan: Plan, opts, payloads: list[dict]) -> PreflightReport:
+    """Rank 0: every rank's payload → the judged report."""
+    node_of = {p["rank"]: p["node"] for p in payloads}
+    results = _gemm_results(payloads) + _link_results(plan, payloads, node_of)
+    results += _skew_results(payloads)
+    for p in payloads:
+        results += [CheckResult.model_validate(r) for r in p.get("host", [])]
+    report = finish(plan, opts, len(payloads), results, node_of)
+    report.measured = _measured(results, payloads)
+    return report
+
+
+def failure_report(plan: Plan, opts, world: int, phase: str, exc: BaseException,
+                   missing: Callable[[str, int], list[int]],
+                   node_of_rank: Callable[[int], str | None]) -> PreflightReport:
+    """Rank 0 after a failed collective: the ranks that never finished ``phase``, by node."""
+    try:
+        lost = [r for r in missing(phase, world) if r != 0]
+    except Exception:  # noqa: BLE001 - the store may be gone with the peers
+        lost = []
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    results = [CheckResult(check="rank_alive", entity_kind="rank", entity=f"rank {r}",
+                           node=node_of_rank(r), ranks=[r], status="CRITICAL",
+                           expected=f"finishes '{phase}' within {opts.timeout_s:g} s",
+                           message=f"rank {r} never finished '{phase}' (dead, hung, or could "
+                                   f"not start); rank 0 saw: {type(exc).__name__}: {first}")
+               for r in lost]
+    if not lost:
+        results.append(CheckResult(check="rank_alive", entity_kind="job", entity="job",
+                                   status="UNKNOWN", expected=f"'{phase}' completes",
+                                   message=f"'{phase}' failed on rank 0: {type(exc).__name__}: "
+                                           f"{first}"))
+    return finish(plan, opts, world, results, {})
+
+
+def prometheus_text(report: PreflightReport) -> str:
+    """The report as a node-exporter textfile: one status gauge per result, and values."""
+    lines = ["# HELP mscale_preflight_status Nagios status of a preflight check (0 OK .. 3 UNKNOWN)",
+             "# TYPE mscale_preflight_status gauge"]
+    from mscale.config.preflight import STATUS_CODE
+
+    def labels(r: CheckResult) -> str:
+        esc = lambda s: str(s).replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        return f'check="{esc(r.check)}",entity="{esc(r.entity)}",node="{esc(r.node or "")}"'
+
+    lines += [f"mscale_preflight_status{{{labels(r)}}} {STATUS_CODE[r.status]}"
+              for r in report.results]
+    lines += ["# HELP mscale_preflight_value Measured value of a preflight check (see unit)",
+              "# TYPE mscale_preflight_value gauge"]
+    lines += [f"mscale_preflight_value{{{labels(r)},unit=\"{r.unit}\"}} {r.value:.6g}"
+              for r in report.results if r.value is not None]
+    lines.append(f"mscale_preflight_job_status {STATUS_CODE[report.status]}")
+    return "\n".join(lines) + "\n"
+
+
+def publish(report: PreflightReport, opts, quiet: bool) -> int:
+    """Write preflight.json (and the textfile), print unless a launcher will; the exit code."""
+    run = RunDir(opts.run_dir)
+    write_json_atomic(run.preflight, report.model_dump(mode="json"))
+    if opts.prometheus:
+        write_text_atomic(opts.prometheus, prometheus_text(report))
+    if not quiet:
+        render(report, opts.as_json)
+    return judge.exit_code(report.status)
+
+
+def render(report: PreflightReport, as_json: bool) -> None:
+    """The table (NODE · RANK · CHECK · VALUE · EXPECTED · STATUS) and the exclude line, or JSON."""
+    import json
+    import sys
+
+    if as_json:
+        sys.stdout.write(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}
+    table = Table(title=f"preflight ({report.level}, world {report.world})")
+    for col in ("NODE", "RANK", "CHECK", "ENTITY", "VALUE", "EXPECTED", "STATUS"):
+        table.add_column(col, overflow="fold")
+    for r in sorted(report.results, key=lambda r: (-judge.SEVERITY[r.status], r.check, r.entity)):
+        value = "-" if r.value is None else f"{r.value:.4g} {r.unit}"
+        table.add_row(r.node or "", ",".join(map(str, r.ranks)) if len(r.ranks) <= 4 else
+                      f"{len(r.ranks)} ranks", r.check, r.entity, value, r.expected,
+                      f"[{colour[r.status]}]{r.status}[/]")
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for r in report.results:
+        if r.status in ("WARNING", "CRITICAL"):
+            console.print(f"{r.status}: {r.entity} ({r.node or 'no single node'}): {r.message}")
+    console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
+    if report.exclude:
+        console.print(f"exclude: sbatch --exclude={report.exclude}")

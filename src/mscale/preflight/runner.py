@@ -1,0 +1,207 @@
+"""One process of a preflight job: join the job, measure on the plan's groups, send rank 0 the
+figures; rank 0 judges and writes the report.
+
+It runs exactly like train (srun, torchrun, or ``--local N``) and builds its groups with train's
+`build_groups`, so it tests the links the job will use. Every collective has the job's timeout.
+Each rank marks the phases it finished in the job's key-value store; when a collective fails
+(a dead or hung peer), rank 0 reads the marks and names the ranks, and their nodes, that never
+finished the phase, instead of leaving a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from mscale.config.plan import Plan
+from mscale.config.preflight import CheckResult
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.preflight.compute import Slowdown, gemm_tflops
+from mscale.preflight.network import measure_groups, measure_pairs
+from mscale.topology.env import LaunchEnv
+from mscale.topology.placement import Placement, placement_for
+
+PHASES = ("start", "groups", "compute", "p2p", "collectives", "host")
+
+
+@dataclass
+class PreflightOptions:
+    """What every rank needs; the ``--local`` launcher passes the same flags to each worker."""
+
+    run_dir: str
+    level: str = "quick"
+    timeout_s: float = 120.0
+    inject_slow: dict[int, float] = field(default_factory=dict)
+    sysfs_root: str = "/sys"
+    storage_url: str | None = None
+    plan_path: str | None = None
+    as_json: bool = False
+    prometheus: str | None = None
+
+
+def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
+    """The launcher must start exactly the plan's world: anything else tests other links."""
+    world = plan.layout.world_size
+    if env.world_size != world:
+        raise MscaleError(f"the launcher started {env.world_size} processes ({env.launcher}) but "
+                          f"the plan's layout needs {world}", file=source, field="layout",
+                          fix=f"launch {world} processes (srun -n {world}, --local {world}), or "
+                              "plan for the processes you have")
+
+
+def node_name(env: LaunchEnv, plan: Plan, placement: Placement) -> str:
+    """The name a node is excluded by: the launcher's under SLURM/torchrun, the plan's under
+    ``--local`` (where every "node" is this machine)."""
+    if env.launcher == "local":
+        return plan.cluster.node_names()[placement.node(env.rank)]
+    return env.hostname
+
+
+def _store():
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()  # noqa: SLF001 - the job's own store
+
+
+def _mark(phase: str, rank: int) -> None:
+    _store().set(f"mscale-preflight/{phase}/{rank}", "1")
+
+
+def missing_ranks(phase: str, world: int) -> list[int]:
+    """Ranks that never marked ``phase`` (asked by rank 0 after a collective failed)."""
+    store = _store()
+    return [r for r in range(world) if not store.check([f"mscale-preflight/{phase}/{r}"])]
+
+
+def _clock_offsets(rounds: int = 5) -> list[float]:
+    """Each rank's wall clock minus rank 0's, median over barrier-aligned samples."""
+    world = dist.get_world_size()
+    samples: list[list[float]] = [[] for _ in range(world)]
+    for _ in range(rounds):
+        dist.barrier()
+        got: list = [None] * world
+        dist.all_gather_object(got, time.time())
+        for r, t in enumerate(got):
+            samples[r].append(t - got[0])
+    return [statistics.median(s) for s in samples]
+
+
+def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> dict:
+    """Every measurement of this rank, phase by phase; returns its payload for rank 0."""
+    from mscale.distributed.groups import build_groups
+    from mscale.distributed.init import pick_device
+
+    placement = placement_for(plan)
+    timeout = _timeout(opts)
+    slow = Slowdown(opts.inject_slow.get(env.rank, 1.0))
+    payload: dict = {"rank": env.rank, "node": node, "phase": "start"}
+    device = pick_device(env)
+    payload["device"] = device.type
+    offsets = _clock_offsets()
+    _mark("start", env.rank)
+    groups = build_groups(placement, env.rank, timeout)
+    _mark("groups", env.rank)
+    payload["phase"] = "compute"
+    tflops, n, dtype = gemm_tflops(device, opts.level, slow)
+    payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
+    _mark("compute", env.rank)
+    payload["phase"] = "p2p"
+    payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow)
+    _mark("p2p", env.rank)
+    payload["phase"] = "collectives"
+    payload["groups"] = measure_groups(groups, device, opts.level, slow)
+    _mark("collectives", env.rank)
+    payload["phase"] = "host"
+    payload["host"] = [r.model_dump(mode="json") for r in host_checks(plan, opts, env, node)]
+    _mark("host", env.rank)
+    if env.rank == 0:
+        payload["clock_offsets"] = offsets
+    return payload
+
+
+def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> list[CheckResult]:
+    """The node's own checks (GPU health, IB ports, storage, environment), once per node."""
+    if env.local_rank != 0:
+        return []
+    try:
+        from mscale.preflight.host import node_checks
+    except ModuleNotFoundError as e:  # the host checks land separately; remove once they have
+        if e.name != "mscale.preflight.host":
+            raise
+        return []
+    try:
+        results = node_checks(opts.run_dir, plan, level=opts.level, sysfs_root=opts.sysfs_root,
+                              storage_url=opts.storage_url)
+    except Exception as exc:  # noqa: BLE001 - one node's failure is its result, not the job's end
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        return [CheckResult(check="host_checks", entity_kind="node", entity=node, node=node,
+                            status="CRITICAL", expected="the node's checks run",
+                            message=f"the node's own checks failed: {type(exc).__name__}: {first}")]
+    for r in results:  # measured here: this node, by the name it is excluded by
+        r.node = node
+    return results
+
+
+def _timeout(opts: PreflightOptions):
+    from datetime import timedelta
+
+    return timedelta(seconds=opts.timeout_s)
+
+
+def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
+    """Run this rank's share and exit the process with the report's code (never returns).
+
+    Under ``--local`` the launcher reads the report and chooses the exit code, so workers exit
+    0 once it is written (a worker's 3 would read to the launcher as a crash)."""
+    from mscale.distributed.init import init_distributed, shutdown_and_exit
+    from mscale.preflight.report import assemble, failure_report, publish
+    from mscale.topology.env import read_launch_env
+
+    env = read_launch_env()
+    check_world(plan, env, opts.plan_path)
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
+    init_distributed(env, opts.timeout_s)
+    if env.rank == 0:  # inputs are checked: the run directory may be made (nodes' probes use ckpt/)
+        from mscale.runs.rundir import RunDir
+
+        RunDir(opts.run_dir).create()
+    placement = placement_for(plan)
+    node = node_name(env, plan, placement)
+    _store().set(f"mscale-preflight/node/{env.rank}", node)
+    local = env.launcher == "local"
+    payload: dict = {"phase": "start"}
+    try:
+        payload = measure(plan, opts, env, node)
+        gathered: list | None = [None] * env.world_size if env.rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+    except Exception as exc:  # noqa: BLE001 - a dead/hung peer or a broken device: say which
+        code = EXIT_BAD_INPUT
+        if env.rank == 0:
+            report = failure_report(plan, opts, env.world_size, payload.get("phase", "start"),
+                                    exc, missing_ranks, _node_of_rank)
+            code = publish(report, opts, quiet=local)
+        sys.stderr.write(f"preflight: rank {env.rank} on {node}: {type(exc).__name__}: "
+                         f"{(str(exc).strip().splitlines() or [''])[0][:300]}\n")
+        shutdown_and_exit(0 if local and env.rank == 0 else code, barrier=False)
+        return
+    code = 0
+    if env.rank == 0:
+        code = publish(assemble(plan, opts, gathered), opts, quiet=local)
+    codes = [code]
+    dist.broadcast_object_list(codes, src=0)
+    shutdown_and_exit(0 if local else codes[0])
+
+
+def _node_of_rank(rank: int) -> str | None:
+    key = f"mscale-preflight/node/{rank}"
+    try:
+        return _store().get(key).decode() if _store().check([key]) else None
+    except Exception:  # noqa: BLE001 - the rank never got as far as saying
+        return None

@@ -1,0 +1,125 @@
+"""The outlier rules, link blame, the job status and the report's bad nodes and exclude list."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+from mscale.config.base import load_model
+from mscale.config.plan import Plan
+from mscale.config.preflight import CheckResult
+from mscale.config.records import Quarantine, QuarantineEntry
+from mscale.preflight import judge
+from mscale.preflight.report import assemble, prometheus_text, quarantined
+
+
+def test_one_slow_device_among_eight_is_critical_and_noise_is_not():
+    values = {r: 100.0 + (r % 3) for r in range(8)}
+    values[5] = 25.0
+    v = judge.judge_peers(values)
+    assert v[5].status == "CRITICAL"
+    assert all(v[r].status == "OK" for r in values if r != 5)
+
+
+def test_few_devices_sigma_cannot_flag_but_median_rules_do():
+    # four values: mean - 2 sigma can never flag one of them ((n-1)/sqrt(n) = 1.5 sigma)
+    v = judge.judge_peers({0: 3.4, 1: 2.6, 2: 0.9, 3: 4.1})
+    assert v[2].status == "CRITICAL"
+    v = judge.judge_peers({0: 10.0, 1: 10.1, 2: 7.0, 3: 9.9})  # 0.7 x median, MAD tiny
+    assert v[2].status == "WARNING"
+    assert judge.judge_peers({0: 10.0, 1: 10.1, 2: 7.0, 3: 9.9}, warn=0.6)[2].status == "OK"
+
+
+def test_within_twenty_percent_is_never_flagged_even_with_zero_spread():
+    v = judge.judge_peers({0: 10.0, 1: 10.0, 2: 10.0, 3: 8.5})
+    assert v[3].status == "OK"
+
+
+def test_two_values_are_not_judged():
+    assert {x.status for x in judge.judge_peers({0: 1.0, 1: 100.0}).values()} == {"OK"}
+
+
+def test_link_rate():
+    assert judge.judge_rate(10.0, None) == ("OK", "")
+    assert judge.judge_rate(10.0, 100.0)[0] == "CRITICAL"
+    assert judge.judge_rate(50.0, 100.0)[0] == "WARNING"
+    assert judge.judge_rate(90.0, 100.0)[0] == "OK"
+
+
+def _link(ranks, status):
+    return CheckResult(check="p2p", entity_kind="pair", entity="-".join(map(str, ranks)),
+                       ranks=list(ranks), value=1.0, status=status)
+
+
+def test_blame_names_the_rank_slow_on_every_peer_set_not_its_peers():
+    node_of = {r: f"node{r // 2 + 1}" for r in range(8)}
+    links = [_link((4, 5), "CRITICAL"), _link((5, 7), "CRITICAL"), _link((1, 5), "WARNING"),
+             _link((4, 6), "OK"), _link((0, 4), "OK"), _link((6, 7), "OK")]
+    judge.blame_links(links, node_of)
+    assert [r.node for r in links[:3]] == ["node3"] * 3
+
+
+def test_blame_a_single_slow_link_between_healthy_nodes_on_nobody():
+    node_of = {r: f"node{r // 2 + 1}" for r in range(8)}
+    links = [_link((0, 2), "CRITICAL"), _link((0, 1), "OK"), _link((2, 3), "OK")]
+    judge.blame_links(links, node_of)
+    assert links[0].node is None
+
+
+def test_job_status_ranks_unknown_between_ok_and_warning():
+    mk = lambda s: CheckResult(check="x", entity_kind="job", entity="j", status=s)  # noqa: E731
+    assert judge.job_status([mk("OK"), mk("UNKNOWN")]) == "UNKNOWN"
+    assert judge.job_status([mk("UNKNOWN"), mk("WARNING")]) == "WARNING"
+    assert judge.job_status([mk("CRITICAL"), mk("WARNING")]) == "CRITICAL"
+    assert judge.exit_code("CRITICAL") == 2
+
+
+def _payloads(slow_rank: int | None) -> list[dict]:
+    from mscale.preflight.network import plan_pairs
+    from mscale.topology.placement import Placement
+
+    p = Placement(tp=2, pp=2, dp=2, gpus_per_node=2)
+    out = []
+    for r in range(8):
+        f = 4.0 if r == slow_rank else 1.0
+        pairs = [{"kind": k, "ranks": [a, b], "gbps": 4.0 / (4.0 if slow_rank in (a, b) else 1)}
+                 for k, a, b in plan_pairs(p) if r in (a, b)]
+        groups = []
+        for kind, gs in (("tp", p.tp_groups), ("pp", p.pp_groups), ("dp", p.dp_groups)):
+            g = p.group_of(gs, r)
+            s = 0.001 * (4.0 if slow_rank in g else 1.0)
+            groups += [{"kind": kind, "op": op, "ranks": g, "seconds": s, "bytes": 1 << 20,
+                        "algbw": 1.0 / s, "busbw": 1.0 / s} for op in ("allreduce", "allgather")]
+        out.append({"rank": r, "node": f"node{r // 2 + 1}", "device": "cpu",
+                    "gemm": {"tflops": 0.1 / f, "n": 384, "dtype": "float32"},
+                    "pairs": pairs, "groups": groups, "host": []})
+    out[0]["clock_offsets"] = [0.0] * 8
+    return out
+
+
+def _opts(tmp_path):
+    return SimpleNamespace(run_dir=str(tmp_path), level="quick", plan_path="plan.yaml",
+                           timeout_s=10.0)
+
+
+def test_report_names_only_the_slow_ranks_node_and_merges_live_quarantine(tmp_path):
+    plan = load_model(Plan, "plans/cpu-tiny.yaml")
+    q = Quarantine(entries=[QuarantineEntry(node="node9", reason="watch"),
+                            QuarantineEntry(node="node8", reason="old", expires=time.time() - 1)])
+    (tmp_path / "quarantine.json").write_text(q.model_dump_json())
+    report = assemble(plan, _opts(tmp_path), _payloads(5))
+    assert report.bad_nodes == ["node3", "node9"]
+    assert report.exclude == "node[3,9]"
+    assert report.status == "CRITICAL"
+    assert report.measured["gemm_tflops"]["median"] > 0.09
+    assert set(report.measured["busbw_gbps"]) == {"tp", "pp", "dp"}
+    assert quarantined(str(tmp_path)) == ["node9"]
+    assert "mscale_preflight_job_status 2" in prometheus_text(report)
+    json.loads(report.model_dump_json())
+
+
+def test_report_of_a_healthy_job_is_ok(tmp_path):
+    plan = load_model(Plan, "plans/cpu-tiny.yaml")
+    report = assemble(plan, _opts(tmp_path), _payloads(None))
+    assert report.status == "OK" and report.exclude == ""
