@@ -85,18 +85,11 @@ def _check_host_inputs(opts) -> None:
     """--sysfs-root and --storage-url, checked before any measuring starts: by the ``--local``
     launcher once; under srun/torchrun the sysfs tree by every rank (each node has its own) and
     the storage by rank 0 alone (one probe, not one per rank racing in the same directory)."""
-    import importlib
+    from mscale.preflight import host
 
     launcher, rank = os.environ.get("MSCALE_LAUNCHER"), os.environ.get(
         "RANK", os.environ.get("SLURM_PROCID"))
     if launcher == "local" and rank is not None:  # a --local worker: its launcher checked
-        return
-
-    try:
-        host = importlib.import_module("mscale.preflight.host")
-    except ModuleNotFoundError as e:  # the host checks land separately
-        if e.name != "mscale.preflight.host":
-            raise
         return
     if rank is None or int(rank) == 0:
         host.check_inputs(opts.run_dir, sysfs_root=opts.sysfs_root, storage_url=opts.storage_url)

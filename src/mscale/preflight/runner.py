@@ -104,6 +104,9 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> di
     device = pick_device(env)
     payload["device"] = device.type
     offsets = _clock_offsets()
+    here: list = [None] * env.world_size  # this job's processes hold GPU memory: not leftovers
+    dist.all_gather_object(here, (node, os.getpid()))
+    pids = [pid for n, pid in here if n == node]
     _mark("start", env.rank)
     groups = build_groups(placement, env.rank, timeout)
     _mark("groups", env.rank)
@@ -111,6 +114,9 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> di
     tflops, n, dtype = gemm_tflops(device, opts.level, slow)
     payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
     _mark("compute", env.rank)
+    from mscale.preflight.ib_ports import snapshot
+
+    ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
     payload["phase"] = "p2p"
     payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow)
     _mark("p2p", env.rank)
@@ -118,34 +124,31 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> di
     payload["groups"] = measure_groups(groups, device, opts.level, slow)
     _mark("collectives", env.rank)
     payload["phase"] = "host"
-    payload["host"] = [r.model_dump(mode="json") for r in host_checks(plan, opts, env, node)]
+    host = host_checks(plan, opts, env, node, ib_before, pids)
+    payload["host"] = [r.model_dump(mode="json") for r in host]
     _mark("host", env.rank)
     if env.rank == 0:
         payload["clock_offsets"] = offsets
     return payload
 
 
-def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> list[CheckResult]:
-    """The node's own checks (GPU health, IB ports, storage, environment), once per node."""
+def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, ib_before,
+                pids: list[int]) -> list[CheckResult]:
+    """The node's own checks (GPU health, IB ports, storage, environment), once per node, with
+    the port counters' window opened before the network tests (``ib_before``)."""
+    from mscale.preflight.host import node_checks
+
     if env.local_rank != 0:
         return []
     try:
-        from mscale.preflight.host import node_checks
-    except ModuleNotFoundError as e:  # the host checks land separately; remove once they have
-        if e.name != "mscale.preflight.host":
-            raise
-        return []
-    try:
-        results = node_checks(opts.run_dir, plan, level=opts.level, sysfs_root=opts.sysfs_root,
-                              storage_url=opts.storage_url)
+        return node_checks(opts.run_dir, plan, level=opts.level, sysfs_root=opts.sysfs_root,
+                           storage_url=opts.storage_url, node=node, ib_before=ib_before,
+                           ignore_pids=pids)
     except Exception as exc:  # noqa: BLE001 - one node's failure is its result, not the job's end
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return [CheckResult(check="host_checks", entity_kind="node", entity=node, node=node,
                             status="CRITICAL", expected="the node's checks run",
                             message=f"the node's own checks failed: {type(exc).__name__}: {first}")]
-    for r in results:  # measured here: this node, by the name it is excluded by
-        r.node = node
-    return results
 
 
 def _timeout(opts: PreflightOptions):
