@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -91,3 +92,17 @@ def test_srun_names_the_slowed_node_alone_and_sbatch_accepts_the_exclude_list(sl
                     "--wrap", "srun sh -c 'echo $SLURMD_NODENAME'")
     hosts = set((tmp_path / "job.out").read_text().split())
     assert out.strip() and len(hosts) == 3 and slowed_node[0] not in hosts
+
+
+def test_a_hung_rank_is_named_by_its_node_within_the_timeout(tmp_path):
+    # rank 5 sleeps far past --timeout inside its first timed GEMM: its peers' barrier times
+    # out, rank 0 names the rank that neither finished the phase nor saw it fail
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    p = mscale("preflight", PLAN, "--run-dir", str(run), "--local", "8", "--json",
+               "--timeout", "3", "--inject-slow", "5:20000")
+    assert p.returncode == 2, p.stdout + p.stderr
+    report = _report(p)
+    assert [(r["check"], r["entity"], r["node"]) for r in report["results"]] == [
+        ("rank_alive", "rank 5", "node3")]
+    assert report["exclude"] == "node3" and time.monotonic() - t0 < 60

@@ -57,8 +57,13 @@ def _tee(pipe, out, log) -> None:
 
 
 def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
-                      extra_env: dict[str, str], rank0_to_stderr: bool = False) -> JobResult:
-    """Run ``mscale <worker_args>`` on ``nprocs`` local processes and watch them to the end."""
+                      extra_env: dict[str, str], rank0_to_stderr: bool = False,
+                      rank0_ends_job: bool = False) -> JobResult:
+    """Run ``mscale <worker_args>`` on ``nprocs`` local processes and watch them to the end.
+
+    ``rank0_ends_job``: once rank 0 has exited 0 (it wrote the job's result, as preflight's
+    does), the workers still running are stopped: a hung one would otherwise hold the launcher.
+    """
     os.makedirs(log_dir, exist_ok=True)
     port = _free_port()
     threads = str(max(1, (os.cpu_count() or 1) // nprocs))
@@ -89,7 +94,7 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _watch(procs)
+        return _watch(procs, rank0_ends_job)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -111,14 +116,20 @@ def _is_stopped(pid: int) -> bool:
         return False
 
 
-def _watch(procs: list[subprocess.Popen]) -> JobResult:
+def _watch(procs: list[subprocess.Popen], rank0_ends_job: bool = False) -> JobResult:
     result = JobResult(code=0, returncodes=[])
+    ended_by_rank0 = False
     deadline: float | None = None
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             break
-        if deadline is None and any(c not in (None, 0) for c in codes):
+        if deadline is None and rank0_ends_job and codes[0] == 0:
+            ended_by_rank0, deadline = True, time.monotonic() + GRACE_S
+            for p in procs[1:]:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+        elif deadline is None and any(c not in (None, 0) for c in codes):
             bad = [r for r, c in enumerate(codes) if _abnormal(c)]
             if bad:  # a signal beats an exit code: peers of a killed rank exit 3 right after it
                 result.failed_rank = min(bad, key=lambda r: (codes[r] >= 0, r))
@@ -135,7 +146,7 @@ def _watch(procs: list[subprocess.Popen]) -> JobResult:
                     p.kill()
         time.sleep(POLL_S)
     result.returncodes = codes
-    if result.failed_rank is None and any(_abnormal(c) for c in codes):
+    if result.failed_rank is None and not ended_by_rank0 and any(_abnormal(c) for c in codes):
         result.failed_rank = next(r for r, c in enumerate(codes) if _abnormal(c))
     if result.failed_rank is not None:
         result.code = EXIT_BAD_INPUT

@@ -186,11 +186,11 @@ def assemble(plan: Plan, opts, payloads: list[dict]) -> PreflightReport:
 
 
 def failure_report(plan: Plan, opts, world: int, phase: str, exc: BaseException,
-                   missing: Callable[[str, int], list[int]],
+                   missing: Callable[[str, int, float], list[int]],
                    node_of_rank: Callable[[int], str | None]) -> PreflightReport:
     """Rank 0 after a failed collective: the ranks that never finished ``phase``, by node."""
     try:
-        lost = [r for r in missing(phase, world) if r != 0]
+        lost = missing(phase, world, min(opts.timeout_s, 10.0))
     except Exception:  # noqa: BLE001 - the store may be gone with the peers
         lost = []
     first = (str(exc).strip().splitlines() or [""])[0][:200]

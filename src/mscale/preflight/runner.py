@@ -69,14 +69,40 @@ def _store():
     return distributed_c10d._get_default_store()  # noqa: SLF001 - the job's own store
 
 
+KEY = "mscale-preflight"
+
+
 def _mark(phase: str, rank: int) -> None:
-    _store().set(f"mscale-preflight/{phase}/{rank}", "1")
-
-
-def missing_ranks(phase: str, world: int) -> list[int]:
-    """Ranks that never marked ``phase`` (asked by rank 0 after a collective failed)."""
+    """This rank finished ``phase`` (one key, one counter: rank 0 polls only the counter)."""
     store = _store()
-    return [r for r in range(world) if not store.check([f"mscale-preflight/{phase}/{r}"])]
+    store.set(f"{KEY}/{phase}/{rank}", "1")
+    store.add(f"{KEY}/count/{phase}", 1)
+
+
+def _mark_failed(phase: str, rank: int) -> None:
+    """This rank saw ``phase`` fail: it is alive, and not the one the others waited for."""
+    try:
+        store = _store()
+        store.set(f"{KEY}/failed/{rank}", phase)
+        store.add(f"{KEY}/count/failed", 1)
+    except Exception:  # noqa: BLE001 - the store lives in rank 0's process, which may be gone
+        pass
+
+
+def missing_ranks(phase: str, world: int, grace_s: float = 10.0) -> list[int]:
+    """Ranks that neither finished ``phase`` nor reported its failure: the dead and the hung.
+
+    Asked by rank 0 after a collective failed. The peers that saw the same failure report it
+    within about the same timeout, so rank 0 waits up to ``grace_s`` for them first."""
+    store = _store()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        answered = store.add(f"{KEY}/count/{phase}", 0) + store.add(f"{KEY}/count/failed", 0)
+        if answered >= world - 1:
+            break
+        time.sleep(0.2)
+    return [r for r in range(1, world)
+            if not store.check([f"{KEY}/{phase}/{r}"]) and not store.check([f"{KEY}/failed/{r}"])]
 
 
 def _clock_offsets(rounds: int = 5) -> list[float]:
@@ -92,15 +118,16 @@ def _clock_offsets(rounds: int = 5) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
-def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> dict:
-    """Every measurement of this rank, phase by phase; returns its payload for rank 0."""
+def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, payload: dict) -> dict:
+    """Every measurement of this rank, phase by phase, into ``payload`` (for rank 0); its
+    ``phase`` says where this rank was if a collective fails."""
     from mscale.distributed.groups import build_groups
     from mscale.distributed.init import pick_device
 
     placement = placement_for(plan)
     timeout = _timeout(opts)
     slow = Slowdown(opts.inject_slow.get(env.rank, 1.0))
-    payload: dict = {"rank": env.rank, "node": node, "phase": "start"}
+    payload.update(rank=env.rank, node=node, phase="start")
     device = pick_device(env)
     payload["device"] = device.type
     offsets = _clock_offsets()
@@ -108,6 +135,7 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str) -> di
     dist.all_gather_object(here, (node, os.getpid()))
     pids = [pid for n, pid in here if n == node]
     _mark("start", env.rank)
+    payload["phase"] = "groups"
     groups = build_groups(placement, env.rank, timeout)
     _mark("groups", env.rank)
     payload["phase"] = "compute"
@@ -177,22 +205,25 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
         RunDir(opts.run_dir).create()
     placement = placement_for(plan)
     node = node_name(env, plan, placement)
-    _store().set(f"mscale-preflight/node/{env.rank}", node)
+    _store().set(f"{KEY}/node/{env.rank}", node)
     local = env.launcher == "local"
     payload: dict = {"phase": "start"}
     try:
-        payload = measure(plan, opts, env, node)
+        measure(plan, opts, env, node, payload)
         gathered: list | None = [None] * env.world_size if env.rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
     except Exception as exc:  # noqa: BLE001 - a dead/hung peer or a broken device: say which
         code = EXIT_BAD_INPUT
-        if env.rank == 0:
+        if env.rank != 0:
+            _mark_failed(payload.get("phase", "start"), env.rank)
+        else:
             report = failure_report(plan, opts, env.world_size, payload.get("phase", "start"),
                                     exc, missing_ranks, _node_of_rank)
             code = publish(report, opts, quiet=local)
         sys.stderr.write(f"preflight: rank {env.rank} on {node}: {type(exc).__name__}: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:300]}\n")
-        shutdown_and_exit(0 if local and env.rank == 0 else code, barrier=False)
+        # under --local every rank exits 0 so that the launcher lets rank 0 finish the report
+        shutdown_and_exit(0 if local else code, barrier=False)
         return
     code = 0
     if env.rank == 0:
@@ -203,7 +234,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
 
 
 def _node_of_rank(rank: int) -> str | None:
-    key = f"mscale-preflight/node/{rank}"
+    key = f"{KEY}/node/{rank}"
     try:
         return _store().get(key).decode() if _store().check([key]) else None
     except Exception:  # noqa: BLE001 - the rank never got as far as saying
