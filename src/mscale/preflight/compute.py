@@ -10,7 +10,7 @@ inside the timed region: its work runs at 1/FACTOR speed, in wall time, as its p
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -20,16 +20,24 @@ SIZES = {("cpu", "quick"): 384, ("cpu", "full"): 768, ("cuda", "quick"): 4096,
 ITERS = {"quick": 8, "full": 20}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Slowdown:
-    """The test hook: how much slower this rank's timed operations run (1.0: not slowed)."""
+    """The test hook: how much slower this rank's timed operations run (1.0: not slowed).
+
+    The added sleep is (factor − 1) × the fastest time seen so far for the same operation, not
+    × the time just measured: that time includes waiting for a peer, and when two slowed ranks
+    wait for each other, sleeping in proportion to it would grow geometrically (3^iterations
+    at factor 4) instead of slowing the rank by a constant factor."""
 
     factor: float = 1.0
+    _best: dict = field(default_factory=dict)
 
-    def after(self, t0: float) -> None:
-        """Sleep so that the operation started at ``t0`` takes ``factor`` times as long."""
+    def after(self, t0: float, op: str = "") -> None:
+        """Sleep so that the operation ``op`` started at ``t0`` takes ``factor`` times as long."""
         if self.factor > 1.0:
-            time.sleep((self.factor - 1.0) * (time.perf_counter() - t0))
+            took = time.perf_counter() - t0
+            best = self._best[op] = min(self._best.get(op, took), took)
+            time.sleep((self.factor - 1.0) * best)
 
 
 def sync(device: torch.device) -> None:
@@ -51,6 +59,6 @@ def gemm_tflops(device: torch.device, level: str, slow: Slowdown) -> tuple[float
         t0 = time.perf_counter()
         torch.mm(a, b)
         sync(device)
-        slow.after(t0)
+        slow.after(t0, "gemm")
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best / 1e12, n, str(dtype).removeprefix("torch.")

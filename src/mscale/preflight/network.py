@@ -88,7 +88,7 @@ def pingpong_gbps(rank: int, peer: int, nbytes: int, device: torch.device, level
     for _ in range(ITERS[level]):
         t0 = time.perf_counter()
         trip()
-        slow.after(t0)
+        slow.after(t0, f"p2p {peer}")
         best = min(best, time.perf_counter() - t0)
     return 2 * nbytes / best / 1e9
 
@@ -189,7 +189,7 @@ def _time_group(kind: str, members: list[int], group, nbytes: int, device: torch
             t0 = time.perf_counter()
             run()
             sync(device)
-            slow.after(t0)
+            slow.after(t0, f"{kind} {op}")
             best = min(best, time.perf_counter() - t0)
         algbw = numel * 4 / best / 1e9
         out.append({"kind": kind, "op": op, "ranks": members, "seconds": best,

@@ -249,6 +249,7 @@ def render(report: PreflightReport, as_json: bool) -> None:
         sys.stdout.flush()
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}
@@ -257,14 +258,17 @@ def render(report: PreflightReport, as_json: bool) -> None:
         table.add_column(col, overflow="fold")
     for r in sorted(report.results, key=lambda r: (-judge.SEVERITY[r.status], r.check, r.entity)):
         value = "-" if r.value is None else f"{r.value:.4g} {r.unit}"
-        table.add_row(r.node or "", ",".join(map(str, r.ranks)) if len(r.ranks) <= 4 else
-                      f"{len(r.ranks)} ranks", r.check, r.entity, value, r.expected,
-                      f"[{colour[r.status]}]{r.status}[/]")
+        table.add_row(*(escape(x) for x in (
+            r.node or "", ",".join(map(str, r.ranks)) if len(r.ranks) <= 4 else
+            f"{len(r.ranks)} ranks", r.check, r.entity, value, r.expected)),
+            f"[{colour[r.status]}]{r.status}[/]")
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     console.print(table)
     for r in report.results:
         if r.status in ("WARNING", "CRITICAL"):
-            console.print(f"{r.status}: {r.entity} ({r.node or 'no single node'}): {r.message}")
+            console.print(f"{r.status}: {r.check} {r.entity} ({r.node or 'no single node'}): "
+                          f"{r.message}",
+                          markup=False)
     console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
     if report.exclude:
         console.print(f"exclude: sbatch --exclude={report.exclude}")

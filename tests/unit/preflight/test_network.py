@@ -39,3 +39,26 @@ def test_bus_factors_follow_nccl_tests():
     assert bus_factor("allreduce", 8) == 2 * 7 / 8
     assert bus_factor("allgather", 8) == 7 / 8
     assert bus_factor("reduce_scatter", 4) == 3 / 4
+
+
+def test_two_slowed_peers_do_not_compound_their_delays(monkeypatch):
+    """Each end's measured time includes waiting for the other's sleep; the hook's sleep must
+    not grow with it (it did, geometrically, and hung srun with two slowed ranks of a pair)."""
+    from mscale.preflight import compute
+
+    clock = [0.0]
+    monkeypatch.setattr(compute.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(compute.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    a, b = compute.Slowdown(4.0), compute.Slowdown(4.0)
+    slept_b = 0.0
+    for _ in range(10):
+        t0 = clock[0]
+        clock[0] += 0.001 + slept_b  # a's round trip: the work, plus b's last sleep
+        before = clock[0]
+        a.after(t0, "p2p")
+        t0 = clock[0]
+        clock[0] += 0.001 + (clock[0] - before)  # b's trip includes a's sleep
+        before = clock[0]
+        b.after(t0, "p2p")
+        slept_b = clock[0] - before
+    assert slept_b <= 0.0121  # bounded (3 x b's first trip); compounding gives ~3^10 x 1 ms
