@@ -3,7 +3,7 @@
 
 A rank is slowed by the hidden ``--inject-slow RANK:FACTOR`` hook: that rank's timed GEMM
 iterations, point-to-point round trips and collectives take FACTOR times as long in wall time
-(it sleeps (FACTOR − 1) × each operation's time inside the timed region), so its peers wait for
+(it sleeps (FACTOR − 1) × the operation's fastest time inside the timed region), so its peers wait for
 it exactly as they would for a slow device.
 """
 

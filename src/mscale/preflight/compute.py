@@ -3,8 +3,9 @@
 Every iteration starts after a barrier, so on machines where ranks share cores (``--local`` on
 CPUs) each iteration runs under the same contention; the rank's figure is its best iteration (a
 device's capability: a slow device is slow in every iteration, a descheduled one only in some).
-The ``--inject-slow RANK:FACTOR`` hook sleeps (FACTOR − 1) × each timed operation on that rank,
-inside the timed region: its work runs at 1/FACTOR speed, in wall time, as its peers see it.
+The ``--inject-slow RANK:FACTOR`` hook sleeps (FACTOR − 1) × each timed operation's fastest time
+on that rank, inside the timed region: its work runs at 1/FACTOR speed, in wall time, as its
+peers see it.
 """
 
 from __future__ import annotations
