@@ -176,8 +176,9 @@ def _result(check: str, node: str, url: str, bps: float | None, need: StorageNee
 
 @contextlib.contextmanager
 def _probe_dir(fs: fsspec.AbstractFileSystem, path: str):
-    """A fresh directory under ``path``, removed on the way out with every parent the probe had
-    to create (``path`` itself when it did not exist yet)."""
+    """A fresh directory under ``path``, removed on the way out, and then each parent the probe
+    had to create as long as it is empty: other nodes may be probing in the same parents at the
+    same time, so nothing but this probe is ever removed recursively."""
     top = probe = f"{path.rstrip('/')}/.preflight-{uuid.uuid4().hex[:12]}"
     while (parent := os.path.dirname(top)) not in ("", "/", top) and not fs.exists(parent):
         top = parent
@@ -186,7 +187,14 @@ def _probe_dir(fs: fsspec.AbstractFileSystem, path: str):
         yield probe
     finally:
         with contextlib.suppress(Exception):
-            fs.rm(top, recursive=True)
+            fs.rm(probe, recursive=True)
+        created = probe
+        while created != top:
+            created = os.path.dirname(created)
+            try:
+                fs.rmdir(created)  # refuses a directory another probe still uses
+            except Exception:  # noqa: BLE001 - not empty (or gone): leave it and stop
+                break
 
 
 def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int) -> float:

@@ -126,3 +126,31 @@ def test_unanswering_remote_is_bad_input(monkeypatch):
 def test_reachable_url_leaves_nothing():
     check_storage_url("memory://pf-reach/ckpt")
     assert not fsspec.filesystem("memory").exists("/pf-reach")
+
+
+def test_a_probe_never_removes_another_nodes_probe(tmp_path):
+    """Nodes probe the same checkpoint directory at once: the first to finish removes only its
+    own probe and the parents it created that are empty, never the others' probes."""
+    import fsspec
+
+    from mscale.preflight.storage import _probe_dir
+
+    fs = fsspec.filesystem("file")
+    base = str(tmp_path / "run" / "ckpt")  # neither exists yet: both probes create them
+    first, second = _probe_dir(fs, base), _probe_dir(fs, base)
+    a, b = first.__enter__(), second.__enter__()
+    first.__exit__(None, None, None)
+    assert not fs.exists(a) and fs.exists(b)
+    second.__exit__(None, None, None)
+    assert not fs.exists(b)
+    assert list((tmp_path / "run" / "ckpt").iterdir()) == []  # no probe left behind
+
+
+def test_a_lone_probe_removes_the_parents_it_created(tmp_path):
+    import fsspec
+
+    from mscale.preflight.storage import _probe_dir
+
+    with _probe_dir(fsspec.filesystem("file"), str(tmp_path / "run" / "ckpt")):
+        pass
+    assert list(tmp_path.iterdir()) == []
