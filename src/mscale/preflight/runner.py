@@ -118,6 +118,28 @@ def _clock_offsets(rounds: int = 5) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
+PHASES = {"groups": "building the plan's TP/PP/DP groups",
+          "compute": "GEMM throughput on every device",
+          "p2p": "point-to-point bandwidth between the groups' neighbours",
+          "collectives": "all-reduce / all-gather / reduce-scatter bus bandwidth per group",
+          "host": "host checks (GPU health, ports, storage, environment)"}
+"""The phases every rank goes through, in order, with what rank 0 tells the operator."""
+
+
+_STARTED = time.monotonic()
+
+
+def _phase(payload: dict, phase: str, rank: int) -> None:
+    """Enter ``phase``: where this rank is if a collective fails, and on rank 0 one progress
+    line on stderr (stdout carries the report or the JSON document)."""
+    payload["phase"] = phase
+    if rank == 0:
+        step = list(PHASES).index(phase) + 1
+        elapsed = time.monotonic() - _STARTED
+        print(f"preflight [{step}/{len(PHASES)}] {PHASES[phase]} ({elapsed:.1f} s)",
+              file=sys.stderr, flush=True)
+
+
 def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, payload: dict) -> dict:
     """Every measurement of this rank, phase by phase, into ``payload`` (for rank 0); its
     ``phase`` says where this rank was if a collective fails."""
@@ -135,23 +157,23 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, paylo
     dist.all_gather_object(here, (node, os.getpid()))
     pids = [pid for n, pid in here if n == node]
     _mark("start", env.rank)
-    payload["phase"] = "groups"
+    _phase(payload, "groups", env.rank)
     groups = build_groups(placement, env.rank, timeout)
     _mark("groups", env.rank)
-    payload["phase"] = "compute"
+    _phase(payload, "compute", env.rank)
     tflops, n, dtype = gemm_tflops(device, opts.level, slow)
     payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
     _mark("compute", env.rank)
     from mscale.preflight.ib_ports import snapshot
 
     ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
-    payload["phase"] = "p2p"
+    _phase(payload, "p2p", env.rank)
     payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow)
     _mark("p2p", env.rank)
-    payload["phase"] = "collectives"
+    _phase(payload, "collectives", env.rank)
     payload["groups"] = measure_groups(groups, device, opts.level, slow)
     _mark("collectives", env.rank)
-    payload["phase"] = "host"
+    _phase(payload, "host", env.rank)
     host = host_checks(plan, opts, env, node, ib_before, pids)
     payload["host"] = [r.model_dump(mode="json") for r in host]
     _mark("host", env.rank)
