@@ -59,3 +59,24 @@ def print_error(e: MscaleError, as_json: bool) -> None:
     else:
         sys.stderr.write(f"error: {e}\n")
         sys.stderr.flush()
+
+
+def parse_rank_values(values: list[str], flag: str, name: str, bounds: tuple[float, float],
+                      example: str, closed: bool = True) -> dict[int, float]:
+    """``RANK:NAME`` test-hook options (``--inject-delay 3:0.5``) into {rank: value}, each value
+    within ``bounds`` (the upper one excluded unless ``closed``); one error naming the flag."""
+    lo, hi = bounds
+    out: dict[int, float] = {}
+    for v in values:
+        try:
+            rank, value = v.split(":")
+            out[int(rank)] = float(value)
+        except ValueError:
+            raise MscaleError(f"{v!r} is not RANK:{name}", field=flag,
+                              fix=f"e.g. {flag} {example}") from None
+        x = out[int(rank)]
+        if not (lo <= x <= hi if closed else lo <= x < hi):
+            shown = f"[{lo:g}, {hi:g}]" if closed else f"[{lo:g}, {hi:g})"
+            raise MscaleError(f"{v!r}: {name} must be in {shown}", field=flag,
+                              fix=f"e.g. {flag} {example}")
+    return out

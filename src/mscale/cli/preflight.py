@@ -10,22 +10,12 @@ import os
 import typer
 
 from mscale.cli.app import app
+from mscale.cli.output import parse_rank_values
 from mscale.errors import MscaleError
 
 
 def _parse_slow(values: list[str]) -> dict[int, float]:
-    out = {}
-    for v in values:
-        try:
-            rank, factor = v.split(":")
-            out[int(rank)] = float(factor)
-        except ValueError:
-            raise MscaleError(f"--inject-slow {v!r} is not RANK:FACTOR", field="--inject-slow",
-                              fix="e.g. --inject-slow 5:4 runs rank 5's timed work 4x slower") from None
-        if not 1.0 <= out[int(rank)] <= 1e6:
-            raise MscaleError(f"--inject-slow {v!r}: FACTOR must be in [1, 1e6]",
-                              field="--inject-slow", fix="e.g. --inject-slow 5:4")
-    return out
+    return parse_rank_values(values, "--inject-slow", "FACTOR", (1.0, 1e6), "5:4")
 
 
 @app.command("preflight")

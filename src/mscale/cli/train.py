@@ -9,6 +9,7 @@ import typer
 
 from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.cli.app import app
+from mscale.cli.output import parse_rank_values
 from mscale.errors import MscaleError
 
 DEMO_RUN_DIR = "runs/demo"
@@ -23,18 +24,7 @@ def _positive(name: str):
 
 
 def _parse_delays(values: list[str], flag: str) -> dict[int, float]:
-    out = {}
-    for v in values:
-        try:
-            rank, seconds = v.split(":")
-            out[int(rank)] = float(seconds)
-        except ValueError:
-            raise MscaleError(f"{flag} {v!r} is not RANK:SECONDS", field=flag,
-                              fix=f"e.g. {flag} 3:0.5 slows rank 3 by 0.5 s per step") from None
-        if not (0 <= out[int(rank)] < 3600):
-            raise MscaleError(f"{flag} {v!r}: seconds must be in [0, 3600)", field=flag,
-                              fix=f"e.g. {flag} 3:0.5")
-    return out
+    return parse_rank_values(values, flag, "SECONDS", (0, 3600), "3:0.5", closed=False)
 
 
 @app.command("train")
