@@ -159,3 +159,32 @@ class Quarantine(RecordModel):
     """Version of the record schema."""
     entries: list[QuarantineEntry] = []
     """Nodes kept out, one entry each."""
+
+
+class DataSkip(RecordModel):
+    """One data window skipped on a rollback: after resuming from ``after_step``, the samples of
+    the next ``skip_steps`` steps are passed over (they led to a divergence or NaN)."""
+
+    after_step: int = Field(ge=0)
+    """Step of the checkpoint the run resumed from."""
+    skip_steps: int = Field(ge=1)
+    """Steps' worth of global batches skipped: step t > after_step reads the samples that step
+    t + skip_steps would have read."""
+    reason: str = ""
+    """Why, in one sentence (the divergence or NaN that caused the rollback)."""
+    time: float = Field(default_factory=time.time)
+    """Unix time it was recorded."""
+
+
+class DataSkips(RecordModel):
+    """``data_skip.json``: every window skipped so far, in the order recorded. Written by
+    `mscale recover`, read by `mscale train` when it starts; offsets add up."""
+
+    schema_version: int = RECORD_SCHEMA_VERSION
+    """Version of the record schema."""
+    entries: list[DataSkip] = []
+    """Windows skipped, oldest first."""
+
+    def sample_step(self, step: int) -> int:
+        """The step whose samples training step ``step`` (1-based) reads."""
+        return step + sum(e.skip_steps for e in self.entries if step > e.after_step)

@@ -57,6 +57,16 @@ class RunDir:
         return self.path("quarantine.json")
 
     @property
+    def data_skip(self) -> str:
+        """Data windows skipped on rollbacks (`mscale.config.records.DataSkips`), read by train."""
+        return self.path("data_skip.json")
+
+    @property
+    def recover(self) -> str:
+        """`mscale recover`'s decisions, one JSON document per recovery, and supervise's state."""
+        return self.path("recover")
+
+    @property
     def ckpt(self) -> str:
         return self.path("ckpt")
 

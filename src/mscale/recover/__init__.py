@@ -1,0 +1,1 @@
+"""Recover a failed run: diagnose, choose the checkpoint, keep bad nodes out, relaunch (README.md)."""

@@ -1,0 +1,162 @@
+"""The shapes that flow through a recovery, declared once.
+
+`diagnose` (evidence → `Diagnosis`) → `checkpoints` (→ `CheckpointChoice`) → `exclude`
+(→ `Exclusions`) → `replan` (→ `Replan`) → `relaunch` (→ the command) make one `RecoveryPlan`.
+Each stage is a library function over the run directory; `mscale recover` prints the plan and
+`--execute` / `supervise` carry it out. Every field is JSON-able (`to_json`), because the plan is
+also `--json`'s document and the `recover` event's evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+FailureClass = Literal["gpu", "network", "storage", "software", "preemption", "user_code",
+                       "numerics", "unknown", "none"]
+"""What broke. ``numerics``: NaN/Inf or a divergence (a rollback, not a node, fixes it);
+``none``: the run did not fail (finished, or stopped on request)."""
+
+Symptom = Literal["crash", "signal", "hang", "timeout", "oom", "nan", "divergence", "straggler",
+                  "disk_full", "bad_input", "preempted", "stopped", "finished", "unknown"]
+"""How the failure showed itself; the class is the cause behind it."""
+
+Verdict = Literal["relaunchable", "degraded", "unrecoverable"]
+"""0: relaunch as it was; 1: relaunch with less (fewer nodes, an older checkpoint, a skipped
+data window); 2: a human must act (bad input, user code, nothing to resume from)."""
+
+
+@dataclass
+class Evidence:
+    """One line that supports a diagnosis, with where it was read."""
+
+    source: str
+    """File it came from, relative to the run directory (``logs/rank3.error.json``)."""
+    text: str
+    """The line itself (or a one-line digest of a record), at most ~300 characters."""
+    rank: int | None = None
+    """Global rank it concerns, when one."""
+    node: str | None = None
+    """Node it concerns, when one."""
+
+
+@dataclass
+class Diagnosis:
+    """What went wrong in the last attempt of a run, and who is suspect."""
+
+    cls: FailureClass
+    """The failure class."""
+    symptom: Symptom
+    """How it showed itself."""
+    summary: str
+    """One sentence for the operator."""
+    evidence: list[Evidence] = field(default_factory=list)
+    """The lines that decided it, most telling first."""
+    suspect_ranks: list[int] = field(default_factory=list)
+    """Ranks whose process or device is suspected (the hung or first-failed one, not its peers)."""
+    suspect_nodes: list[str] = field(default_factory=list)
+    """Nodes to re-check (preflight) and, if they fail it or the evidence is hardware, exclude."""
+    failed_step: int | None = None
+    """Last step the run completed before it stopped (from metrics/events), None when unknown."""
+    bad_step: int | None = None
+    """First bad step of a NaN/divergence/spike episode: the checkpoint must precede it."""
+    attempt: int | None = None
+    """Attempt number of the run that failed (`mscale.runs.lock.next_attempt`)."""
+    exit_code: int | None = None
+    """The job's exit code when recorded (launcher stop event), else None."""
+    transient: bool = False
+    """A plain relaunch is likely to work (preemption, a one-off NaN, a network flap)."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CheckpointChoice:
+    """The checkpoint to resume from, and the newer ones passed over with why."""
+
+    path: str | None
+    """Checkpoint directory (URL) to resume from; None: nothing usable (start fresh or give up)."""
+    step: int | None
+    """Its step."""
+    reason: str
+    """Why this one, in one sentence."""
+    rejected: list[dict] = field(default_factory=list)
+    """Newer checkpoints not used: ``{"name": ..., "why": ...}`` (failed verify, after the bad
+    step, uncommitted)."""
+    is_latest: bool = True
+    """False when it is older than what ``latest`` names (a rollback: the verdict is degraded)."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Exclusions:
+    """Nodes kept out of the relaunch, each with its reason."""
+
+    nodes: list[str] = field(default_factory=list)
+    """Sorted node names."""
+    reasons: dict[str, str] = field(default_factory=dict)
+    """node → why (quarantine.json, preflight.json, the diagnosis, a failed re-check)."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Replan:
+    """The layout for the nodes that remain, when exclusions shrink the world."""
+
+    plan_path: str | None
+    """Where the new plan was (or, in a dry run, would be) written; None: the old plan stands."""
+    nodes: list[str]
+    """Nodes the relaunch uses, in placement order."""
+    world: int
+    """Ranks of the relaunch."""
+    layout: str
+    """New layout in one line (`mscale.runs.history.describe_layout`)."""
+    old_layout: str
+    """The layout it replaces."""
+    old_step_time_s: float | None = None
+    """Planner's predicted step time of the old layout on the old world."""
+    new_step_time_s: float | None = None
+    """Planner's predicted step time of the new layout on the remaining world."""
+    global_batch: int | None = None
+    """Global batch of the new plan."""
+    batch_changed: bool = False
+    """True only when asked (``--allow-batch-change``) and no layout kept it."""
+    unused_nodes: list[str] = field(default_factory=list)
+    """Healthy nodes left idle because no layout fits all of them with the same global batch."""
+    note: str = ""
+    """What the change costs, in one sentence."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RecoveryPlan:
+    """Everything `mscale recover` decided about one failed run."""
+
+    run_dir: str
+    verdict: Verdict
+    diagnosis: Diagnosis
+    checkpoint: CheckpointChoice
+    exclusions: Exclusions
+    replan: Replan | None = None
+    data_skip: dict | None = None
+    """The data window to skip on rollback (`mscale.config.records.DataSkip` as JSON), or None."""
+    launcher: str = "unknown"
+    """How the run was launched: ``local``, ``slurm`` (sbatch/srun), ``torchrun``."""
+    command: list[str] = field(default_factory=list)
+    """The relaunch command, argv form (empty when unrecoverable)."""
+    reasons: list[str] = field(default_factory=list)
+    """Why the verdict, one sentence each (every degradation and every refusal)."""
+
+    @property
+    def exit_code(self) -> int:
+        return {"relaunchable": 0, "degraded": 1, "unrecoverable": 2}[self.verdict]
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "exit_code": self.exit_code}
