@@ -7,7 +7,8 @@
 3. When none is writing, every rank's result (shard info or error) is gathered to rank 0
    (`gather_json`), again at a step boundary.
 4. Rank 0 writes, on its writer thread: ``manifest.json`` (atomic), then ``COMMITTED`` (atomic;
-   holds the manifest's sha256), then replaces ``latest`` (atomic), then applies retention.
+   holds the manifest's sha256), then replaces ``latest`` (atomic), then applies retention
+   (`retain`: the newest ``keep``, plus every checkpoint a rollback may still need, pins.py).
 
 A crash anywhere before step 4's marker leaves a directory without ``COMMITTED``: loaders refuse
 it, ``latest`` still names the previous checkpoint, and the next start removes it.
@@ -21,9 +22,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from mscale.ckpt.catalog import join, retain, write_latest
+from mscale.ckpt import catalog, pins
+from mscale.ckpt.catalog import join, write_latest
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MODEL_ALIAS, CommitMarker, Manifest,
                                   ShardInfo, TensorInfo, TrainState, manifest_bytes, sha256)
+from mscale.errors import MscaleError
 from mscale.runs.atomic import write_bytes_atomic
 
 
@@ -92,6 +95,32 @@ def write_commit(ckpt: str, manifest: Manifest) -> None:
     write_bytes_atomic(join(ckpt, MANIFEST), raw)
     marker = CommitMarker(step=manifest.step, manifest_sha256=sha256(raw))
     write_bytes_atomic(join(ckpt, COMMITTED), marker.model_dump_json().encode())
+
+
+def retain(ckpt_root: str, keep: int, newest: str) -> list[str]:
+    """Delete committed checkpoints beyond the newest ``keep`` and uncommitted ones older than
+    ``newest`` (dead attempts). Never deletes ``newest``, what ``latest`` names, a pinned
+    checkpoint, or the newest one before an open NaN/divergence/spike episode (`pins.protected`:
+    a rollback may still need them; they do not count against ``keep``). Returns the names
+    removed."""
+    keep = max(1, keep)
+    found = catalog.entries(ckpt_root, sizes=False)
+    try:
+        latest = catalog.read_latest(ckpt_root)
+    except MscaleError:  # a damaged pointer: keep everything rather than guess what it meant
+        return []
+    guarded = {newest, latest} | set(pins.protected(ckpt_root, found))
+    newest_step = next((e.step for e in found if e.name == newest), None)
+    rolling = [e for e in found if e.committed and e.name not in guarded - {newest, latest}]
+    doomed = rolling[:-keep] if len(rolling) > keep else []
+    if newest_step is not None:
+        doomed += [e for e in found if not e.committed and e.step < newest_step]
+    removed = []
+    for e in doomed:
+        if e.name not in guarded:
+            catalog.remove(join(ckpt_root, e.name))
+            removed.append(e.name)
+    return removed
 
 
 def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int) -> dict:
