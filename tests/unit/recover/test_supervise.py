@@ -1,0 +1,180 @@
+"""`mscale.recover.supervise` against a fake job: a small script that writes what ``train``
+writes (start/stop events, metrics records) and ends as told per attempt, and a fake planner.
+
+Nothing here sleeps to synchronise: the job and supervise meet through files, and supervise's
+``sleep`` is the hook where a test acts (send a signal) once the job said it is ready.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mscale.errors import MscaleError
+from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan
+from mscale.recover.supervise import (SuperviseOptions, Supervisor, backoff_for, find_run_dir,
+                                      quarantined)
+from mscale.runs.rundir import RunDir
+
+JOB = r'''
+import json, os, signal, sys, time
+run, script = sys.argv[1], json.loads(sys.argv[2])
+os.makedirs(run + "/control", exist_ok=True)
+n = 1 + sum(1 for _ in open(run + "/attempts")) if os.path.exists(run + "/attempts") else 1
+open(run + "/attempts", "a").write("x\n")
+plan = script[min(n, len(script)) - 1]
+def put(name, rec):
+    with open(run + "/" + name, "a") as f:
+        f.write(json.dumps({"time": time.time(), **rec}) + "\n")
+put("events.jsonl", {"source": "train", "kind": "start", "evidence": {"attempt": n}})
+for step in range(plan["first"], plan["last"] + 1):
+    put("metrics.jsonl", {"step": step, "loss": 1.0 / step})
+halted = [False]
+signal.signal(signal.SIGTERM, lambda *a: halted.__setitem__(0, True))
+if plan.get("quarantine"):
+    q = {"entries": [{"node": plan["quarantine"], "reason": "watch: slow", "since": time.time()}]}
+    json.dump(q, open(run + "/quarantine.json", "w"))
+if plan.get("wait"):  # until supervise asks for a halt (file) or passes a signal on
+    open(run + "/ready", "w").close()
+    deadline = time.time() + 20
+    while not (os.path.exists(run + "/control/halt") or halted[0]) and time.time() < deadline:
+        time.sleep(0.01)
+code = plan["code"]
+put("events.jsonl", {"source": "train", "kind": "stop", "evidence": {"code": code}})
+sys.exit(code)
+'''
+
+
+def job(tmp_path: Path, *attempts: dict) -> tuple[list[str], Path]:
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "job.py").write_text(JOB)
+    return [sys.executable, str(tmp_path / "job.py"), str(run), json.dumps(list(attempts)),
+            "--run-dir", str(run)], run
+
+
+class FakePlanner:
+    """Returns a plan of the given verdict whose command is the same job; records its calls."""
+
+    def __init__(self, verdict: str = "relaunchable"):
+        self.verdict, self.calls = verdict, []
+
+    def __call__(self, run_dir, command, opts) -> RecoveryPlan:
+        self.calls.append(command)
+        bad = self.verdict == "unrecoverable"
+        return RecoveryPlan(
+            run_dir=run_dir, verdict=self.verdict,
+            diagnosis=Diagnosis(cls="software", symptom="crash", summary="rank 1 crashed"),
+            checkpoint=CheckpointChoice(path=f"{run_dir}/ckpt/step-000002", step=2, reason="x"),
+            exclusions=Exclusions(), command=[] if bad else list(command),
+            reasons=["bad input: fix the plan"] if bad else [])
+
+
+def supervise(command, planner, **opts) -> tuple[int, Supervisor]:
+    sup = Supervisor(command, SuperviseOptions(watch=False, backoff_s=0, interval_s=0.02,
+                                               **opts), planner=planner)
+    return sup.run_all(), sup
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+
+
+def phases(run: Path) -> dict[str, dict]:
+    return {e["evidence"]["phase"]: e["evidence"] for e in events(run)
+            if e["source"] == "recover" and e["kind"] == "recover"}
+
+
+def test_a_crash_is_recovered_and_every_phase_timed(tmp_path):
+    cmd, run = job(tmp_path, {"first": 1, "last": 3, "code": 3},
+                   {"first": 3, "last": 6, "code": 0})
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 0 and len(planner.calls) == 1 and len(sup.restarts) == 1
+    got = phases(run)
+    assert list(got) == ["detect", "diagnose", "restart", "catch_up", "total"]
+    assert all(p["seconds"] is not None and p["seconds"] >= 0 for p in got.values())
+    assert got["detect"]["failed_step"] == 3 and got["catch_up"]["step"] == 4  # passes step 3
+    assert got["diagnose"]["verdict"] == "relaunchable" and got["restart"]["attempt"] == 2
+    assert got["total"]["seconds"] >= got["restart"]["seconds"] + got["catch_up"]["seconds"]
+    state = json.loads((run / "recover" / "supervise.json").read_text())
+    assert state["status"] == "finished" and [a["code"] for a in state["attempts"]] == [3, 0]
+
+
+def test_the_budget_ends_supervision_with_exit_2(tmp_path, capfd):
+    cmd, run = job(tmp_path, {"first": 1, "last": 1, "code": 3})
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner, max_restarts=2)
+    assert code == 2 and len(sup.restarts) == 2 and len(planner.calls) == 2
+    assert "restart budget spent: 2 restarts" in capfd.readouterr().err
+    assert json.loads((run / "recover" / "supervise.json").read_text())["status"] == "budget spent"
+
+
+def test_an_unrecoverable_plan_stops_with_its_exit_code(tmp_path, capfd):
+    cmd, run = job(tmp_path, {"first": 1, "last": 1, "code": 3})
+    code, sup = supervise(cmd, FakePlanner("unrecoverable"))
+    assert code == 2 and sup.restarts == []
+    assert "unrecoverable: bad input: fix the plan" in capfd.readouterr().err
+    assert (run / "attempts").read_text().count("x") == 1
+
+
+def test_a_halt_on_request_is_not_restarted(tmp_path):
+    cmd, _ = job(tmp_path, {"first": 1, "last": 2, "code": 1})
+    planner = FakePlanner()
+    code, _ = supervise(cmd, planner)
+    assert code == 1 and planner.calls == []
+
+
+def test_a_node_quarantined_while_running_halts_the_job_then_recovers(tmp_path):
+    cmd, run = job(tmp_path, {"first": 1, "last": 4, "code": 1, "quarantine": "node2",
+                              "wait": True}, {"first": 5, "last": 6, "code": 0})
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 0 and len(planner.calls) == 1
+    assert sup.log[0]["stopped_for"][1] == "quarantine.json: node2"
+    got = phases(run)
+    assert got["detect"]["failure_source"] == "quarantine.json: node2"
+    assert got["catch_up"]["step"] == 5  # zero steps lost: the first new step catches up
+    assert not (run / "control" / "halt").exists()  # the fake job does not consume it: supervise
+    # removed its own request, which would otherwise halt the relaunch at its first step
+
+
+def test_a_signal_is_passed_on_and_ends_supervision(tmp_path):
+    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 1, "wait": True})
+    planner = FakePlanner()
+    sup = Supervisor(cmd, SuperviseOptions(watch=False, backoff_s=0, interval_s=0.02),
+                     planner=planner)
+
+    def sleep(s: float) -> None:
+        if (run / "ready").exists() and sup.signalled is None:
+            sup._on_signal(signal.SIGTERM, None)
+        time.sleep(s)
+
+    sup.sleep = sleep
+    assert sup.run_all() == 1 and planner.calls == []
+    assert not (run / "control" / "halt").exists()  # the job stopped on the signal itself
+
+
+def test_find_run_dir_and_backoff():
+    assert find_run_dir(["mscale", "train", "p.yaml", "--run-dir", "runs/a"]) == "runs/a"
+    assert find_run_dir(["x", "--run-dir=runs/b"]) == "runs/b"
+    with pytest.raises(MscaleError, match="no --run-dir"):
+        find_run_dir(["mscale", "train", "p.yaml"])
+    opts = SuperviseOptions(backoff_s=10, max_backoff_s=60)
+    assert [backoff_for(opts, n) for n in range(4)] == [10, 20, 40, 60]
+
+
+def test_quarantined_ignores_expired_and_unreadable(tmp_path):
+    run = RunDir(str(tmp_path))
+    assert quarantined(run, 100.0) == {}
+    (tmp_path / "quarantine.json").write_text("{not json")
+    assert quarantined(run, 100.0) == {}
+    (tmp_path / "quarantine.json").write_text(json.dumps({"entries": [
+        {"node": "a", "reason": "r", "since": 1.0, "expires": 50.0},
+        {"node": "b", "reason": "r", "since": 2.0}]}))
+    assert quarantined(run, 100.0) == {"b": 2.0}
