@@ -15,7 +15,8 @@ so past the bound the node is quarantined with ``checkpoint_confirmed: false`` i
 Imbalance causes (stage, data) are advice only and never quarantine a healthy node.
 
 NaN/Inf asks the job to halt; a divergence names the newest committed checkpoint before the
-first bad step to roll back to. With ``--no-act`` nothing here writes anything.
+first bad step to roll back to, and pins it (ckpt/pins.py) so that the job's retention keeps it
+until recover has used it. With ``--no-act`` nothing here writes anything.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, Callable, get_args
 import numpy as np
 from pydantic import ValidationError
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, pins
 from mscale.config.records import Event, EventKind, Quarantine, QuarantineEntry
 from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path, write_json_atomic
@@ -152,9 +153,21 @@ class Actor:
         if f.kind == "divergence":
             target = self.rollback_target(f.first_step)
             evidence["rollback_to"] = target
+            if target:
+                evidence["pinned"] = self._pin(target, f)
             return (f"roll back to {target}" if target else
                     "no committed checkpoint precedes the divergence"), None
         return "recorded", None
+
+    def _pin(self, target: str, f: Finding) -> bool | str:
+        """Pin the rollback target so the job's retention cannot delete it before recover acts
+        (ckpt/pins.py); True, or why it could not be pinned (the finding is still recorded)."""
+        try:
+            pins.pin(target, f"watch: the last checkpoint before the divergence from step "
+                             f"{f.first_step}", "watch", now=self.clock())
+        except (MscaleError, OSError) as e:
+            return f"not pinned: {e}"
+        return True
 
     def _request_checkpoint(self, f: Finding) -> None:
         now = self.clock()

@@ -113,3 +113,18 @@ def test_recovers_choice_survives_the_relaunchs_saves(run, tensors):
         _save(run, [s], tensors)
         retain(run.ckpt, keep=2, newest=catalog.step_dir(s))
     assert _names(run) == ["step-000004", "step-000010", "step-000012"]
+
+
+def test_watch_pins_the_divergence_rollback_target(run, tensors):
+    from mscale.runs.atomic import read_jsonl
+    from mscale.watch.actions import Actor
+    from mscale.watch.findings import Finding
+
+    _save(run, [10, 20, 30], tensors)
+    div = Finding(kind="divergence", severity="critical", message="loss diverged",
+                  first_step=25, last_step=29)
+    Actor(run, clock=lambda: 7.0).handle([div], job_alive=True)
+    assert pins.read_pin(f"{run.ckpt}/step-000020").who == "watch"
+    assert pins.pinned(run.ckpt) == ["step-000020"]
+    [ev] = [e for e in read_jsonl(run.events) if e["kind"] == "divergence"]
+    assert ev["evidence"]["pinned"] is True
