@@ -1,0 +1,102 @@
+"""Which checkpoint a recovery resumes from: the newest committed one that verifies and precedes
+the first bad step.
+
+A checkpoint at step ``s`` holds the state *after* step ``s``; a NaN, divergence or spike episode
+whose first bad step is ``b`` was caused by the data or state of step ``b``, so a usable
+checkpoint needs ``s < b`` (the state before the bad step, from which step ``b`` can be skipped or
+retried). Newer checkpoints are walked newest first, and every one passed over is listed with
+why: uncommitted (its write never finished), at or after the bad step, or failed verification
+(a corrupted ``latest`` target is passed over with the problem verify found). ``abandoned-…``
+directories (moved aside by an earlier rollback) are out of the run's timeline and never chosen.
+
+Verification is ``quick`` by default (manifest, marker, structure, every shard present with its
+recorded size: seconds even for a large model) and ``full`` on request (every chunk's crc32:
+reads the whole checkpoint). The load itself checks every chunk it reads, so a bit flip that
+``quick`` cannot see still stops the relaunch with a named file instead of a silent resume.
+"""
+
+from __future__ import annotations
+
+from mscale.ckpt import catalog
+from mscale.ckpt.verify import verify as verify_ckpt
+from mscale.errors import MscaleError
+from mscale.recover.decision import CheckpointChoice, Diagnosis
+from mscale.runs.atomic import fs_and_path
+from mscale.runs.rundir import RunDir
+
+VERIFY_MODES = ("quick", "full")
+
+
+def choose_checkpoint(run: RunDir, diagnosis: Diagnosis, verify: str = "quick") -> CheckpointChoice:
+    """The checkpoint to resume from (module docstring); ``path`` None when nothing is usable."""
+    if verify not in VERIFY_MODES:
+        raise MscaleError(f"unknown verify mode {verify!r}", field="verify",
+                          fix=f"use one of {', '.join(VERIFY_MODES)}")
+    found = catalog.entries(run.ckpt, sizes=False)
+    latest, latest_problem = _latest(run)
+    bad = diagnosis.bad_step
+    rejected: list[dict] = []
+    if latest_problem:
+        rejected.append({"name": catalog.LATEST, "why": latest_problem})
+    for e in reversed(found):
+        why = _why_not(run, e, bad, verify)
+        if why is not None:
+            rejected.append({"name": e.name, "why": why})
+            continue
+        newest_committed = next(c.name for c in reversed(found) if c.committed)
+        is_latest = e.name == latest if latest else e.name == newest_committed
+        return CheckpointChoice(path=catalog.join(run.ckpt, e.name), step=e.step,
+                                reason=_reason(e.step, bad, verify, rejected, is_latest),
+                                rejected=rejected, is_latest=is_latest)
+    none = "no checkpoint" if not found else f"none of the {len(found)} checkpoints"
+    before = f" before step {bad}" if bad is not None else ""
+    return CheckpointChoice(path=None, step=None, reason=f"{none} is usable{before}: the run "
+                            "restarts from step 0", rejected=rejected, is_latest=False)
+
+
+def _latest(run: RunDir) -> tuple[str | None, str | None]:
+    """What ``latest`` names, and what is wrong with the pointer itself (None when fine)."""
+    try:
+        name = catalog.read_latest(run.ckpt)
+    except MscaleError as e:
+        return None, f"unreadable pointer: {e.message}"
+    if name is None:
+        return None, None
+    fs, path = fs_and_path(catalog.join(run.ckpt, name))
+    if not fs.isdir(path):
+        return name, f"names {name}, which does not exist"
+    return name, None
+
+
+def _why_not(run: RunDir, e: catalog.Entry, bad: int | None, verify: str) -> str | None:
+    """Why checkpoint ``e`` cannot be resumed from, or None when it can."""
+    if not e.committed:
+        return "uncommitted: its write never finished (no COMMITTED marker)"
+    if bad is not None and e.step >= bad:
+        return (f"holds the state after step {e.step}, not before the first bad step {bad}")
+    try:
+        rep = verify_ckpt(catalog.join(run.ckpt, e.name), quick=verify == "quick")
+    except MscaleError as e2:
+        return f"failed {verify} verify: {e2.message}"
+    if not rep.ok:
+        p = rep.problems[0]
+        more = f" (and {len(rep.problems) - 1} more)" if len(rep.problems) > 1 else ""
+        where = f"{p.file}{': ' + p.field if p.field else ''}"
+        return f"failed {verify} verify: {where}: {p.message}{more}"
+    if rep.step != e.step:
+        return f"its manifest says step {rep.step}, its name step {e.step}"
+    return None
+
+
+def _reason(step: int, bad: int | None, verify: str, rejected: list[dict],
+            is_latest: bool) -> str:
+    """One sentence: why this checkpoint."""
+    what = "the latest checkpoint" if is_latest else "the newest usable checkpoint"
+    head = f"step {step}: {what}, committed and passing {verify} verify"
+    if bad is not None:
+        head += f", before the first bad step {bad}"
+    skipped = [r["name"] for r in rejected if r["name"] != catalog.LATEST]
+    if skipped:
+        head += f"; passed over {len(skipped)} newer ({', '.join(skipped[:3])}"
+        head += ", ...)" if len(skipped) > 3 else ")"
+    return head
