@@ -1,0 +1,304 @@
+"""The relaunch command: the failed job's own command line, rewritten for what recover decided.
+
+Why rewrite rather than compose: the operator's command carries things recover cannot know (the
+partition, the time limit, the venv's ``mscale``, test hooks, ``--steps``). So the command is
+the one ``train`` recorded in its ``start`` event (``evidence["launch"]``: argv, cwd, plan, local,
+nodes, slurm) or the one given with ``RecoverOptions.command``, and only what the recovery
+changes is touched: the plan argument (a re-planned plan), ``--local N`` (the new world),
+``--resume CKPT`` (a rollback), and the launcher's node flags (``srun``/``sbatch``
+``--exclude``/``--nodes``/``--ntasks``, ``torchrun --nnodes``). Under SLURM a job whose nodes,
+plan and checkpoint are unchanged is simply requeued; a batch script is reused only when it can
+run unchanged (same world, same plan, latest checkpoint), since the ``srun`` line inside it
+names the old world and plan; otherwise the rewritten ``srun`` line is submitted with ``--wrap``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mscale.hostlist import collect_hostlist, expand_hostlist
+from mscale.runs.atomic import read_jsonl
+from mscale.runs.rundir import RunDir
+
+Runner = Callable[[list[str]], tuple[int, str]]
+"""Runs a command and returns (exit code, stdout); injected by tests in place of scontrol."""
+
+_FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--debug", "-h", "--help"}
+"""``mscale train`` options that take no value; every other ``--option`` takes one."""
+
+
+@dataclass
+class Launch:
+    """How the failed attempt was started, as ``train`` recorded it (or as far as it is known)."""
+
+    argv: list[str]
+    """The worker's command line (``mscale train PLAN --run-dir R ...``)."""
+    cwd: str | None = None
+    """Directory it ran in (relative paths in ``argv`` are relative to it)."""
+    plan: str | None = None
+    """Absolute path of the plan file it ran."""
+    local: int = 0
+    """``--local N``'s N, 0 when another launcher started the workers."""
+    nodes: list[str] = field(default_factory=list)
+    """Node names in node order."""
+    slurm: dict | None = None
+    """``job_id``, ``job_name``, ``nodelist``, ``nnodes`` under SLURM, else None."""
+    launcher: str = "unknown"
+    """``local``, ``slurm``, ``torchrun`` (the start event's launcher)."""
+
+
+@dataclass
+class Change:
+    """What the relaunch changes."""
+
+    world: int
+    """Ranks of the relaunch."""
+    nodes: list[str]
+    """Nodes it uses, in placement order."""
+    excluded: list[str] = field(default_factory=list)
+    """Nodes kept out (``--exclude``)."""
+    plan_path: str | None = None
+    """The re-planned plan, None when the old plan stands."""
+    resume: str | None = None
+    """Checkpoint to resume from when it is not the latest, else None (``--resume auto``)."""
+
+    @property
+    def unchanged(self) -> bool:
+        return not self.excluded and self.plan_path is None and self.resume is None
+
+
+def recorded_launch(run: RunDir) -> Launch | None:
+    """The launch of the run's last ``train`` start, None when no start event recorded one."""
+    starts = [e for e in read_jsonl(run.events)
+              if e.get("kind") == "start" and e.get("source", "train") == "train"]
+    if not starts:
+        return None
+    ev = starts[-1].get("evidence") or {}
+    rec = ev.get("launch")
+    if not isinstance(rec, dict) or not rec.get("argv"):
+        return None
+    return Launch(argv=[str(a) for a in rec["argv"]], cwd=rec.get("cwd"), plan=rec.get("plan"),
+                  local=int(rec.get("local") or 0), nodes=list(rec.get("nodes") or []),
+                  slurm=rec.get("slurm") or None,
+                  launcher=str(ev.get("launcher") or ("local" if rec.get("local") else "unknown")))
+
+
+def launcher_of(launch: Launch | None, command: list[str] | None) -> str:
+    """``local``, ``slurm`` or ``torchrun``: from the given command's first word, else the
+    recorded launch."""
+    if command:
+        head = os.path.basename(command[0])
+        if head in ("srun", "sbatch", "scontrol"):
+            return "slurm"
+        if head == "torchrun":
+            return "torchrun"
+        if "--local" in command or any(a.startswith("--local=") for a in command):
+            return "local"
+    if launch is None:
+        return "unknown"
+    if launch.local:
+        return "local"
+    if launch.slurm:
+        return "slurm"
+    return launch.launcher
+
+
+def _train_index(argv: list[str]) -> int | None:
+    """Index of the ``train`` word of ``mscale train`` (or ``python -m mscale... train``)."""
+    for i, a in enumerate(argv[1:], start=1):
+        prev = argv[i - 1]
+        if a == "train" and ("mscale" in os.path.basename(prev) or prev.startswith("mscale")):
+            return i
+    return None
+
+
+def _plan_index(args: list[str], start: int) -> int | None:
+    """Index of the plan (the first positional argument after ``train``)."""
+    i = start
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return i + 1 if i + 1 < len(args) else None
+        if a.startswith("-"):
+            i += 1 if (a in _FLAGS_WITHOUT_VALUE or "=" in a) else 2
+            continue
+        return i
+    return None
+
+
+def set_option(args: list[str], flag: str, value: str, start: int = 0) -> list[str]:
+    """``args`` with ``flag value`` (or ``flag=value``) set to ``value``, appended if absent.
+    Long flags also match their ``=`` form; ``-N 4`` style short flags are matched as given."""
+    out = list(args)
+    for i in range(start, len(out)):
+        if out[i] == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if out[i].startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return out + [flag, value]
+
+
+def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in flags:
+            i += 2
+            continue
+        if any(args[i].startswith(f + "=") for f in flags):
+            i += 1
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
+    """The ``mscale train`` part of a command with the new plan, ``--local N`` and ``--resume``;
+    the launcher words before it are left to the caller."""
+    t = _train_index(argv)
+    if t is None:
+        return list(argv)
+    head, args = argv[: t + 1], argv[t + 1:]
+    if change.plan_path is not None:
+        p = _plan_index(args, 0)
+        if p is None:
+            args = [change.plan_path, *args]
+        else:
+            args[p] = change.plan_path
+    if local:
+        args = set_option(args, "--local", str(change.world))
+    if change.resume is not None:
+        args = set_option(args, "--resume", change.resume)
+    return head + args
+
+
+def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
+    """srun/sbatch words with the node flags of the relaunch."""
+    out = _drop_option(prefix, ("-N", "--nodes", "-n", "--ntasks", "-x", "--exclude",
+                                "-w", "--nodelist"))
+    nodes = max(1, change.world // max(1, ranks_per_node))
+    extra = [f"--nodes={nodes}"]
+    if os.path.basename(prefix[0]) == "srun":
+        extra.append(f"--ntasks={change.world}")
+    if change.excluded:
+        extra.append(f"--exclude={collect_hostlist(change.excluded)}")
+    return out[:1] + extra + out[1:]
+
+
+def _torchrun_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
+    return set_option(prefix, "--nnodes", str(max(1, change.world // max(1, ranks_per_node))))
+
+
+def rewrite_command(command: list[str], change: Change, ranks_per_node: int) -> list[str]:
+    """Any launch command (``srun ... mscale train ...``, ``torchrun ... mscale train ...``,
+    ``mscale train ... --local N``) rewritten for ``change``."""
+    t = _train_index(command)
+    if t is None:
+        return list(command)
+    exe = t - 1
+    prefix, train = command[:exe], command[exe:]
+    is_local = "--local" in train or any(a.startswith("--local=") for a in train)
+    train = rewrite_train(train, change, local=is_local)
+    if prefix and os.path.basename(prefix[0]) in ("srun", "sbatch"):
+        prefix = _slurm_prefix(prefix, change, ranks_per_node)
+    elif prefix and os.path.basename(prefix[0]) == "torchrun":
+        prefix = _torchrun_prefix(prefix, change, ranks_per_node)
+    return prefix + train
+
+
+def scontrol_job(job_id: str, run: Runner) -> dict[str, str]:
+    """``scontrol show job -o JOB`` as key → value ({} when SLURM no longer knows the job)."""
+    code, out = run(["scontrol", "show", "job", "-o", str(job_id)])
+    if code != 0 or not out.strip():
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def run_quiet(cmd: list[str]) -> tuple[int, str]:
+    """Run a short SLURM query; a missing binary or a hang is an answer, not an error."""
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+    return p.returncode, p.stdout
+
+
+@dataclass
+class Relaunch:
+    """The command and what the operator should know about it."""
+
+    launcher: str
+    command: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
+             command: list[str] | None = None, run: Runner = run_quiet) -> Relaunch:
+    """The relaunch command for ``change``, from ``command`` when given, else the recorded
+    launch; an empty command with a note when neither says how the job was started."""
+    launcher = launcher_of(launch, command)
+    if command:
+        return Relaunch(launcher, rewrite_command(command, change, ranks_per_node))
+    if launch is None:
+        return Relaunch(launcher, [], ["the start event recorded no launch command: pass the "
+                                       "command (RecoverOptions.command) to relaunch"])
+    if launcher == "local":
+        return Relaunch("local", rewrite_train(launch.argv, change, local=True))
+    if launcher == "slurm":
+        return _slurm(launch, change, ranks_per_node, run)
+    if launcher == "torchrun":
+        nnodes = max(1, change.world // max(1, ranks_per_node))
+        cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={ranks_per_node}",
+               "--no-python", *rewrite_train(launch.argv, change, local=False)]
+        return Relaunch("torchrun", cmd, ["add your rendezvous flags (--rdzv-endpoint, ...) and "
+                                          "run it on each remaining node"])
+    return Relaunch(launcher, rewrite_train(launch.argv, change, local=False),
+                    [f"launcher {launcher!r} unknown: start the workers as before"])
+
+
+def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
+    """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
+    around the rewritten ``srun`` line."""
+    slurm = launch.slurm or {}
+    job_id = str(slurm.get("job_id") or "")
+    info = scontrol_job(job_id, run) if job_id else {}
+    batch = info.get("BatchFlag") == "1"
+    if change.unchanged and batch:
+        return Relaunch("slurm", ["scontrol", "requeue", job_id])
+    nnodes = max(1, change.world // max(1, ranks_per_node))
+    head = ["sbatch", f"--nodes={nnodes}"]
+    if change.excluded:
+        head.append(f"--exclude={collect_hostlist(change.excluded)}")
+    if slurm.get("job_name"):
+        head.append(f"--job-name={slurm['job_name']}")
+    script = info.get("Command", "")
+    same_shape = change.plan_path is None and change.resume is None and \
+        change.world == len(launch.nodes) * ranks_per_node
+    if batch and same_shape and os.path.isfile(script):
+        return Relaunch("slurm", [*head, script])
+    notes = []
+    if batch and not same_shape:
+        notes.append("the batch script names the old world, plan or checkpoint: its srun line "
+                     "is resubmitted rewritten with --wrap (its other #SBATCH options are not)")
+    elif not info:
+        notes.append(f"SLURM no longer knows job {job_id or '?'}: submitted with --wrap")
+    if info.get("Partition"):
+        head.append(f"--partition={info['Partition']}")
+    if launch.cwd:
+        head.append(f"--chdir={launch.cwd}")
+    srun = ["srun", f"--ntasks={change.world}", f"--ntasks-per-node={ranks_per_node}",
+            *rewrite_train(launch.argv, change, local=False)]
+    return Relaunch("slurm", [*head, f"--ntasks-per-node={ranks_per_node}",
+                              "--wrap", shlex.join(srun)], notes)
+
+
+def nodes_of(text: str) -> list[str]:
+    """A SLURM hostlist (or an empty string) as node names."""
+    return expand_hostlist(text) if text else []

@@ -1,0 +1,158 @@
+"""The relaunch command: the recorded or given command rewritten for the new plan, world,
+checkpoint and exclusions; SLURM's requeue, batch script and --wrap paths; torchrun."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from mscale.recover.relaunch import (Change, Launch, launcher_of, recorded_launch, relaunch,
+                                     rewrite_command, rewrite_train, set_option)
+from mscale.runs.rundir import RunDir
+
+MSCALE = "/venv/bin/mscale"
+ARGV = [MSCALE, "train", "plans/cpu-tiny.yaml", "--run-dir", "runs/r1", "--local", "8",
+        "--steps", "20", "--json"]
+NODES = ["node1", "node2", "node3", "node4"]
+
+
+def shrink(**kw) -> Change:
+    """node3 out, re-planned for 6 ranks on 3 nodes."""
+    args = dict(world=6, nodes=["node1", "node2", "node4"], excluded=["node3"],
+                plan_path="/runs/r1/recover/plan-0001.yaml")
+    return Change(**{**args, **kw})
+
+
+def test_local_gets_the_new_plan_and_world_and_keeps_everything_else():
+    out = rewrite_train(ARGV, shrink(), local=True)
+    assert out == [MSCALE, "train", "/runs/r1/recover/plan-0001.yaml", "--run-dir", "runs/r1",
+                   "--local", "6", "--steps", "20", "--json"]
+
+
+def test_a_rollback_sets_resume_in_either_spelling():
+    change = Change(world=8, nodes=NODES, resume="/runs/r1/ckpt/step-000010")
+    assert rewrite_train(ARGV, change, local=True)[-2:] == ["--resume",
+                                                            "/runs/r1/ckpt/step-000010"]
+    argv = [MSCALE, "train", "p.yaml", "--resume=auto", "--run-dir", "r"]
+    assert rewrite_train(argv, change, local=False)[3] == "--resume=/runs/r1/ckpt/step-000010"
+
+
+def test_the_plan_is_found_after_options_and_flags():
+    argv = ["mscale", "train", "--run-dir", "r", "--json", "--timeout=30", "p.yaml", "--steps", "5"]
+    out = rewrite_train(argv, shrink(), local=False)
+    assert out[6] == "/runs/r1/recover/plan-0001.yaml" and "--local" not in out
+    assert rewrite_train(["python", "-m", "mscale.cli.main", "train", "p.yaml"], shrink(),
+                         local=False)[4] == "/runs/r1/recover/plan-0001.yaml"
+
+
+def test_nothing_changes_when_nothing_changed():
+    same = Change(world=8, nodes=NODES)
+    assert same.unchanged and rewrite_train(ARGV, same, local=True) == ARGV
+
+
+def test_set_option_appends_when_absent():
+    assert set_option(["a"], "--nnodes", "3") == ["a", "--nnodes", "3"]
+
+
+def test_srun_command_gets_nodes_tasks_and_exclude():
+    cmd = ["srun", "-N", "4", "-n", "8", "--ntasks-per-node=2", "--exclude=node9", MSCALE,
+           "train", "plan.yaml", "--run-dir", "r"]
+    out = rewrite_command(cmd, shrink(), ranks_per_node=2)
+    assert out == ["srun", "--nodes=3", "--ntasks=6", "--exclude=node3", "--ntasks-per-node=2",
+                   MSCALE, "train", "/runs/r1/recover/plan-0001.yaml", "--run-dir", "r"]
+
+
+def test_torchrun_command_gets_nnodes():
+    cmd = ["torchrun", "--nnodes=4", "--nproc-per-node=2", "--no-python", "mscale", "train",
+           "plan.yaml", "--run-dir", "r"]
+    out = rewrite_command(cmd, shrink(), ranks_per_node=2)
+    assert out[:2] == ["torchrun", "--nnodes=3"] and out[6] == "/runs/r1/recover/plan-0001.yaml"
+    assert launcher_of(None, cmd) == "torchrun" and launcher_of(None, ["sbatch", "x"]) == "slurm"
+
+
+def slurm_launch(job_id="42") -> Launch:
+    return Launch(argv=[MSCALE, "train", "/abs/plan.yaml", "--run-dir", "/abs/run"],
+                  cwd="/abs", plan="/abs/plan.yaml", nodes=NODES, launcher="slurm",
+                  slurm={"job_id": job_id, "job_name": "mscale-e2e", "nodelist": "node[1-4]",
+                         "nnodes": 4})
+
+
+def scontrol(fields: dict | None):
+    calls = []
+
+    def run(cmd):
+        calls.append(cmd)
+        if fields is None:
+            return 1, ""
+        return 0, " ".join(f"{k}={v}" for k, v in fields.items()) + "\n"
+    run.calls = calls
+    return run
+
+
+def test_slurm_requeues_a_batch_job_when_nothing_changes():
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh"})
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert out.command == ["scontrol", "requeue", "42"] and out.launcher == "slurm"
+    assert run.calls == [["scontrol", "show", "job", "-o", "42"]]
+
+
+def test_slurm_reuses_the_batch_script_when_it_can_run_unchanged(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsrun mscale train plan.yaml --run-dir r\n")
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": str(script)})
+    change = Change(world=8, nodes=["node1", "node2", "node4", "node5"], excluded=["node3"])
+    out = relaunch(slurm_launch(), change, 2, run=run)
+    assert out.command == ["sbatch", "--nodes=4", "--exclude=node3", "--job-name=mscale-e2e",
+                           str(script)]
+
+
+def test_slurm_wraps_the_rewritten_srun_line_when_the_world_changes(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": str(script),
+                    "Partition": "debug"})
+    out = relaunch(slurm_launch(), shrink(resume="/abs/run/ckpt/step-000010"), 2, run=run)
+    assert out.command[:4] == ["sbatch", "--nodes=3", "--exclude=node3",
+                               "--job-name=mscale-e2e"]
+    assert "--partition=debug" in out.command and "--chdir=/abs" in out.command
+    wrapped = shlex.split(out.command[out.command.index("--wrap") + 1])
+    assert wrapped == ["srun", "--ntasks=6", "--ntasks-per-node=2", MSCALE, "train",
+                       "/runs/r1/recover/plan-0001.yaml", "--run-dir", "/abs/run", "--resume",
+                       "/abs/run/ckpt/step-000010"]
+    assert "old world" in out.notes[0]
+
+
+def test_slurm_job_no_longer_known_is_wrapped_with_a_note():
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=scontrol(None))
+    assert out.command[0] == "sbatch" and "--wrap" in out.command
+    assert "no longer knows job 42" in out.notes[0]
+
+
+def test_torchrun_from_the_record_names_nnodes_and_asks_for_rendezvous():
+    launch = Launch(argv=["mscale", "train", "p.yaml", "--run-dir", "r"], nodes=NODES,
+                    launcher="torchrun")
+    out = relaunch(launch, shrink(), 2)
+    assert out.command[:4] == ["torchrun", "--nnodes=3", "--nproc-per-node=2", "--no-python"]
+    assert "rendezvous" in out.notes[0]
+
+
+def test_a_given_command_wins_and_no_command_at_all_is_said():
+    given = ["mscale", "train", "p.yaml", "--run-dir", "r", "--local", "8"]
+    out = relaunch(slurm_launch(), shrink(), 2, command=given)
+    assert out.launcher == "local" and out.command[-2:] == ["--local", "6"]
+    none = relaunch(None, shrink(), 2)
+    assert none.command == [] and "recorded no launch" in none.notes[0]
+
+
+def test_recorded_launch_is_the_last_train_start(tmp_path):
+    run = RunDir(str(tmp_path))
+    starts = [{"kind": "start", "source": "train", "evidence": {"launcher": "local", "launch": {
+        "argv": ["mscale", "train", f"p{i}.yaml"], "cwd": "/w", "plan": f"/w/p{i}.yaml",
+        "local": 8, "nodes": NODES, "slurm": None}}} for i in (1, 2)]
+    events = [*starts, {"kind": "start", "source": "preflight", "evidence": {}}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    got = recorded_launch(run)
+    assert got.plan == "/w/p2.yaml" and got.local == 8 and got.launcher == "local"
+    (tmp_path / "events.jsonl").write_text(json.dumps({"kind": "start", "source": "train",
+                                                       "evidence": {}}) + "\n")
+    assert recorded_launch(run) is None
