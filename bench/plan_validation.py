@@ -1,0 +1,370 @@
+"""Check the planner against published training results: predicted vs published throughput for
+each run's published layout, and whether the search ranks that layout among its top 3.
+
+Why: the cost model's constants were fitted on one table (MegaScale's); only results from other
+sources say whether its predictions hold for other models, GPUs and stacks. The dataset is
+bench/data/published_runs.yaml (each run's source, model, cluster, layout and figure); this
+script regenerates docs/plan-validation.md from it. Usage:
+
+    .venv/bin/python bench/plan_validation.py              # writes docs/plan-validation.md
+    .venv/bin/python bench/plan_validation.py --no-search  # errors only, printed, nothing written
+
+The core, `validate`, is imported by tests/unit/planner/test_validation.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig, check_layout
+from mscale.errors import MscaleError
+from mscale.planner import cost as cost_module
+from mscale.planner.cost import Problem, evaluate
+from mscale.planner.search import describe, search
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "bench" / "data" / "published_runs.yaml"
+DOC = ROOT / "docs" / "plan-validation.md"
+COMMAND = ".venv/bin/python bench/plan_validation.py"
+KINDS = ("mfu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "iteration_time_s")
+LAYOUT_KEYS = ("tp", "pp", "vpp", "dp", "micro_batch", "sequence_parallel", "recompute",
+               "zero_stage")
+MATCH_KEYS = ("tp", "pp", "vpp", "micro_batch")
+"""Fields compared when looking for the published layout in the search's ranking (when published)."""
+DEFAULTS = {"vpp": 1, "micro_batch": 1, "sequence_parallel": False, "recompute": "none",
+            "zero_stage": 0}
+"""Last resort for a field neither published nor assumed by the run (the script says so)."""
+
+
+@dataclass
+class Result:
+    """One run: the published figure, the prediction in the same unit, and the search's verdict."""
+
+    run_id: str
+    source: str
+    fit: bool
+    kind: str
+    published: float
+    predicted: float
+    error: float
+    """Relative error of predicted throughput: predicted/published − 1 (for a time, the inverse),
+    so + means the planner is optimistic."""
+    published_mfu: float
+    predicted_mfu: float
+    fits: bool
+    layout: str
+    assumed: list[str] = field(default_factory=list)
+    rank: int | None = None
+    """1-based position of the published layout among the search's distinct feasible layouts
+    (see `_distinct_rank`); None if absent."""
+    top3: bool | None = None
+    best: str = ""
+    best_mfu: float | None = None
+    search_note: str = ""
+    error_note: str = ""
+
+
+def load(path: Path = DATA) -> dict:
+    """The dataset, parsed with yaml.safe_load and checked for the fields the script needs."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise MscaleError("expected a mapping with 'sources' and a list of 'runs'", file=str(path),
+                          fix="see the header of bench/data/published_runs.yaml")
+    for run in data["runs"]:
+        if run.get("source") not in data.get("sources", {}):
+            raise MscaleError(f"run {run.get('id')!r} names an unknown source", file=str(path),
+                              field="source", fix="add the source under 'sources'")
+        if run.get("figure", {}).get("kind") not in KINDS:
+            raise MscaleError(f"run {run.get('id')!r}: unknown figure kind", file=str(path),
+                              field="figure.kind", fix=f"use one of {', '.join(KINDS)}")
+    return data
+
+
+def problem_for(data: dict, run: dict) -> Problem:
+    """The planner's Problem for a run: its model, batch and the source's cluster at its GPU count."""
+    src = data["sources"][run["source"]]
+    m = run["model"]
+    model = ModelConfig(name=run["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+                        kv_heads=m.get("kv_heads"), ffn_hidden=m["ffn"], mlp=m["mlp"],
+                        vocab=m["vocab"], seq_len=m["seq"])
+    training = {"global_batch": run["global_batch"]}
+    stack = run.get("stack", src.get("stack"))
+    if stack and "stack" in TrainingConfig.model_fields:
+        training["stack"] = stack  # the planner's stack profiles, where it has them
+    cl = dict(src["cluster"])
+    cl["nodes"] = run["gpus"] // cl.get("gpus_per_node", 8)
+    return Problem(model, _training(training), ClusterConfig(**cl))
+
+
+def _training(fields: dict) -> TrainingConfig:
+    """TrainingConfig from the run; a stack name the planner does not know falls back to none."""
+    try:
+        return TrainingConfig(**fields)
+    except ValueError:
+        fields.pop("stack", None)
+        return TrainingConfig(**fields)
+
+
+def layout_for(run: dict) -> tuple[LayoutConfig, list[str]]:
+    """The published layout, completed by the run's `assume` values; returns the names assumed."""
+    pub, assume = run["layout"], run.get("assume", {})
+    values, assumed = {}, []
+    for key in LAYOUT_KEYS:
+        if pub.get(key) is not None:
+            values[key] = pub[key]
+        elif key in assume:
+            values[key], _ = assume[key], assumed.append(key)
+        elif key in DEFAULTS:
+            values[key], _ = DEFAULTS[key], assumed.append(key)
+    return LayoutConfig(**values), assumed
+
+
+def _convert(kind: str, value: float, cost, pb: Problem) -> tuple[float, float]:
+    """(prediction in the published unit, the published figure as MFU). Hardware figures are
+    turned into MFU with the planner's own model/hardware FLOP ratio for the layout."""
+    peak = pb.cluster.gpu.peak_tflops
+    ratio = cost.mfu / cost.hfu if cost.hfu else 1.0
+    if kind == "mfu":
+        return cost.mfu, value
+    if kind == "model_tflops_per_gpu":
+        return cost.mfu * peak, value / peak
+    if kind == "hardware_tflops_per_gpu":
+        return cost.hfu * peak, value / peak * ratio
+    return cost.step_time, cost.mfu * cost.step_time / value  # iteration_time_s
+
+
+def evaluate_run(data: dict, run: dict) -> Result:
+    """Cost the run's published layout and compare with its figure (no search)."""
+    pb = problem_for(data, run)
+    layout, assumed = layout_for(run)
+    check_layout(layout, pb.model, pb.training, pb.cluster, source=run["id"])
+    cost = evaluate(pb, layout)
+    kind, value = run["figure"]["kind"], float(run["figure"]["value"])
+    predicted, pub_mfu = _convert(kind, value, cost, pb)
+    error = value / predicted - 1 if kind == "iteration_time_s" else predicted / value - 1
+    return Result(run["id"], run["source"], bool(run.get("fit")), kind, value, predicted, error,
+                  pub_mfu, cost.mfu, cost.fits, describe(layout), assumed)
+
+
+def rank_in_search(data: dict, run: dict, res: Result) -> None:
+    """Run the search for the run's problem and record where its published layout ranks.
+
+    The search is left free (micro-batch, recompute, ZeRO); when it refuses as too large, it is
+    narrowed to the published (or assumed) micro-batch and the table says so.
+    """
+    pb = problem_for(data, run)
+    layout, _ = layout_for(run)
+    try:
+        result = search(pb)
+    except MscaleError:
+        tr = pb.training.model_copy(update={"micro_batch": layout.micro_batch})
+        pb = Problem(pb.model, tr, pb.cluster)
+        result = search(pb)
+        res.search_note = f"search narrowed to micro-batch {layout.micro_batch}"
+    if not result.count:
+        res.search_note = "no layout fits in the planner's memory model"
+        res.top3 = False
+        return
+    want = {k: run["layout"][k] for k in MATCH_KEYS if run["layout"].get(k) is not None}
+    res.best, res.best_mfu = describe(result.layout(0)), result.cost(0).mfu
+    res.rank = _distinct_rank(result, want)
+    res.top3 = res.rank is not None and res.rank <= 3
+
+
+def _distinct_rank(result, want: dict) -> int | None:
+    """1-based rank of the first layout matching ``want`` among the distinct (tp, pp, vpp,
+    micro-batch) layouts, best first: variants of one layout that differ only in SP, recompute,
+    ZeRO or DP reduction count once, at their best."""
+    seen: dict[tuple, int] = {}
+    for sk in _skeletons(result):
+        if sk in seen:
+            continue
+        seen[sk] = len(seen) + 1
+        if all(dict(zip(MATCH_KEYS, sk))[k] == v for k, v in want.items()):
+            return seen[sk]
+    return None
+
+
+def _skeletons(result):
+    """(tp, pp, vpp, micro_batch) of each feasible layout in ranked order; from the search's
+    arrays when it exposes them, else one LayoutConfig at a time."""
+    arr = getattr(result, "arrays", None) or {}
+    if all(k in arr for k in ("tp", "pp", "vpp", "mb")):
+        cols = [arr[k][: result.count].tolist() for k in ("tp", "pp", "vpp", "mb")]
+        return zip(*cols)
+    return ((lo.tp, lo.pp, lo.vpp, lo.micro_batch)
+            for lo in (result.layout(i) for i in range(result.count)))
+
+
+def validate(path: Path = DATA, with_search: bool = True) -> tuple[dict, list[Result]]:
+    """Every run of the dataset evaluated (and searched); runs the planner cannot take are
+    reported with the reason rather than dropped."""
+    data = load(path)
+    results = []
+    for run in data["runs"]:
+        try:
+            res = evaluate_run(data, run)
+        except MscaleError as e:
+            res = Result(run["id"], run["source"], bool(run.get("fit")), run["figure"]["kind"],
+                         float(run["figure"]["value"]), float("nan"), float("nan"), float("nan"),
+                         float("nan"), False, "", error_note=str(e).splitlines()[0])
+            results.append(res)
+            continue
+        if with_search:
+            rank_in_search(data, run, res)
+        results.append(res)
+    return data, results
+
+
+@dataclass
+class Summary:
+    """Per-source accuracy: the figures the issue asks for."""
+
+    source: str
+    rows: int
+    median_abs: float
+    max_abs: float
+    signed_median: float
+    within_10: int
+    top3: int | None
+    fitting: bool
+
+
+def summarize(data: dict, results: list[Result]) -> list[Summary]:
+    """One Summary per source, then one for every held-out row together (source '(held out)')."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if r.error == r.error:  # not NaN
+            groups.setdefault(r.source, []).append(r)
+    held = [r for s, rs in groups.items() if s != data.get("fitting_source") for r in rs]
+    out = [_summary(s, rs, s == data.get("fitting_source")) for s, rs in groups.items()]
+    if held:
+        out.append(_summary("(held out)", held, False))
+    return out
+
+
+def _summary(source: str, rs: list[Result], fitting: bool) -> Summary:
+    errs = [r.error for r in rs]
+    searched = [r for r in rs if r.top3 is not None]
+    return Summary(source, len(rs), statistics.median(abs(e) for e in errs),
+                   max(abs(e) for e in errs), statistics.median(errs),
+                   sum(abs(e) <= 0.10 for e in errs),
+                   sum(bool(r.top3) for r in searched) if searched else None, fitting)
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    if x is None or x != x:
+        return "—"
+    return f"{x * 100:+.1f}%" if signed else f"{x * 100:.1f}%"
+
+
+def _fig(kind: str, v: float) -> str:
+    if v != v:
+        return "—"
+    if kind == "mfu":
+        return f"{v * 100:.1f}%"
+    return f"{v:.2f} s" if kind == "iteration_time_s" else f"{v:.0f}"
+
+
+UNITS = {"mfu": "MFU", "model_tflops_per_gpu": "model TFLOP/s/GPU",
+         "hardware_tflops_per_gpu": "HW TFLOP/s/GPU", "iteration_time_s": "s/step"}
+
+
+def planner_state() -> str:
+    """Which planner produced the figures: the commit, and any uncommitted planner files, so a
+    table made from a work in progress says so."""
+    src = Path(cost_module.__file__).resolve().parent
+    if ROOT not in src.parents:
+        return f"planner imported from {src}"
+    try:
+        git = ["git", "-C", str(ROOT)]
+        head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(git + ["status", "--porcelain", "--", str(src)],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "planner of this checkout (git not available)"
+    changed = sorted(Path(line[3:]).name for line in dirty if line.strip())
+    return f"planner at commit {head}" + (f", uncommitted changes in {', '.join(changed)}"
+                                          if changed else "")
+
+
+def render(data: dict, results: list[Result], summaries: list[Summary], command: str,
+           state: str = "") -> str:
+    """docs/plan-validation.md: how it was made, the per-source summary, then every run."""
+    fit = data.get("fitting_source")
+    lines = [
+        "# Planner validation against published training results", "",
+        f"Generated by `{command}` from `bench/data/published_runs.yaml`; do not edit by hand."
+        + (f" Figures from the {state}." if state else ""),
+        "", "Each run's published layout is costed with `mscale.planner.cost.evaluate` and the "
+        "prediction compared with the published figure in its own unit. Error = predicted "
+        "throughput / published − 1 (for an iteration time, published / predicted − 1): "
+        "**+ means the planner is optimistic**. Fields a source does not publish are filled from "
+        "the run's `assume` values and listed under *assumed*. *rank* is where the published "
+        "layout (its published tp, pp, and vpp/micro-batch where published) first appears in "
+        "`mscale.planner.search.search`'s ranking of the layouts that fit, counting each "
+        "(tp, pp, vpp, micro-batch) once (variants differing only in SP, recompute, ZeRO or DP "
+        "reduction are one layout).", "",
+        f"Fitting source: **{fit}** (the constants were fitted on its batch-6144 rows, marked "
+        "*fit*); every other source is held out.", "", "## Summary by source", "",
+        "| source | rows | median abs. error | max abs. error | median signed | within 10% "
+        "| published layout in top 3 |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for s in summaries:
+        name = f"{s.source} (fitting)" if s.fitting else s.source
+        top3 = "—" if s.top3 is None else f"{s.top3}/{s.rows}"
+        lines.append(f"| {name} | {s.rows} | {_pct(s.median_abs)} | {_pct(s.max_abs)} | "
+                     f"{_pct(s.signed_median, True)} | {s.within_10}/{s.rows} | {top3} |")
+    lines += ["", "## Every run", "",
+              "| run | unit | published | predicted | error | MFU pub → pred | fits | layout "
+              "(assumed) | rank | search's best (MFU) |",
+              "|---|---|---:|---:|---:|---:|:-:|---|---:|---|"]
+    for r in results:
+        lines.append(_row(r))
+    lines += ["", "## Sources", ""]
+    for key, src in data["sources"].items():
+        lines.append(f"- **{key}**: {src['cite']}, <{src['url']}>; stack `{src['stack']}`. "
+                     f"{src.get('notes', '').strip()}")
+    return "\n".join(lines) + "\n"
+
+
+def _row(r: Result) -> str:
+    if r.error != r.error:
+        return f"| {r.run_id} | {UNITS[r.kind]} | {_fig(r.kind, r.published)} | — | — | — | — | " \
+               f"not evaluated: {r.error_note} | — | — |"
+    name = f"{r.run_id} *fit*" if r.fit else r.run_id
+    lay = r.layout + (f" ({', '.join(r.assumed)})" if r.assumed else "")
+    rank = "—" if r.top3 is None else (str(r.rank) if r.rank else "absent")
+    best = f"{r.best} ({_pct(r.best_mfu)})" if r.best else (r.search_note or "—")
+    if r.search_note and r.best:
+        best += f"; {r.search_note}"
+    return (f"| {name} | {UNITS[r.kind]} | {_fig(r.kind, r.published)} | "
+            f"{_fig(r.kind, r.predicted)} | {_pct(r.error, True)} | {_pct(r.published_mfu)} → "
+            f"{_pct(r.predicted_mfu)} | {'yes' if r.fits else 'no'} | {lay} | {rank} | {best} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-search", action="store_true", help="errors only; print, write nothing")
+    ap.add_argument("--out", type=Path, default=DOC)
+    ap.add_argument("--label", help="what planner produced the figures (default: from git)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    data, results = validate(with_search=not args.no_search)
+    text = render(data, results, summarize(data, results), COMMAND, args.label or planner_state())
+    if args.no_search:
+        print(text)
+        return
+    args.out.write_text(text)
+    print(f"wrote {args.out} ({len(results)} runs, {time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
