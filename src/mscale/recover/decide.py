@@ -1,0 +1,231 @@
+"""One recovery, end to end: diagnose → checkpoint → exclusions → re-plan → relaunch command.
+
+`plan_recovery` only reads (and, under SLURM, re-checks suspect nodes with preflight): it is the
+dry run `mscale recover RUN` prints. `apply_plan` writes what the plan needs before a relaunch
+(the re-planned plan, the data window to skip, a pin on the chosen checkpoint, the decision
+document ``RUN/recover/decision-NNNN.json`` and one ``recover`` event) and moves nothing it
+cannot undo; `launch` runs the command. The verdict is the exit code: 0 relaunch as it was, 1
+relaunch with less (fewer nodes, an older checkpoint, a skipped data window, idle nodes, another
+batch), 2 a human must act; ``reasons`` says why, one sentence per fact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from mscale.config.plan import Plan
+from mscale.config.records import DataSkip, Event
+from mscale.errors import MscaleError
+from mscale.hostlist import collect_hostlist
+from mscale.recover import stages
+from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
+                                     Replan)
+from mscale.recover.recheck import Rechecker, failure_time
+from mscale.recover.relaunch import Change, Launch, recorded_launch, relaunch
+from mscale.runs.atomic import fs_and_path, write_json_atomic
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import load_checked_plan
+
+_DECISION = re.compile(r"decision-(\d{4,})\.json$")
+
+
+@dataclass
+class RecoverOptions:
+    """How `mscale recover` decides and acts."""
+
+    execute: bool = False
+    """Carry the plan out (`apply_plan` + `launch`); the default only prints it."""
+    allow_batch_change: bool = False
+    """May the re-plan change the global batch when no layout keeps it on the remaining nodes."""
+    recheck: bool = True
+    """Re-check suspect nodes with preflight before excluding them (`recover.recheck`)."""
+    verify: str = "quick"
+    """Checkpoint verification before trusting one: ``quick`` (manifest, sizes) or ``full``."""
+    command: list[str] | None = None
+    """The launch command to rewrite, when the run's start event did not record one (or to use
+    another, e.g. the sbatch line a supervisor runs)."""
+
+
+def check_run_dir(run_dir: str) -> RunDir:
+    """Bad input (exit 3) unless ``run_dir`` is a run directory: it exists and holds the files
+    a training run leaves (events.jsonl or plan.yaml)."""
+    fs, root = fs_and_path(run_dir)
+    if not fs.isdir(root):
+        raise MscaleError("run directory not found", file=run_dir,
+                          fix="give the --run-dir of a training run")
+    run = RunDir(run_dir)
+    if not any(fs.isfile(fs_and_path(u)[1]) for u in (run.events, run.plan)):
+        raise MscaleError("not a run directory (no events.jsonl or plan.yaml)", file=run_dir,
+                          fix="give the --run-dir that `mscale train` wrote")
+    return run
+
+
+def _run_plan(run: RunDir, launch: Launch | None) -> tuple[Plan, str]:
+    """The plan the failed attempt ran: the run's plan.yaml (train records the resolved plan
+    there), else the recorded launch's plan file."""
+    for url in (run.plan, launch.plan if launch else None):
+        if url and fs_and_path(url)[0].isfile(fs_and_path(url)[1]):
+            return load_checked_plan(url), url
+    raise MscaleError("the run has no plan.yaml and its start event names no plan file",
+                      file=run.root, fix="recover needs the plan the job ran")
+
+
+def ranks_per_node(plan: Plan) -> int:
+    return min(plan.cluster.gpus_per_node, plan.layout.world_size)
+
+
+def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryPlan:
+    """Decide how to recover the run's last failure; reads only (see the module docstring)."""
+    opts = opts or RecoverOptions()
+    run = check_run_dir(run_dir)
+    diagnosis = stages.diagnose(run_dir)
+    choice = stages.choose_checkpoint(run, diagnosis, verify=opts.verify)
+    launch = recorded_launch(run)
+    plan, plan_url = _run_plan(run, launch)
+    checker = None
+    if opts.recheck:
+        checker = Rechecker(run, plan, launch.plan if launch and launch.plan else plan_url,
+                            launch, since=failure_time(run))
+    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker)
+    reasons: list[str] = []
+    refusal = None
+    try:
+        rp = stages.replan(run, plan, exclusions, allow_batch_change=opts.allow_batch_change,
+                           write=False)
+    except MscaleError as e:
+        rp, refusal = None, f"no layout fits the remaining nodes: {e.message}"
+    skip = stages.data_skip_for(diagnosis, choice)
+    change = Change(world=rp.world if rp else plan.layout.world_size,
+                    nodes=rp.nodes if rp else list(launch.nodes if launch else []),
+                    excluded=list(exclusions.nodes), plan_path=rp.plan_path if rp else None,
+                    resume=None if choice.is_latest else choice.path)
+    how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
+    verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
+    if checker is not None:
+        reasons += checker.notes
+    elif diagnosis.suspect_nodes:
+        reasons.append("suspect nodes not re-checked (--no-recheck)")
+    reasons += how.notes
+    finished = diagnosis.symptom == "finished"
+    return RecoveryPlan(
+        run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
+        exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
+        launcher=how.launcher,
+        command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
+
+
+def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusions,
+             rp: Replan | None, skip: DataSkip | None, refusal: str | None,
+             reasons: list[str]) -> str:
+    """The verdict, appending one sentence per fact behind it to ``reasons``."""
+    refused = []
+    if diagnosis.symptom == "bad_input" or diagnosis.cls == "user_code":
+        refused.append(f"{diagnosis.summary} — relaunching would fail the same way: fix the "
+                       "code or input, then run recover again")
+    if refusal:
+        refused.append(refusal)
+    progress = diagnosis.failed_step or 0
+    if choice.path is None and (progress > 0 or choice.rejected):
+        refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
+                       f"{progress}: restarting from step 0 (--resume none) is a human's call")
+    if refused:
+        reasons += refused
+        return "unrecoverable"
+    degraded = _degradations(choice, exclusions, rp, skip)
+    reasons += degraded
+    if diagnosis.symptom == "finished":
+        reasons.append("the run finished: nothing to recover")
+    elif not degraded:
+        at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"
+        reasons.append(f"relaunch as before, from {at}")
+    return "degraded" if degraded else "relaunchable"
+
+
+def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan | None,
+                  skip: DataSkip | None) -> list[str]:
+    out = []
+    if rp is not None:
+        gone = [n for n in exclusions.nodes if n not in rp.nodes]
+        out.append(f"{len(gone)} node(s) kept out: {collect_hostlist(gone)} ("
+                   + "; ".join(f"{n}: {exclusions.reasons.get(n, '?')}" for n in gone) + ")")
+        out.append(f"re-planned for {rp.world} ranks: {rp.old_layout} -> {rp.layout}"
+                   + (f" ({rp.note})" if rp.note else ""))
+        if rp.unused_nodes:
+            out.append(f"healthy node(s) left idle: {collect_hostlist(rp.unused_nodes)} (no "
+                       "layout uses them with the same global batch)")
+        if rp.batch_changed:
+            out.append(f"global batch changed to {rp.global_batch} (--allow-batch-change)")
+    if choice.path is not None and not choice.is_latest:
+        passed = ", ".join(f"{r.get('name')} ({r.get('why')})" for r in choice.rejected)
+        out.append(f"rolled back to step {choice.step}" + (f", passing over {passed}"
+                                                            if passed else ""))
+    if skip is not None:
+        out.append(f"data of {skip.skip_steps} step(s) after step {skip.after_step} skipped"
+                   + (f" ({skip.reason})" if skip.reason else ""))
+    return out
+
+
+def _next_decision(run: RunDir) -> str:
+    fs, root = fs_and_path(run.recover)
+    found = [int(m.group(1)) for p in (fs.ls(root, detail=False) if fs.isdir(root) else [])
+             if (m := _DECISION.search(p.rsplit("/", 1)[-1]))]
+    return f"{run.recover}/decision-{max(found, default=0) + 1:04d}.json"
+
+
+def apply_plan(plan: RecoveryPlan) -> str:
+    """Write what the relaunch needs; returns the decision document's URL. An unrecoverable
+    plan writes only its decision and event (what was refused and why)."""
+    run = RunDir(plan.run_dir)
+    if plan.verdict != "unrecoverable":
+        _write_replan(run, plan)
+        if plan.data_skip:
+            stages.record_data_skip(run, DataSkip.model_validate(plan.data_skip))
+        if plan.checkpoint.path and not plan.checkpoint.is_latest:  # a rollback's target
+            stages.pin_checkpoint(run, plan.checkpoint.path,
+                                  f"rollback target chosen by recover ({plan.checkpoint.reason})")
+    url = _next_decision(run)
+    write_json_atomic(url, plan.to_json())
+    severity = {"relaunchable": "info", "degraded": "warning", "unrecoverable": "critical"}
+    d = plan.diagnosis
+    run.append_record(run.events, Event(
+        source="recover", kind="recover", severity=severity[plan.verdict],
+        step=plan.checkpoint.step, ranks=d.suspect_ranks, nodes=plan.exclusions.nodes,
+        message=f"{plan.verdict}: {d.summary}" + (f"; {plan.reasons[0]}" if plan.reasons else ""),
+        evidence={"decision": url.rsplit("/", 1)[-1], **plan.to_json()}))
+    return url
+
+
+def _write_replan(run: RunDir, plan: RecoveryPlan) -> None:
+    """Write the re-planned plan the dry run described; the same inputs give the same layout,
+    and a different one is refused rather than launched."""
+    if plan.replan is None or plan.replan.plan_path is None:
+        return
+    old, _ = _run_plan(run, recorded_launch(run))
+    rp = stages.replan(run, old, plan.exclusions, allow_batch_change=plan.replan.batch_changed,
+                       write=True)
+    if rp is None or rp.layout != plan.replan.layout:
+        raise MscaleError("the re-plan changed since the dry run", file=run.root,
+                          fix="run `mscale recover` again and act on its new plan")
+    if rp.plan_path != plan.replan.plan_path:
+        plan.command = [rp.plan_path if a == plan.replan.plan_path else a for a in plan.command]
+        plan.replan = rp
+
+
+def launch(plan: RecoveryPlan, stdout=None) -> int:
+    """Run the relaunch command in the directory the job was started from; its exit code (for
+    sbatch/requeue: the submission's, the job runs on). ``stdout``: where its output goes
+    (``--json`` sends it to stderr, since stdout carries the document)."""
+    if not plan.command:
+        raise MscaleError("no relaunch command" + (": the run is unrecoverable"
+                                                   if plan.verdict == "unrecoverable" else ""),
+                          file=plan.run_dir, fix="see the reasons in the report")
+    rec = recorded_launch(RunDir(plan.run_dir))
+    cwd = rec.cwd if rec and rec.cwd and os.path.isdir(rec.cwd) else None
+    try:
+        return subprocess.run(plan.command, cwd=cwd, stdout=stdout, check=False).returncode
+    except OSError as e:
+        raise MscaleError(f"could not start {plan.command[0]}: {e}", field="command",
+                          fix="check that the launcher is installed and on PATH") from None

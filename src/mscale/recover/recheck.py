@@ -1,0 +1,189 @@
+"""Re-check suspect nodes before keeping them out: a node that failed once may be healthy.
+
+Why: excluding a node on one crash costs a node for the rest of the run; relaunching on a bad
+one costs another failure. Preflight measures the difference. What counts, in order:
+
+1. a ``preflight.json`` written after the failure, for this run's plan (its world and layout):
+   a node it names in ``bad_nodes`` fails with that check's message; a node it measured without
+   fault is healthy;
+2. under SLURM, preflight run now (``srun --nodelist=<the job's nodes> ... mscale preflight``,
+   ``--json``): preflight judges a node against its peers and needs the plan's world, so the
+   suspects are measured together with the job's other nodes; a node that srun cannot start on
+   fails the re-check;
+3. otherwise (``--local``: every "node" is this machine; torchrun: recover cannot start
+   processes on other machines) the node is *not re-checked*, and a note says so.
+
+`Rechecker` is the ``recheck`` callable `recover.exclude.decide_exclusions` takes: node → failure
+reason, or None when healthy; nodes it could not re-check are absent from the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mscale.config.plan import Plan
+from mscale.config.preflight import PreflightReport
+from mscale.hostlist import collect_hostlist
+from mscale.recover.relaunch import Launch
+from mscale.runs.atomic import fs_and_path, read_jsonl
+from mscale.runs.rundir import RunDir
+
+Srun = Callable[[list[str], float], tuple[int, str, str]]
+"""Runs srun: (argv, timeout) → (exit code, stdout, stderr). Injected by tests."""
+
+RECHECK_TIMEOUT_S = 300.0
+"""Longest a SLURM re-check may take: start-up on every node plus a quick preflight (about ten
+seconds at world 8 on CPUs, docs/preflight.md) with room for a busy queue."""
+
+
+def failure_time(run: RunDir) -> float:
+    """When the last attempt stopped: its stop/hang/nan event, else its last metrics record,
+    else its start; 0 when the run recorded nothing."""
+    events = read_jsonl(run.events)
+    starts = [i for i, e in enumerate(events) if e.get("kind") == "start"
+              and e.get("source", "train") == "train"]
+    after = events[starts[-1]:] if starts else events
+    ends = [e.get("time", 0.0) for e in after if e.get("kind") in ("stop", "hang", "nan")]
+    if ends:
+        return float(ends[-1])
+    metrics = read_jsonl(run.metrics)
+    if metrics:
+        return float(metrics[-1].get("time", 0.0))
+    return float(after[0].get("time", 0.0)) if after else 0.0
+
+
+def read_report(url: str) -> PreflightReport | None:
+    fs, path = fs_and_path(url)
+    if not fs.isfile(path):
+        return None
+    try:
+        return PreflightReport.model_validate_json(fs.cat_file(path))
+    except ValueError:
+        return None
+
+
+def judge_report(report: PreflightReport, nodes: list[str]) -> dict[str, str | None]:
+    """What one preflight report says about ``nodes``: a reason for each bad node, None for
+    each node it measured without fault; nodes it never measured are absent."""
+    out: dict[str, str | None] = {}
+    for node in nodes:
+        mine = [r for r in report.results if r.node == node]
+        if node in report.bad_nodes:
+            bad = [r for r in mine if r.status == "CRITICAL"] or mine
+            why = f"{bad[0].check}: {bad[0].message}" if bad else "named in bad_nodes"
+            out[node] = f"preflight re-check failed ({why})"[:300]
+        elif mine:
+            out[node] = None
+    return out
+
+
+def _same_plan(report: PreflightReport, plan: Plan) -> bool:
+    layout = {k: getattr(plan.layout, k) for k in ("tp", "pp", "dp")}
+    return report.world == plan.layout.world_size and \
+        all(report.layout.get(k) == v for k, v in layout.items())
+
+
+def _srun(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:.0f} s"
+    except OSError as e:
+        return 127, "", str(e)
+    return p.returncode, p.stdout, p.stderr
+
+
+def _json_document(text: str) -> dict | None:
+    """The JSON document rank 0 printed with ``--json`` (other ranks may print lines too)."""
+    start = text.find("{")
+    while start != -1:
+        try:
+            return json.loads(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("\n{", start + 1)
+            start = start + 1 if start != -1 else -1
+    return None
+
+
+@dataclass
+class Rechecker:
+    """Re-checks suspect nodes (see the module docstring); callable as ``recheck(nodes)``."""
+
+    run: RunDir
+    plan: Plan
+    plan_path: str
+    launch: Launch | None
+    since: float
+    """Failure time: only a preflight.json newer than this counts."""
+    srun: Srun = _srun
+    timeout_s: float = RECHECK_TIMEOUT_S
+    notes: list[str] = field(default_factory=list)
+    """What the operator should know (nodes not re-checked and why), one sentence each."""
+    answers: dict[str, str | None] = field(default_factory=dict)
+    """Every answer given so far."""
+
+    def __call__(self, nodes: list[str]) -> dict[str, str | None]:
+        todo = sorted(set(nodes))
+        out: dict[str, str | None] = {}
+        report = read_report(self.run.preflight)
+        if report is not None and report.time > self.since and _same_plan(report, self.plan):
+            out.update(judge_report(report, todo))
+        todo = [n for n in todo if n not in out]
+        if todo:
+            out.update(self._measure(todo))
+        self.answers.update(out)
+        return out
+
+    def _measure(self, nodes: list[str]) -> dict[str, str | None]:
+        launch = self.launch
+        hosts = collect_hostlist(nodes)
+        if launch is None or not (launch.slurm or launch.launcher == "slurm"):
+            where = ("under --local every node is this machine" if launch is not None and
+                     launch.local else "recover can start preflight only through SLURM")
+            self.notes.append(f"{hosts} not re-checked: {where}; the evidence alone decides")
+            return {}
+        if shutil.which("srun") is None and self.srun is _srun:
+            self.notes.append(f"{hosts} not re-checked: srun is not on PATH here")
+            return {}
+        return self._srun_preflight(nodes, launch)
+
+    def _srun_preflight(self, nodes: list[str], launch: Launch) -> dict[str, str | None]:
+        world = self.plan.layout.world_size
+        job_nodes = launch.nodes or nodes
+        per_node = max(1, world // max(1, len(job_nodes)))
+        if per_node * len(job_nodes) != world:
+            self.notes.append(f"{collect_hostlist(nodes)} not re-checked: the job's "
+                              f"{len(job_nodes)} nodes do not hold the plan's {world} ranks")
+            return {}
+        exe = launch.argv[0] if launch.argv and "mscale" in os.path.basename(launch.argv[0]) \
+            else "mscale"
+        with tempfile.TemporaryDirectory(prefix="mscale-recheck-") as tmp:
+            argv = ["srun", f"--nodelist={collect_hostlist(job_nodes)}",
+                    f"--nodes={len(job_nodes)}", f"--ntasks={world}",
+                    f"--ntasks-per-node={per_node}", "--immediate=60",
+                    exe, "preflight", self.plan_path, "--run-dir", tmp, "--json",
+                    "--timeout", "60"]
+            if launch.slurm and launch.slurm.get("job_name"):
+                argv[1:1] = [f"--job-name={launch.slurm['job_name']}-recheck"]
+            code, out, err = self.srun(argv, self.timeout_s)
+            doc = _json_document(out)
+            report = None
+            if doc is not None and "results" in doc:
+                report = PreflightReport.model_validate(doc)
+            else:
+                report = read_report(os.path.join(tmp, "preflight.json"))
+        if report is None:
+            last = (err.strip().splitlines() or [f"exit {code}"])[-1][:200]
+            return {n: f"preflight re-check could not run on it (srun exit {code}: {last})"
+                    for n in nodes}
+        found = judge_report(report, nodes)
+        for n in nodes:
+            if n not in found:
+                self.notes.append(f"{n}: the re-check measured nothing on it")
+        return found

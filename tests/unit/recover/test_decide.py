@@ -1,0 +1,272 @@
+"""plan_recovery's verdicts and reasons over faked stages, the re-check (preflight.json, SLURM,
+--local), apply_plan's writes, and a dry run that writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from mscale.config.preflight import CheckResult, PreflightReport
+from mscale.config.records import DataSkip
+from mscale.errors import MscaleError
+from mscale.recover import decide, stages
+from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
+from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, Replan
+from mscale.recover.recheck import Rechecker, failure_time
+from mscale.recover.relaunch import Launch
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import load_checked_plan
+
+from tests.conftest import PLANS
+
+NODES = ["node1", "node2", "node3", "node4"]
+T_FAIL = 1000.0
+
+
+def write_events(run, events):
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A run directory of the cpu-tiny plan (8 ranks on node[1-4]) whose --local 8 attempt
+    stopped at T_FAIL."""
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)
+    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
+    argv = ["/venv/bin/mscale", "train", str(run / "plan.yaml"), "--run-dir", str(run),
+            "--local", "8", "--steps", "20"]
+    write_events(run, [
+        {"kind": "start", "source": "train", "time": T_FAIL - 60, "evidence": {
+            "launcher": "local", "attempt": 1, "launch": {
+                "argv": argv, "cwd": str(tmp_path), "plan": str(run / "plan.yaml"), "local": 8,
+                "nodes": NODES, "slurm": None}}},
+        {"kind": "stop", "source": "train", "time": T_FAIL, "ranks": [5], "nodes": ["node3"]}])
+    return run
+
+
+class Fakes:
+    """The stages as plain data; each test sets what it needs."""
+
+    def __init__(self, run):
+        self.run = run
+        self.diagnosis = Diagnosis(cls="gpu", symptom="crash", summary="rank 5 on node3 died",
+                                   suspect_ranks=[5], suspect_nodes=["node3"], failed_step=12,
+                                   attempt=1)
+        self.choice = CheckpointChoice(path=str(run / "ckpt/step-000010"), step=10,
+                                       reason="newest that verifies")
+        self.exclusions = Exclusions()
+        self.replan = None
+        self.skip = None
+        self.rechecked = None
+        self.calls = []
+
+    def install(self, monkeypatch):
+        def exclusions(run, diagnosis, recheck=None):
+            if recheck is not None:
+                self.rechecked = recheck(diagnosis.suspect_nodes)
+            return self.exclusions
+
+        def replan(run, plan, exclusions, *, allow_batch_change=False, write=True):
+            self.calls.append(("replan", write, allow_batch_change))
+            if isinstance(self.replan, Exception):
+                raise self.replan
+            return self.replan
+
+        monkeypatch.setattr(stages, "diagnose", lambda run_dir: self.diagnosis)
+        monkeypatch.setattr(stages, "choose_checkpoint", lambda run, d, verify="quick":
+                            self.choice)
+        monkeypatch.setattr(stages, "decide_exclusions", exclusions)
+        monkeypatch.setattr(stages, "replan", replan)
+        monkeypatch.setattr(stages, "data_skip_for", lambda d, c: self.skip)
+        monkeypatch.setattr(stages, "record_data_skip",
+                            lambda run, skip: self.calls.append(("skip", skip.skip_steps)))
+        monkeypatch.setattr(stages, "pin_checkpoint",
+                            lambda run, path, reason: self.calls.append(("pin", path)))
+        return self
+
+
+@pytest.fixture
+def fakes(run, monkeypatch):
+    return Fakes(run).install(monkeypatch)
+
+
+def shrunk(run) -> Replan:
+    return Replan(plan_path=str(run / "recover/plan-0001.yaml"), nodes=["node1", "node2"],
+                  world=4, layout="tp2 pp2 dp1 on 2 nodes (cpu-4x2)",
+                  old_layout="tp2 pp2 dp2 on 4 nodes (cpu-4x2)", old_step_time_s=1.0,
+                  new_step_time_s=1.8, global_batch=16, unused_nodes=["node4"],
+                  note="DP 2 -> 1, 2x more micro-batches")
+
+
+def test_a_transient_crash_is_relaunched_as_it_was(run, fakes):
+    fakes.diagnosis.suspect_nodes, fakes.diagnosis.transient = [], True
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "relaunchable" and plan.exit_code == 0 and plan.launcher == "local"
+    assert plan.command[-4:] == ["--local", "8", "--steps", "20"]
+    assert plan.reasons == ["relaunch as before, from step 10"]
+
+
+def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
+    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
+    fakes.replan = shrunk(run)
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "degraded" and plan.exit_code == 1
+    assert plan.command[2] == str(run / "recover/plan-0001.yaml")
+    assert plan.command[plan.command.index("--local") + 1] == "4"
+    text = " | ".join(plan.reasons)
+    assert "node3: SIGKILL on rank 5" in text and "tp2 pp2 dp1" in text
+    assert "left idle: node4" in text
+    assert "node3 not re-checked: under --local every node is this machine" in text
+    assert fakes.rechecked == {} and fakes.calls == [("replan", False, False)]
+
+
+def test_rollback_with_data_skip_resumes_from_the_older_checkpoint(run, fakes):
+    fakes.diagnosis = Diagnosis(cls="numerics", symptom="divergence", summary="loss diverged",
+                                failed_step=14, bad_step=12)
+    fakes.choice = CheckpointChoice(path=str(run / "ckpt/step-000010"), step=10, reason="before",
+                                    is_latest=False,
+                                    rejected=[{"name": "step-000012", "why": "at the bad step"}])
+    fakes.skip = DataSkip(after_step=10, skip_steps=2, reason="divergence at 12")
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "degraded" and plan.data_skip["skip_steps"] == 2
+    assert plan.command[-2:] == ["--resume", str(run / "ckpt/step-000010")]
+    assert any("passing over step-000012 (at the bad step)" in r for r in plan.reasons)
+
+
+@pytest.mark.parametrize("case", ["bad_input", "no_checkpoint", "no_layout"])
+def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
+    if case == "bad_input":
+        fakes.diagnosis = Diagnosis(cls="user_code", symptom="bad_input", summary="bad config")
+        why = "fix the code or input"
+    elif case == "no_checkpoint":
+        fakes.choice = CheckpointChoice(path=None, step=None, reason="none committed")
+        why = "had reached step 12"
+    else:
+        fakes.exclusions = Exclusions(nodes=NODES, reasons={n: "dead" for n in NODES})
+        fakes.replan = MscaleError("no node left")
+        why = "no layout fits the remaining nodes: no node left"
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "unrecoverable" and plan.exit_code == 2 and plan.command == []
+    assert any(why in r for r in plan.reasons)
+
+
+def test_nothing_to_lose_without_a_checkpoint_starts_over(run, fakes):
+    fakes.diagnosis.failed_step, fakes.diagnosis.suspect_nodes = 0, []
+    fakes.choice = CheckpointChoice(path=None, step=None, reason="none yet")
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "relaunchable" and "step 0" in plan.reasons[0]
+
+
+def tree(root) -> dict:
+    return {os.path.relpath(os.path.join(d, f), root): os.path.getmtime(os.path.join(d, f))
+            for d, _, files in os.walk(root) for f in files}
+
+
+def test_dry_run_writes_nothing_apply_writes_decision_event_skip_and_pin(run, fakes):
+    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "dead"})
+    fakes.replan = shrunk(run)
+    fakes.choice.is_latest = False
+    fakes.skip = DataSkip(after_step=10, skip_steps=1)
+    before = tree(run)
+    plan = plan_recovery(str(run))
+    assert tree(run) == before
+    url = apply_plan(plan)
+    assert url.endswith("recover/decision-0001.json")
+    doc = json.loads(open(url).read())
+    assert doc["verdict"] == "degraded" and doc["exit_code"] == 1
+    assert fakes.calls[1:] == [("replan", True, False), ("skip", 1),
+                               ("pin", str(run / "ckpt/step-000010"))]
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["source"] == "recover" and events[-1]["kind"] == "recover"
+    assert events[-1]["severity"] == "warning" and events[-1]["nodes"] == ["node3"]
+    assert events[-1]["evidence"]["decision"] == "decision-0001.json"
+    assert apply_plan(plan).endswith("decision-0002.json")
+
+
+def test_apply_refuses_a_re_plan_that_changed_since_the_dry_run(run, fakes):
+    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "dead"})
+    fakes.replan = shrunk(run)
+    plan = plan_recovery(str(run))
+    fakes.replan = Replan(**{**shrunk(run).to_json(), "layout": "tp1 pp2 dp2"})
+    with pytest.raises(MscaleError, match="changed since the dry run"):
+        apply_plan(plan)
+
+
+def test_unrecoverable_apply_writes_only_the_decision(run, fakes):
+    fakes.diagnosis = Diagnosis(cls="user_code", symptom="bad_input", summary="bad config")
+    plan = plan_recovery(str(run))
+    apply_plan(plan)
+    assert fakes.calls == [("replan", False, False)]
+    assert (run / "recover/decision-0001.json").exists()
+
+
+@pytest.mark.parametrize("where", ["missing", "empty"])
+def test_not_a_run_directory_is_bad_input(tmp_path, where):
+    path = tmp_path / "x"
+    if where == "empty":
+        path.mkdir()
+    with pytest.raises(MscaleError) as e:
+        plan_recovery(str(path))
+    assert e.value.code == 3
+
+
+# --- re-checking suspect nodes -------------------------------------------------------------
+
+def report(t, bad=("node3",)) -> PreflightReport:
+    results = [CheckResult(check="gemm", entity_kind="rank", entity=f"rank {r}",
+                           node=NODES[r // 2], value=1.0, status="OK") for r in range(8)]
+    results[5] = CheckResult(check="gemm", entity_kind="rank", entity="rank 5", node="node3",
+                             value=0.2, status="CRITICAL", message="0.2x the median")
+    return PreflightReport(time=t, world=8, layout={"tp": 2, "pp": 2, "dp": 2},
+                           results=results, bad_nodes=list(bad))
+
+
+def checker(run, launch, srun=None) -> Rechecker:
+    plan = load_checked_plan(str(run / "plan.yaml"))
+    kw = {"srun": srun} if srun else {}
+    return Rechecker(RunDir(str(run)), plan, str(run / "plan.yaml"), launch,
+                     since=failure_time(RunDir(str(run))), **kw)
+
+
+def test_a_preflight_report_newer_than_the_failure_answers(run):
+    assert failure_time(RunDir(str(run))) == T_FAIL
+    (run / "preflight.json").write_text(report(T_FAIL + 5).model_dump_json())
+    got = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))(["node3", "node2"])
+    assert got["node2"] is None and "gemm: 0.2x the median" in got["node3"]
+    (run / "preflight.json").write_text(report(T_FAIL - 5).model_dump_json())  # before: ignored
+    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
+    assert c(["node3"]) == {} and "not re-checked" in c.notes[0]
+
+
+def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
+    seen = []
+
+    def srun(argv, timeout):
+        seen.append(argv)
+        return 2, "rank 0 says hi\n" + report(time.time()).model_dump_json(), ""
+
+    launch = Launch(argv=["/venv/bin/mscale", "train"], nodes=NODES, launcher="slurm",
+                    slurm={"job_id": "7", "job_name": "j", "nodelist": "node[1-4]", "nnodes": 4})
+    got = checker(run, launch, srun)(["node3"])
+    assert "preflight re-check failed" in got["node3"]
+    argv = seen[0]
+    assert argv[:7] == ["srun", "--job-name=j-recheck", "--nodelist=node[1-4]", "--nodes=4",
+                        "--ntasks=8", "--ntasks-per-node=2", "--immediate=60"]
+    assert argv[7:10] == ["/venv/bin/mscale", "preflight", str(run / "plan.yaml")]
+    failed = checker(run, launch, lambda a, t: (1, "", "srun: error: node3 down\n"))
+    assert "could not run on it (srun exit 1: srun: error: node3 down)" in failed(["node3"])["node3"]
+
+
+def test_run_plan_falls_back_to_the_recorded_plan(run, fakes):
+    moved = run.parent / "elsewhere.yaml"
+    shutil.move(run / "plan.yaml", moved)
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    events[0]["evidence"]["launch"]["plan"] = str(moved)
+    write_events(run, events)
+    plan, url = decide._run_plan(RunDir(str(run)), decide.recorded_launch(RunDir(str(run))))
+    assert url == str(moved) and plan.layout.world_size == 8
