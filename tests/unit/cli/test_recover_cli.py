@@ -1,0 +1,129 @@
+"""``mscale recover`` in-process over faked stages: the group's default command, exit codes 0/1/2
+per verdict and 3 for bad input, --json's one document, the readable report, --execute."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from mscale.recover import stages
+from mscale.recover.decision import CheckpointChoice, Diagnosis, Evidence, Exclusions, Replan
+
+from tests.conftest import PLANS
+
+NODES = ["node1", "node2", "node3", "node4"]
+
+
+@pytest.fixture
+def run(tmp_path):
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)
+    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
+    argv = [sys.executable, "-c", "import sys; print('relaunched', sys.argv[1:]); "
+            "sys.exit(0)", "mscale", "train", str(run / "plan.yaml"), "--run-dir", str(run),
+            "--local", "8"]
+    start = {"kind": "start", "source": "train", "time": 1.0, "evidence": {
+        "launcher": "local", "launch": {"argv": argv, "cwd": str(tmp_path),
+                                        "plan": str(run / "plan.yaml"), "local": 8,
+                                        "nodes": NODES, "slurm": None}}}
+    (run / "events.jsonl").write_text(json.dumps(start) + "\n")
+    return run
+
+
+@pytest.fixture
+def state(run, monkeypatch):
+    """What the faked stages answer; tests change it before invoking the CLI."""
+    s = {"diagnosis": Diagnosis(
+            cls="gpu", symptom="crash", summary="rank 5 on node3 was killed by SIGKILL",
+            evidence=[Evidence(source="events.jsonl", text="rank 5 killed by SIGKILL", rank=5,
+                               node="node3")],
+            suspect_ranks=[5], suspect_nodes=["node3"], failed_step=12),
+         "choice": CheckpointChoice(path=str(run / "ckpt/step-000010"), step=10,
+                                    reason="newest committed that verifies"),
+         "exclusions": Exclusions(), "replan": None}
+    monkeypatch.setattr(stages, "diagnose", lambda d: s["diagnosis"])
+    monkeypatch.setattr(stages, "choose_checkpoint", lambda r, d, verify="quick": s["choice"])
+    monkeypatch.setattr(stages, "decide_exclusions",
+                        lambda r, d, recheck=None: s["exclusions"])
+    monkeypatch.setattr(stages, "replan", lambda r, p, e, allow_batch_change=False,
+                        write=True: s["replan"])
+    monkeypatch.setattr(stages, "data_skip_for", lambda d, c: None)
+    return s
+
+
+def degrade(run, state):
+    state["exclusions"] = Exclusions(nodes=["node3"], reasons={"node3": "killed (SIGKILL)"})
+    state["replan"] = Replan(plan_path=str(run / "recover/plan-0001.yaml"),
+                             nodes=["node1", "node2"], world=4, layout="tp2 pp2 dp1",
+                             old_layout="tp2 pp2 dp2", old_step_time_s=1.0,
+                             new_step_time_s=1.5, global_batch=16, unused_nodes=["node4"])
+
+
+def test_default_command_takes_the_run_dir_and_prints_the_report(cli, run, state):
+    code, out, err = cli("recover", str(run))
+    assert code == 0, out + err
+    assert out.startswith(f"recover {run}: RELAUNCHABLE (exit 0)")
+    assert "diagnosis: gpu / crash — rank 5 on node3" in out
+    assert "  events.jsonl [rank 5, node3]: rank 5 killed by SIGKILL" in out
+    assert "checkpoint: " in out and "(step 10) — newest committed" in out
+    assert "relaunch (local):" in out and "dry run: nothing written" in out
+    assert not (run / "recover").exists()
+    code2, out2, _ = cli("recover", "run", str(run))  # the default command by name
+    assert (code2, out2) == (code, out)
+
+
+def test_degraded_is_exit_1_with_exclusions_and_the_re_plan_cost(cli, run, state):
+    degrade(run, state)
+    code, out, err = cli("recover", str(run), "--no-recheck")
+    assert code == 1, out + err
+    assert "exclusions: 1 node(s)\n  node3: killed (SIGKILL)" in out
+    assert "re-plan: tp2 pp2 dp2 -> tp2 pp2 dp1, 4 ranks on 2 node(s)" in out
+    assert "predicted step time 1 s -> 1.5 s (+50%); global batch 16 kept" in out
+    assert "left idle: node4" in out and "--local 4" in out
+    assert "suspect nodes not re-checked (--no-recheck)" in out
+
+
+def test_json_is_one_document_and_unrecoverable_is_exit_2(cli, run, state):
+    state["diagnosis"] = Diagnosis(cls="user_code", symptom="bad_input", summary="bad config")
+    code, out, err = cli("recover", "--json", str(run))  # an option before the run dir
+    assert code == 2, out + err
+    doc = json.loads(out)
+    assert doc["verdict"] == "unrecoverable" and doc["exit_code"] == 2 and doc["command"] == []
+    assert doc["decision"] is None and doc["launch_exit_code"] is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["/no/such/run"], "run directory not found"),
+    (["--verify", "deep", "RUN"], "--verify 'deep' is not quick or full"),
+    (["EMPTY"], "not a run directory"),
+])
+def test_bad_input_is_exit_3(cli, run, tmp_path, args, says):
+    (tmp_path / "empty").mkdir()
+    args = [{"RUN": str(run), "EMPTY": str(tmp_path / "empty")}.get(a, a) for a in args]
+    code, out, err = cli("recover", *args)
+    assert code == 3 and says in err and "Traceback" not in err
+    code, out, _ = cli("recover", *args, "--json")
+    assert code == 3 and says in json.loads(out)["error"]["message"]
+
+
+def test_execute_writes_the_decision_and_runs_the_command(cli, run, state, capfd):
+    degrade(run, state)
+    state["replan"].plan_path = None  # the fake re-plan writes no file
+    code, out, err = cli("recover", str(run), "--execute", "--json", "--no-recheck")
+    assert code == 1, out + err
+    doc = json.loads(out)  # the relaunched command's output went to stderr, not into the document
+    assert doc["launch_exit_code"] == 0 and doc["decision"].endswith("decision-0001.json")
+    assert (run / "recover/decision-0001.json").exists()
+    assert "relaunched" in capfd.readouterr().err
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["kind"] == "recover" and events[-1]["source"] == "recover"
+
+
+def test_the_group_still_routes_its_own_subcommands(cli):
+    code, out, _ = cli("recover", "--help")
+    assert code == 0 and "supervise" in out and "run" in out
+    code, out, _ = cli("recover", "supervise", "--help")
+    assert code == 0 and "Usage: mscale recover supervise" in out
