@@ -322,7 +322,7 @@ def render(data: dict, results: list[Result], summaries: list[Summary], command:
         top3 = "—" if s.top3 is None else f"{s.top3}/{s.rows}"
         lines.append(f"| {name} | {s.rows} | {_pct(s.median_abs)} | {_pct(s.max_abs)} | "
                      f"{_pct(s.signed_median, True)} | {s.within_10}/{s.rows} | {top3} |")
-    lines += ["", "## Every run", "",
+    lines += ["", _goal(summaries), "", "## Every run", "",
               "| run | unit | published | predicted | error | MFU pub → pred | fits | layout "
               "(assumed) | rank | search's best (MFU) |",
               "|---|---|---:|---:|---:|---:|:-:|---|---:|---|"]
@@ -333,6 +333,19 @@ def render(data: dict, results: list[Result], summaries: list[Summary], command:
         lines.append(f"- **{key}**: {src['cite']}, <{src['url']}>; stack `{src['stack']}`. "
                      f"{src.get('notes', '').strip()}")
     return "\n".join(lines) + "\n"
+
+
+def _goal(summaries: list[Summary]) -> str:
+    """The issue's accuracy goal, checked: held-out median ≤ 10%, every source's median ≤ 20%."""
+    held = next((s for s in summaries if s.source == "(held out)"), None)
+    worst = max((s for s in summaries if not s.fitting and s.source != "(held out)"),
+                key=lambda s: s.median_abs, default=None)
+    if held is None or worst is None:
+        return "Goal (held-out median ≤ 10%, no source above 20%): no held-out rows."
+    ok = held.median_abs <= 0.10 and worst.median_abs <= 0.20
+    return (f"Goal (held-out median ≤ 10%, no source's median above 20%): "
+            f"**{'met' if ok else 'not met'}**: held-out median {_pct(held.median_abs)}, worst "
+            f"source {worst.source} at {_pct(worst.median_abs)}.")
 
 
 def _row(r: Result) -> str:
