@@ -73,6 +73,11 @@ def _run_plan(run: RunDir, launch: Launch | None) -> tuple[Plan, str]:
                       file=run.root, fix="recover needs the plan the job ran")
 
 
+def _absolute(url: str | None) -> str | None:
+    """A local path made absolute: the relaunch runs in the job's directory, not recover's."""
+    return url if url is None or "://" in url else os.path.abspath(url)
+
+
 def ranks_per_node(plan: Plan) -> int:
     return min(plan.cluster.gpus_per_node, plan.layout.world_size)
 
@@ -100,8 +105,9 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     skip = stages.data_skip_for(diagnosis, choice)
     change = Change(world=rp.world if rp else plan.layout.world_size,
                     nodes=rp.nodes if rp else list(launch.nodes if launch else []),
-                    excluded=list(exclusions.nodes), plan_path=rp.plan_path if rp else None,
-                    resume=None if choice.is_latest else choice.path)
+                    excluded=list(exclusions.nodes), plan_path=_absolute(rp.plan_path if rp
+                                                                         else None),
+                    resume=None if choice.is_latest else _absolute(choice.path))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
     if checker is not None:
@@ -210,7 +216,8 @@ def _write_replan(run: RunDir, plan: RecoveryPlan) -> None:
         raise MscaleError("the re-plan changed since the dry run", file=run.root,
                           fix="run `mscale recover` again and act on its new plan")
     if rp.plan_path != plan.replan.plan_path:
-        plan.command = [rp.plan_path if a == plan.replan.plan_path else a for a in plan.command]
+        was, now = _absolute(plan.replan.plan_path), _absolute(rp.plan_path)
+        plan.command = [now if a == was else a for a in plan.command]
         plan.replan = rp
 
 
