@@ -15,6 +15,7 @@ The core, `validate`, is imported by tests/unit/planner/test_validation.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import subprocess
 import time
@@ -61,6 +62,8 @@ class Result:
     fits: bool
     layout: str
     assumed: list[str] = field(default_factory=list)
+    profile: str | None = None
+    """The planner stack profile applied (None: the planner's default)."""
     rank: int | None = None
     """1-based position of the published layout among the search's distinct feasible layouts
     (see `_distinct_rank`); None if absent."""
@@ -94,22 +97,24 @@ def problem_for(data: dict, run: dict) -> Problem:
     model = ModelConfig(name=run["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
                         kv_heads=m.get("kv_heads"), ffn_hidden=m["ffn"], mlp=m["mlp"],
                         vocab=m["vocab"], seq_len=m["seq"])
-    training = {"global_batch": run["global_batch"]}
-    stack = run.get("stack", src.get("stack"))
-    if stack and "stack" in TrainingConfig.model_fields:
-        training["stack"] = stack  # the planner's stack profiles, where it has them
+    training = TrainingConfig(global_batch=run["global_batch"])
     cl = dict(src["cluster"])
     cl["nodes"] = run["gpus"] // cl.get("gpus_per_node", 8)
-    return Problem(model, _training(training), ClusterConfig(**cl))
+    profile = applied_profile(data, run)
+    extra = {"stack": profile} if profile and "stack" in Problem.__dataclass_fields__ else {}
+    return Problem(model, training, ClusterConfig(**cl), **extra)
 
 
-def _training(fields: dict) -> TrainingConfig:
-    """TrainingConfig from the run; a stack name the planner does not know falls back to none."""
+def applied_profile(data: dict, run: dict) -> str | None:
+    """The planner stack profile that prices the run: the run's (or its source's) `profile`,
+    when the planner has stack profiles and knows that one; None otherwise (the planner's
+    default then applies, and the table says so)."""
+    name = run.get("profile", data["sources"][run["source"]].get("profile"))
     try:
-        return TrainingConfig(**fields)
-    except ValueError:
-        fields.pop("stack", None)
-        return TrainingConfig(**fields)
+        from mscale.planner.stacks import STACKS  # noqa: PLC0415 (absent before issue 13)
+    except ImportError:
+        return None
+    return name if name in STACKS else None
 
 
 def layout_for(run: dict) -> tuple[LayoutConfig, list[str]]:
@@ -150,7 +155,8 @@ def evaluate_run(data: dict, run: dict) -> Result:
     predicted, pub_mfu = _convert(kind, value, cost, pb)
     error = value / predicted - 1 if kind == "iteration_time_s" else predicted / value - 1
     return Result(run["id"], run["source"], bool(run.get("fit")), kind, value, predicted, error,
-                  pub_mfu, cost.mfu, cost.fits, describe(layout), assumed)
+                  pub_mfu, cost.mfu, cost.fits, describe(layout), assumed,
+                  applied_profile(data, run))
 
 
 def rank_in_search(data: dict, run: dict, res: Result) -> None:
@@ -165,7 +171,7 @@ def rank_in_search(data: dict, run: dict, res: Result) -> None:
         result = search(pb)
     except MscaleError:
         tr = pb.training.model_copy(update={"micro_batch": layout.micro_batch})
-        pb = Problem(pb.model, tr, pb.cluster)
+        pb = dataclasses.replace(pb, training=tr)
         result = search(pb)
         res.search_note = f"search narrowed to micro-batch {layout.micro_batch}"
     if not result.count:
@@ -324,13 +330,14 @@ def render(data: dict, results: list[Result], summaries: list[Summary], command:
                      f"{_pct(s.signed_median, True)} | {s.within_10}/{s.rows} | {top3} |")
     lines += ["", _goal(summaries), "", "## Every run", "",
               "| run | unit | published | predicted | error | MFU pub → pred | fits | layout "
-              "(assumed) | rank | search's best (MFU) |",
-              "|---|---|---:|---:|---:|---:|:-:|---|---:|---|"]
+              "(assumed) | stack profile | rank | search's best (MFU) |",
+              "|---|---|---:|---:|---:|---:|:-:|---|---|---:|---|"]
     for r in results:
         lines.append(_row(r))
     lines += ["", "## Sources", ""]
     for key, src in data["sources"].items():
-        lines.append(f"- **{key}**: {src['cite']}, <{src['url']}>; stack `{src['stack']}`. "
+        lines.append(f"- **{key}**: {src['cite']}, <{src['url']}>; ran on `{src['stack']}`, "
+                     f"priced with the planner's `{src.get('profile')}` stack profile. "
                      f"{src.get('notes', '').strip()}")
     return "\n".join(lines) + "\n"
 
@@ -351,7 +358,7 @@ def _goal(summaries: list[Summary]) -> str:
 def _row(r: Result) -> str:
     if r.error != r.error:
         return f"| {r.run_id} | {UNITS[r.kind]} | {_fig(r.kind, r.published)} | — | — | — | — | " \
-               f"not evaluated: {r.error_note} | — | — |"
+               f"not evaluated: {r.error_note} | — | — | — |"
     name = f"{r.run_id} *fit*" if r.fit else r.run_id
     lay = r.layout + (f" ({', '.join(r.assumed)})" if r.assumed else "")
     rank = "—" if r.top3 is None else (str(r.rank) if r.rank else "absent")
@@ -360,7 +367,8 @@ def _row(r: Result) -> str:
         best += f"; {r.search_note}"
     return (f"| {name} | {UNITS[r.kind]} | {_fig(r.kind, r.published)} | "
             f"{_fig(r.kind, r.predicted)} | {_pct(r.error, True)} | {_pct(r.published_mfu)} → "
-            f"{_pct(r.predicted_mfu)} | {'yes' if r.fits else 'no'} | {lay} | {rank} | {best} |")
+            f"{_pct(r.predicted_mfu)} | {'yes' if r.fits else 'no'} | {lay} | "
+            f"{r.profile or 'default'} | {rank} | {best} |")
 
 
 def main() -> None:
