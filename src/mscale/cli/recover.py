@@ -123,11 +123,11 @@ def _decision_lines(plan) -> list[str]:
         out.append(f"re-plan: {rp.old_layout} -> {rp.layout}, {rp.world} ranks on "
                    f"{len(rp.nodes)} node(s)" + (f", plan {rp.plan_path}" if rp.plan_path else ""))
         batch = "changed" if rp.batch_changed else "kept"
-        out.append(f"  {_step_time(rp)}; global batch {rp.global_batch} {batch}")
+        cost = rp.note if "step time" in rp.note else "; ".join(
+            x for x in (_step_time(rp), rp.note) if x)  # the re-plan's note, else ours
+        out.append(f"  {cost}; global batch {rp.global_batch} {batch}")
         if rp.unused_nodes:
             out.append(f"  left idle: {', '.join(rp.unused_nodes)}")
-        if rp.note:
-            out.append(f"  {rp.note}")
     if plan.data_skip:
         s = plan.data_skip
         out.append(f"data skip: {s.get('skip_steps')} step(s) after step {s.get('after_step')}"

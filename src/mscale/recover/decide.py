@@ -1,4 +1,4 @@
-"""One recovery, end to end: diagnose → checkpoint → exclusions → re-plan → relaunch command.
+"""One recovery, end to end: diagnose → checkpoint → exclusions → re-plan → relaunch.
 
 `plan_recovery` only reads (and, under SLURM, re-checks suspect nodes with preflight): it is the
 dry run `mscale recover RUN` prints. `apply_plan` writes what the plan needs before a relaunch
@@ -157,8 +157,11 @@ def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan |
         gone = [n for n in exclusions.nodes if n not in rp.nodes]
         out.append(f"{len(gone)} node(s) kept out: {collect_hostlist(gone)} ("
                    + "; ".join(f"{n}: {exclusions.reasons.get(n, '?')}" for n in gone) + ")")
-        out.append(f"re-planned for {rp.world} ranks: {rp.old_layout} -> {rp.layout}"
-                   + (f" ({rp.note})" if rp.note else ""))
+        cost = ""
+        if rp.old_step_time_s and rp.new_step_time_s is not None:
+            pct = (rp.new_step_time_s / rp.old_step_time_s - 1) * 100
+            cost = f", predicted step time {pct:+.0f}%"
+        out.append(f"re-planned for {rp.world} ranks: {rp.old_layout} -> {rp.layout}{cost}")
         if rp.unused_nodes:
             out.append(f"healthy node(s) left idle: {collect_hostlist(rp.unused_nodes)} (no "
                        "layout uses them with the same global batch)")
