@@ -1,0 +1,277 @@
+"""Turn a run's evidence into findings: each a rule of `mscale.recover.diag_rules` with the line
+that matched it, the rank and node it concerns, and its time and step.
+
+Sources, in the order they are read: the attempt's events (the launcher's stop/hang, train's
+stop, nan and checkpoint events, watch's findings), the per-rank error files, torchelastic error
+files, rank logs (bounded: `MAX_LOG_SCANS` of them, the failed ranks first) and SLURM output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from mscale.recover.decision import Evidence
+from mscale.recover.diag_rules import (FACT_RULES, SPIKE_GAP_STEPS, TEXT_RULES, XID_APPLICATION,
+                                       XID_NUMBER, Rule)
+from mscale.recover.evidence import RunEvidence
+
+MAX_LOG_SCANS = 64
+"""Rank logs searched at most: the failed and suspect ranks first, then rank order."""
+_ANY_TEXT_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in TEXT_RULES),
+                            re.IGNORECASE)
+_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|"
+                       r"[A-Za-z_][\w.]*Error)\b(:.*)?$")
+_USER_ERRORS = ("TypeError", "NameError", "AttributeError", "ImportError",
+                "ModuleNotFoundError", "SyntaxError", "IndentationError")
+_FRAMEWORK = re.compile(r"/(site-packages|dist-packages|lib/python\d[\d.]*)/|/mscale/|^<")
+
+
+@dataclass
+class Hit:
+    """One finding: a rule and the evidence line that matched it."""
+
+    rule: Rule
+    evidence: Evidence
+    time: float | None = None
+    step: int | None = None
+    seq: int = 0
+    """Reading order (ties of weight and time go to the first read)."""
+    ranks: tuple[int, ...] = ()
+    """Ranks it names (a hang event's hung ranks), beyond ``evidence.rank``."""
+
+
+class Findings:
+    """The hits found so far, in reading order."""
+
+    def __init__(self, ev: RunEvidence):
+        self.ev = ev
+        self.hits: list[Hit] = []
+
+    def add(self, key_or_rule: str | Rule, source: str, text: str, rank: int | None = None,
+            time: float | None = None, step: int | None = None, ranks=()) -> Hit:
+        rule = FACT_RULES[key_or_rule] if isinstance(key_or_rule, str) else key_or_rule
+        node = self.ev.node_of(rank)
+        hit = Hit(rule, Evidence(source=source, text=" ".join(text.split())[:300], rank=rank,
+                                 node=node), time, step, len(self.hits), tuple(ranks))
+        self.hits.append(hit)
+        return hit
+
+    def text(self, source: str, line: str, rank: int | None = None,
+             time: float | None = None) -> None:
+        """Every text rule ``line`` matches (one hit per rule)."""
+        if not _ANY_TEXT_RULE.search(line):
+            return
+        for rule in TEXT_RULES:
+            if rule.pattern.search(line):
+                if rule.key == "xid" and (m := XID_NUMBER.search(line)) \
+                        and int(m.group(1)) in XID_APPLICATION:
+                    rule = FACT_RULES["xid_application"]
+                self.add(rule, source, line, rank, time)
+
+
+def find(ev: RunEvidence) -> list[Hit]:
+    """Every finding of the last attempt (module docstring)."""
+    f = Findings(ev)
+    _events(f)
+    _error_files(f)
+    _elastic(f)
+    _logs(f)
+    _slurm(f)
+    return f.hits
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def _events(f: Findings) -> None:
+    spikes: list[tuple[int, dict]] = []
+    for e in f.ev.attempt.events:
+        kind, src, evd = e.get("kind"), e.get("source", "train"), e.get("evidence") or {}
+        when, step = e.get("time"), e.get("step")
+        digest = f"{src} {kind}" + (f" at step {step}" if step else "") + \
+            f": {e.get('message', '')}"
+        if kind == "stop" and src == "train":
+            _stop(f, e, evd, digest)
+        elif kind == "hang":
+            _hang(f, e, evd, digest)
+        elif kind == "nan":
+            first = evd.get("first_step") if src == "watch" else None
+            f.add("nan", "events.jsonl", digest, time=when, step=first or step)
+        elif kind == "divergence":
+            first = evd.get("first_bad_step") or evd.get("first_step") or step
+            f.add("divergence", "events.jsonl", digest, time=when, step=first)
+        elif kind == "grad_spike":
+            spikes.append((int(evd.get("first_step") or step or 0), e))
+        elif kind == "straggler" and evd.get("cause") in ("slow_device", "slow_node",
+                                                            "slow_link"):
+            key = "slow_link" if evd.get("cause") == "slow_link" else "straggler"
+            for r in e.get("ranks") or [None]:
+                f.add(key, "events.jsonl", digest, rank=r, time=when, step=step)
+        elif kind == "checkpoint_failed":
+            f.add("ckpt_failed", "events.jsonl", digest, time=when, step=step)
+            for line in [e.get("message", ""), str(evd.get("error", "")),
+                         *map(str, (evd.get("errors") or {}).values())]:
+                f.text("events.jsonl", line, time=when)
+    _spikes(f, spikes)
+
+
+def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:
+    """train's own stop (a ``code``) or the launcher's view of a failure (``first_failed_rank``)."""
+    when = e.get("time")
+    if "first_failed_rank" in evd:
+        rank, how = evd.get("first_failed_rank"), str(evd.get("how", ""))
+        if "SIGTERM" in how or "SIGINT" in how or "SIGHUP" in how:
+            f.add("terminated", "events.jsonl", digest, rank=rank, time=when)
+        elif how.startswith("killed"):
+            f.add("killed", "events.jsonl", digest, rank=rank, time=when)
+        elif rank not in f.ev.error_files:
+            f.add("exit_nonzero", "events.jsonl", digest, rank=rank, time=when)
+        return
+    code = evd.get("code")
+    if code == 0:
+        f.add("finished", "events.jsonl", digest, time=when, step=e.get("step"))
+    elif code == 1:
+        key = "signalled" if evd.get("reason") == "signal" else "halted"
+        f.add(key, "events.jsonl", digest, time=when, step=e.get("step"))
+    elif code not in (2, None) and not f.ev.error_files:
+        f.add("exit_nonzero", "events.jsonl", digest, rank=(e.get("ranks") or [None])[0],
+              time=when)
+
+
+def _hang(f: Findings, e: dict, evd: dict, digest: str) -> None:
+    """A hang as the launcher saw it names the hung ranks; rank 0's own hang event (srun,
+    torchrun) and watch's name none: `mscale.recover.diag_hang` looks for them."""
+    named = e.get("ranks") if "first_failed_rank" in evd else []
+    f.add("hang", "events.jsonl", digest, rank=(named or [None])[0], time=e.get("time"),
+          step=e.get("step"), ranks=tuple(named or ()))
+
+
+def _spikes(f: Findings, spikes: list[tuple[int, dict]]) -> None:
+    """Two or more gradient spikes within `SPIKE_GAP_STEPS` of each other, ending with the last:
+    one episode, which begins at its first spike."""
+    steps = sorted({s for s, _ in spikes if s > 0})
+    if len(steps) < 2:
+        return
+    episode = [steps[-1]]
+    for s in reversed(steps[:-1]):
+        if episode[0] - s > SPIKE_GAP_STEPS:
+            break
+        episode.insert(0, s)
+    if len(episode) >= 2:
+        last = max(spikes)[1]
+        f.add("spikes", "events.jsonl", f"{len(episode)} gradient-norm spikes at steps "
+              f"{', '.join(map(str, episode))}: {last.get('message', '')}",
+              time=last.get("time"), step=episode[0])
+
+
+# -- files ----------------------------------------------------------------------------------
+
+
+def _error_files(f: Findings) -> None:
+    for rank, rec in sorted(f.ev.error_files.items(), key=lambda kv: (_time(kv[1]), kv[0])):
+        source, when = rec.get("_source", f"logs/rank{rank}.error.json"), _time(rec)
+        message = str(rec.get("message", ""))
+        kind = rec.get("kind")
+        exc_line, frames = last_exception(str(rec.get("traceback", "")).splitlines())
+        line = f"{kind}: {message}"
+        if kind == "crash" and _user_raised(exc_line or message, frames):
+            f.add("user_frame", source, f"{line} (in {frames[-1]})", rank, when)
+        elif kind in ("bad_input", "disk_full", "timeout", "network", "crash"):
+            f.add(kind, source, line, rank, when)
+        for text in {message, exc_line or ""} - {""}:
+            f.text(source, text, rank, when)
+
+
+def _time(rec: dict) -> float:
+    t = rec.get("time")
+    return float(t) if isinstance(t, (int, float)) else float("inf")
+
+
+def _elastic(f: Findings) -> None:
+    for info, rec in f.ev.elastic:
+        msg = rec.get("message")
+        if isinstance(msg, dict):
+            text = str(msg.get("message", ""))
+            stack = str((msg.get("extraInfo") or {}).get("py_callstack", ""))
+        else:
+            text, stack = str(msg or ""), ""
+        rank = _rank_in_path(info.source)
+        exc_line, frames = last_exception(stack.splitlines())
+        first = (text.strip().splitlines() or [""])[0]
+        if _user_raised(exc_line or first, frames):
+            f.add("user_frame", info.source, f"{first} (in {frames[-1]})", rank, info.mtime)
+        else:
+            f.add("crash", info.source, exc_line or first, rank, info.mtime)
+        for line in {first, exc_line or ""} - {""}:
+            f.text(info.source, line, rank, info.mtime)
+
+
+def _rank_in_path(path: str) -> int | None:
+    m = re.search(r"rank[_-]?(\d+)", path)
+    return int(m.group(1)) if m else None
+
+
+def _logs(f: Findings) -> None:
+    ev = f.ev
+    first = [h.evidence.rank for h in f.hits if h.evidence.rank is not None]
+    order = list(dict.fromkeys([*first, *sorted(ev.error_files), 0, *sorted(ev.logs)]))
+    for rank in [r for r in order if r in ev.logs][:MAX_LOG_SCANS]:
+        info = ev.logs[rank]
+        lines = ev.lines(info)
+        for line in lines:
+            f.text(info.source, line, rank, info.mtime)
+        exc_line, frames = last_exception(lines)
+        if exc_line and rank not in ev.error_files:  # an error file already says it
+            key = "user_frame" if _user_raised(exc_line, frames) else "crash"
+            f.add(key, info.source, exc_line, rank, info.mtime)
+
+
+def _slurm(f: Findings) -> None:
+    for info in f.ev.slurm:
+        for line in f.ev.lines(info):
+            f.text(info.source, line, None, info.mtime)
+            if m := _SRUN.search(line):
+                _srun_line(f, info, line, m)
+
+
+def _srun_line(f: Findings, info, line: str, m: re.Match) -> None:
+    """``srun: error: node3: task 5: Killed`` names the rank and its node."""
+    tasks, what = m.group(2), m.group(3)
+    rank = int(re.split(r"[,\-]", tasks)[0])
+    key = ("killed" if "Killed" in what or "signal" in what.lower()
+           else "exit_nonzero" if "exit code" in what else None)
+    if key:
+        hit = f.add(key, info.source, line, rank, info.mtime)
+        hit.evidence.node = m.group(1)
+
+
+# -- tracebacks -----------------------------------------------------------------------------
+
+
+def last_exception(lines: list[str]) -> tuple[str | None, list[str]]:
+    """The exception line that ends the last Python traceback in ``lines``, and the files of
+    its frames, innermost last."""
+    start = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent")),
+                default=None)
+    if start is None:
+        return None, []
+    frames = []
+    for ln in lines[start + 1:]:
+        if m := _FRAME.match(ln):
+            frames.append(m.group(1))
+        elif ln and not ln[0].isspace():
+            return (ln.strip() if _EXC_LINE.match(ln.strip()) else ln.strip()), frames
+    return None, frames
+
+
+def _user_raised(exc_line: str, frames: list[str]) -> bool:
+    """A TypeError/NameError/ImportError/... whose innermost frame is the user's own file (not
+    the standard library, an installed package or mscale)."""
+    name = exc_line.split(":", 1)[0].rsplit(".", 1)[-1].strip()
+    if name not in _USER_ERRORS or not frames:
+        return False
+    return not _FRAMEWORK.search(frames[-1].replace(os.sep, "/"))

@@ -1,0 +1,95 @@
+"""Name the hung rank: the one that stopped answering, not the peers that timed out on it.
+
+A SIGSTOPped or deadlocked rank never times out itself; every peer that waits for it does, and
+writes an error file saying so. In order of trust:
+
+1. the launcher's ``hang`` event (``--local``: it saw which workers were still running, or
+   stopped, when the first timeout came);
+2. flight-recorder dumps: in a process group, the rank whose last enqueued collective is behind
+   its peers' never joined the collective they wait in;
+3. the ranks of the plan that wrote no timeout or network error file in this attempt, and of
+   those, the one whose log went quiet first (oldest modification time, then the least
+   written): the rank that logged least and last.
+"""
+
+from __future__ import annotations
+
+import json
+
+from mscale.recover.diag_facts import Hit
+from mscale.recover.evidence import RunEvidence
+
+QUIET_GAP_S = 1.0
+"""Log times closer than this do not tell two ranks apart (files are created together)."""
+PEER_KINDS = ("timeout", "network")
+"""Error-file kinds a rank writes when it waited for a peer that never came."""
+
+
+def hung_ranks(ev: RunEvidence, hits: list[Hit]) -> tuple[list[int], str]:
+    """The hung ranks and how they were found (one phrase for the evidence)."""
+    for h in hits:
+        if h.rule.key == "hang" and h.ranks:
+            return sorted(h.ranks), "named by the launcher"
+    waited = {r for r, rec in ev.error_files.items() if rec.get("kind") in PEER_KINDS}
+    behind = flight_behind(ev)
+    if behind:
+        return sorted(behind - waited) or sorted(behind), "behind its peers in the flight recorder"
+    world = ev.world
+    if world is None:
+        return [], "no plan to tell the silent ranks"
+    silent = [r for r in range(world) if r not in waited]
+    if not waited or not silent:
+        return [], "no rank timed out waiting for another"
+    if len(silent) == 1:
+        return silent, "the one rank that did not time out waiting"
+    quiet = quietest(ev, silent)
+    return ([quiet], "the silent rank whose log went quiet first") if quiet is not None \
+        else (silent, "the ranks that did not time out waiting")
+
+
+def quietest(ev: RunEvidence, ranks: list[int]) -> int | None:
+    """Of ``ranks``, the one whose log went quiet first (its last write the oldest by
+    `QUIET_GAP_S`; among logs as old, the shortest); None when their logs do not tell."""
+    logs = [(ev.logs[r].mtime or 0.0, ev.logs[r].size, r) for r in ranks if r in ev.logs]
+    if not logs or len(logs) < len(ranks):
+        return None
+    oldest = min(t for t, _, _ in logs)
+    near = [(size, r) for t, size, r in logs if t - oldest < QUIET_GAP_S]
+    least = min(size for size, _ in near)
+    fewest = [r for size, r in near if size == least]
+    return fewest[0] if len(fewest) == 1 else None
+
+
+def flight_behind(ev: RunEvidence) -> set[int]:
+    """Ranks whose last enqueued collective in a process group is behind the group's newest."""
+    seen: dict[str, dict[int, int]] = {}
+    for _, rank, doc in ev.flight:
+        if not doc:
+            continue
+        status = doc.get("pg_status") or {}
+        config = doc.get("pg_config") or {}
+        for pg, st in status.items() if isinstance(status, dict) else []:
+            if not isinstance(st, dict) or not isinstance(
+                    n := st.get("last_enqueued_collective"), int):
+                continue
+            key = f"{pg}:{_members(config.get(pg))}"
+            seen.setdefault(key, {})[rank] = n
+    behind: set[int] = set()
+    for by_rank in seen.values():
+        if len(by_rank) < 2:
+            continue
+        newest = max(by_rank.values())
+        behind |= {r for r, n in by_rank.items() if n < newest}
+    return behind
+
+
+def _members(cfg) -> str:
+    if not isinstance(cfg, dict):
+        return ""
+    ranks = cfg.get("ranks")
+    if isinstance(ranks, str):
+        try:
+            ranks = json.loads(ranks)
+        except ValueError:
+            return ranks
+    return ",".join(map(str, ranks)) if isinstance(ranks, list) else ""

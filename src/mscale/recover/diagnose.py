@@ -1,0 +1,176 @@
+"""``diagnose(run_dir) -> Diagnosis``: what went wrong in a run's last attempt, and who is suspect.
+
+Three steps, each its own module: read the evidence boundedly and scope it to the last attempt
+(`mscale.recover.evidence`), turn it into findings with the rule tables
+(`mscale.recover.diag_facts`, `mscale.recover.diag_rules`), then here: the finding of highest
+weight decides class, symptom and transience; the suspects follow from the symptom (the hung rank
+for a hang, `mscale.recover.diag_hang`; the first failed rank for a crash; nobody for a
+preemption, a NaN or a stop on request); the steps and the exit code come from the records.
+Nothing here raises on a damaged run directory: what could not be read is listed as evidence.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from mscale.recover.decision import Diagnosis, Evidence
+from mscale.recover.diag_facts import Hit, find
+from mscale.recover.diag_hang import hung_ranks
+from mscale.recover.diag_rules import NOTHING, Rule
+from mscale.recover.evidence import RunEvidence, collect
+
+MAX_EVIDENCE = 20
+"""Evidence lines kept, most telling first."""
+CONSEQUENCE = 15
+"""Rules of this weight or less record what a peer saw when another rank went away."""
+NO_SUSPECTS = ("none", "preemption", "numerics")
+"""Classes that blame no rank or node (the node-failure line of SLURM excepted)."""
+
+
+def diagnose(run_dir: str) -> Diagnosis:
+    """Read ``run_dir`` and say what ended its last attempt (module docstring)."""
+    ev = collect(run_dir)
+    return decide(ev, find(ev))
+
+
+def decide(ev: RunEvidence, hits: list[Hit]) -> Diagnosis:
+    """The diagnosis from the findings: the heaviest decides, the earliest of equals first."""
+    winner = max(hits, key=_strength) if hits else None
+    rule = winner.rule if winner else NOTHING
+    ranks, how = _suspects(ev, hits, rule)
+    nodes = _nodes(ev, hits, rule, ranks)
+    d = Diagnosis(cls=rule.cls, symptom=rule.symptom, summary="", suspect_ranks=ranks,
+                  suspect_nodes=nodes, failed_step=_failed_step(ev), attempt=ev.attempt.number,
+                  exit_code=_exit_code(ev, hits), transient=rule.transient)
+    if rule.cls == "numerics":
+        d.bad_step = _bad_step(hits, winner)
+    d.evidence = _evidence(ev, hits, rule, how)
+    d.summary = _summary(d, rule, ev)
+    return d
+
+
+def _strength(h: Hit) -> tuple:
+    when = h.time if isinstance(h.time, (int, float)) else math.inf
+    return h.rule.weight, -when, -h.seq
+
+
+def _suspects(ev: RunEvidence, hits: list[Hit], rule: Rule) -> tuple[list[int], str]:
+    """The suspect ranks and how they were found."""
+    if rule.symptom == "hang":
+        return hung_ranks(ev, hits)
+    if rule.cls in NO_SUSPECTS or rule is NOTHING:
+        return [], ""
+    if rule.weight <= CONSEQUENCE:  # peers lost a rank: the one that said nothing is suspect
+        silent, how = hung_ranks(ev, hits)
+        if silent and (ev.world is None or len(silent) < ev.world):
+            return silent, how
+    mine = sorted((h for h in hits if h.rule.key == rule.key and h.evidence.rank is not None),
+                  key=_order)
+    if rule.weight <= CONSEQUENCE:  # else the first to see it
+        mine = mine[:1]
+    ranks = list(dict.fromkeys(h.evidence.rank for h in mine))
+    return ranks, "the rank(s) whose own evidence decided it" if ranks else ""
+
+
+def _order(h: Hit) -> tuple:
+    return (h.time if isinstance(h.time, (int, float)) else math.inf), h.seq
+
+
+def _nodes(ev: RunEvidence, hits: list[Hit], rule: Rule, ranks: list[int]) -> list[str]:
+    """The suspect ranks' nodes: as the deciding lines name them (srun's line names the real
+    host), else by placement (`RunEvidence.node_of`); a SLURM node failure names its node."""
+    said = {h.evidence.rank: h.evidence.node for h in hits
+            if h.rule.key == rule.key and h.evidence.node and h.evidence.rank is not None}
+    nodes = [n for r in ranks if (n := said.get(r) or ev.node_of(r))]
+    if rule.key == "slurm_node_fail":
+        nodes += [m.group(1).rstrip(".,;") for h in hits if h.rule.key == rule.key
+                  and (m := re.search(r"Node failure on (\S+)", h.evidence.text))]
+    return sorted(set(nodes))
+
+
+def _failed_step(ev: RunEvidence) -> int | None:
+    """The last step completed: the newest metrics record, else the newest step an event of the
+    attempt names."""
+    if ev.last_metrics is not None:
+        return int(ev.last_metrics["step"])
+    steps = [s for e in ev.attempt.events if isinstance(s := e.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def _bad_step(hits: list[Hit], winner: Hit) -> int | None:
+    """The first bad step of the episode: the NaN's step, the divergence's first bad step, or
+    the first of a run of gradient spikes when one led into it."""
+    steps = [h.step for h in hits if h.rule.cls == "numerics" and isinstance(h.step, int)
+             and h.rule.key in ("spikes", winner.rule.key)]
+    if not isinstance(winner.step, int):
+        return min(steps) if steps else None
+    return min([winner.step, *[s for s in steps if s <= winner.step]])
+
+
+def _exit_code(ev: RunEvidence, hits: list[Hit]) -> int | None:
+    """The job's exit code as recorded: train's own stop carries it; a failure recorded by the
+    launcher or a failing rank 0 means 3; else srun's ``Exited with exit code N``."""
+    for e in reversed(ev.attempt.events):
+        if e.get("source", "train") != "train" or e.get("kind") not in ("stop", "hang"):
+            continue
+        evd = e.get("evidence") or {}
+        if isinstance(evd.get("code"), int):
+            return evd["code"]
+        if "first_failed_rank" in evd or "error_file" in evd:
+            return 3
+    for h in hits:
+        if h.rule.key == "exit_nonzero" and (m := re.search(r"exit code (\d+)",
+                                                            h.evidence.text)):
+            return int(m.group(1))
+    return None
+
+
+def _evidence(ev: RunEvidence, hits: list[Hit], rule: Rule, how: str) -> list[Evidence]:
+    """Winning lines first, then the others by weight, then context and damaged files."""
+    ordered = sorted(hits, key=lambda h: (h.rule.key != rule.key, -h.rule.weight, _order(h)))
+    out: list[Evidence] = []
+    seen: set[tuple[str, str]] = set()
+    for e in [h.evidence for h in ordered] + _context(ev) + ev.problems:
+        if (e.source, e.text) not in seen:
+            seen.add((e.source, e.text))
+            out.append(e)
+    if how and (rule.symptom == "hang" or rule.weight <= CONSEQUENCE):
+        out.insert(1 if out else 0, Evidence(source="recover", text=f"suspect rank(s): {how}"))
+    return out[:MAX_EVIDENCE]
+
+
+def _context(ev: RunEvidence) -> list[Evidence]:
+    """What preflight, quarantine and unread flight-recorder dumps add."""
+    out = []
+    pf = ev.preflight or {}
+    if pf.get("bad_nodes"):
+        out.append(Evidence("preflight.json", f"preflight ({pf.get('status', '?')}) named bad "
+                            f"nodes {', '.join(map(str, pf['bad_nodes']))}"))
+    for entry in (ev.quarantine or {}).get("entries") or []:
+        if isinstance(entry, dict) and entry.get("node"):
+            out.append(Evidence("quarantine.json", f"{entry['node']} quarantined: "
+                                f"{entry.get('reason', '')}"[:300], node=str(entry["node"])))
+    for info, rank, doc in ev.flight:
+        if doc is None:
+            out.append(Evidence(info.source, "flight-recorder dump in pickle format: present, "
+                                "not read (never unpickled); analyse it with torchfrtrace",
+                                rank=rank))
+    return out
+
+
+def _summary(d: Diagnosis, rule: Rule, ev: RunEvidence) -> str:
+    what = rule.what[0].upper() + rule.what[1:]
+    parts = [what]
+    if d.suspect_ranks:
+        where = f" on {', '.join(d.suspect_nodes)}" if d.suspect_nodes else ""
+        parts.append(f"suspect rank(s) {', '.join(map(str, d.suspect_ranks))}{where}")
+    elif d.suspect_nodes:
+        parts.append(f"suspect node(s) {', '.join(d.suspect_nodes)}")
+    if d.bad_step is not None:
+        parts.append(f"first bad step {d.bad_step}")
+    if d.failed_step is not None:
+        parts.append(f"last completed step {d.failed_step}")
+    if d.attempt is not None:
+        parts.append(f"attempt {d.attempt}")
+    return "; ".join(parts) + "."

@@ -1,0 +1,300 @@
+"""Everything a failed run left behind, read boundedly and scoped to its last attempt.
+
+`collect(run_dir)` lists and reads, never trusting a file to be whole or small
+(`mscale.recover.diag_read`): ``events.jsonl`` (the attempt's window), the per-rank error files
+(`mscale.train.failure`) and logs, torchelastic error files (``logs/**/error.json``), SLURM output
+files, flight-recorder dumps (JSON read; a pickle is named as present and never unpickled), the
+last metrics record, ``preflight.json``, ``quarantine.json`` and the plan. Missing files are
+normal (watch or preflight may never have run); a damaged one becomes a `problems` line.
+
+The last attempt: the run id of the newest train lifecycle event (start/stop/hang) names it;
+its window of events begins at its ``start`` event (or, when it failed before writing one, after
+the previous attempt's last event). Files count as this attempt's when they are newer than the
+attempt's beginning (`Attempt.begins`): error files left by an earlier attempt stay on disk (a
+rank that did not fail again does not rewrite its file) and must not be blamed twice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from mscale.config.plan import Plan, load_plan
+from mscale.errors import MscaleError
+from mscale.recover import diag_read as rd
+from mscale.recover.decision import Evidence
+from mscale.runs.rundir import RunDir
+
+BEGIN_SLACK_S = 60.0
+"""Files up to this long before the attempt's start event still belong to it: ranks fail while
+rank 0 writes the start, and node clocks differ by seconds."""
+LIFECYCLE = ("start", "stop", "hang")
+
+_RANK_LOG = re.compile(r"^logs/rank(\d+)\.log$")
+_RANK_ERR = re.compile(r"^logs/rank(\d+)\.error\.json$")
+_ELASTIC = re.compile(r"(^|/)error\.json$")
+_SLURM = re.compile(r"(^|/)slurm-[^/]*\.out$")
+_FLIGHT = re.compile(r"(nccl_trace_rank_|trace_rank_|flight_?recorder[_-]?(rank[_-]?)?)(\d+)"
+                     r"[^/]*$", re.IGNORECASE)
+
+
+@dataclass
+class Attempt:
+    """The last attempt of the run, as events.jsonl tells it."""
+
+    number: int | None = None
+    """Its attempt number (the start event's, else one past the last start)."""
+    run_id: str | None = None
+    start: dict | None = None
+    """Its ``start`` event, None when it failed before writing one."""
+    events: list[dict] = field(default_factory=list)
+    """Its events, oldest first."""
+    begins: float | None = None
+    """Unix time after which a file belongs to this attempt; None: any file does."""
+
+    @property
+    def launch(self) -> dict:
+        """The recorded launch (``start`` evidence ``launch``: argv, nodes, slurm), or {}."""
+        value = ((self.start or {}).get("evidence") or {}).get("launch")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def launcher(self) -> str | None:
+        return ((self.start or {}).get("evidence") or {}).get("launcher")
+
+
+@dataclass
+class RunEvidence:
+    """What `collect` found; `mscale.recover.diag_facts` turns it into findings."""
+
+    root: str
+    attempt: Attempt
+    error_files: dict[int, dict] = field(default_factory=dict)
+    """This attempt's ``logs/rank<N>.error.json`` records, by rank."""
+    elastic: list[tuple[rd.FileInfo, dict]] = field(default_factory=list)
+    """torchelastic error files of this attempt, with their records."""
+    logs: dict[int, rd.FileInfo] = field(default_factory=dict)
+    """This attempt's ``logs/rank<N>.log`` files, by rank (not read until asked)."""
+    slurm: list[rd.FileInfo] = field(default_factory=list)
+    """SLURM output files of this attempt (``slurm-*.out`` in the run or logs directory)."""
+    flight: list[tuple[rd.FileInfo, int, dict | None]] = field(default_factory=list)
+    """Flight-recorder dumps: (file, rank, JSON document or None for a pickle, never read)."""
+    last_metrics: dict | None = None
+    """The newest metrics record (any attempt: the last step the run completed)."""
+    preflight: dict | None = None
+    quarantine: dict | None = None
+    plan: Plan | None = None
+    problems: list[Evidence] = field(default_factory=list)
+    """Damaged or oversized files: evidence too."""
+    _tails: dict[str, list[str]] = field(default_factory=dict, repr=False)
+
+    def lines(self, info: rd.FileInfo) -> list[str]:
+        """The last lines of a log (`diag_read.LOG_TAIL_BYTES`), read once."""
+        if info.url not in self._tails:
+            try:
+                text, _ = rd.read_tail(info.url)
+            except rd.Problem as e:
+                self.problem(info.source, str(e))
+                text = ""
+            self._tails[info.url] = text.splitlines()
+        return self._tails[info.url]
+
+    def problem(self, source: str, text: str) -> None:
+        self.problems.append(Evidence(source=source, text=text[:300]))
+
+    @property
+    def world(self) -> int | None:
+        """Ranks of the attempt's plan, when there is a plan."""
+        return self.plan.layout.world_size if self.plan is not None else None
+
+    def node_of(self, rank: int | None) -> str | None:
+        """The node a rank ran on: the recorded launch's node list; under srun or torchrun the
+        rank's own error file (its real host name); else the plan's placement (the names
+        ``--local`` gives its pretend nodes)."""
+        if rank is None:
+            return None
+        per_node = self.plan.cluster.gpus_per_node if self.plan is not None else None
+        launched = self.attempt.launch.get("nodes")
+        if isinstance(launched, list) and launched and per_node:
+            return self._pick(rank, launched, per_node)
+        own = (self.error_files.get(rank) or {}).get("node")
+        own = own if isinstance(own, str) and own else None
+        if own and self.attempt.launcher not in (None, "local"):
+            return own
+        if self.plan is not None:
+            names = (self.plan.placement.nodes if self.plan.placement is not None
+                     else self.plan.cluster.node_names())
+            return self._pick(rank, names, per_node) or own
+        return own
+
+    def _pick(self, rank: int, names: list, per_node: int | None) -> str | None:
+        if not per_node or rank < 0 or (self.world is not None and rank >= self.world):
+            return None
+        index = rank // per_node
+        return str(names[index]) if index < len(names) else None
+
+
+def collect(run_dir: str) -> RunEvidence:
+    """Read the run directory's evidence of its last attempt (module docstring)."""
+    run = RunDir(run_dir)
+    events, problems = rd.read_jsonl_tail(run.events, rd.JSONL_TAIL_BYTES)
+    ev = RunEvidence(root=run.root, attempt=last_attempt(events))
+    for p in problems:
+        ev.problem("events.jsonl", p)
+    ev.plan = _plan(ev, run)
+    _logs_dir(ev, rd.listing(run.root, "logs"))
+    ev.slurm += [f for f in rd.listing(run.root, "", maxdepth=1)
+                 if _SLURM.search(f.source) and _fresh(ev, f.mtime)]
+    ev.last_metrics = _last_metrics(ev, run)
+    ev.preflight = _json_file(ev, run.preflight, "preflight.json")
+    ev.quarantine = _json_file(ev, run.quarantine, "quarantine.json")
+    return ev
+
+
+def last_attempt(events: list[dict]) -> Attempt:
+    """The last attempt's window of ``events`` (module docstring)."""
+    train = [(i, e) for i, e in enumerate(events)
+             if e.get("source", "train") == "train" and e.get("kind") in LIFECYCLE]
+    ids = [(i, _run_id(e)) for i, e in train if _run_id(e)]
+    starts = [(i, e) for i, e in train if e.get("kind") == "start"]
+    last_id = ids[-1][1] if ids else None
+    mine = [(i, e) for i, e in starts if _run_id(e) == last_id] if last_id else starts[-1:]
+    if mine:
+        begin, start = mine[-1]
+    else:  # it failed before writing its start: begin after the previous attempt's last event
+        begin = next((i + 1 for i, rid in reversed(ids) if rid != last_id), 0)
+        start = None
+    before = [t for i, e in train if i < begin and isinstance(t := e.get("time"), (int, float))]
+    begins = max(before) if before else None  # the previous attempt's end
+    if start is not None and isinstance(start.get("time"), (int, float)):
+        begins = max(begins or 0.0, start["time"] - BEGIN_SLACK_S) if begins is not None \
+            else start["time"] - BEGIN_SLACK_S
+    number = _attempt_number(start, starts)
+    return Attempt(number=number, run_id=last_id or (_run_id(start) if start else None),
+                   start=start, events=events[begin:], begins=begins)
+
+
+def _run_id(event: dict) -> str | None:
+    value = (event.get("evidence") or {}).get("run_id")
+    return value if isinstance(value, str) and value else None
+
+
+def _attempt_number(start: dict | None, starts: list[tuple[int, dict]]) -> int | None:
+    if start is not None:
+        n = (start.get("evidence") or {}).get("attempt")
+        return n if isinstance(n, int) else len(starts)
+    numbered = [a for _, e in starts if isinstance(a := (e.get("evidence") or {}).get("attempt"),
+                                                   int)]
+    return max([len(starts), *numbered]) + 1
+
+
+def _fresh(ev: RunEvidence, when: float | None) -> bool:
+    """Whether a file (or record) of this time belongs to the last attempt."""
+    return ev.attempt.begins is None or when is None or when > ev.attempt.begins
+
+
+def _plan(ev: RunEvidence, run: RunDir) -> Plan | None:
+    if rd.stat(run.plan, "plan.yaml") is None:
+        return None
+    try:
+        return load_plan(run.plan, check=False)
+    except (MscaleError, ValueError, OSError) as e:
+        ev.problem("plan.yaml", f"unreadable plan: {str(e).splitlines()[0]}")
+        return None
+
+
+def _logs_dir(ev: RunEvidence, files: list[rd.FileInfo]) -> None:
+    """Sort the files under logs/ into rank logs, error files, torchelastic error files, SLURM
+    outputs and flight-recorder dumps, keeping this attempt's."""
+    for f in files:
+        if m := _RANK_LOG.match(f.source):
+            if _fresh(ev, f.mtime):
+                ev.logs[int(m.group(1))] = f
+        elif m := _RANK_ERR.match(f.source):
+            _error_file(ev, f, int(m.group(1)))
+        elif _ELASTIC.search(f.source):
+            _elastic_file(ev, f)
+        elif _SLURM.search(f.source):
+            if _fresh(ev, f.mtime):
+                ev.slurm.append(f)
+        elif m := _FLIGHT.search(f.source.rsplit("/", 1)[-1]):
+            if _fresh(ev, f.mtime):
+                _flight_file(ev, f, int(m.group(3)))
+
+
+def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
+    try:
+        rec = rd.read_json(f)
+    except rd.Problem as e:
+        if _fresh(ev, f.mtime):
+            ev.problem(f.source, str(e))
+        return
+    if not isinstance(rec, dict):
+        ev.problem(f.source, "not an error record (a JSON object was expected)")
+        return
+    when = rec.get("time") if isinstance(rec.get("time"), (int, float)) else f.mtime
+    if _fresh(ev, when):
+        ev.error_files[rank] = {**rec, "_source": f.source}
+
+
+def _elastic_file(ev: RunEvidence, f: rd.FileInfo) -> None:
+    try:
+        rec = rd.read_json(f)
+    except rd.Problem as e:
+        if _fresh(ev, f.mtime):
+            ev.problem(f.source, str(e))
+        return
+    if not isinstance(rec, dict):
+        ev.problem(f.source, "not a torchelastic error record")
+        return
+    msg = rec.get("message")
+    extra = msg.get("extraInfo") if isinstance(msg, dict) else None
+    stamp = (extra or {}).get("timestamp") if isinstance(extra, dict) else None
+    try:
+        when = float(stamp) if stamp is not None else f.mtime
+    except (TypeError, ValueError):
+        when = f.mtime
+    if _fresh(ev, when):
+        ev.elastic.append((f, rec))
+
+
+def _flight_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
+    """A JSON dump is read (capped); a pickled one is only named: unpickling runs code."""
+    try:
+        head = rd.read_head(f.url).lstrip()
+    except rd.Problem as e:
+        ev.problem(f.source, str(e))
+        return
+    if not head.startswith(b"{"):
+        ev.flight.append((f, rank, None))
+        return
+    try:
+        doc = rd.read_json(f, rd.FLIGHT_CAP_BYTES)
+    except rd.Problem as e:
+        ev.problem(f.source, f"flight-recorder dump {e}")
+        return
+    ev.flight.append((f, rank, doc if isinstance(doc, dict) else None))
+
+
+def _last_metrics(ev: RunEvidence, run: RunDir) -> dict | None:
+    records, problems = rd.read_jsonl_tail(run.metrics, rd.METRICS_TAIL_BYTES)
+    for p in problems:
+        if "read limit" not in p:
+            ev.problem("metrics.jsonl", p)
+    steps = [r for r in records if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
+
+
+def _json_file(ev: RunEvidence, url: str, source: str) -> dict | None:
+    info = rd.stat(url, source)
+    if info is None:
+        return None
+    try:
+        doc = rd.read_json(info)
+    except rd.Problem as e:
+        ev.problem(source, str(e))
+        return None
+    if not isinstance(doc, dict):
+        ev.problem(source, "not a JSON object")
+        return None
+    return doc

@@ -1,0 +1,293 @@
+"""diagnose(): one fabricated run per failure class and symptom, in the writers' real shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mscale.recover.diagnose import diagnose
+from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, Run
+
+
+@pytest.fixture
+def run(tmp_path) -> Run:
+    return Run(tmp_path / "run")
+
+
+def started(run: Run, steps: int = 3) -> str:
+    rid = run.start(0.0)
+    run.metrics(range(1, steps + 1), t=1.0)
+    return rid
+
+
+def test_a_finished_run_is_none_finished(run):
+    rid = started(run, 4)
+    run.finish(10, 0, 4, rid)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.exit_code, d.attempt, d.failed_step) == ("none", "finished", 0, 1, 4)
+    assert d.suspect_ranks == [] and d.suspect_nodes == []
+
+
+def test_a_halt_is_none_stopped(run):
+    rid = started(run)
+    run.event("control", 5, step=3, message="saving a checkpoint, then halting")
+    run.finish(6, 1, 3, rid, reason="halt")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.exit_code) == ("none", "stopped", 1)
+
+
+def test_a_sigterm_stop_is_a_preemption(run):
+    rid = started(run)
+    run.event("signal", 5, step=3, message="saving a checkpoint, then halting on a signal")
+    run.finish(6, 1, 3, rid, reason="signal")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("preemption", "preempted", True)
+
+
+@pytest.mark.parametrize("line", [
+    "slurmstepd: error: *** JOB 1234 ON node1 CANCELLED AT 2026-11-30T14:00:01 DUE TO "
+    "PREEMPTION ***",
+    "slurmstepd: error: *** STEP 1234.0 ON node1 CANCELLED AT 2026-11-30T14:00:01 DUE TO TIME "
+    "LIMIT ***"])
+def test_slurm_preemption_and_time_limit_explain_the_signals(run, line):
+    rid = started(run)
+    run.event("signal", 5, step=3, message="halting on a signal")
+    run.finish(6, 1, 3, rid, reason="signal")
+    run.file("slurm-1234.out", f"step 3/100 loss 5.1\n{line}\n", t=7)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("preemption", "preempted", True)
+    assert d.evidence[0].source == "slurm-1234.out" and "DUE TO" in d.evidence[0].text
+    assert d.suspect_nodes == []
+
+
+def test_a_node_failure_names_the_node(run):
+    started(run)
+    run.file("logs/slurm-77.out", "srun: error: Node failure on node2\nslurmstepd: error: *** "
+             "JOB 77 ON node1 CANCELLED AT 2026-11-30T14:00:01 DUE TO NODE FAILURE ***\n", t=8)
+    d = diagnose(run.path)
+    assert d.cls == "preemption" and d.suspect_nodes == ["node2"]
+
+
+def test_scancel_is_a_stop_not_a_preemption(run):
+    rid = started(run)
+    run.finish(6, 1, 3, rid, reason="signal")
+    run.file("slurm-9.out", "slurmstepd: error: *** JOB 9 ON node1 CANCELLED AT "
+             "2026-11-30T14:00:01 ***\n", t=7)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("none", "stopped")
+
+
+def test_kill_9_blames_the_killed_rank_not_the_peers_that_lost_it(run):
+    rid = started(run)
+    for rank, msg in ((0, GLOO_RESET), (1, GLOO_CLOSED), (3, GLOO_RESET)):
+        run.error_file(rank, 5 + rank / 100, "network", msg)
+    run.launcher_stop(6, rid, 2, "killed by SIGKILL", "killed", [3, 3, -9, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient, d.exit_code) == ("unknown", "signal", True, 3)
+    assert d.suspect_ranks == [2] and d.suspect_nodes == ["node2"]
+    assert "SIGKILL" in d.evidence[0].text and d.failed_step == 3
+
+
+def test_a_rank_gone_silently_under_srun_is_the_suspect(run):
+    """No launcher event: rank 0 records its own view; the rank without an error file is the one
+    its peers lost."""
+    started(run)
+    for rank in (0, 1, 2):
+        run.error_file(rank, 5 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
+    run.event("stop", 6, severity="critical", ranks=[0], nodes=["node1"],
+              message="error (rank 0 on node1, network): ...",
+              evidence={"kind": "network", "error_file": "logs/rank0.error.json"})
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("network", "crash")
+    assert d.suspect_ranks == [3] and d.suspect_nodes == ["node2"] and d.exit_code == 3
+
+
+def test_srun_names_a_killed_task_and_its_node(run):
+    run.start(0.0, run_id="slurm-55", launcher="slurm")
+    run.error_file(0, 5, "network", GLOO_RESET, node="nodeA")
+    run.file("slurm-55.out", "srun: error: nodeB: task 3: Killed\n", t=6)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("unknown", "signal")
+    assert d.suspect_ranks == [3] and d.suspect_nodes == ["nodeB"]
+
+
+def test_nan_is_numerics_with_its_step(run):
+    rid = started(run, 2)
+    run.event("nan", 4, step=3, severity="critical", message="non-finite gradient norm: stopped "
+              "before the optimizer step", evidence={"grad_norm": "nan", "loss": "nan"})
+    run.finish(5, 2, 2, rid, reason="nan")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.bad_step, d.failed_step, d.exit_code, d.transient) == \
+        ("numerics", "nan", 3, 2, 2, True)
+
+
+def test_a_divergence_names_its_first_bad_step(run):
+    rid = started(run, 60)
+    run.event("divergence", 70, source="watch", step=60, severity="critical",
+              message="the loss diverges", evidence={"first_bad_step": 48, "first_step": 48})
+    run.event("control", 71, step=60, message="halting on a control/halt request")
+    run.finish(72, 1, 60, rid, reason="halt")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.bad_step) == ("numerics", "divergence", 48)
+    assert not d.transient and d.suspect_nodes == []
+
+
+def test_repeated_spikes_roll_back_to_the_first_of_the_episode(run):
+    rid = started(run, 60)
+    for step in (10, 40, 45, 52):
+        run.event("grad_spike", step, source="watch", step=step, severity="warning",
+                  message=f"gradient norm spike at step {step}",
+                  evidence={"first_step": step, "last_step": step})
+    run.finish(80, 1, 60, rid, reason="halt")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.bad_step) == ("numerics", "divergence", 40)
+
+
+def test_one_spike_in_a_finished_run_is_nothing(run):
+    rid = started(run, 20)
+    run.event("grad_spike", 10, source="watch", step=10, evidence={"first_step": 10})
+    run.finish(30, 0, 20, rid)
+    assert diagnose(run.path).cls == "none"
+
+
+def test_cuda_oom_in_an_error_file(run):
+    rid = started(run)
+    msg = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a "
+           "total capacity of 79.11 GiB of which 1.2 GiB is free.")
+    run.error_file(1, 5, "crash", msg)
+    run.error_file(0, 5.2, "network", GLOO_RESET)
+    run.launcher_stop(6, rid, 1, "exited with code 3", "crash", [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("software", "oom", False)
+    assert d.suspect_ranks == [1] and d.suspect_nodes == ["node1"]
+
+
+def test_the_oom_killer_in_slurm_output(run):
+    run.start(0.0, run_id="slurm-8", launcher="slurm")
+    run.file("slurm-8.out", "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=8.0. "
+             "Some of your processes may have been killed by the cgroup out-of-memory handler.\n"
+             "srun: error: node2: task 2: Out Of Memory\n", t=9)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("software", "oom")
+
+
+@pytest.mark.parametrize("line,cls", [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.", "gpu"),
+    ("NVRM: Xid (PCI:0000:3b:00): 48, pid=1234, An uncorrectable double bit error (DBE)", "gpu"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "gpu"),
+    ("RuntimeError: CUDA error: unspecified launch failure", "gpu"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu"),
+    ("NVRM: Xid (PCI:0000:3b:00): 13, pid=1234, Graphics Exception", "software"),
+])
+def test_gpu_faults_blame_the_rank_that_saw_them(run, line, cls):
+    rid = started(run)
+    run.log(3, f"step 3\n{line}\n", t=5)
+    run.error_file(0, 5.5, "network", GLOO_RESET)
+    run.launcher_stop(6, rid, 3, "exited with code 3", "no error file", [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == (cls, "crash", False)
+    assert d.suspect_ranks == [3] and d.suspect_nodes == ["node2"]
+    assert d.evidence[0].text == line.strip() or line.split(":")[0] in d.evidence[0].text
+
+
+def test_a_full_disk(run):
+    rid = started(run)
+    run.error_file(0, 5, "disk_full", "OSError: [Errno 28] No space left on device: "
+                   "'/runs/r1/metrics.jsonl'")
+    run.launcher_stop(6, rid, 0, "exited with code 3", "disk_full", [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("storage", "disk_full", False)
+
+
+def test_a_checkpoint_that_hit_enospc_then_a_stop(run):
+    rid = started(run)
+    run.event("checkpoint_failed", 4, step=2, severity="critical",
+              message="checkpoint step-000002 failed on 1 rank(s): OSError: [Errno 28] No space "
+                      "left on device", evidence={"errors": {"0": "OSError: [Errno 28] No space "
+                                                                  "left on device"}})
+    run.finish(5, 3, 3, rid, reason="abort")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("storage", "disk_full")
+
+
+@pytest.mark.parametrize("msg,transient", [
+    ("OSError: [Errno 5] Input/output error: '/lustre/ckpt/step-000040/rank3.bin'", False),
+    ("OSError: [Errno 116] Stale file handle", True)])
+def test_storage_errors(run, msg, transient):
+    rid = started(run)
+    run.error_file(3, 5, "crash", msg)
+    run.launcher_stop(6, rid, 3, "exited with code 3", "crash", [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("storage", "crash", transient)
+
+
+def test_bad_input_is_user_code(run):
+    run.error_file(0, 5, "bad_input", "checkpoint has no manifest.json; fix: point --resume at "
+                   "a committed checkpoint")
+    run.event("stop", 6, severity="critical", ranks=[0], message="error (rank 0, bad_input)",
+              evidence={"kind": "bad_input", "error_file": "logs/rank0.error.json"})
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.exit_code, d.transient) == ("user_code", "bad_input", 3, False)
+
+
+def test_a_type_error_in_user_code_but_not_in_mscale(run, tmp_path):
+    user = ('Traceback (most recent call last):\n'
+            '  File "/work/main/src/mscale/train/data.py", line 80, in batch\n'
+            '    x = self.source(i)\n'
+            '  File "/home/alice/mydata/tokens.py", line 12, in __call__\n'
+            '    return tok[i] + None\n'
+            "TypeError: unsupported operand type(s) for +: 'int' and 'NoneType'\n")
+    run.error_file(2, 5, "crash", "TypeError: unsupported operand type(s)", traceback=user)
+    assert diagnose(run.path).cls == "user_code"
+    other = Run(tmp_path / "other")
+    other.error_file(2, 5, "crash", "TypeError: unsupported operand type(s)")
+    assert (diagnose(other.path).cls, diagnose(other.path).symptom) == ("software", "crash")
+
+
+def test_an_import_error_in_a_log(run):
+    run.log(0, "Traceback (most recent call last):\n  File \"/opt/job/launch.py\", line 3, in "
+            "<module>\n    import flash_attn\nModuleNotFoundError: No module named 'flash_attn'\n")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("user_code", "crash")
+    assert "ModuleNotFoundError" in d.evidence[0].text
+
+
+def test_nccl_errors_are_network_and_transient(run):
+    rid = started(run)
+    run.log(1, "NCCL WARN NET/IB : Got completion from peer 10.0.0.3<53334> with error 12, "
+            "opcode 0, len 0, vendor err 129\ntorch.distributed.DistBackendError: NCCL error in: "
+            "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, "
+            "NCCL version 2.21.5\nncclRemoteError: A call failed possibly due to a network error\n")
+    run.launcher_stop(6, rid, 1, "exited with code 3", "no error file", [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("network", "crash", True)
+    assert d.suspect_ranks == [1]
+
+
+def test_a_torchelastic_error_file(run):
+    record = {"message": {"message": "RuntimeError: CUDA out of memory. Tried to allocate 1.00 "
+                                     "GiB", "extraInfo": {
+        "py_callstack": 'Traceback (most recent call last):\n  File "/opt/job/x.py", line 1, in '
+                        "<module>\nRuntimeError: CUDA out of memory", "timestamp": "1796000005"}}}
+    run.file("logs/torchelastic/none_abc/attempt_0/1/error.json", json.dumps(record))
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("software", "oom")
+    assert d.evidence[0].source.endswith("error.json")
+
+
+def test_a_slow_node_quarantined_by_watch_then_halted(run):
+    rid = started(run, 30)
+    run.event("straggler", 20, source="watch", step=30, severity="warning", ranks=[2, 3],
+              nodes=["node2"], message="node2 is 40% slower",
+              evidence={"cause": "slow_node", "action": "checkpoint requested"})
+    run.finish(25, 1, 30, rid, reason="halt")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("gpu", "straggler")
+    assert d.suspect_ranks == [2, 3] and d.suspect_nodes == ["node2"]
+
+
+def test_an_empty_run_directory_is_unknown_not_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    d = diagnose(str(tmp_path / "empty"))
+    assert (d.cls, d.symptom, d.attempt, d.exit_code) == ("unknown", "unknown", 1, None)
