@@ -188,7 +188,11 @@ class PhaseLog:
 
     def _emit(self, rec: Recovery, phase: str, extra: dict) -> None:
         seconds = rec.seconds(phase)
+        ends = {"detect": rec.known_at, "diagnose": rec.marks.get("diagnosed"),
+                "restart": rec.marks.get("started"), "catch_up": rec.marks.get("caught_up"),
+                "total": rec.marks.get("caught_up")}
         evidence = {"phase": phase, "seconds": None if seconds is None else round(seconds, 3),
+                    "ended_at": ends[phase], "failed_at": rec.failed_at,
                     "recovery": rec.number, "failed_step": rec.failed_step,
                     "failure_source": rec.failure_source, **extra}
         if rec.attempt is not None:
