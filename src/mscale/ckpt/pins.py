@@ -12,7 +12,7 @@ Two rules protect such checkpoints (`protected`, honoured by `mscale.ckpt.commit
    ``KEEP`` that cannot be parsed still pins (a file of that name means keep).
 2. **An open episode**: a ``nan``, ``divergence`` or ``grad_spike`` event in ``events.jsonl``
    recorded in the current attempt (after the last ``start`` of train) and not yet answered by
-   a ``recover`` event. The newest committed checkpoint before the episode's first bad step is
+   a ``recover`` event (one that did not refuse: severity below critical). The newest committed checkpoint before the episode's first bad step is
    kept, so nothing is lost in the window between the alarm and `recover` pinning its choice.
    Once the run restarts (a new ``start``) or recover has decided, rule 1 takes over.
 
@@ -107,14 +107,15 @@ def first_bad_step(event: dict) -> int | None:
 
 
 def open_episodes(events: list[dict]) -> list[dict]:
-    """Episode events of the current attempt that no ``recover`` event has answered yet."""
+    """Episode events of the current attempt that no ``recover`` decision has answered yet (an
+    unrecoverable one, severity critical, pinned nothing: the episode stays open)."""
     out: list[dict] = []
     for ev in events:
         kind = ev.get("kind")
         if kind == "start" and ev.get("source", "train") == "train":
             out = []  # a restart: recover (or a human) has chosen where the run continues
-        elif kind == "recover":
-            out = []
+        elif kind == "recover" and ev.get("severity") != "critical":
+            out = []  # recover decided and pinned what it resumes from (critical: it refused)
         elif kind in EPISODE_KINDS and first_bad_step(ev) is not None:
             out.append(ev)
     return out

@@ -77,6 +77,8 @@ def test_open_episode_guards_the_checkpoint_before_it(run, tensors):
     assert pins.protected(run.ckpt) == {
         "step-000004": "newest checkpoint before the open divergence episode at step 5"}
     assert retain(run.ckpt, keep=2, newest="step-000008") == ["step-000002"]
+    run.append_record(run.events, Event(source="recover", kind="recover", severity="critical"))
+    assert "step-000004" in pins.protected(run.ckpt)  # recover refused: nothing pinned yet
     _event(run, "recover")  # recover answered it (and pinned what it chose)
     assert pins.protected(run.ckpt) == {}
     assert retain(run.ckpt, keep=2, newest="step-000008") == ["step-000004"]
