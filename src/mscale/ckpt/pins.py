@@ -12,9 +12,10 @@ Two rules protect such checkpoints (`protected`, honoured by `mscale.ckpt.commit
    ``KEEP`` that cannot be parsed still pins (a file of that name means keep).
 2. **An open episode**: a ``nan``, ``divergence`` or ``grad_spike`` event in ``events.jsonl``
    recorded in the current attempt (after the last ``start`` of train) and not yet answered by
-   a ``recover`` event (one that did not refuse: severity below critical). The newest committed checkpoint before the episode's first bad step is
-   kept, so nothing is lost in the window between the alarm and `recover` pinning its choice.
-   Once the run restarts (a new ``start``) or recover has decided, rule 1 takes over.
+   a ``recover`` event (one that did not refuse: severity below critical). The newest committed
+   checkpoint before the episode's first bad step is kept, so nothing is lost in the window
+   between the alarm and `recover` pinning its choice. Once the run restarts (a new ``start``)
+   or recover has decided, rule 1 takes over.
 
 Pins are never removed automatically: `unpin` (or deleting ``KEEP``) releases one.
 """
