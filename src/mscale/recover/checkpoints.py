@@ -6,7 +6,9 @@ whose first bad step is ``b`` was caused by the data or state of step ``b``, so 
 checkpoint needs ``s < b`` (the state before the bad step, from which step ``b`` can be skipped or
 retried). Newer checkpoints are walked newest first, and every one passed over is listed with
 why: uncommitted (its write never finished), at or after the bad step, or failed verification
-(a corrupted ``latest`` target is passed over with the problem verify found). ``abandoned-…``
+(a corrupted ``latest`` target is passed over with the problem verify found). ``is_latest`` is
+True only when ``latest`` names the choice, i.e. when ``--resume auto`` would load it; a missing
+or broken pointer is listed as ``latest`` in ``rejected`` and the relaunch must name the path. ``abandoned-…``
 directories (moved aside by an earlier rollback) are out of the run's timeline and never chosen.
 
 Verification is ``quick`` by default (manifest, marker, structure, every shard present with its
@@ -43,8 +45,9 @@ def choose_checkpoint(run: RunDir, diagnosis: Diagnosis, verify: str = "quick") 
         if why is not None:
             rejected.append({"name": e.name, "why": why})
             continue
-        newest_committed = next(c.name for c in reversed(found) if c.committed)
-        is_latest = e.name == latest if latest else e.name == newest_committed
+        # True only when `--resume auto` would load this very checkpoint: a missing or broken
+        # pointer means the relaunch must name the path (auto would start fresh, or fail)
+        is_latest = latest_problem is None and e.name == latest
         return CheckpointChoice(path=catalog.join(run.ckpt, e.name), step=e.step,
                                 reason=_reason(e.step, bad, verify, rejected, is_latest),
                                 rejected=rejected, is_latest=is_latest)

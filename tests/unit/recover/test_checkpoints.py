@@ -93,14 +93,18 @@ def test_abandoned_directories_are_out_of_the_timeline(run):
 
 
 def test_a_broken_latest_pointer_is_reported(run):
+    """`--resume auto` would fail (or start fresh) on these: the relaunch must name the path."""
     catalog.write_latest(run.ckpt, "step-000099")
     c = choose_checkpoint(run, diag())
-    assert c.step == 6 and c.rejected == [{"name": "latest",
-                                           "why": "names step-000099, which does not exist"}]
+    assert c.step == 6 and not c.is_latest
+    assert c.rejected == [{"name": "latest", "why": "names step-000099, which does not exist"}]
     with open(f"{run.ckpt}/latest", "w") as f:
         f.write("../../etc/passwd")
     c = choose_checkpoint(run, diag())
-    assert c.step == 6 and c.is_latest and c.rejected[0]["why"].startswith("unreadable pointer")
+    assert c.step == 6 and not c.is_latest
+    assert c.rejected[0]["why"].startswith("unreadable pointer")
+    os.remove(f"{run.ckpt}/latest")
+    assert not choose_checkpoint(run, diag()).is_latest
 
 
 def test_unknown_verify_mode(run):
