@@ -117,6 +117,22 @@ def _events(f: Findings) -> None:
                          *map(str, (evd.get("errors") or {}).values())]:
                 f.text("events.jsonl", line, time=when)
     _spikes(f, spikes)
+    _quarantined(f)
+
+
+def _quarantined(f: Findings) -> None:
+    """A node quarantine.json took in during this attempt (watch's checkpoint-then-quarantine,
+    or an operator): the job was stopped to drop it, whatever its stop says."""
+    for entry in (f.ev.quarantine or {}).get("entries") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("node"), str):
+            continue
+        since = entry.get("since")
+        if f.ev.attempt.begins is None or not isinstance(since, (int, float)) \
+                or since <= f.ev.attempt.begins:
+            continue
+        hit = f.add("straggler", "quarantine.json", f"{entry['node']} quarantined: "
+                    f"{entry.get('reason', '')}", time=since)
+        hit.evidence.node = entry["node"]
 
 
 def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:

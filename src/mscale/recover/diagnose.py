@@ -83,6 +83,9 @@ def _nodes(ev: RunEvidence, hits: list[Hit], rule: Rule, ranks: list[int]) -> li
     said = {h.evidence.rank: h.evidence.node for h in hits
             if h.rule.key == rule.key and h.evidence.node and h.evidence.rank is not None}
     nodes = [n for r in ranks if (n := said.get(r) or ev.node_of(r))]
+    if rule.cls not in NO_SUSPECTS and rule.symptom != "hang":  # lines that name a node only
+        nodes += [h.evidence.node for h in hits if h.rule.key == rule.key
+                  and h.evidence.rank is None and h.evidence.node]
     if rule.key == "slurm_node_fail":
         nodes += [m.group(1).rstrip(".,;") for h in hits if h.rule.key == rule.key
                   and (m := re.search(r"Node failure on (\S+)", h.evidence.text))]

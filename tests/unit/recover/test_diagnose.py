@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mscale.recover.diagnose import diagnose
-from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, Run
+from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, T0, Run
 
 
 @pytest.fixture
@@ -291,3 +291,15 @@ def test_an_empty_run_directory_is_unknown_not_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     d = diagnose(str(tmp_path / "empty"))
     assert (d.cls, d.symptom, d.attempt, d.exit_code) == ("unknown", "unknown", 1, None)
+
+
+def test_a_node_quarantined_during_the_attempt_is_the_reason_of_its_halt(run):
+    """supervise halts the job when quarantine.json takes a node in (watch, or an operator)."""
+    rid = started(run, 30)
+    run.file("quarantine.json", json.dumps({"schema_version": 1, "entries": [
+        {"node": "node1", "reason": "operator: fan failure", "since": T0 + 20, "expires": None},
+        {"node": "node9", "reason": "old", "since": T0 - 5000, "expires": None}]}))
+    run.event("control", 24, step=30, message="halting on a control/halt request")
+    run.finish(25, 1, 30, rid, reason="halt")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.suspect_nodes) == ("gpu", "straggler", ["node1"])
