@@ -1,4 +1,4 @@
-"""The checkpoints of a run directory: names, the `latest` pointer, status, retention.
+"""The checkpoints of a run directory: names, the `latest` pointer, status (retention: commit.retain).
 
 ``RUN/ckpt/step-000120/`` is one checkpoint; it counts only once its ``COMMITTED`` marker exists.
 ``RUN/ckpt/latest`` is a small text file naming the newest committed checkpoint's directory,
@@ -270,23 +270,3 @@ def remove(path: str) -> None:
     fs, p = fs_and_path(path)
     if fs.exists(p):
         fs.rm(p, recursive=True)
-
-
-def retain(ckpt_root: str, keep: int, newest: str) -> list[str]:
-    """Delete committed checkpoints beyond the newest ``keep`` and uncommitted ones older than
-    ``newest`` (dead attempts). Never deletes ``newest`` or what ``latest`` names. Returns the
-    names removed."""
-    keep = max(1, keep)
-    all_entries = entries(ckpt_root, sizes=False)
-    protected = {newest, read_latest(ckpt_root)}
-    newest_step = next((e.step for e in all_entries if e.name == newest), None)
-    committed = [e for e in all_entries if e.committed]
-    doomed = [e for e in committed[:-keep]] if len(committed) > keep else []
-    if newest_step is not None:
-        doomed += [e for e in all_entries if not e.committed and e.step < newest_step]
-    removed = []
-    for e in doomed:
-        if e.name not in protected:
-            remove(join(ckpt_root, e.name))
-            removed.append(e.name)
-    return removed

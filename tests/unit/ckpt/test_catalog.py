@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, commit
 from mscale.ckpt.resume import choose_resume
 from mscale.errors import MscaleError
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
@@ -32,10 +32,10 @@ def test_retention_keeps_newest_and_latest(tmp_path, tensors, proto):
     root = str(tmp_path / "ckpt") if proto == "file" else f"memory://ret{id(tmp_path)}/ckpt"
     _make(root, [1, 2, 3, 4], tensors, partial=[0, 9])
     assert catalog.read_latest(root) == "step-000004"
-    removed = catalog.retain(root, keep=2, newest="step-000004")
+    removed = commit.retain(root, keep=2, newest="step-000004")
     assert sorted(removed) == ["step-000000", "step-000001", "step-000002"]
     assert _names(root) == [("step-000003", True), ("step-000004", True), ("step-000009", False)]
-    assert catalog.retain(root, keep=0, newest="step-000004") == ["step-000003"]
+    assert commit.retain(root, keep=0, newest="step-000004") == ["step-000003"]
 
 
 def test_resolve_accepts_run_ckpt_latest_and_dir(tmp_path, tensors):
