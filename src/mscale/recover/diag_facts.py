@@ -21,6 +21,8 @@ MAX_LOG_SCANS = 64
 """Rank logs searched at most: the failed and suspect ranks first, then rank order."""
 _ANY_TEXT_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in TEXT_RULES),
                             re.IGNORECASE)
+_CONSOLE_ERROR = re.compile(r"^error \(rank \d+ on ")
+"""The one line a failing worker prints (train/worker.py), which its error file also holds."""
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|"
@@ -238,8 +240,10 @@ def _logs(f: Findings) -> None:
     for rank in [r for r in order if r in ev.logs][:MAX_LOG_SCANS]:
         info = ev.logs[rank]
         lines = ev.lines(info)
+        echoed = rank in ev.error_files  # its console line repeats the error file
         for line in lines:
-            f.text(info.source, line, rank, info.mtime)
+            if not (echoed and _CONSOLE_ERROR.match(line)):
+                f.text(info.source, line, rank, info.mtime)
         exc_line, frames = last_exception(lines)
         if exc_line and rank not in ev.error_files:  # an error file already says it
             key = "user_frame" if _user_raised(exc_line, frames) else "crash"

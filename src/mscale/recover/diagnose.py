@@ -20,6 +20,7 @@ from mscale.recover.diag_hang import hung_ranks
 from mscale.recover.diag_rules import NOTHING, Rule
 from mscale.recover.evidence import RunEvidence, collect
 
+_KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|crash): ")
 MAX_EVIDENCE = 20
 """Evidence lines kept, most telling first."""
 CONSEQUENCE = 15
@@ -130,14 +131,22 @@ def _exit_code(ev: RunEvidence, hits: list[Hit]) -> int | None:
 
 
 def _evidence(ev: RunEvidence, hits: list[Hit], rule: Rule, how: str) -> list[Evidence]:
-    """Winning lines first, then the others by weight, then context and damaged files."""
+    """Winning lines first, then the others by weight, then context and damaged files. The same
+    line from many ranks (every peer's timeout) is kept once, with how many more said it."""
     ordered = sorted(hits, key=lambda h: (h.rule.key != rule.key, -h.rule.weight, _order(h)))
     out: list[Evidence] = []
-    seen: set[tuple[str, str]] = set()
+    first: dict[str, tuple[Evidence, set]] = {}
     for e in [h.evidence for h in ordered] + _context(ev) + ev.problems:
-        if (e.source, e.text) not in seen:
-            seen.add((e.source, e.text))
-            out.append(e)
+        core = _KIND_PREFIX.sub("", e.text)
+        if core in first:
+            first[core][1].add((e.source, e.rank))
+            continue
+        first[core] = (e, {(e.source, e.rank)})
+        out.append(e)
+    for e in out:
+        more = len({r for _, r in first[_KIND_PREFIX.sub("", e.text)][1]} - {e.rank})
+        if more and e.rank is not None:
+            e.text = f"{e.text[:280]} [+{more} more rank(s)]"
     if how and (rule.symptom == "hang" or rule.weight <= CONSEQUENCE):
         out.insert(1 if out else 0, Evidence(source="recover", text=f"suspect rank(s): {how}"))
     return out[:MAX_EVIDENCE]
