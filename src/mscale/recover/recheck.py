@@ -6,10 +6,13 @@ one costs another failure. Preflight measures the difference. What counts, in or
 1. a ``preflight.json`` written after the failure, for this run's plan (its world and layout):
    a node it names in ``bad_nodes`` fails with that check's message; a node it measured without
    fault is healthy;
-2. under SLURM, preflight run now (``srun --nodelist=<the job's nodes> ... mscale preflight``,
-   ``--json``): preflight judges a node against its peers and needs the plan's world, so the
-   suspects are measured together with the job's other nodes; a node that srun cannot start on
-   fails the re-check;
+2. under SLURM, SLURM's own word first: a node ``sinfo`` reports down, drained or not
+   responding fails at once (srun would wait a minute for it, then fail the whole job). Then
+   preflight run now (``srun --nodelist=<the job's nodes> ... mscale preflight --json``):
+   preflight judges a node against its peers and needs the plan's world, so the suspects are
+   measured together with the job's other nodes. A preflight job that fails without a report
+   says nothing about one node (a rendezvous or the queue fails the whole job), so its
+   suspects are left to the evidence, with a note;
 3. otherwise (``--local``: every "node" is this machine; torchrun: recover cannot start
    processes on other machines) the node is *not re-checked*, and a note says so.
 
@@ -35,7 +38,11 @@ from mscale.runs.atomic import fs_and_path, read_jsonl
 from mscale.runs.rundir import RunDir
 
 Srun = Callable[[list[str], float], tuple[int, str, str]]
-"""Runs srun: (argv, timeout) → (exit code, stdout, stderr). Injected by tests."""
+"""Runs srun (or sinfo): (argv, timeout) → (exit code, stdout, stderr). Injected by tests."""
+
+BAD_STATES = ("down", "drain", "fail", "not_responding", "no_respond", "maint", "reboot")
+"""SLURM node states (``sinfo %T``) that mean the node cannot run the job; a trailing ``*``
+(not responding) counts too."""
 
 RECHECK_TIMEOUT_S = 300.0
 """Longest a SLURM re-check may take: start-up on every node plus a quick preflight (about ten
@@ -161,6 +168,13 @@ class Rechecker:
             self.notes.append(f"{collect_hostlist(nodes)} not re-checked: the job's "
                               f"{len(job_nodes)} nodes do not hold the plan's {world} ranks")
             return {}
+        down = self._down(job_nodes)
+        if down:  # srun cannot start on the job's nodes: answer from SLURM's own word
+            others = [n for n in nodes if n not in down]
+            if others:
+                self.notes.append(f"{collect_hostlist(others)} not re-checked: "
+                                  f"{collect_hostlist(sorted(down))} cannot run preflight")
+            return {n: why for n, why in down.items() if n in nodes}
         exe = launch.argv[0] if launch.argv and "mscale" in os.path.basename(launch.argv[0]) \
             else "mscale"
         with tempfile.TemporaryDirectory(prefix="mscale-recheck-") as tmp:
@@ -179,11 +193,32 @@ class Rechecker:
             else:
                 report = read_report(os.path.join(tmp, "preflight.json"))
         if report is None:
-            last = (err.strip().splitlines() or [f"exit {code}"])[-1][:200]
-            return {n: f"preflight re-check could not run on it (srun exit {code}: {last})"
-                    for n in nodes}
+            return self._srun_failed(nodes, code, err)
         found = judge_report(report, nodes)
         for n in nodes:
             if n not in found:
                 self.notes.append(f"{n}: the re-check measured nothing on it")
+        return found
+
+    def _down(self, nodes: list[str]) -> dict[str, str]:
+        """Nodes SLURM itself reports down, drained or not responding (``sinfo``), with why."""
+        rc, out, _ = self.srun(["sinfo", "-h", "-N", "-n", collect_hostlist(nodes),
+                                "-o", "%N %T"], 20.0)
+        if rc != 0:
+            return {}
+        states = dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+        return {n: f"preflight could not run on it: SLURM reports it {s}"
+                for n, s in ((n, states.get(n, "").lower()) for n in nodes)
+                if s.endswith("*") or any(b in s for b in BAD_STATES)}
+
+    def _srun_failed(self, nodes: list[str], code: int, err: str) -> dict[str, str | None]:
+        """No report came back. srun fails for the whole job (a rendezvous, the queue) as often
+        as for one node, so a node fails the re-check only when SLURM itself says it is down,
+        drained or not responding; the others are left to the evidence, with a note."""
+        last = (err.strip().splitlines() or [f"exit {code}"])[-1][:200]
+        found: dict[str, str | None] = dict(self._down(nodes))
+        rest = [n for n in nodes if n not in found]
+        if rest:
+            self.notes.append(f"{collect_hostlist(rest)} not re-checked: the preflight job "
+                              f"failed (srun exit {code}: {last})")
         return found

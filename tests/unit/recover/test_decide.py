@@ -247,6 +247,8 @@ def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
     seen = []
 
     def srun(argv, timeout):
+        if argv[0] == "sinfo":
+            return 0, "".join(f"{n} idle\n" for n in NODES), ""
         seen.append(argv)
         return 2, "rank 0 says hi\n" + report(time.time()).model_dump_json(), ""
 
@@ -258,8 +260,27 @@ def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
     assert argv[:7] == ["srun", "--job-name=j-recheck", "--nodelist=node[1-4]", "--nodes=4",
                         "--ntasks=8", "--ntasks-per-node=2", "--immediate=60"]
     assert argv[7:10] == ["/venv/bin/mscale", "preflight", str(run / "plan.yaml")]
-    failed = checker(run, launch, lambda a, t: (1, "", "srun: error: node3 down\n"))
-    assert "could not run on it (srun exit 1: srun: error: node3 down)" in failed(["node3"])["node3"]
+
+
+@pytest.mark.parametrize("state, excluded", [("drained", True), ("idle*", True), ("idle", False)])
+def test_a_slurm_re_check_blames_a_node_only_on_a_report_or_slurms_word(run, state, excluded):
+    calls = []
+
+    def srun(argv, timeout):
+        calls.append(argv[0])
+        if argv[0] == "sinfo":
+            return 0, f"node3 {state}\n", ""
+        return 1, "", "srun: error: node1: task 1: Exited with exit code 3\n"
+
+    launch = Launch(argv=["mscale"], nodes=NODES, launcher="slurm", slurm={"job_id": "7"})
+    c = checker(run, launch, srun)
+    got = c(["node3"])
+    if excluded:  # known before any srun: no minute spent waiting for a node that is down
+        assert got == {"node3": f"preflight could not run on it: SLURM reports it {state}"}
+        assert calls == ["sinfo"]
+    else:
+        assert got == {} and "the preflight job failed (srun exit 1: srun: error: node1" \
+            in c.notes[0]
 
 
 def test_run_plan_falls_back_to_the_recorded_plan(run, fakes):
