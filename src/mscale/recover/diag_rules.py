@@ -70,7 +70,8 @@ TEXT_RULES: tuple[Rule, ...] = (
     _t("stale_handle", r"Stale file handle|ESTALE", "storage", "crash", True, 80,
        "a stale network-filesystem handle"),
     # memory
-    _t("cuda_oom", r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED",
+    _t("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|"
+       r"CUBLAS_STATUS_ALLOC_FAILED",
        "software", "oom", False, 75, "the device ran out of memory"),
     _t("host_oom", r"oom[-_ ]kill|Out of memory: Kill|Memory cgroup out of memory|"
        r"Killed process \d+", "software", "oom", False, 75,

@@ -303,3 +303,9 @@ def test_a_node_quarantined_during_the_attempt_is_the_reason_of_its_halt(run):
     run.finish(25, 1, 30, rid, reason="halt")
     d = diagnose(run.path)
     assert (d.cls, d.symptom, d.suspect_nodes) == ("gpu", "straggler", ["node1"])
+
+
+def test_cuda_error_out_of_memory_is_an_oom_not_a_gpu_fault(run):
+    run.error_file(2, 5, "crash", "RuntimeError: CUDA error: out of memory")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.suspect_ranks) == ("software", "oom", [2])
