@@ -133,10 +133,10 @@ def test_nan_at_step_k_rolls_back_before_it(plan, reference, tmp_path):
 
 
 def test_latest_checkpoint_corrupted_then_a_crash(plan, reference, tmp_path):
-    """Step 6 is committed, then one of its shards is cut short, then rank 2 dies at step 8:
+    """Step 6 is committed, then one of its shards is cut short, then rank 2 dies in step 9:
     the recovery must pass over step 6 (it fails verification) and resume from step 3."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(supervise_cmd(plan, run, "--inject-crash", "2:8"), text=True,
+    proc = subprocess.Popen(supervise_cmd(plan, run, "--inject-crash", "2:9"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for_checkpoint(proc, run, 6)

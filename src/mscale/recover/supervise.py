@@ -96,6 +96,16 @@ def quarantined(run: RunDir, now: float) -> dict[str, float]:
     return {e.node: e.since for e in q.entries if e.expires is None or e.expires > now}
 
 
+def job_nodes(run: RunDir) -> set[str] | None:
+    """The nodes of the plan the job runs (``RUN/plan.yaml``); None when it cannot be read."""
+    from mscale.config.plan import load_plan
+
+    try:
+        return set(load_plan(run.plan).cluster.node_names())
+    except Exception:  # noqa: BLE001 - unknown nodes: act on every new entry
+        return None
+
+
 class Child:
     """CMD in its own process group; supervise's SIGINT/SIGTERM are passed on to its leader
     (``train --local`` turns them into a halt of every worker, srun into a step cancel)."""
@@ -235,6 +245,9 @@ class Supervisor:
     def _stop_if_quarantined(self, before: dict[str, float]) -> tuple[float, str] | None:
         now = self.clock()
         new = {n: t for n, t in quarantined(self.run, now).items() if n not in before}
+        ours = job_nodes(self.run) if new else None
+        if ours is not None:  # a node another job or an operator set aside is not ours to act on
+            new = {n: t for n, t in new.items() if n in ours}
         if not new:
             return None
         nodes = ", ".join(sorted(new))
@@ -258,7 +271,12 @@ class Supervisor:
                  "giving up")
             self._save_state("budget spent")
             return EXIT_CRITICAL
-        plan = self.planner(self.run.root, command, self.opts)
+        try:
+            plan = self.planner(self.run.root, command, self.opts)
+        except MscaleError as e:
+            _say(f"could not plan the recovery: {str(e).splitlines()[0]}")
+            self._save_state("could not plan")
+            raise
         self.phases.mark("diagnosed", plan_gist(plan))
         if plan.verdict == "unrecoverable" or not plan.command:
             reason = "; ".join(plan.reasons) or plan.diagnosis.summary or "no relaunch command"

@@ -41,7 +41,7 @@ if plan.get("quarantine"):
     json.dump(q, open(run + "/quarantine.json", "w"))
 if plan.get("wait"):  # until supervise asks for a halt (file) or passes a signal on
     open(run + "/ready", "w").close()
-    deadline = time.time() + 20
+    deadline = time.time() + plan["wait"]
     while not (os.path.exists(run + "/control/halt") or halted[0]) and time.time() < deadline:
         time.sleep(0.01)
 code = plan["code"]
@@ -132,7 +132,7 @@ def test_a_halt_on_request_is_not_restarted(tmp_path):
 
 def test_a_node_quarantined_while_running_halts_the_job_then_recovers(tmp_path):
     cmd, run = job(tmp_path, {"first": 1, "last": 4, "code": 1, "quarantine": "node2",
-                              "wait": True}, {"first": 5, "last": 6, "code": 0})
+                              "wait": 20}, {"first": 5, "last": 6, "code": 0})
     planner = FakePlanner()
     code, sup = supervise(cmd, planner)
     assert code == 0 and len(planner.calls) == 1
@@ -144,8 +144,21 @@ def test_a_node_quarantined_while_running_halts_the_job_then_recovers(tmp_path):
     # removed its own request, which would otherwise halt the relaunch at its first step
 
 
+def test_a_node_outside_the_job_quarantined_is_left_alone(tmp_path):
+    """node7 is not in the job's plan (node[1-2]): no halt; the job's own end stands."""
+    from tests.e2e.train_run import small_plan
+
+    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 0, "quarantine": "node7",
+                              "wait": 1.5})
+    (run / "plan.yaml").write_text(Path(small_plan(tmp_path)).read_text())
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 0 and planner.calls == [] and sup.log[0]["stopped_for"] is None
+    assert not (run / "control" / "halt").exists()
+
+
 def test_a_signal_is_passed_on_and_ends_supervision(tmp_path):
-    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 1, "wait": True})
+    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 1, "wait": 20})
     planner = FakePlanner()
     sup = Supervisor(cmd, SuperviseOptions(watch=False, backoff_s=0, interval_s=0.02),
                      planner=planner)
