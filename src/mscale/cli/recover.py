@@ -20,6 +20,10 @@ from mscale.cli.app import HELP_OPTION_NAMES, app
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 DEFAULT_COMMAND = "run"
+EVIDENCE_LINES = 5
+"""Evidence lines the report shows (most telling first); --json has them all."""
+LINE_CHARS = 160
+"""An evidence line is cut here in the report (a gloo error runs to 300 characters)."""
 
 
 class DefaultCommandGroup(TyperGroup):
@@ -94,10 +98,13 @@ def _step_time(rp) -> str:
 
 def _diagnosis_lines(d) -> list[str]:
     out = [f"diagnosis: {d.cls} / {d.symptom} — {d.summary}"]
-    for ev in d.evidence[:8]:
+    for ev in d.evidence[:EVIDENCE_LINES]:
         who = ", ".join(x for x in (f"rank {ev.rank}" if ev.rank is not None else "",
                                     ev.node or "") if x)
-        out.append(f"  {ev.source}" + (f" [{who}]" if who else "") + f": {ev.text}")
+        line = f"  {ev.source}" + (f" [{who}]" if who else "") + f": {ev.text}"
+        out.append(line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "…")
+    if len(d.evidence) > EVIDENCE_LINES:
+        out.append(f"  … {len(d.evidence) - EVIDENCE_LINES} more evidence line(s) in --json")
     facts = []
     if d.suspect_ranks:
         facts.append("suspect ranks " + ",".join(map(str, d.suspect_ranks)))
