@@ -23,6 +23,8 @@ _ANY_TEXT_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in TEXT_RU
                             re.IGNORECASE)
 _CONSOLE_ERROR = re.compile(r"^error \(rank \d+ on ")
 """The one line a failing worker prints (train/worker.py), which its error file also holds."""
+_OWN_LINE = re.compile(r"^(training \S+: |step \d+/\d+ |starting \d+ workers|resumed from |done: )")
+"""train's own progress lines (they quote paths such as the run directory, never a failure)."""
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|"
@@ -115,8 +117,9 @@ def _events(f: Findings) -> None:
                 f.add(key, "events.jsonl", digest, rank=r, time=when, step=step)
         elif kind == "checkpoint_failed":
             f.add("ckpt_failed", "events.jsonl", digest, time=when, step=step)
+            errors = evd.get("errors") if isinstance(evd.get("errors"), dict) else {}
             for line in [e.get("message", ""), str(evd.get("error", "")),
-                         *map(str, (evd.get("errors") or {}).values())]:
+                         *map(str, list(errors.values())[:1])]:  # one rank's says it
                 f.text("events.jsonl", line, time=when)
     _spikes(f, spikes)
     _quarantined(f)
@@ -242,7 +245,7 @@ def _logs(f: Findings) -> None:
         lines = ev.lines(info)
         echoed = rank in ev.error_files  # its console line repeats the error file
         for line in lines:
-            if not (echoed and _CONSOLE_ERROR.match(line)):
+            if not (echoed and _CONSOLE_ERROR.match(line)) and not _OWN_LINE.match(line):
                 f.text(info.source, line, rank, info.mtime)
         exc_line, frames = last_exception(lines)
         if exc_line and rank not in ev.error_files:  # an error file already says it

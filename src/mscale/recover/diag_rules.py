@@ -63,11 +63,12 @@ TEXT_RULES: tuple[Rule, ...] = (
        r"GPU has fallen off the bus|illegal instruction was encountered|misaligned address",
        "gpu", "crash", False, 85, "a GPU fault"),
     # storage
-    _t("enospc", r"No space left on device|ENOSPC|Disk quota exceeded|EDQUOT|the disk is full",
+    _t("enospc", r"No space left on device|(?-i:\bENOSPC\b)|Disk quota exceeded|(?-i:\bEDQUOT\b)|"
+       r"the disk is full",
        "storage", "disk_full", False, 80, "the filesystem is full"),
-    _t("eio", r"Input/output error|\bEIO\b", "storage", "crash", False, 80,
+    _t("eio", r"Input/output error|(?-i:\bEIO\b)", "storage", "crash", False, 80,
        "an I/O error on the filesystem"),
-    _t("stale_handle", r"Stale file handle|ESTALE", "storage", "crash", True, 80,
+    _t("stale_handle", r"Stale file handle|(?-i:\bESTALE\b)", "storage", "crash", True, 80,
        "a stale network-filesystem handle"),
     # memory
     _t("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|"
@@ -91,7 +92,7 @@ TEXT_RULES: tuple[Rule, ...] = (
        30, "the job could not connect its ranks"),
     # what a peer sees when another rank dies or hangs: a consequence, the weakest evidence
     _t("peer_gone", r"Connection reset by peer|Connection closed by peer|Broken pipe|"
-       r"ECONNRESET", "network", "crash", True, 15, "a peer's connection was lost"),
+       r"(?-i:\bECONNRESET\b)", "network", "crash", True, 15, "a peer's connection was lost"),
     _t("collective_timeout", r"Timed out waiting|Watchdog caught collective operation timeout|"
        r"ran for \d+ milliseconds before timing out|collective operation timeout|"
        r"DistStoreError.*timeout", "network", "timeout", True, 15,

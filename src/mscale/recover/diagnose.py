@@ -60,8 +60,8 @@ def _suspects(ev: RunEvidence, hits: list[Hit], rule: Rule) -> tuple[list[int], 
     """The suspect ranks and how they were found."""
     if rule.symptom == "hang":
         return hung_ranks(ev, hits)
-    if rule.cls in NO_SUSPECTS or rule is NOTHING:
-        return [], ""
+    if rule.cls in NO_SUSPECTS or rule is NOTHING or rule.symptom == "disk_full":
+        return [], ""  # a full filesystem is shared: no node is to blame
     if rule.weight <= CONSEQUENCE:  # peers lost a rank: the one that said nothing is suspect
         silent, how = hung_ranks(ev, hits)
         if silent and (ev.world is None or len(silent) < ev.world):

@@ -309,3 +309,24 @@ def test_cuda_error_out_of_memory_is_an_oom_not_a_gpu_fault(run):
     run.error_file(2, 5, "crash", "RuntimeError: CUDA error: out of memory")
     d = diagnose(run.path)
     assert (d.cls, d.symptom, d.suspect_ranks) == ("software", "oom", [2])
+
+
+def test_train_s_own_lines_quoting_a_path_are_not_evidence(run):
+    rid = started(run, 4)
+    run.log(0, "training cpu-tiny: tp2·pp1·dp2 on 4 processes (local, cpu), run local-1 attempt 1,"
+            " run directory /scratch/oom-kill-enospc-test\nstep 1/8  loss 5.55\n")
+    run.launcher_stop(6, rid, 2, "killed by SIGKILL", "killed", [3, 3, -9, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("unknown", "signal")
+    assert not any(e.source == "logs/rank0.log" for e in d.evidence)
+
+
+def test_a_full_disk_blames_no_node(run):
+    rid = started(run)
+    run.log(0, "stopped at step 3: checkpoint step-000002 failed: the disk is full; latest stays "
+            "step-000001\n")
+    run.launcher_stop(6, rid, 0, "exited with code 3", "no error file; its output says why",
+                      [3, 3, 3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.suspect_ranks, d.suspect_nodes) == \
+        ("storage", "disk_full", [], [])
