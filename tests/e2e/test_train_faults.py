@@ -190,3 +190,168 @@ def test_a_full_disk_during_metrics_stops_cleanly(tmp_path):
         assert steps == list(range(1, len(steps) + 1)) and len(steps) < 2000
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+# ---------------------------------------------------------------- fault hooks (attempt 1 only)
+def losses(run: Path) -> dict[int, float]:
+    """Step → loss of every metrics record (a resumed run's later records win)."""
+    return {m["step"]: m["loss"] for m in records(run / "metrics.jsonl")}
+
+
+def hooked(tmp_path: Path, run: Path, *args: str, timeout: float = 180):
+    return mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run), *args,
+                  timeout=timeout)
+
+
+def test_inject_crash_kills_mid_step_once_and_the_relaunch_matches_a_clean_run(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    args = ("--steps", "5", "--ckpt-interval", "2")
+    assert hooked(tmp_path, ref, *args).returncode == 0
+    p = hooked(tmp_path, run, *args, "--inject-crash", "2:4")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "rank 2 on node2 killed by SIGKILL first" in p.stdout and "Traceback" not in p.stdout
+    stop = records(run / "events.jsonl")[-1]
+    assert stop["kind"] == "stop" and stop["ranks"] == [2]
+    assert max(losses(run)) == 3  # step 4 never completed
+    p = hooked(tmp_path, run, *args, "--inject-crash", "2:4")  # the same command again
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "test hooks (--inject-*) are off: this is attempt 2" in p.stdout
+    assert "resumed from" in p.stdout and "(step 2)" in p.stdout
+    assert losses(run) == losses(ref)
+
+
+def test_inject_hang_is_named_within_the_timeout(tmp_path):
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    p = hooked(tmp_path, run, "--steps", "50", "--timeout", "4", "--inject-hang", "1:3")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert time.monotonic() - t0 < 60
+    hang = records(run / "events.jsonl")[-1]
+    assert hang["kind"] == "hang" and hang["ranks"] == [1]
+    assert hang["evidence"]["stopped_at_failure"] == [1]
+    assert "rank(s) 1 on node1 stopped answering (process stopped)" in p.stdout
+
+
+def test_inject_ckpt_kill_leaves_the_previous_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    p = hooked(tmp_path, run, "--steps", "6", "--ckpt-interval", "2", "--inject-ckpt-kill", "3:4")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "rank 3 on node2 killed by SIGKILL first" in p.stdout
+    ckpt = run / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == "step-000002"
+    assert (ckpt / "step-000004" / "rank-00003.bin").exists()  # the partial shard, flushed
+    assert not (ckpt / "step-000004" / "COMMITTED").exists()
+    assert "--inject-ckpt-kill: this rank SIGKILLs itself" in (run / "logs" / "rank3.log").read_text()
+
+
+def test_inject_ckpt_enospc_stops_the_job_with_latest_intact_then_resumes(tmp_path):
+    run = tmp_path / "run"
+    args = ("--steps", "6", "--ckpt-interval", "2", "--inject-ckpt-enospc", "4")
+    p = hooked(tmp_path, run, *args)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "the disk is full" in p.stdout and "Traceback" not in p.stdout + p.stderr
+    events = records(run / "events.jsonl")
+    [failed] = [e for e in events if e["kind"] == "checkpoint_failed"]
+    assert failed["step"] == 4 and sorted(failed["ranks"]) == [0, 1, 2, 3]
+    assert "No space left on device" in failed["message"] and "job stops" in failed["message"]
+    [stop] = [e for e in events if e["kind"] == "stop" and "code" in e["evidence"]]
+    assert stop["evidence"]["code"] == 3 and stop["evidence"]["reason"] == "abort"
+    assert max(losses(run)) < 6
+    ckpt = run / "ckpt"
+    assert (ckpt / "latest").read_text().strip() == "step-000002"
+    assert not (ckpt / "step-000004").exists()  # the failed attempt is removed
+    p = hooked(tmp_path, run, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (ckpt / "latest").read_text().strip() == "step-000006"
+
+
+def test_inject_nan_fires_in_attempt_1_only(tmp_path):
+    run = tmp_path / "run"
+    args = ("--steps", "3", "--inject-nan", "2", "--no-final-ckpt")
+    assert hooked(tmp_path, run, *args).returncode == 2
+    p = hooked(tmp_path, run, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert max(losses(run)) == 3
+
+
+def test_a_rank_stopped_inside_a_checkpoint_write_fails_the_job_within_the_timeout(tmp_path):
+    """The checkpoint's own group has --timeout too: rank 1 stops while writing the final save,
+    the others finish theirs and wait for it in the commit's collective."""
+    run = tmp_path / "run"
+    t0 = time.monotonic()
+    p = hooked(tmp_path, run, "--steps", "3", "--timeout", "4", "--ckpt-interval", "100",
+               "--inject-ckpt-hang", "1:3")
+    took = time.monotonic() - t0
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert took < 60, took
+    hang = records(run / "events.jsonl")[-1]
+    assert hang["kind"] == "hang" and hang["ranks"] == [1], hang
+    assert hang["evidence"]["stopped_at_failure"] == [1]
+    assert sorted(hang["evidence"]["timed_out"]) == [0, 2, 3]
+    assert not (run / "ckpt" / "step-000003" / "COMMITTED").exists()
+    log = (run / "logs" / "rank1.log").read_text()
+    assert "--inject-ckpt-hang: this rank SIGSTOPs itself" in log
+
+
+def test_start_event_records_the_launch(tmp_path):
+    run = tmp_path / "run"
+    plan = small_plan(tmp_path)
+    p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "1",
+               "--no-final-ckpt")
+    assert p.returncode == 0, p.stdout + p.stderr
+    [start] = [e for e in records(run / "events.jsonl") if e["kind"] == "start"]
+    launch = start["evidence"]["launch"]
+    assert launch["argv"][1:] == ["train", plan, "--local", "4", "--run-dir", str(run),
+                                  "--steps", "1", "--no-final-ckpt"]
+    assert launch["cwd"] == str(REPO) and launch["plan"] == plan and launch["local"] == 4
+    assert launch["nodes"] == ["node1", "node2"]
+
+
+def token_plan(tmp_path: Path, name: str, tokens) -> str:
+    """The small plan reading ``tokens`` (uint16) from a file of its own."""
+    import numpy as np
+    import yaml
+
+    data_file = tmp_path / f"{name}.bin"
+    np.asarray(tokens, dtype=np.uint16).tofile(data_file)
+    plan = Path(small_plan(tmp_path))
+    doc = yaml.safe_load(plan.read_text())
+    doc["training"]["data"] = {"kind": "tokens", "path": str(data_file), "dtype": "uint16"}
+    out = tmp_path / f"{name}.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    return str(out)
+
+
+def test_a_data_skip_equals_a_run_on_data_with_that_window_cut_out(tmp_path):
+    import numpy as np
+
+    step = 16 * 64  # tokens per step: global batch × seq_len; sample k is tokens[64k : 64k + 65]
+    tokens = np.random.default_rng(0).integers(0, 256, 8 * step + 1)
+    tokens[3 * step] = tokens[step]  # the token after step 1's last sample, in both files
+    cut = np.concatenate([tokens[:step], tokens[3 * step:]])  # steps 2-3's samples removed
+    skipping, shifted = tmp_path / "skipping", tmp_path / "shifted"
+    skipping.mkdir()
+    (skipping / "data_skip.json").write_text(json.dumps(
+        {"entries": [{"after_step": 1, "skip_steps": 2, "reason": "a spike at step 3"}]}))
+    args = ("--local", "4", "--steps", "4", "--no-final-ckpt")
+    p = mscale("train", token_plan(tmp_path, "full", tokens), "--run-dir", str(skipping), *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "skipping data: after step 1, the next 2 step(s)' samples (a spike at step 3)" in p.stdout
+    [info] = [e for e in records(skipping / "events.jsonl") if e["kind"] == "info"]
+    assert info["evidence"]["data_skip"]["entries"][0]["skip_steps"] == 2
+    p = mscale("train", token_plan(tmp_path, "cut", cut), "--run-dir", str(shifted), *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert losses(skipping) == losses(shifted) and len(losses(shifted)) == 4
+    plain = tmp_path / "plain"
+    p = mscale("train", token_plan(tmp_path, "full", tokens), "--run-dir", str(plain), *args)
+    assert losses(plain)[1] == losses(skipping)[1] and losses(plain)[2] != losses(skipping)[2]
+
+
+def test_a_damaged_data_skip_file_is_named_exit_3(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "data_skip.json").write_text('{"entries": [{"after_step": -1}]}')
+    p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run), "--steps",
+               "1", "--no-final-ckpt")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "data_skip.json" in p.stdout + p.stderr and "Traceback" not in p.stdout + p.stderr

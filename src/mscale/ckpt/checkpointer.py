@@ -13,14 +13,18 @@ Rules (docs/ckpt.md):
 - A save requested while the previous one is still being written first *waits* for it (and its
   commit), then snapshots: at most one snapshot lives in host memory, and a halt's save is never
   skipped. The wait is counted in the new save's blocking time and reported.
-- A failed background write never stops training: rank 0 records a ``checkpoint_failed`` event
-  with every failing rank's error, removes the attempt, and ``latest`` keeps naming the previous
-  checkpoint.
+- A failed background write does not stop training by itself: rank 0 records a
+  ``checkpoint_failed`` event with every failing rank's error, removes the attempt, and
+  ``latest`` keeps naming the previous checkpoint. Except a full disk (ENOSPC/EDQUOT, on any
+  rank, in a write or the commit): space does not come back by itself, and every step trained on
+  is work that cannot be saved, so rank 0 sets `fatal` and the loop stops every rank at the next
+  step boundary with exit 3 (docs/train.md); `mscale recover` resumes from ``latest``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,6 +43,7 @@ from mscale.ckpt.resume import ResumePoint, choose_resume
 from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
 from mscale.ckpt.writer import BackgroundWriter, snapshot_and_write
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.runs.atomic import DiskFullError
 
 
 @dataclass
@@ -84,6 +89,9 @@ class Checkpointer:
         """The checkpoint `resume` loaded (for the console's resume line)."""
         self.fingerprint = data_fingerprint
         self.gate: CopyGate | None = None
+        self.fatal: str | None = None
+        """Rank 0: why the job must stop (a save failed on a full disk); None while it may go
+        on. Set on the training or the writer thread, read by the loop at a step boundary."""
         live.update_guards.append(self.before_update)
 
     # ------------------------------------------------------------------ what a rank writes
@@ -128,7 +136,7 @@ class Checkpointer:
             snapshot_and_write, self.arena, self.gate, self.items, tensors, ready_event(tensors),
             catalog.join(self.root, name), self.rank, self.opts.codec, self.opts.level,
             self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s,
-            device=self.live.device)
+            device=self.live.device, fault=self.opts.write_fault(self.rank, step))
         self.inflight = _InFlight(step, name, reason, future, self.gate,
                                   time.perf_counter() - t0, waited, state)
         self.last_step = step
@@ -181,6 +189,7 @@ class Checkpointer:
                   "gate_waited_s": fl.gate.waited_s, "waited_s": fl.waited_s}
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
+            report["disk_full"] = disk_full(error)
             return report
         res, copy_s = fl.future.result()
         report.update(shard=res.info, write_s=res.seconds, copy_s=copy_s, raw_bytes=res.raw_bytes,
@@ -210,9 +219,9 @@ class Checkpointer:
             with contextlib.suppress(Exception):
                 catalog.remove(catalog.join(self.root, fl.name))
             latest = self._latest()
+            then = self._then(fl, latest, disk_full(e))
             self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
-                      message=f"checkpoint {fl.name} written but not committed: {e}; training "
-                              f"continues, latest stays {latest or '(none yet)'}",
+                      message=f"checkpoint {fl.name} written but not committed: {e}; {then}",
                       evidence={**evidence, "error": f"{type(e).__name__}: {e}",
                                 "latest": latest, "action": "attempt removed"})
             return
@@ -223,15 +232,24 @@ class Checkpointer:
     def _failed(self, fl: _InFlight, failed: list[dict]) -> None:
         path = catalog.join(self.root, fl.name)
         latest = self._latest()
+        then = self._then(fl, latest, any(r.get("disk_full") for r in failed))
         self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                   ranks=[r["rank"] for r in failed],
                   message=f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
-                          f"{failed[0]['error']}; training continues, latest stays "
-                          f"{latest or '(none yet)'}",
+                          f"{failed[0]['error']}; {then}",
                   evidence={"path": path, "reason": fl.reason, "latest": latest,
                             "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
                             "action": "attempt removed"})
         self.commit_future = self.writer.submit(catalog.remove, path)
+
+    def _then(self, fl: _InFlight, latest: str | None, full: bool) -> str:
+        """What happens after a failed save (module docstring); a full disk sets `fatal`."""
+        keep = f"latest stays {latest or '(none yet)'}"
+        if not full:
+            return f"training continues, {keep}"
+        self.fatal = (f"checkpoint {fl.name} failed: the disk is full; {keep}; free space on "
+                      f"{self.root}, then resume")
+        return f"the job stops at the next step boundary (a full disk), {keep}"
 
     def _latest(self) -> str | None:
         """What ``latest`` names, for a failure event (which must not fail in turn)."""
@@ -315,6 +333,13 @@ class Checkpointer:
             shared = commit.broadcast_json(result.to_json() if result else None, self.group)
             return ResumePoint.from_json(shared) if shared else None
         return result
+
+
+def disk_full(exc: BaseException) -> bool:
+    """A full filesystem or quota, however the writer or the commit reported it."""
+    if isinstance(exc, DiskFullError):
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def sources(live: LiveRank, layout: RankLayout, items: list[Item]) -> list[torch.Tensor]:

@@ -7,7 +7,7 @@ checkpoint option is a field here plus its CLI flag, nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
 
@@ -34,6 +34,26 @@ class CkptOptions:
     """Test hook: the writer sleeps this long after each chunk (a slow filesystem)."""
     copy_delay_s: float = 0.0
     """Test hook: the writer sleeps this long before the host copy (a slow copy)."""
+    inject_enospc_step: int | None = None
+    """Test hook: the save of this step fails on every rank with a real ``OSError(ENOSPC)``
+    from the writer, after its first chunk is written (a full checkpoint filesystem)."""
+    inject_kill: dict[int, int] = field(default_factory=dict)
+    """Test hook: rank → step whose save that rank's writer interrupts by SIGKILLing the
+    process after the first chunk is written (a crash in the middle of a checkpoint)."""
+    inject_hang: dict[int, int] = field(default_factory=dict)
+    """Test hook: as ``inject_kill`` with SIGSTOP (a rank hung in the middle of a save)."""
+
+    def __post_init__(self) -> None:
+        self.inject_kill = {int(k): int(v) for k, v in self.inject_kill.items()}  # JSON's keys
+        self.inject_hang = {int(k): int(v) for k, v in self.inject_hang.items()}
+
+    def write_fault(self, rank: int, step: int) -> str | None:
+        """The injected fault of ``rank``'s write of the save of ``step``, if any."""
+        if self.inject_kill.get(rank) == step:
+            return "kill"
+        if self.inject_hang.get(rank) == step:
+            return "hang"
+        return "enospc" if self.inject_enospc_step == step else None
 
     @property
     def codec(self) -> str:

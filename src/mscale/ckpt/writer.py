@@ -13,8 +13,11 @@ marker is written only after every rank's job has succeeded (commit.py).
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import signal
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,16 +62,47 @@ def _sync(fh) -> None:
     os.fsync(fd)
 
 
+def inject_fault(fault: str, fh, where: str) -> None:
+    """Test hooks (--inject-ckpt-enospc/-kill/-hang): what a full disk, a crash or a hang in the
+    middle of a write does, for real — the chunks so far are flushed to the file first, so the
+    attempt left behind is a partial shard as a real crash leaves it."""
+    fh.flush()
+    if fault == "enospc":
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (test hook "
+                      "--inject-ckpt-enospc)", where)
+    sys.stderr.write(f"test hook --inject-ckpt-{fault}: this rank "
+                     f"{'SIGKILLs' if fault == 'kill' else 'SIGSTOPs'} itself writing {where}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+
+
+def _chunk_hook(fh, where: str, chunk_delay_s: float, fault: str | None):
+    """What runs after each chunk: the test delay, and the injected fault after the first."""
+    if not chunk_delay_s and not fault:
+        return None
+    written = [0]
+
+    def on_chunk() -> None:
+        written[0] += 1
+        if chunk_delay_s:
+            time.sleep(chunk_delay_s)
+        if fault and written[0] == 1:
+            inject_fault(fault, fh, where)
+    return on_chunk
+
+
 def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int,
-                chunk_bytes: int, chunk_delay_s: float = 0.0) -> ShardResult:
+                chunk_bytes: int, chunk_delay_s: float = 0.0,
+                fault: str | None = None) -> ShardResult:
     """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings.
-    ``chunk_delay_s`` (tests) sleeps after each chunk, to hold a write in flight."""
+    ``chunk_delay_s`` (tests) sleeps after each chunk, to hold a write in flight; ``fault``
+    (tests: enospc, kill, hang) strikes after the first chunk (`inject_fault`)."""
     t0 = time.perf_counter()
     encoder = Encoder(codec, level, chunk_bytes)
     name = shard_name(rank)
     slices, crcs, offset = [], [], 0
-    on_chunk = (lambda: time.sleep(chunk_delay_s)) if chunk_delay_s else None
     with _open(join(ckpt_dir, name)) as fh, ThreadPoolExecutor(1, "mscale-ckpt-enc") as pool:
+        on_chunk = _chunk_hook(fh, join(ckpt_dir, name), chunk_delay_s, fault)
         for it, view in zip(snap.items, snap.views):
             table = write_slice(fh, encoder, memoryview(view.numpy()), on_chunk, pool)
             slices.append(SliceInfo(tensor=it.key, box=[list(b) for b in it.box],
@@ -84,7 +118,8 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
 def snapshot_and_write(arena: HostArena, gate: CopyGate, items, sources, after, ckpt_dir: str,
                        rank: int, codec: str, level: int, chunk_bytes: int,
                        chunk_delay_s: float = 0.0, copy_delay_s: float = 0.0, *,
-                       device: torch.device | None = None) -> tuple[ShardResult, float]:
+                       device: torch.device | None = None,
+                       fault: str | None = None) -> tuple[ShardResult, float]:
     """Stage 1 (copy to host; then open the gate for the optimizer step) and stage 2 (write),
     both on the writer thread, which first makes ``device`` (the rank's, captured by `save` on
     the training thread) its current CUDA device. Returns the write's result and the copy's
@@ -96,7 +131,8 @@ def snapshot_and_write(arena: HostArena, gate: CopyGate, items, sources, after, 
         snap = arena.take(items, sources, after, device)
     finally:
         gate.open()  # never leave training blocked, even if the copy failed
-    return write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, chunk_delay_s), snap.seconds
+    return (write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, chunk_delay_s, fault),
+            snap.seconds)
 
 
 class BackgroundWriter:

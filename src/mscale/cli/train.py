@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from importlib import resources
 
 import typer
@@ -25,6 +26,26 @@ def _positive(name: str):
 
 def _parse_delays(values: list[str], flag: str) -> dict[int, float]:
     return parse_rank_values(values, flag, "SECONDS", (0, 3600), "3:0.5", closed=False)
+
+
+def _parse_steps(values: list[str], flag: str) -> dict[int, int]:
+    """``RANK:STEP`` fault hooks into {rank: step}; a step is a whole number >= 1."""
+    out = parse_rank_values(values, flag, "STEP", (1, 1e9), "1:3")
+    for v, step in zip(values, out.values()):
+        if step != int(step):
+            raise MscaleError(f"{v!r}: STEP must be a whole number", field=flag,
+                              fix=f"e.g. {flag} 1:3")
+    return {rank: int(step) for rank, step in out.items()}
+
+
+def launch_of(plan: str, local: int) -> dict:
+    """How this command was launched, for the start event (`mscale recover` relaunches it):
+    argv is runnable again (``python -m mscale.cli.main`` when started that way)."""
+    argv = list(sys.argv)
+    if argv and argv[0].endswith(".py"):
+        argv[:1] = [sys.executable, "-m", "mscale.cli.main"]
+    return {"argv": argv, "cwd": os.getcwd(), "local": local,
+            "plan": plan if "://" in plan else os.path.abspath(plan)}
 
 
 @app.command("train")
@@ -65,6 +86,16 @@ def train_cmd(
                                    help="Test hook: make the loss NaN at this step."),
     inject_ckpt_delay: float = typer.Option(0.0, "--inject-ckpt-delay", min=0, hidden=True,
                                             help="Test hook: writer sleeps this long per chunk."),
+    inject_crash: list[str] = typer.Option([], "--inject-crash", hidden=True, help="Test hook "
+                                           "RANK:STEP: that rank SIGKILLs itself mid-step."),
+    inject_hang: list[str] = typer.Option([], "--inject-hang", hidden=True, help="Test hook "
+                                          "RANK:STEP: that rank SIGSTOPs itself mid-step."),
+    inject_ckpt_enospc: int = typer.Option(None, "--inject-ckpt-enospc", min=1, hidden=True,
+                                           help="Test hook: the save of STEP fails with ENOSPC."),
+    inject_ckpt_kill: list[str] = typer.Option([], "--inject-ckpt-kill", hidden=True,
+                                               help="Test hook RANK:STEP: SIGKILL mid-write."),
+    inject_ckpt_hang: list[str] = typer.Option([], "--inject-ckpt-hang", hidden=True,
+                                               help="Test hook RANK:STEP: SIGSTOP mid-write."),
 ) -> None:
     """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash."""
     from mscale.train.launch import check_before_launch, launch_job, options_from_env
@@ -84,9 +115,14 @@ def train_cmd(
         run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay, "--inject-delay"),
         inject_data_delay=_parse_delays(inject_data_delay, "--inject-data-delay"),
         inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval,
-        json_summary=as_json and not local,
+        inject_crash=_parse_steps(inject_crash, "--inject-crash"),
+        inject_hang=_parse_steps(inject_hang, "--inject-hang"),
+        json_summary=as_json and not local, launch=launch_of(plan, local),
         ckpt=CkptOptions(interval=ckpt_interval, keep=ckpt_keep, resume=resume, level=level,
-                         final=final_ckpt, chunk_delay_s=inject_ckpt_delay))
+                         final=final_ckpt, chunk_delay_s=inject_ckpt_delay,
+                         inject_enospc_step=inject_ckpt_enospc,
+                         inject_kill=_parse_steps(inject_ckpt_kill, "--inject-ckpt-kill"),
+                         inject_hang=_parse_steps(inject_ckpt_hang, "--inject-ckpt-hang")))
     from mscale.cli.app import STATE
 
     if STATE["debug"]:  # workers (started by --local, srun or torchrun) print full tracebacks

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from mscale.config.records import DataSkips
 from mscale.config.training import DataConfig
 from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
@@ -127,18 +128,24 @@ class BatchPlan:
 
 
 class DataLoader:
-    """Micro-batches for one rank: read by TP rank 0, broadcast to the TP group."""
+    """Micro-batches for one rank: read by TP rank 0, broadcast to the TP group.
+
+    ``skips`` (RUN/data_skip.json, written by `mscale recover` on a rollback) moves whole steps:
+    (0-based) step t reads the samples of step ``skips.sample_step(t + 1) - 1``, the same on
+    every rank, so a skipped window is passed over by the whole global batch."""
 
     def __init__(self, source, plan: BatchPlan, tp_group=None, tp_src: int = 0, tp_size: int = 1,
-                 is_reader: bool = True):
+                 is_reader: bool = True, skips: DataSkips | None = None):
         self.source, self.plan = source, plan
         self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
+        self.skips = skips or DataSkips()
 
     def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each [micro_batch, seq_len] int64."""
         shape = (self.plan.micro_batch, self.source.seq_len + 1)
         if self.is_reader:
-            batch = torch.stack([self.source.sample(k) for k in self.plan.indices(step, micro)])
+            read = self.skips.sample_step(step + 1) - 1
+            batch = torch.stack([self.source.sample(k) for k in self.plan.indices(read, micro)])
         else:
             batch = torch.empty(shape, dtype=torch.int64)
         if self.tp_size > 1:

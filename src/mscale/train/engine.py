@@ -25,6 +25,7 @@ from mscale.topology.placement import placement_for
 from mscale.parallel.pipeline.runner import PipelineStage, build_stage
 from mscale.train.clip import AdaptiveClipper
 from mscale.train.data import BatchPlan, DataLoader, make_source
+from mscale.train.faults import StepFaults, install as install_faults
 from mscale.train.options import TrainOptions
 
 
@@ -53,6 +54,8 @@ class Engine:
     forward/backward blocks here until the copy is done (docs/ckpt.md)."""
     pipeline: PipelineStage | None = None
     """What the pipeline runner needs of this rank (pp > 1), built once with its link."""
+    faults: StepFaults = field(default_factory=lambda: StepFaults(-1))
+    """This rank's mid-step fault hooks (--inject-crash/--inject-hang; train/faults.py)."""
 
     @property
     def micro_batches(self) -> int:
@@ -136,7 +139,8 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
                         tp_size=groups.tp_size, is_reader=groups.tp_rank == 0)
     engine = Engine(plan=plan, options=options, env=env, groups=groups, device=device,
                     chunks=chunks, params=params, grads=grads, optimizer=optimizer,
-                    clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings)
+                    clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings,
+                    faults=install_faults(chunks, env.rank, options))
     if layout.pp > 1:
         engine.pipeline = build_stage(
             plan, groups, device, chunks, micro_batches=engine.micro_batches,

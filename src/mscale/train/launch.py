@@ -37,10 +37,7 @@ def options_from_env() -> TrainOptions | None:
     raw = os.environ.get(OPTIONS_ENV)
     if not raw:
         return None
-    data = json.loads(raw)
-    for hook in ("inject_delay", "inject_data_delay"):  # JSON made the rank keys strings
-        data[hook] = {int(k): float(v) for k, v in data.get(hook, {}).items()}
-    return TrainOptions(**data)
+    return TrainOptions(**json.loads(raw))  # __post_init__ turns JSON's keys back into ranks
 
 
 def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
@@ -62,11 +59,25 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
         e.code = EXIT_BAD_INPUT
         raise
     world = plan.layout.world_size
+    _check_hook_ranks(options, world)
     if local and local != world:
         raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
                           file=plan_path, field="layout",
                           fix=f"use --local {world}, or plan for {local} processes")
     return plan
+
+
+def _check_hook_ranks(options: TrainOptions, world: int) -> None:
+    """A test hook naming a rank the job does not have would silently never fire."""
+    hooks = {"--inject-delay": options.inject_delay, "--inject-data-delay":
+             options.inject_data_delay, "--inject-crash": options.inject_crash,
+             "--inject-hang": options.inject_hang, "--inject-ckpt-kill": options.ckpt.inject_kill,
+             "--inject-ckpt-hang": options.ckpt.inject_hang}
+    for flag, ranks in hooks.items():
+        bad = sorted(r for r in ranks if not 0 <= r < world)
+        if bad:
+            raise MscaleError(f"{flag} names rank {bad[0]}, but the job has ranks 0-{world - 1}",
+                              field=flag, fix=f"name a rank below {world}")
 
 
 def _check_same_run(plan: Plan, run_dir: str) -> None:

@@ -34,7 +34,9 @@ from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
-from mscale.train.session import RunSession, agree_on_rank0, open_session
+from mscale.train import faults
+from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
+                                  open_session, read_data_skips, share_start)
 from mscale.train.step import run_micro_batches
 from mscale.train.timers import StepTimer
 
@@ -78,8 +80,11 @@ def _start(engine: Engine, s: RunSession) -> None:
     whether it could, so a refused start ends all of them at once instead of leaving the others
     waiting in their first collective."""
     plan = engine.plan
-    change = agree_on_rank0(lambda: s.claim(plan.model_copy(
-        update={"placement": plan.placement or placement_record(plan)})), engine.env.rank)
+    claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
+        update={"placement": plan.placement or placement_record(plan)})),
+        read_data_skips(s.run)), engine.env.rank)
+    change, skips = claimed or (None, None)
+    s.attempt, skips = share_start(s.attempt, skips, engine.env.rank)
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
     if change is not None and change.kind == "changed":
@@ -93,7 +98,25 @@ def _start(engine: Engine, s: RunSession) -> None:
            f"processes ({engine.env.launcher})",
            evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
                      "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
-                     "launcher": engine.env.launcher})
+                     "launcher": engine.env.launcher,
+                     "launch": launch_record(engine.options.launch, plan)})
+    _attempt_rules(engine, s, skips)
+
+
+def _attempt_rules(engine: Engine, s: RunSession, skips) -> None:
+    """Fault hooks fire in attempt 1 only (train/faults.py); data windows recorded in
+    RUN/data_skip.json are passed over (train/data.py)."""
+    if s.attempt > 1 and faults.any_armed(engine.options):
+        faults.disarm(engine)
+        _say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
+             "directory and they fire in attempt 1 only")
+    if skips.entries:
+        engine.loader.skips = skips
+        text = "; ".join(f"after step {e.after_step}, the next {e.skip_steps} step(s)' samples"
+                         + (f" ({e.reason})" if e.reason else "") for e in skips.entries)
+        _say(engine, f"skipping data: {text}; from {s.run.data_skip}")
+        _event(s, kind="info", message=f"data skipped: {text}",
+               evidence={"data_skip": skips.model_dump(mode="json"), "file": s.run.data_skip})
 
 
 def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
@@ -119,6 +142,9 @@ def _run(engine: Engine, s: RunSession) -> int:
     code, stop = _loop(engine, s, ckpt, control, first, summary)
     engine.grads.wait_params()  # parameter all-gathers of the last step
     ckpt.close()  # a save in flight is finished and committed before the process exits
+    fatal = from_rank0(ckpt.fatal, engine.env.rank)  # the final save may have hit a full disk
+    if fatal and code == EXIT_OK:
+        code, stop = EXIT_BAD_INPUT, ("abort", steps, fatal)
     figures = _finish(engine, s, code, stop, summary)
     s.release()
     if engine.options.json_summary and engine.env.rank == 0:
@@ -164,7 +190,8 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                 s.journal.append(s.run.metrics, rec)
                 summary.add(rec)
                 progress.update(rec)
-            trouble = s.trouble()
+            ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
+            trouble = s.trouble() or ckpt.fatal
             decision = control.poll(abort=trouble is not None)
             if decision.abort:
                 return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
@@ -175,7 +202,6 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                        message=_decision_message(decision),
                        evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
                                  "signal": decision.signal})
-            ckpt.poll()
             reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
             saving = bool(reason)
             if reason:
@@ -235,6 +261,7 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
 
     DP communication the step waits for is ``comm_wait``: the reduction's wait as a region (on a
     GPU, how long the stream waited), the optimizer's parameter all-gather through COMM_CLOCK."""
+    engine.faults.begin_step(step)
     loss = run_micro_batches(engine, step, timer)
     with timer.region("comm_wait"):
         engine.grads.finish()

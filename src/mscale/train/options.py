@@ -25,6 +25,13 @@ class TrainOptions:
     """Test hook: global rank → seconds its data loader takes longer per step (a slow reader)."""
     inject_nan_step: int | None = None
     """Test hook: poison the loss with NaN at this (1-based) step, to exercise the NaN stop."""
+    inject_crash: dict[int, int] = field(default_factory=dict)
+    """Test hook: global rank → (1-based) step at which it SIGKILLs itself, mid-step (right
+    after its first micro-batch's forward): a crashed process."""
+    inject_hang: dict[int, int] = field(default_factory=dict)
+    """Test hook: global rank → step at which it SIGSTOPs itself at the same point: a hung
+    process that never times out itself. Every inject_* hook (ckpt's included) fires only in
+    attempt 1 of a run directory, so a relaunched job trains cleanly (train/faults.py)."""
     gc_interval: int = 50
     """Steps between synchronized garbage collections (automatic GC is off)."""
     log_interval: int = 1
@@ -38,8 +45,17 @@ class TrainOptions:
     stderr (``mscale train --json`` under srun/torchrun; with --local the launcher does it)."""
     ckpt: CkptOptions = field(default_factory=CkptOptions)
     """Checkpoint switches: interval, retention, zstd level, final save, --resume, test hooks."""
+    launch: dict | None = None
+    """How the job was launched, as the user typed it (argv, cwd, absolute plan path, --local N),
+    recorded in the ``start`` event for `mscale recover` to relaunch it; set by the CLI (the
+    --local launcher's own command line travels to its workers inside these options)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ckpt, dict):  # the launcher's JSON (`dataclasses.asdict`) read back
             self.ckpt = CkptOptions(**self.ckpt)
+        # JSON made the rank keys strings
+        self.inject_delay = {int(k): float(v) for k, v in self.inject_delay.items()}
+        self.inject_data_delay = {int(k): float(v) for k, v in self.inject_data_delay.items()}
+        self.inject_crash = {int(k): int(v) for k, v in self.inject_crash.items()}
+        self.inject_hang = {int(k): int(v) for k, v in self.inject_hang.items()}
 

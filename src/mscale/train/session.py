@@ -9,6 +9,7 @@ stops at the same step boundary and the process exits with one line saying the d
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ import torch.distributed as dist
 
 from pydantic import BaseModel
 
+from mscale.config.records import DataSkips
 from mscale.errors import MscaleError
 from mscale.runs.atomic import DiskFullError
+from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
 from mscale.runs.lock import RunLock, new_run_id, next_attempt
 from mscale.runs.rundir import RunDir
@@ -71,7 +74,8 @@ class RunSession:
     """Identifies one launch of the job (the launcher's, SLURM's job id, or made here)."""
     attempt: int = 0
     """1 for the first launch into this run directory, then 2, 3, ... (from the start events
-    already there, read under the lock), so two start events are never confused. 0 off rank 0."""
+    already there, read under the lock), so two start events are never confused. Rank 0 reads
+    it; the others learn it from `share_start` (0 until then)."""
     lock: RunLock | None = None
 
     def claim(self, plan) -> PlanChange:
@@ -117,6 +121,59 @@ def agree_on_rank0(fn: Callable[[], T], rank: int) -> T | None:
         raise MscaleError("rank 0 could not start the run (its error says why)",
                           fix="see rank 0's error line or logs/rank0.error.json")
     return result
+
+
+def read_data_skips(run: RunDir) -> DataSkips:
+    """``RUN/data_skip.json`` (written by `mscale recover` on a rollback); none skipped when it
+    is absent. A damaged file stops the start (exit 3) naming it: training over the data window
+    that diverged, or past data nobody meant to skip, must not happen silently."""
+    fs, path = fs_and_path(run.data_skip)
+    try:
+        raw = fs.cat_file(path)
+    except FileNotFoundError:
+        return DataSkips()
+    try:
+        return DataSkips.model_validate(json.loads(raw))
+    except ValueError as e:  # pydantic's ValidationError is a ValueError, as is bad JSON
+        raise MscaleError(f"unreadable data skip file: {str(e).splitlines()[0]}",
+                          file=run.data_skip, fix="repair it (each entry needs after_step >= 0 "
+                          "and skip_steps >= 1) or remove it to skip nothing") from None
+
+
+def share_start(attempt: int, skips: DataSkips | None, rank: int) -> tuple[int, DataSkips]:
+    """Rank 0's attempt number and data skips on every rank (one JSON broadcast): the fault
+    hooks and the data order must be the same decision everywhere."""
+    doc = from_rank0({"attempt": attempt,
+                      "skips": skips.model_dump(mode="json") if skips else None}, rank)
+    return doc["attempt"], DataSkips.model_validate(doc["skips"] or {})
+
+
+def from_rank0(obj, rank: int):
+    """Rank 0's JSON-able ``obj`` on every rank (collective on the default group)."""
+    from mscale.ckpt.commit import broadcast_json
+
+    if not dist.is_initialized():
+        return obj
+    return broadcast_json(obj if rank == 0 else None, dist.group.WORLD)
+
+
+def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
+    """``evidence["launch"]`` of the start event: how to launch this job again (docs/train.md).
+    ``launch`` is what the CLI recorded (argv, cwd, plan, local); nodes and SLURM are added."""
+    from mscale.topology.placement import placement_for
+
+    env = os.environ if env is None else env
+    placement = placement_for(plan)
+    names = plan.cluster.node_names()
+    used = sorted({placement.node(r) for r in range(placement.world)})
+    slurm = None
+    if env.get("SLURM_JOB_ID"):
+        nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
+        slurm = {"job_id": env["SLURM_JOB_ID"], "job_name": env.get("SLURM_JOB_NAME"),
+                 "nodelist": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
+                 "nnodes": int(nnodes) if nnodes and nnodes.isdigit() else None}
+    base = {"argv": None, "cwd": None, "plan": None, "local": 0, **(launch or {})}
+    return {**base, "nodes": [names[i] for i in used], "slurm": slurm}
 
 
 def run_id_from_env(env: LaunchEnv) -> str:

@@ -1,0 +1,145 @@
+"""Fault hooks, data skips and the launch record of `mscale train` (without starting a job)."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import signal
+
+import pytest
+import torch
+
+from mscale.ckpt.options import CkptOptions
+from mscale.ckpt.writer import write_shard
+from mscale.cli.train import _parse_steps, launch_of
+from mscale.config.records import DataSkip, DataSkips
+from mscale.errors import MscaleError
+from mscale.runs.rundir import RunDir
+from mscale.train import faults
+from mscale.train.data import BatchPlan, DataLoader
+from mscale.train.options import TrainOptions
+from mscale.train.session import launch_record, read_data_skips
+from tests.e2e.train_run import small_plan
+
+
+def armed_options(tmp_path) -> TrainOptions:
+    return TrainOptions(run_dir=str(tmp_path), inject_delay={1: 0.5}, inject_data_delay={0: 0.1},
+                        inject_nan_step=3, inject_crash={2: 4}, inject_hang={3: 5},
+                        ckpt=CkptOptions(inject_enospc_step=2, inject_kill={1: 4},
+                                         inject_hang={0: 6}))
+
+
+def test_options_survive_the_launchers_json_with_integer_ranks(tmp_path):
+    opts = armed_options(tmp_path)
+    back = TrainOptions(**json.loads(json.dumps(dataclasses.asdict(opts))))
+    assert back == opts
+    assert back.inject_crash == {2: 4} and back.ckpt.inject_kill == {1: 4}
+
+
+def test_disarmed_options_have_no_hook_left(tmp_path):
+    opts = armed_options(tmp_path)
+    assert faults.any_armed(opts)
+    off = faults.disarmed(opts)
+    assert not faults.any_armed(off)
+    assert off.run_dir == opts.run_dir and off.ckpt.keep == opts.ckpt.keep
+    assert opts.inject_crash == {2: 4}  # the original is untouched
+
+
+def test_write_fault_of_a_rank_and_step():
+    c = CkptOptions(inject_enospc_step=2, inject_kill={1: 4}, inject_hang={0: 6})
+    assert c.write_fault(1, 4) == "kill" and c.write_fault(0, 6) == "hang"
+    assert c.write_fault(3, 2) == "enospc" and c.write_fault(1, 2) == "enospc"
+    assert c.write_fault(1, 6) is None and c.write_fault(0, 4) is None
+
+
+def test_step_fault_fires_once_on_its_step_after_a_forward(monkeypatch):
+    sent = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append(sig))
+    model = torch.nn.Linear(2, 2)
+    opts = TrainOptions(run_dir="x", inject_crash={0: 2}, inject_hang={1: 1})
+    f = faults.install([model], 0, opts)
+    for step in range(3):
+        f.begin_step(step)
+        for _ in range(2):  # two micro-batches
+            model(torch.zeros(1, 2))
+    assert sent == [signal.SIGKILL]
+    hang = faults.install([torch.nn.Linear(2, 2)], 1, opts)
+    assert hang.hang_step == 1 and hang.crash_step is None
+
+
+def test_an_enospc_write_leaves_a_partial_shard_and_raises_oserror(tmp_path):
+    from mscale.ckpt.snapshot import Snapshot
+
+    class Item:
+        key, box, flat = "t", [[0, 4096]], [0, 4096]
+
+    data = torch.arange(4096, dtype=torch.float32).view(torch.uint8)  # 16 KiB: 4 chunks
+    snap = Snapshot(items=[Item()], views=[data], seconds=0.0, nbytes=data.numel())
+    with pytest.raises(OSError) as e:
+        write_shard(str(tmp_path), 0, snap, "raw", 0, chunk_bytes=4096, fault="enospc")
+    assert e.value.errno == errno.ENOSPC and "inject-ckpt-enospc" in str(e.value)
+    shard = tmp_path / "rank-00000.bin"
+    assert shard.exists() and shard.stat().st_size == 4096  # the first chunk, flushed
+
+
+@pytest.mark.parametrize("value", ["x", "1", "1:0", "1:2.5", "a:3"])
+def test_bad_rank_step_hooks_are_refused(value):
+    with pytest.raises(MscaleError) as e:
+        _parse_steps([value], "--inject-crash")
+    assert e.value.field == "--inject-crash"
+
+
+def test_rank_step_hooks_parse():
+    assert _parse_steps(["1:3", "2:10"], "--inject-hang") == {1: 3, 2: 10}
+
+
+def test_data_skips_absent_valid_and_damaged(tmp_path):
+    run = RunDir(str(tmp_path))
+    assert read_data_skips(run).entries == []
+    doc = DataSkips(entries=[DataSkip(after_step=2, skip_steps=3, reason="spike")])
+    (tmp_path / "data_skip.json").write_text(doc.model_dump_json())
+    assert read_data_skips(run).sample_step(3) == 6
+    for bad in ("{", '{"entries": [{"after_step": 1, "skip_steps": 0}]}'):
+        (tmp_path / "data_skip.json").write_text(bad)
+        with pytest.raises(MscaleError) as e:
+            read_data_skips(run)
+        assert e.value.file.endswith("data_skip.json")
+
+
+class Counting:
+    seq_len = 2
+
+    def sample(self, k: int) -> torch.Tensor:
+        return torch.full((3,), k)
+
+
+def test_loader_reads_the_shifted_steps_samples():
+    skips = DataSkips(entries=[DataSkip(after_step=1, skip_steps=2)])
+    plan = BatchPlan(global_batch=4, micro_batch=2, dp_size=1, dp_rank=0)
+    plain, skipping = DataLoader(Counting(), plan), DataLoader(Counting(), plan, skips=skips)
+    assert torch.equal(skipping.get(0, 1)[0], plain.get(0, 1)[0])  # step 1: untouched
+    assert torch.equal(skipping.get(1, 0)[0], plain.get(3, 0)[0])  # step 2 reads step 4's
+    assert torch.equal(skipping.get(2, 1)[0], plain.get(4, 1)[0])
+
+
+def test_launch_record_names_nodes_in_order_and_slurm(tmp_path):
+    from mscale.topology.placement import load_checked_plan
+
+    plan = load_checked_plan(small_plan(tmp_path))
+    launch = {"argv": ["mscale", "train"], "cwd": "/w", "plan": "/w/p.yaml", "local": 4}
+    rec = launch_record(launch, plan, env={})
+    assert rec == {**launch, "nodes": ["node1", "node2"], "slurm": None}
+    rec = launch_record(launch, plan, env={"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "j",
+                                           "SLURM_JOB_NODELIST": "node[1-2]",
+                                           "SLURM_JOB_NUM_NODES": "2"})
+    assert rec["slurm"] == {"job_id": "42", "job_name": "j", "nodelist": "node[1-2]",
+                            "nnodes": 2}
+
+
+def test_launch_of_is_absolute_and_runnable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", ["/x/mscale/cli/main.py", "train", "p.yaml"])
+    rec = launch_of("p.yaml", 0)
+    assert rec["plan"] == str(tmp_path / "p.yaml") and rec["cwd"] == str(tmp_path)
+    assert rec["argv"][1:] == ["-m", "mscale.cli.main", "train", "p.yaml"] and rec["local"] == 0
