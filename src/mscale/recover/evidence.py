@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import MscaleError
@@ -122,10 +123,15 @@ class RunEvidence:
         if own and self.attempt.launcher not in (None, "local"):
             return own
         if self.plan is not None:
-            names = (self.plan.placement.nodes if self.plan.placement is not None
-                     else self.plan.cluster.node_names())
-            return self._pick(rank, names, per_node) or own
+            return self._pick(rank, self._plan_nodes, per_node) or own
         return own
+
+    @cached_property
+    def _plan_nodes(self) -> list[str]:
+        """The plan's node names in placement order (a hostlist expanded once)."""
+        assert self.plan is not None
+        return (self.plan.placement.nodes if self.plan.placement is not None
+                else self.plan.cluster.node_names())
 
     def _pick(self, rank: int, names: list, per_node: int | None) -> str | None:
         if not per_node or rank < 0 or (self.world is not None and rank >= self.world):
