@@ -113,7 +113,7 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
     _f("user_frame", "user_code", "crash", False, 90, "an error raised in user code"),
     _f("disk_full", "storage", "disk_full", False, 80, "the filesystem is full"),
     _f("xid_application", "software", "crash", False, 60,
-       "an Xid error that the application most often causes"),
+       "an Xid error the application or the driver can cause"),
     _f("nan", "numerics", "nan", True, 65, "the loss or gradients became NaN/Inf"),
     _f("divergence", "numerics", "divergence", False, 65, "the loss diverged"),
     _f("hang", "unknown", "hang", False, 50, "a rank stopped answering (hang)"),
@@ -137,9 +137,10 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
 NOTHING = _f("nothing", "unknown", "unknown", False, 0, "no failure was recorded")
 
 XID_APPLICATION = frozenset({13, 31, 43, 45})
-"""Xid codes that NVIDIA's catalog attributes most often to the application (13 graphics engine
-exception, 31 GPU memory page fault, 43 GPU stopped processing) or to an earlier error (45
-preemptive cleanup): they do not by themselves condemn the device."""
+"""Xid codes for which NVIDIA's Xid catalog lists the application or the driver among the causes
+(13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing) or which
+follow an earlier error (45 preemptive cleanup): alone they do not condemn the device
+(docs/references.md, "Xid errors")."""
 XID_NUMBER = re.compile(r"NVRM: Xid\b(?:\s*\([^)]*\))?[\s:,]*(\d+)")
 
 SPIKE_GAP_STEPS = 20
