@@ -185,3 +185,24 @@ def test_an_earlier_attempts_error_file_and_log_are_not_this_failure(run):
     d = diagnose(run.path)
     assert (d.attempt, d.cls, d.symptom, d.suspect_ranks) == (2, "unknown", "signal", [2])
     assert not any("out of memory" in e.text or "Xid" in e.text for e in d.evidence)
+
+
+def test_a_run_directory_on_an_object_store():
+    """Events appended as one object per record (runs/atomic.py) and files read through fsspec."""
+    import uuid
+
+    from mscale.runs.atomic import append_line, write_json_atomic
+
+    root = f"memory://diag-{uuid.uuid4().hex}"
+    append_line(f"{root}/events.jsonl", json.dumps(
+        {"time": 100.0, "source": "train", "kind": "start",
+         "evidence": {"run_id": "slurm-1", "attempt": 3, "launcher": "slurm"}}))
+    write_json_atomic(f"{root}/logs/rank5.error.json", {
+        "rank": 5, "node": "gpu7", "time": 120.0, "kind": "crash",
+        "message": "RuntimeError: CUDA error: an illegal memory access was encountered"})
+    append_line(f"{root}/events.jsonl", json.dumps(
+        {"time": 121.0, "source": "train", "kind": "stop", "ranks": [0],
+         "evidence": {"kind": "network", "error_file": "logs/rank0.error.json"}}))
+    d = diagnose(root)
+    assert (d.cls, d.symptom, d.attempt, d.suspect_ranks, d.suspect_nodes, d.exit_code) == \
+        ("gpu", "crash", 3, [5], ["gpu7"], 3)
