@@ -94,35 +94,46 @@ def find(ev: RunEvidence) -> list[Hit]:
 def _events(f: Findings) -> None:
     spikes: list[tuple[int, dict]] = []
     for e in f.ev.attempt.events:
-        kind, src, evd = e.get("kind"), e.get("source", "train"), e.get("evidence") or {}
-        when, step = e.get("time"), e.get("step")
-        digest = f"{src} {kind}" + (f" at step {step}" if step else "") + \
-            f": {e.get('message', '')}"
-        if kind == "stop" and src == "train":
-            _stop(f, e, evd, digest)
-        elif kind == "hang":
-            _hang(f, e, evd, digest)
-        elif kind == "nan":
-            first = evd.get("first_step") if src == "watch" else None
-            f.add("nan", "events.jsonl", digest, time=when, step=first or step)
-        elif kind == "divergence":
-            first = evd.get("first_bad_step") or evd.get("first_step") or step
-            f.add("divergence", "events.jsonl", digest, time=when, step=first)
-        elif kind == "grad_spike":
-            spikes.append((int(evd.get("first_step") or step or 0), e))
-        elif kind == "straggler" and evd.get("cause") in ("slow_device", "slow_node",
-                                                            "slow_link"):
-            key = "slow_link" if evd.get("cause") == "slow_link" else "straggler"
-            for r in e.get("ranks") or [None]:
-                f.add(key, "events.jsonl", digest, rank=r, time=when, step=step)
-        elif kind == "checkpoint_failed":
-            f.add("ckpt_failed", "events.jsonl", digest, time=when, step=step)
-            errors = evd.get("errors") if isinstance(evd.get("errors"), dict) else {}
-            for line in [e.get("message", ""), str(evd.get("error", "")),
-                         *map(str, list(errors.values())[:1])]:  # one rank's says it
-                f.text("events.jsonl", line, time=when)
+        try:
+            _event(f, e, spikes)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a damaged record
+            f.ev.problem("events.jsonl", f"an event of kind {e.get('kind')!r} could not be "
+                                         f"read: {type(exc).__name__}: {exc}")
     _spikes(f, spikes)
     _quarantined(f)
+
+
+def _event(f: Findings, e: dict, spikes: list[tuple[int, dict]]) -> None:
+    """One event of the attempt: a finding, or a spike kept for `_spikes`."""
+    kind, src = e.get("kind"), e.get("source", "train")
+    evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
+    when = e.get("time") if isinstance(e.get("time"), (int, float)) else None
+    step = e.get("step") if isinstance(e.get("step"), int) else None
+    digest = f"{src} {kind}" + (f" at step {step}" if step else "") + \
+        f": {e.get('message', '')}"
+    if kind == "stop" and src == "train":
+        _stop(f, e, evd, digest)
+    elif kind == "hang":
+        _hang(f, e, evd, digest)
+    elif kind == "nan":
+        first = evd.get("first_step") if src == "watch" else None
+        f.add("nan", "events.jsonl", digest, time=when, step=first or step)
+    elif kind == "divergence":
+        first = evd.get("first_bad_step") or evd.get("first_step") or step
+        f.add("divergence", "events.jsonl", digest, time=when, step=first)
+    elif kind == "grad_spike":
+        spikes.append((int(evd.get("first_step") or step or 0), e))
+    elif kind == "straggler" and evd.get("cause") in ("slow_device", "slow_node",
+                                                        "slow_link"):
+        key = "slow_link" if evd.get("cause") == "slow_link" else "straggler"
+        for r in e.get("ranks") or [None]:
+            f.add(key, "events.jsonl", digest, rank=r, time=when, step=step)
+    elif kind == "checkpoint_failed":
+        f.add("ckpt_failed", "events.jsonl", digest, time=when, step=step)
+        errors = evd.get("errors") if isinstance(evd.get("errors"), dict) else {}
+        for line in [e.get("message", ""), str(evd.get("error", "")),
+                     *map(str, list(errors.values())[:1])]:  # one rank's says it
+            f.text("events.jsonl", line, time=when)
 
 
 def _quarantined(f: Findings) -> None:
@@ -183,7 +194,7 @@ def _spikes(f: Findings, spikes: list[tuple[int, dict]]) -> None:
             break
         episode.insert(0, s)
     if len(episode) >= 2:
-        last = max(spikes)[1]
+        last = max(spikes, key=lambda sp: sp[0])[1]
         f.add("spikes", "events.jsonl", f"{len(episode)} gradient-norm spikes at steps "
               f"{', '.join(map(str, episode))}: {last.get('message', '')}",
               time=last.get("time"), step=episode[0])
@@ -194,21 +205,30 @@ def _spikes(f: Findings, spikes: list[tuple[int, dict]]) -> None:
 
 def _error_files(f: Findings) -> None:
     for rank, rec in sorted(f.ev.error_files.items(), key=lambda kv: (_time(kv[1]), kv[0])):
-        source, when = rec.get("_source", f"logs/rank{rank}.error.json"), _time(rec)
-        message = str(rec.get("message", ""))
-        kind = rec.get("kind")
-        exc_line, frames = last_exception(str(rec.get("traceback", "")).splitlines())
-        line = f"{kind}: {message}"
-        if kind == "crash" and _user_raised(exc_line or message, frames):
-            f.add("user_frame", source, f"{line} (in {frames[-1]})", rank, when)
-        elif kind in ("bad_input", "disk_full", "timeout", "network", "crash"):
-            f.add(kind, source, line, rank, when)
-        for text in {message, exc_line or ""} - {""}:
-            f.text(source, text, rank, when)
+        try:
+            _error_file(f, rank, rec)
+        except (TypeError, ValueError, AttributeError) as exc:  # a damaged record
+            f.ev.problem(str(rec.get("_source")), f"could not be read: {exc}")
+
+
+def _error_file(f: Findings, rank: int, rec: dict) -> None:
+    """One rank's error file (train/failure.py): its kind, and its message and last exception line
+    searched with the text rules."""
+    source, when = rec.get("_source", f"logs/rank{rank}.error.json"), _time(rec)
+    message = str(rec.get("message", ""))
+    kind = rec.get("kind")
+    exc_line, frames = last_exception(str(rec.get("traceback", "")).splitlines())
+    line = f"{kind}: {message}"
+    if kind == "crash" and _user_raised(exc_line or message, frames):
+        f.add("user_frame", source, f"{line} (in {frames[-1]})", rank, when)
+    elif kind in ("bad_input", "disk_full", "timeout", "network", "crash"):
+        f.add(kind, source, line, rank, when)
+    for text in {message, exc_line or ""} - {""}:
+        f.text(source, text, rank, when)
 
 
 def _time(rec: dict) -> float:
-    t = rec.get("time")
+    t = rec.get("time") if isinstance(rec, dict) else None
     return float(t) if isinstance(t, (int, float)) else float("inf")
 
 

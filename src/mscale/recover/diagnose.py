@@ -18,7 +18,7 @@ from mscale.recover.decision import Diagnosis, Evidence
 from mscale.recover.diag_facts import Hit, find
 from mscale.recover.diag_hang import hung_ranks
 from mscale.recover.diag_rules import NOTHING, Rule
-from mscale.recover.evidence import RunEvidence, collect
+from mscale.recover.evidence import RunEvidence, collect, evidence_of
 
 _KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|crash): ")
 MAX_EVIDENCE = 20
@@ -118,7 +118,7 @@ def _exit_code(ev: RunEvidence, hits: list[Hit]) -> int | None:
     for e in reversed(ev.attempt.events):
         if e.get("source", "train") != "train" or e.get("kind") not in ("stop", "hang"):
             continue
-        evd = e.get("evidence") or {}
+        evd = evidence_of(e)
         if isinstance(evd.get("code"), int):
             return evd["code"]
         if "first_failed_rank" in evd or "error_file" in evd:

@@ -56,12 +56,13 @@ class Attempt:
     @property
     def launch(self) -> dict:
         """The recorded launch (``start`` evidence ``launch``: argv, nodes, slurm), or {}."""
-        value = ((self.start or {}).get("evidence") or {}).get("launch")
+        value = evidence_of(self.start).get("launch")
         return value if isinstance(value, dict) else {}
 
     @property
     def launcher(self) -> str | None:
-        return ((self.start or {}).get("evidence") or {}).get("launcher")
+        value = evidence_of(self.start).get("launcher")
+        return value if isinstance(value, str) else None
 
 
 @dataclass
@@ -180,17 +181,22 @@ def last_attempt(events: list[dict]) -> Attempt:
                    start=start, events=events[begin:], begins=begins)
 
 
+def evidence_of(event: dict | None) -> dict:
+    """An event's ``evidence``, or {} when it has none or a damaged one."""
+    value = (event or {}).get("evidence")
+    return value if isinstance(value, dict) else {}
+
+
 def _run_id(event: dict) -> str | None:
-    value = (event.get("evidence") or {}).get("run_id")
+    value = evidence_of(event).get("run_id")
     return value if isinstance(value, str) and value else None
 
 
 def _attempt_number(start: dict | None, starts: list[tuple[int, dict]]) -> int | None:
     if start is not None:
-        n = (start.get("evidence") or {}).get("attempt")
+        n = evidence_of(start).get("attempt")
         return n if isinstance(n, int) else len(starts)
-    numbered = [a for _, e in starts if isinstance(a := (e.get("evidence") or {}).get("attempt"),
-                                                   int)]
+    numbered = [a for _, e in starts if isinstance(a := evidence_of(e).get("attempt"), int)]
     return max([len(starts), *numbered]) + 1
 
 

@@ -206,3 +206,26 @@ def test_a_run_directory_on_an_object_store():
     d = diagnose(root)
     assert (d.cls, d.symptom, d.attempt, d.suspect_ranks, d.suspect_nodes, d.exit_code) == \
         ("gpu", "crash", 3, [5], ["gpu7"], 3)
+
+
+def test_records_of_the_wrong_shape_are_problems_not_crashes(run):
+    rid = run.start(0.0)
+    for step in (30, 30, 35):  # two spikes at the same step: equal keys must not be compared
+        run.event("grad_spike", step, source="watch", step=step, evidence={"first_step": step})
+    run.event("divergence", 40, source="watch", step=40, evidence={"first_bad_step": "soon"})
+    run.event("stop", 41, evidence={"first_failed_rank": [1], "how": 7})
+    run.event("nan", 42, evidence="not a dict", step="x")
+    run.error_file(1, 30, "crash", "ValueError: x")
+    (run.root / "logs" / "rank1.error.json").write_text(json.dumps(
+        {"rank": 1, "time": 1796000030.0, "kind": ["crash"], "message": {"a": 1},
+         "traceback": 5}))
+    d = diagnose(run.path)
+    assert d.cls in ("numerics", "software", "unknown")  # and no exception
+    assert d.attempt == 1
+
+
+def test_a_start_event_with_damaged_evidence(run):
+    run.event("start", 0, evidence="garbled")
+    run.event("stop", 5, evidence=["garbled"])
+    d = diagnose(run.path)
+    assert d.attempt == 1 and d.cls == "unknown"
