@@ -111,6 +111,9 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
     if checker is not None:
+        healthy = sorted(n for n, why in checker.answers.items() if why is None)
+        if healthy:
+            reasons.append(f"{collect_hostlist(healthy)} re-checked healthy by preflight: kept")
         reasons += checker.notes
     elif diagnosis.suspect_nodes:
         reasons.append("suspect nodes not re-checked (--no-recheck)")

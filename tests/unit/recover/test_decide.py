@@ -291,3 +291,11 @@ def test_run_plan_falls_back_to_the_recorded_plan(run, fakes):
     write_events(run, events)
     plan, url = decide._run_plan(RunDir(str(run)), decide.recorded_launch(RunDir(str(run))))
     assert url == str(moved) and plan.layout.world_size == 8
+
+
+def test_a_suspect_re_checked_healthy_is_said_to_be_kept(run, fakes):
+    (run / "preflight.json").write_text(report(T_FAIL + 5, bad=()).model_dump_json())
+    fakes.diagnosis.suspect_nodes = ["node2"]
+    plan = plan_recovery(str(run))
+    assert fakes.rechecked == {"node2": None}
+    assert "node2 re-checked healthy by preflight: kept" in plan.reasons
