@@ -111,7 +111,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
     if checker is not None:
-        healthy = sorted(n for n, why in checker.answers.items() if why is None)
+        healthy = sorted(n for n, why in checker.answers.items()
+                         if why is None and n not in exclusions.nodes)
         if healthy:
             reasons.append(f"{collect_hostlist(healthy)} re-checked healthy by preflight: kept")
         reasons += checker.notes
