@@ -330,3 +330,21 @@ def test_a_full_disk_blames_no_node(run):
     d = diagnose(run.path)
     assert (d.cls, d.symptom, d.suspect_ranks, d.suspect_nodes) == \
         ("storage", "disk_full", [], [])
+
+
+def test_a_node_whose_ranks_vanished_under_srun(tmp_path):
+    """Both ranks of node3 SIGKILLed under sbatch/srun: the six peers write network error files
+    with their real host names, rank 0 records its own stop; the silent node is the suspect."""
+    run = Run(tmp_path / "run", nodes="node[1-4]", tp=2, dp=4)
+    launch = {"argv": ["mscale", "train", "plan.yaml"], "nodes": ["node1", "node2", "node3",
+                                                                  "node4"],
+              "slurm": {"job_id": "42", "job_name": "t", "nodelist": "node[1-4]", "nnodes": 4}}
+    run.start(0.0, run_id="slurm-42.0", launcher="slurm", launch=launch)
+    run.metrics(range(1, 6), t=1)
+    for rank in (0, 1, 2, 3, 6, 7):
+        run.error_file(rank, 20 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
+    run.event("stop", 21, severity="critical", ranks=[0], nodes=["node1"],
+              evidence={"kind": "network", "error_file": "logs/rank0.error.json"})
+    d = diagnose(run.path)
+    assert (d.cls, d.suspect_ranks, d.suspect_nodes, d.exit_code) == \
+        ("network", [4, 5], ["node3"], 3)
