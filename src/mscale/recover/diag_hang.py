@@ -69,10 +69,10 @@ def flight_behind(ev: RunEvidence) -> set[int]:
         status = doc.get("pg_status") or {}
         config = doc.get("pg_config") or {}
         for pg, st in status.items() if isinstance(status, dict) else []:
-            if not isinstance(st, dict) or not isinstance(
-                    n := st.get("last_enqueued_collective"), int):
+            n = _count(st.get("last_enqueued_collective") if isinstance(st, dict) else None)
+            if n is None:
                 continue
-            key = f"{pg}:{_members(config.get(pg))}"
+            key = f"{pg}:{_members(config.get(pg) if isinstance(config, dict) else None)}"
             seen.setdefault(key, {})[rank] = n
     behind: set[int] = set()
     for by_rank in seen.values():
@@ -81,6 +81,17 @@ def flight_behind(ev: RunEvidence) -> set[int]:
         newest = max(by_rank.values())
         behind |= {r for r, n in by_rank.items() if n < newest}
     return behind
+
+
+def _count(value) -> int | None:
+    """A sequence number as the dump has it: a number, or its text (the JSON dump's form)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return None
 
 
 def _members(cfg) -> str:
