@@ -39,9 +39,13 @@ class Hit:
     """One finding: a rule and the evidence line that matched it."""
 
     rule: Rule
+    """What the evidence means."""
     evidence: Evidence
+    """The line, where it was read, and the rank and node it concerns."""
     time: float | None = None
+    """When it was written (Unix time), when known: ties of weight go to the earliest."""
     step: int | None = None
+    """The training step it names (a NaN's step, a divergence's first bad step)."""
     seq: int = 0
     """Reading order (ties of weight and time go to the first read)."""
     ranks: tuple[int, ...] = ()

@@ -40,6 +40,7 @@ class FileInfo:
     source: str
     """Path relative to the run directory (what evidence lines cite)."""
     size: int
+    """Bytes."""
     mtime: float | None
     """Modification time (Unix), None where the filesystem does not say."""
 

@@ -46,6 +46,7 @@ class Attempt:
     number: int | None = None
     """Its attempt number (the start event's, else one past the last start)."""
     run_id: str | None = None
+    """The launcher's id of the attempt (``local-…``, ``slurm-JOB.STEP``, ``torchrun-…``)."""
     start: dict | None = None
     """Its ``start`` event, None when it failed before writing one."""
     events: list[dict] = field(default_factory=list)
@@ -70,7 +71,9 @@ class RunEvidence:
     """What `collect` found; `mscale.recover.diag_facts` turns it into findings."""
 
     root: str
+    """The run directory (path or URL)."""
     attempt: Attempt
+    """The last attempt and its events."""
     error_files: dict[int, dict] = field(default_factory=dict)
     """This attempt's ``logs/rank<N>.error.json`` records, by rank."""
     elastic: list[tuple[rd.FileInfo, dict]] = field(default_factory=list)
@@ -84,8 +87,11 @@ class RunEvidence:
     last_metrics: dict | None = None
     """The newest metrics record (any attempt: the last step the run completed)."""
     preflight: dict | None = None
+    """``preflight.json`` as read (any age: context only)."""
     quarantine: dict | None = None
+    """``quarantine.json`` as read."""
     plan: Plan | None = None
+    """``plan.yaml``: the plan the last attempt trained with (train records it there)."""
     problems: list[Evidence] = field(default_factory=list)
     """Damaged or oversized files: evidence too."""
     _tails: dict[str, list[str]] = field(default_factory=dict, repr=False)
