@@ -110,21 +110,26 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     resume=None if choice.is_latest else _absolute(choice.path))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
-    if checker is not None:
-        healthy = sorted(n for n, why in checker.answers.items()
-                         if why is None and n not in exclusions.nodes)
-        if healthy:
-            reasons.append(f"{collect_hostlist(healthy)} re-checked healthy by preflight: kept")
-        reasons += checker.notes
-    elif diagnosis.suspect_nodes:
-        reasons.append("suspect nodes not re-checked (--no-recheck)")
-    reasons += how.notes
+    reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
     finished = diagnosis.symptom == "finished"
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
         launcher=how.launcher,
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
+
+
+def _recheck_notes(checker: Rechecker | None, diagnosis: Diagnosis,
+                   exclusions: Exclusions) -> list[str]:
+    """What the re-check found that the exclusions do not show: suspects kept because they
+    re-checked healthy, and those that could not be re-checked."""
+    if checker is None:
+        return ["suspect nodes not re-checked (--no-recheck)"] if diagnosis.suspect_nodes else []
+    healthy = sorted(n for n, why in checker.answers.items()
+                     if why is None and n not in exclusions.nodes)
+    kept = [f"{collect_hostlist(healthy)} re-checked healthy by preflight: kept"] if healthy \
+        else []
+    return kept + checker.notes
 
 
 def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusions,
