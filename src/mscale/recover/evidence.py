@@ -212,7 +212,12 @@ def _fresh(ev: RunEvidence, when: float | None) -> bool:
 
 
 def _plan(ev: RunEvidence, run: RunDir) -> Plan | None:
-    if rd.stat(run.plan, "plan.yaml") is None:
+    info = rd.stat(run.plan, "plan.yaml")
+    if info is None:
+        return None
+    if info.size > rd.JSON_CAP_BYTES:
+        ev.problem("plan.yaml", f"{info.size} bytes, over the {rd.JSON_CAP_BYTES}-byte cap: "
+                                "not read")
         return None
     try:
         return load_plan(run.plan, check=False)
