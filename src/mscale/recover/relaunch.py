@@ -201,7 +201,7 @@ def rewrite_command(command: list[str], change: Change, ranks_per_node: int) -> 
     ``mscale train ... --local N``) rewritten for ``change``."""
     t = _train_index(command)
     if t is None:
-        return list(command)
+        return _rewrite_batch(command, change, ranks_per_node)
     exe = t - 1
     prefix, train = command[:exe], command[exe:]
     is_local = "--local" in train or any(a.startswith("--local=") for a in train)
@@ -211,6 +211,34 @@ def rewrite_command(command: list[str], change: Change, ranks_per_node: int) -> 
     elif prefix and os.path.basename(prefix[0]) == "torchrun":
         prefix = _torchrun_prefix(prefix, change, ranks_per_node)
     return prefix + train
+
+
+def _rewrite_batch(command: list[str], change: Change, ranks_per_node: int) -> list[str]:
+    """``sbatch [...] script.sh`` or ``sbatch [...] --wrap "srun mscale train ..."``: the node
+    flags set among sbatch's own options (before the script), the wrapped line rewritten."""
+    if not command or os.path.basename(command[0]) not in ("sbatch", "srun"):
+        return list(command)
+    out = list(command)
+    for i, a in enumerate(out):
+        if a == "--wrap" and i + 1 < len(out):
+            out[i + 1] = shlex.join(rewrite_command(shlex.split(out[i + 1]), change,
+                                                    ranks_per_node))
+        elif a.startswith("--wrap="):
+            out[i] = "--wrap=" + shlex.join(rewrite_command(shlex.split(a[7:]), change,
+                                                            ranks_per_node))
+    end = next((i for i in range(1, len(out)) if os.path.isfile(out[i])), len(out))
+    return _slurm_prefix(out[:end], change, ranks_per_node) + out[end:]
+
+
+def _batch_note(command: list[str], change: Change) -> list[str]:
+    """A batch script keeps its own srun line and plan: say so when they should change."""
+    if _train_index(command) is not None or any(a == "--wrap" or a.startswith("--wrap=")
+                                                for a in command):
+        return []
+    if change.plan_path is None and change.resume is None:
+        return []
+    return ["the batch script's own srun line still names the old world, plan or checkpoint: "
+            "submit the rewritten train command instead (or let recover use the recorded one)"]
 
 
 def scontrol_job(job_id: str, run: Runner) -> dict[str, str]:
@@ -245,7 +273,8 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
     launch; an empty command with a note when neither says how the job was started."""
     launcher = launcher_of(launch, command)
     if command:
-        return Relaunch(launcher, rewrite_command(command, change, ranks_per_node))
+        return Relaunch(launcher, rewrite_command(command, change, ranks_per_node),
+                        _batch_note(command, change))
     if launch is None:
         return Relaunch(launcher, [], ["the start event recorded no launch command: pass the "
                                        "command (RecoverOptions.command) to relaunch"])

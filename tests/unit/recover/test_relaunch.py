@@ -156,3 +156,24 @@ def test_recorded_launch_is_the_last_train_start(tmp_path):
     (tmp_path / "events.jsonl").write_text(json.dumps({"kind": "start", "source": "train",
                                                        "evidence": {}}) + "\n")
     assert recorded_launch(run) is None
+
+
+def test_a_given_sbatch_command_gets_node_flags_before_its_script(tmp_path):
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\n")
+    cmd = ["sbatch", "--wait", "-N", "4", str(script), "-N", "arg-of-the-script"]
+    out = relaunch(None, shrink(), 2, command=cmd)
+    assert out.command == ["sbatch", "--nodes=3", "--exclude=node3", "--wait", str(script),
+                           "-N", "arg-of-the-script"]
+    assert "own srun line still names the old world" in out.notes[0]
+    same = relaunch(None, Change(world=8, nodes=NODES), 2, command=cmd)
+    assert same.notes == [] and same.command[1] == "--nodes=4"
+
+
+def test_a_given_sbatch_wrap_is_rewritten_inside():
+    cmd = ["sbatch", "-N", "4", "--wrap", "srun -n 8 mscale train p.yaml --run-dir r"]
+    out = relaunch(None, shrink(), 2, command=cmd)
+    assert out.command[:3] == ["sbatch", "--nodes=3", "--exclude=node3"] and out.notes == []
+    assert shlex.split(out.command[-1]) == [
+        "srun", "--nodes=3", "--ntasks=6", "--exclude=node3", "mscale", "train",
+        "/runs/r1/recover/plan-0001.yaml", "--run-dir", "r"]
