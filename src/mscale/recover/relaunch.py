@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mscale.hostlist import collect_hostlist, expand_hostlist
+from mscale.hostlist import collect_hostlist
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 
@@ -326,8 +326,3 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
             *rewrite_train(launch.argv, change, local=False)]
     return Relaunch("slurm", [*head, f"--ntasks-per-node={ranks_per_node}",
                               "--wrap", shlex.join(srun)], notes)
-
-
-def nodes_of(text: str) -> list[str]:
-    """A SLURM hostlist (or an empty string) as node names."""
-    return expand_hostlist(text) if text else []
