@@ -3,13 +3,15 @@ re-plan and print (or, with ``--execute``, carry out) the relaunch.
 
 ``recover`` is a group whose default command takes the run directory, so ``mscale recover RUN``
 and ``mscale recover supervise -- CMD ...`` (added by `mscale.cli.recover_supervise`) both parse:
-a first word that is not a subcommand goes to ``run`` (``mscale recover run RUN`` names it
-explicitly, for a run directory called ``supervise``).
+a first word that is not a subcommand, or that is an existing run directory and is not followed by
+``--``, goes to ``diagnose`` (``mscale recover diagnose RUN`` names it explicitly; ``./supervise``
+also reaches a run directory called ``supervise``).
 Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input (or a relaunch that failed).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -19,18 +21,26 @@ from typer.core import TyperGroup
 from mscale.cli.app import HELP_OPTION_NAMES, app
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
-DEFAULT_COMMAND = "run"
+DEFAULT_COMMAND = "diagnose"
 EVIDENCE_LINES = 5
 """Evidence lines the report shows (most telling first); --json has them all."""
 LINE_CHARS = 160
 """An evidence line is cut here in the report (a gloo error runs to 300 characters)."""
 
 
+def _is_run_dir(word: str) -> bool:
+    """A local directory that holds what a run directory holds."""
+    return os.path.isdir(word) and any(os.path.exists(os.path.join(word, name))
+                                       for name in ("events.jsonl", "plan.yaml", "ckpt", "logs"))
+
+
 class DefaultCommandGroup(TyperGroup):
-    """A group that sends a first word which is not one of its commands to ``run``."""
+    """A group that sends its first word to ``diagnose`` unless it names a subcommand (and is not
+    a run directory given without ``--``: ``mscale recover runs/x`` where ``x`` is ``supervise``)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in HELP_OPTION_NAMES:
+        if args and args[0] not in HELP_OPTION_NAMES and (
+                args[0] not in self.commands or (_is_run_dir(args[0]) and "--" not in args)):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 

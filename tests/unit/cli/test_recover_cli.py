@@ -71,7 +71,7 @@ def test_default_command_takes_the_run_dir_and_prints_the_report(cli, run, state
     assert "checkpoint: " in out and "(step 10) — newest committed" in out
     assert "relaunch (local):" in out and "dry run: nothing written" in out
     assert not (run / "recover").exists()
-    code2, out2, _ = cli("recover", "run", str(run))  # the default command by name
+    code2, out2, _ = cli("recover", "diagnose", str(run))  # the default command by name
     assert (code2, out2) == (code, out)
 
 
@@ -124,6 +124,17 @@ def test_execute_writes_the_decision_and_runs_the_command(cli, run, state, capfd
 
 def test_the_group_still_routes_its_own_subcommands(cli):
     code, out, _ = cli("recover", "--help")
-    assert code == 0 and "supervise" in out and "run" in out
+    assert code == 0 and "supervise" in out and "diagnose" in out
     code, out, _ = cli("recover", "supervise", "--help")
     assert code == 0 and "Usage: mscale recover supervise" in out
+
+
+@pytest.mark.parametrize("name", ["diagnose", "supervise"])
+def test_a_run_directory_named_like_a_subcommand_is_still_the_run_directory(cli, run, state,
+                                                                             monkeypatch, name):
+    named = run.parent / name
+    run.rename(named)
+    monkeypatch.chdir(named.parent)
+    code, out, err = cli("recover", name)
+    assert code == 0, out + err
+    assert out.startswith(f"recover {name}: RELAUNCHABLE (exit 0)")
