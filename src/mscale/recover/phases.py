@@ -135,12 +135,12 @@ class PhaseLog:
         return records
 
     def failed(self, launched_at: float, failed_step: int | None = None,
-               at: tuple[float, str] | None = None) -> Recovery:
+               at: tuple[float, str] | None = None, known_at: float | None = None) -> Recovery:
         """The job stopped: open recovery number n, dated from the run's records, or ``at``
         (time, what) when supervise itself saw the failure first (a node quarantined while the
         job ran: the job's stop, which supervise asked for, is no failure)."""
         self.poll()
-        now = self.clock()
+        now = self.clock() if known_at is None else known_at
         t, source = at or failure_time(self.run, launched_at, now)
         rec = Recovery(self.run, len(self.history) + 1, min(t, now), source, now,
                        failed_step=failed_step if failed_step is not None else self._last_step,

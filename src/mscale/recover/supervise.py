@@ -165,6 +165,8 @@ class Supervisor:
     """One entry per attempt: its command, exit code, why it ended, the recovery's phases."""
     signalled: int | None = None
     child: Child | None = None
+    exit_seen: float | None = None
+    """When supervise saw the last attempt's exit: the end of a recovery's detect phase."""
 
     def __post_init__(self) -> None:
         self.run = RunDir(self.run_dir or find_run_dir(self.command))
@@ -220,6 +222,7 @@ class Supervisor:
                 if stopped_for is None and self.signalled is None:
                     stopped_for = self._stop_if_quarantined(before)
                 self.sleep(self.opts.interval_s)
+            self.exit_seen = self.clock()
         finally:
             if self.child.poll() is None:  # supervise itself is failing: leave nothing behind
                 self.child.proc.kill()
@@ -260,7 +263,7 @@ class Supervisor:
     def _recover(self, command: list[str], code: int, stopped_for: tuple[float, str] | None,
                  launched: float) -> list[str] | int:
         """Diagnose, decide and apply; the next command, or the exit code to stop with."""
-        rec = self.phases.failed(launched, at=stopped_for)
+        rec = self.phases.failed(launched, at=stopped_for, known_at=self.exit_seen)
         why = stopped_for[1] if stopped_for else f"the job exited {code}"
         _say(f"{why}; recovering (detected in {rec.seconds('detect'):.1f} s)")
         now = self.clock()
