@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mscale.hostlist import collect_hostlist
+from mscale.recover.evidence import evidence_of
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 
@@ -73,19 +74,27 @@ class Change:
 
 
 def recorded_launch(run: RunDir) -> Launch | None:
-    """The launch of the run's last ``train`` start, None when no start event recorded one."""
-    starts = [e for e in read_jsonl(run.events)
-              if e.get("kind") == "start" and e.get("source", "train") == "train"]
+    """The launch of the run's last ``train`` start, None when no start event recorded one (or
+    the record is damaged: the events file is evidence, never a reason for recover to crash)."""
+    starts = [e for e in read_jsonl(run.events) if isinstance(e, dict)
+              and e.get("kind") == "start" and e.get("source", "train") == "train"]
     if not starts:
         return None
-    ev = starts[-1].get("evidence") or {}
+    ev = evidence_of(starts[-1])
     rec = ev.get("launch")
-    if not isinstance(rec, dict) or not rec.get("argv"):
+    if not isinstance(rec, dict) or not isinstance(rec.get("argv"), list) or not rec["argv"]:
         return None
-    return Launch(argv=[str(a) for a in rec["argv"]], cwd=rec.get("cwd"), plan=rec.get("plan"),
-                  local=int(rec.get("local") or 0), nodes=list(rec.get("nodes") or []),
-                  slurm=rec.get("slurm") or None,
-                  launcher=str(ev.get("launcher") or ("local" if rec.get("local") else "unknown")))
+    local, nodes, slurm = rec.get("local"), rec.get("nodes"), rec.get("slurm")
+    return Launch(argv=[str(a) for a in rec["argv"]], cwd=_text(rec.get("cwd")),
+                  plan=_text(rec.get("plan")),
+                  local=local if isinstance(local, int) and local > 0 else 0,
+                  nodes=[str(n) for n in nodes] if isinstance(nodes, list) else [],
+                  slurm=slurm if isinstance(slurm, dict) and slurm else None,
+                  launcher=str(ev.get("launcher") or ("local" if local else "unknown")))
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def launcher_of(launch: Launch | None, command: list[str] | None) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from mscale.recover.relaunch import (Change, Launch, launcher_of, recorded_launch, relaunch,
                                      rewrite_command, rewrite_train, set_option)
 from mscale.runs.rundir import RunDir
@@ -177,3 +179,18 @@ def test_a_given_sbatch_wrap_is_rewritten_inside():
     assert shlex.split(out.command[-1]) == [
         "srun", "--nodes=3", "--ntasks=6", "--exclude=node3", "mscale", "train",
         "/runs/r1/recover/plan-0001.yaml", "--run-dir", "r"]
+
+
+@pytest.mark.parametrize("evidence", [
+    "not a dict", {"launch": "argv"}, {"launch": {"argv": "mscale train"}},
+    {"launch": {"argv": ["mscale", "train"], "local": "8", "nodes": "node1", "slurm": [1]}}])
+def test_a_damaged_start_record_is_no_launch_or_a_sanitised_one(tmp_path, evidence):
+    from mscale.recover.relaunch import recorded_launch
+    from mscale.runs.rundir import RunDir
+
+    (tmp_path / "events.jsonl").write_text(
+        json.dumps([1, 2]) + "\n" + json.dumps({"kind": "start", "source": "train",
+                                                "evidence": evidence}) + "\n")
+    launch = recorded_launch(RunDir(str(tmp_path)))
+    if launch is not None:
+        assert launch.local == 0 and launch.nodes == [] and launch.slurm is None
