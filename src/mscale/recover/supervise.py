@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mscale.config.records import Quarantine
-from mscale.errors import EXIT_CRITICAL, EXIT_WARNING, MscaleError
+from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_WARNING, MscaleError
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.phases import PhaseLog
 from mscale.runs.atomic import fs_and_path, write_json_atomic
@@ -111,7 +111,12 @@ class Child:
     (``train --local`` turns them into a halt of every worker, srun into a step cancel)."""
 
     def __init__(self, command: list[str]):
-        self.proc = subprocess.Popen(command, process_group=0)
+        try:
+            self.proc = subprocess.Popen(command, process_group=0)
+        except OSError as e:
+            raise MscaleError(f"cannot run {command[0]}: {e.strerror or e}", field="CMD",
+                              fix="check the command after -- (a path, or a program on PATH)") \
+                from None
 
     def forward(self, signum: int) -> None:
         if self.proc.poll() is None:
@@ -162,7 +167,7 @@ class Supervisor:
     restarts: list[float] = field(default_factory=list)
     """Wall times of the restarts made, oldest first."""
     log: list[dict] = field(default_factory=list)
-    """One entry per attempt: its command, exit code, why it ended, the recovery's phases."""
+    """One entry per attempt: its command, its exit code, the quarantine it was stopped for."""
     signalled: int | None = None
     child: Child | None = None
     exit_seen: float | None = None
@@ -194,7 +199,7 @@ class Supervisor:
             if self.signalled is not None:
                 _say(f"stopped by signal {signal.Signals(self.signalled).name}; "
                      f"the job exited {code}")
-                return code
+                return code if 0 <= code <= 3 else EXIT_BAD_INPUT  # a signal's -N is no status
             if code == 0:
                 self._save_state("finished")
                 return 0
@@ -285,7 +290,7 @@ class Supervisor:
             reason = "; ".join(plan.reasons) or plan.diagnosis.summary or "no relaunch command"
             _say(f"unrecoverable: {reason}")
             self._save_state("unrecoverable", plan)
-            return plan.exit_code or EXIT_CRITICAL
+            return plan.exit_code if plan.verdict == "unrecoverable" else EXIT_CRITICAL
         wait = backoff_for(self.opts, len(recent))
         _say(f"{plan.diagnosis.summary} → {plan.verdict}; relaunching in {wait:.0f} s: "
              f"{' '.join(plan.command)}")

@@ -191,3 +191,11 @@ def test_quarantined_ignores_expired_and_unreadable(tmp_path):
         {"node": "a", "reason": "r", "since": 1.0, "expires": 50.0},
         {"node": "b", "reason": "r", "since": 2.0}]}))
     assert quarantined(run, 100.0) == {"b": 2.0}
+
+
+def test_a_command_that_cannot_start_is_bad_input(tmp_path):
+    sup = Supervisor([str(tmp_path / "nope"), "--run-dir", str(tmp_path / "run")],
+                     SuperviseOptions(watch=False), planner=FakePlanner())
+    with pytest.raises(MscaleError, match="cannot run .*nope") as e:
+        sup.run_all()
+    assert e.value.code == 3
