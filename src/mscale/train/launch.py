@@ -68,14 +68,18 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
 
 
 def _check_hook_ranks(options: TrainOptions, world: int) -> None:
-    """A test hook naming a rank the job does not have would silently never fire."""
+    """A test hook naming a rank the job does not have would silently never fire. Not checked
+    once the run directory has a start event: the hooks are off after attempt 1 (train/faults.py)
+    and a relaunch re-planned for fewer ranks keeps the command's flags."""
+    from mscale.runs.lock import next_attempt
+
     hooks = {"--inject-delay": options.inject_delay, "--inject-data-delay":
              options.inject_data_delay, "--inject-crash": options.inject_crash,
              "--inject-hang": options.inject_hang, "--inject-ckpt-kill": options.ckpt.inject_kill,
              "--inject-ckpt-hang": options.ckpt.inject_hang}
     for flag, ranks in hooks.items():
         bad = sorted(r for r in ranks if not 0 <= r < world)
-        if bad:
+        if bad and next_attempt(options.run_dir) == 1:
             raise MscaleError(f"{flag} names rank {bad[0]}, but the job has ranks 0-{world - 1}",
                               field=flag, fix=f"name a rank below {world}")
 

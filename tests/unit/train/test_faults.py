@@ -143,3 +143,17 @@ def test_launch_of_is_absolute_and_runnable(tmp_path, monkeypatch):
     rec = launch_of("p.yaml", 0)
     assert rec["plan"] == str(tmp_path / "p.yaml") and rec["cwd"] == str(tmp_path)
     assert rec["argv"][1:] == ["-m", "mscale.cli.main", "train", "p.yaml"] and rec["local"] == 0
+
+
+def test_a_hook_rank_outside_the_job_is_refused_in_attempt_1_only(tmp_path):
+    from mscale.train.launch import _check_hook_ranks
+
+    opts = TrainOptions(run_dir=str(tmp_path / "run"), inject_crash={5: 2})
+    with pytest.raises(MscaleError) as e:
+        _check_hook_ranks(opts, 4)
+    assert e.value.field == "--inject-crash" and "rank 5" in e.value.message
+    _check_hook_ranks(TrainOptions(run_dir=opts.run_dir, inject_crash={3: 2}), 4)
+    (tmp_path / "run").mkdir()  # a relaunch on fewer ranks keeps the (disarmed) flags
+    (tmp_path / "run" / "events.jsonl").write_text(json.dumps(
+        {"source": "train", "kind": "start", "evidence": {"attempt": 1}}) + "\n")
+    _check_hook_ranks(opts, 4)
