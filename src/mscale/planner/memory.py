@@ -70,7 +70,7 @@ def sp_split(t, sp):
     return np.where(np.asarray(sp, dtype=bool) & (t > 1), t, 1)
 
 
-def block_saved_bytes(model, b, t, sp, rec, precision: str):
+def block_saved_bytes(model, b, t, sp, rec, precision: str, cuda: bool = True):
     """Bytes one block keeps for its backward, per micro-batch of ``b`` sequences.
 
     From the tensors the engine's autograd graph keeps (model/transformer.py), n = s·b tokens:
@@ -86,7 +86,10 @@ def block_saved_bytes(model, b, t, sp, rec, precision: str):
       for it to save: in this engine selective costs FLOPs and saves ~nothing);
     - MLP: SwiGLU keeps gate, its SiLU, up and their product (``4·e·n·f/t``), GeLU two
       (``2·e·n·f/t``);
-    - full recompute: only the block's fp32 input, ``4·n·h``, /t under SP.
+    - full recompute: only the block's fp32 input, ``4·n·h``, /t under SP;
+    - fp32 on CUDA: no flash kernel takes fp32, and the fallback keeps the fp32 attention
+      probabilities, ``4·b·(heads/t)·s²`` (measured on an H200: 0.49 GiB a block at b 2, 16
+      heads, s 2048; bench/gpu_memory_check.py). CPU (``cuda`` False) has an fp32 flash kernel.
 
     e = 2 under bf16, 4 under fp32. ``rec`` is a code from RECOMPUTE_CODES.
     """
@@ -100,6 +103,8 @@ def block_saved_bytes(model, b, t, sp, rec, precision: str):
     linears = 3 + (2 if model.mlp == "swiglu" else 1)
     lin_in = linears * e * n * h if e == 2 else norms * FP32 * n * h
     core_out = FP32 * n * a / t  # the log-sum-exp; the output is the O projection's input
+    if e == FP32 and cuda:
+        core_out = core_out + FP32 * n * s * a / t  # fp32 probabilities, b·heads·s² per block
     attn = e * n * (2 * h + 2 * kv) / t + core_out  # Q, K, V, the output, + log-sum-exp
     mlp = (4 if model.mlp == "swiglu" else 2) * e * n * f / t
     kept = norms * 2 * FP32 * n * h / tsp + lin_in + attn + mlp
@@ -235,10 +240,12 @@ def _rank_peak(pb, c: dict, micro, rank, layers, embedding, head) -> dict:
     block_copy = 2.0 * flops.layer_matrix_params(m_) / tp if bf16 else 0.0 * tp
     copies = np.where(rec == 2, 0.0, block_copy * layers * worth)
     copies = copies + np.where(head & bf16, 2.0 * m_.vocab * m_.hidden / tp, 0.0)
-    saved = block_saved_bytes(m_, mb, tp, sp, rec, prec) * layers * worth
+    cuda = pb.cluster.gpu.name != "cpu"
+    saved = block_saved_bytes(m_, mb, tp, sp, rec, prec, cuda) * layers * worth
     stream = FP32 * n_h / sp_split(tp, sp)  # one micro-batch's residual stream on this rank
     boundary = np.where(pp > 1, (chunks - np.where(head, 1, 0) + 2) * stream, 0.0)
-    recompute = np.where(rec == 2, block_saved_bytes(m_, mb, tp, sp, 0, prec) + block_copy, 0.0)
+    recompute = np.where(rec == 2, block_saved_bytes(m_, mb, tp, sp, 0, prec, cuda) + block_copy,
+                         0.0)
     window = m_.seq_len ** 2 if m_.sliding_window and m_.sliding_window < m_.seq_len else 0
     work = block_transient_bytes(m_, mb, tp, prec) + recompute + window
     head_kept = np.where(head, 2 * stream + (2 if bf16 else FP32) * n_h, 0.0)
