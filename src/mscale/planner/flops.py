@@ -44,16 +44,30 @@ def layer_params(model: ModelConfig) -> int:
     return layer_matrix_params(model) + (1 if model.parallel_block else 2) * model.hidden
 
 
+def attention_keys(model: ModelConfig) -> int:
+    """Keys each query is scored against: the sequence, or the sliding window when shorter.
+
+    Korthikanti's count (no causal halving: a full row of keys per query) applied to the band a
+    window leaves. Model work only: this engine's windowed attention is SDPA with a boolean mask
+    (model/transformer.py), whose kernels still compute all s scores per query, so its
+    *executed* attention FLOPs are the unwindowed ones (`attention_core_forward_flops` with
+    ``executed=True``)."""
+    s, w = model.seq_len, model.sliding_window
+    return min(w, s) if w else s
+
+
 def layer_forward_flops(model: ModelConfig) -> float:
-    """Forward FLOPs of one block for one sequence: 2 per weight per token, plus QKᵀ and A·V
-    (2·s·h each per token, Korthikanti's count: no causal halving)."""
-    s = model.seq_len
-    return 2 * layer_matrix_params(model) * s + 4 * s * s * model.hidden
+    """Forward FLOPs of one block for one sequence: 2 per weight per token (Q, K, V and O with
+    grouped-query K/V widths, the MLP's two or three matrices), plus QKᵀ and A·V (2·keys·h each
+    per token, Korthikanti's count: no causal halving; keys = `attention_keys`)."""
+    return 2 * layer_matrix_params(model) * model.seq_len + attention_core_forward_flops(model)
 
 
-def attention_core_forward_flops(model: ModelConfig) -> float:
-    """The part selective recompute repeats: QKᵀ and A·V of one block for one sequence."""
-    return 4 * model.seq_len**2 * model.hidden
+def attention_core_forward_flops(model: ModelConfig, executed: bool = False) -> float:
+    """QKᵀ and A·V of one block for one sequence (what selective recompute repeats):
+    ``4·s·keys·h``. ``executed``: what a masked kernel computes, all ``s`` keys."""
+    keys = model.seq_len if executed else attention_keys(model)
+    return 4 * model.seq_len * keys * model.hidden
 
 
 def head_forward_flops(model: ModelConfig) -> float:
