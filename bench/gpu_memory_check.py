@@ -22,6 +22,7 @@ The report also goes to $OUT/gpu-memory-check.txt when OUT is set.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -61,7 +62,7 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
                     master_addr="127.0.0.1", master_port=port, launcher="test",
                     hostname="localhost")
     live = LiveBytes() if cpu else None
-    with live.mode if cpu else _null():
+    with live.mode if cpu else contextlib.nullcontext():
         engine = build_engine(make_plan(case), env, TrainOptions(run_dir="memory://unused",
                                                                  timeout_s=300))
         engine.grads.attach_modules(engine.chunks)
@@ -76,17 +77,11 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
             train_step(engine, step, timer)
             timer.end_step()
         engine.grads.wait_params()
-        peak = live.peak if cpu else (torch.cuda.synchronize(), torch.cuda.max_memory_allocated())[1]
+        if not cpu:
+            torch.cuda.synchronize()
+        peak = live.peak if cpu else torch.cuda.max_memory_allocated()
     engine.grads.close()
     return float(peak)
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> int:

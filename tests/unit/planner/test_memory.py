@@ -41,7 +41,7 @@ def test_in_flight_micro_batches_of_the_first_rank():
     assert float(in_flight_micro_batches(1, 1, 32)) == 1      # no pipeline
     assert float(in_flight_micro_batches(8, 6, 32)) == pytest.approx(8 * (1 + 7 / 48))
     assert float(in_flight_micro_batches(3, 32, 3)) == 3.0    # capped by the step's m·v chunks
-    # the last rank of an interleaved pipeline holds p − (p−1)/v, not 1 + (p−1)/v (6.83 vs 2.17)
+    # the last rank of an interleaved pipeline holds p − (p−1)/v, not 1 + (p−1)/v: 6.83, not 2.17
     assert float(in_flight_chunks(8, 6, 32, 7)) / 6 == pytest.approx(8 - 7 / 6)
 
 
