@@ -1,12 +1,13 @@
 """Measure the real engine's peak memory per rank and the planner's figure for the same layout.
 
-CPU: the allocator's own accounting, read from `torch.profiler` (``profile_memory=True``): every
-allocation and free of a tensor's storage is an event with its byte count, so their running sum
-from before the engine is built is the bytes live at each moment, and its maximum during the
-training steps is the peak. The process's RSS is not a measure of this: it counts the Python
-interpreter, torch's libraries, gloo's buffers and pages glibc keeps after a free, and never
-shrinks. GPU: ``torch.cuda.max_memory_allocated`` (bench/gpu_memory_check.py).
-"""
+CPU: `LiveBytes`, a dispatch mode that counts every tensor storage an operator creates for as
+long as it lives (weak references; a free on any thread is seen), from before the engine is
+built; its maximum during the training steps is the peak. Not `torch.profiler`'s memory events
+(``profile_memory=True``): they are recorded per thread, so the frees of asynchronous gloo
+collectives' buffers are missing and the running sum drifts up step after step. Not the
+process's RSS either: it counts the interpreter, torch's libraries, gloo's buffers and pages
+glibc keeps after a free, and never shrinks. GPU: ``torch.cuda.max_memory_allocated``
+(bench/gpu_memory_check.py)."""
 
 from __future__ import annotations
 
