@@ -355,3 +355,28 @@ def test_a_damaged_data_skip_file_is_named_exit_3(tmp_path):
                "1", "--no-final-ckpt")
     assert p.returncode == 3, p.stdout + p.stderr
     assert "data_skip.json" in p.stdout + p.stderr and "Traceback" not in p.stdout + p.stderr
+
+
+def test_a_rank_stopped_at_start_up_is_named_within_the_timeout(tmp_path):
+    """Stopped as soon as it exists (before or during the rendezvous, whichever the machine's
+    speed gives): its peers' init_process_group or first collective times out all the same."""
+    run = tmp_path / "run"
+    proc = start(tmp_path, run, "--steps", "5", "--timeout", "4")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            pid = worker_pid(run, 3)
+            break
+        except AssertionError:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
+    assert time.monotonic() - t0 < 40, out
+    assert proc.returncode == 3, out
+    assert "rank(s) 3 on node2 stopped answering (process stopped)" in out
+    assert not (run / "metrics.jsonl").exists() or not records(run / "metrics.jsonl")
