@@ -14,6 +14,9 @@ from mscale.config.base import FieldError, StrictModel
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp32"]
+Stack = Literal["mscale", "megascale", "megatron-lm", "megatron-core", "megatron-deepspeed",
+                "llama3"]
+"""Stack profile names (planner/stacks.py defines each; a test keeps the two lists equal)."""
 ZeroStage = Annotated[int, Field(ge=0, le=2)]
 """0, 1 or 2 (an int, not a Literal: pydantic's Literal[0, 1, 2] would accept ``true`` as 1)."""
 
@@ -92,6 +95,10 @@ class TrainingConfig(StrictModel):
     """Token source."""
     checkpoint_interval: int | None = Field(default=None, gt=0, le=MAX_STEPS)
     """Steps between checkpoints. None: the plan's recommendation."""
+    stack: Stack | None = None
+    """Training software whose overlaps and kernels the planner prices (docs/plan.md, "Stack
+    profiles"): ``mscale`` (this engine; the default), ``megascale``, ``megatron-lm`` (as in the
+    2021-22 papers), ``megatron-core`` (current defaults), ``megatron-deepspeed``, ``llama3``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingConfig":

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mscale.config.cluster import ClusterConfig
-from mscale.planner.constants import HOP_LATENCY_S, LINK_EFFICIENCY, PP_OVERLAP, TP_OVERLAP
+from mscale.planner.constants import (HOP_LATENCY_S, LINK_EFFICIENCY, P2P_LATENCY_S, PP_OVERLAP,
+                                      TP_OVERLAP)
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,11 @@ def dp_exposed(half, zero, overlap, t_fwd_mb, t_bwd_mb):
     return np.where(zero >= 1, sharded, replicated)
 
 
-def tp_exposed(act_bytes, tp, links: Links, collectives):
+def tp_exposed(act_bytes, tp, links: Links, collectives, overlap: float = TP_OVERLAP):
     """Exposed seconds of TP/SP communication for the given number of all-gathers/reduce-scatters
-    of one activation (s·b·h elements) each; TP_OVERLAP of it hides behind GEMMs."""
-    return (1 - TP_OVERLAP) * collectives * ring_half(act_bytes, tp, links.fast)
+    of one activation (s·b·h elements) each; ``overlap`` of it hides behind GEMMs (the stack's
+    `tp_overlap`: MegaScale's TP_OVERLAP, none for stacks with synchronous collectives)."""
+    return (1 - overlap) * collectives * ring_half(act_bytes, tp, links.fast)
 
 
 def pp_critical_transfers(pp, vpp, m):
@@ -109,7 +111,8 @@ def pp_critical_transfers(pp, vpp, m):
     return np.where(pp > 1, crit, 0.0)
 
 
-def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk):
+def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk,
+               overlap: float = PP_OVERLAP):
     """Exposed seconds of pipeline send/recv per step.
 
     Each transfer carries one micro-batch's boundary activation (or its gradient) split over the
@@ -118,7 +121,8 @@ def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk):
     §2.2.2: interleaving multiplies the communication by v).
 
     - ``pp_critical_transfers`` of them are on the critical path whatever the overlap: fully exposed.
-    - The others overlap compute. (1 − PP_OVERLAP) of each stays exposed (send/recv kernels compete
+    - The others overlap compute. (1 − overlap) of each stays exposed (the stack's
+      `pp_overlap`, PP_OVERLAP for MegaScale) (send/recv kernels compete
       with compute), and once ``d`` exceeds the forward time of one chunk ``t_fwd_chunk`` the
       interleaved steady state cannot hide it any more: ``(d − t_fwd_chunk)/2`` per transfer is
       exposed (fitted to the schedule simulation: within 0–13% above it; 1F1B's critical count
@@ -130,10 +134,10 @@ def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk):
     pp = np.asarray(pp)
     bw = np.where(np.asarray(span_gpus) < links.gpus_per_node, links.fast,
                   np.where(np.asarray(span_gpus) * pp <= links.pod_gpus, links.nic, links.inter_pod))
-    one = act_bytes / tp / bw + HOP_LATENCY_S
+    one = act_bytes / tp / bw + P2P_LATENCY_S
     crit = pp_critical_transfers(pp, vpp, m)
     vpp = np.asarray(vpp)
     steady = np.maximum(2 * vpp * np.asarray(m) - crit, 0)
     late = np.where(vpp > 1, (one - np.asarray(t_fwd_chunk)) / 2, 0.0)  # 1F1B: already in crit
-    per_steady = np.maximum((1 - PP_OVERLAP) * one, late)
+    per_steady = np.maximum((1 - overlap) * one, late)
     return np.where(pp > 1, crit * one + steady * per_steady, 0.0)

@@ -9,13 +9,59 @@ from __future__ import annotations
 
 # --- compute ----------------------------------------------------------------------------------
 COMPUTE_EFFICIENCY = 0.655
-"""Share of the dense peak that the transformer's kernels reach while computing (GEMMs, flash
-attention, element-wise ops together). Calibrated: with the overlaps below, MegaScale's layout (TP 8,
-PP 8, v 6, micro-batch 1, ZeRO-2, batch 6144) reproduces the
-paper's 175B strong-scaling MFU (arXiv 2402.15627, §6.1 Table 2: 59.1/57.3/54.9/55.2% on
-3,072/6,144/8,192/12,288 A100s) within 1.5 points (worst −1.1 at 12,288; it was +1.2 at 8,192 before
-the pipeline's critical-path transfers were charged, which moved every point by −0.1 to −0.2, so no
-re-fit). Utilization lost to it is shown as "kernels"."""
+"""Legacy single efficiency (the whole block at one share of peak), kept for the plan file's
+``compute_efficiency`` field. The cost model no longer uses it: kernels.py prices each GEMM by its
+shape, attention by head dim and sequence, and memory-bound work by bandwidth."""
+
+GEMM_MAX_EFFICIENCY = {"ampere": 0.77, "hopper": 0.715}
+"""Share of the dense peak a large bf16 GEMM reaches (kernels.gemm_efficiency's ceiling).
+hopper: measured, cuBLAS through torch 2.11 / CUDA 13.0 on one H200 (bench/gpu_kernels.py,
+bench/data/h200_kernels.json, 2026-11): 176 block GEMMs of hidden 2048-12288, tp 1-8, 2048 and
+8192 tokens, forward and weight-gradient orientations, fitted with GEMM_K_HALF and the wave model
+(median |error| 2.5%). ampere: fitted on one published source only, MegaScale Table 2 (175B,
+batch 6144; tests/unit/planner/test_cost.py), with every other constant fixed, minimising the
+largest error in MFU points (residuals −0.6/−0.2/+1.2/−0.9 points on 3,072/6,144/8,192/12,288
+GPUs; the least-squares value, 0.78, puts 8,192 at +1.9)."""
+GEMM_K_HALF = 192
+"""Reduction length at which a GEMM reaches half its ceiling (e = e_max·K/(K + K_half)): short
+reductions spend proportionally more of each tile's time in its prologue and epilogue. Fitted
+with GEMM_MAX_EFFICIENCY["hopper"] on the same H200 measurements; assumed the same on Ampere."""
+GEMM_TILES = ((128, 256), (256, 128))
+"""Output tiles one SM computes at a time (cuBLAS's most efficient tiles, NVIDIA Matrix
+Multiplication Background User's Guide §2.3); a GEMM runs in waves of one tile per SM, and the
+last partial wave idles the rest (ibid. §3.2, wave quantization). The better of the two is used."""
+SM_COUNT = {"ampere": 108, "hopper": 132}
+"""Streaming multiprocessors: A100 108, H100/H800/H200 SXM 132 (NVIDIA A100 and H100 whitepapers;
+132 confirmed by torch on the H200 above)."""
+
+FLASH_ATTENTION = {
+    "hopper": {64: (0.816, 1361.0), 128: (1.06, 1555.0)},
+    "ampere": {64: (1.00, 1361.0), 128: (1.24, 1555.0)},
+}
+"""Attention core forward + backward, flash kernels, causal: (e_inf, s_half) with achieved share
+of peak e = e_inf·s/(s + s_half), in FLOPs as the planner counts them (4·s²·h per sequence forward,
+no causal halving, so e may exceed 1: a causal kernel does half that work). hopper: measured on
+the H200 above (torch SDPA, bf16, heads·d = 2048, 16k tokens per call, s = 1k-8k; fitted on 1/e
+against 1/s; d 64 at 8k: 0.70, d 128 at 8k: 0.89). ampere: FlashAttention-2 reaches 50-73% of
+the A100's peak (Dao, arXiv 2307.08691, abstract and §4.1) in real FLOPs, i.e. 1.0-1.46 in this
+count; e_inf set to 0.50·2 (d 64) and 0.62·2 (d 128), with Hopper's s_half: an assumption inside
+the published range. Head dims other than 64 and 128 use the nearer entry."""
+
+MEMORY_BOUND_EFFICIENCY = {"elementwise": 0.75, "activation": 0.53, "norm": 0.25}
+"""Share of HBM bandwidth memory-bound kernels reach, by kind, counting the bytes each must read
+and write. Measured on the H200 above (torch eager, bf16, 8192 tokens × hidden 4096/12288):
+add 3.3-3.9 TB/s of 4.8 (0.69-0.82), GELU 2.3-2.8 (0.48-0.58), layer norm forward + backward
+1.06-1.33 (0.22-0.28). Stacks with fused norm kernels (stacks.StackProfile.fused_norms) run norms
+at the element-wise rate: an assumption (apex/Transformer Engine fused norms are single-pass)."""
+HBM_GB_PER_S = {"A100": 2039.0, "A100-40GB": 1555.0, "H100": 3350.0, "H800": 3350.0,
+                "H200": 4800.0}
+"""Device memory bandwidth, GB/s, for presets that do not state it (docs/references.md: H100
+3.35 TB/s, H200 4.8 TB/s; NVIDIA A100 datasheet: 2,039 GB/s for 80 GB SXM, 1,555 for 40 GB)."""
+SOFTMAX_BYTES_PER_SCORE = 22
+"""Unfused attention (no flash kernel): bytes moved per attention-score element per forward +
+backward, bf16: the QKᵀ output written (2), fused scale-mask-softmax read and written (4), dropout
+read, written and its 1-byte mask (5); backward: dropout (5) and softmax (6) gradients. Counted
+from Megatron-LM's kernels (fused_softmax, dropout), an estimate, not a measurement."""
 
 # --- bytes ------------------------------------------------------------------------------------
 ACT_BYTES = 2
@@ -46,6 +92,11 @@ LINK_EFFICIENCY = 0.80
 (nccl-tests on NVLink and InfiniBand typically reach 75-90% of line rate for large messages)."""
 HOP_LATENCY_S = 5e-6
 """Latency per ring step. Assumption; only matters for small messages and very large rings."""
+P2P_LATENCY_S = 20e-6
+"""Fixed cost of one pipeline send/recv pair: launching the NCCL p2p kernels, the rendezvous with
+the peer and the completion wait, paid by every transfer whatever its size (deep interleaving
+multiplies the transfers by v). Assumption: nccl-tests sendrecv small-message latency across
+InfiniBand is of the order of 10-20 µs, plus the host-side launch of the batched isend/irecv."""
 TP_OVERLAP = 0.5
 """Share of tensor/sequence-parallel communication hidden behind GEMMs. MegaScale fuses the
 all-gather/reduce-scatter with the adjacent GEMMs (§3.2; +2.2 MFU points in its Table 3 ablation).
@@ -72,6 +123,13 @@ STORAGE_WRITE_GB_PER_S = 273.0
 273 GB/s saving to Selene's all-NVMe filesystem. Override with --ckpt-write-gbps."""
 STORAGE_READ_GB_PER_S = 1000.0
 """Aggregate checkpoint read bandwidth: the same paper measured a 1 TB/s peak when loading."""
+
+MODEL_ERROR = 0.04
+"""Relative step-time difference below which the search does not trust its own ranking and puts
+the simpler layout first (search._prefer_simpler). The fitted model reproduces MegaScale's four
+batch-6144 rows with residuals from −0.5% to +3.4% (a 3.9-point spread between layouts that differ
+only in DP size), and held-out sources are off by a median 7.7% (docs/plan-validation.md), much of
+it common to every layout of a run; 4% is the spread, not the absolute error."""
 
 # --- search -----------------------------------------------------------------------------------
 MAX_MICRO_BATCH = 16

@@ -6,7 +6,8 @@ length one, so the search and the evaluation of a given layout cannot disagree.
 Step time on the critical path (the slowest pipeline rank)::
 
     step = m·t_stage + bubble + exposed TP + exposed PP + exposed DP
-    t_stage   = FLOPs of the slowest rank per micro-batch / (peak · COMPUTE_EFFICIENCY)
+    t_stage   = kernel time of the slowest rank per micro-batch (kernels.py: GEMMs by shape,
+                attention by head dim and sequence, memory-bound work by bandwidth)
     bubble    = (p−1)/(v·m) · m·t_stage                      (docs/references.md, Narayanan et al. §2.2)
 
 and m·t_stage is shown split into model work, recompute and stage imbalance.
@@ -24,8 +25,10 @@ from mscale.config.layout import LayoutConfig, even_split
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
 from mscale.planner import flops
+from mscale.planner.kernels import Device, block_times, head_time
+from mscale.planner.stacks import StackProfile, stack_profile
 from mscale.planner.comm import Links, dp_exposed, dp_half, pp_exposed, tp_exposed
-from mscale.planner.constants import (ACT_BYTES, COMPUTE_EFFICIENCY, GRAD_REDUCE_BYTES,
+from mscale.planner.constants import (ACT_BYTES, GRAD_REDUCE_BYTES,
                                       LOGITS_BYTES, MEMORY_USABLE_FRACTION)
 from mscale.planner.memory import (RECOMPUTE_CODES, activation_bytes_per_layer,
                                    in_flight_micro_batches, state_bytes_per_param)
@@ -38,10 +41,24 @@ class Problem:
     model: ModelConfig
     training: TrainingConfig
     cluster: ClusterConfig
+    stack: str | None = None
+    """Stack profile name overriding ``training.stack`` (``mscale plan --stack``)."""
+    calibration: object | None = None
+    """A `calibrate.Calibration`: measured rates replacing datasheet ones (``--calibrate``)."""
+
+    @cached_property
+    def stack_profile(self) -> StackProfile:
+        return stack_profile(self.stack or getattr(self.training, "stack", None))
+
+    @cached_property
+    def device(self) -> Device:
+        dev = Device.of(self.cluster.gpu)
+        return self.calibration.device(dev) if self.calibration is not None else dev
 
     @cached_property
     def links(self) -> Links:
-        return Links.of(self.cluster)
+        links = Links.of(self.cluster)
+        return self.calibration.links(links) if self.calibration is not None else links
 
     @cached_property
     def peak(self) -> float:
@@ -85,13 +102,13 @@ class LayoutCost:
     def losses(self) -> dict[str, float]:
         """Where the peak goes, as shares of the step's device time; with MFU they sum to 1.
 
-        Computing runs at COMPUTE_EFFICIENCY of peak: the rest of that time is "kernels", and
-        recomputation at that rate is "recompute". Imbalance, bubble and exposed communication
-        idle the device entirely.
+        ``t_model`` is the model's work at the kernels' real rates, balanced over the pipeline:
+        its excess over the ideal time (model FLOPs at peak, i.e. MFU × step) is "kernels";
+        recomputation, imbalance, bubble and exposed communication follow.
         """
         t = self.step_time
-        out = {"kernels": (1 - COMPUTE_EFFICIENCY) * (self.t_model + self.t_recompute) / t,
-               "recompute": COMPUTE_EFFICIENCY * self.t_recompute / t}
+        out = {"kernels": max(self.t_model / t - self.mfu, 0.0),
+               "recompute": self.t_recompute / t}
         for name in ("imbalance", "bubble", "tp", "pp", "dp"):
             out[name] = getattr(self, f"t_{name}") / t
         return out
@@ -112,37 +129,39 @@ def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarr
     tp, pp, vpp, dp, mb = c["tp"], c["pp"], c["vpp"], c["dp"], c["mb"]
     rec, zero = c["rec"], c["zero"]
     micro = tr.global_batch // (dp * mb)
-    denom = tp * pb.peak * COMPUTE_EFFICIENCY
+    stack = pb.stack_profile
 
-    # compute per micro-batch on the slowest rank (forward + backward = 3 forwards, + recompute)
-    f_layer = flops.layer_forward_flops(m_)
-    extra = np.select([rec == 2, rec == 1], [f_layer, flops.attention_core_forward_flops(m_)], 0.0)
-    layer_t = mb * (3 * f_layer + extra) / denom
-    head_t = mb * 3 * flops.head_forward_flops(m_) / denom
+    # kernel time per micro-batch on the slowest rank (forward + backward, + recompute)
+    bt = block_times(m_, pb.device, stack, tp, mb, c["sp"], rec)
+    layer_t = bt.work + bt.recompute
+    head_t = head_time(m_, pb.device, tp, mb)
     t_stage = np.maximum(c["max_layers"] * layer_t, c["last_layers"] * layer_t + head_t)
     t_compute = micro * t_stage
     world = pb.cluster.world_size
-    t_model = pb.model_flops / (world * pb.peak * COMPUTE_EFFICIENCY)
-    t_recompute = (tr.global_batch * m_.layers * extra) / (world * pb.peak * COMPUTE_EFFICIENCY)
+    t_model = micro * (m_.layers * bt.work + head_t) / pp  # balanced over the pipeline ranks
+    t_recompute = micro * m_.layers * bt.recompute / pp
     t_bubble = np.where(pp > 1, (pp - 1) / (vpp * micro) * t_compute, 0.0)
+    extra = np.select([rec == 2, rec == 1], [flops.layer_forward_flops(m_),
+                                             flops.attention_core_forward_flops(m_)], 0.0)
 
     # communication
     act = m_.seq_len * mb * m_.hidden * ACT_BYTES
     per_layer_coll = 2 if m_.parallel_block else 4
     passes = np.where(rec == 2, 3, 2)  # forward, backward, and the recomputed forward
     t_tp = np.where(tp > 1, tp_exposed(act, tp, pb.links, micro * c["max_layers"] * per_layer_coll
-                                       * passes), 0.0)
-    t_fwd = t_stage / 3  # forward of one micro-batch on the slowest rank, all its chunks
-    t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links, t_fwd / vpp)
+                                       * passes, stack.tp_overlap), 0.0)
+    # forward of one micro-batch on the slowest rank, all its chunks
+    t_fwd = np.minimum(c["max_layers"] * bt.forward + head_t / 3, t_stage / 2)
+    t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links, t_fwd / vpp, stack.pp_overlap)
     mem = memory_arrays(pb, c, micro)
     grad_bytes = mem["rank_params"] * GRAD_REDUCE_BYTES[tr.precision]
     half = dp_half(grad_bytes, dp, tp, pb.links, c["hier"])
-    t_dp = np.where(dp > 1, dp_exposed(half, zero, tr.overlap_grad_reduce, t_fwd, t_stage - t_fwd),
-                    0.0)
+    overlap = tr.overlap_grad_reduce and stack.dp_overlap
+    t_dp = np.where(dp > 1, dp_exposed(half, zero, overlap, t_fwd, t_stage - t_fwd), 0.0)
 
     step = t_compute + t_bubble + t_tp + t_pp + t_dp
     out = {k: v for k, v in mem.items() if k != "rank_params"}
-    out.update(micro_batches=micro, t_model=np.full(np.shape(step), t_model),
+    out.update(micro_batches=micro, t_model=t_model,
                t_recompute=t_recompute, t_imbalance=np.maximum(t_compute - t_model - t_recompute, 0),
                t_bubble=t_bubble, t_tp=t_tp, t_pp=t_pp, t_dp=t_dp, step_time=step,
                tokens_per_s=tr.global_batch * m_.seq_len / step,

@@ -12,13 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mscale.config.layout import LayoutConfig
+from mscale.config.layout import LayoutConfig, even_split
 from mscale.errors import MscaleError
-from mscale.planner.constants import MAX_MICRO_BATCH, MAX_SKELETONS
+from mscale.planner.constants import MAX_MICRO_BATCH, MAX_SKELETONS, MODEL_ERROR
 from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays, rank_layer_counts
 from mscale.planner.memory import RECOMPUTE_CODES
 
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+UNEVEN_CHUNK_BLOCKS = (1, 2, 3, 4, 5, 6, 8)
+"""Largest virtual-stage sizes (blocks) tried for uneven interleaving: published interleaved
+runs use 1-4 blocks per virtual stage (MegaScale: 530B with 1; Korthikanti et al.: 175B with 4,
+530B with 1-2); beyond 8 the bubble gain of interleaving is small."""
+MAX_UNEVEN_STAGES = 4096
+"""Most virtual stages of an uneven split the search builds (each is a list entry): ~20× the
+deepest published pipeline, and it keeps a search within its time budget at any layer count."""
 
 
 @dataclass
@@ -50,9 +57,12 @@ class SearchResult:
     examined: int = 0
     count: int = 0
     """Layouts that fit, ranked first in ``arrays``/``costs`` (the rest are the misfits)."""
+    preferred_note: str = ""
+    """Why the first layout is not the fastest one, when a simpler one within MODEL_ERROR of it
+    was moved ahead; empty when the fastest is also the simplest."""
 
     def layout(self, i: int) -> LayoutConfig:
-        return layout_at(self.arrays, i)
+        return layout_at(self.arrays, i, self.problem.model.layers)
 
     def cost(self, i: int) -> LayoutCost:
         return cost_at(self.costs, i)
@@ -87,22 +97,56 @@ def tp_candidates(pb: Problem, rejects: Rejects) -> list[int]:
 
 
 def interleavings(layers: int, pp: int) -> list[int]:
-    """Virtual stages per rank v > 1 that Megatron-LM's interleaving allows (pp·v divides the
-    layers), found among the divisors rather than by trying every v up to layers/pp."""
-    if pp == 1 or layers % pp:
+    """Virtual stages per rank v > 1: even splits (pp·v divides the layers, any v) and uneven ones.
+
+    The engine runs uneven splits (`LayoutConfig.stage_layers`, parallel/pipeline/stages.py), so
+    126 layers are searchable at any pp. For each size c in UNEVEN_CHUNK_BLOCKS of the largest
+    virtual stage the fewest virtual stages giving it, v = ⌈layers/(pp·c)⌉, is tried (more
+    stages of the same largest size add transfers without shortening the slowest rank), while
+    pp·v stays within MAX_UNEVEN_STAGES (an uneven split is spelled out stage by stage).
+    """
+    if pp == 1:
         return []
-    return divisors(layers // pp)[1:]
+    out = set(divisors(layers // pp)) if layers % pp == 0 else set()
+    for c in UNEVEN_CHUNK_BLOCKS:
+        v = -(-layers // (pp * c))
+        if pp * v <= MAX_UNEVEN_STAGES:
+            out.add(v)
+    return sorted(v for v in out if v > 1 and pp * v <= layers)
 
 
-def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, int]]:
-    """Valid (tp, pp, vpp, dp, micro_batch) tuples; the rest go to ``rejects``.
+def light_split(layers: int, pp: int, vpp: int) -> list[int] | None:
+    """Stage split with the first and last virtual stages one block lighter (they carry the
+    embedding and the head and loss; Llama 3 §3.3.2 removes one layer from each for this), or
+    None when a stage would be left empty."""
+    stages = pp * vpp
+    if pp == 1 or layers + 2 < 3 * stages or stages < 2 or stages > MAX_UNEVEN_STAGES:
+        return None
+    split = even_split(layers + 2, stages)
+    split[0] -= 1
+    split[-1] -= 1
+    return split if min(split) >= 1 else None
+
+
+def light_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int] | None:
+    """(most, first, last) blocks per pipeline rank of `light_split`, or None."""
+    split = light_split(layers, pp, vpp)
+    if split is None:
+        return None
+    per_rank = [sum(split[r::pp]) for r in range(pp)]
+    return max(per_rank), per_rank[0], per_rank[-1]
+
+
+def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, int, int]]:
+    """Valid (tp, pp, vpp, dp, micro_batch, light) tuples; the rest go to ``rejects``. ``light``
+    marks the variant whose first and last virtual stages carry one block less (`light_split`).
 
     Raises MscaleError rather than build more than MAX_SKELETONS of them, so that no input can
     keep the planner busy for minutes (each one is later crossed with up to 36 option sets).
     """
     tr, layers, world = pb.training, pb.model.layers, pb.cluster.world_size
     mbs = [tr.micro_batch] if tr.micro_batch else range(1, MAX_MICRO_BATCH + 1)
-    out: list[tuple[int, int, int, int, int]] = []
+    out: list[tuple[int, int, int, int, int, int]] = []
     for tp in tp_candidates(pb, rejects):
         for pp in divisors(world // tp):
             if pp > layers:
@@ -123,18 +167,18 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
                 ok = [1] + (vs if m % pp == 0 else [])
                 if len(out) + len(ok) > MAX_SKELETONS:
                     raise _too_large(pb)
-                out.extend((tp, pp, v, dp, mb) for v in ok)
+                lights = [v for v in ok if light_split(layers, pp, v) is not None]
+                if len(out) + len(ok) + len(lights) > MAX_SKELETONS:
+                    raise _too_large(pb)
+                out.extend((tp, pp, v, dp, mb, 0) for v in ok)
+                out.extend((tp, pp, v, dp, mb, 1) for v in lights)
     return out
 
 
 def _reject_interleavings(layers: int, tp: int, pp: int, m: int, vs: list[int],
                           rejects: Rejects) -> None:
-    """Count the v in 2..layers/pp that cannot interleave, with the first as the example."""
-    tried = layers // pp - 1 if pp > 1 else 0
-    if tried > len(vs):
-        v = next(v for v in range(2, layers // pp + 1) if layers % (pp * v))
-        rejects.add("interleaving needs layers divisible by pp·vpp (Megatron-LM)",
-                    f"pp={pp} vpp={v}, layers={layers}", n=tried - len(vs))
+    """Count the interleavings the micro-batch count rules out (the engine's schedule needs m
+    divisible by pp with v > 1)."""
     if vs and m % pp:
         rejects.add("interleaving needs micro-batches divisible by pp",
                     f"tp={tp} pp={pp} vpp={vs[0]} m={m}", n=len(vs))
@@ -148,19 +192,21 @@ def _too_large(pb: Problem) -> MscaleError:
                                  "the search, or check model.layers and cluster.nodes")
 
 
-def expand(pb: Problem, sk: list[tuple[int, int, int, int, int]]) -> dict[str, np.ndarray]:
+def expand(pb: Problem, sk: list[tuple[int, int, int, int, int, int]]) -> dict[str, np.ndarray]:
     """Cross every skeleton with SP × recompute × ZeRO × DP reduction (restricted by training)."""
     tr, gpn = pb.training, pb.cluster.gpus_per_node
     recs = [RECOMPUTE_CODES[tr.recompute]] if tr.recompute else [0, 1, 2]
     zeros = [tr.zero_stage] if tr.zero_stage is not None else [0, 1, 2]
     opts = np.array([(sp, r, z, h) for sp in (0, 1) for r in recs for z in zeros for h in (0, 1)])
-    counts = [rank_layer_counts(pb.model.layers, pp, vpp) for _, pp, vpp, _, _ in sk]
-    base = np.hstack([np.array(sk, dtype=np.int64).reshape(-1, 5),
+    layers = pb.model.layers
+    counts = [light_counts(layers, pp, vpp) if light else rank_layer_counts(layers, pp, vpp)
+              for _, pp, vpp, _, _, light in sk]
+    base = np.hstack([np.array(sk, dtype=np.int64).reshape(-1, 6),
                       np.array(counts, dtype=np.int64).reshape(-1, 3)])
     nb, no = len(base), len(opts)
     b = np.repeat(base, no, axis=0)
     o = np.tile(opts, (nb, 1))
-    names = ("tp", "pp", "vpp", "dp", "mb", "max_layers", "first_layers", "last_layers")
+    names = ("tp", "pp", "vpp", "dp", "mb", "light", "max_layers", "first_layers", "last_layers")
     arr = {k: b[:, i] for i, k in enumerate(names)}
     arr.update(sp=o[:, 0].astype(bool), rec=o[:, 1], zero=o[:, 2], hier=o[:, 3].astype(bool))
     # drop options that change nothing: SP without TP, ZeRO without DP, hierarchical without
@@ -191,9 +237,38 @@ def search(pb: Problem) -> SearchResult:
     _reject_memory(pb, arr, costs, ~fits, rejects)
     order = np.lexsort((costs["mem_total"], costs["step_time"]))
     order = order[fits[order]]
+    order, note = _prefer_simpler(pb, arr, costs, order)
     arr = {k: v[order] for k, v in arr.items()}
     costs = {k: (v[order] if np.ndim(v) else v) for k, v in costs.items()}
-    return SearchResult(pb, arr, costs, rejects, examined=examined, count=int(fits.sum()))
+    return SearchResult(pb, arr, costs, rejects, examined=examined, count=int(fits.sum()),
+                        preferred_note=note)
+
+
+def _prefer_simpler(pb: Problem, arr, costs, order: np.ndarray) -> tuple[np.ndarray, str]:
+    """Move the simplest layout within MODEL_ERROR of the fastest to the front.
+
+    The model cannot tell apart layouts whose predicted step times differ by less than its own
+    error, and the simpler one carries less risk: fewer virtual stages (fewer chunk runs, fewer
+    p2p transfers, less activation memory in flight), then fewer transfers per step, then the
+    even split. The rest stay in order of predicted time.
+    """
+    step = costs["step_time"][order]
+    band = order[step <= step[0] * (1 + MODEL_ERROR)]
+    transfers = np.where(arr["pp"][band] > 1, 2 * arr["vpp"][band] * costs["micro_batches"][band], 0)
+    keys = (costs["step_time"][band], arr["light"][band], transfers, arr["vpp"][band])
+    pick = band[np.lexsort(keys)[0]]
+    if pick == order[0]:
+        return order, ""
+    fast, slow = order[0], pick
+    gap = costs["step_time"][slow] / costs["step_time"][fast] - 1
+    note = (f"{describe(layout_at(arr, int(slow), pb.model.layers))} is ranked first: "
+            f"{100 * gap:.1f}% slower than the fastest "
+            f"({describe(layout_at(arr, int(fast), pb.model.layers))}), within the model's "
+            f"{100 * MODEL_ERROR:.0f}% error, with v{int(arr['vpp'][slow])} instead of "
+            f"v{int(arr['vpp'][fast])} and {int(2 * arr['vpp'][slow] * costs['micro_batches'][slow])}"
+            f" instead of {int(2 * arr['vpp'][fast] * costs['micro_batches'][fast])} transfers per "
+            "rank per step")
+    return np.concatenate([[pick], order[order != pick]]), note
 
 
 def _reject_memory(pb: Problem, arr, costs, bad, rejects: Rejects) -> None:
@@ -206,12 +281,15 @@ def _reject_memory(pb: Problem, arr, costs, bad, rejects: Rejects) -> None:
             reason = (f"out of memory (> {gb:.1f} GB usable) with recompute={RECOMPUTE_NAMES[int(r)]}"
                       f", zero={int(z)}")
             rejects.add(reason, f"least needs {costs['mem_total'][i] / 1e9:.1f} GB: "
-                        f"{describe(layout_at(arr, int(i)))}", n=len(sel))
+                        f"{describe(layout_at(arr, int(i), pb.model.layers))}", n=len(sel))
 
 
-def layout_at(arr: dict[str, np.ndarray], i: int) -> LayoutConfig:
-    """The LayoutConfig of candidate ``i``."""
-    return LayoutConfig(tp=int(arr["tp"][i]), pp=int(arr["pp"][i]), dp=int(arr["dp"][i]),
+def layout_at(arr: dict[str, np.ndarray], i: int, layers: int) -> LayoutConfig:
+    """The LayoutConfig of candidate ``i`` (a light-ends split spelled out in stage_layers)."""
+    pp, vpp = int(arr["pp"][i]), int(arr["vpp"][i])
+    light = bool(arr["light"][i]) if "light" in arr else False
+    return LayoutConfig(tp=int(arr["tp"][i]), pp=pp, dp=int(arr["dp"][i]),
+                        stage_layers=light_split(layers, pp, vpp) if light else None,
                         vpp=int(arr["vpp"][i]), sequence_parallel=bool(arr["sp"][i]),
                         micro_batch=int(arr["mb"][i]), zero_stage=int(arr["zero"][i]),
                         recompute=RECOMPUTE_NAMES[int(arr["rec"][i])],
@@ -220,8 +298,15 @@ def layout_at(arr: dict[str, np.ndarray], i: int) -> LayoutConfig:
 
 def describe(lo: LayoutConfig) -> str:
     """A layout in one short line, as the tables and messages show it."""
-    parts = [f"tp{lo.tp} pp{lo.pp}", f"v{lo.vpp}" if lo.vpp > 1 else "", f"dp{lo.dp}",
+    parts = [f"tp{lo.tp} pp{lo.pp}", f"v{lo.vpp}" if lo.vpp > 1 else "",
+             "split " + "/".join(map(str, _ends(lo.stage_layers))) if lo.stage_layers else "",
+             f"dp{lo.dp}",
              f"mb{lo.micro_batch}", "sp" if lo.sequence_parallel else "",
              {"none": "", "selective": "sel", "full": "full"}[lo.recompute], f"z{lo.zero_stage}",
              "hier" if lo.dp_reduce == "hierarchical" else ""]
     return " ".join(p for p in parts if p)
+
+
+def _ends(split: list[int]) -> list[int]:
+    """First, second and last stage sizes of a split, enough to tell a light-ends one."""
+    return [split[0], split[1], split[-1]] if len(split) > 2 else list(split)

@@ -5,6 +5,7 @@ import pytest
 
 from mscale.parallel.pipeline.schedule import simulate
 from mscale.planner.comm import Links, pp_critical_transfers, pp_exposed
+from mscale.planner.constants import P2P_LATENCY_S
 
 LINKS = Links(fast=100e9, nic=10e9, inter_pod=5e9, gpus_per_node=8, pod_gpus=1024)
 
@@ -36,8 +37,8 @@ def test_critical_transfers_match_the_schedule_simulation(p, v, m):
 
 def test_pp_exposed_by_hand():
     # 80 MB boundary activation over tp 8 = 10 MB per transfer; stages 1,536 ranks apart on a
-    # 12,288-GPU job leave the 1,024-GPU pod: 5 GB/s → d = 2 ms + 5 µs hop latency
-    d = 10e6 / 5e9 + 5e-6
+    # 12,288-GPU job leave the 1,024-GPU pod: 5 GB/s → d = 2 ms + 20 µs per-transfer p2p latency
+    d = 10e6 / 5e9 + P2P_LATENCY_S
     args = (80e6, 8, 8, 6, 32, 1536, LINKS)
     # chunk forward 10 ms > d: 94 critical transfers + (384 − 94)·(1 − 0.9) of the rest
     assert float(pp_exposed(*args, 0.010)) == pytest.approx((94 + 290 * 0.1) * d)
