@@ -91,7 +91,9 @@ def test_kill_9_during_a_write_keeps_the_previous_checkpoint(straight, tmp_path)
     assert info["step"] == 2 and "removed step-000004 (never committed)" in info["evidence"]["cleaned"]
 
 
-def test_full_checkpoint_filesystem_is_survived(straight, tmp_path):
+def test_a_full_checkpoint_filesystem_stops_the_job_and_loses_nothing(straight, tmp_path):
+    """A full disk is not transient: the job stops at the next step boundary (exit 3) with
+    ``latest`` on the last good checkpoint, and the same command resumes once there is room."""
     plan, _ = straight
     run = tmp_path / "run"
     ckpt = run / "ckpt"
@@ -101,21 +103,30 @@ def test_full_checkpoint_filesystem_is_survived(straight, tmp_path):
                        capture_output=True, text=True)
     if m.returncode:
         pytest.skip(f"cannot mount a small tmpfs here ({m.stderr.strip()}); "
-                    "tests/distributed/test_ckpt_save.py injects ENOSPC instead")
+                    "tests/e2e/test_train_faults.py injects ENOSPC instead")
+    args = ("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "3",
+            "--ckpt-interval", "1", "--zstd-level", "0")
     try:
-        train(plan, str(run), "--steps", "3", "--ckpt-interval", "1", "--zstd-level", "0")
+        p = mscale(*args)
+        assert p.returncode == 3, p.stdout + p.stderr
         events = records(run / "events.jsonl")
         ok = [e["step"] for e in events if e["kind"] == "checkpoint"]
         failed = [e for e in events if e["kind"] == "checkpoint_failed"]
-        assert ok == [1] and [e["step"] for e in failed] == [2, 3]
-        assert all("No space left on device" in json.dumps(e["evidence"]) for e in failed)
+        assert ok == [1] and [e["step"] for e in failed] == [2]
+        assert "No space left on device" in json.dumps(failed[0]["evidence"])
         assert failed[0]["evidence"]["latest"] == "step-000001"
-        assert events[-1]["kind"] == "stop" and events[-1]["evidence"]["code"] == 0
+        stop = [e for e in events if e["kind"] == "stop" and "code" in e.get("evidence", {})]
+        assert stop and stop[-1]["evidence"]["code"] == 3
         assert (ckpt / "latest").read_text().strip() == "step-000001"
         assert mscale("ckpt", "verify", str(run)).returncode == 0
         assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step-000001"]
     finally:
         subprocess.run(["umount", str(ckpt)], capture_output=True)
+    p = mscale(*args)  # room again: the same command resumes from step 1 and finishes
+    assert p.returncode == 0, p.stdout + p.stderr
+    starts = [e for e in records(run / "events.jsonl") if e["kind"] == "start"]
+    assert len(starts) == 2
+    assert (ckpt / "latest").read_text().strip() == "step-000003"
 
 
 def test_damaged_checkpoints_are_named(straight, tmp_path):
