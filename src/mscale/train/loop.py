@@ -224,6 +224,8 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) ->
     if stop:
         reason, step, detail = stop
         figures["reason"] = reason
+        if detail:  # e.g. "the disk is full": under srun this event may be the only record
+            figures["detail"] = detail
         _say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail))
     else:
         _say(engine, "done: " + summary.line(latest_path, s.run.root))

@@ -176,8 +176,8 @@ def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
     return {**base, "nodes": [names[i] for i in used], "slurm": slurm}
 
 
-def run_id_from_env(env: LaunchEnv) -> str:
-    """The launcher's id for this launch: mscale --local sets MSCALE_RUN_ID; SLURM has a job (and
+def run_id_from_env(env: LaunchEnv | None = None) -> str:
+    """The launcher's id for this launch (read from the environment; ``env`` is unused): mscale --local sets MSCALE_RUN_ID; SLURM has a job (and
     step) id; torchrun a rendezvous id. Otherwise a fresh one (only rank 0 uses it)."""
     e = os.environ
     if e.get("MSCALE_RUN_ID"):

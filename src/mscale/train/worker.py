@@ -74,11 +74,15 @@ def _report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> in
 def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
     """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
     from mscale.config.records import Event
+    from mscale.train.session import run_id_from_env
 
+    evidence = {"kind": kind, "error_file": f"logs/rank{rank}.error.json"}
+    if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
+        # recover scopes evidence to one attempt by run id, also one that failed before `start`
+        evidence["run_id"] = run_id_from_env()
     try:
         run.append_record(run.events, Event(
             source="train", kind="hang" if kind == "timeout" else "stop", severity="critical",
-            ranks=[rank], nodes=[node], message=line,
-            evidence={"kind": kind, "error_file": f"logs/rank{rank}.error.json"}))
+            ranks=[rank], nodes=[node], message=line, evidence=evidence))
     except Exception:  # noqa: BLE001 - the console line above already says what happened
         sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")

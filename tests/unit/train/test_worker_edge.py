@@ -92,3 +92,18 @@ def test_console_lines_say_why_and_where():
 def test_how_a_worker_ended():
     assert _how(-9) == "killed by SIGKILL" and _how(3) == "exited with code 3"
     assert JobResult(code=0, returncodes=[0]).failed_rank is None
+
+
+def test_rank_0s_own_stop_event_under_srun_names_the_launch(tmp_path, monkeypatch, capsys):
+    """Under srun nobody else records the stop; recover tells attempts apart by run id, also for
+    one that failed before its start event."""
+    import json
+
+    monkeypatch.setenv("MSCALE_LAUNCHER", "slurm")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.delenv("MSCALE_RUN_ID", raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    run = RunDir(str(tmp_path))
+    assert _report_failure(run, 0, "node1", RuntimeError("boom")) == 3
+    (event,) = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert event["kind"] == "stop" and event["evidence"]["run_id"] == "slurm-41"
