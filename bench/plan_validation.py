@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import json
 import statistics
 import sys
 import time
@@ -37,6 +38,8 @@ from plan_validation_report import render, planner_state  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "bench" / "data" / "published_runs.yaml"
 DOC = ROOT / "docs" / "plan-validation.md"
+BASELINE = ROOT / "bench" / "data" / "plan_validation_baseline.json"
+"""The summary before issue 13's cost-model changes, shown next to the current one."""
 COMMAND = ".venv/bin/python bench/plan_validation.py"
 KINDS = ("mfu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "iteration_time_s")
 LAYOUT_KEYS = ("tp", "pp", "vpp", "dp", "micro_batch", "sequence_parallel", "recompute",
@@ -331,10 +334,17 @@ def main() -> None:
     ap.add_argument("--no-search", action="store_true", help="errors only; print, write nothing")
     ap.add_argument("--out", type=Path, default=DOC)
     ap.add_argument("--label", help="what planner produced the figures (default: from git)")
+    ap.add_argument("--save-baseline", action="store_true",
+                    help=f"also store this summary as the baseline shown next time ({BASELINE.name})")
     args = ap.parse_args()
     t0 = time.perf_counter()
     data, results = validate(with_search=not args.no_search)
-    text = render(data, results, summarize(data, results), COMMAND, args.label or planner_state())
+    summaries, label = summarize(data, results), args.label or planner_state()
+    if args.save_baseline:
+        BASELINE.write_text(json.dumps({"label": label, "summaries": [
+            dataclasses.asdict(s) for s in summaries]}, indent=1) + "\n")
+    baseline = json.loads(BASELINE.read_text()) if BASELINE.exists() else None
+    text = render(data, results, summaries, COMMAND, label, baseline)
     if args.no_search:
         print(text)
         return

@@ -53,7 +53,7 @@ def planner_state() -> str:
 
 
 def render(data: dict, results: list, summaries: list, command: str,
-           state: str = "") -> str:
+           state: str = "", baseline: dict | None = None) -> str:
     """docs/plan-validation.md: how it was made, the per-source summary, then every run."""
     fit = data.get("fitting_source")
     lines = [
@@ -87,7 +87,7 @@ def render(data: dict, results: list, summaries: list, command: str,
         lines.append(f"| {name} | {s.rows} | {_pct(s.median_abs)} | {_pct(s.max_abs)} | "
                      f"{_pct(s.signed_median, True)} | {s.within_10}/{s.rows} | {top3} | "
                      f"{s.fit_memory}/{s.rows} | {_pct(s.tuned_median)} |")
-    lines += ["", _goal(summaries), "", "## Every run", "",
+    lines += ["", _goal(summaries), ""] + _baseline(baseline) + ["## Every run", "",
               "| run | unit | published | predicted | error | MFU pub → pred | fits | layout "
               "(assumed) | stack profile | rank | search's best (MFU) | tuned: layout, error |",
               "|---|---|---:|---:|---:|---:|:-:|---|---|---:|---|---|"]
@@ -99,6 +99,22 @@ def render(data: dict, results: list, summaries: list, command: str,
                      f"priced with the planner's `{src.get('profile')}` stack profile. "
                      f"{src.get('notes', '').strip()}")
     return "\n".join(lines) + "\n"
+
+
+def _baseline(baseline: dict | None) -> list[str]:
+    """The stored summary of an earlier planner (bench/data/plan_validation_baseline.json)."""
+    if not baseline:
+        return []
+    out = [f"Before, with the {baseline['label']}:", "",
+           "| source | rows | median abs. error | max abs. error | median signed | within 10% "
+           "| published layout in top 3 | fits in memory |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in baseline["summaries"]:
+        name = f"{s['source']} (fitting)" if s["fitting"] else s["source"]
+        top3 = "—" if s["top3"] is None else f"{s['top3']}/{s['rows']}"
+        out.append(f"| {name} | {s['rows']} | {_pct(s['median_abs'])} | {_pct(s['max_abs'])} | "
+                   f"{_pct(s['signed_median'], True)} | {s['within_10']}/{s['rows']} | {top3} | "
+                   f"{s['fit_memory']}/{s['rows']} |")
+    return out + [""]
 
 
 def _goal(summaries: list) -> str:
