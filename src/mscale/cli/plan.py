@@ -14,6 +14,7 @@ from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, load_model
 from mscale.config.base import dump_yaml
 from mscale.errors import MscaleError
 from mscale.planner.advice import no_fit_error
+from mscale.planner.calibrate import Calibration, fit_speed, load_calibration
 from mscale.planner.cost import Problem, evaluate
 from mscale.planner.given import given_layout
 from mscale.planner.goodput import GoodputInputs
@@ -67,16 +68,29 @@ def plan_cmd(
     write_gbps: float = typer.Option(GoodputInputs.write_gb_per_s, "--ckpt-write-gbps", min=0.001,
                                      callback=_finite,
                                      help="Aggregate checkpoint write bandwidth, GB/s."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="Price this training stack "
+                                        "(mscale, megascale, megatron-lm, megatron-core, "
+                                        "megatron-deepspeed, llama3); default: training.stack, "
+                                        "else mscale."),
+    calibrate: Optional[list[str]] = typer.Option(None, "--calibrate", help="A preflight.json "
+                                                  "and/or a run's metrics.jsonl (with the layout "
+                                                  "it ran given): measured rates replace "
+                                                  "datasheet ones. Repeatable."),
 ) -> None:
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
     if output:  # a search that cannot write its result is wasted: check the destination first
         check_output(output, "file", "-o")
     files = {"cluster": str(cluster), "model": str(model), "training": str(training)}
-    pb = Problem(load_model(ModelConfig, model), load_model(TrainingConfig, training),
-                 load_model(ClusterConfig, cluster))
+    configs = (load_model(ModelConfig, model), load_model(TrainingConfig, training),
+               load_model(ClusterConfig, cluster))
+    pb = Problem(*configs, stack=stack)
+    pb.stack_profile  # an unknown --stack is refused before any work
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
                "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}
     given_lo = given_layout(pb, options, layout)
+    if calibrate:
+        pb = Problem(*configs, stack=stack, calibration=_calibration(configs, stack, calibrate,
+                                                                     given_lo))
     if keep_given and given_lo is None:
         raise MscaleError("--keep-given needs a given layout", field="--keep-given",
                           fix="add --layout FILE or --tp/--pp/... options")
@@ -107,14 +121,32 @@ def plan_cmd(
     _print_human(result, top, given, plan, output, explain)
 
 
+def _calibration(configs, stack, paths: list[str], given_lo) -> Calibration:
+    """Measured rates from the files; a run's step time needs the layout it ran."""
+    cal = load_calibration(paths)
+    if cal.step_time_s is not None:
+        if given_lo is None:
+            raise MscaleError("a metrics.jsonl calibrates against the layout that run used",
+                              field="--calibrate", fix="give that layout too: --layout "
+                              "RUN/plan.yaml (or --tp/--pp/...)")
+        fit_speed(cal, lambda c: evaluate(Problem(*configs, stack=stack, calibration=c),
+                                          given_lo).step_time)
+    return cal
+
+
 def _print_human(result, top, given, plan, output, explain) -> None:
     pb = result.problem
+    console.print(f"stack: {pb.stack_profile.name}"
+                  + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
+                     if pb.calibration is not None else ""), markup=False)
     rows = [(str(i + 1), lo, c) for i, (lo, c) in enumerate(ranked(result, top))]
     if given:
         rows.append(("given", *given))
     console.print(layout_table(pb, rows))
     console.print(losses_table(rows))
     console.print(f"{result.count:,} layouts fit of {result.examined:,} costed.")
+    if result.preferred_note:
+        console.print(result.preferred_note, markup=False)
     chosen_cost = given[1] if given and plan.layout == given[0] else result.cost(0)
     console.print(memory_table(chosen_cost))
     ck = plan.checkpoint

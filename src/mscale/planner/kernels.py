@@ -49,6 +49,9 @@ class Device:
     """Device memory bandwidth, bytes/s."""
     gemm_max: float
     """GEMM_MAX_EFFICIENCY of the generation, or a measured value."""
+    attention_scale: float = 1.0
+    """Multiplies the flash-attention efficiency (1: the published/measured table; a run's
+    measured step time scales it with everything else, calibrate.py)."""
 
     @classmethod
     def of(cls, gpu: GPUSpec) -> "Device":
@@ -92,7 +95,7 @@ def flash_efficiency(dev: Device, head_dim: int, seq_len: int) -> float:
     table = FLASH_ATTENTION[dev.generation]
     key = min(table, key=lambda d: abs(d - head_dim))
     e_inf, s_half = table[key]
-    return e_inf * seq_len / (seq_len + s_half)
+    return dev.attention_scale * e_inf * seq_len / (seq_len + s_half)
 
 
 @dataclass

@@ -90,7 +90,10 @@ def json_document(result: SearchResult, top: int, given: tuple[LayoutConfig, Lay
     pb = result.problem
     doc = {
         "model": pb.model.name, "cluster": pb.cluster.name, "gpus": pb.cluster.world_size,
+        "stack": pb.stack_profile.name,
+        "calibration": pb.calibration.sources if pb.calibration is not None else None,
         "feasible": result.count, "examined": result.examined,
+        "preferred_note": result.preferred_note or None,
         "top": [layout_record(lo, c) for lo, c in ranked(result, top)],
         "given": layout_record(*given) if given else None,
         "plan": plan,

@@ -120,7 +120,7 @@ def light_split(layers: int, pp: int, vpp: int) -> list[int] | None:
     embedding and the head and loss; Llama 3 §3.3.2 removes one layer from each for this), or
     None when a stage would be left empty."""
     stages = pp * vpp
-    if pp == 1 or layers + 2 < 3 * stages or stages < 2 or stages > MAX_UNEVEN_STAGES:
+    if pp == 1 or layers + 2 < 2 * stages or stages > MAX_UNEVEN_STAGES:
         return None
     split = even_split(layers + 2, stages)
     split[0] -= 1

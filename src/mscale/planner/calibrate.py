@@ -1,0 +1,170 @@
+"""``mscale plan --calibrate FILE``: measured rates in place of datasheet ones.
+
+Two kinds of measurement, told apart by their content:
+
+- a ``preflight.json`` (config/preflight.py, `PreflightReport.measured`): the GEMM TFLOP/s each
+  device reached on an n×n×n bf16 GEMM sets the GEMM ceiling (the model's efficiency at that
+  shape then equals the measurement); bus bandwidth of the ``tp`` group's all-gather /
+  reduce-scatter replaces the fast-domain bandwidth, the ``dp`` group's the per-GPU NIC share,
+  the ``pp`` pairs' p2p bandwidth the inter-pod share too when lower (GB/s busbw as nccl-tests
+  defines it, already an achieved rate: LINK_EFFICIENCY is not applied again).
+- a run's ``metrics.jsonl`` (config/records.py, `MetricsRecord`) with the layout it ran (the given
+  layout, ``--layout plan.yaml``): the median step time, warm-up and flagged (GC, checkpoint)
+  steps left out, scales every kernel rate by one factor so that the model reproduces it.
+
+Both may be given; preflight is applied first, then the step-time factor on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import dataclass, field
+
+from mscale.config.base import parse_json
+from mscale.config.files import read_text
+from mscale.errors import MscaleError
+from mscale.planner.comm import Links
+from mscale.planner.kernels import Device, gemm_efficiency
+
+WARMUP_STEPS = 5
+"""Leading steps of a run left out of its median step time (allocator, compilation, caches)."""
+MAX_METRICS_BYTES = 256 << 20
+"""Largest metrics.jsonl read (~10^5 steps at 12,288 ranks in the compact encoding)."""
+
+
+@dataclass
+class Calibration:
+    """Measured values; None keeps the datasheet figure. Applied by cost.Problem."""
+
+    gemm_tflops: float | None = None
+    """Median GEMM TFLOP/s per device (preflight), at ``gemm_n``."""
+    gemm_n: int = 8192
+    tp_gb_per_s: float | None = None
+    dp_gb_per_s: float | None = None
+    pp_gb_per_s: float | None = None
+    step_time_s: float | None = None
+    """Measured median step time of ``layout`` (metrics.jsonl)."""
+    speed: float = 1.0
+    """Factor on every kernel rate, solved by `fit_speed` from ``step_time_s``."""
+    sources: list[str] = field(default_factory=list)
+    """What was read, for the report: one line per file."""
+
+    def device(self, dev: Device) -> Device:
+        """``dev`` with measured rates."""
+        if self.gemm_tflops is not None:
+            shape = float(gemm_efficiency(dataclasses.replace(dev, gemm_max=1.0), self.gemm_n,
+                                          self.gemm_n, self.gemm_n))
+            dev = dataclasses.replace(dev, gemm_max=self.gemm_tflops * 1e12 / dev.peak / shape)
+        if self.speed != 1.0:
+            dev = dataclasses.replace(dev, gemm_max=dev.gemm_max * self.speed,
+                                      hbm=dev.hbm * self.speed,
+                                      attention_scale=dev.attention_scale * self.speed)
+        return dev
+
+    def links(self, links: Links) -> Links:
+        """``links`` with measured bandwidths (bytes/s)."""
+        upd = {}
+        if self.tp_gb_per_s:
+            upd["fast"] = self.tp_gb_per_s * 1e9
+        if self.dp_gb_per_s:
+            upd["nic"] = self.dp_gb_per_s * 1e9
+        if self.pp_gb_per_s:
+            upd["inter_pod"] = min(links.inter_pod, self.pp_gb_per_s * 1e9)
+        return dataclasses.replace(links, **upd) if upd else links
+
+
+def load_calibration(paths: list[str]) -> Calibration:
+    """Read every file (preflight.json or metrics.jsonl) into one Calibration."""
+    cal = Calibration()
+    for path in paths:
+        text = read_text(path, limit=MAX_METRICS_BYTES)
+        first = text.lstrip()[:1]
+        if not first:
+            raise MscaleError("empty calibration file", file=path,
+                              fix="give a preflight.json or a run's metrics.jsonl")
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        if len(lines) > 1 and lines[0].lstrip().startswith("{") and '"step"' in lines[0]:
+            _read_metrics(cal, lines, path)
+        else:
+            _read_preflight(cal, parse_json(text, path), path)
+    return cal
+
+
+def _number(value, path: str, field_name: str, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and value <= 0):
+        raise MscaleError(f"{field_name} must be a positive number, got {value!r}", file=path,
+                          field=field_name, fix="give the measured value (see config/preflight.py)")
+    return float(value)
+
+
+def _read_preflight(cal: Calibration, doc, path: str) -> None:
+    if not isinstance(doc, dict) or not isinstance(doc.get("measured"), dict):
+        raise MscaleError("not a preflight report: no 'measured' mapping", file=path,
+                          field="measured", fix="give the preflight.json that `mscale preflight` "
+                          "wrote, or a run's metrics.jsonl")
+    m = doc["measured"]
+    used = []
+    if "gemm_tflops" in m:
+        g = m["gemm_tflops"] if isinstance(m["gemm_tflops"], dict) else {}
+        cal.gemm_tflops = _number(g.get("median"), path, "measured.gemm_tflops.median")
+        cal.gemm_n = int(_number(g.get("n", cal.gemm_n), path, "measured.gemm_tflops.n"))
+        used.append(f"GEMM {cal.gemm_tflops:g} TFLOP/s at n={cal.gemm_n}")
+    bus = m.get("busbw_gbps", {}) if isinstance(m.get("busbw_gbps", {}), dict) else {}
+    for kind, attr in (("tp", "tp_gb_per_s"), ("dp", "dp_gb_per_s")):
+        ops = bus.get(kind)
+        if isinstance(ops, dict):
+            vals = [_number(ops[op], path, f"measured.busbw_gbps.{kind}.{op}")
+                    for op in ("allgather", "reduce_scatter", "allreduce") if op in ops]
+            if vals:
+                setattr(cal, attr, min(vals))
+                used.append(f"{kind} busbw {min(vals):g} GB/s")
+    p2p = m.get("p2p_gbps", {})
+    if isinstance(p2p, dict) and isinstance(p2p.get("pp"), dict) and p2p["pp"]:
+        cal.pp_gb_per_s = min(_number(v, path, "measured.p2p_gbps.pp") for v in p2p["pp"].values())
+        used.append(f"pp p2p {cal.pp_gb_per_s:g} GB/s")
+    if not used:
+        raise MscaleError("the preflight report measured nothing the planner can use", file=path,
+                          field="measured", fix="run `mscale preflight` with the GEMM and network "
+                          "checks (level quick or full)")
+    cal.sources.append(f"{path}: " + ", ".join(used))
+
+
+def _read_metrics(cal: Calibration, lines: list[str], path: str) -> None:
+    times = []
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise MscaleError(f"line {i + 1} is not JSON: {e.msg}", file=path,
+                              fix="give a metrics.jsonl written by `mscale train`") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step_time"), list):
+            raise MscaleError(f"line {i + 1} has no per-rank step_time list", file=path,
+                              field="step_time", fix="give a metrics.jsonl written by mscale train")
+        extra = rec.get("extra") or {}
+        if rec.get("step", 0) <= WARMUP_STEPS or extra.get("gc") or extra.get("checkpoint"):
+            continue
+        vals = [_number(v, path, "step_time") for v in rec["step_time"]]
+        if vals:
+            times.append(max(vals))  # synchronous training: the step ends with the last rank
+    if not times:
+        raise MscaleError(f"no steps after the first {WARMUP_STEPS} to measure", file=path,
+                          fix="give the metrics of a run that took more steps")
+    cal.step_time_s = statistics.median(times)
+    cal.sources.append(f"{path}: median step {cal.step_time_s:.4g} s over {len(times)} steps")
+
+
+def fit_speed(cal: Calibration, step_of) -> None:
+    """Solve ``cal.speed`` so that ``step_of(cal)`` (the given layout's predicted step time with
+    this calibration) equals the measured step time. Compute scales as 1/speed and
+    communication not at all, so a few fixed-point steps converge."""
+    if cal.step_time_s is None:
+        return
+    for _ in range(8):
+        predicted = step_of(cal)
+        ratio = predicted / cal.step_time_s
+        if abs(ratio - 1) < 1e-4:
+            break
+        cal.speed *= ratio
+    cal.sources.append(f"kernel rates × {cal.speed:.3f} to reproduce the measured step time")

@@ -1,0 +1,114 @@
+"""`mscale plan --calibrate`: hand-written preflight.json and metrics.jsonl files replace the
+datasheet rates; bad files are refused with the file and the field."""
+
+import json
+
+import pytest
+
+from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig
+from mscale.errors import MscaleError
+from mscale.planner.calibrate import fit_speed, load_calibration
+from mscale.planner.cost import Problem, evaluate
+from mscale.planner.kernels import gemm_efficiency
+
+from tests.conftest import PLANS
+
+GPT = ["--cluster", str(PLANS / "clusters" / "a100-12288.yaml"),
+       "--model", str(PLANS / "models" / "gpt-175b.yaml"),
+       "--training", str(PLANS / "training" / "gpt-175b.yaml")]
+LAYOUT = ["--tp", "8", "--pp", "8", "--vpp", "6", "--micro-batch", "1", "--zero", "1",
+          "--recompute", "full"]
+
+
+def preflight(tmp_path, gemm=180.0, tp_bus=200.0, dp_bus=20.0):
+    doc = {"schema_version": 1, "world": 16, "layout": {"tp": 8, "pp": 1, "dp": 2},
+           "results": [], "status": "OK",
+           "measured": {"gemm_tflops": {"median": gemm, "min": gemm * 0.97, "dtype": "bf16",
+                                        "n": 8192},
+                        "busbw_gbps": {"tp": {"allgather": tp_bus, "reduce_scatter": tp_bus * 1.1},
+                                       "dp": {"allreduce": dp_bus}},
+                        "p2p_gbps": {"pp": {"p2p": 15.0}}}}
+    f = tmp_path / "preflight.json"
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def metrics(tmp_path, step_s: float, steps: int = 12):
+    lines = []
+    for s in range(1, steps + 1):
+        t = step_s * (3 if s <= 5 else 1)  # warm-up steps are slower and must be left out
+        lines.append(json.dumps({"schema_version": 1, "step": s, "loss": 2.0, "grad_norm": 1.0,
+                                 "clip_threshold": 1.0, "lr": 1e-4, "tokens": 1, "tokens_per_s": 1,
+                                 "step_time": [t * 0.99, t], "compute_time": [t, t],
+                                 "comm_wait": [0, 0], "data_time": [0, 0],
+                                 "extra": {"gc": True} if s == 9 else {}}))
+    f = tmp_path / "metrics.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+def gpt_problem(**kw) -> Problem:
+    from mscale.config.base import load_model
+    return Problem(load_model(ModelConfig, PLANS / "models" / "gpt-175b.yaml"),
+                   load_model(TrainingConfig, PLANS / "training" / "gpt-175b.yaml"),
+                   load_model(ClusterConfig, PLANS / "clusters" / "a100-12288.yaml"), **kw)
+
+
+def test_preflight_replaces_gemm_and_link_rates(tmp_path):
+    cal = load_calibration([str(preflight(tmp_path))])
+    pb = gpt_problem(calibration=cal)
+    dev = pb.device
+    # the model now reproduces the measured GEMM at the measured shape
+    assert float(gemm_efficiency(dev, 8192, 8192, 8192)) * 312 == pytest.approx(180.0)
+    assert pb.links.fast == 200e9 and pb.links.nic == 20e9 and pb.links.inter_pod <= 15e9
+    lo = LayoutConfig(tp=8, pp=8, dp=192, vpp=6, sequence_parallel=True, recompute="full")
+    slower = evaluate(pb, lo)
+    datasheet = evaluate(gpt_problem(), lo)
+    assert slower.step_time > datasheet.step_time and slower.t_model > datasheet.t_model
+
+
+def test_metrics_step_time_is_reproduced(tmp_path):
+    cal = load_calibration([str(metrics(tmp_path, 12.0))])
+    assert cal.step_time_s == pytest.approx(12.0)  # warm-up and the GC step left out
+    lo = LayoutConfig(tp=8, pp=8, dp=192, vpp=6, sequence_parallel=True, recompute="full")
+    fit_speed(cal, lambda c: evaluate(gpt_problem(calibration=c), lo).step_time)
+    assert evaluate(gpt_problem(calibration=cal), lo).step_time == pytest.approx(12.0, rel=1e-3)
+    assert cal.speed < 1
+
+
+def test_cli_calibrates_and_says_from_what(cli, tmp_path):
+    pf, mt = preflight(tmp_path), metrics(tmp_path, 12.0)
+    code, out, err = cli("plan", *GPT, *LAYOUT, "--calibrate", str(pf), "--calibrate", str(mt),
+                         "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["stack"] == "mscale" and len(doc["calibration"]) == 3
+    assert doc["given"]["cost"]["step_time"] == pytest.approx(12.0, rel=1e-3)
+
+
+def test_metrics_without_a_layout_is_refused(cli, tmp_path):
+    code, _, err = cli("plan", *GPT, "--calibrate", str(metrics(tmp_path, 12.0)))
+    assert code == 3 and "--layout" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"measured": {"gemm_tflops": {"median": -3}}}', "positive"),
+    ('{"world": 8}', "no 'measured'"),
+    ('{"measured": {}}', "nothing the planner can use"),
+    ("", "empty"),
+    ('{"step": 1, "step_time": "x"}\n{"step": 2}\n', "step_time"),
+])
+def test_bad_calibration_files(tmp_path, text, message):
+    f = tmp_path / "bad.json"
+    f.write_text(text)
+    with pytest.raises(MscaleError, match=message) as e:
+        load_calibration([str(f)])
+    assert e.value.file == str(f)
+
+
+def test_cli_stack_option(cli):
+    code, out, err = cli("plan", *GPT, "--stack", "megatron-lm", "--json", "--top", "1")
+    assert code == 0, err
+    assert json.loads(out)["stack"] == "megatron-lm"
+    code, _, err = cli("plan", *GPT, "--stack", "nope")
+    assert code == 3 and "unknown stack" in err
