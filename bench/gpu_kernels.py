@@ -10,6 +10,7 @@ Run ON a device machine (needs only torch with CUDA); writes one JSON document:
 - Attention core (torch SDPA, causal, bf16) forward + backward by head dim and sequence length,
   reported as FLOPs the planner counts (4·s²·d per head forward, no causal halving) per second.
 - Memory-bound ops (add, layer norm forward + backward, GELU) as bytes moved per second.
+- Unfused attention (baddbmm, softmax, dropout, bmm) forward + backward, and its GEMMs alone.
 """
 
 from __future__ import annotations
@@ -97,6 +98,39 @@ def attention(quick: bool) -> list[dict]:
     return out
 
 
+def unfused_attention() -> list[dict]:
+    """Attention as Megatron-LM ran it before flash kernels: QKᵀ (baddbmm), softmax, dropout,
+    A·V (bmm), forward + backward; and the two batched GEMMs alone, to separate the score traffic."""
+    out = []
+    for d, width in ((96, 2304), (128, 4096), (128, 6144)):
+        s, b = 2048, 1
+        bh = b * width // d
+        q, k, v = (torch.randn(bh, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        g = torch.randn(bh, s, d, device="cuda", dtype=torch.bfloat16)
+
+        def full():
+            sc = torch.baddbmm(torch.empty(bh, s, s, device="cuda", dtype=torch.bfloat16), q,
+                               k.transpose(1, 2), beta=0.0, alpha=d ** -0.5)
+            p = F.dropout(torch.softmax(sc, dim=-1), 0.1, training=True)
+            torch.bmm(p, v).backward(g)
+
+        pp = torch.randn(bh, s, s, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+        def gemms():
+            sc = torch.bmm(q, k.transpose(1, 2))
+            o = torch.bmm(pp, v)
+            torch.autograd.backward([sc, o], [torch.ones_like(sc), g])
+
+        counted = 4.0 * s * s * width * b
+        t_full, t_gemm = _time(full), _time(gemms)
+        out.append({"d": d, "width": width, "s": s, "full_fwd_bwd_s": t_full,
+                    "gemms_fwd_bwd_s": t_gemm, "scores": bh * s * s,
+                    "full_tflops": 3 * counted / t_full / 1e12})
+        del q, k, v, g, pp
+    return out
+
+
 def memory_ops() -> list[dict]:
     out = []
     for tokens, h in ((8192, 4096), (8192, 12288)):
@@ -124,14 +158,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only-unfused", action="store_true", help="only the unfused attention")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "cuda": torch.version.cuda, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
     t0 = time.time()
+    if args.only_unfused:
+        doc["unfused_attention"] = unfused_attention()
+        print(json.dumps(doc["unfused_attention"], indent=1))
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        return
     doc["gemm"] = gemms(args.quick)
     doc["attention"] = attention(args.quick)
     doc["memory"] = memory_ops()
+    doc["unfused_attention"] = unfused_attention()
     doc["seconds"] = time.time() - t0
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
@@ -139,6 +181,9 @@ def main() -> None:
     print(doc["device"], f"{doc['seconds']:.0f} s; square GEMM TFLOP/s {sq}")
     for a in doc["attention"]:
         print(f"attn d{a['d']} s{a['s']}: fwd {a['fwd_tflops']:.0f} fwd+bwd {a['fwd_bwd_tflops']:.0f}")
+    for u in doc["unfused_attention"]:
+        print(f"unfused d{u['d']} w{u['width']}: {u['full_tflops']:.0f} TFLOP/s counted, "
+              f"full {u['full_fwd_bwd_s'] * 1e3:.2f} ms, gemms {u['gemms_fwd_bwd_s'] * 1e3:.2f} ms")
     for m in doc["memory"]:
         print(f"{m['op']} {m['tokens']}x{m['h']}: {m['gb_per_s']:.0f} GB/s")
 

@@ -26,7 +26,7 @@ from mscale.config.base import parse_json
 from mscale.config.files import read_text
 from mscale.errors import MscaleError
 from mscale.planner.comm import Links
-from mscale.planner.kernels import Device, gemm_efficiency
+from mscale.planner.kernels import Device, gemm_ceiling_for
 
 WARMUP_STEPS = 5
 """Leading steps of a run left out of its median step time (allocator, compilation, caches)."""
@@ -54,9 +54,12 @@ class Calibration:
     def device(self, dev: Device) -> Device:
         """``dev`` with measured rates."""
         if self.gemm_tflops is not None:
-            shape = float(gemm_efficiency(dataclasses.replace(dev, gemm_max=1.0), self.gemm_n,
-                                          self.gemm_n, self.gemm_n))
-            dev = dataclasses.replace(dev, gemm_max=self.gemm_tflops * 1e12 / dev.peak / shape)
+            try:
+                ceiling = gemm_ceiling_for(dev, self.gemm_n, self.gemm_tflops)
+            except ValueError as e:
+                raise MscaleError(str(e), field="measured.gemm_tflops",
+                                  fix="check the preflight report's GEMM figure and its n") from None
+            dev = dataclasses.replace(dev, gemm_max=ceiling)
         if self.speed != 1.0:
             dev = dataclasses.replace(dev, gemm_max=dev.gemm_max * self.speed,
                                       hbm=dev.hbm * self.speed,

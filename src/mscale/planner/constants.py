@@ -13,19 +13,21 @@ COMPUTE_EFFICIENCY = 0.655
 ``compute_efficiency`` field. The cost model no longer uses it: kernels.py prices each GEMM by its
 shape, attention by head dim and sequence, and memory-bound work by bandwidth."""
 
-GEMM_MAX_EFFICIENCY = {"ampere": 0.77, "hopper": 0.715}
-"""Share of the dense peak a large bf16 GEMM reaches (kernels.gemm_efficiency's ceiling).
-hopper: measured, cuBLAS through torch 2.11 / CUDA 13.0 on one H200 (bench/gpu_kernels.py,
-bench/data/h200_kernels.json, 2026-11): 176 block GEMMs of hidden 2048-12288, tp 1-8, 2048 and
-8192 tokens, forward and weight-gradient orientations, fitted with GEMM_K_HALF and the wave model
-(median |error| 2.5%). ampere: fitted on one published source only, MegaScale Table 2 (175B,
-batch 6144; tests/unit/planner/test_cost.py), with every other constant fixed, minimising the
-largest error in MFU points (residuals −0.6/−0.2/+1.2/−0.9 points on 3,072/6,144/8,192/12,288
-GPUs; the least-squares value, 0.78, puts 8,192 at +1.9)."""
-GEMM_K_HALF = 192
-"""Reduction length at which a GEMM reaches half its ceiling (e = e_max·K/(K + K_half)): short
-reductions spend proportionally more of each tile's time in its prologue and epilogue. Fitted
-with GEMM_MAX_EFFICIENCY["hopper"] on the same H200 measurements; assumed the same on Ampere."""
+GEMM_MAX_EFFICIENCY = {"ampere": 0.825, "hopper": 0.75}
+"""Share of the dense peak a bf16 GEMM's math reaches once its operands stream at full rate (the
+compute ceiling of kernels.gemm_efficiency's roofline). hopper: measured, cuBLAS through torch
+2.11 / CUDA 13.0 on one H200 (bench/gpu_kernels.py, bench/data/h200_kernels.json, 2026-11): 176
+block GEMMs of hidden 2048-12288, tp 1-8, 2048 and 8192 tokens, forward and weight-gradient
+orientations, fitted with GEMM_MEMORY_EFFICIENCY and the wave model (median |error| 3.4%).
+ampere: fitted on one published source only, MegaScale Table 2 (175B, batch 6144;
+tests/unit/planner/test_cost.py), every other constant fixed, minimising the largest error in MFU
+points."""
+GEMM_MEMORY_EFFICIENCY = 0.70
+"""Share of HBM bandwidth at which a GEMM's operands and output move (2·(m·k + k·n + m·n) bytes),
+the memory side of the roofline, added to the math time: a GEMM with a short reduction or a thin
+output is bandwidth-bound (k below the GPU's FLOP/byte ridge: ~150 on A100, ~200 on H200, ~300 on
+H100). Fitted with GEMM_MAX_EFFICIENCY["hopper"] on the H200 measurements; applied to every GPU
+with its own bandwidth."""
 GEMM_TILES = ((128, 256), (256, 128))
 """Output tiles one SM computes at a time (cuBLAS's most efficient tiles, NVIDIA Matrix
 Multiplication Background User's Guide §2.3); a GEMM runs in waves of one tile per SM, and the

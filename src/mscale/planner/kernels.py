@@ -4,8 +4,8 @@ One efficiency for every model and GPU over-predicted small models and capped la
 13). Here each part is priced by what limits it:
 
 - **GEMMs** (Q/K/V, attention output, MLP): FLOPs / (peak · e), e from the GEMM's own shape after
-  the TP split (`gemm_efficiency`: a ceiling per GPU generation, wave quantization over the SMs,
-  and a short-reduction penalty), for the forward, data-gradient and weight-gradient
+  the TP split (`gemm_efficiency`: a roofline with a math ceiling per GPU generation, wave
+  quantization over the SMs, and the bytes it moves), for the forward, data-gradient and weight-gradient
   orientations.
 - **Attention core**: a flash kernel at a share of peak that grows with sequence length and head
   dim (`flash_efficiency`), or, without one, batched GEMMs plus the softmax/dropout traffic over
@@ -21,13 +21,14 @@ batch, SP, recompute per candidate layout), so the search prices every layout in
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from mscale.config.gpus import GPUSpec
 from mscale.config.model import ModelConfig
-from mscale.planner.constants import (FLASH_ATTENTION, GEMM_K_HALF, GEMM_MAX_EFFICIENCY,
+from mscale.planner.constants import (FLASH_ATTENTION, GEMM_MAX_EFFICIENCY, GEMM_MEMORY_EFFICIENCY,
                                       GEMM_TILES, HBM_GB_PER_S, MEMORY_BOUND_EFFICIENCY,
                                       SM_COUNT, SOFTMAX_BYTES_PER_SCORE)
 from mscale.planner.stacks import StackProfile
@@ -67,27 +68,44 @@ def generation(gpu: GPUSpec) -> str:
     return "ampere" if gpu.name.upper().startswith("A100") else "hopper"
 
 
-def gemm_efficiency(dev: Device, m, n, k):
-    """Achieved share of peak of an (m×k)·(k×n) bf16 GEMM.
+def gemm_efficiency(dev: Device, m, n, k, batch=1):
+    """Achieved share of peak of an (m×k)·(k×n) bf16 GEMM (``batch`` of them in one batched
+    call, whose tiles share the waves), from a roofline.
 
-    ``e_max · wave · k/(k + GEMM_K_HALF)``: wave is the busy share of the SMs over the GEMM's
-    waves of output tiles (the better of GEMM_TILES), the last factor the cost of short
-    reductions. Fitted on 176 GEMMs measured on an H200 (constants.py).
+    time = FLOPs / (peak · e_max · wave) + bytes / (HBM · GEMM_MEMORY_EFFICIENCY): wave is the
+    busy share of the SMs over the GEMM's waves of output tiles (the better of GEMM_TILES), bytes
+    its operands and output in bf16. Fitted on 176 GEMMs measured on an H200 (constants.py).
     """
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     sms = SM_COUNT[dev.generation]
     wave = 0.0
     for tm, tn in GEMM_TILES:
-        tiles = np.ceil(m / tm) * np.ceil(n / tn)
+        tiles = np.ceil(m / tm) * np.ceil(n / tn) * batch
         wave = np.maximum(wave, tiles / (np.ceil(tiles / sms) * sms))
-    return dev.gemm_max * wave * k / (k + GEMM_K_HALF)
+    flops = 2.0 * m * n * k
+    t = flops / (dev.peak * dev.gemm_max * wave) + 2.0 * (m * k + k * n + m * n) / (
+        dev.hbm * GEMM_MEMORY_EFFICIENCY)
+    return flops / (t * dev.peak)
 
 
-def gemm_time(dev: Device, m, n, k):
-    """Seconds for a GEMM's forward and its two backward GEMMs (data and weight gradients)."""
-    f = 2.0 * m * n * k
-    return (f / gemm_efficiency(dev, m, n, k) + f / gemm_efficiency(dev, m, k, n)
-            + f / gemm_efficiency(dev, n, k, m)) / dev.peak
+def gemm_ceiling_for(dev: Device, n: int, tflops: float) -> float:
+    """The ``gemm_max`` at which `gemm_efficiency` of an n×n×n GEMM equals a measured rate
+    (preflight's GEMM check), the roofline's memory side kept."""
+    flops = 2.0 * n**3
+    t_mem = 6.0 * n * n / (dev.hbm * GEMM_MEMORY_EFFICIENCY)
+    t_math = flops / (tflops * 1e12) - t_mem
+    if t_math <= 0:
+        raise ValueError(f"{tflops:g} TFLOP/s at n={n} is faster than this GPU's memory allows")
+    wave = float(gemm_efficiency(dataclasses.replace(dev, gemm_max=1.0, hbm=float("inf")), n, n, n))
+    return flops / (dev.peak * wave * t_math)
+
+
+def gemm_time(dev: Device, m, n, k, batch=1):
+    """Seconds for a (batched) GEMM's forward and its two backward GEMMs (data and weight
+    gradients)."""
+    f = 2.0 * m * n * k * batch
+    return (f / gemm_efficiency(dev, m, n, k, batch) + f / gemm_efficiency(dev, m, k, n, batch)
+            + f / gemm_efficiency(dev, n, k, m, batch)) / dev.peak
 
 
 def flash_efficiency(dev: Device, head_dim: int, seq_len: int) -> float:
@@ -138,7 +156,7 @@ def attention_time(model: ModelConfig, dev: Device, stack: StackProfile, tp, mb)
         return t, t / 3
     heads = model.heads * mb / tp  # batched GEMMs per head: QKᵀ (s×d·d×s), A·V (s×s·s×d)
     d = model.head_dim
-    gemm = heads * (gemm_time(dev, s, s, d) + gemm_time(dev, s, d, s))
+    gemm = gemm_time(dev, s, s, d, heads) + gemm_time(dev, s, d, s, heads)
     scores = heads * s * s
     soft = scores * SOFTMAX_BYTES_PER_SCORE / (dev.hbm * MEMORY_BOUND_EFFICIENCY["elementwise"])
     return gemm + soft, gemm / 3 + soft / 2
