@@ -63,7 +63,9 @@ SOFTMAX_BYTES_PER_SCORE = 22
 """Unfused attention (no flash kernel): bytes moved per attention-score element per forward +
 backward, bf16: the QKᵀ output written (2), fused scale-mask-softmax read and written (4), dropout
 read, written and its 1-byte mask (5); backward: dropout (5) and softmax (6) gradients. Counted
-from Megatron-LM's kernels (fused_softmax, dropout), an estimate, not a measurement."""
+from Megatron-LM's kernels (fused_softmax, dropout), and confirmed on the H200 above
+(bench/gpu_kernels.py --only-unfused, s 2048, head dim 96/128: the time an unfused attention
+spends beyond its two batched GEMMs moves 22.0-22.6 bytes per score at the element-wise rate)."""
 
 # --- bytes ------------------------------------------------------------------------------------
 ACT_BYTES = 2
@@ -129,9 +131,10 @@ STORAGE_READ_GB_PER_S = 1000.0
 MODEL_ERROR = 0.04
 """Relative step-time difference below which the search does not trust its own ranking and puts
 the simpler layout first (search._prefer_simpler). The fitted model reproduces MegaScale's four
-batch-6144 rows with residuals from −0.5% to +3.4% (a 3.9-point spread between layouts that differ
-only in DP size), and held-out sources are off by a median 7.7% (docs/plan-validation.md), much of
-it common to every layout of a run; 4% is the spread, not the absolute error."""
+batch-6144 rows with relative residuals from −1.9% to +1.8% (a 3.7% spread between layouts that
+differ only in DP size); held-out published rows are off by a median 4.2% (docs/plan.md,
+"Predictions against published measurements"), much of it common to every layout of a run. 4% is
+that spread, rounded up: two layouts closer than this are a tie for the model."""
 
 # --- search -----------------------------------------------------------------------------------
 MAX_MICRO_BATCH = 16

@@ -261,13 +261,21 @@ def _prefer_simpler(pb: Problem, arr, costs, order: np.ndarray) -> tuple[np.ndar
         return order, ""
     fast, slow = order[0], pick
     gap = costs["step_time"][slow] / costs["step_time"][fast] - 1
-    note = (f"{describe(layout_at(arr, int(slow), pb.model.layers))} is ranked first: "
-            f"{100 * gap:.1f}% slower than the fastest "
-            f"({describe(layout_at(arr, int(fast), pb.model.layers))}), within the model's "
-            f"{100 * MODEL_ERROR:.0f}% error, with v{int(arr['vpp'][slow])} instead of "
-            f"v{int(arr['vpp'][fast])} and {int(2 * arr['vpp'][slow] * costs['micro_batches'][slow])}"
-            f" instead of {int(2 * arr['vpp'][fast] * costs['micro_batches'][fast])} transfers per "
-            "rank per step")
+    why = []
+    v_fast, v_slow = int(arr["vpp"][fast]), int(arr["vpp"][slow])
+    if v_slow != v_fast:
+        why.append(f"v{v_slow} instead of v{v_fast}")
+    t_fast, t_slow = (int(2 * arr["vpp"][i] * costs["micro_batches"][i]) for i in (fast, slow))
+    if t_slow != t_fast:
+        why.append(f"{t_slow} instead of {t_fast} transfers per rank per step")
+    if arr["light"][fast] and not arr["light"][slow]:
+        why.append("the default split instead of lighter first and last stages")
+    if not why:  # a tie in time and simplicity: keep the ranking
+        return order, ""
+    layers = pb.model.layers
+    note = (f"{describe(layout_at(arr, int(slow), layers))} is ranked first: {100 * gap:.1f}% "
+            f"slower than the fastest ({describe(layout_at(arr, int(fast), layers))}), within the "
+            f"model's {100 * MODEL_ERROR:.0f}% error, and simpler: {', '.join(why)}")
     return np.concatenate([[pick], order[order != pick]]), note
 
 
