@@ -196,8 +196,10 @@ def expand(pb: Problem, sk: list[tuple[int, int, int, int, int, int]]) -> dict[s
     """Cross every skeleton with SP × recompute × ZeRO × DP reduction (restricted by training)."""
     tr, gpn = pb.training, pb.cluster.gpus_per_node
     recs = [RECOMPUTE_CODES[tr.recompute]] if tr.recompute else [0, 1, 2]
-    zeros = [tr.zero_stage] if tr.zero_stage is not None else [0, 1, 2]
-    opts = np.array([(sp, r, z, h) for sp in (0, 1) for r in recs for z in zeros for h in (0, 1)])
+    stack = pb.stack_profile  # only what the priced stack offers (a training file may insist)
+    zeros = [tr.zero_stage] if tr.zero_stage is not None else list(stack.zero_stages)
+    hiers = (0, 1) if stack.hierarchical_dp else (0,)
+    opts = np.array([(sp, r, z, h) for sp in (0, 1) for r in recs for z in zeros for h in hiers])
     layers = pb.model.layers
     counts = [light_counts(layers, pp, vpp) if light else rank_layer_counts(layers, pp, vpp)
               for _, pp, vpp, _, _, light in sk]

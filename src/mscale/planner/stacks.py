@@ -33,12 +33,17 @@ class StackProfile:
     """Norms as single-pass fused kernels (element-wise bandwidth) rather than eager ops."""
     doc: str
     """Where each value comes from."""
+    zero_stages: tuple[int, ...] = (0, 1, 2)
+    """ZeRO stages the stack offers; the search tries only these (unless the training file
+    names one)."""
+    hierarchical_dp: bool = True
+    """Whether the stack can reduce gradients hierarchically (inside the node, then across)."""
 
 
 STACKS: dict[str, StackProfile] = {
     "megascale": StackProfile(
         "megascale", tp_overlap=0.5, dp_overlap=True, pp_overlap=0.9, flash_attention=True,
-        fused_norms=True,
+        fused_norms=True, hierarchical_dp=False,
         doc="MegaScale (arXiv 2402.15627) §3.2: TP all-gather/reduce-scatter fused with the "
             "adjacent GEMMs (half hidden: +2.2 MFU points in its Table 3; TP_OVERLAP), DP "
             "reduce-scatter/all-gather overlapped with the last backward / first forward, "
@@ -46,7 +51,7 @@ STACKS: dict[str, StackProfile] = {
             "What the planner assumed before stack profiles existed."),
     "megatron-lm": StackProfile(
         "megatron-lm", tp_overlap=0.0, dp_overlap=False, pp_overlap=0.0, flash_attention=False,
-        fused_norms=True,
+        fused_norms=True, zero_stages=(0,), hierarchical_dp=False,
         doc="Megatron-LM as measured by Narayanan et al. 2021 (arXiv 2104.04473) and Korthikanti "
             "et al. 2022 (arXiv 2205.05198): TP collectives synchronous, the DP all-reduce after "
             "backward (no distributed optimizer or grad-reduce overlap then), blocking p2p, "
@@ -54,21 +59,21 @@ STACKS: dict[str, StackProfile] = {
             "LayerNorm and bias-GeLU (apex)."),
     "megatron-deepspeed": StackProfile(
         "megatron-deepspeed", tp_overlap=0.0, dp_overlap=False, pp_overlap=0.0,
-        flash_attention=False, fused_norms=True,
+        flash_attention=False, fused_norms=True, zero_stages=(0, 1), hierarchical_dp=False,
         doc="Megatron-DeepSpeed as used for MT-NLG (arXiv 2201.11990) and BLOOM (arXiv "
             "2211.05100), 2021-22: Megatron's kernels and synchronous TP, DeepSpeed's pipeline "
             "engine (blocking p2p) and data parallelism reducing after backward; no flash "
             "attention then. Priced like megatron-lm."),
     "megatron-core": StackProfile(
         "megatron-core", tp_overlap=0.0, dp_overlap=True, pp_overlap=0.9, flash_attention=True,
-        fused_norms=True,
+        fused_norms=True, zero_stages=(0, 1), hierarchical_dp=False,
         doc="Current Megatron-LM/Megatron-Core defaults: --overlap-grad-reduce and "
             "--overlap-param-gather with the distributed optimizer, --overlap-p2p-comm for the "
             "interleaved schedule, flash attention through Transformer Engine; TP communication "
             "overlap (--tp-comm-overlap) is off by default."),
     "llama3": StackProfile(
         "llama3", tp_overlap=0.0, dp_overlap=True, pp_overlap=0.9, flash_attention=True,
-        fused_norms=True,
+        fused_norms=True, hierarchical_dp=False,
         doc="Llama 3 (arXiv 2407.21783) §3.3.2: FSDP-style sharded data parallelism overlapped "
             "with compute, asynchronous pipeline p2p, flash attention; no TP overlap is "
             "described, so none is assumed."),

@@ -98,3 +98,18 @@ def test_unknown_stack_is_refused_with_the_choices():
     with pytest.raises(MscaleError, match="unknown stack") as e:
         pb.stack_profile
     assert "megatron-lm" in e.value.fix
+
+
+def test_search_offers_only_what_the_stack_has():
+    """Megatron-LM's 2021-22 runs had no distributed optimizer and no hierarchical reduction:
+    searching them with ZeRO-2 and hierarchical DP ranked layouts they could not run."""
+    from mscale.planner.search import search
+    model = ModelConfig(layers=32, hidden=4096, heads=32, vocab=51200, seq_len=2048, mlp="gelu")
+    args = (model, TrainingConfig(global_batch=512), ClusterConfig(nodes=16, gpu="A100"))
+    old = search(Problem(*args, stack="megatron-lm"))
+    assert set(old.arrays["zero"][: old.count]) == {0} and not old.arrays["hier"][: old.count].any()
+    ours = search(Problem(*args, stack="mscale"))
+    assert set(ours.arrays["zero"][: ours.count]) == {0, 1, 2} and ours.arrays["hier"].any()
+    pinned = search(Problem(model, TrainingConfig(global_batch=512, zero_stage=1), args[2],
+                            stack="megatron-lm"))
+    assert set(pinned.arrays["zero"][: pinned.count]) == {1}  # the training file wins
