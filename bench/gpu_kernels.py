@@ -100,7 +100,8 @@ def attention(quick: bool) -> list[dict]:
 
 def unfused_attention() -> list[dict]:
     """Attention as Megatron-LM ran it before flash kernels: QKᵀ (baddbmm), softmax, dropout,
-    A·V (bmm), forward + backward; and the two batched GEMMs alone, to separate the score traffic."""
+    A·V (bmm), forward + backward; and the two batched GEMMs alone, to separate the score
+    traffic."""
     out = []
     for d, width in ((96, 2304), (128, 4096), (128, 6144)):
         s, b = 2048, 1
@@ -162,7 +163,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
+           "cuda": torch.version.cuda,
+           "sms": torch.cuda.get_device_properties(0).multi_processor_count}
     t0 = time.time()
     if args.only_unfused:
         doc["unfused_attention"] = unfused_attention()
@@ -180,7 +182,8 @@ def main() -> None:
     sq = [g["tflops"] for g in doc["gemm"] if g["op"] == "square"]
     print(doc["device"], f"{doc['seconds']:.0f} s; square GEMM TFLOP/s {sq}")
     for a in doc["attention"]:
-        print(f"attn d{a['d']} s{a['s']}: fwd {a['fwd_tflops']:.0f} fwd+bwd {a['fwd_bwd_tflops']:.0f}")
+        print(f"attn d{a['d']} s{a['s']}: fwd {a['fwd_tflops']:.0f} "
+              f"fwd+bwd {a['fwd_bwd_tflops']:.0f}")
     for u in doc["unfused_attention"]:
         print(f"unfused d{u['d']} w{u['width']}: {u['full_tflops']:.0f} TFLOP/s counted, "
               f"full {u['full_fwd_bwd_s'] * 1e3:.2f} ms, gemms {u['gemms_fwd_bwd_s'] * 1e3:.2f} ms")

@@ -58,7 +58,8 @@ class Calibration:
                 ceiling = gemm_ceiling_for(dev, self.gemm_n, self.gemm_tflops)
             except ValueError as e:
                 raise MscaleError(str(e), field="measured.gemm_tflops",
-                                  fix="check the preflight report's GEMM figure and its n") from None
+                                  fix="check the preflight report's GEMM figure and its n"
+                                  ) from None
             dev = dataclasses.replace(dev, gemm_max=ceiling)
         if self.speed != 1.0:
             dev = dataclasses.replace(dev, gemm_max=dev.gemm_max * self.speed,

@@ -5,8 +5,8 @@ One efficiency for every model and GPU over-predicted small models and capped la
 
 - **GEMMs** (Q/K/V, attention output, MLP): FLOPs / (peak · e), e from the GEMM's own shape after
   the TP split (`gemm_efficiency`: a roofline with a math ceiling per GPU generation, wave
-  quantization over the SMs, and the bytes it moves), for the forward, data-gradient and weight-gradient
-  orientations.
+  quantization over the SMs, and the bytes it moves), for the forward, data-gradient and
+  weight-gradient orientations.
 - **Attention core**: a flash kernel at a share of peak that grows with sequence length and head
   dim (`flash_efficiency`), or, without one, batched GEMMs plus the softmax/dropout traffic over
   the s×s scores at memory bandwidth.
@@ -128,7 +128,8 @@ class BlockTimes:
     """Forward alone (what the pipeline's per-chunk timing needs)."""
 
 
-def block_times(model: ModelConfig, dev: Device, stack: StackProfile, tp, mb, sp, rec) -> BlockTimes:
+def block_times(model: ModelConfig, dev: Device, stack: StackProfile, tp, mb, sp,
+                rec) -> BlockTimes:
     """Kernel time of one block per micro-batch on one TP rank."""
     tp, mb = np.asarray(tp, dtype=float), np.asarray(mb, dtype=float)
     s, h = model.seq_len, model.hidden

@@ -256,7 +256,8 @@ def _prefer_simpler(pb: Problem, arr, costs, order: np.ndarray) -> tuple[np.ndar
     """
     step = costs["step_time"][order]
     band = order[step <= step[0] * (1 + MODEL_ERROR)]
-    transfers = np.where(arr["pp"][band] > 1, 2 * arr["vpp"][band] * costs["micro_batches"][band], 0)
+    micro = costs["micro_batches"][band]
+    transfers = np.where(arr["pp"][band] > 1, 2 * arr["vpp"][band] * micro, 0)
     keys = (costs["step_time"][band], arr["light"][band], transfers, arr["vpp"][band])
     pick = band[np.lexsort(keys)[0]]
     if pick == order[0]:

@@ -94,7 +94,8 @@ def test_stacks_price_their_overlaps():
 def test_unknown_stack_is_refused_with_the_choices():
     from mscale.errors import MscaleError
     pb = Problem(ModelConfig(layers=2, hidden=64, heads=4, vocab=256, seq_len=64),
-                 TrainingConfig(global_batch=8), ClusterConfig(nodes=1, gpu="A100"), stack="deepspeed")
+                 TrainingConfig(global_batch=8), ClusterConfig(nodes=1, gpu="A100"),
+                 stack="deepspeed")
     with pytest.raises(MscaleError, match="unknown stack") as e:
         pb.stack_profile
     assert "megatron-lm" in e.value.fix
