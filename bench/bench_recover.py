@@ -4,9 +4,10 @@ Not a test; prints figures (no pass/fail). Each round runs
 
     mscale recover supervise --backoff 0 -- mscale train PLAN --local 8 --run-dir RUN ...
 
-on the cpu-tiny plan (8 gloo processes, tp2·pp2·dp2 on node[1-4]), waits for a few steps, sends
-SIGKILL to one worker from outside (the kill's wall time is known exactly), and reads the
-``recover`` phase events supervise wrote:
+on the cpu-tiny plan (8 gloo processes, tp2·pp2·dp2 on node[1-4]), waits for a few steps and
+a committed checkpoint (a kill before the first one leaves nothing to resume), sends SIGKILL to
+one worker from outside (the kill's wall time is known exactly), and reads the ``recover`` phase
+events supervise wrote:
 
     kill → detect → diagnose → (back-off, 0 here) → restart → first resumed step → catch-up
 
@@ -63,7 +64,8 @@ def one_round(work: Path, rank: int, kill_after: int, steps: int, interval: int)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 300
-    while len(records(run / "metrics.jsonl")) < kill_after:
+    while len(records(run / "metrics.jsonl")) < kill_after or not any(
+            e["kind"] == "checkpoint" for e in records(run / "events.jsonl")):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"the job ended before step {kill_after}: {proc.communicate()[1]}")
         time.sleep(0.05)
@@ -116,7 +118,8 @@ def main() -> None:
     for k in keys:
         s = summary[k]
         print(f"  {k:22s} {s['median']:6.2f} ({s['min']:.2f}–{s['max']:.2f})")
-    print(f"  goal: kill_to_first_step_s < 60 — {'met' if summary['kill_to_first_step_s']['max'] < 60 else 'NOT met'}")
+    met = summary["kill_to_first_step_s"]["max"] < 60
+    print(f"  goal: kill_to_first_step_s < 60 in every round — {'met' if met else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Faults a supervised job comes back from: ``mscale recover supervise -- mscale train … --local 4``.
+"""Faults a supervised job comes back from: ``mscale recover supervise -- mscale train … --local 4``
 
 Each case injects one fault into attempt 1 of a tiny 4-process run (tp2·dp2 on node[1-2]) and
 asserts what the issue asks of a recovery:
@@ -184,7 +184,8 @@ def test_slowed_rank_checkpoint_then_exclude_zero_steps_lost(plan, reference, tm
     assert len(starts) == 2, out
     first_run = [r["step"] for r in records(run / "metrics.jsonl")]
     halted = max(committed_before_fault(run))
-    assert first_run.count(halted) == 1 and first_run.count(halted + 1) == 1, first_run  # none twice
+    # no step trained twice: the halt's step once (attempt 1), the next once (attempt 2)
+    assert first_run.count(halted) == 1 and first_run.count(halted + 1) == 1, first_run
     check_recovered(run, p, reference, resumed=halted, rel=1e-5)
     entry = json.loads((run / "quarantine.json").read_text())["entries"]
     assert [e["node"] for e in entry] == ["node1"]
