@@ -6,6 +6,7 @@ the engine's step functions, so a newcomer reads this file to see the whole wiri
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -70,15 +71,41 @@ class Engine:
         return self.loader.get(step, micro)
 
     def autocast(self):
-        """bf16 autocast when the plan asks for bf16, a no-op context otherwise."""
+        """bf16 autocast when the plan asks for bf16, a no-op context otherwise. Entered around
+        each chunk forward, inside `cast_scope`."""
         enabled = self.plan.training.precision == "bf16"
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def cast_scope(self):
+        """The span of one step's forwards and backwards, exited before the optimizer step: one
+        bf16 copy of each weight for the whole step, shared by every micro-batch.
+
+        Autocast caches the bf16 cast of each fp32 leaf weight until the *outermost* autocast
+        context exits; with one context per chunk forward, every micro-batch in flight kept its
+        own copy in its autograd graph (175B at tp 8 pp 8 v 6: ~50 GB per GPU). This is that
+        outermost context, disabled, so nothing outside `autocast` runs in bf16 (backward and
+        the loss sums included, as before). The cast is the same bits whichever micro-batch makes
+        it, so the numerics do not change. Exiting drops the cache, so the next step casts the
+        updated weights. Not under full recompute: there the graph keeps no copy, and a step-long
+        cache would hold every copy that recompute otherwise drops (docs/train.md)."""
+        share = (self.plan.training.precision == "bf16"
+                 and self.plan.layout.recompute != "full")
+        return weight_cast_scope(self.device.type, share)
 
     def live_rank(self) -> LiveRank:
         """What checkpoints save from and restore into (ckpt/live.py), and nothing more."""
         return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
                         optimizer=self.optimizer, clipper=self.clipper,
                         timeout_s=self.options.timeout_s, update_guards=self.update_guards)
+
+
+def weight_cast_scope(device_type: str, share: bool = True):
+    """An outermost autocast context that is itself disabled: autocast's cache of bf16 weight
+    casts lives until it exits, shared by every autocast region inside; code between those
+    regions (backward, loss sums) still runs in its own precision. A no-op if not ``share``."""
+    if not share:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=False)
 
 
 def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
@@ -145,5 +172,6 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
         engine.pipeline = build_stage(
             plan, groups, device, chunks, micro_batches=engine.micro_batches,
             get_batch=engine.get_batch, no_sync=grads.no_sync, autocast=engine.autocast,
+            cast_scope=engine.cast_scope,
             nan_step=options.inject_nan_step, delay_s=options.inject_delay.get(env.rank, 0.0))
     return engine

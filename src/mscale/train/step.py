@@ -35,7 +35,13 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
     if engine.pipeline is not None:
         from mscale.parallel.pipeline import run_pipeline_step
 
-        return run_pipeline_step(engine.pipeline, step, timer)
+        return run_pipeline_step(engine.pipeline, step, timer)  # the stage holds cast_scope
+    with engine.cast_scope():  # one bf16 copy of each weight for all the step's micro-batches
+        return _accumulate(engine, step, timer)
+
+
+def _accumulate(engine, step: int, timer: StepTimer) -> torch.Tensor:
+    """Gradient accumulation without a pipeline: forward and backward per micro-batch."""
     model = engine.chunks[0]
     m = engine.micro_batches
     delay = engine.options.inject_delay.get(engine.env.rank, 0.0)

@@ -55,6 +55,11 @@ class PipelineStage:
     no_sync: Callable[[], ContextManager]
     """Context that holds the DP reduction back (every backward but a chunk's last)."""
     autocast: Callable[[], ContextManager]
+    """Entered around each chunk forward (bf16 autocast, or a no-op)."""
+    cast_scope: Callable[[], ContextManager] = contextlib.nullcontext
+    """Entered around the whole step (`run_pipeline_step`), exited before the optimizer: the
+    outermost autocast context, so every micro-batch shares one bf16 copy of each weight
+    (train/engine.py `Engine.cast_scope`)."""
     nan_step: int | None = None
     """Test hook: poison the loss at this (1-based) step."""
     delay_s: float = 0.0
@@ -62,7 +67,8 @@ class PipelineStage:
 
 
 def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module], *,
-                micro_batches: int, get_batch, no_sync, autocast, nan_step: int | None = None,
+                micro_batches: int, get_batch, no_sync, autocast,
+                cast_scope=contextlib.nullcontext, nan_step: int | None = None,
                 delay_s: float = 0.0) -> PipelineStage:
     """The rank's PipelineStage. Collective over the PP group: the link's first use is a
     barrier, since NCCL wants every member in a group's first call before subsets talk
@@ -74,7 +80,7 @@ def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module
     return PipelineStage(chunks=chunks, pp=layout.pp, vpp=layout.vpp, pp_rank=groups.pp_rank,
                          micro_batches=micro_batches, device=device, link=link,
                          get_batch=get_batch, no_sync=no_sync, autocast=autocast,
-                         nan_step=nan_step, delay_s=delay_s)
+                         cast_scope=cast_scope, nan_step=nan_step, delay_s=delay_s)
 
 
 class PipelineStep:
@@ -166,6 +172,9 @@ def run_pipeline_step(stage: PipelineStage, step: int, timer) -> torch.Tensor | 
     Returns this rank's mean loss over the step's micro-batches on the rank holding the last
     virtual stage (a 0-dim float64 tensor on the device, as `train.step.run_micro_batches`),
     None elsewhere. Gradients end in the DP gradient buffer with the reduction of every bucket
-    launched (the loop's ``grads.finish()`` waits for it).
+    launched (the loop's ``grads.finish()`` waits for it). All of it runs inside the stage's
+    ``cast_scope``: the bf16 weight copies are made once and shared by every micro-batch and
+    chunk in flight, and dropped on return, before the optimizer updates the weights.
     """
-    return PipelineStep(stage, step, timer).run()
+    with stage.cast_scope():
+        return PipelineStep(stage, step, timer).run()
