@@ -4,10 +4,12 @@
 param_gather.py, zero.py, model/transformer.py, pipeline/runner.py), not Megatron's accounting:
 
 - **Parameters are fp32**, one flat buffer (param_gather.py), whatever the precision; bf16 runs
-  use autocast. Under bf16 every linear's forward casts its weight to bf16 and autograd keeps
-  that copy until the micro-batch's backward: 2 bytes per matrix weight *per micro-batch in
-  flight* (the autocast cache dies with each chunk forward's autocast context). Full recompute
-  drops them with the rest of the block.
+  use autocast. Under bf16 every linear casts its weight to bf16 once per step: the engine holds
+  one autocast context (its cache) over the step's forwards and backwards (train/engine.py
+  ``cast_scope``), so every micro-batch in flight shares that copy, 2 bytes per matrix weight of
+  the rank, all its chunks, whatever the schedule. (One context per chunk forward kept a copy
+  per micro-batch in flight: ~50 GB per GPU for 175B at tp 8 pp 8 v 6.) Full recompute keeps
+  the context per forward: the graph keeps no copy, and recompute makes a block's again.
 - **Gradients are one fp32 buffer** the size of the parameters. ZeRO 0/1 keep it always; ZeRO 2
   (dp > 1) allocates each bucket at its first gradient of the step and frees it after its
   reduce-scatter in ``finish()``, so it is alive through every backward, i.e. at the peak: ZeRO-2
@@ -143,6 +145,18 @@ def rank_params(model, layers, tp, embedding, head):
     return layers * per_block + np.where(embedding, v * h / np.asarray(tp), 0) + head_p
 
 
+def weight_copy_bytes(model, layers, tp, rec, head, bf16: bool):
+    """The bf16 autocast copies of one rank's weights alive at its peak: one per matrix weight
+    of its ``layers`` blocks, shared by all micro-batches of the step (the engine's step-long
+    ``cast_scope``), not one per micro-batch in flight; none under full recompute (``rec`` 2,
+    where the scope is per forward and the graph keeps no copy); plus the head's (or the tied
+    embedding's) on the rank that computes the logits. Embedding lookups are not cast."""
+    block_copy = 2.0 * flops.layer_matrix_params(model) / np.asarray(tp) if bf16 else 0.0
+    blocks = np.where(np.asarray(rec) == 2, 0.0, block_copy * np.asarray(layers))
+    return blocks + np.where(np.asarray(head) & bf16, 2.0 * model.vocab * model.hidden
+                             / np.asarray(tp), 0.0)
+
+
 def state_bytes(precision: str, dp, zero):
     """Bytes per parameter of the engine's persistent state on one rank, by buffer.
 
@@ -237,13 +251,12 @@ def _rank_peak(pb, c: dict, micro, rank, layers, embedding, head) -> dict:
 
     chunks = in_flight_chunks(pp, vpp, micro, rank)
     worth = chunks / vpp  # micro-batches' worth of this rank's blocks
-    block_copy = 2.0 * flops.layer_matrix_params(m_) / tp if bf16 else 0.0 * tp
-    copies = np.where(rec == 2, 0.0, block_copy * layers * worth)
-    copies = copies + np.where(head & bf16, 2.0 * m_.vocab * m_.hidden / tp, 0.0)
+    copies = weight_copy_bytes(m_, layers, tp, rec, head, bf16)
     cuda = pb.cluster.gpu.name != "cpu"
     saved = block_saved_bytes(m_, mb, tp, sp, rec, prec, cuda) * layers * worth
     stream = FP32 * n_h / sp_split(tp, sp)  # one micro-batch's residual stream on this rank
     boundary = np.where(pp > 1, (chunks - np.where(head, 1, 0) + 2) * stream, 0.0)
+    block_copy = 2.0 * flops.layer_matrix_params(m_) / tp if bf16 else 0.0 * tp
     recompute = np.where(rec == 2, block_saved_bytes(m_, mb, tp, sp, 0, prec, cuda) + block_copy,
                          0.0)
     window = m_.seq_len ** 2 if m_.sliding_window and m_.sliding_window < m_.seq_len else 0
