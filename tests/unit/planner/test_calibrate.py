@@ -112,3 +112,24 @@ def test_cli_stack_option(cli):
     assert json.loads(out)["stack"] == "megatron-lm"
     code, _, err = cli("plan", *GPT, "--stack", "nope")
     assert code == 3 and "unknown stack" in err
+
+
+def test_a_real_h200_run_is_reproduced():
+    """bench/data/h200_gpu1b_metrics.jsonl: plans/gpu-1b-h200.yaml trained 20 steps on one H200
+    (2026-11). Uncalibrated, the mscale profile predicts about half its step time (docs/plan.md,
+    "This engine on one H200"); calibrated, the model reproduces it."""
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from tests.conftest import REPO
+    plan = load_model(Plan, PLANS / "gpu-1b-h200.yaml")
+    cal = load_calibration([str(REPO / "bench" / "data" / "h200_gpu1b_metrics.jsonl")])
+    assert cal.step_time_s == pytest.approx(0.716, abs=0.005)
+
+    def problem(c=None):
+        return Problem(plan.model, plan.training, plan.cluster, calibration=c)
+
+    raw = evaluate(problem(), plan.layout).step_time
+    assert 0.3 < raw < 0.45  # the datasheet model is optimistic for this engine
+    fit_speed(cal, lambda c: evaluate(problem(c), plan.layout).step_time)
+    assert evaluate(problem(cal), plan.layout).step_time == pytest.approx(0.716, abs=0.005)
+    assert 0.4 < cal.speed < 0.6
