@@ -199,3 +199,23 @@ def test_a_command_that_cannot_start_is_bad_input(tmp_path):
     with pytest.raises(MscaleError, match="cannot run .*nope") as e:
         sup.run_all()
     assert e.value.code == 3
+
+
+def test_failure_time_is_the_earliest_record_of_this_attempt(tmp_path):
+    from mscale.recover.phases import failure_time
+
+    run = RunDir(str(tmp_path))
+    (tmp_path / "logs").mkdir()
+    put = lambda rows: (tmp_path / "events.jsonl").write_text(  # noqa: E731
+        "".join(json.dumps({"source": "train", **r}) + "\n" for r in rows))
+    put([{"kind": "stop", "time": 5.0, "evidence": {"code": 3}},       # an earlier attempt's
+         {"kind": "start", "time": 10.0},
+         {"kind": "stop", "time": 12.0, "evidence": {"code": 0}},      # a clean stop is no failure
+         {"kind": "hang", "time": 14.0}])
+    assert failure_time(run, 10.0, 99.0) == (14.0, "events.jsonl: hang")
+    (tmp_path / "logs" / "rank2.error.json").write_text(json.dumps(
+        {"rank": 2, "kind": "timeout", "time": 13.5}))
+    assert failure_time(run, 10.0, 99.0) == (13.5, "logs/rank2.error.json")
+    put([{"kind": "start", "time": 10.0}])
+    (tmp_path / "logs" / "rank2.error.json").unlink()
+    assert failure_time(run, 10.0, 99.0) == (99.0, "the job's exit")
