@@ -10,7 +10,7 @@ from mscale.cli.recover import recover_app
 @recover_app.command("supervise", context_settings={"ignore_unknown_options": True,
                                                     "allow_interspersed_args": False})
 def supervise_cmd(
-    command: list[str] = typer.Argument(..., metavar="-- CMD...", help="The launch command, "
+    command: list[str] = typer.Argument(..., metavar="CMD", help="The launch command after --, "
                                         "e.g. mscale train plan.yaml --local 8 --run-dir runs/r1"),
     max_restarts: int = typer.Option(5, "--max-restarts", min=0, help="Most restarts within "
                                      "--window; one more failure ends supervision (exit 2)."),
