@@ -8,11 +8,6 @@ and engineering assumptions, labelled as such. docs/plan.md repeats this table f
 from __future__ import annotations
 
 # --- compute ----------------------------------------------------------------------------------
-COMPUTE_EFFICIENCY = 0.655
-"""Legacy single efficiency (the whole block at one share of peak), kept for the plan file's
-``compute_efficiency`` field. The cost model no longer uses it: kernels.py prices each GEMM by its
-shape, attention by head dim and sequence, and memory-bound work by bandwidth."""
-
 GEMM_MAX_EFFICIENCY = {"ampere": 0.825, "hopper": 0.75}
 """Share of the dense peak a bf16 GEMM's math reaches once its operands stream at full rate (the
 compute ceiling of kernels.gemm_efficiency's roofline). hopper: measured, cuBLAS through torch
@@ -104,7 +99,7 @@ InfiniBand is of the order of 10-20 µs, plus the host-side launch of the batche
 TP_OVERLAP = 0.5
 """Share of tensor/sequence-parallel communication hidden behind GEMMs. MegaScale fuses the
 all-gather/reduce-scatter with the adjacent GEMMs (§3.2; +2.2 MFU points in its Table 3 ablation).
-Calibrated together with COMPUTE_EFFICIENCY."""
+Calibrated together with the Ampere GEMM ceiling (GEMM_MAX_EFFICIENCY)."""
 PP_OVERLAP = 0.9
 """Share of an overlappable pipeline send/recv hidden behind compute (MegaScale §3.2 decouples send
 and receive so they overlap). Assumption; it applies only off the critical path: the 2·(p·v − 1)

@@ -28,10 +28,8 @@ from mscale.planner import flops
 from mscale.planner.kernels import Device, block_times, head_time
 from mscale.planner.stacks import StackProfile, stack_profile
 from mscale.planner.comm import Links, dp_exposed, dp_half, pp_exposed, tp_exposed
-from mscale.planner.constants import (ACT_BYTES, GRAD_REDUCE_BYTES,
-                                      LOGITS_BYTES, MEMORY_USABLE_FRACTION)
-from mscale.planner.memory import (RECOMPUTE_CODES, activation_bytes_per_layer,
-                                   in_flight_micro_batches, state_bytes_per_param)
+from mscale.planner.constants import ACT_BYTES, GRAD_REDUCE_BYTES, MEMORY_USABLE_FRACTION
+from mscale.planner.memory import RECOMPUTE_CODES, rank_memory
 
 
 @dataclass(frozen=True)
@@ -83,6 +81,8 @@ class LayoutCost:
     mem_optimizer: float
     mem_activations: float
     mem_logits: float
+    mem_weight_copies: float
+    """Low-precision weight copies kept for the step's backward (inside ``mem_activations``)."""
     mem_total: float
     mem_budget: float
     fits: bool
@@ -98,6 +98,8 @@ class LayoutCost:
     tokens_per_s: float
     mfu: float
     hfu: float
+    host_pinned: float = 0.0
+    """Host (not GPU) bytes per rank: the checkpoint's pinned host arena."""
 
     def losses(self) -> dict[str, float]:
         """Where the peak goes, as shares of the step's device time; with MFU they sum to 1.
@@ -153,7 +155,7 @@ def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarr
     # forward of one micro-batch on the slowest rank, all its chunks
     t_fwd = np.minimum(c["max_layers"] * bt.forward + head_t / 3, t_stage / 2)
     t_pp = pp_exposed(act, tp, pp, vpp, micro, tp * dp, pb.links, t_fwd / vpp, stack.pp_overlap)
-    mem = memory_arrays(pb, c, micro)
+    mem = rank_memory(pb, c, micro)  # planner/memory.py: what the engine allocates
     grad_bytes = mem["rank_params"] * GRAD_REDUCE_BYTES[tr.precision]
     half = dp_half(grad_bytes, dp, tp, pb.links, c["hier"])
     overlap = tr.overlap_grad_reduce and stack.dp_overlap
@@ -168,46 +170,6 @@ def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarr
                mfu=pb.model_flops / (step * world * pb.peak),
                hfu=(pb.model_flops + tr.global_batch * m_.layers * extra) / (step * world * pb.peak))
     return out
-
-
-def memory_arrays(pb: Problem, c: dict[str, np.ndarray], micro) -> dict[str, np.ndarray]:
-    """Bytes per GPU on the first and the last pipeline rank; the larger one is reported.
-
-    The first rank holds the embedding and the most micro-batches in flight; the last holds the
-    output head and the fp32 logits of one micro-batch.
-    """
-    m_ = pb.model
-    tp, pp, vpp = c["tp"], c["pp"], c["vpp"]
-    p_layer = flops.layer_params(m_)
-    emb = m_.vocab * m_.hidden
-    head = 0 if m_.tie_embeddings else emb  # a tied head shares the embedding on one rank
-    single = emb + head + m_.hidden  # no pipeline: everything on every rank
-    first_p = (c["first_layers"] * p_layer + np.where(pp == 1, single, emb)) / tp
-    last_p = (c["last_layers"] * p_layer + np.where(pp == 1, single, emb + m_.hidden)) / tp
-    rank_params = np.maximum(first_p, last_p)
-    per_param = state_bytes_per_param(pb.training.precision, c["dp"], c["zero"])
-    per_layer = activation_bytes_per_layer(m_.seq_len, c["mb"], m_.hidden, m_.heads, tp, c["sp"],
-                                           c["rec"])
-    first_act = per_layer * c["first_layers"] * in_flight_micro_batches(pp, vpp, micro)
-    last_inflight = np.where(vpp > 1, 1 + (pp - 1) / vpp, 1.0)
-    last_act = per_layer * c["last_layers"] * last_inflight
-    logits = LOGITS_BYTES * m_.seq_len * c["mb"] * m_.vocab / tp
-    state = sum(per_param.values())
-    first_total = first_p * state + first_act
-    last_total = last_p * state + last_act + logits
-    use_last = last_total > first_total
-    total = np.maximum(first_total, last_total)
-    return {
-        "rank_params": rank_params,
-        "mem_weights": rank_params * per_param["weights"],
-        "mem_gradients": rank_params * per_param["gradients"],
-        "mem_optimizer": rank_params * per_param["optimizer"],
-        "mem_activations": np.where(use_last, last_act, first_act),
-        "mem_logits": np.where(use_last, logits, 0.0),
-        "mem_total": total,
-        "mem_budget": np.full(np.shape(total), pb.budget_bytes),
-        "fits": total <= pb.budget_bytes,
-    }
 
 
 def rank_layers(layout: LayoutConfig, layers: int) -> tuple[int, int, int]:

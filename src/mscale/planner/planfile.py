@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from mscale.config.layout import LayoutConfig
 from mscale.config.plan import Plan
-from mscale.planner.constants import COMPUTE_EFFICIENCY
 from mscale.planner.cost import LayoutCost, Problem
 from mscale.planner.goodput import GoodputInputs, advise
 from mscale.topology.placement import placement_record
@@ -14,7 +13,8 @@ def estimate_record(pb: Problem, layout: LayoutConfig, cost: LayoutCost) -> dict
     """The ``estimate:`` section: every cost term, rounded for reading, with units in the names."""
     gb = {f"{k[4:]}_gb": round(getattr(cost, k) / 1e9, 3)
           for k in ("mem_weights", "mem_gradients", "mem_optimizer", "mem_activations",
-                    "mem_logits", "mem_total", "mem_budget")}
+                    "mem_logits", "mem_weight_copies", "mem_total", "mem_budget")}
+    gb["host_pinned_gb"] = round(cost.host_pinned / 1e9, 3)  # host memory, not in total_gb
     secs = {f"{k[2:]}_s": round(getattr(cost, k), 4)
             for k in ("t_model", "t_recompute", "t_imbalance", "t_bubble", "t_tp", "t_pp", "t_dp")}
     return {
@@ -23,7 +23,9 @@ def estimate_record(pb: Problem, layout: LayoutConfig, cost: LayoutCost) -> dict
         "parameters": pb.model.num_parameters(),
         "model_flops_per_step": pb.model_flops,
         "peak_tflops_per_gpu": pb.cluster.gpu.peak_tflops,
-        "compute_efficiency": COMPUTE_EFFICIENCY,
+        "stack": pb.stack_profile.name,
+        # the model's work at the kernels' modelled rates, as a share of peak
+        "kernel_efficiency": round(cost.mfu * cost.step_time / cost.t_model, 4),
         "memory": gb,
         "time": secs,
         "step_time_s": round(cost.step_time, 4),

@@ -64,6 +64,9 @@ def memory_table(c: LayoutCost) -> Table:
     t.add_column("GB", justify="right")
     for k in ("weights", "gradients", "optimizer", "activations", "logits", "total", "budget"):
         t.add_row(k, f"{getattr(c, f'mem_{k}') / 1e9:.3g}")
+        if k == "activations" and c.mem_weight_copies:
+            t.add_row("  of which bf16 weight copies", f"{c.mem_weight_copies / 1e9:.3g}")
+    t.add_row("host pinned (not GPU)", f"{c.host_pinned / 1e9:.3g}")
     return t
 
 
