@@ -85,4 +85,5 @@ def disarm(engine) -> None:
     engine.options = disarmed(engine.options)
     engine.faults.crash_step = engine.faults.hang_step = None
     if engine.pipeline is not None:  # the stage took its copies of the hooks when it was built
-        engine.pipeline.nan_step, engine.pipeline.delay_s = None, 0.0
+        # (a frozen dataclass: replaced, not assigned)
+        engine.pipeline = dataclasses.replace(engine.pipeline, nan_step=None, delay_s=0.0)

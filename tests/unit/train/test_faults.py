@@ -157,3 +157,22 @@ def test_a_hook_rank_outside_the_job_is_refused_in_attempt_1_only(tmp_path):
     (tmp_path / "run" / "events.jsonl").write_text(json.dumps(
         {"source": "train", "kind": "start", "evidence": {"attempt": 1}}) + "\n")
     _check_hook_ranks(opts, 4)
+
+
+def test_disarm_replaces_the_frozen_pipeline_stage(tmp_path):
+    """A relaunch of a pipeline run that keeps its --inject-* flags: the stage (a frozen
+    dataclass that copied the hooks when built) is replaced, not assigned (it raised
+    FrozenInstanceError on every rank)."""
+    from types import SimpleNamespace
+
+    from mscale.parallel.pipeline.runner import PipelineStage
+
+    stage = PipelineStage(chunks=[], pp=2, vpp=1, pp_rank=0, micro_batches=2,
+                          device=torch.device("cpu"), link=None, get_batch=None, no_sync=None,
+                          autocast=None, nan_step=3, delay_s=0.5)
+    engine = SimpleNamespace(options=armed_options(tmp_path), pipeline=stage,
+                             faults=SimpleNamespace(crash_step=2, hang_step=2))
+    faults.disarm(engine)
+    assert engine.pipeline.nan_step is None and engine.pipeline.delay_s == 0.0
+    assert engine.pipeline.pp == 2 and engine.faults.crash_step is None
+    assert stage.nan_step == 3  # the old object is untouched
