@@ -301,6 +301,19 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
                     [f"launcher {launcher!r} unknown: start the workers as before"])
 
 
+def _local_run_dir(argv: list[str], cwd: str | None) -> str | None:
+    """The command's ``--run-dir`` as an absolute local path; None for a URL or none given."""
+    value = None
+    for i, word in enumerate(argv):
+        if word == "--run-dir" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif word.startswith("--run-dir="):
+            value = word.split("=", 1)[1]
+    if not value or "://" in value:
+        return None
+    return os.path.normpath(os.path.join(cwd or os.getcwd(), value))
+
+
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
     """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
     around the rewritten ``srun`` line."""
@@ -331,7 +344,13 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
         head.append(f"--partition={info['Partition']}")
     if launch.cwd:
         head.append(f"--chdir={launch.cwd}")
-    srun = ["srun", f"--ntasks={change.world}", f"--ntasks-per-node={ranks_per_node}",
+    logs = _local_run_dir(launch.argv, launch.cwd)
+    if logs:  # where diagnose looks for SLURM's own lines, not the submitter's directory
+        head.append(f"--output={logs}/logs/slurm-%j.out")
+    # --kill-on-bad-exit: one failed task ends the step, so a stopped rank cannot hold the job
+    # until its time limit after its peers timed out (docs/slurm.md)
+    srun = ["srun", "--kill-on-bad-exit=1", f"--ntasks={change.world}",
+            f"--ntasks-per-node={ranks_per_node}",
             *rewrite_train(launch.argv, change, local=False)]
     return Relaunch("slurm", [*head, f"--ntasks-per-node={ranks_per_node}",
                               "--wrap", shlex.join(srun)], notes)

@@ -117,8 +117,10 @@ def test_slurm_wraps_the_rewritten_srun_line_when_the_world_changes(tmp_path):
     assert out.command[:4] == ["sbatch", "--nodes=3", "--exclude=node3",
                                "--job-name=mscale-e2e"]
     assert "--partition=debug" in out.command and "--chdir=/abs" in out.command
+    # SLURM's own output goes where diagnose reads it, not into the submitter's directory
+    assert "--output=/abs/run/logs/slurm-%j.out" in out.command
     wrapped = shlex.split(out.command[out.command.index("--wrap") + 1])
-    assert wrapped == ["srun", "--ntasks=6", "--ntasks-per-node=2", MSCALE, "train",
+    assert wrapped == ["srun", "--kill-on-bad-exit=1", "--ntasks=6", "--ntasks-per-node=2", MSCALE, "train",
                        "/runs/r1/recover/plan-0001.yaml", "--run-dir", "/abs/run", "--resume",
                        "/abs/run/ckpt/step-000010"]
     assert "old world" in out.notes[0]
