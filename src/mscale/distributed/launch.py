@@ -108,6 +108,13 @@ def _abnormal(code: int | None) -> bool:
     return code is not None and code not in (0, 1, 2)
 
 
+def _first_failed(codes: list[int | None]) -> int:
+    """The rank that failed first among those that ended abnormally. A signal beats an exit
+    code: the peers of a killed rank exit 3 right after it, having lost their connection."""
+    bad = [r for r, c in enumerate(codes) if _abnormal(c)]
+    return min(bad, key=lambda r: (codes[r] >= 0, r))
+
+
 def _is_stopped(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -131,8 +138,8 @@ def _watch(procs: list[subprocess.Popen], rank0_ends_job: bool = False) -> JobRe
                     p.send_signal(signal.SIGTERM)
         elif deadline is None and any(c not in (None, 0) for c in codes):
             bad = [r for r, c in enumerate(codes) if _abnormal(c)]
-            if bad:  # a signal beats an exit code: peers of a killed rank exit 3 right after it
-                result.failed_rank = min(bad, key=lambda r: (codes[r] >= 0, r))
+            if bad:
+                result.failed_rank = _first_failed(codes)
                 result.alive_at_failure = [r for r, c in enumerate(codes) if c is None]
                 result.stopped_at_failure = [r for r in result.alive_at_failure
                                              if _is_stopped(procs[r].pid)]
@@ -147,7 +154,8 @@ def _watch(procs: list[subprocess.Popen], rank0_ends_job: bool = False) -> JobRe
         time.sleep(POLL_S)
     result.returncodes = codes
     if result.failed_rank is None and not ended_by_rank0 and any(_abnormal(c) for c in codes):
-        result.failed_rank = next(r for r, c in enumerate(codes) if _abnormal(c))
+        # every worker ended between two polls (a loaded machine): the same rule decides
+        result.failed_rank = _first_failed(codes)
     if result.failed_rank is not None:
         result.code = EXIT_BAD_INPUT
     else:
