@@ -6,6 +6,7 @@ with pp = 1): same model code, same data, same optimizer, one process.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -63,7 +64,8 @@ def reference_run(plan: Plan, steps: int) -> dict:
         loader=loader, get_batch=loader.get,
         grads=grads, device=torch.device("cpu"), env=SimpleNamespace(rank=0),
         options=SimpleNamespace(inject_delay={}, inject_nan_step=None),
-        autocast=lambda: torch.autocast("cpu", enabled=False), pipeline=None)
+        autocast=lambda: torch.autocast("cpu", enabled=False),
+        cast_scope=contextlib.nullcontext, pipeline=None)
     losses, norms = [], []
     for step in range(steps):
         losses.append(forward_backward(engine, step, StepTimer()))

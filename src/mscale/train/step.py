@@ -36,10 +36,8 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
         from mscale.parallel.pipeline import run_pipeline_step
 
         return run_pipeline_step(engine.pipeline, step, timer)  # the stage holds cast_scope
-    # one bf16 copy of each weight for all the step's micro-batches (Engine.cast_scope); the
-    # stand-in engines of some tests have none, and share nothing
-    scope = getattr(engine, "cast_scope", contextlib.nullcontext)
-    with scope():
+    # one bf16 copy of each weight for all the step's micro-batches (Engine.cast_scope)
+    with engine.cast_scope():
         return _accumulate(engine, step, timer)
 
 

@@ -187,7 +187,7 @@ class _Engine:
         self.loader = _Loader()
         self.get_batch = self.loader.get
         self.grads = SimpleNamespace(no_sync=contextlib.nullcontext)
-        self.autocast = contextlib.nullcontext
+        self.autocast = self.cast_scope = contextlib.nullcontext
 
 
 def test_loss_stays_a_tensor_until_the_gather_and_keeps_its_bits(monkeypatch):
