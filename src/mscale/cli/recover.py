@@ -26,6 +26,8 @@ EVIDENCE_LINES = 5
 """Evidence lines the report shows (most telling first); --json has them all."""
 LINE_CHARS = 160
 """An evidence line is cut here in the report (a gloo error runs to 300 characters)."""
+RANKS_NAMED = 8
+"""Other ranks named on an evidence line many ranks wrote (the rest are counted)."""
 
 
 def _is_run_dir(word: str) -> bool:
@@ -106,13 +108,28 @@ def _step_time(rp) -> str:
     return f"predicted step time {old:.3g} s -> {new:.3g} s{pct}"
 
 
+def _evidence_line(ev) -> str:
+    """One evidence line cut to `LINE_CHARS`, keeping who else said it: the source location a
+    C++ library prefixes (``[/__w/pytorch/…/pair.cc:553]``) goes first, it tells an operator
+    nothing; the message is cut, never the ranks."""
+    who = ", ".join(x for x in (f"rank {ev.rank}" if ev.rank is not None else "",
+                                ev.node or "") if x)
+    head = f"  {ev.source}" + (f" [{who}]" if who else "") + ": "
+    tail = ""
+    if ev.also_ranks:
+        named = ",".join(map(str, ev.also_ranks[:RANKS_NAMED]))
+        tail = f" [+{len(ev.also_ranks)} more rank(s): {named}" + \
+            ("…]" if len(ev.also_ranks) > RANKS_NAMED else "]")
+    from mscale.recover.diagnose import SOURCE_LOCATION
+
+    text = SOURCE_LOCATION.sub("", ev.text)
+    room = max(LINE_CHARS - len(head) - len(tail), 20)
+    return head + (text if len(text) <= room else text[: room - 1] + "…") + tail
+
+
 def _diagnosis_lines(d) -> list[str]:
     out = [f"diagnosis: {d.cls} / {d.symptom} — {d.summary}"]
-    for ev in d.evidence[:EVIDENCE_LINES]:
-        who = ", ".join(x for x in (f"rank {ev.rank}" if ev.rank is not None else "",
-                                    ev.node or "") if x)
-        line = f"  {ev.source}" + (f" [{who}]" if who else "") + f": {ev.text}"
-        out.append(line if len(line) <= LINE_CHARS else line[: LINE_CHARS - 1] + "…")
+    out += [_evidence_line(ev) for ev in d.evidence[:EVIDENCE_LINES]]
     if len(d.evidence) > EVIDENCE_LINES:
         out.append(f"  … {len(d.evidence) - EVIDENCE_LINES} more evidence line(s) in --json")
     facts = []

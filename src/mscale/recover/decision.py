@@ -38,6 +38,9 @@ class Evidence:
     """Global rank it concerns, when one."""
     node: str | None = None
     """Node it concerns, when one."""
+    also_ranks: list[int] = field(default_factory=list)
+    """Other ranks that wrote the same line, ports, addresses and numbers aside (every peer of a
+    killed rank logs its own ``Connection closed by peer``): one line, not one per rank."""
 
 
 @dataclass

@@ -135,9 +135,10 @@ def _event(f: Findings, e: dict, spikes: list[tuple[int, dict]]) -> None:
     elif kind == "checkpoint_failed":
         f.add("ckpt_failed", "events.jsonl", digest, time=when, step=step)
         errors = evd.get("errors") if isinstance(evd.get("errors"), dict) else {}
-        for line in [e.get("message", ""), str(evd.get("error", "")),
-                     *map(str, list(errors.values())[:1])]:  # one rank's says it
-            f.text("events.jsonl", line, time=when)
+        f.text("events.jsonl", digest, time=when)  # the same line: one evidence line, not two
+        for line in {str(evd.get("error", "")), *map(str, list(errors.values())[:1])}:
+            if line and line not in digest:  # one rank's error, when the message lacks it
+                f.text("events.jsonl", line, time=when)
 
 
 def _quarantined(f: Findings) -> None:

@@ -23,6 +23,11 @@ from mscale.recover.evidence import RunEvidence, collect, evidence_of
 _KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|crash): ")
 MAX_EVIDENCE = 20
 """Evidence lines kept, most telling first."""
+SHAPE_CHARS = 200
+"""Characters of a line's shape compared (evidence texts are cut at different lengths)."""
+SOURCE_LOCATION = re.compile(r"\[[^\]\s]*:\d+\]\s*")
+"""A C++ library's source location before its message (gloo: ``[/__w/…/pair.cc:553]``)."""
+_NUMBERS = re.compile(r"0x[0-9a-f]+|\d+", re.IGNORECASE)
 CONSEQUENCE = 15
 """Rules of this weight or less record what a peer saw when another rank went away."""
 NO_SUSPECTS = ("none", "preemption", "numerics")
@@ -132,24 +137,31 @@ def _exit_code(ev: RunEvidence, hits: list[Hit]) -> int | None:
 
 def _evidence(ev: RunEvidence, hits: list[Hit], rule: Rule, how: str) -> list[Evidence]:
     """Winning lines first, then the others by weight, then context and damaged files. The same
-    line from many ranks (every peer's timeout) is kept once, with how many more said it."""
+    line from many ranks (every peer's reset or timeout) is kept once, naming the other ranks
+    that said it: per-rank lines differ only in ports, addresses and counters (`_shape`)."""
     ordered = sorted(hits, key=lambda h: (h.rule.key != rule.key, -h.rule.weight, _order(h)))
     out: list[Evidence] = []
-    first: dict[str, tuple[Evidence, set]] = {}
+    said: dict[str, tuple[Evidence, set]] = {}
     for e in [h.evidence for h in ordered] + _context(ev) + ev.problems:
-        core = _KIND_PREFIX.sub("", e.text)
-        if core in first:
-            first[core][1].add((e.source, e.rank))
+        key = _shape(e.text) if e.rank is not None else _KIND_PREFIX.sub("", e.text)
+        if key in said:
+            said[key][1].add(e.rank)
             continue
-        first[core] = (e, {(e.source, e.rank)})
+        said[key] = (e, {e.rank})
         out.append(e)
-    for e in out:
-        more = len({r for _, r in first[_KIND_PREFIX.sub("", e.text)][1]} - {e.rank})
-        if more and e.rank is not None:
-            e.text = f"{e.text[:280]} [+{more} more rank(s)]"
+    for first, ranks in said.values():
+        first.also_ranks = sorted(r for r in ranks - {first.rank} if r is not None)
     if how and (rule.symptom == "hang" or rule.weight <= CONSEQUENCE):
         out.insert(1 if out else 0, Evidence(source="recover", text=f"suspect rank(s): {how}"))
     return out[:MAX_EVIDENCE]
+
+
+def _shape(text: str) -> str:
+    """A line with what differs between ranks saying the same thing taken out: the error kind's
+    prefix, source locations (``[…/pair.cc:553]``), addresses, ports and numbers; cut short so
+    that the same message cut at different lengths still matches."""
+    text = SOURCE_LOCATION.sub("", _KIND_PREFIX.sub("", text))
+    return _NUMBERS.sub("#", text)[:SHAPE_CHARS]
 
 
 def _context(ev: RunEvidence) -> list[Evidence]:

@@ -75,6 +75,19 @@ def test_default_command_takes_the_run_dir_and_prints_the_report(cli, run, state
     assert (code2, out2) == (code, out)
 
 
+def test_a_long_line_many_ranks_wrote_keeps_its_ranks_and_drops_the_source_location(
+        cli, run, state):
+    gloo = ("network: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/"
+            "pair.cc:553] Connection closed by peer [127.0.0.1]:56194. This is typically caused"
+            " by a remote worker crashing. Check the logs of the remote worker before reporting")
+    state["diagnosis"].evidence.append(Evidence(source="logs/rank1.error.json", text=gloo,
+                                                rank=1, node="node1", also_ranks=[0, 2, 7]))
+    code, out, err = cli("recover", str(run))
+    line = next(x for x in out.splitlines() if "rank1.error.json" in x)
+    assert "pair.cc" not in line and "Connection closed by peer" in line
+    assert line.endswith("… [+3 more rank(s): 0,2,7]") and len(line) <= 160
+
+
 def test_degraded_is_exit_1_with_exclusions_and_the_re_plan_cost(cli, run, state):
     degrade(run, state)
     code, out, err = cli("recover", str(run), "--no-recheck")
@@ -99,12 +112,16 @@ def test_json_is_one_document_and_unrecoverable_is_exit_2(cli, run, state):
     (["/no/such/run"], "run directory not found"),
     (["--verify", "deep", "RUN"], "--verify 'deep' is not quick or full"),
     (["EMPTY"], "not a run directory"),
+    (["FILE"], "a file, not a run directory"),
+    (["memory://runs/r1"], "lives only inside the process"),
 ])
 def test_bad_input_is_exit_3(cli, run, tmp_path, args, says):
     (tmp_path / "empty").mkdir()
-    args = [{"RUN": str(run), "EMPTY": str(tmp_path / "empty")}.get(a, a) for a in args]
+    (tmp_path / "file").write_text("x")
+    args = [{"RUN": str(run), "EMPTY": str(tmp_path / "empty"),
+             "FILE": str(tmp_path / "file")}.get(a, a) for a in args]
     code, out, err = cli("recover", *args)
-    assert code == 3 and says in err and "Traceback" not in err
+    assert code == 3 and says in err and "Traceback" not in err and "fix: " in err
     code, out, _ = cli("recover", *args, "--json")
     assert code == 3 and says in json.loads(out)["error"]["message"]
 

@@ -229,3 +229,30 @@ def test_a_start_event_with_damaged_evidence(run):
     run.event("stop", 5, evidence=["garbled"])
     d = diagnose(run.path)
     assert d.attempt == 1 and d.cls == "unknown"
+
+
+def test_the_same_gloo_line_from_many_ranks_is_one_evidence_line(run):
+    """Every peer of a killed rank writes its own ``Connection closed by peer [ADDR]:PORT``;
+    ports, addresses and the kind's prefix aside they are one line, naming the other ranks."""
+    rid = run.start(0.0)
+    for rank, port in ((0, 56194), (1, 22454), (3, 53387)):
+        run.error_file(rank, 5 + rank / 100, "network",
+                       GLOO_RESET.replace("45453", str(port)).replace("pair.cc:537",
+                                                                      f"pair.cc:{530 + rank}"))
+    run.launcher_stop(6, rid, 2, "killed by SIGKILL", "killed", [3, 3, -9, 3])
+    lines = [e for e in diagnose(run.path).evidence if "Connection reset" in e.text]
+    assert len(lines) == 1, [e.text for e in lines]
+    assert (lines[0].rank, lines[0].also_ranks) == (0, [1, 3])
+
+
+def test_a_checkpoint_failure_is_one_line_not_one_per_rule(run):
+    rid = run.start(0.0)
+    run.event("checkpoint_failed", 4, step=8, severity="critical",
+              message="checkpoint step-000008 failed on 4 rank(s): OSError: [Errno 28] No space "
+                      "left on device", evidence={"errors": {"0": "OSError: [Errno 28] No space "
+                                                                  "left on device"}})
+    run.finish(5, 3, 9, rid, reason="abort")
+    d = diagnose(run.path)
+    assert d.symptom == "disk_full"
+    assert sum("step-000008 failed" in e.text for e in d.evidence) == 1
+    assert not any(e.text.startswith("OSError") for e in d.evidence)
