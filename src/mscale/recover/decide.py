@@ -51,15 +51,22 @@ class RecoverOptions:
 
 def check_run_dir(run_dir: str) -> RunDir:
     """Bad input (exit 3) unless ``run_dir`` is a run directory: it exists and holds the files
-    a training run leaves (events.jsonl or plan.yaml)."""
+    a training run leaves (events.jsonl or plan.yaml). Each way of missing says which."""
+    if run_dir.startswith("memory://"):  # fsspec's memory filesystem dies with its process
+        raise MscaleError("a memory:// run directory lives only inside the process that wrote "
+                          "it; nothing is left to recover", file=run_dir, field="RUN_DIR",
+                          fix="train with --run-dir on a shared filesystem or an object store")
     fs, root = fs_and_path(run_dir)
+    if fs.isfile(root):
+        raise MscaleError("this is a file, not a run directory", file=run_dir, field="RUN_DIR",
+                          fix="give the directory that `mscale train --run-dir` wrote")
     if not fs.isdir(root):
-        raise MscaleError("run directory not found", file=run_dir,
+        raise MscaleError("run directory not found", file=run_dir, field="RUN_DIR",
                           fix="give the --run-dir of a training run")
     run = RunDir(run_dir)
     if not any(fs.isfile(fs_and_path(u)[1]) for u in (run.events, run.plan)):
         raise MscaleError("not a run directory (no events.jsonl or plan.yaml)", file=run_dir,
-                          fix="give the --run-dir that `mscale train` wrote")
+                          field="RUN_DIR", fix="give the --run-dir that `mscale train` wrote")
     return run
 
 
@@ -156,6 +163,9 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     elif not degraded:
         at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"
         reasons.append(f"relaunch as before, from {at}")
+    if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back
+        reasons.append("the filesystem was full: free space (or keep fewer checkpoints) before "
+                       "the relaunch, or it fails again at its next checkpoint")
     return "degraded" if degraded else "relaunchable"
 
 

@@ -111,6 +111,13 @@ def test_a_transient_crash_is_relaunched_as_it_was(run, fakes):
     assert plan.reasons == ["relaunch as before, from step 10"]
 
 
+def test_a_full_disk_is_relaunched_with_a_word_to_free_space(run, fakes):
+    fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "disk_full"
+    fakes.diagnosis.suspect_nodes = []
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "relaunchable" and "free space" in plan.reasons[-1]
+
+
 def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
     fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
     fakes.replan = shrunk(run)
