@@ -172,7 +172,9 @@ def _decision_lines(plan) -> list[str]:
 def render(plan, executed: bool, decision: str | None) -> str:
     """The readable report: verdict, diagnosis with evidence, checkpoint and the ones passed
     over, exclusions, re-plan with its cost, why, and the command."""
-    lines = [f"recover {plan.run_dir}: {plan.verdict.upper()} (exit {plan.exit_code})", ""]
+    finished = plan.diagnosis.symptom == "finished"  # "relaunchable" would mislead a person
+    verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
+    lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code})", ""]
     lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]
     lines += ["why:"] + [f"  - {r}" for r in plan.reasons]
     if plan.command:
@@ -180,6 +182,6 @@ def render(plan, executed: bool, decision: str | None) -> str:
     if executed:
         lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
                                                              else "")]
-    else:
+    elif not finished:
         lines += ["", "dry run: nothing written; add --execute to act"]
     return "\n".join(lines) + "\n"

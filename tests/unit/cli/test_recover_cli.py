@@ -88,6 +88,14 @@ def test_a_long_line_many_ranks_wrote_keeps_its_ranks_and_drops_the_source_locat
     assert line.endswith("… [+3 more rank(s): 0,2,7]") and len(line) <= 160
 
 
+def test_a_finished_run_says_so_instead_of_relaunchable(cli, run, state):
+    state["diagnosis"] = Diagnosis(cls="none", symptom="finished", summary="The run finished")
+    code, out, err = cli("recover", str(run))
+    assert code == 0, out + err
+    assert out.startswith(f"recover {run}: FINISHED, nothing to recover (exit 0)")
+    assert "relaunch" not in out.split("why:")[1].replace("nothing to recover", "")
+
+
 def test_degraded_is_exit_1_with_exclusions_and_the_re_plan_cost(cli, run, state):
     degrade(run, state)
     code, out, err = cli("recover", str(run), "--no-recheck")
