@@ -140,7 +140,6 @@ def read_jsonl_tail(url: str, limit: int) -> tuple[list[dict], list[str]]:
     """Records of a JSONL file from its last ``limit`` bytes, with the problems met (bad lines
     are skipped and counted, never fatal). Object-store appends (``<file>.d/`` segments,
     `mscale.runs.atomic`) are read after the base file, newest last, within the same budget."""
-    records: list[dict] = []
     problems: list[str] = []
     segments = _segments(url)
     if len(segments) > MAX_SEGMENTS:
@@ -156,30 +155,37 @@ def read_jsonl_tail(url: str, limit: int) -> tuple[list[dict], list[str]]:
             break
         try:
             text, cut = read_tail(part, budget)
-        except Problem:
+        except Problem as e:  # the other parts may still say how the run ended
+            problems.append(f"{part.rsplit('/', 1)[-1]}: {e}")
             continue
         budget -= len(text.encode())
         texts.append(text)
         if cut:
             problems.append("older records past the read limit were not read")
             break
-    bad = 0
-    for text in reversed(texts):
-        for line in text.splitlines():
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-            else:
-                bad += 1
+    records, bad = _records("".join(f"{t}\n" for t in reversed(texts)))
     if bad:
         problems.append(f"{bad} line(s) are not JSON records and were skipped")
     return records, problems
+
+
+def _records(text: str) -> tuple[list[dict], int]:
+    """The JSON objects of a JSONL text, and how many lines were not one."""
+    records: list[dict] = []
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+        else:
+            bad += 1
+    return records, bad
 
 
 def _segments(url: str) -> list[str]:

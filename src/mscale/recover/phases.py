@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mscale.config.records import Event
+from mscale.errors import MscaleError
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import read_error_files
@@ -56,7 +57,7 @@ def failure_time(run: RunDir, since: float, seen_at: float) -> tuple[float, str]
 def _events(run: RunDir) -> list[dict]:
     try:
         return read_jsonl(run.events)
-    except Exception:  # noqa: BLE001 - a torn or missing events file only costs a timestamp
+    except (OSError, ValueError, MscaleError):  # a damaged events file costs only a timestamp
         return []
 
 

@@ -65,13 +65,18 @@ def failure_time(run: RunDir) -> float:
     return float(after[0].get("time", 0.0)) if after else 0.0
 
 
-def read_report(url: str) -> PreflightReport | None:
+def read_report(url: str, notes: list[str] | None = None) -> PreflightReport | None:
+    """The preflight report at ``url``; None when there is none, or when it is not a report
+    (then said in ``notes``: a damaged file must not pass for a missing one unremarked)."""
     fs, path = fs_and_path(url)
     if not fs.isfile(path):
         return None
     try:
         return PreflightReport.model_validate_json(fs.cat_file(path))
-    except ValueError:
+    except ValueError as e:
+        if notes is not None:
+            notes.append(f"{url} is not a preflight report, not used: "
+                         f"{str(e).splitlines()[0]}")
         return None
 
 
@@ -138,7 +143,7 @@ class Rechecker:
     def __call__(self, nodes: list[str]) -> dict[str, str | None]:
         todo = sorted(set(nodes))
         out: dict[str, str | None] = {}
-        report = read_report(self.run.preflight)
+        report = read_report(self.run.preflight, self.notes)
         if report is not None and report.time > self.since and _same_plan(report, self.plan):
             out.update(judge_report(report, todo))
         todo = [n for n in todo if n not in out]
@@ -189,9 +194,13 @@ class Rechecker:
             doc = _json_document(out)
             report = None
             if doc is not None and "results" in doc:
-                report = PreflightReport.model_validate(doc)
+                try:
+                    report = PreflightReport.model_validate(doc)
+                except ValueError as e:
+                    self.notes.append(f"the re-check's report could not be read: "
+                                      f"{str(e).splitlines()[0]}")
             else:
-                report = read_report(os.path.join(tmp, "preflight.json"))
+                report = read_report(os.path.join(tmp, "preflight.json"), self.notes)
         if report is None:
             return self._srun_failed(nodes, code, err)
         found = judge_report(report, nodes)

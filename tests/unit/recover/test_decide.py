@@ -250,6 +250,13 @@ def test_a_preflight_report_newer_than_the_failure_answers(run):
     assert c(["node3"]) == {} and "not re-checked" in c.notes[0]
 
 
+def test_a_damaged_preflight_report_is_said_not_passed_over(run):
+    (run / "preflight.json").write_text('{"time": "yesterday"}')
+    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
+    assert c(["node3"]) == {}
+    assert "is not a preflight report, not used" in c.notes[0], c.notes
+
+
 def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
     seen = []
 

@@ -256,3 +256,13 @@ def test_a_checkpoint_failure_is_one_line_not_one_per_rule(run):
     assert d.symptom == "disk_full"
     assert sum("step-000008 failed" in e.text for e in d.evidence) == 1
     assert not any(e.text.startswith("OSError") for e in d.evidence)
+
+
+def test_an_unreadable_events_file_is_a_problem_not_silence(run):
+    (run.root / "events.jsonl").mkdir()
+    (run.root / "events.jsonl.d").mkdir()
+    (run.root / "events.jsonl.d" / "000001.jsonl").write_text(
+        json.dumps({"kind": "nan", "source": "train", "time": 1.0, "step": 3}) + "\n")
+    d = diagnose(run.path)
+    assert d.symptom == "nan"  # the readable segment still counts
+    assert any(e.source == "events.jsonl" and "unreadable" in e.text for e in d.evidence)
