@@ -245,15 +245,25 @@ def _logs_dir(ev: RunEvidence, files: list[rd.FileInfo]) -> None:
                 _flight_file(ev, f, int(m.group(3)))
 
 
-def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
+def _record(ev: RunEvidence, f: rd.FileInfo, what: str) -> dict | None:
+    """A JSON object file of the logs directory, or None; damage is a problem of this attempt
+    only when the file is (an older attempt's broken file is not this failure's evidence)."""
     try:
         rec = rd.read_json(f)
     except rd.Problem as e:
         if _fresh(ev, f.mtime):
             ev.problem(f.source, str(e))
-        return
+        return None
     if not isinstance(rec, dict):
-        ev.problem(f.source, "not an error record (a JSON object was expected)")
+        if _fresh(ev, f.mtime):
+            ev.problem(f.source, f"not {what} (a JSON object was expected)")
+        return None
+    return rec
+
+
+def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
+    rec = _record(ev, f, "an error record")
+    if rec is None:
         return
     when = rec.get("time") if isinstance(rec.get("time"), (int, float)) else f.mtime
     if _fresh(ev, when):
@@ -261,14 +271,8 @@ def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
 
 
 def _elastic_file(ev: RunEvidence, f: rd.FileInfo) -> None:
-    try:
-        rec = rd.read_json(f)
-    except rd.Problem as e:
-        if _fresh(ev, f.mtime):
-            ev.problem(f.source, str(e))
-        return
-    if not isinstance(rec, dict):
-        ev.problem(f.source, "not a torchelastic error record")
+    rec = _record(ev, f, "a torchelastic error record")
+    if rec is None:
         return
     msg = rec.get("message")
     extra = msg.get("extraInfo") if isinstance(msg, dict) else None
