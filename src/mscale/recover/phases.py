@@ -45,7 +45,7 @@ def failure_time(run: RunDir, since: float, seen_at: float) -> tuple[float, str]
         t = err.get("time")
         if isinstance(t, (int, float)) and t >= since:
             found.append((float(t), f"logs/rank{rank}.error.json"))
-    for ev in _events(run):
+    for ev in read_events(run):
         t = ev.get("time")
         if (ev.get("source", "train") == "train" and ev.get("kind") in FAILURE_KINDS
                 and isinstance(t, (int, float)) and t >= since
@@ -54,7 +54,8 @@ def failure_time(run: RunDir, since: float, seen_at: float) -> tuple[float, str]
     return min(found) if found else (seen_at, "the job's exit")
 
 
-def _events(run: RunDir) -> list[dict]:
+def read_events(run: RunDir) -> list[dict]:
+    """The run's events, or none when the file is damaged (supervise goes on without them)."""
     try:
         return read_jsonl(run.events)
     except (OSError, ValueError, MscaleError):  # a damaged events file costs only a timestamp
@@ -168,7 +169,7 @@ class PhaseLog:
         """Read what the relaunched attempt wrote; close the restart and catch-up phases."""
         rec = self.current
         if rec is not None and "relaunched" in rec.marks and "started" not in rec.marks:
-            for ev in _events(self.run):
+            for ev in read_events(self.run):
                 t = ev.get("time")
                 if (ev.get("kind") == "start" and ev.get("source", "train") == "train"
                         and isinstance(t, (int, float)) and t >= rec.marks["relaunched"]):

@@ -37,9 +37,13 @@ from typing import Callable
 from mscale.config.records import Quarantine
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_WARNING, MscaleError
 from mscale.recover.decision import RecoveryPlan
-from mscale.recover.phases import PhaseLog
+from mscale.recover.phases import PhaseLog, read_events
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
+
+
+CLOCK_SLACK_S = 10.0
+"""A record of the job may be dated this much before its launch (node clocks differ)."""
 
 
 @dataclass
@@ -65,6 +69,20 @@ class SuperviseOptions:
     """Seconds between looks at the job, its records and quarantine.json."""
     allow_batch_change: bool = False
     """Passed to the re-planner: change the global batch when no layout keeps it."""
+
+
+def halted_on_request(run: RunDir, since: float) -> bool:
+    """Whether train itself recorded a stop with code 1 (a halt or a signal) after ``since``:
+    exit 1 without that record is a launcher or a wrapper failing, recovered like any failure,
+    not a request to stop."""
+    for e in reversed(read_events(run)):
+        when = e.get("time")
+        if not isinstance(when, (int, float)) or when < since - CLOCK_SLACK_S:
+            return False
+        evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
+        if e.get("source", "train") == "train" and e.get("kind") == "stop" and "code" in evd:
+            return evd["code"] == EXIT_WARNING
+    return False
 
 
 def find_run_dir(command: list[str]) -> str:
@@ -144,7 +162,7 @@ Planner = Callable[[str, list[str], SuperviseOptions], RecoveryPlan]
 
 
 def default_planner(run_dir: str, command: list[str], opts: SuperviseOptions) -> RecoveryPlan:
-    """`plan_recovery` then `apply_plan` (H3's orchestration): the plan, carried out."""
+    """`plan_recovery` then `apply_plan`: the plan, carried out."""
     from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
 
     plan = plan_recovery(run_dir, RecoverOptions(execute=True, command=list(command),
@@ -172,6 +190,8 @@ class Supervisor:
     child: Child | None = None
     exit_seen: float | None = None
     """When supervise saw the last attempt's exit: the end of a recovery's detect phase."""
+    launched_wall: float = 0.0
+    """Wall time of the last attempt's launch (records the job writes are dated by it)."""
 
     def __post_init__(self) -> None:
         self.run = RunDir(self.run_dir or find_run_dir(self.command))
@@ -203,7 +223,8 @@ class Supervisor:
             if code == 0:
                 self._save_state("finished")
                 return 0
-            if code == EXIT_WARNING and stopped_for is None:
+            if code == EXIT_WARNING and stopped_for is None and halted_on_request(
+                    self.run, self.launched_wall):
                 _say("the job halted on request (control/halt or a signal): not restarting")
                 self._save_state("halted")
                 return code
@@ -218,7 +239,7 @@ class Supervisor:
         follower = self._follower()
         self.phases.mark("relaunched") if self.phases.current else self.phases.watch_attempt()
         before = quarantined(self.run, self.clock())
-        launched = self.clock()
+        launched, self.launched_wall = self.clock(), time.time()
         self.child, stopped_for = Child(command), None
         try:
             while (code := self.child.poll()) is None:
@@ -247,8 +268,9 @@ class Supervisor:
         try:
             if fs.isfile(path) and json.loads(fs.cat_file(path)).get("source") == "recover":
                 fs.rm(path)
-        except (OSError, ValueError, AttributeError):
-            pass
+        except (OSError, ValueError, AttributeError) as e:  # said: the relaunch would halt
+            _say(f"could not remove supervise's halt request {path} ({type(e).__name__}: {e}); "
+                 "the relaunched job halts at its first step unless it is removed")
 
     def _stop_if_quarantined(self, before: dict[str, float]) -> tuple[float, str] | None:
         now = self.clock()

@@ -45,7 +45,8 @@ if plan.get("wait"):  # until supervise asks for a halt (file) or passes a signa
     while not (os.path.exists(run + "/control/halt") or halted[0]) and time.time() < deadline:
         time.sleep(0.01)
 code = plan["code"]
-put("events.jsonl", {"source": "train", "kind": "stop", "evidence": {"code": code}})
+if not plan.get("silent"):  # a launcher or wrapper that fails before train records its stop
+    put("events.jsonl", {"source": "train", "kind": "stop", "evidence": {"code": code}})
 sys.exit(code)
 '''
 
@@ -128,6 +129,14 @@ def test_a_halt_on_request_is_not_restarted(tmp_path):
     planner = FakePlanner()
     code, _ = supervise(cmd, planner)
     assert code == 1 and planner.calls == []
+
+
+def test_exit_1_without_trains_own_stop_is_a_failure_not_a_halt(tmp_path):
+    cmd, _ = job(tmp_path, {"first": 1, "last": 2, "code": 1, "silent": True},
+                 {"first": 3, "last": 4, "code": 0})
+    planner = FakePlanner()
+    code, _ = supervise(cmd, planner)
+    assert code == 0 and len(planner.calls) == 1
 
 
 def test_a_node_quarantined_while_running_halts_the_job_then_recovers(tmp_path):
