@@ -38,7 +38,8 @@ def _is_run_dir(word: str) -> bool:
 
 class DefaultCommandGroup(TyperGroup):
     """A group that sends its first word to ``diagnose`` unless it names a subcommand (and is not
-    a run directory given without ``--``: ``mscale recover runs/x`` where ``x`` is ``supervise``)."""
+    a run directory given without ``--``: ``mscale recover runs/x`` where ``x`` is
+    ``supervise``)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         if args and args[0] not in HELP_OPTION_NAMES and (
@@ -120,7 +121,7 @@ def _evidence_line(ev) -> str:
         named = ",".join(map(str, ev.also_ranks[:RANKS_NAMED]))
         tail = f" [+{len(ev.also_ranks)} more rank(s): {named}" + \
             ("…]" if len(ev.also_ranks) > RANKS_NAMED else "]")
-    from mscale.recover.diagnose import SOURCE_LOCATION
+    from mscale.recover.diagnose.classify import SOURCE_LOCATION
 
     text = SOURCE_LOCATION.sub("", ev.text)
     room = max(LINE_CHARS - len(head) - len(tail), 20)

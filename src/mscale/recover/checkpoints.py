@@ -8,8 +8,9 @@ retried). Newer checkpoints are walked newest first, and every one passed over i
 why: uncommitted (its write never finished), at or after the bad step, or failed verification
 (a corrupted ``latest`` target is passed over with the problem verify found). ``is_latest`` is
 True only when ``latest`` names the choice, i.e. when ``--resume auto`` would load it; a missing
-or broken pointer is listed as ``latest`` in ``rejected`` and the relaunch must name the path. ``abandoned-…``
-directories (moved aside by an earlier rollback) are out of the run's timeline and never chosen.
+or broken pointer is listed as ``latest`` in ``rejected`` and the relaunch must name the path.
+``abandoned-…`` directories (moved aside by an earlier rollback) are out of the run's timeline
+and never chosen.
 
 Verification is ``quick`` by default (manifest, marker, structure, every shard present with its
 recorded size: seconds even for a large model) and ``full`` on request (every chunk's crc32:

@@ -1,7 +1,8 @@
 """The shapes that flow through a recovery, declared once.
 
 `diagnose` (evidence → `Diagnosis`) → `checkpoints` (→ `CheckpointChoice`) → `exclude`
-(→ `Exclusions`) → `replan` (→ `Replan`) → `relaunch` (→ the command) make one `RecoveryPlan`.
+(→ `Exclusions`) → `replan` (→ `Replan`) → `relaunch` (→ the command) make one
+`RecoveryPlan`.
 Each stage is a library function over the run directory; `mscale recover` prints the plan and
 `--execute` / `supervise` carry it out. Every field is JSON-able (`to_json`), because the plan is
 also `--json`'s document and the `recover` event's evidence.

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mscale.hostlist import collect_hostlist
-from mscale.recover.evidence import evidence_of
+from mscale.recover.diagnose.evidence import evidence_of
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from mscale.recover.diag_rules import FACT_RULES, TEXT_RULES
+from mscale.recover.diagnose.rules import FACT_RULES, TEXT_RULES
 from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "recover.md").read_text()

@@ -8,9 +8,9 @@ import pickle
 
 import pytest
 
-from mscale.recover import diag_read
+from mscale.recover.diagnose import read
 from mscale.recover.diagnose import diagnose
-from mscale.recover.evidence import collect
+from mscale.recover.diagnose.evidence import collect
 from tests.unit.recover.diag_runs import GLOO_RESET, GLOO_TIMEOUT, Run
 
 
@@ -153,8 +153,8 @@ def test_damaged_files_are_evidence_not_a_crash(run):
 
 
 def test_logs_are_read_from_their_tail_only(run, monkeypatch):
-    monkeypatch.setattr(diag_read, "LOG_TAIL_BYTES", 4096)
-    monkeypatch.setattr(diag_read.read_tail, "__defaults__", (4096,))
+    monkeypatch.setattr(read, "LOG_TAIL_BYTES", 4096)
+    monkeypatch.setattr(read.read_tail, "__defaults__", (4096,))
     run.start(0.0)
     head = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
     run.log(1, head + "step ok\n" * 20_000 + "torch.OutOfMemoryError: CUDA out of memory.\n")

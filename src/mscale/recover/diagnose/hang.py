@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-from mscale.recover.diag_facts import Hit
-from mscale.recover.evidence import RunEvidence
+from mscale.recover.diagnose.facts import Hit
+from mscale.recover.diagnose.evidence import RunEvidence
 
 QUIET_GAP_S = 1.0
 """Log times closer than this do not tell two ranks apart (files are created together)."""

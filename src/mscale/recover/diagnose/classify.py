@@ -1,12 +1,9 @@
-"""``diagnose(run_dir) -> Diagnosis``: what went wrong in a run's last attempt, and who is suspect.
-
-Three steps, each its own module: read the evidence boundedly and scope it to the last attempt
-(`mscale.recover.evidence`), turn it into findings with the rule tables
-(`mscale.recover.diag_facts`, `mscale.recover.diag_rules`), then here: the finding of highest
-weight decides class, symptom and transience; the suspects follow from the symptom (the hung rank
-for a hang, `mscale.recover.diag_hang`; the first failed rank for a crash; nobody for a
-preemption, a NaN or a stop on request); the steps and the exit code come from the records.
-Nothing here raises on a damaged run directory: what could not be read is listed as evidence.
+"""The judgement of a diagnosis: the findings (`mscale.recover.diagnose.facts`) in, a
+`Diagnosis` out. The finding of highest weight decides class, symptom and transience; the suspects
+follow from the symptom (the hung rank for a hang, `mscale.recover.diagnose.hang`; the first
+failed rank for a crash; nobody for a preemption, a NaN or a stop on request); the steps and the
+exit code come from the records; the evidence lines are ordered and what many ranks said alike is
+kept once. Nothing here raises on a damaged run directory.
 """
 
 from __future__ import annotations
@@ -15,10 +12,10 @@ import math
 import re
 
 from mscale.recover.decision import Diagnosis, Evidence
-from mscale.recover.diag_facts import Hit, find
-from mscale.recover.diag_hang import hung_ranks
-from mscale.recover.diag_rules import NOTHING, Rule
-from mscale.recover.evidence import RunEvidence, collect, evidence_of
+from mscale.recover.diagnose.facts import Hit, find
+from mscale.recover.diagnose.hang import hung_ranks
+from mscale.recover.diagnose.rules import NOTHING, Rule
+from mscale.recover.diagnose.evidence import RunEvidence, collect, evidence_of
 
 _KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|crash): ")
 MAX_EVIDENCE = 20

@@ -1,7 +1,7 @@
 """Everything a failed run left behind, read boundedly and scoped to its last attempt.
 
 `collect(run_dir)` lists and reads, never trusting a file to be whole or small
-(`mscale.recover.diag_read`): ``events.jsonl`` (the attempt's window), the per-rank error files
+(`mscale.recover.diagnose.read`): ``events.jsonl`` (the attempt's window), the per-rank error files
 (`mscale.train.failure`) and logs, torchelastic error files (``logs/**/error.json``), SLURM output
 files, flight-recorder dumps (JSON read; a pickle is named as present and never unpickled), the
 last metrics record, ``preflight.json``, ``quarantine.json`` and the plan. Missing files are
@@ -22,7 +22,7 @@ from functools import cached_property
 
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import MscaleError
-from mscale.recover import diag_read as rd
+from mscale.recover.diagnose import read as rd
 from mscale.recover.decision import Evidence
 from mscale.runs.rundir import RunDir
 
@@ -68,7 +68,7 @@ class Attempt:
 
 @dataclass
 class RunEvidence:
-    """What `collect` found; `mscale.recover.diag_facts` turns it into findings."""
+    """What `collect` found; `mscale.recover.diagnose.facts` turns it into findings."""
 
     root: str
     """The run directory (path or URL)."""
@@ -97,7 +97,7 @@ class RunEvidence:
     _tails: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def lines(self, info: rd.FileInfo) -> list[str]:
-        """The last lines of a log (`diag_read.LOG_TAIL_BYTES`), read once."""
+        """The last lines of a log (`read.LOG_TAIL_BYTES`), read once."""
         if info.url not in self._tails:
             try:
                 text, _ = rd.read_tail(info.url)

@@ -1,4 +1,4 @@
-"""Turn a run's evidence into findings: each a rule of `mscale.recover.diag_rules` with the line
+"""Turn a run's evidence into findings: each a rule of `mscale.recover.diagnose.rules` with the line
 that matched it, the rank and node it concerns, and its time and step.
 
 Sources, in the order they are read: the attempt's events (the launcher's stop/hang, train's
@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 
 from mscale.recover.decision import Evidence
-from mscale.recover.diag_rules import (FACT_RULES, SPIKE_GAP_STEPS, TEXT_RULES, XID_APPLICATION,
+from mscale.recover.diagnose.rules import (FACT_RULES, SPIKE_GAP_STEPS, TEXT_RULES, XID_APPLICATION,
                                        XID_NUMBER, Rule)
-from mscale.recover.evidence import RunEvidence
+from mscale.recover.diagnose.evidence import RunEvidence
 
 MAX_LOG_SCANS = 64
 """Rank logs searched at most: the failed and suspect ranks first, then rank order."""
@@ -181,7 +181,7 @@ def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:
 
 def _hang(f: Findings, e: dict, evd: dict, digest: str) -> None:
     """A hang as the launcher saw it names the hung ranks; rank 0's own hang event (srun,
-    torchrun) and watch's name none: `mscale.recover.diag_hang` looks for them."""
+    torchrun) and watch's name none: `mscale.recover.diagnose.hang` looks for them."""
     named = e.get("ranks") if "first_failed_rank" in evd else []
     f.add("hang", "events.jsonl", digest, rank=(named or [None])[0], time=e.get("time"),
           step=e.get("step"), ranks=tuple(named or ()))

@@ -1,4 +1,4 @@
-"""Bounded, forgiving reads of a failed run's files, for `mscale.recover.evidence`.
+"""Bounded, forgiving reads of a failed run's files, for `mscale.recover.diagnose.evidence`.
 
 A diagnosis runs after something went wrong, often on a huge or damaged run directory: a log of
 many gigabytes, a half-written JSON file, a pickled dump. So every read here is capped (the
