@@ -183,6 +183,8 @@ def render(plan, executed: bool, decision: str | None) -> str:
     if executed:
         lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
                                                              else "")]
+    elif plan.verdict == "unrecoverable":
+        lines += ["", "dry run: nothing written; --execute would only record this decision"]
     elif not finished:
         lines += ["", "dry run: nothing written; add --execute to act"]
     return "\n".join(lines) + "\n"

@@ -52,10 +52,11 @@ def choose_checkpoint(run: RunDir, diagnosis: Diagnosis, verify: str = "quick") 
         return CheckpointChoice(path=catalog.join(run.ckpt, e.name), step=e.step,
                                 reason=_reason(e.step, bad, verify, rejected, is_latest),
                                 rejected=rejected, is_latest=is_latest)
-    none = "no checkpoint" if not found else f"none of the {len(found)} checkpoints"
+    none = "no checkpoint" if not found else f"none of the {len(found)} checkpoint(s)"
     before = f" before step {bad}" if bad is not None else ""
-    return CheckpointChoice(path=None, step=None, reason=f"{none} is usable{before}: the run "
-                            "restarts from step 0", rejected=rejected, is_latest=False)
+    # whether the run may start over from step 0 is the verdict's call (decide.py), not said here
+    return CheckpointChoice(path=None, step=None, reason=f"{none} is usable{before}",
+                            rejected=rejected, is_latest=False)
 
 
 def _latest(run: RunDir) -> tuple[str | None, str | None]:

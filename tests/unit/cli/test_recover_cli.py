@@ -114,6 +114,9 @@ def test_json_is_one_document_and_unrecoverable_is_exit_2(cli, run, state):
     doc = json.loads(out)
     assert doc["verdict"] == "unrecoverable" and doc["exit_code"] == 2 and doc["command"] == []
     assert doc["decision"] is None and doc["launch_exit_code"] is None
+    code, out, err = cli("recover", str(run))
+    assert code == 2 and "--execute would only record this decision" in out and "relaunch (" \
+        not in out
 
 
 @pytest.mark.parametrize("args, says", [

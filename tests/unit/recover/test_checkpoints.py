@@ -80,7 +80,7 @@ def test_nothing_usable(run):
     c = choose_checkpoint(run, diag(bad_step=1))
     assert c.path is None and c.step is None and not c.is_latest
     assert [r["name"] for r in c.rejected] == ["step-000006", "step-000004", "step-000002"]
-    assert "restarts from step 0" in c.reason
+    assert c.reason == "none of the 3 checkpoint(s) is usable before step 1"
     empty = RunDir(run.path("none"))
     assert choose_checkpoint(empty, diag()).path is None
 
