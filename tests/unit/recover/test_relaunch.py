@@ -196,3 +196,16 @@ def test_a_damaged_start_record_is_no_launch_or_a_sanitised_one(tmp_path, eviden
     launch = recorded_launch(RunDir(str(tmp_path)))
     if launch is not None:
         assert launch.local == 0 and launch.nodes == [] and launch.slurm is None
+
+
+def test_every_flag_of_mscale_train_is_known_to_take_no_value():
+    """The rewrite reads ``--option VALUE`` pairs: a train flag missing from the list would eat
+    the next argument when the command is rewritten."""
+    from mscale.cli.app import build
+    from mscale.recover import relaunch as rl
+
+    root = build()
+    train = root.commands["train"]
+    flags = {name for p in train.params if getattr(p, "is_flag", False)
+             for name in [*p.opts, *p.secondary_opts]}
+    assert flags and flags <= rl._FLAGS_WITHOUT_VALUE, flags - rl._FLAGS_WITHOUT_VALUE
