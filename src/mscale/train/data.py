@@ -87,17 +87,20 @@ class SyntheticTokens:
         self.seed, self.seq_len, self.vocab, self.noise = seed, seq_len, vocab, noise
         g = torch.Generator().manual_seed(seed)
         self.successor = torch.randperm(vocab, generator=g)
+        self._successor = self.successor.tolist()
 
     def sample(self, k: int) -> torch.Tensor:
+        """Sample ``k``. Each token depends on the one before, so the chain is a loop; it runs
+        over Python ints, not tensor elements (indexing a tensor per token cost ~0.13 s per step
+        of 16 × 2,049 tokens: a quarter of a 0.9B model's step on an H200 was data wait)."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + k)
         n = self.seq_len + 1
-        rand = torch.randint(0, self.vocab, (n,), generator=g)
-        keep = torch.rand(n, generator=g) >= self.noise
-        out = torch.empty(n, dtype=torch.int64)
-        out[0] = rand[0]
-        for i in range(1, n):  # n is small (the sequence length); clarity over vectorising
-            out[i] = self.successor[out[i - 1]] if keep[i] else rand[i]
-        return out
+        rand = torch.randint(0, self.vocab, (n,), generator=g).tolist()
+        keep = (torch.rand(n, generator=g) >= self.noise).tolist()
+        successor, out = self._successor, [rand[0]]
+        for i in range(1, n):
+            out.append(successor[out[-1]] if keep[i] else rand[i])
+        return torch.tensor(out, dtype=torch.int64)
 
 
 def make_source(cfg: DataConfig, seed: int, seq_len: int, vocab: int):

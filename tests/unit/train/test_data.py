@@ -3,6 +3,8 @@ import pytest
 
 from mscale.config.training import DataConfig
 from mscale.errors import MscaleError
+import torch
+
 from mscale.train.data import BatchPlan, DataLoader, SyntheticTokens, TokenFile, make_source
 
 
@@ -45,3 +47,18 @@ def test_token_file_errors_name_field(tmp_path):
     np.full(100, 500, dtype=np.uint16).tofile(path)
     with pytest.raises(MscaleError, match="vocab"):
         TokenFile(str(path), "uint16", 8, 100)
+
+
+def test_the_synthetic_stream_is_the_documented_chain():
+    """Each token is the successor of the one before unless the noise draw picks a random one;
+    the values must never change (a resumed run checks the source's fingerprint)."""
+    src = SyntheticTokens(1234, 64, 500)
+    for k in (0, 3, 1000):
+        g = torch.Generator().manual_seed(1234 * 1_000_003 + k)
+        rand = torch.randint(0, 500, (65,), generator=g)
+        keep = torch.rand(65, generator=g) >= 0.1
+        want = [int(rand[0])]
+        for i in range(1, 65):
+            want.append(int(src.successor[want[-1]]) if keep[i] else int(rand[i]))
+        got = src.sample(k)
+        assert got.dtype == torch.int64 and got.tolist() == want
