@@ -20,7 +20,7 @@ MODEL = dict(name="tiny-pp", layers=6, hidden=32, heads=4, kv_heads=2, ffn_hidde
 
 def tiny_plan(tp: int = 1, pp: int = 1, dp: int = 1, *, vpp: int = 1, sp: bool = False,
               zero: int = 1, global_batch: int = 8, micro_batch: int = 2, lr: float = 1e-3,
-              **model) -> Plan:
+              stage_layers: list[int] | None = None, **model) -> Plan:
     """A plan for tp·pp·dp ranks on one node, fp32, AdamW at constant ``lr``."""
     world = tp * pp * dp
     return Plan.model_validate(dict(
@@ -32,7 +32,7 @@ def tiny_plan(tp: int = 1, pp: int = 1, dp: int = 1, *, vpp: int = 1, sp: bool =
                       warmup_steps=0, lr_schedule="constant", seed=1234, bucket_mb=0.004,
                       grad_clip=1.0, adaptive_clip=False),
         layout=dict(tp=tp, pp=pp, dp=dp, vpp=vpp, sequence_parallel=sp,
-                    micro_batch=micro_batch, zero_stage=zero)))
+                    micro_batch=micro_batch, zero_stage=zero, stage_layers=stage_layers)))
 
 
 def clip_coef(plan: Plan, norm: float) -> float:

@@ -32,6 +32,8 @@ LAYOUTS_8 = {
 LAYOUTS_4 = {
     "pp4-m8-uneven": (1, 4, 1, dict(global_batch=16)),
     "pp2-dp2-vpp2-zero1": (1, 2, 2, dict(vpp=2)),
+    # the first virtual stage holds only the embedding, the last only the norm, head and loss
+    "pp2-dp2-vpp2-empty-ends": (1, 2, 2, dict(vpp=2, stage_layers=[0, 3, 3, 0])),
     "pp2-dp2-vpp2-zero2-m4": (1, 2, 2, dict(vpp=2, zero=2, global_batch=16)),
     "tp2-pp2-sp": (2, 2, 1, dict(sp=True)),
     "pp2-m4-zero2": (1, 2, 1, dict(zero=2)),

@@ -45,7 +45,8 @@ class LayoutConfig(StrictModel):
     stage_layers: list[int] | None = Field(default=None, min_length=1, max_length=MAX_PARALLEL)
     """Transformer blocks per (virtual) stage, pp·vpp entries in pipeline order. Default: as even
     as possible, the remainder going to the middle stages (the first and last carry the embedding
-    and the head)."""
+    and the head). The first and last may be 0: a virtual stage holding only the embedding, or
+    only the final norm, head and loss (Llama 3's balanced interleaving; docs/plan.md)."""
 
     @property
     def world_size(self) -> int:
@@ -66,6 +67,28 @@ class LayoutConfig(StrictModel):
         if self.stage_layers is not None:
             return list(self.stage_layers)
         return even_split(layers, self.pp * self.vpp)
+
+
+def split_problem(split: list[int], layers: int) -> str | None:
+    """What is wrong with a stage split of ``layers`` blocks, or None.
+
+    Every stage between the first and the last needs a block: an empty one would only pass
+    tensors on. The first and last virtual stages may be empty because they still carry the
+    embedding, and the final norm, head and loss (a block's worth of work with a large
+    vocabulary; Llama 3 §3.3.2 balances its pipeline this way)."""
+    if sum(split) != layers:
+        return f"counts {_brief(split)} sum to {sum(split)}, not the model's {layers} layers"
+    if min(split) < 0:
+        return f"counts {_brief(split)} include a negative count"
+    empty = [i for i, n in enumerate(split) if n == 0 and 0 < i < len(split) - 1]
+    if empty:
+        return (f"middle stage {empty[0]} of {len(split)} has no blocks (only the first and "
+                "last, which carry the embedding and the head, may be empty)")
+    return None
+
+
+def _brief(split: list[int]) -> str:
+    return str(split) if len(split) <= 12 else f"[{', '.join(map(str, split[:12]))}, ...]"
 
 
 def even_split(layers: int, stages: int) -> list[int]:
@@ -101,17 +124,17 @@ def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingCon
     if layout.vpp > 1 and layout.pp == 1:
         raise bad("vpp", "virtual stages need pp > 1", "set vpp: 1 or pp >= 2")
     stages = layout.pp * layout.vpp
-    if layout.stage_layers is None and stages > model.layers:
+    if layout.stage_layers is None and stages > model.layers + 2:
         raise bad("pp", f"pp·vpp = {stages} stages but the model has {model.layers} layers",
-                  "give every (virtual) stage at least one layer: lower pp or vpp")
+                  "give every middle (virtual) stage at least one layer: lower pp or vpp")
     split = layout.layers_per_stage(model.layers)
     if len(split) != stages:
         raise bad("stage_layers", f"{len(split)} entries for pp·vpp={layout.pp * layout.vpp} stages",
                   "give one layer count per virtual stage, or drop stage_layers")
-    if sum(split) != model.layers or min(split) < 1:
-        raise bad("stage_layers", f"counts sum to {sum(split)} (smallest {min(split)}), but every "
-                  f"stage needs >= 1 of the model's {model.layers} layers",
-                  "make the counts positive and sum to model.layers")
+    problem = split_problem(split, model.layers)
+    if problem:
+        raise bad("stage_layers", problem, "give every middle stage >= 1 block (the first and "
+                  "last may have 0) and make the counts sum to model.layers")
     per_replica = layout.dp * layout.micro_batch
     if training.global_batch % per_replica:
         raise bad("micro_batch", f"global_batch={training.global_batch} is not divisible by "

@@ -74,6 +74,17 @@ def test_layout_errors_name_field_and_fix():
     assert _layout_error(stage_layers=[1, 1]).field == "layout.stage_layers"
 
 
+def test_only_the_end_stages_may_be_empty():
+    """4 layers, pp 2 × vpp 2: empty ends carry the embedding and the head; an empty middle
+    stage would only pass tensors on."""
+    model = ModelConfig(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq_len=64)
+    ok = LayoutConfig(pp=2, vpp=2, stage_layers=[0, 2, 2, 0])
+    check_layout(ok, model, TrainingConfig(global_batch=16), None)
+    e = _layout_error(pp=2, vpp=2, stage_layers=[1, 0, 3, 0])
+    assert e.field == "layout.stage_layers" and "middle stage 1" in str(e)
+    assert "sum to 5" in str(_layout_error(pp=2, vpp=2, stage_layers=[1, 2, 2, 0]))
+
+
 def test_bundled_plan_loads():
     plan = load_plan(str(PLANS / "cpu-tiny.yaml"))
     assert plan.layout.world_size == plan.cluster.world_size == 8

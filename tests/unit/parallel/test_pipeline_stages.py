@@ -26,6 +26,24 @@ def test_interleaved_chunks_follow_megatron_assignment(rank, expected):
     assert ("embed.weight" in names) == (rank == 0) and ("head.weight" in names) == (rank == 1)
 
 
+def test_first_and_last_virtual_stage_may_hold_no_block():
+    """[0, 3, 3, 0]: rank 0's first chunk is the embedding alone, rank 1's last the head alone."""
+    plan = tiny_plan(1, 2, 2, vpp=2, stage_layers=[0, 3, 3, 0])
+    check_pipeline(plan)
+    assert rank_chunks(plan, 0) == [ChunkSpec((), True, False), ChunkSpec((3, 4, 5), False, False)]
+    assert rank_chunks(plan, 1) == [ChunkSpec((0, 1, 2), False, False), ChunkSpec((), False, True)]
+    first, _ = build_chunks(plan, 0, TensorParallel.single(), torch.device("cpu"))
+    assert [n for n, _ in first.named_parameters()] == ["embed.weight"]
+
+
+def test_a_middle_stage_without_blocks_is_refused():
+    plan = tiny_plan(1, 2, 2, vpp=2, stage_layers=[0, 3, 3, 0])
+    plan.layout.stage_layers = [2, 0, 3, 1]  # bypasses the plan's own check, as a hand edit might
+    with pytest.raises(MscaleError, match="middle stage 1") as e:
+        check_pipeline(plan)
+    assert e.value.field == "layout.stage_layers"
+
+
 def test_without_pipelining_one_chunk_holds_the_whole_model():
     plan = tiny_plan(2, 1, 2)
     assert rank_chunks(plan, 0) == [ChunkSpec(tuple(range(plan.model.layers)), True, True)]

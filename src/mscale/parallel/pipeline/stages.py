@@ -3,7 +3,7 @@
 `LayoutConfig.layers_per_stage` gives pp·vpp block counts in pipeline order (uneven splits
 allowed). Virtual stage k holds the next counts[k] blocks; rank r runs virtual stages
 r, r+pp, r+2pp, … (Megatron's interleaved assignment), the first carrying the embedding and the
-last the head and loss. Blocks keep their global indices, so parameter names, initial values and
+last the head and loss; those two may hold no block at all (`config.layout.split_problem`). Blocks keep their global indices, so parameter names, initial values and
 checkpoints are the same at every layout.
 
 This module says what each chunk holds, as data (`ChunkSpec`); `mscale.model.build_chunks` turns
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mscale.config.layout import split_problem
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.schedule import check_micro_batches, virtual_stage
 
@@ -38,11 +39,13 @@ def check_pipeline(plan) -> None:
                           fix="raise global_batch or lower micro_batch so that "
                               "global_batch/(dp·micro_batch) >= pp (a multiple of pp with vpp > 1)")
     counts = layout.layers_per_stage(model.layers)
-    if len(counts) != layout.pp * layout.vpp or sum(counts) != model.layers or min(counts) < 1:
-        raise MscaleError(f"stage split {counts} does not give each of pp·vpp="
-                          f"{layout.pp * layout.vpp} stages >=1 of {model.layers} blocks",
-                          field="layout.stage_layers", fix="give pp·vpp positive counts summing "
-                          "to model.layers, or drop stage_layers")
+    problem = split_problem(counts, model.layers)
+    if len(counts) != layout.pp * layout.vpp:
+        problem = f"{len(counts)} counts for pp·vpp={layout.pp * layout.vpp} stages"
+    if problem:
+        raise MscaleError(f"stage split: {problem}", field="layout.stage_layers",
+                          fix="give pp·vpp counts summing to model.layers, >= 1 for every middle "
+                              "stage, or drop stage_layers")
     if model.tie_embeddings:
         raise MscaleError("tied embeddings are not supported with pipeline parallelism (the "
                           "embedding and the head live on different stages)",
