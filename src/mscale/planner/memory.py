@@ -204,6 +204,31 @@ def activation_bytes_per_layer(s, b, h, a, t, sp, recompute):
     return np.select([recompute == 0, recompute == 1], [none, selective], full)
 
 
+def megatron_block_bytes(model, b, t, sp, rec, flash: bool):
+    """`activation_bytes_per_layer`'s count, tensor by tensor, for this model's shapes: equal to
+    it for a GPT block (K/V as wide as Q, a 4h GeLU MLP, no flash kernel), and otherwise
+
+    - replicated, or /t under SP: both norms' inputs, the QKV and first-MLP-linear inputs and
+      two dropout masks, ``10·s·b·h`` (Korthikanti's count, kept whole);
+    - per TP rank: Q and the attention output ``2·2·s·b·h``, K and V ``2·2·s·b·kv`` (grouped-
+      query heads keep fewer), the MLP's kept tensors ``2·2·s·b·f`` for GeLU (its input and
+      output) or ``3·2·s·b·f`` for SwiGLU (gate and up, and their product);
+    - the attention scores ``5·a·s²·b`` per TP rank unless the stack runs a flash kernel, which
+      keeps none: there recompute "none" costs what "selective" does.
+
+    ``rec`` is a code from RECOMPUTE_CODES; full recompute keeps the block input, ``2·s·b·h``."""
+    s, h, a = model.seq_len, model.hidden, model.heads
+    kv, f = model.num_kv_heads * model.head_dim, model.ffn
+    t, rec = np.asarray(t), np.asarray(rec)
+    sb = s * np.asarray(b, dtype=float)
+    tsp = sp_split(t, sp)
+    mlp_kept = 3 if model.mlp == "swiglu" else 2
+    per_rank = (4 * sb * h + 4 * sb * kv + 2 * mlp_kept * sb * f) / t
+    scores = 0.0 if flash else 5 * a * s * sb / t
+    kept = 10 * sb * h / tsp + per_rank
+    return np.select([rec == 0, rec == 1], [kept + scores, kept], 2 * sb * h / tsp)
+
+
 def activation_total(per_layer, layers, in_flight):
     """Bytes of activations on one rank: its blocks × micro-batches in flight."""
     return per_layer * layers * in_flight
@@ -279,16 +304,16 @@ def _rank_peak(pb, c: dict, micro, rank, layers, embedding, head) -> dict:
 def megatron_memory(pb, c: dict, micro) -> dict:
     """Megatron-LM's accounting, for stacks other than this engine (published runs): bf16
     weights, fp32 gradients (divided by dp under ZeRO-2), master + Adam divided by dp under
-    ZeRO ≥ 1 (`state_bytes_per_param`), Korthikanti activations (`activation_bytes_per_layer`),
-    fp32 logits of one micro-batch on the last rank."""
+    ZeRO ≥ 1 (`state_bytes_per_param`), Korthikanti's activations for this model's shapes and the
+    stack's attention kernel (`megatron_block_bytes`), fp32 logits of one micro-batch on the last rank."""
     m_, tp, pp, vpp = pb.model, c["tp"], np.asarray(c["pp"]), np.asarray(c["vpp"])
     p_layer, emb = flops.layer_params(m_), m_.vocab * m_.hidden
     single = emb + (0 if m_.tie_embeddings else emb) + m_.hidden
     first_p = (c["first_layers"] * p_layer + np.where(pp == 1, single, emb)) / tp
     last_p = (c["last_layers"] * p_layer + np.where(pp == 1, single, emb + m_.hidden)) / tp
     per_param = state_bytes_per_param(pb.training.precision, c["dp"], c["zero"])
-    per_layer = activation_bytes_per_layer(m_.seq_len, c["mb"], m_.hidden, m_.heads, tp, c["sp"],
-                                           c["rec"])
+    flash = bool(getattr(getattr(pb, "stack_profile", None), "flash_attention", False))
+    per_layer = megatron_block_bytes(m_, c["mb"], tp, c["sp"], c["rec"], flash)
     first_act = per_layer * c["first_layers"] * in_flight_chunks(pp, vpp, micro, 0) / vpp
     last_act = per_layer * c["last_layers"] * in_flight_chunks(pp, vpp, micro, pp - 1) / vpp
     logits = 4 * m_.seq_len * c["mb"] * m_.vocab / tp

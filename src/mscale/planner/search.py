@@ -112,20 +112,25 @@ def interleavings(layers: int, pp: int) -> list[int]:
         v = -(-layers // (pp * c))
         if pp * v <= MAX_UNEVEN_STAGES:
             out.add(v)
-    return sorted(v for v in out if v > 1 and pp * v <= layers)
+    # up to two stages more than blocks: the first and last may hold only the embedding / head
+    return sorted(v for v in out if v > 1 and pp * v <= layers + 2)
 
 
 def light_split(layers: int, pp: int, vpp: int) -> list[int] | None:
     """Stage split with the first and last virtual stages one block lighter (they carry the
-    embedding and the head and loss; Llama 3 §3.3.2 removes one layer from each for this), or
-    None when a stage would be left empty."""
+    embedding and the head and loss; Llama 3 §3.3.2 removes one layer from each for this, so
+    that with one-block virtual stages the first holds only the embedding and the last only the
+    head), or None when that is not a split or is the default split already. With more stages
+    than blocks (at most two more) it is the only split the search tries."""
     stages = pp * vpp
-    if pp == 1 or layers + 2 < 2 * stages or stages > MAX_UNEVEN_STAGES:
+    if pp == 1 or layers + 2 < stages or stages > MAX_UNEVEN_STAGES:
         return None
     split = even_split(layers + 2, stages)
     split[0] -= 1
     split[-1] -= 1
-    return split if min(split) >= 1 else None
+    if min(split) < 0 or (stages <= layers and split == even_split(layers, stages)):
+        return None  # not a split, or the default one (searched as such)
+    return split
 
 
 def light_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int] | None:
@@ -168,6 +173,7 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
                 if len(out) + len(ok) > MAX_SKELETONS:
                     raise _too_large(pb)
                 lights = [v for v in ok if light_split(layers, pp, v) is not None]
+                ok = [v for v in ok if pp * v <= layers]  # more stages: only as light ends
                 if len(out) + len(ok) + len(lights) > MAX_SKELETONS:
                     raise _too_large(pb)
                 out.extend((tp, pp, v, dp, mb, 0) for v in ok)

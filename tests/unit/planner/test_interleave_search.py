@@ -3,7 +3,8 @@ within the model's error."""
 
 import numpy as np
 
-from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, check_layout
+from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig, check_layout
+from mscale.config.layout import even_split
 from mscale.planner.constants import MODEL_ERROR
 from mscale.planner.cost import Problem, evaluate
 from mscale.planner.search import interleavings, light_split, search
@@ -18,14 +19,28 @@ def llama_problem() -> Problem:
 
 
 def test_126_layers_interleave_unevenly():
-    """pp·v need not divide 126: pp 16 gets v 2, 3, 4 (two to four blocks per virtual stage;
-    v 8 would leave two of 128 stages empty)."""
+    """pp·v need not divide 126: pp 16 gets v 2, 3, 4 (two to four blocks per virtual stage) and
+    v 8, Llama 3's split: 128 one-block slots whose first holds only the embedding and last only
+    the head (searched only as that light-ends split)."""
     vs = interleavings(126, 16)
-    assert {2, 3, 4} <= set(vs) and 8 not in vs
+    assert {2, 3, 4, 8} <= set(vs) and 16 not in vs
     assert 7 in interleavings(126, 18)  # even: 126 = 18·7
-    assert light_split(126, 16, 8) is None  # 128 slots of one block: the ends would be empty
-    split = light_split(126, 16, 4)
-    assert split[0] == split[-1] == 1 and sum(split) == 126 and max(split) == 2
+    assert light_split(126, 16, 8) == even_split(126, 128) == [0] + [1] * 126 + [0]
+    assert light_split(126, 16, 4) is None  # the default [1, 2, …, 2, 1] is light already
+    split = light_split(126, 16, 3)
+    assert split[0] == split[-1] == 1 and sum(split) == 126 and max(split) == 3
+    assert even_split(126, 48)[0] == 2
+    assert light_split(6, 2, 4) == [0, 1, 1, 1, 1, 1, 1, 0]  # 8 one-block slots, empty ends
+    assert light_split(6, 2, 5) is None  # 10 stages for 6 blocks: a middle one would be empty
+
+
+def test_empty_end_stages_are_costed_and_checked():
+    """Llama 3's v 8 split passes the engine's layout check and costs less bubble than v 1."""
+    pb = llama_problem()
+    v8 = LayoutConfig(tp=8, pp=16, dp=64, vpp=8, sequence_parallel=True, zero_stage=1)
+    check_layout(v8, pb.model, pb.training, pb.cluster)
+    v1 = v8.model_copy(update={"vpp": 1})
+    assert evaluate(pb, v8).t_bubble < evaluate(pb, v1).t_bubble / 4
 
 
 def test_search_returns_valid_uneven_and_light_layouts():

@@ -11,6 +11,7 @@ from mscale.parallel.pipeline.schedule import schedule
 from mscale.parallel.tensor import TensorParallel
 from mscale.planner.cost import Problem, evaluate, layout_arrays
 from mscale.planner.memory import (activation_bytes_per_layer, block_saved_bytes,
+                                   megatron_block_bytes,
                                    in_flight_chunks, in_flight_micro_batches, state_bytes,
                                    rank_memory, state_bytes_per_param,
                                    weight_copy_bytes)
@@ -129,6 +130,28 @@ def test_175b_best_layout_of_issue_13_carries_its_full_gradients():
     (1, True, 0, 34 + 80)])
 def test_korthikanti_activation_bytes(t, sp, rec, coeff):
     assert float(activation_bytes_per_layer(S, B, H, A, t, sp, rec)) == pytest.approx(SBH * coeff)
+
+
+@pytest.mark.parametrize("t,sp,rec", [(1, False, 0), (8, False, 0), (8, True, 0), (8, True, 1),
+                                       (8, False, 1), (8, False, 2), (8, True, 2)])
+def test_model_aware_count_is_korthikanti_for_a_gpt_block(t, sp, rec):
+    gpt = ModelConfig(name="gpt3", layers=96, hidden=H, heads=A, seq_len=S, mlp="gelu",
+                      ffn_hidden=4 * H, vocab=51200)
+    got = float(megatron_block_bytes(gpt, B, t, sp, rec, flash=False))
+    assert got == pytest.approx(float(activation_bytes_per_layer(S, B, H, A, t, sp, rec)))
+
+
+def test_model_aware_count_knows_flash_gqa_and_swiglu():
+    """Llama 3 405B's block at tp 8 with SP: a flash kernel keeps no scores (none = selective);
+    8 K/V heads of 128 keep 1/16 of Q's width; SwiGLU keeps three 53,248-wide tensors."""
+    llama = ModelConfig(name="405b", layers=126, hidden=16384, heads=128, kv_heads=8,
+                        ffn_hidden=53248, vocab=128256, seq_len=8192)
+    sbh = 8192 * 16384
+    none = float(megatron_block_bytes(llama, 1, 8, True, 0, flash=True))
+    assert none == float(megatron_block_bytes(llama, 1, 8, True, 1, flash=True))
+    assert none == pytest.approx(sbh * (10 + 4 + 4 / 16 + 6 * 53248 / 16384) / 8)
+    scores = float(megatron_block_bytes(llama, 1, 8, True, 0, flash=False)) - none
+    assert scores == pytest.approx(5 * 128 * 8192 * 8192 / 8)
 
 
 @pytest.mark.parametrize("zero,expected", [(0, 2 + 4 + 12), (1, 2 + 4 + 12 / 8),
