@@ -17,8 +17,9 @@ BASE_TRAINING = dict(global_batch=8, micro_batch=2, precision="fp32", optimizer=
 
 
 def make_plan(case: dict):
-    """A Plan from a case: keys tp, pp, dp, vpp, sp, zero, mb, gpn, hier, recompute, model (dict
-    of ModelConfig overrides), training (dict of TrainingConfig overrides)."""
+    """A Plan from a case: keys tp, pp, dp, vpp, sp, zero, mb, gpn, hier, recompute,
+    stage_layers, model (dict of ModelConfig overrides), training (dict of TrainingConfig
+    overrides)."""
     from mscale.config.plan import Plan
 
     tp, pp, dp = case.get("tp", 1), case.get("pp", 1), case.get("dp", 1)
@@ -33,7 +34,8 @@ def make_plan(case: dict):
         layout=dict(tp=tp, pp=pp, dp=dp, vpp=case.get("vpp", 1), micro_batch=mb,
                     sequence_parallel=case.get("sp", False), zero_stage=case.get("zero", 1),
                     recompute=case.get("recompute", "none"),
-                    dp_reduce="hierarchical" if case.get("hier") else "flat")))
+                    dp_reduce="hierarchical" if case.get("hier") else "flat",
+                    stage_layers=case.get("stage_layers"))))
 
 
 def build_case_engine(rank: int, world: int, case: dict):

@@ -25,6 +25,8 @@ CASES = [
     # interleaved stages, and a bucket size that is not a whole number of elements
     dict(tp=1, pp=2, dp=4, vpp=2, zero=1, mb=1, model=dict(layers=4),
          training=dict(bucket_mb=0.0123457)),
+    # chunks without blocks: rank 0's first holds only the embedding, rank 1's last the head
+    dict(tp=1, pp=2, dp=4, vpp=2, zero=2, mb=1, model=dict(layers=4), stage_layers=[0, 2, 2, 0]),
 ]
 
 

@@ -1,6 +1,6 @@
 """Resharding with the real engine: save at 2x2x2 (tp x pp x dp), load at 1x2x4, 4x1x2,
-2x1x4 ZeRO-2, 2x2x2 ZeRO-0, 1x1x8 with hierarchical DP and back at 2x2x2, and at 1x1x1 in one
-process.
+2x1x4 ZeRO-2, 2x2x2 ZeRO-0, 1x1x8 with hierarchical DP, 1x2x4 interleaved with block-less end
+chunks, and back at 2x2x2, and at 1x1x1 in one process.
 
 Every load must reproduce the saved model *and* optimizer state bit for bit (the state is moved,
 never recomputed). The next step then matches the uninterrupted run: exactly at the saving layout,
@@ -29,6 +29,8 @@ LAYOUTS = [dict(tp=1, pp=2, dp=4, zero=1, mb=1),
            dict(tp=2, pp=1, dp=4, zero=2),
            dict(tp=2, pp=2, dp=2, zero=0),
            dict(tp=1, pp=1, dp=8, zero=1, hier=True, mb=1),
+           # interleaved, the first chunk only the embedding and the last only the head
+           dict(tp=1, pp=2, dp=4, vpp=2, zero=1, mb=1, stage_layers=[0, 1, 1, 0]),
            START]
 
 
