@@ -68,7 +68,8 @@ class Checkpointer:
     """One per training process; see the module docstring for the rules."""
 
     def __init__(self, live: LiveRank, run_ckpt: str, options: CkptOptions, emit: Emit,
-                 data_fingerprint: int | None = None):
+                 data_fingerprint: int | None = None,
+                 data_position: Callable[[int], int] | None = None):
         self.live, self.root, self.opts, self.emit = live, run_ckpt, options, emit
         self.rank = live.groups.rank
         self.world = live.groups.placement.world
@@ -87,6 +88,10 @@ class Checkpointer:
         self.last_step: int | None = None
         self.resumed_from: str | None = None
         """The checkpoint `resume` loaded (for the console's resume line)."""
+        self.data_origin: tuple[int, int] = (0, 0)
+        """(step, samples) of that checkpoint: where the loader counts the data from."""
+        self.data_position = data_position
+        """Samples consumed before a step (the loader's `consumed_before`); None: step · batch."""
         self.fingerprint = data_fingerprint
         self.gate: CopyGate | None = None
         self.fatal: str | None = None
@@ -155,7 +160,9 @@ class Checkpointer:
 
     def _train_state(self, step: int, lr: float | None) -> TrainState:
         live = self.live
-        return TrainState(step=step, samples=step * live.plan.training.global_batch,
+        samples = (self.data_position(step) if self.data_position is not None
+                   else step * live.plan.training.global_batch)
+        return TrainState(step=step, samples=samples,
                           optimizer=live.optimizer.kind, optimizer_step=live.optimizer.step_count,
                           lr=lr, clip=live.clipper.state_dict(), data_fingerprint=self.fingerprint,
                           rng_world=self.world)
@@ -284,9 +291,11 @@ class Checkpointer:
             reader.close()
         self.last_step = manifest.state.step
         self.resumed_from = point.path
+        self.data_origin = (manifest.state.step, manifest.state.samples)
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
-                  evidence={"path": point.path, "from_layout": manifest.layout,
+                  evidence={"path": point.path, "samples": manifest.state.samples,
+                            "from_layout": manifest.layout,
                             "to_layout": self._layout_record(), "load_s": time.perf_counter() - t0,
                             "bytes_read_rank0": reader.bytes_read, "cleaned": point.cleaned,
                             "model_only": "optim" not in data})

@@ -184,7 +184,9 @@ class TrainState(_Record):
     step: int = Field(ge=0, le=MAX_STEP)
     """Optimizer steps completed; also the data position and the LR schedule position."""
     samples: int = Field(ge=0, le=MAX_BYTES)
-    """Global samples consumed (step · global_batch): sources are functions of the sample index."""
+    """Global samples consumed, skipped windows included: where the next step's data starts
+    (step · global_batch for a run that never skipped data or changed its batch; the loader
+    counts on from here, train/data.py). Sources are functions of the sample index."""
     optimizer: Literal["adamw", "lamb"] | None = None
     """``adamw`` / ``lamb``; None for a model-only checkpoint (e.g. imported from HF)."""
     optimizer_step: int = Field(default=0, ge=0, le=MAX_STEP)

@@ -75,6 +75,10 @@ def train_cmd(
                                    help="Old spelling of --zstd-level."),
     final_ckpt: bool = typer.Option(True, "--final-ckpt/--no-final-ckpt",
                                     help="Save a checkpoint after the last step."),
+    allow_batch_change: bool = typer.Option(False, "--allow-batch-change", help="Accept a plan "
+                                            "whose global batch differs from the run "
+                                            "directory's; the data continues from the samples "
+                                            "already consumed."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON summary document at the "
                                  "end on stdout (console lines go to stderr)."),
     inject_delay: list[str] = typer.Option([], "--inject-delay", hidden=True,
@@ -118,6 +122,7 @@ def train_cmd(
         inject_crash=_parse_steps(inject_crash, "--inject-crash"),
         inject_hang=_parse_steps(inject_hang, "--inject-hang"),
         json_summary=as_json and not local, launch=launch_of(plan, local),
+        allow_batch_change=allow_batch_change,
         ckpt=CkptOptions(interval=ckpt_interval, keep=ckpt_keep, resume=resume, level=level,
                          final=final_ckpt, chunk_delay_s=inject_ckpt_delay,
                          inject_enospc_step=inject_ckpt_enospc,

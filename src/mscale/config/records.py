@@ -188,3 +188,8 @@ class DataSkips(RecordModel):
     def sample_step(self, step: int) -> int:
         """The step whose samples training step ``step`` (1-based) reads."""
         return step + sum(e.skip_steps for e in self.entries if step > e.after_step)
+
+    def skipped_steps(self, first: int, last: int) -> int:
+        """Steps' worth of batches skipped by the windows recorded after steps ``first`` to
+        ``last`` (inclusive): those that move 0-based steps first..last."""
+        return sum(e.skip_steps for e in self.entries if first <= e.after_step <= last)

@@ -114,7 +114,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     nodes=rp.nodes if rp else list(launch.nodes if launch else []),
                     excluded=list(exclusions.nodes), plan_path=_absolute(rp.plan_path if rp
                                                                          else None),
-                    resume=None if choice.is_latest else _absolute(choice.path))
+                    resume=None if choice.is_latest else _absolute(choice.path),
+                    allow_batch_change=bool(rp and rp.batch_changed))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
     reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes

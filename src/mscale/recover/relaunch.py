@@ -29,7 +29,8 @@ from mscale.runs.rundir import RunDir
 Runner = Callable[[list[str]], tuple[int, str]]
 """Runs a command and returns (exit code, stdout); injected by tests in place of scontrol."""
 
-_FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--debug", "-h", "--help"}
+_FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
+                        "--debug", "-h", "--help"}
 """``mscale train`` options that take no value; every other ``--option`` takes one."""
 
 
@@ -67,6 +68,8 @@ class Change:
     """The re-planned plan, None when the old plan stands."""
     resume: str | None = None
     """Checkpoint to resume from when it is not the latest, else None (``--resume auto``)."""
+    allow_batch_change: bool = False
+    """The new plan changes the global batch: train must be told it may (its flag)."""
 
     @property
     def unchanged(self) -> bool:
@@ -169,8 +172,9 @@ def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
-    """The ``mscale train`` part of a command with the new plan, ``--local N`` and ``--resume``;
-    the launcher words before it are left to the caller."""
+    """The ``mscale train`` part of a command with the new plan, ``--local N``, ``--resume`` and
+    ``--allow-batch-change`` (when the plan changes the batch); the launcher words before it are
+    left to the caller."""
     t = _train_index(argv)
     if t is None:
         return list(argv)
@@ -185,6 +189,8 @@ def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
         args = set_option(args, "--local", str(change.world))
     if change.resume is not None:
         args = set_option(args, "--resume", change.resume)
+    if change.allow_batch_change and "--allow-batch-change" not in args:
+        args = [*args, "--allow-batch-change"]
     return head + args
 
 

@@ -20,8 +20,9 @@ srun and the placement all agree on which node is which. The old plan's checkpoi
 advice is kept, absent included (the run's save cadence does not move under it). Before it is
 returned the plan is loaded back with `load_checked_plan` and compared with the run's plan by
 `check_plan_change`, the same checks `train` makes, so a plan train would refuse is never
-written. (A new global batch is one: the run directory's history refuses it today, so an
-allowed batch change falls back to the best subset of nodes, and the note says why.)
+written. A new global batch passes them only as train passes it under ``--allow-batch-change``,
+which the relaunch then adds (recover/relaunch.py); the data continues from the samples the
+checkpoint consumed (`ckpt.manifest.samples_consumed`).
 """
 
 from __future__ import annotations
@@ -99,16 +100,7 @@ def replan(run: RunDir, plan: Plan, exclusions: Exclusions, *, allow_batch_chang
                           file=run.plan, field="training.global_batch",
                           fix="allow a batch change (--allow-batch-change) or give the run more "
                               "nodes")
-    try:
-        new = accepted(plan, fit, run.plan)
-    except MscaleError as e:  # a new global batch: the run directory refuses it (history.py)
-        if not fit.batch_changed:
-            raise
-        fit = best_subset(plan, remaining, [MAX_SEARCHES])
-        if fit is None:
-            raise
-        fit.how += f"; the allowed batch change was refused by the run directory ({e.message})"
-        new = accepted(plan, fit, run.plan)
+    new = accepted(plan, fit, run.plan)
     path = f"{run.recover}/plan-{next_attempt(run.root):04d}.yaml"
     if write:
         write_text_atomic(path, dump_yaml(new))
@@ -226,14 +218,15 @@ def build_plan(old: Plan, fit: Fit) -> Plan:
 
 def accepted(old: Plan, fit: Fit, source: str) -> Plan:
     """The plan for ``fit``, loaded back as train loads it (`load_checked_plan`, from a scratch
-    file) and checked against the run's plan ``old`` (`check_plan_change`); raises MscaleError
-    when train would refuse it."""
+    file) and checked against the run's plan ``old`` (`check_plan_change`, a new global batch
+    accepted when the fit changed it, as train accepts it under --allow-batch-change, which the
+    relaunch passes); raises MscaleError when train would refuse it."""
     text = dump_yaml(build_plan(old, fit))
     with tempfile.TemporaryDirectory() as tmp:
         scratch = f"{tmp}/plan.yaml"
         write_text_atomic(scratch, text)
         loaded = load_checked_plan(scratch)
-    check_plan_change(old, loaded, source=source)
+    check_plan_change(old, loaded, source=source, allow_batch_change=fit.batch_changed)
     return loaded
 
 

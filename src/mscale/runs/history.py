@@ -7,7 +7,10 @@ checkpoint reshards on load). `check_plan_change` tells the two apart:
 - refused (`MscaleError`, exit 3): any field of ``model`` except its free-form ``name`` (so
   ``seq_len`` too), and the training settings that define what the weights and the optimizer state
   mean: ``global_batch``, ``seed``, ``optimizer`` and the data source ``data`` (kind, path,
-  dtype; a moved token file can keep its old path through a link).
+  dtype; a moved token file can keep its old path through a link). ``global_batch`` alone may
+  change when the caller allows it (``train --allow-batch-change``, which `mscale recover` passes
+  when too few nodes remain for the old batch): the data then continues from the samples the
+  checkpoint has consumed (`ckpt.manifest.TrainState.samples`), not from step · new batch.
 - accepted and described: the layout, the cluster, the placement, the plan's name and every other
   training setting (steps, learning-rate schedule, clipping, precision, buckets, checkpoint
   interval, ...), which runs legitimately change on a restart.
@@ -33,7 +36,9 @@ from mscale.runs.rundir import RunDir
 
 IDENTITY = ("model.", "training.global_batch", "training.seed", "training.optimizer",
             "training.data.")
-"""Dotted field prefixes that a run directory's plan may never change."""
+"""Dotted field prefixes that a run directory's plan may never change (global_batch: unless
+allowed)."""
+BATCH = "training.global_batch"
 _FREE = ("model.name",)
 _IGNORED_TOP = ("estimate", "checkpoint")
 _RELAYOUT = ("layout.", "cluster.", "placement.")
@@ -105,17 +110,26 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_plan_change(old: Plan, new: Plan, source: str | None = None) -> PlanChange:
+def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
+                      allow_batch_change: bool = False) -> PlanChange:
     """Compare the run directory's plan ``old`` with ``new`` (module docstring for which fields
     refuse); raise MscaleError naming the refused fields, else describe the change.
 
     ``source`` names the old plan's file in the error. Placements are compared only when both
     plans carry one; without one a plan's placement follows from its layout, which is compared.
+    ``allow_batch_change`` accepts a new ``training.global_batch``.
     """
     placement = old.placement is not None and new.placement is not None
     a, b = _comparable(old, placement), _comparable(new, placement)
     differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-    refused = [k for k in differ if k.startswith(IDENTITY) and k not in _FREE]
+    free = _FREE + ((BATCH,) if allow_batch_change else ())
+    refused = [k for k in differ if k.startswith(IDENTITY) and k not in free]
+    if refused == [BATCH]:
+        raise MscaleError(
+            f"the plan changes the run's global batch ({_short(a.get(BATCH))} -> "
+            f"{_short(b.get(BATCH))})", file=source, field=BATCH,
+            fix="keep the run's global batch, or pass --allow-batch-change to continue the data "
+                "from the samples already consumed with the new batch")
     if refused:
         shown = "; ".join(f"{k}: {_short(a.get(k))} -> {_short(b.get(k))}" for k in refused[:3])
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
@@ -138,20 +152,22 @@ def plan_history(run: RunDir) -> list[str]:
     return [f"{run.plans}/{name}" for _, name in sorted(found)]
 
 
-def record_plan(run: RunDir, plan: Plan) -> PlanChange:
+def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False) -> PlanChange:
     """Make ``plan`` the run's plan: check it against ``RUN/plan.yaml`` (raising if refused), add
     it to ``RUN/plans/`` and write ``RUN/plan.yaml`` atomically. Nothing is written when the plan
     is the same, and the previous plan.yaml is in the history before it is replaced (a run
     directory from before the history existed gets its plan.yaml archived as the first entry).
 
     Pass the resolved plan (placement filled in); call it on one process, holding the run lock.
+    ``allow_batch_change`` as for `check_plan_change`.
     """
     fs, path = fs_and_path(run.plan)
     old = load_model(Plan, run.plan) if fs.isfile(path) else None
     if old is None:
         change = PlanChange(kind="new", new_layout=describe_layout(plan))
     else:
-        change = check_plan_change(old, plan, source=run.plan)
+        change = check_plan_change(old, plan, source=run.plan,
+                                   allow_batch_change=allow_batch_change)
         if change.kind == "same":
             return change
     history = plan_history(run)

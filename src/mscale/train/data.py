@@ -124,31 +124,56 @@ class BatchPlan:
         return self.global_batch // (self.dp_size * self.micro_batch)
 
     def indices(self, step: int, micro: int) -> list[int]:
-        """Global sample indices of micro-batch ``micro`` of (0-based) ``step`` on this DP rank."""
-        base = step * self.global_batch + self.dp_rank * (self.global_batch // self.dp_size)
-        start = base + micro * self.micro_batch
-        return list(range(start, start + self.micro_batch))
+        """Global sample indices of micro-batch ``micro`` of (0-based) ``step`` on this DP rank,
+        for a run that never skipped data or changed its batch (`DataLoader.start_of` in
+        general)."""
+        return self.indices_from(step * self.global_batch, micro)
+
+    def indices_from(self, start: int, micro: int) -> list[int]:
+        """Global sample indices of micro-batch ``micro`` on this DP rank of a step whose global
+        batch starts at sample ``start``."""
+        first = start + self.dp_rank * (self.global_batch // self.dp_size) + micro * self.micro_batch
+        return list(range(first, first + self.micro_batch))
 
 
 class DataLoader:
     """Micro-batches for one rank: read by TP rank 0, broadcast to the TP group.
 
-    ``skips`` (RUN/data_skip.json, written by `mscale recover` on a rollback) moves whole steps:
-    (0-based) step t reads the samples of step ``skips.sample_step(t + 1) - 1``, the same on
-    every rank, so a skipped window is passed over by the whole global batch."""
+    The data position counts from ``origin``, the (step, samples) of the checkpoint the run
+    resumed from ((0, 0) for a fresh run; `ckpt.manifest.TrainState.samples`): each step takes
+    the next global batch, and ``skips`` (RUN/data_skip.json, written by `mscale recover` on a
+    rollback) move whole steps, the same on every rank, so a skipped window is passed over by
+    the whole global batch. Counting from the checkpoint's samples, not from step · batch, lets
+    a restart change the global batch (``train --allow-batch-change``) without reading a sample
+    twice or leaving a gap."""
 
     def __init__(self, source, plan: BatchPlan, tp_group=None, tp_src: int = 0, tp_size: int = 1,
                  is_reader: bool = True, skips: DataSkips | None = None):
         self.source, self.plan = source, plan
         self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
         self.skips = skips or DataSkips()
+        self.origin: tuple[int, int] = (0, 0)
+
+    def start_of(self, step: int) -> int:
+        """First global sample (0-based) ``step`` reads: the origin's samples, one global batch
+        per step since, and the windows skipped since (recorded after the origin's step up to
+        this one; earlier ones are in the origin's samples)."""
+        k, samples = self.origin
+        return samples + (step - k + self.skips.skipped_steps(k, step)) * self.plan.global_batch
+
+    def consumed_before(self, step: int) -> int:
+        """Samples consumed, skipped windows included, before (0-based) ``step``: what a
+        checkpoint after ``step`` steps records as its ``samples``. A window recorded after
+        ``step`` itself is not in it (a rollback to that checkpoint adds it after the fact)."""
+        k, samples = self.origin
+        return samples + (step - k + self.skips.skipped_steps(k, step - 1)) * self.plan.global_batch
 
     def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each [micro_batch, seq_len] int64."""
         shape = (self.plan.micro_batch, self.source.seq_len + 1)
         if self.is_reader:
-            read = self.skips.sample_step(step + 1) - 1
-            batch = torch.stack([self.source.sample(k) for k in self.plan.indices(read, micro)])
+            ids = self.plan.indices_from(self.start_of(step), micro)
+            batch = torch.stack([self.source.sample(k) for k in ids])
         else:
             batch = torch.empty(shape, dtype=torch.int64)
         if self.tp_size > 1:

@@ -50,7 +50,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     data = plan.training.data
     if data.kind == "tokens" and data.path:
         check_token_file(data.path, data.dtype)
-    _check_same_run(plan, options.run_dir)
+    _check_same_run(plan, options.run_dir, options.allow_batch_change)
     from mscale.ckpt.resume import check_resume
 
     try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
@@ -84,7 +84,7 @@ def _check_hook_ranks(options: TrainOptions, world: int) -> None:
                               field=flag, fix=f"name a rank below {world}")
 
 
-def _check_same_run(plan: Plan, run_dir: str) -> None:
+def _check_same_run(plan: Plan, run_dir: str, allow_batch_change: bool) -> None:
     """Refuse now, not in the workers, a plan of another model or recipe than the run's."""
     from mscale.config.base import load_model
     from mscale.runs.atomic import fs_and_path
@@ -93,7 +93,8 @@ def _check_same_run(plan: Plan, run_dir: str) -> None:
     run = RunDir(run_dir)
     fs, path = fs_and_path(run.plan)
     if fs.isfile(path):
-        check_plan_change(load_model(Plan, run.plan), plan, source=run.plan)
+        check_plan_change(load_model(Plan, run.plan), plan, source=run.plan,
+                          allow_batch_change=allow_batch_change)
 
 
 def log_dir_for(run_dir: str) -> str:

@@ -81,7 +81,8 @@ def _start(engine: Engine, s: RunSession) -> None:
     waiting in their first collective."""
     plan = engine.plan
     claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
-        update={"placement": plan.placement or placement_record(plan)})),
+        update={"placement": plan.placement or placement_record(plan)}),
+        allow_batch_change=engine.options.allow_batch_change),
         read_data_skips(s.run)), engine.env.rank)
     change, skips = claimed or (None, None)
     s.attempt, skips = share_start(s.attempt, skips, engine.env.rank)
@@ -123,7 +124,8 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
     return Checkpointer(engine.live_rank(), s.run.ckpt, engine.options.ckpt,
                         emit=lambda **kw: _event(s, **kw),
-                        data_fingerprint=source_fingerprint(engine.loader.source))
+                        data_fingerprint=source_fingerprint(engine.loader.source),
+                        data_position=engine.loader.consumed_before)
 
 
 def _run(engine: Engine, s: RunSession) -> int:
@@ -131,6 +133,7 @@ def _run(engine: Engine, s: RunSession) -> int:
     _start(engine, s)
     ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
+    engine.loader.origin = ckpt.data_origin  # the data continues where the checkpoint was
     steps = plan.training.steps
     if first:
         _say(engine, resume_line(ckpt.resumed_from or s.run.ckpt, first, steps))

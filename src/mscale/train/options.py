@@ -40,6 +40,10 @@ class TrainOptions:
     """Show a progress bar / progress lines on rank 0."""
     timeout_s: float = 120.0
     """Timeout of every collective; a hung peer fails the job after this long."""
+    allow_batch_change: bool = False
+    """Accept a plan whose global batch differs from the run directory's: the data continues
+    from the samples the resumed checkpoint consumed (runs/history.py). `mscale recover` passes
+    it when it had to change the batch to fit the remaining nodes."""
     json_summary: bool = False
     """Rank 0 prints one JSON document with the closing figures on stdout, its console lines on
     stderr (``mscale train --json`` under srun/torchrun; with --local the launcher does it)."""

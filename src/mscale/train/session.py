@@ -78,14 +78,15 @@ class RunSession:
     it; the others learn it from `share_start` (0 until then)."""
     lock: RunLock | None = None
 
-    def claim(self, plan) -> PlanChange:
+    def claim(self, plan, allow_batch_change: bool = False) -> PlanChange:
         """Rank 0: lock the run directory (unless the launcher holds it), record the plan in its
-        history (refusing another model or recipe), and number this attempt."""
+        history (refusing another model or recipe; a new global batch only when allowed), and
+        number this attempt."""
         self.run.create()
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
             self.lock.start_heartbeat()
-        change = record_plan(self.run, plan)
+        change = record_plan(self.run, plan, allow_batch_change=allow_batch_change)
         self.attempt = next_attempt(self.run.root)
         return change
 

@@ -132,6 +132,18 @@ def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
     assert fakes.rechecked == {} and fakes.calls == [("replan", False, False)]
 
 
+def test_a_changed_batch_is_relaunched_with_trains_permission(run, fakes):
+    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
+    fakes.replan = shrunk(run)
+    fakes.replan.global_batch, fakes.replan.batch_changed = 12, True
+    plan = plan_recovery(str(run), RecoverOptions(allow_batch_change=True))
+    assert plan.command[-1] == "--allow-batch-change" and plan.verdict == "degraded"
+    assert "global batch changed to 12 (--allow-batch-change)" in " | ".join(plan.reasons)
+    assert fakes.calls == [("replan", False, True)]
+    fakes.replan.batch_changed = False
+    assert "--allow-batch-change" not in plan_recovery(str(run)).command
+
+
 def test_rollback_with_data_skip_resumes_from_the_older_checkpoint(run, fakes):
     fakes.diagnosis = Diagnosis(cls="numerics", symptom="divergence", summary="loss diverged",
                                 failed_step=14, bad_step=12)

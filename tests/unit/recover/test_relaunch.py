@@ -31,6 +31,14 @@ def test_local_gets_the_new_plan_and_world_and_keeps_everything_else():
                    "--local", "6", "--steps", "20", "--json"]
 
 
+def test_a_changed_batch_tells_train_it_may():
+    out = rewrite_train(ARGV, shrink(allow_batch_change=True), local=True)
+    assert out[-1] == "--allow-batch-change" and out[2] == "/runs/r1/recover/plan-0001.yaml"
+    again = rewrite_train(out, shrink(allow_batch_change=True), local=True)
+    assert again.count("--allow-batch-change") == 1
+    assert "--allow-batch-change" not in rewrite_train(ARGV, shrink(), local=True)
+
+
 def test_a_rollback_sets_resume_in_either_spelling():
     change = Change(world=8, nodes=NODES, resume="/runs/r1/ckpt/step-000010")
     assert rewrite_train(ARGV, change, local=True)[-2:] == ["--resume",

@@ -91,10 +91,17 @@ def test_largest_subset_when_no_layout_fits_all_remaining(run):
     assert "1 healthy node(s) idle" in rp.note
 
 
-def test_allowed_batch_change_the_run_refuses_falls_back_to_the_subset(run):
-    rp = replan(run, tiny(layers=2), out("node2"), allow_batch_change=True)
-    assert not rp.batch_changed and rp.global_batch == 16 and rp.unused_nodes == ["node4"]
-    assert "allowed batch change was refused" in rp.note and "global_batch" in rp.note
+def test_allowed_batch_change_uses_every_remaining_node(run):
+    """The same 3 nodes with the batch allowed to move: the nearest batch 6 ranks divide (18),
+    written in a plan that train accepts under --allow-batch-change and refuses without it."""
+    plan = tiny(layers=2)
+    rp = replan(run, plan, out("node2"), allow_batch_change=True)
+    assert rp.batch_changed and rp.global_batch == 18 and rp.world == 6 and rp.unused_nodes == []
+    assert rp.nodes == ["node1", "node3", "node4"]
+    new = load_checked_plan(rp.plan_path)
+    assert check_plan_change(plan, new, allow_batch_change=True).kind == "changed"
+    with pytest.raises(MscaleError, match="global batch"):
+        check_plan_change(plan, new)
 
 
 def test_nearest_batches():

@@ -43,7 +43,6 @@ def test_a_new_layout_on_fewer_nodes_is_accepted_and_described():
 @pytest.mark.parametrize("section,fields,named", [
     ("model", {"layers": 6}, "model.layers"),
     ("model", {"seq_len": 128}, "model.seq_len"),
-    ("training", {"global_batch": 32}, "training.global_batch"),
     ("training", {"seed": 7}, "training.seed"),
     ("training", {"optimizer": "lamb"}, "training.optimizer"),
     ("training", {"data": {"kind": "tokens", "path": "t.bin"}}, "training.data.kind"),
@@ -54,6 +53,22 @@ def test_another_model_or_recipe_is_refused(section, fields, named):
     err = info.value
     assert err.code == EXIT_BAD_INPUT and err.field == named and named in err.message
     assert err.file == "RUN/plan.yaml" and "--run-dir" in err.fix
+
+
+def test_a_new_global_batch_needs_permission():
+    """Refused by default with the flag that allows it as the fix; allowed, it is a change like
+    any other, and only the batch: a new seed is still another recipe."""
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(), _plan(training={"global_batch": 32}), source="RUN/plan.yaml")
+    err = info.value
+    assert err.code == EXIT_BAD_INPUT and err.field == "training.global_batch"
+    assert "--allow-batch-change" in err.fix and "16 -> 32" in err.message
+    change = check_plan_change(_plan(), _plan(training={"global_batch": 32}),
+                               allow_batch_change=True)
+    assert change.kind == "changed" and change.fields == ("training.global_batch",)
+    with pytest.raises(MscaleError, match="another model or training recipe"):
+        check_plan_change(_plan(), _plan(training={"global_batch": 32, "seed": 7}),
+                          allow_batch_change=True)
 
 
 def test_renaming_the_model_is_not_a_new_model():

@@ -123,6 +123,46 @@ def test_loader_reads_the_shifted_steps_samples():
     assert torch.equal(skipping.get(2, 1)[0], plain.get(4, 1)[0])
 
 
+def _windows(*pairs):
+    return DataSkips(entries=[DataSkip(after_step=a, skip_steps=n) for a, n in pairs])
+
+
+@pytest.mark.parametrize("pairs", [(), ((0, 3),), ((1, 2), (6, 1)), ((2, 1), (2, 2), (5, 4))])
+def test_resuming_anywhere_continues_the_uninterrupted_data(pairs):
+    """A fresh run's step t starts at (sample_step(t+1) − 1) · batch, and a run resumed from
+    any step k with the samples a checkpoint there records reads the same from k on; a window
+    recorded after k by a rollback to k (absent when k's checkpoint was written) moves it too."""
+    skips = _windows(*pairs)
+    plan = BatchPlan(global_batch=4, micro_batch=2, dp_size=1, dp_rank=0)
+    fresh = DataLoader(Counting(), plan, skips=skips)
+    assert [fresh.start_of(t) for t in range(10)] == [
+        (skips.sample_step(t + 1) - 1) * 4 for t in range(10)]
+    for k in range(8):
+        before = DataLoader(Counting(), plan, skips=_windows(*[w for w in pairs if w[0] < k]))
+        resumed = DataLoader(Counting(), plan, skips=skips)
+        resumed.origin = (k, before.consumed_before(k))  # written before later windows existed
+        assert [resumed.start_of(t) for t in range(k, 10)] == [fresh.start_of(t)
+                                                               for t in range(k, 10)], k
+        assert resumed.consumed_before(9) == fresh.consumed_before(9)
+
+
+def test_a_new_batch_continues_from_the_samples_consumed():
+    """64 samples consumed by 4 steps at batch 16, now batch 12, and a window of one step after
+    the 5th: 0-based steps 4, 5, 6, 7 start at 64, 88 (76-87 skipped), 100, 112; each sample of
+    a step is read once."""
+    plan = BatchPlan(global_batch=12, micro_batch=2, dp_size=3, dp_rank=0)
+    loader = DataLoader(Counting(), plan, skips=_windows((5, 1)))
+    loader.origin = (4, 64)
+    assert [loader.start_of(t) for t in (4, 5, 6, 7)] == [64, 88, 100, 112]
+    assert loader.consumed_before(5) == 76 and loader.consumed_before(6) == 100
+    seen = []
+    for d in range(3):
+        ranked = BatchPlan(global_batch=12, micro_batch=2, dp_size=3, dp_rank=d)
+        seen += [i for j in range(ranked.micro_batches)
+                 for i in ranked.indices_from(loader.start_of(4), j)]
+    assert sorted(seen) == list(range(64, 76))
+
+
 def test_launch_record_names_nodes_in_order_and_slurm(tmp_path):
     from mscale.topology.placement import load_checked_plan
 
