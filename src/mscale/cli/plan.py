@@ -145,6 +145,10 @@ def _print_human(result, top, given, plan, output, explain) -> None:
     console.print(layout_table(pb, rows))
     console.print(losses_table(rows))
     console.print(f"{result.count:,} layouts fit of {result.examined:,} costed.")
+    if any(lo.stage_layers for _, lo, _ in rows):
+        console.print("split a/b/c: blocks in the first, second and last virtual stage (0: the "
+                      "embedding alone, or the head and loss alone); the plan lists every stage "
+                      "in stage_layers", markup=False)
     if result.preferred_note:
         console.print(result.preferred_note, markup=False)
     chosen_cost = given[1] if given and plan.layout == given[0] else result.cost(0)
