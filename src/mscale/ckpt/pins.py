@@ -17,7 +17,8 @@ Two rules protect such checkpoints (`protected`, honoured by `mscale.ckpt.commit
    between the alarm and `recover` pinning its choice. Once the run restarts (a new ``start``)
    or recover has decided, rule 1 takes over.
 
-Pins are never removed automatically: `unpin` (or deleting ``KEEP``) releases one.
+Pins are never removed automatically: ``mscale ckpt unpin`` (`unpin`, or deleting ``KEEP``)
+releases one; ``mscale ckpt ls`` shows them.
 """
 
 from __future__ import annotations

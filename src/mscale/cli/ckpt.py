@@ -1,4 +1,4 @@
-"""``mscale ckpt``: list, verify and convert checkpoints (docs/ckpt.md).
+"""``mscale ckpt``: list, verify, convert and pin checkpoints (docs/ckpt.md).
 
 Thin: parse, call mscale.ckpt, print, choose the exit code. 0 OK, 2 verify failed (the bad file
 is named), 3 bad input.
@@ -16,7 +16,7 @@ from mscale.cli.output import console, print_json
 from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.errors import EXIT_CRITICAL, EXIT_WARNING, MscaleError
 
-ckpt_app = typer.Typer(help="List, verify and convert checkpoints.", no_args_is_help=True)
+ckpt_app = typer.Typer(help="List, verify, convert and pin checkpoints.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
 
 
@@ -56,7 +56,7 @@ def ls_cmd(
         latest = catalog.read_latest(root)
     except MscaleError as e:
         warnings.append(str(e))
-    rows = [_row(e, latest) for e in catalog.entries(root)]
+    rows = [_row(e, latest, root) for e in catalog.entries(root)]
     if latest and not any(r["latest"] and r["status"] == "committed" for r in rows):
         warnings.append(f"{catalog.join(root, catalog.LATEST)} names {latest}, which is not a "
                         "committed checkpoint here; `mscale train` will refuse to resume")
@@ -64,10 +64,11 @@ def ls_cmd(
     if as_json:
         print_json({"run": run_dir, "latest": latest, "checkpoints": rows, "warnings": warnings})
     else:
-        table = Table("checkpoint", "step", "status", "size", "layout", "latest")
+        table = Table("checkpoint", "step", "status", "size", "layout", "latest", "pinned")
         for r in rows:
             table.add_row(r["name"], str(r["step"]), r["status"], _size(r["bytes"]),
-                          _layout(r["layout"]), "*" if r["latest"] else "")
+                          _layout(r["layout"]), "*" if r["latest"] else "",
+                          r["pin"]["reason"] if r["pin"] else "")
         console.print(table)
         for w in warnings:
             console.print(f"warning: {w}", soft_wrap=True, markup=False)
@@ -75,8 +76,14 @@ def ls_cmd(
         raise typer.Exit(EXIT_WARNING)
 
 
-def _row(e, latest: str | None) -> dict:
-    """One `ls` row: the step is the directory's; ``note`` says when the manifest disagrees."""
+def _row(e, latest: str | None, root: str) -> dict:
+    """One `ls` row: the step is the directory's; ``note`` says when the manifest disagrees;
+    ``pin`` is its KEEP record (retention keeps it), or None."""
+    from dataclasses import asdict
+
+    from mscale.ckpt import catalog
+    from mscale.ckpt.pins import read_pin
+
     note = None
     if e.problem:
         note = f"manifest.json cannot be read: {e.problem}"
@@ -85,8 +92,37 @@ def _row(e, latest: str | None) -> dict:
     status = "committed" if e.committed else "partial"
     if note:
         status += " (see warning)"
+    pin = read_pin(catalog.join(root, e.name))
     return {"name": e.name, "step": e.step, "manifest_step": e.manifest_step, "status": status,
-            "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest, "note": note}
+            "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest, "note": note,
+            "pin": asdict(pin) if pin else None}
+
+
+@ckpt_app.command("pin")
+def pin_cmd(
+    path: str = typer.Argument(..., help="A committed checkpoint directory (RUN/ckpt/step-N)."),
+    reason: str = typer.Option(..., "--reason", help="Why it is kept, in one sentence."),
+    who: str = typer.Option("user", "--who", help="Who pins it."),
+) -> None:
+    """Keep a checkpoint whatever retention (--ckpt-keep) would delete: a KEEP file in it."""
+    from mscale.ckpt.pins import pin
+
+    pin(path, reason, who)
+    console.print(f"pinned {path}: {reason}", soft_wrap=True, markup=False)
+
+
+@ckpt_app.command("unpin")
+def unpin_cmd(
+    path: str = typer.Argument(..., help="A pinned checkpoint directory."),
+) -> None:
+    """Release a pin (recover's rollback target, watch's divergence target, or yours): the
+    next retention pass may delete the checkpoint. Exit 1 when it was not pinned."""
+    from mscale.ckpt.pins import unpin
+
+    if not unpin(path):
+        console.print(f"{path} was not pinned", soft_wrap=True, markup=False)
+        raise typer.Exit(EXIT_WARNING)
+    console.print(f"unpinned {path}", soft_wrap=True, markup=False)
 
 
 @ckpt_app.command("verify")

@@ -124,6 +124,23 @@ def test_coverage_gaps_and_overlaps_are_found(ckpt):
     assert any("overlaps" in msg for _, msg in _problems(ckpt))
 
 
+def test_cli_pin_shows_in_ls_and_unpin_releases_it(ckpt, cli, tmp_path):
+    run = str(ckpt.parent.parent)
+    code, out, err = cli("ckpt", "pin", str(ckpt), "--reason", "known good before the spike")
+    assert code == 0 and "pinned" in out, err
+    code, out, _ = cli("ckpt", "ls", run, "--json")
+    (row,) = json.loads(out)["checkpoints"]
+    assert row["pin"]["reason"] == "known good before the spike" and row["pin"]["who"] == "user"
+    code, out, _ = cli("ckpt", "ls", run)
+    assert "known good before the spike" in out
+    assert cli("ckpt", "unpin", str(ckpt))[0] == 0
+    assert json.loads(cli("ckpt", "ls", run, "--json")[1])["checkpoints"][0]["pin"] is None
+    assert cli("ckpt", "unpin", str(ckpt))[0] == 1  # nothing to release
+    (ckpt.parent / "step-000009").mkdir()
+    code, _, err = cli("ckpt", "pin", str(ckpt.parent / "step-000009"), "--reason", "x")
+    assert code == 3 and "COMMITTED" in err and "Traceback" not in err
+
+
 def test_cli_ls_and_bad_input(ckpt, cli, tmp_path):
     (ckpt.parent / "step-000009").mkdir()
     code, out, _ = cli("ckpt", "ls", str(ckpt.parent.parent), "--json")
