@@ -88,8 +88,8 @@ class Checkpointer:
         self.last_step: int | None = None
         self.resumed_from: str | None = None
         """The checkpoint `resume` loaded (for the console's resume line)."""
-        self.data_origin: tuple[int, int] = (0, 0)
-        """(step, samples) of that checkpoint: where the loader counts the data from."""
+        self.resumed_state: TrainState | None = None
+        """That checkpoint's train state: where the loader counts the data from."""
         self.data_position = data_position
         """Samples consumed before a step (the loader's `consumed_before`); None: step · batch."""
         self.fingerprint = data_fingerprint
@@ -163,6 +163,7 @@ class Checkpointer:
         samples = (self.data_position(step) if self.data_position is not None
                    else step * live.plan.training.global_batch)
         return TrainState(step=step, samples=samples,
+                          counts_skips=self.data_position is not None,
                           optimizer=live.optimizer.kind, optimizer_step=live.optimizer.step_count,
                           lr=lr, clip=live.clipper.state_dict(), data_fingerprint=self.fingerprint,
                           rng_world=self.world)
@@ -291,7 +292,7 @@ class Checkpointer:
             reader.close()
         self.last_step = manifest.state.step
         self.resumed_from = point.path
-        self.data_origin = (manifest.state.step, manifest.state.samples)
+        self.resumed_state = manifest.state
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "samples": manifest.state.samples,

@@ -187,6 +187,9 @@ class TrainState(_Record):
     """Global samples consumed, skipped windows included: where the next step's data starts
     (step · global_batch for a run that never skipped data or changed its batch; the loader
     counts on from here, train/data.py). Sources are functions of the sample index."""
+    counts_skips: bool = False
+    """True when ``samples`` includes skipped data windows; manifests written before it existed
+    hold step · global_batch, and the loader adds the windows (`DataLoader.resume_from`)."""
     optimizer: Literal["adamw", "lamb"] | None = None
     """``adamw`` / ``lamb``; None for a model-only checkpoint (e.g. imported from HF)."""
     optimizer_step: int = Field(default=0, ge=0, le=MAX_STEP)

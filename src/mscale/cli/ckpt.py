@@ -92,10 +92,15 @@ def _row(e, latest: str | None, root: str) -> dict:
     status = "committed" if e.committed else "partial"
     if note:
         status += " (see warning)"
-    pin = read_pin(catalog.join(root, e.name))
+    try:
+        pin = read_pin(catalog.join(root, e.name))
+        pin = asdict(pin) if pin else None
+    except MscaleError as err:  # a KEEP that is a directory, too large, unreadable: still a pin
+        pin = {"reason": "KEEP present but unreadable", "who": "unknown", "time": 0.0}
+        note = note or f"its KEEP file cannot be read ({err.message}); retention keeps it"
     return {"name": e.name, "step": e.step, "manifest_step": e.manifest_step, "status": status,
             "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest, "note": note,
-            "pin": asdict(pin) if pin else None}
+            "pin": pin}
 
 
 @ckpt_app.command("pin")
@@ -117,8 +122,15 @@ def unpin_cmd(
 ) -> None:
     """Release a pin (recover's rollback target, watch's divergence target, or yours): the
     next retention pass may delete the checkpoint. Exit 1 when it was not pinned."""
+    from mscale.ckpt import catalog
+    from mscale.ckpt.manifest import MANIFEST
     from mscale.ckpt.pins import unpin
+    from mscale.runs.atomic import fs_and_path
 
+    fs, where = fs_and_path(catalog.join(path, MANIFEST))
+    if not fs.isfile(where):
+        raise MscaleError("not a checkpoint directory (no manifest.json)", file=path,
+                          fix="pass a step-NNNNNN directory (mscale ckpt ls lists them)")
     if not unpin(path):
         console.print(f"{path} was not pinned", soft_wrap=True, markup=False)
         raise typer.Exit(EXIT_WARNING)

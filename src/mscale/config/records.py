@@ -170,6 +170,9 @@ class DataSkip(RecordModel):
     skip_steps: int = Field(ge=1)
     """Steps' worth of global batches skipped: step t > after_step reads the samples that step
     t + skip_steps would have read."""
+    global_batch: int | None = Field(default=None, ge=1)
+    """Global batch of the steps skipped, so the window is ``skip_steps · global_batch`` samples
+    even when a later restart changes the batch; None (older records): the batch in force."""
     reason: str = ""
     """Why, in one sentence (the divergence or NaN that caused the rollback)."""
     time: float = Field(default_factory=time.time)
@@ -189,7 +192,9 @@ class DataSkips(RecordModel):
         """The step whose samples training step ``step`` (1-based) reads."""
         return step + sum(e.skip_steps for e in self.entries if step > e.after_step)
 
-    def skipped_steps(self, first: int, last: int) -> int:
-        """Steps' worth of batches skipped by the windows recorded after steps ``first`` to
-        ``last`` (inclusive): those that move 0-based steps first..last."""
-        return sum(e.skip_steps for e in self.entries if first <= e.after_step <= last)
+    def skipped_samples(self, first: int, last: int, global_batch: int) -> int:
+        """Samples skipped by the windows recorded after steps ``first`` to ``last`` (inclusive),
+        i.e. those that move 0-based steps first..last; a window without its own batch counts
+        ``global_batch`` per step."""
+        return sum(e.skip_steps * (e.global_batch or global_batch) for e in self.entries
+                   if first <= e.after_step <= last)

@@ -110,6 +110,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     except MscaleError as e:
         rp, refusal = None, f"no layout fits the remaining nodes: {e.message}"
     skip = stages.data_skip_for(diagnosis, choice)
+    if skip is not None:  # the window is that many steps of the failed run's batch
+        skip = skip.model_copy(update={"global_batch": plan.training.global_batch})
     change = Change(world=rp.world if rp else plan.layout.world_size,
                     nodes=rp.nodes if rp else list(launch.nodes if launch else []),
                     excluded=list(exclusions.nodes), plan_path=_absolute(rp.plan_path if rp

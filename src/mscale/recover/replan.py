@@ -22,7 +22,7 @@ returned the plan is loaded back with `load_checked_plan` and compared with the 
 `check_plan_change`, the same checks `train` makes, so a plan train would refuse is never
 written. A new global batch passes them only as train passes it under ``--allow-batch-change``,
 which the relaunch then adds (recover/relaunch.py); the data continues from the samples the
-checkpoint consumed (`ckpt.manifest.samples_consumed`).
+checkpoint consumed (`ckpt.manifest.TrainState.samples`, train/data.py).
 """
 
 from __future__ import annotations

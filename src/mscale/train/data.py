@@ -153,20 +153,31 @@ class DataLoader:
         self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
         self.skips = skips or DataSkips()
         self.origin: tuple[int, int] = (0, 0)
+        """(step, samples consumed) where the count starts: the resumed checkpoint's."""
+
+    def resume_from(self, step: int, samples: int, counts_skips: bool) -> None:
+        """Count on from a checkpoint at ``step`` that consumed ``samples``. A manifest written
+        before checkpoints counted skipped windows (``counts_skips`` False) holds step · batch:
+        the windows recorded before ``step`` are added, at that batch."""
+        if not counts_skips and step:
+            samples += self.skips.skipped_samples(0, step - 1, samples // step)
+        self.origin = (step, samples)
 
     def start_of(self, step: int) -> int:
         """First global sample (0-based) ``step`` reads: the origin's samples, one global batch
         per step since, and the windows skipped since (recorded after the origin's step up to
         this one; earlier ones are in the origin's samples)."""
         k, samples = self.origin
-        return samples + (step - k + self.skips.skipped_steps(k, step)) * self.plan.global_batch
+        batch = self.plan.global_batch
+        return samples + (step - k) * batch + self.skips.skipped_samples(k, step, batch)
 
     def consumed_before(self, step: int) -> int:
         """Samples consumed, skipped windows included, before (0-based) ``step``: what a
         checkpoint after ``step`` steps records as its ``samples``. A window recorded after
         ``step`` itself is not in it (a rollback to that checkpoint adds it after the fact)."""
         k, samples = self.origin
-        return samples + (step - k + self.skips.skipped_steps(k, step - 1)) * self.plan.global_batch
+        batch = self.plan.global_batch
+        return samples + (step - k) * batch + self.skips.skipped_samples(k, step - 1, batch)
 
     def get(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels), each [micro_batch, seq_len] int64."""

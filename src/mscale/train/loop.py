@@ -133,7 +133,9 @@ def _run(engine: Engine, s: RunSession) -> int:
     _start(engine, s)
     ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
-    engine.loader.origin = ckpt.data_origin  # the data continues where the checkpoint was
+    if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
+        st = ckpt.resumed_state
+        engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     steps = plan.training.steps
     if first:
         _say(engine, resume_line(ckpt.resumed_from or s.run.ckpt, first, steps))

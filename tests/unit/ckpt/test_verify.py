@@ -139,6 +139,13 @@ def test_cli_pin_shows_in_ls_and_unpin_releases_it(ckpt, cli, tmp_path):
     (ckpt.parent / "step-000009").mkdir()
     code, _, err = cli("ckpt", "pin", str(ckpt.parent / "step-000009"), "--reason", "x")
     assert code == 3 and "COMMITTED" in err and "Traceback" not in err
+    code, _, err = cli("ckpt", "unpin", str(tmp_path / "nowhere"))
+    assert code == 3 and "manifest.json" in err and "ckpt ls" in err
+    (ckpt / "KEEP").mkdir()  # damaged: still a pin, said so, and the listing goes on
+    code, out, _ = cli("ckpt", "ls", run, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["checkpoints"][0]["pin"]["reason"] == "KEEP present but unreadable"
+    assert any("KEEP" in w for w in doc["warnings"])
 
 
 def test_cli_ls_and_bad_input(ckpt, cli, tmp_path):

@@ -153,6 +153,7 @@ def test_rollback_with_data_skip_resumes_from_the_older_checkpoint(run, fakes):
     fakes.skip = DataSkip(after_step=10, skip_steps=2, reason="divergence at 12")
     plan = plan_recovery(str(run))
     assert plan.verdict == "degraded" and plan.data_skip["skip_steps"] == 2
+    assert plan.data_skip["global_batch"] == 16  # the batch of the steps skipped (cpu-tiny)
     assert plan.command[-2:] == ["--resume", str(run / "ckpt/step-000010")]
     assert any("passing over step-000012 (at the bad step)" in r for r in plan.reasons)
 

@@ -123,27 +123,29 @@ def test_loader_reads_the_shifted_steps_samples():
     assert torch.equal(skipping.get(2, 1)[0], plain.get(4, 1)[0])
 
 
-def _windows(*pairs):
-    return DataSkips(entries=[DataSkip(after_step=a, skip_steps=n) for a, n in pairs])
+def _windows(*pairs, batch=None):
+    return DataSkips(entries=[DataSkip(after_step=a, skip_steps=n, global_batch=batch)
+                              for a, n in pairs])
 
 
 @pytest.mark.parametrize("pairs", [(), ((0, 3),), ((1, 2), (6, 1)), ((2, 1), (2, 2), (5, 4))])
 def test_resuming_anywhere_continues_the_uninterrupted_data(pairs):
     """A fresh run's step t starts at (sample_step(t+1) − 1) · batch, and a run resumed from
-    any step k with the samples a checkpoint there records reads the same from k on; a window
-    recorded after k by a rollback to k (absent when k's checkpoint was written) moves it too."""
+    any step k with the samples its checkpoint there records reads the same from k on. Windows
+    recorded after k (a rollback to k writes one after the fact) move it; those before k are in
+    the checkpoint's samples, or, for a manifest that counted step · batch only, added."""
     skips = _windows(*pairs)
     plan = BatchPlan(global_batch=4, micro_batch=2, dp_size=1, dp_rank=0)
     fresh = DataLoader(Counting(), plan, skips=skips)
     assert [fresh.start_of(t) for t in range(10)] == [
         (skips.sample_step(t + 1) - 1) * 4 for t in range(10)]
     for k in range(8):
-        before = DataLoader(Counting(), plan, skips=_windows(*[w for w in pairs if w[0] < k]))
-        resumed = DataLoader(Counting(), plan, skips=skips)
-        resumed.origin = (k, before.consumed_before(k))  # written before later windows existed
-        assert [resumed.start_of(t) for t in range(k, 10)] == [fresh.start_of(t)
-                                                               for t in range(k, 10)], k
-        assert resumed.consumed_before(9) == fresh.consumed_before(9)
+        for samples, counts in ((fresh.consumed_before(k), True), (4 * k, False)):
+            resumed = DataLoader(Counting(), plan, skips=skips)
+            resumed.resume_from(k, samples, counts_skips=counts)
+            assert [resumed.start_of(t) for t in range(k, 10)] == [
+                fresh.start_of(t) for t in range(k, 10)], (k, counts)
+            assert resumed.consumed_before(9) == fresh.consumed_before(9)
 
 
 def test_a_new_batch_continues_from_the_samples_consumed():
@@ -152,7 +154,7 @@ def test_a_new_batch_continues_from_the_samples_consumed():
     a step is read once."""
     plan = BatchPlan(global_batch=12, micro_batch=2, dp_size=3, dp_rank=0)
     loader = DataLoader(Counting(), plan, skips=_windows((5, 1)))
-    loader.origin = (4, 64)
+    loader.resume_from(4, 64, counts_skips=True)
     assert [loader.start_of(t) for t in (4, 5, 6, 7)] == [64, 88, 100, 112]
     assert loader.consumed_before(5) == 76 and loader.consumed_before(6) == 100
     seen = []
@@ -161,6 +163,21 @@ def test_a_new_batch_continues_from_the_samples_consumed():
         seen += [i for j in range(ranked.micro_batches)
                  for i in ranked.indices_from(loader.start_of(4), j)]
     assert sorted(seen) == list(range(64, 76))
+
+
+def test_a_window_keeps_the_batch_it_was_recorded_at():
+    """A rollback to step 4 at batch 16 skips the next two steps' samples (64-95); relaunched at
+    batch 12 (the same recovery changed the batch), 0-based step 4 starts at 96, not at
+    64 + 2·12 = 88, which would read 88-95 of the bad window again. An old manifest (step · batch) at step 6 of the
+    batch-16 run counts the window at 16 too."""
+    plan = BatchPlan(global_batch=12, micro_batch=2, dp_size=1, dp_rank=0)
+    loader = DataLoader(Counting(), plan, skips=_windows((4, 2), batch=16))
+    loader.resume_from(4, 64, counts_skips=True)
+    assert [loader.start_of(t) for t in (4, 5)] == [96, 108]
+    assert loader.consumed_before(5) == 108
+    old = DataLoader(Counting(), plan, skips=_windows((4, 2)))
+    old.resume_from(8, 8 * 16, counts_skips=False)  # written before windows were counted
+    assert old.start_of(8) == 8 * 16 + 2 * 16
 
 
 def test_launch_record_names_nodes_in_order_and_slurm(tmp_path):
