@@ -123,12 +123,6 @@ class BatchPlan:
     def micro_batches(self) -> int:
         return self.global_batch // (self.dp_size * self.micro_batch)
 
-    def indices(self, step: int, micro: int) -> list[int]:
-        """Global sample indices of micro-batch ``micro`` of (0-based) ``step`` on this DP rank,
-        for a run that never skipped data or changed its batch (`DataLoader.start_of` in
-        general)."""
-        return self.indices_from(step * self.global_batch, micro)
-
     def indices_from(self, start: int, micro: int) -> list[int]:
         """Global sample indices of micro-batch ``micro`` on this DP rank of a step whose global
         batch starts at sample ``start``."""

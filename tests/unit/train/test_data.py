@@ -14,7 +14,7 @@ def test_batch_plan_covers_global_batch_once_at_any_layout():
         for d in range(dp):
             plan = BatchPlan(global_batch=16, micro_batch=mb, dp_size=dp, dp_rank=d)
             for j in range(plan.micro_batches):
-                seen += plan.indices(step=3, micro=j)
+                seen += plan.indices_from(3 * 16, micro=j)
         assert sorted(seen) == list(range(48, 64))
 
 
