@@ -161,9 +161,8 @@ class DataLoader:
         """First global sample (0-based) ``step`` reads: the origin's samples, one global batch
         per step since, and the windows skipped since (recorded after the origin's step up to
         this one; earlier ones are in the origin's samples)."""
-        k, samples = self.origin
         batch = self.plan.global_batch
-        return samples + (step - k) * batch + self.skips.skipped_samples(k, step, batch)
+        return self.consumed_before(step) + self.skips.skipped_samples(step, step, batch)
 
     def consumed_before(self, step: int) -> int:
         """Samples consumed, skipped windows included, before (0-based) ``step``: what a

@@ -3,8 +3,9 @@
 `LayoutConfig.layers_per_stage` gives pp·vpp block counts in pipeline order (uneven splits
 allowed). Virtual stage k holds the next counts[k] blocks; rank r runs virtual stages
 r, r+pp, r+2pp, … (Megatron's interleaved assignment), the first carrying the embedding and the
-last the head and loss; those two may hold no block at all (`config.layout.split_problem`). Blocks keep their global indices, so parameter names, initial values and
-checkpoints are the same at every layout.
+last the head and loss; those two may hold no block at all (`config.layout.split_problem`).
+Blocks keep their global indices, so parameter names, initial values and checkpoints are the
+same at every layout.
 
 This module says what each chunk holds, as data (`ChunkSpec`); `mscale.model.build_chunks` turns
 that into modules. The model sits above the parallel layer (it is written against its TP layers),
@@ -39,9 +40,9 @@ def check_pipeline(plan) -> None:
                           fix="raise global_batch or lower micro_batch so that "
                               "global_batch/(dp·micro_batch) >= pp (a multiple of pp with vpp > 1)")
     counts = layout.layers_per_stage(model.layers)
-    problem = split_problem(counts, model.layers)
-    if len(counts) != layout.pp * layout.vpp:
-        problem = f"{len(counts)} counts for pp·vpp={layout.pp * layout.vpp} stages"
+    stages = layout.pp * layout.vpp
+    problem = (f"{len(counts)} counts for pp·vpp={stages} stages" if len(counts) != stages
+               else split_problem(counts, model.layers))
     if problem:
         raise MscaleError(f"stage split: {problem}", field="layout.stage_layers",
                           fix="give pp·vpp counts summing to model.layers, >= 1 for every middle "
