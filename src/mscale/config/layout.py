@@ -93,12 +93,28 @@ def _brief(split: list[int]) -> str:
 
 def even_split(layers: int, stages: int) -> list[int]:
     """Split blocks over stages as evenly as possible; extra blocks go to the middle stages,
-    since the first stage also runs the embedding and the last the head and loss."""
+    since the first stage also runs the embedding and the last the head and loss.
+
+    The extra blocks go to the middle stages nearest the centre (on a tie, the lower index
+    first), and once every middle stage has one, to the first stage. Computed as a window
+    around the centre rather than by sorting, so that the planner can call it for thousands of
+    candidate splits of thousands of stages (tests/unit/config/test_schemas.py checks it
+    against the sort it replaces)."""
     base, extra = divmod(layers, stages)
     counts = [base] * stages
-    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - (stages - 1) / 2)))
-    for i in order[:extra]:
-        counts[i] += 1
+    middle = max(stages - 2, 0)
+    if stages <= 2:
+        for i in range(extra):  # no middle stage: the first end, then the last
+            counts[i] += 1
+        return counts
+    take = min(extra, middle)
+    if take:
+        half = (take - 1) // 2 if stages % 2 == 0 else take // 2  # even: two central stages
+        lo = (stages - 1) // 2 - half
+        for i in range(lo, lo + take):
+            counts[i] += 1
+    if extra > middle:  # every middle stage has one; then the first end (extra < stages)
+        counts[0] += 1
     return counts
 
 

@@ -8,6 +8,7 @@ recompute, ZeRO stage and DP reduction as numpy arrays and costed in one vectori
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,8 +134,10 @@ def light_split(layers: int, pp: int, vpp: int) -> list[int] | None:
     return split
 
 
+@functools.lru_cache(maxsize=4096)
 def light_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int] | None:
-    """(most, first, last) blocks per pipeline rank of `light_split`, or None."""
+    """(most, first, last) blocks per pipeline rank of `light_split`, or None. Cached: the
+    search asks for the same (pp, vpp) once per micro-batch size and once per skeleton."""
     split = light_split(layers, pp, vpp)
     if split is None:
         return None
@@ -158,6 +161,7 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
                 continue  # not a layout at all: fewer blocks than stages
             dp = world // (tp * pp)
             vs = interleavings(layers, pp)
+            has_light = {v for v in [1, *vs] if light_counts(layers, pp, v) is not None}
             for mb in mbs:
                 if tr.global_batch % (dp * mb):
                     rejects.add("global_batch not divisible by dp·micro_batch",
@@ -172,7 +176,7 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
                 ok = [1] + (vs if m % pp == 0 else [])
                 if len(out) + len(ok) > MAX_SKELETONS:
                     raise _too_large(pb)
-                lights = [v for v in ok if light_split(layers, pp, v) is not None]
+                lights = [v for v in ok if v in has_light]
                 ok = [v for v in ok if pp * v <= layers]  # more stages: only as light ends
                 if len(out) + len(ok) + len(lights) > MAX_SKELETONS:
                     raise _too_large(pb)

@@ -58,6 +58,23 @@ def test_even_split_gives_remainder_to_middle():
     assert sum(even_split(97, 8)) == 97
 
 
+def _even_split_by_sorting(layers: int, stages: int) -> list[int]:
+    """The rule as first written: stages sorted by (is an end, distance from the centre)."""
+    base, extra = divmod(layers, stages)
+    counts = [base] * stages
+    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - (stages - 1) / 2)))
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def test_even_split_window_matches_the_sorted_rule():
+    for stages in range(1, 70):
+        for layers in range(0, 3 * stages + 3):
+            assert even_split(layers, stages) == _even_split_by_sorting(layers, stages), (
+                layers, stages)
+
+
 def _layout_error(**kw):
     model = ModelConfig(layers=4, hidden=64, heads=4, kv_heads=2, vocab=256, seq_len=64)
     training = TrainingConfig(global_batch=16)
