@@ -95,7 +95,10 @@ def _read_local(text: str, limit: int) -> bytes:
             if st.st_size > limit:
                 raise _too_big(text, limit)
             with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read(limit + 1)
+                # read(n) allocates n bytes up front: ask for the size, not the limit (64 MiB)
+                data = f.read(st.st_size + 1)
+                if len(data) > st.st_size:  # it grew since fstat: read on, within the limit
+                    data += f.read(limit + 1 - len(data))
         else:
             data = _read_stream(fd, text, limit)
     finally:
