@@ -33,4 +33,6 @@ def test_a_rank_that_never_commits_fails_the_job_within_the_timeout(tmp_path):
                                timeout_s=20)
     got = per_rank[0]
     assert got["error"] is not None and "timed out" in got["error"].lower(), got
-    assert timeout_s * 0.8 <= got["elapsed"] < timeout_s + 20, got
+    # the job's timeout fired (gloo names it in ms), not gloo's 30-minute default; no upper
+    # wall-clock bound: the harness's own timeout stops a job that waits longer
+    assert "3000ms" in got["error"] and got["elapsed"] >= timeout_s * 0.8, got

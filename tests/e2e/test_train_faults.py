@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PLANS, REPO
-from tests.e2e.train_run import MSCALE, mscale, records, small_plan
+from tests.e2e.train_run import (HANG_GUARD_S, MSCALE, assert_timed_out_after, mscale, records,
+                                 small_plan)
 
 pytestmark = pytest.mark.e2e
 
@@ -68,13 +69,12 @@ def test_sigstop_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
     wait_for_steps(proc, run, 2)
     pid = worker_pid(run, 1)
     os.kill(pid, signal.SIGSTOP)
-    t0 = time.monotonic()
     try:
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
-    assert time.monotonic() - t0 < 60
     assert proc.returncode == 3, out
+    assert_timed_out_after(run, 4)
     hang = records(run / "events.jsonl")[-1]
     assert hang["kind"] == "hang" and hang["ranks"] == [1], hang
     assert 1 in hang["evidence"]["stopped_at_failure"] and hang["evidence"]["timed_out"]
@@ -159,17 +159,17 @@ def test_a_worker_that_cannot_rendezvous_exits_3_with_an_error_file(tmp_path):
 ])
 def test_bad_numbers_fail_before_any_worker(tmp_path, args, needle):
     p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(tmp_path / "r"),
-               *args, timeout=60)
+               *args, timeout=180)
     assert p.returncode == 3 and needle in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "r").exists()
 
 
 def test_run_dir_is_required_with_a_plan_and_must_be_writable(tmp_path):
-    p = mscale("train", small_plan(tmp_path), "--local", "4", timeout=60)
+    p = mscale("train", small_plan(tmp_path), "--local", "4", timeout=180)
     assert p.returncode == 3 and "--run-dir is required" in p.stderr
     (tmp_path / "file").write_text("x")
     p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir",
-               str(tmp_path / "file" / "run"), timeout=60)
+               str(tmp_path / "file" / "run"), timeout=180)
     assert p.returncode == 3 and "is a file" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -222,10 +222,10 @@ def test_inject_crash_kills_mid_step_once_and_the_relaunch_matches_a_clean_run(t
 
 def test_inject_hang_is_named_within_the_timeout(tmp_path):
     run = tmp_path / "run"
-    t0 = time.monotonic()
-    p = hooked(tmp_path, run, "--steps", "50", "--timeout", "4", "--inject-hang", "1:3")
+    p = hooked(tmp_path, run, "--steps", "50", "--timeout", "4", "--inject-hang", "1:3",
+               timeout=HANG_GUARD_S)
     assert p.returncode == 3, p.stdout + p.stderr
-    assert time.monotonic() - t0 < 60
+    assert_timed_out_after(run, 4)
     hang = records(run / "events.jsonl")[-1]
     assert hang["kind"] == "hang" and hang["ranks"] == [1]
     assert hang["evidence"]["stopped_at_failure"] == [1]
@@ -278,12 +278,10 @@ def test_a_rank_stopped_inside_a_checkpoint_write_fails_the_job_within_the_timeo
     """The checkpoint's own group has --timeout too: rank 1 stops while writing the final save,
     the others finish theirs and wait for it in the commit's collective."""
     run = tmp_path / "run"
-    t0 = time.monotonic()
     p = hooked(tmp_path, run, "--steps", "3", "--timeout", "4", "--ckpt-interval", "100",
-               "--inject-ckpt-hang", "1:3")
-    took = time.monotonic() - t0
+               "--inject-ckpt-hang", "1:3", timeout=HANG_GUARD_S)
     assert p.returncode == 3, p.stdout + p.stderr
-    assert took < 60, took
+    assert_timed_out_after(run, 4)
     hang = records(run / "events.jsonl")[-1]
     assert hang["kind"] == "hang" and hang["ranks"] == [1], hang
     assert hang["evidence"]["stopped_at_failure"] == [1]
@@ -371,12 +369,11 @@ def test_a_rank_stopped_at_start_up_is_named_within_the_timeout(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
     os.kill(pid, signal.SIGSTOP)
-    t0 = time.monotonic()
     try:
-        out, _ = proc.communicate(timeout=90)
+        out, _ = proc.communicate(timeout=HANG_GUARD_S)
     finally:
         os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
-    assert time.monotonic() - t0 < 40, out
     assert proc.returncode == 3, out
+    assert_timed_out_after(run, 4)
     assert "rank(s) 3 on node2 stopped answering (process stopped)" in out
     assert not (run / "metrics.jsonl").exists() or not records(run / "metrics.jsonl")

@@ -37,3 +37,20 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+
+
+HANG_GUARD_S = 240
+"""How long a test waits for a job whose rank hangs: far below gloo's 30-minute default timeout,
+so a job that ignored ``--timeout`` fails the test, and far above what the job takes on a loaded
+two-core machine. That the job's own timeout fired is checked by `assert_timed_out_after`, not by
+the wall clock."""
+
+
+def assert_timed_out_after(run: Path, seconds: float) -> None:
+    """Some rank's error file says its collective or rendezvous gave up after the job's
+    ``--timeout`` (gloo and the store name it in milliseconds): the timeout that fired is the
+    job's, not gloo's 30-minute default."""
+    want = f"{int(seconds * 1000)}ms"
+    messages = [json.loads(f.read_text()).get("message", "")
+                for f in sorted((run / "logs").glob("rank*.error.json"))]
+    assert any(want in m for m in messages), messages
