@@ -8,8 +8,12 @@ Not a test; prints figures (no pass/fail).
    (best iteration, the same nccl-tests busbw formula)                         goal within 5 %
 2. wall time of ``mscale preflight plans/cpu-tiny.yaml --local 8 --level quick`` (8 gloo
    processes: start-up, every check, the report)
+3. ``--false-positives N``: N healthy runs of that preflight (any flagged result counts against
+   it: goal 0) and N runs with rank 5 slowed 4x (its node, node3, must be the only one excluded
+   every time: goal N); suspects measured again and cleared are counted too
 
     .venv/bin/python bench/bench_preflight.py              # world 4, 1 MiB and 16 MiB, 3 repeats
+    .venv/bin/python bench/bench_preflight.py --false-positives 20
 """
 
 from __future__ import annotations
@@ -88,13 +92,51 @@ def wall_time(repeats: int) -> None:
           flush=True)
 
 
+def _preflight(run_dir: str, *extra: str) -> tuple[int, dict]:
+    exe = str(Path(sys.executable).parent / "mscale")
+    p = subprocess.run([exe, "preflight", str(REPO / "plans" / "cpu-tiny.yaml"), "--run-dir",
+                        run_dir, "--local", "8", "--json", *extra], capture_output=True,
+                       text=True, cwd=REPO, timeout=600)
+    if not p.stdout.strip():
+        raise SystemExit(f"preflight printed no report (exit {p.returncode}): {p.stderr[-500:]}")
+    return p.returncode, json.loads(p.stdout)
+
+
+def false_positives(n: int) -> None:
+    """Healthy runs that flag anything, and slowed runs that miss node3 or blame another."""
+    flagged_runs = cleared = 0
+    for i in range(n):
+        with tempfile.TemporaryDirectory() as d:
+            code, rep = _preflight(f"{d}/run")
+        bad = [f"{r['check']} {r['entity']} {r['status']}" for r in rep["results"]
+               if r["status"] != "OK"]
+        flagged_runs += bool(bad) or code != 0
+        cleared += rep.get("judging", {}).get("cleared", 0)
+        print(f"  healthy {i + 1}/{n}: exit {code}, flagged {bad or 'nothing'}, suspects cleared "
+              f"{rep.get('judging', {}).get('cleared', 0)}", flush=True)
+    named = 0
+    for i in range(n):
+        with tempfile.TemporaryDirectory() as d:
+            code, rep = _preflight(f"{d}/run", "--inject-slow", "5:4")
+        ok = code == 2 and rep["bad_nodes"] == ["node3"]
+        named += ok
+        print(f"  slowed {i + 1}/{n}: exit {code}, bad nodes {rep['bad_nodes']}", flush=True)
+    print(f"healthy runs flagged: {flagged_runs}/{n} (goal 0), suspects cleared by the second "
+          f"round: {cleared}; slowed runs naming node3 alone: {named}/{n} (goal {n})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--false-positives", type=int, metavar="N",
+                    help="only run N healthy and N slowed preflights and count their verdicts")
     a = ap.parse_args()
+    if a.false_positives:
+        false_positives(a.false_positives)
+        return
     busbw(a.world, [s << 20 for s in a.sizes_mib], a.repeats, a.iters)
     wall_time(a.repeats)
 

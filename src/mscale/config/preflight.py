@@ -70,3 +70,7 @@ class PreflightReport(RecordModel):
     bandwidth per group kind (tp/pp/dp) and collective, storage write/read MB/s."""
     status: Status = "OK"
     """Worst status over the results."""
+    judging: dict[str, Any] = {}
+    """How the figures were judged: the tolerance (``strict`` on GPUs, ``shared-cores`` for
+    CPU/gloo processes sharing cores), its fractions and why, how many suspects were measured
+    a second time (``rechecked``) and how many of them were slow only once (``cleared``)."""

@@ -109,18 +109,21 @@ def best_of_passes(measure, level: str, key: str, higher: bool) -> list[dict]:
 
 
 def measure_pairs(rank: int, placement: Placement, device: torch.device, level: str,
-                  slow: Slowdown) -> list[dict]:
-    """This rank's pairs: kind, ranks, GB/s as seen from this end (best of the passes)."""
-    return best_of_passes(lambda: _pairs_once(rank, placement, device, level, slow), level,
+                  slow: Slowdown, only: set[tuple[str, int, int]] | None = None) -> list[dict]:
+    """This rank's pairs: kind, ranks, GB/s as seen from this end (best of the passes).
+    ``only``: measure just these (kind, a, b) pairs (the re-measurement of suspects); it must
+    be the same on every rank."""
+    return best_of_passes(lambda: _pairs_once(rank, placement, device, level, slow, only), level,
                           "gbps", higher=True)
 
 
 def _pairs_once(rank: int, placement: Placement, device: torch.device, level: str,
-                slow: Slowdown) -> list[dict]:
+                slow: Slowdown, only: set[tuple[str, int, int]] | None) -> list[dict]:
     nbytes = BYTES[(device.type if device.type == "cuda" else "cpu", level)]
     concurrent = device.type == "cuda"
+    pairs = [p for p in plan_pairs(placement) if only is None or p in only]
     out = []
-    for turn in _turns(plan_pairs(placement), concurrent):
+    for turn in _turns(pairs, concurrent):
         for kind, a, b in turn:
             if rank in (a, b):
                 gbps = pingpong_gbps(rank, b if rank == a else a, nbytes, device, level, slow)
@@ -149,14 +152,16 @@ def _collective(op: str, group, n: int, numel: int, device: torch.device):
 
 
 def measure_groups(groups: ParallelGroups, device: torch.device, level: str,
-                   slow: Slowdown) -> list[dict]:
-    """This rank's view of each collective on each of its groups (best of the passes)."""
-    return best_of_passes(lambda: _groups_once(groups, device, level, slow), level, "seconds",
-                          higher=False)
+                   slow: Slowdown, only: set[tuple[str, tuple[int, ...]]] | None = None
+                   ) -> list[dict]:
+    """This rank's view of each collective on each of its groups (best of the passes).
+    ``only``: just these (kind, members) groups, the same on every rank."""
+    return best_of_passes(lambda: _groups_once(groups, device, level, slow, only), level,
+                          "seconds", higher=False)
 
 
 def _groups_once(groups: ParallelGroups, device: torch.device, level: str,
-                 slow: Slowdown) -> list[dict]:
+                 slow: Slowdown, only: set[tuple[str, tuple[int, ...]]] | None) -> list[dict]:
     nbytes = BYTES[(device.type if device.type == "cuda" else "cpu", level)]
     concurrent = device.type == "cuda"
     placement = groups.placement
@@ -166,6 +171,8 @@ def _groups_once(groups: ParallelGroups, device: torch.device, level: str,
         if len(mine) < 2:
             continue
         for members in [mine] if concurrent else getattr(placement, f"{kind}_groups"):
+            if only is not None and (kind, tuple(members)) not in only:
+                continue  # the same skip on every rank: the barrier below stays matched
             if members == mine:
                 out += _time_group(kind, mine, getattr(groups, f"{kind}_group"), nbytes,
                                    device, level, slow)

@@ -17,7 +17,7 @@ from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import Quarantine
 from mscale.hostlist import collect_hostlist
-from mscale.preflight import judge
+from mscale.preflight import judge, recheck
 from mscale.runs.atomic import fs_and_path, write_json_atomic, write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for
@@ -26,9 +26,9 @@ SKEW_WARN_S = 0.1
 SKEW_CRIT_S = 1.0
 
 
-def _gemm_results(payloads: list[dict]) -> list[CheckResult]:
+def _gemm_results(payloads: list[dict], tol: judge.Tolerance) -> list[CheckResult]:
     values = {p["rank"]: p["gemm"]["tflops"] for p in payloads}
-    verdicts = judge.judge_peers(values)
+    verdicts = judge.judge_peers(values, warn=tol.device_warn, critical=tol.critical)
     out = []
     for p in payloads:
         v, g = verdicts[p["rank"]], p["gemm"]
@@ -57,8 +57,9 @@ def _judged(check: str, kind_key: str, items: list[dict], value_key: str, unit: 
             plan: Plan, nccl: bool, node_of: dict[int, str]) -> list[CheckResult]:
     """Judge link items (pairs or groups) of one kind against their peers and the link rate."""
     out = []
+    tol = judge.tolerance_for(nccl)
     verdicts = judge.judge_peers({i: it[value_key] for i, it in enumerate(items)},
-                                 warn=judge.LINK_WARN_PEER_FRACTION)
+                                 warn=tol.link_warn, critical=tol.critical)
     for i, it in enumerate(items):
         v = verdicts[i]
         rate_status, rate_expected = judge.judge_rate(
@@ -79,7 +80,7 @@ def _judged(check: str, kind_key: str, items: list[dict], value_key: str, unit: 
 
 
 def _link_results(plan: Plan, payloads: list[dict], node_of: dict[int, str]) -> list[CheckResult]:
-    nccl = any(p.get("device") == "cuda" for p in payloads)
+    nccl = on_gpu(payloads)
     pairs: dict[str, dict[tuple, dict]] = {}
     for p in payloads:  # a pair's figure: its slower end's
         for it in p.get("pairs", []):
@@ -173,15 +174,35 @@ def finish(plan: Plan, opts, world: int, results: list[CheckResult],
                            status=judge.job_status(results))
 
 
-def assemble(plan: Plan, opts, payloads: list[dict]) -> PreflightReport:
-    """Rank 0: every rank's payload → the judged report."""
+def on_gpu(payloads: list[dict]) -> bool:
+    return any(p.get("device") == "cuda" for p in payloads)
+
+
+def judged_measurements(plan: Plan, payloads: list[dict]) -> list[CheckResult]:
+    """GEMM, pairs and groups judged against their peers (and on NCCL the link rate)."""
     node_of = {p["rank"]: p["node"] for p in payloads}
-    results = _gemm_results(payloads) + _link_results(plan, payloads, node_of)
+    tol = judge.tolerance_for(on_gpu(payloads))
+    return _gemm_results(payloads, tol) + _link_results(plan, payloads, node_of)
+
+
+def assemble(plan: Plan, opts, payloads: list[dict],
+             again: list[dict] | None = None) -> PreflightReport:
+    """Rank 0: every rank's payload (and the re-measured suspects, ``again``) → the report."""
+    node_of = {p["rank"]: p["node"] for p in payloads}
+    results = judged_measurements(plan, payloads)
+    suspects = recheck.suspects(results)
+    if again is not None:
+        second = judged_measurements(plan, recheck.second_round_payloads(payloads, again))
+        results = recheck.combine(results, second)
     results += _skew_results(payloads)
     for p in payloads:
         results += [CheckResult.model_validate(r) for r in p.get("host", [])]
     report = finish(plan, opts, len(payloads), results, node_of)
     report.measured = _measured(results, payloads)
+    tol = judge.tolerance_for(on_gpu(payloads))
+    report.judging = {**tol.as_record(), "rechecked": suspects.count() if again else 0,
+                      "cleared": sum(1 for r in results
+                                     if r.evidence.get("rounds") and not recheck.flagged(r))}
     return report
 
 
@@ -269,6 +290,13 @@ def render(report: PreflightReport, as_json: bool) -> None:
             console.print(f"{r.status}: {r.check} {r.entity} ({r.node or 'no single node'}): "
                           f"{r.message}",
                           markup=False)
+    j = report.judging
+    if j:
+        again = (f"; {j['rechecked']} suspect(s) measured again, {j['cleared']} cleared"
+                 if j.get("rechecked") else "")
+        console.print(f"judged with the {j['name']} tolerance (below {j['device_warn']:g} x the "
+                      f"peers' median for GEMM, {j['link_warn']:g} for links, critical below "
+                      f"{j['critical']:g}: {j['why']}){again}", markup=False)
     console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
     if report.exclude:
         console.print(f"exclude: sbatch --exclude={report.exclude}")

@@ -24,11 +24,9 @@ from mscale.config.preflight import CheckResult
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.preflight.compute import Slowdown, gemm_tflops
 from mscale.preflight.network import measure_groups, measure_pairs
+from mscale.preflight.recheck import Suspects, suspects
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import Placement, placement_for
-
-PHASES = ("start", "groups", "compute", "p2p", "collectives", "host")
-
 
 @dataclass
 class PreflightOptions:
@@ -122,7 +120,8 @@ PHASES = {"groups": "building the plan's TP/PP/DP groups",
           "compute": "GEMM throughput on every device",
           "p2p": "point-to-point bandwidth between the groups' neighbours",
           "collectives": "all-reduce / all-gather / reduce-scatter bus bandwidth per group",
-          "host": "host checks (GPU health, ports, storage, environment)"}
+          "host": "host checks (GPU health, ports, storage, environment)",
+          "recheck": "measuring the suspects again (flagged only if slow twice)"}
 """The phases every rank goes through, in order, with what rank 0 tells the operator."""
 
 
@@ -134,13 +133,25 @@ def _phase(payload: dict, phase: str, rank: int) -> None:
     line on stderr (stdout carries the report or the JSON document)."""
     payload["phase"] = phase
     if rank == 0:
-        step = list(PHASES).index(phase) + 1
+        first_round = [p for p in PHASES if p != "recheck"]
+        step = (f"{first_round.index(phase) + 1}/{len(first_round)}" if phase in first_round
+                else phase)
         elapsed = time.monotonic() - _STARTED
-        print(f"preflight [{step}/{len(PHASES)}] {PHASES[phase]} ({elapsed:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(f"preflight [{step}] {PHASES[phase]} ({elapsed:.1f} s)", file=sys.stderr,
+              flush=True)
 
 
-def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, payload: dict) -> dict:
+@dataclass
+class Measuring:
+    """What a rank measured with, kept for the second round."""
+
+    device: torch.device
+    groups: object
+    slow: Slowdown
+
+
+def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
+            payload: dict) -> Measuring:
     """Every measurement of this rank, phase by phase, into ``payload`` (for rank 0); its
     ``phase`` says where this rank was if a collective fails."""
     from mscale.distributed.groups import build_groups
@@ -179,7 +190,42 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, paylo
     _mark("host", env.rank)
     if env.rank == 0:
         payload["clock_offsets"] = offsets
-    return payload
+    return Measuring(device, groups, slow)
+
+
+def measure_again(plan: Plan, opts: PreflightOptions, env: LaunchEnv, how: Measuring,
+                  suspects: Suspects, payload: dict) -> dict:
+    """The second round (`recheck.py`): only the suspects, the same way as the first time."""
+    placement = placement_for(plan)
+    again: dict = {"rank": env.rank}
+    _phase(payload, "recheck", env.rank)
+    if suspects.gemm:
+        tflops, n, dtype = gemm_tflops(how.device, opts.level, how.slow)
+        again["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
+    if suspects.pairs:
+        again["pairs"] = measure_pairs(env.rank, placement, how.device, opts.level, how.slow,
+                                       only=set(suspects.pairs))
+    if suspects.groups:
+        again["groups"] = measure_groups(how.groups, how.device, opts.level, how.slow,
+                                         only=set(suspects.groups))
+    _mark("recheck", env.rank)
+    return again
+
+
+def second_round(plan: Plan, opts: PreflightOptions, env: LaunchEnv, how: Measuring,
+                 gathered: list | None, payload: dict) -> list | None:
+    """Rank 0 names the suspects of the first round; every rank measures them again; rank 0
+    gets the second figures (None when nothing was flagged)."""
+    from mscale.preflight.report import judged_measurements
+
+    box = [suspects(judged_measurements(plan, gathered)) if env.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    if not box[0]:
+        return None
+    again = measure_again(plan, opts, env, how, box[0], payload)
+    out: list | None = [None] * env.world_size if env.rank == 0 else None
+    dist.gather_object(again, out, dst=0)
+    return out
 
 
 def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, ib_before,
@@ -231,9 +277,10 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     local = env.launcher == "local"
     payload: dict = {"phase": "start"}
     try:
-        measure(plan, opts, env, node, payload)
+        how = measure(plan, opts, env, node, payload)
         gathered: list | None = [None] * env.world_size if env.rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
+        again = second_round(plan, opts, env, how, gathered, payload)
     except Exception as exc:  # noqa: BLE001 - a dead/hung peer or a broken device: say which
         code = EXIT_BAD_INPUT
         if env.rank != 0:
@@ -249,7 +296,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
         return
     code = 0
     if env.rank == 0:
-        code = publish(assemble(plan, opts, gathered), opts, quiet=local)
+        code = publish(assemble(plan, opts, gathered, again), opts, quiet=local)
     codes = [code]
     dist.broadcast_object_list(codes, src=0)
     shutdown_and_exit(0 if local else codes[0])
