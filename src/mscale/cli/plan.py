@@ -10,8 +10,9 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
-from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, load_model
-from mscale.config.base import dump_yaml
+from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
+from mscale.config.base import dump_yaml, parse_yaml, validate
+from mscale.config.files import read_text
 from mscale.errors import MscaleError
 from mscale.planner.advice import no_fit_error
 from mscale.planner.calibrate import Calibration, fit_speed, load_calibration
@@ -19,8 +20,8 @@ from mscale.planner.cost import Problem, evaluate
 from mscale.planner.given import given_layout
 from mscale.planner.goodput import GoodputInputs
 from mscale.planner.planfile import make_plan
-from mscale.planner.report import (json_document, layout_table, losses_table, memory_table,
-                                   ranked, rejects_table)
+from mscale.planner.report import (Row, distinct, json_document, layout_table, losses_table,
+                                   memory_table, rejects_table)
 from mscale.planner.search import describe, search
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.targets import check_output
@@ -81,8 +82,9 @@ def plan_cmd(
     if output:  # a search that cannot write its result is wasted: check the destination first
         check_output(output, "file", "-o")
     files = {"cluster": str(cluster), "model": str(model), "training": str(training)}
-    configs = (load_model(ModelConfig, model), load_model(TrainingConfig, training),
-               load_model(ClusterConfig, cluster))
+    configs = (_load_part(ModelConfig, model, "--model"),
+               _load_part(TrainingConfig, training, "--training"),
+               _load_part(ClusterConfig, cluster, "--cluster"))
     pb = Problem(*configs, stack=stack)
     pb.stack_profile  # an unknown --stack is refused before any work
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
@@ -121,6 +123,28 @@ def plan_cmd(
     _print_human(result, top, given, plan, output, explain)
 
 
+PLAN_SECTIONS = ("cluster", "model", "training", "layout")
+"""Top-level keys of a plan file (config/plan.py); none is a field of a cluster, model or training
+file, so finding one means a whole plan was given where one part was expected."""
+
+
+def _load_part(schema, path: str, option: str):
+    """Load the cluster, model or training file given as ``option``. A whole plan given instead
+    would otherwise fail on its first missing field ("layers: required field is missing"),
+    which does not say what is wrong; the file is read once (it may be a pipe)."""
+    data = parse_yaml(read_text(path), str(path))
+    found = [k for k in PLAN_SECTIONS if isinstance(data, dict) and k in data]
+    if found:
+        what = option.removeprefix("--")
+        raise MscaleError(
+            f"this looks like a whole plan (it has {', '.join(k + ':' for k in found)}), "
+            f"not a {what} file", file=str(path), field=option,
+            fix=f"give its parts as separate files (--cluster plans/clusters/X.yaml --model "
+                f"plans/models/X.yaml --training plans/training/X.yaml) and the plan itself as "
+                f"--layout {path} to price its layout next to the best")
+    return validate(schema, data, str(path))
+
+
 def _calibration(configs, stack, paths: list[str], given_lo) -> Calibration:
     """Measured rates from the files; a run's step time needs the layout it ran."""
     cal = load_calibration(paths)
@@ -139,16 +163,21 @@ def _print_human(result, top, given, plan, output, explain) -> None:
     console.print(f"stack: {pb.stack_profile.name}"
                   + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
                      if pb.calibration is not None else ""), markup=False)
-    rows = [(str(i + 1), lo, c) for i, (lo, c) in enumerate(ranked(result, top))]
+    rows = distinct(result, top)
     if given:
-        rows.append(("given", *given))
+        rows.append(Row("given", *given))
     console.print(layout_table(pb, rows))
     console.print(losses_table(rows))
     console.print(f"{result.count:,} layouts fit of {result.examined:,} costed.")
-    if any(lo.stage_layers for _, lo, _ in rows):
-        console.print("split a/b/c: blocks in the first, second and last virtual stage (0: the "
-                      "embedding alone, or the head and loss alone); the plan lists every stage "
-                      "in stage_layers", markup=False)
+    if any(r.variants for r in rows):
+        console.print("equal cost: other layouts the model prices the same (step time and "
+                      "memory), folded into the row of the one ranked first, which is the one "
+                      "shown", markup=False)
+    if any(lo.stage_layers for r in rows for lo in (r.layout, *r.variants)):
+        console.print("split a/b/c (a-b-c among the variants, where even is the default split): "
+                      "blocks in the first, second and last virtual stage (0: the embedding "
+                      "alone, or the head and loss alone); the plan lists every stage in "
+                      "stage_layers", markup=False)
     if result.preferred_note:
         console.print(result.preferred_note, markup=False)
     chosen_cost = given[1] if given and plan.layout == given[0] else result.cost(0)

@@ -152,3 +152,49 @@ def test_config_urls_reach_the_reader_unchanged(cli):
     (a local file name) and the error would name a file the user never gave."""
     code, _, err = cli("plan", "--cluster", "foo://bucket/c.yaml", *CPU[2:])
     assert code == 3 and err.startswith("error: foo://bucket/c.yaml: ")
+
+
+def test_top_rows_are_distinct_layouts_with_their_equal_cost_variants(cli, tmp_path):
+    """--top 5 for 175B on 12,288 A100s used to show one layout four times (ZeRO 1/2 × even or
+    light-ends split, priced the same); now five different costs, each row naming its variants,
+    and -o still writes row 1's layout."""
+    out = tmp_path / "p.yaml"
+    code, stdout, err = cli("plan", *GPT, "--top", "5", "--json", "-o", str(out))
+    assert code == 0, err
+    top = json.loads(stdout)["top"]
+    assert len({(r["cost"]["step_time"], r["cost"]["mem_total"]) for r in top}) == 5
+    assert top[0]["variants_note"] == "+1: zero 1/2" and top[0]["variants"][0]["zero_stage"] == 2
+    assert all(isinstance(r["variants"], list) for r in top)
+    written = load_plan(str(out)).layout.model_dump(mode="json", exclude_none=True)
+    assert written == top[0]["layout"]
+    code, stdout, err = cli("plan", *GPT, "--top", "5")
+    assert code == 0, err
+    assert "equal cost: other layouts" in stdout and "+3: zero 1/2, split even/0-1-0" in stdout
+    assert stdout.count("tp8 pp8 v12 dp192 mb1 sp z1 ") == 1  # once, not as z1 and z2 rows
+
+
+@pytest.mark.parametrize("option", ["--model", "--cluster", "--training"])
+def test_a_whole_plan_given_as_one_part_is_named_as_such(cli, option):
+    """Passing plans/cpu-tiny.yaml as --model used to say only "layers: required field is
+    missing"; the error says it is a plan and how to use one."""
+    args = dict(zip(CPU[::2], CPU[1::2]))
+    args[option] = str(PLANS / "cpu-tiny.yaml")
+    code, out, err = cli("plan", *(x for kv in args.items() for x in kv))
+    assert code == 3 and out == "" and "Traceback" not in err
+    assert err.startswith(f"error: {args[option]}: {option}: this looks like a whole plan")
+    assert "layout:" in err and f"--layout {args[option]}" in err and "\n  fix: " in err
+
+
+def test_the_calibration_example_of_the_docs_runs(cli):
+    """docs/plan.md, "This engine on one H200": the cluster, model and training files of
+    plans/gpu-1b-h200.yaml with that plan as --layout and the run's metrics reproduce 0.716 s."""
+    code, stdout, err = cli("plan", "--cluster", str(PLANS / "clusters" / "h200-1.yaml"),
+                            "--model", str(PLANS / "models" / "llama-1b.yaml"),
+                            "--training", str(PLANS / "training" / "gpu-1b-h200.yaml"),
+                            "--layout", str(PLANS / "gpu-1b-h200.yaml"),
+                            "--calibrate", str(PLANS.parent / "bench" / "data"
+                                               / "h200_gpu1b_metrics.jsonl"), "--json")
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert doc["given"]["cost"]["step_time"] == pytest.approx(0.716, abs=0.005)
+    assert any("kernel rates × 0.506" in line for line in doc["calibration"])
