@@ -25,8 +25,8 @@ from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.preflight.compute import Slowdown, gemm_tflops
 from mscale.preflight.network import measure_groups, measure_pairs
 from mscale.preflight.recheck import Suspects, suspects
-from mscale.topology.env import LaunchEnv
-from mscale.topology.placement import Placement, placement_for
+from mscale.topology.env import LaunchEnv, node_name
+from mscale.topology.placement import placement_for
 
 @dataclass
 class PreflightOptions:
@@ -51,14 +51,6 @@ def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
                           f"the plan's layout needs {world}", file=source, field="layout",
                           fix=f"launch {world} processes (srun -n {world}, --local {world}), or "
                               "plan for the processes you have")
-
-
-def node_name(env: LaunchEnv, plan: Plan, placement: Placement) -> str:
-    """The name a node is excluded by: the launcher's under SLURM/torchrun, the plan's under
-    ``--local`` (where every "node" is this machine)."""
-    if env.launcher == "local":
-        return plan.cluster.node_names()[placement.node(env.rank)]
-    return env.hostname
 
 
 def _store():
@@ -262,7 +254,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     from mscale.preflight.report import assemble, failure_report, publish
     from mscale.topology.env import read_launch_env
 
-    env = read_launch_env()
+    env = read_launch_env(command="preflight", world=plan.layout.world_size)
     check_world(plan, env, opts.plan_path)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
@@ -271,8 +263,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
         from mscale.runs.rundir import RunDir
 
         RunDir(opts.run_dir).create()
-    placement = placement_for(plan)
-    node = node_name(env, plan, placement)
+    node = node_name(env, plan)  # the name it is excluded by (the plan's under --local)
     _store().set(f"{KEY}/node/{env.rank}", node)
     local = env.launcher == "local"
     payload: dict = {"phase": "start"}

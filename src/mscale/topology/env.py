@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from mscale.errors import MscaleError
 from mscale.hostlist import expand_hostlist
+
+if TYPE_CHECKING:
+    from mscale.config.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,30 @@ def slurm_master_port(job_id: str) -> int:
     return 20000 + int(job_id) % 20000 if job_id.isdigit() else 29500
 
 
-def read_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
+class NoLauncherError(MscaleError):
+    """Not started by a launcher: no rank, no world, nothing to join. Its own type so that a
+    process's edge can tell "there is no job" (a plain usage error) from a failure in one."""
+
+
+def no_launcher_fix(command: str | None = None, world: int | None = None) -> str:
+    """The fix for a command started without a launcher. It names the command that is running:
+    this helper is shared by every job-style command (train, preflight), so a fixed text would
+    send the user of one to another. ``world`` (the plan's process count) fills in ``--local``."""
+    n = str(world) if world else "N"
+    if not command:
+        return (f"run it under srun or torchrun ({n} processes); `mscale train` and `mscale "
+                f"preflight` also run on this machine with --local {n}")
+    return (f"run it under srun or torchrun ({n} processes), or on this machine with "
+            f"`mscale {command} PLAN --run-dir DIR --local {n}`")
+
+
+def read_launch_env(env: Mapping[str, str] | None = None, command: str | None = None,
+                    world: int | None = None) -> LaunchEnv:
     """Build a LaunchEnv from torchrun variables (RANK, WORLD_SIZE, …) or SLURM ones.
 
     torchrun wins when both are present: ``srun torchrun …`` sets both, and torchrun's view is
-    the per-process one.
+    the per-process one. Without either, `NoLauncherError`, whose fix names ``command`` (the
+    subcommand running, e.g. ``"preflight"``) and ``world`` (see `no_launcher_fix`).
     """
     env = os.environ if env is None else env
     host = env.get("SLURMD_NODENAME") or os.uname().nodename
@@ -68,5 +90,20 @@ def read_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
             master_port=int(env.get("MASTER_PORT", slurm_master_port(env.get("SLURM_JOB_ID", "")))),
             launcher="slurm", hostname=host,
             restart_count=int(env.get("SLURM_RESTART_COUNT", 0)))
-    raise MscaleError("no launcher environment found (neither RANK/WORLD_SIZE nor SLURM_PROCID)",
-                      fix="run under torchrun or srun, or use `mscale train PLAN --local N`")
+    raise NoLauncherError("no launcher environment found (neither RANK/WORLD_SIZE nor "
+                          "SLURM_PROCID are set)", fix=no_launcher_fix(command, world))
+
+
+def node_name(env: LaunchEnv, plan: "Plan") -> str:
+    """This process's node as the job's records name it: the plan's node name under ``--local``
+    (every pretend node is this machine, and its launcher, watch and recover all say ``node3``),
+    else the launcher's (SLURM's node name, or the host name under torchrun). Console lines,
+    error files and events use it so that one node has one name everywhere."""
+    if env.launcher == "local":
+        from mscale.topology.placement import placement_for  # same package; placement is heavier
+
+        names = plan.cluster.node_names()
+        index = placement_for(plan).node(env.rank)
+        if 0 <= index < len(names):
+            return names[index]
+    return env.hostname

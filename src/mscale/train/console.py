@@ -27,6 +27,13 @@ def start_line(plan: Plan, world: int, launcher: str, run_dir: str, run_id: str,
             f"run {run_id} attempt {attempt}, run directory {run_dir}")
 
 
+def resume_text(resumed_from: str | None, step: int, steps: int) -> str | None:
+    """The resume line, or None when nothing was loaded. Keyed on the checkpoint loaded, not on
+    its step: an HF import (`mscale ckpt convert HF_DIR DST --plan PLAN`) is step 0, and a run
+    started from one must say so as loudly as any other resume."""
+    return None if resumed_from is None else resume_line(resumed_from, step, steps)
+
+
 def resume_line(path: str, step: int, steps: int) -> str:
     if step < steps:
         return f"resumed from {path} (step {step}); continuing to step {steps}"

@@ -26,7 +26,7 @@ from mscale.planner.flops import model_flops
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_record
-from mscale.train.console import Summary, resume_line, start_line, stop_line
+from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
 from mscale.train.engine import Engine, build_engine
@@ -137,8 +137,9 @@ def _run(engine: Engine, s: RunSession) -> int:
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     steps = plan.training.steps
-    if first:
-        _say(engine, resume_line(ckpt.resumed_from or s.run.ckpt, first, steps))
+    resumed = resume_text(ckpt.resumed_from, first, steps)
+    if resumed:
+        _say(engine, resumed)
     engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()

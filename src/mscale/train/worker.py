@@ -17,6 +17,7 @@ import torch
 from mscale.config.plan import Plan
 from mscale.errors import EXIT_BAD_INPUT
 from mscale.runs.rundir import RunDir
+from mscale.topology.env import LaunchEnv, node_name, read_launch_env
 from mscale.train.failure import classify, one_line, write_error_file
 from mscale.train.options import TrainOptions
 
@@ -29,17 +30,22 @@ def default_threads(local_world_size: int, cpus: int | None = None) -> int:
     return max(1, cpus // max(1, local_world_size))
 
 
-def run_worker(plan: Plan, options: TrainOptions) -> None:
-    """Run this process's share of the job and exit the process with its code (never returns)."""
+def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) -> None:
+    """Run this process's share of the job and exit the process with its code (never returns).
+
+    The launcher's environment is read first, outside the edge: without one there is no rank
+    and no job, so the `NoLauncherError` is a usage error for the CLI to print like any other
+    bad input (exit 3), not a failure of "rank -1 on <host>" with an error file.
+    """
     from mscale.distributed.init import shutdown_and_exit
-    from mscale.topology.env import read_launch_env
     from mscale.train.loop import train
 
+    env = env or read_launch_env(command="train", world=plan.layout.world_size)
     run = RunDir(options.run_dir)
-    rank, node = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", -1))), os.uname().nodename
+    # the node as the launcher and the plan name it (node3 under --local), not this host's name:
+    # the launcher's failure line, watch, quarantine and recover all use that name
+    rank, node = env.rank, node_name(env, plan)
     try:
-        env = read_launch_env()
-        rank, node = env.rank, env.hostname
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(default_threads(env.local_world_size))
         code = train(plan, options, env)

@@ -1,0 +1,57 @@
+"""``mscale train`` without a launcher, and a worker's failure line naming the launcher's node:
+in-process, no job is started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import PLANS
+
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "MSCALE_TRAIN_OPTIONS")
+
+
+def test_train_without_a_launcher_is_a_plain_bad_input_error(cli, tmp_path, monkeypatch):
+    for var in LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    run = tmp_path / "run"
+    code, out, err = cli("train", str(PLANS / "cpu-tiny.yaml"), "--run-dir", str(run))
+    assert code == 3, out + err
+    assert err.startswith("error: no launcher environment found") and "Traceback" not in err
+    # no rank or host before a launcher exists: not "error (rank -1 on <host>, bad_input)"
+    assert "rank -1" not in err and "bad_input" not in err
+    assert "mscale train PLAN --run-dir DIR --local 8" in err  # the plan's 8 processes
+    assert not (run / "logs").exists()  # no error file of a rank that never was
+
+
+def test_a_workers_failure_names_the_plans_node_under_local(tmp_path, monkeypatch, capsys):
+    """Under --local the launcher says `rank 3 on node2`; the worker's own line and error file
+    say the same, not this machine's host name."""
+    import mscale.distributed.init as init
+    import mscale.train.loop as loop
+    from mscale.topology.env import read_launch_env
+    from mscale.topology.placement import load_checked_plan
+    from mscale.train.options import TrainOptions
+    from mscale.train.worker import run_worker
+
+    class Exited(Exception):
+        pass
+
+    def exit_with(code, barrier=True):
+        raise Exited(code)
+
+    def crash(plan, options, env):
+        raise KeyError("pp")
+
+    monkeypatch.setattr(init, "shutdown_and_exit", exit_with)
+    monkeypatch.setattr(loop, "train", crash)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # leave this test process's threads alone
+    env = read_launch_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1",
+                           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MSCALE_LAUNCHER": "local"})
+    plan = load_checked_plan(str(PLANS / "cpu-tiny.yaml"))
+    with pytest.raises(Exited) as e:
+        run_worker(plan, TrainOptions(run_dir=str(tmp_path)), env)
+    assert e.value.args == (3,)
+    assert "error (rank 3 on node2, crash)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "logs" / "rank3.error.json").read_text())["node"] == "node2"
