@@ -48,7 +48,7 @@ def watch_cmd(
     from mscale.watch.actions import ActionConfig, Actor
     from mscale.watch.config import WatchConfig
     from mscale.watch.follow import (EventFeed, Follower, layout_source, plan_hints,
-                                     resolve_target)
+                                     require_run, resolve_target)
     from mscale.watch.judge import Watcher
     from mscale.watch.outputs import OutputOptions, Outputs
     from mscale.watch.stream import MetricsFeed, records_to_window
@@ -57,6 +57,8 @@ def watch_cmd(
         if url:
             check_output(url, kind="file", what=flag)
     where = resolve_target(target)
+    if once:
+        require_run(where)
     flags = (tp, pp, dp, ranks_per_node, hostlist)
     layout_for = layout_source(where, *flags)
 
@@ -71,7 +73,8 @@ def watch_cmd(
     follower = Follower(
         target=where, layout_for=layout_for, make_watcher=make_watcher,
         feed=MetricsFeed(where.metrics), events=EventFeed(where.run.events) if where.run else None,
-        to_window=records_to_window, actor=actor, outputs=outputs, live=not once, clock=time.time)
+        to_window=records_to_window, actor=actor, outputs=outputs, live=not once, clock=time.time,
+        note=outputs.note)
     try:
         follower.run(interval)
     except BaseException:

@@ -10,6 +10,11 @@ The job is alive while ``lock.json`` is held by a live holder (runs/lock.py) and
 follows its latest ``start``. A metrics file alone has neither; it counts as alive while watch
 follows it live (hangs are judged), never with ``--once``.
 
+Until the first record comes, a live watch says what it waits for (a run to appear in an empty
+directory, the run's first step) at its first look and every few seconds: a watch pointed at a
+wrong path must not follow it forever in silence. ``--once`` refuses a directory no job has
+written to (`require_run`).
+
 The parts are passed in (the feed, the judge, the actor, the outputs), so this loop is tested
 with small fakes and its pieces with real traces.
 """
@@ -52,6 +57,35 @@ class Target:
         """The plan's URL if the file exists now."""
         return _existing(self.plan) if self.plan else None
 
+    def is_run(self) -> bool:
+        """Whether a job has been here: a run directory holding any of `NOT_A_RUN` (`train`
+        writes them from its start), or a metrics file (it exists: `resolve_target` checked).
+        An empty or unrelated directory is not."""
+        if self.run is None:
+            return True
+        return any(_exists(u) for u in (self.run.plan, self.run.lock, self.metrics))
+
+    def waiting_for(self) -> str:
+        """What a live watch that has seen no record yet is waiting for, in one line."""
+        if not self.is_run():
+            return f"waiting for a run in {self.url}: no {NOT_A_RUN} yet"
+        if self.run is not None:
+            return f"waiting for the run's first step: no record in {self.metrics} yet"
+        return f"waiting for the first record in {self.metrics}"
+
+
+NOT_A_RUN = "plan.yaml, lock.json or metrics.jsonl"
+"""What `train` leaves in a run directory from its start: one of them makes a directory a run."""
+
+
+def require_run(target: Target) -> None:
+    """``--once`` judges what is there: a directory no job has written to has nothing, and is
+    more likely a wrong path than a run about to start (a live watch waits for it instead)."""
+    if not target.is_run():
+        raise MscaleError(f"not a run directory: no {NOT_A_RUN}", file=target.url,
+                          fix="pass the --run-dir of an `mscale train` run or a metrics .jsonl "
+                              "file; without --once, watch waits for a run to start there")
+
 
 def resolve_target(url: str) -> Target:
     """A run directory, a run's ``metrics.jsonl`` (treated as its run), or any ``.jsonl``."""
@@ -75,6 +109,12 @@ def resolve_target(url: str) -> Target:
 def _existing(url: str) -> str | None:
     fs, path = fs_and_path(url)
     return url if fs.isfile(path) else None
+
+
+def _exists(url: str) -> bool:
+    """A file, or a JSONL file's object-store form (``<file>.d/``, runs/atomic.py)."""
+    fs, path = fs_and_path(url)
+    return fs.isfile(path) or fs.isdir(path + ".d")
 
 
 def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
@@ -197,6 +237,11 @@ class Follower:
     records: int = 0
     restarts: int = 0
     job: JobState = None
+    note: Callable[[str], None] | None = None
+    """Where a live watch says what it waits for while no record has come (the CLI: stderr).
+    None: say nothing (recover's supervisor follows attempts it started itself)."""
+    note_every_s: float = 5.0
+    """Seconds between two such lines (by ``clock``): a watch is never silent for longer."""
 
     def __post_init__(self) -> None:
         self.job = JobState(self.target.run, self.live, self.clock)
@@ -252,6 +297,18 @@ class Follower:
         self.restarts += 1
         self.layout = self.watcher = None
 
+    def _note_waiting(self, since: float, noted: float | None) -> float | None:
+        """While no record has come, one line saying what watch waits for, at the first look and
+        then every ``note_every_s``; returns when it last said so. Without it a watch pointed at
+        a wrong or empty directory would follow it forever without a word."""
+        if self.note is None or self.records:
+            return noted
+        now = self.clock()
+        if noted is not None and now - noted < self.note_every_s:
+            return noted
+        self.note(f"{self.target.waiting_for()} ({now - since:.0f} s)")
+        return now
+
     def open_findings(self) -> list[Finding]:
         return list(self.watcher.open_findings()) if self.watcher is not None else []
 
@@ -263,6 +320,7 @@ class Follower:
     def run(self, interval: float, sleep: Callable[[float], None] = time.sleep) -> None:
         """Live: poll until the job's stop is seen and judged (or Ctrl-C). Once: one pass,
         then wait (bounded) for a checkpoint a quarantine depends on."""
+        since, noted = self.clock(), None
         try:
             while True:
                 got = self.poll()
@@ -270,6 +328,7 @@ class Follower:
                     break
                 if self.job.stopped and not got and not self.actor.pending:
                     break
+                noted = self._note_waiting(since, noted)
                 if getattr(self.feed, "caught_up", True):
                     sleep(interval)
             while self.actor.pending:

@@ -4,6 +4,10 @@ After each poll: the view (live screen or plain lines), ``--jsonl`` lines for th
 and the Prometheus textfile. At the end: the ``--json`` document and the ``--report`` page, so a
 session stopped by Ctrl-C still leaves both. stdout carries machine output when ``--json`` or
 ``--jsonl`` is given, and then nothing else.
+
+Every file written is named once on ``notes`` (stderr in the CLI, so it never mixes with the
+machine output): ``wrote watch report: PATH``, ``wrote Prometheus textfile: PATH``. A file a
+command writes without saying so is one a newcomer does not know to look for.
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ class OutputOptions:
 class Outputs:
     """Implements `mscale.watch.follow.Outputs` for the CLI."""
 
-    def __init__(self, options: OutputOptions, stream: IO[str] | None = None):
+    def __init__(self, options: OutputOptions, stream: IO[str] | None = None,
+                 notes: IO[str] | None = None):
         self.options = options
         self.stream = stream or sys.stdout
+        self._notes = notes
         self._follower = None
+        self._prometheus_said = False
         self.view = make_view(self.stream, options.as_json or options.jsonl,
                               lambda: self._follower.layout if self._follower else None,
                               options.status_every_s)
@@ -50,6 +57,17 @@ class Outputs:
             sinks.write_prometheus(self.options.prometheus, sinks.prometheus_text(
                 follower.target.url, follower.history, follower.open_findings(),
                 follower.findings, follower.feed.last_record_time, time.time()))
+            if not self._prometheus_said:  # rewritten at every look: said once
+                self._prometheus_said = True
+                again = " (rewritten at each look)" if getattr(follower, "live", False) else ""
+                self.note(f"wrote Prometheus textfile: {self.options.prometheus}{again}")
+
+    def note(self, line: str) -> None:
+        """One line about watch itself (what it wrote, what it waits for), never on stdout's
+        machine output; the stream is looked up when used, so a redirected stderr is honoured."""
+        out = self._notes or sys.stderr
+        out.write(line + "\n")
+        out.flush()
 
     def finish(self, follower) -> int:
         """Close the view, write the document and the report; return the exit code."""
@@ -62,6 +80,7 @@ class Outputs:
             report.write_report(self.options.report, report.render(
                 follower.target.url, follower.history, follower.layout, follower.findings,
                 follower.actor.log, summary, code))
+            self.note(f"wrote watch report: {self.options.report}")
         if self.options.as_json:
             doc = sinks.document(follower.target.url, follower.findings,
                                  follower.open_findings(), follower.actor.log, summary,

@@ -97,7 +97,8 @@ def test_no_act_leaves_the_run_directory_alone(cli, run):
     (["{run}", "--hang-s", "0"], "--hang-s"),
     (["{run}", "--interval", "0"], "--interval"),
     (["{run}", "--tp", "3"], "tp"),
-    (["{empty}"], "no metrics records"),
+    (["{empty}"], "not a run directory: no plan.yaml, lock.json or metrics.jsonl"),
+    (["{started}"], "no metrics records"),
     (["{small}"], "the records have 4 ranks, the layout 8"),
 ])
 def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
@@ -107,7 +108,33 @@ def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
     small.mkdir()
     shutil.copy(PLANS / "cpu-tiny.yaml", small / "plan.yaml")
     write(small / "metrics.jsonl", simulate(4, tp=2, ranks_per_node=2, steps=3))
-    fill = {"tmp": str(tmp_path), "run": str(run), "empty": str(empty), "small": str(small)}
+    started = tmp_path / "started"  # a run whose job has not written a step yet
+    started.mkdir()
+    shutil.copy(PLANS / "cpu-tiny.yaml", started / "plan.yaml")
+    fill = {"tmp": str(tmp_path), "run": str(run), "empty": str(empty), "small": str(small),
+            "started": str(started)}
     code, out, err = cli("watch", *[a.format(**fill) for a in args], "--once", "--no-act")
     assert code == 3, out + err
     assert needle in err and "Traceback" not in err and err.startswith("error: ")
+
+
+def test_once_refuses_a_directory_that_is_not_a_run_naming_it_and_the_fix(cli, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = cli("watch", str(empty), "--once")
+    assert code == 3 and out == ""
+    first, fix = err.splitlines()
+    assert first == (f"error: {empty}: not a run directory: no plan.yaml, lock.json or "
+                     "metrics.jsonl")
+    assert fix.startswith("  fix: pass the --run-dir of an `mscale train` run")
+
+
+def test_every_file_watch_writes_is_named_on_stderr(cli, run, tmp_path):
+    prom, page = tmp_path / "out" / "watch.prom", tmp_path / "out" / "watch.html"
+    code, out, err = cli("watch", str(run), "--once", "--no-act", "--json", "--prometheus",
+                         str(prom), "--report", str(page))
+    assert code == 1, out + err
+    json.loads(out)  # stdout stays the one JSON document
+    assert err.splitlines() == [f"wrote Prometheus textfile: {prom}",
+                                f"wrote watch report: {page}"]
+    assert prom.exists() and page.exists()

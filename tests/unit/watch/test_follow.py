@@ -233,3 +233,70 @@ def test_ctrl_c_ends_a_live_watch_cleanly(tmp_path):
 
     f.run(interval=1, sleep=sleep)  # returns: the outputs are still written by the caller
     assert judges[0].rows == [1, 2] and not f.job.stopped
+
+
+def _waiting_follower(target, batches, clock, notes, every=5.0):
+    return Follower(target=target, layout_for=layout_source(target),
+                    make_watcher=lambda layout: Judge(layout), feed=Feed(batches),
+                    events=EventFeed(target.run.events) if target.run else None,
+                    to_window=to_window, actor=Actor(None), outputs=Out(), live=True,
+                    clock=clock, note=notes.append, note_every_s=every)
+
+
+def test_a_live_watch_of_an_empty_directory_says_what_it_waits_for(tmp_path):
+    """Never silent: at the first look and then every note_every_s (by the injected clock, no
+    real waiting), one line; it changes once the run appears, and stops once records come."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    now = [100.0]
+    notes: list[str] = []
+    f = _waiting_follower(resolve_target(str(empty)), [[]] * 7 + [recs(1, world=8)],
+                          lambda: now[0], notes)
+    naps = []
+
+    def sleep(s):
+        naps.append(s)
+        now[0] += 2.0
+        if len(naps) == 4:  # the job starts: train writes plan.yaml first
+            (empty / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+        if len(naps) == 9:
+            raise KeyboardInterrupt
+
+    f.run(interval=2.0, sleep=sleep)
+    assert notes == [
+        f"waiting for a run in {empty}: no plan.yaml, lock.json or metrics.jsonl yet (0 s)",
+        f"waiting for a run in {empty}: no plan.yaml, lock.json or metrics.jsonl yet (6 s)",
+        f"waiting for the run's first step: no record in {empty}/metrics.jsonl yet (12 s)",
+    ]  # looks at 0, 2, 4, ... s; the record of the 8th look (14 s) silences the rest
+
+
+def test_a_metrics_file_not_yet_written_to_is_waited_for_too(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    path.write_text("")
+    notes: list[str] = []
+    f = _waiting_follower(resolve_target(str(path)), [], lambda: 0.0, notes)
+
+    def sleep(s):
+        raise KeyboardInterrupt
+
+    f.run(interval=1.0, sleep=sleep)
+    assert notes == [f"waiting for the first record in {path} (0 s)"]
+
+
+def test_once_refuses_a_directory_no_run_has_written_to(tmp_path):
+    from mscale.watch.follow import require_run
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(MscaleError) as e:
+        require_run(resolve_target(str(empty)))
+    assert e.value.file == str(empty) and "plan.yaml, lock.json or metrics.jsonl" in str(e.value)
+    assert "without --once" in e.value.fix
+    for name in ("lock.json", "plan.yaml", "metrics.jsonl"):  # any one of them makes a run
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / name).write_text("")
+        require_run(resolve_target(str(d)))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("")
+    require_run(resolve_target(str(trace)))
