@@ -19,7 +19,7 @@ import torch
 
 from mscale.ckpt import catalog, hf, safetensors, untrusted
 from mscale.ckpt.commit import build_manifest, write_commit
-from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
+from mscale.ckpt.limits import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
 from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_key
@@ -138,7 +138,7 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
 
 
 def _dtype(name: str) -> torch.dtype:
-    from mscale.ckpt.manifest import DTYPES
+    from mscale.ckpt.format import DTYPES
 
     return DTYPES[name]
 

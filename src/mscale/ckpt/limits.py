@@ -10,6 +10,8 @@ number becomes a named error instead of a MemoryError, a negative read or an hou
 MIN_LEVEL, MAX_LEVEL = -7, 22
 """zstd levels mscale writes (``--zstd-level`` of train and convert); 0 stores chunks raw."""
 
+DEFAULT_CHUNK_BYTES = 4 << 20
+"""4 MiB: small enough that a resharding read wastes little, large enough for full-speed I/O."""
 MAX_CHUNK_BYTES = 1 << 28
 """Raw bytes per chunk: 256 MiB, 64x the default; a reader holds one chunk's worth at a time."""
 MAX_WORLD = 1 << 20

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from mscale.ckpt.catalog import open_shard
-from mscale.ckpt.format import ChunkError, Decoder
+from mscale.ckpt.format import DTYPES, ChunkError, Decoder
 from mscale.ckpt.live import LiveRank, OptimizerState
-from mscale.ckpt.manifest import DTYPES, MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
+from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
 from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
 from mscale.ckpt.slices import Box, copy_overlap, intersect, rows_box
 from mscale.errors import EXIT_CRITICAL, MscaleError

@@ -20,7 +20,6 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-import torch
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mscale.ckpt import untrusted
@@ -36,13 +35,11 @@ MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 FORMAT = "mscale-ckpt"
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-    "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
-    "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
-}
-"""Element types a checkpoint may hold, by the name the manifest uses (little-endian)."""
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+ELEMENT_TYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
+                 "uint8", "bool")
+"""Element types a checkpoint may hold, by the name the manifest uses (little-endian). Their torch
+dtypes are `ckpt.format.DTYPES`: this schema stays torch-free, so that the launcher and the CLI
+can read manifests without importing torch."""
 
 # Tensor keys: "<group>/<global name>". Groups:
 MODEL = "model"
@@ -102,13 +99,13 @@ class TensorInfo(_Record):
     shape: list[Annotated[int, Field(ge=0, le=MAX_NUMEL)]] = Field(max_length=MAX_NDIM)
     """Global shape (before any tensor-parallel split)."""
     dtype: str
-    """Element type, a key of `DTYPES`."""
+    """Element type, one of `ELEMENT_TYPES`."""
 
     @field_validator("dtype")
     @classmethod
     def _dtype(cls, v: str) -> str:
-        if v not in DTYPES:
-            raise ValueError(f"unknown dtype {v!r}; one of {sorted(DTYPES)}")
+        if v not in ELEMENT_TYPES:
+            raise ValueError(f"unknown dtype {v!r}; one of {sorted(ELEMENT_TYPES)}")
         return v
 
     @field_validator("shape")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mscale.ckpt.format import DEFAULT_CHUNK_BYTES
+from mscale.ckpt.limits import DEFAULT_CHUNK_BYTES  # not format: the launcher stays torch-free
 
 
 @dataclass

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from mscale.ckpt.format import itemsize
-from mscale.ckpt.manifest import DTYPES
+from mscale.ckpt.format import DTYPES
 from mscale.ckpt.ownership import Item
 
 ALIGN = 64

@@ -39,7 +39,7 @@ def preflight_cmd(
                                           "and collectives take FACTOR times as long."),
 ) -> None:
     """Check the cluster before a run. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN/bad input."""
-    from mscale.preflight.runner import PreflightOptions, run_preflight_worker
+    from mscale.preflight.options import PreflightOptions
     from mscale.runs.targets import check_output
     from mscale.topology.placement import load_checked_plan
 
@@ -68,6 +68,8 @@ def preflight_cmd(
         from mscale.preflight.local import launch_local
 
         raise typer.Exit(launch_local(plan, resolved, opts, local))
+    from mscale.preflight.runner import run_preflight_worker  # imports torch: workers only
+
     run_preflight_worker(resolved, opts)
 
 

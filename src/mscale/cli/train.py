@@ -105,7 +105,6 @@ def train_cmd(
     from mscale.train.launch import check_before_launch, launch_job, options_from_env
     from mscale.ckpt.options import CkptOptions
     from mscale.train.options import TrainOptions
-    from mscale.train.worker import run_worker
 
     if plan is None:
         plan = str(resources.files("mscale") / "presets" / "cpu-tiny.yaml")
@@ -133,6 +132,8 @@ def train_cmd(
     if STATE["debug"]:  # workers (started by --local, srun or torchrun) print full tracebacks
         os.environ["MSCALE_DEBUG"] = "1"
     resolved = check_before_launch(plan, options, local)
-    if local:
+    if local:  # the launcher never imports torch: only its workers do (seconds per start)
         raise typer.Exit(launch_job(plan, resolved, options, local, as_json=as_json))
+    from mscale.train.worker import run_worker
+
     run_worker(resolved, options)

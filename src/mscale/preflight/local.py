@@ -17,7 +17,7 @@ from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.distributed.launch import run_local_workers
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render
-from mscale.preflight.runner import PreflightOptions
+from mscale.preflight.options import PreflightOptions
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for

@@ -14,7 +14,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -23,25 +23,11 @@ from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.preflight.compute import Slowdown, gemm_tflops
+from mscale.preflight.options import PreflightOptions
 from mscale.preflight.network import measure_groups, measure_pairs
 from mscale.preflight.recheck import Suspects, suspects
 from mscale.topology.env import LaunchEnv, node_name
 from mscale.topology.placement import placement_for
-
-@dataclass
-class PreflightOptions:
-    """What every rank needs; the ``--local`` launcher passes the same flags to each worker."""
-
-    run_dir: str
-    level: str = "quick"
-    timeout_s: float = 120.0
-    inject_slow: dict[int, float] = field(default_factory=dict)
-    sysfs_root: str = "/sys"
-    storage_url: str | None = None
-    plan_path: str | None = None
-    as_json: bool = False
-    prometheus: str | None = None
-
 
 def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
     """The launcher must start exactly the plan's world: anything else tests other links."""

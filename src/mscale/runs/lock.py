@@ -42,6 +42,10 @@ from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path, read_jsonl, write_all, write_bytes_atomic
 from mscale.runs.rundir import RunDir
 
+LOCK_HELD_ENV = "MSCALE_RUN_LOCK_HELD"
+"""Set by the --local launcher, which holds the run directory's lock for its workers (they then
+do not take it themselves)."""
+
 DEFAULT_LEASE_S = 120.0
 """Seconds without a heartbeat after which a lock held from another host is stale."""
 

@@ -11,8 +11,6 @@ redundant loaders). Under pipelining only the first stage needs inputs and only 
 
 from __future__ import annotations
 
-import os
-import stat
 import zlib
 from dataclasses import dataclass
 
@@ -22,31 +20,9 @@ import torch.distributed as dist
 
 from mscale.config.records import DataSkips
 from mscale.config.training import DataConfig
+from mscale.train.data_check import check_token_file
 from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
-
-
-def check_token_file(path: str, dtype: str) -> None:
-    """Refuse, before any worker starts, a token file that is missing, not a regular file, or whose
-    size is not a whole number of tokens (a wrong ``data.dtype``, or a file cut short)."""
-    field = "training.data.path"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise MscaleError("token file not found", file=path, field=field,
-                          fix="point data.path at a flat uint16/uint32 token file") from None
-    except OSError as e:
-        raise MscaleError(f"cannot read the token file: {e.strerror}", file=path, field=field,
-                          fix="check the path and its permissions") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise MscaleError("token file is not a regular file", file=path, field=field,
-                          fix="point data.path at a flat uint16/uint32 token file")
-    width = np.dtype(dtype).itemsize
-    if st.st_size % width:
-        raise MscaleError(f"size {st.st_size} B is not a multiple of the token width {width} B "
-                          f"({dtype})", file=path, field="training.data.dtype",
-                          fix="check data.dtype (uint16 vs uint32), or whether the file was cut "
-                              "short while being written")
 
 
 class TokenFile:

@@ -43,7 +43,7 @@ def options_from_env() -> TrainOptions | None:
 def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
     """Everything that can be checked before a process starts: the plan, the run directory, the
     data file, the process count. Bad input fails here once, not in N workers."""
-    from mscale.train.data import check_token_file
+    from mscale.train.data_check import check_token_file
 
     plan = load_checked_plan(plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
@@ -110,8 +110,7 @@ def log_dir_for(run_dir: str) -> str:
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
                as_json: bool = False) -> int:
     """Run the job on ``nprocs`` local processes; returns its contract exit code."""
-    from mscale.runs.lock import RunLock, new_run_id
-    from mscale.train.session import LOCK_HELD_ENV
+    from mscale.runs.lock import LOCK_HELD_ENV, RunLock, new_run_id
 
     run = RunDir(options.run_dir)
     run_id = f"local-{new_run_id()}"

@@ -25,7 +25,7 @@ from mscale.errors import MscaleError
 from mscale.runs.atomic import DiskFullError
 from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
-from mscale.runs.lock import RunLock, new_run_id, next_attempt
+from mscale.runs.lock import LOCK_HELD_ENV, RunLock, new_run_id, next_attempt
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 
@@ -59,9 +59,6 @@ class Journal:
                     raise
                 self.failure = exc
 
-
-LOCK_HELD_ENV = "MSCALE_RUN_LOCK_HELD"
-"""Set by the --local launcher, which holds the run directory's lock for its workers."""
 
 
 @dataclass
