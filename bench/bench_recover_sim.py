@@ -9,17 +9,57 @@ Prints markdown tables (docs/recover-simulation.md keeps the figures):
 3. mscale's own phase times (``--detect-s``, ``--diagnose-s``, ``--restart-s``: measured by
    bench/bench_recover.py) at the same scale.
 Each row: the simulation's mean (min–max over seeds) beside Young/Daly's first-order figure.
+The run takes a minute or two; while it does, a line on stderr says where it is every
+``--progress-every`` seconds (default 4; stdout keeps only the tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import threading
+import time
 from dataclasses import replace
+from typing import Callable
 
 from mscale.recover.simulate import SimInputs, estimate, for_model
 
 PARAMS_175B = 175e9
 TARGET = 0.95
+
+
+class Ticker:
+    """Says on stderr where the bench is, every ``every_s`` seconds, from a thread of its own
+    (while in a ``with``); calling it only records where the work is."""
+
+    def __init__(self, every_s: float = 4.0, stream=None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.stream, self.clock = every_s, stream or sys.stderr, clock
+        self.started, self.where = clock(), "starting"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, where: str) -> None:
+        self.where = where
+
+    def line(self) -> str:
+        return f"bench_recover_sim: {self.where} ({self.clock() - self.started:.0f} s)"
+
+    def run(self, wait: Callable[[float], bool] | None = None) -> None:
+        wait = wait or self._stop.wait
+        while not wait(self.every_s):
+            print(self.line(), file=self.stream, flush=True)
+
+    def __enter__(self) -> "Ticker":
+        if self.every_s > 0:
+            self._thread = threading.Thread(target=self.run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def row(name: str, inp: SimInputs, seeds: int) -> str:
@@ -29,10 +69,12 @@ def row(name: str, inp: SimInputs, seeds: int) -> str:
             f"{e.ett_mean:.1%} ({e.ett_min:.1%}–{e.ett_max:.1%}) | {e.analytic:.1%} |")
 
 
-def longest_recovery_for(target: float, base: SimInputs, seeds: int) -> float:
+def longest_recovery_for(target: float, base: SimInputs, seeds: int,
+                         tick: Callable[[str], None] = lambda where: None) -> float:
     """Largest detect+diagnose+restart (s, split 1:3 as in a crash found quickly) whose mean ETT
     still reaches ``target``; 0 when even an instant recovery does not."""
     def ok(total: float) -> bool:
+        tick(f"{base.auto_fraction:.0%} automatic: trying a {total:.0f} s recovery")
         inp = replace(base, detect_s=total / 4, diagnose_s=0.0, restart_s=3 * total / 4)
         return estimate(inp, seeds).ett_mean >= target
     if not ok(1.0):
@@ -51,7 +93,14 @@ def main() -> None:
     ap.add_argument("--detect-s", type=float, default=None, help="mscale's measured detection")
     ap.add_argument("--diagnose-s", type=float, default=5.0)
     ap.add_argument("--restart-s", type=float, default=None, help="mscale's measured restart")
+    ap.add_argument("--progress-every", type=float, default=4.0, metavar="S",
+                    help="seconds between progress lines on stderr (0: none)")
     args = ap.parse_args()
+    with Ticker(args.progress_every) as tick:
+        report(args, tick)
+
+
+def report(args, tick: Callable[[str], None]) -> None:
 
     base = for_model(PARAMS_175B, SimInputs(days=args.days, restart_s=0.0))
     load = base.restart_s  # reading the checkpoint back at the published read bandwidth
@@ -64,18 +113,18 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     mega = replace(base, detect_s=540.0, diagnose_s=60.0, restart_s=300.0 + load,
                    auto_fraction=0.9, manual_s=3600.0)
-    print(row("MegaScale-like: found+diagnosed ≤10 min, 5 min restart, 90% automatic", mega,
-              args.seeds))
-    print(row("same, a hang left to the 30-min default timeout", replace(mega, detect_s=1800.0),
-              args.seeds))
+    rows = [("MegaScale-like: found+diagnosed ≤10 min, 5 min restart, 90% automatic", mega),
+            ("same, a hang left to the 30-min default timeout", replace(mega, detect_s=1800.0))]
     fast = replace(mega, detect_s=30.0, diagnose_s=10.0, restart_s=120.0 + load)
-    for auto in (0.9, 0.97, 1.0):
-        print(row(f"30 s detect, 2 min restart, {auto:.0%} automatic",
-                  replace(fast, auto_fraction=auto), args.seeds))
+    rows += [(f"30 s detect, 2 min restart, {auto:.0%} automatic",
+              replace(fast, auto_fraction=auto)) for auto in (0.9, 0.97, 1.0)]
     if args.detect_s is not None and args.restart_s is not None:
-        ours = replace(base, detect_s=args.detect_s, diagnose_s=args.diagnose_s,
-                       restart_s=args.restart_s + load, auto_fraction=1.0)
-        print(row("mscale's measured phases (all automatic)", ours, args.seeds))
+        rows.append(("mscale's measured phases (all automatic)",
+                     replace(base, detect_s=args.detect_s, diagnose_s=args.diagnose_s,
+                             restart_s=args.restart_s + load, auto_fraction=1.0)))
+    for i, (name, inp) in enumerate(rows):
+        tick(f"scenario {i + 1}/{len(rows)}, {args.seeds} seeds")
+        print(row(name, inp, args.seeds), flush=True)
 
     print(f"\nLongest detect+diagnose+restart that still reaches {TARGET:.0%} (Young/Daly "
           "interval; a failure needing a human costs 1 h more):\n")
@@ -83,8 +132,9 @@ def main() -> None:
     print("|---|---|")
     for auto in (0.9, 0.95, 0.97, 0.99, 1.0):
         worst = longest_recovery_for(TARGET, replace(base, auto_fraction=auto, manual_s=3600.0),
-                                     max(5, args.seeds // 2))
-        print(f"| {auto:.0%} | {worst:.0f} |" if worst else f"| {auto:.0%} | unreachable |")
+                                     max(5, args.seeds // 2), tick)
+        print(f"| {auto:.0%} | {worst:.0f} |" if worst else f"| {auto:.0%} | unreachable |",
+              flush=True)
 
 
 if __name__ == "__main__":

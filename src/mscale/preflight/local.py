@@ -4,12 +4,15 @@ The workers are the same ``mscale preflight`` command with torchrun-style variab
 (`mscale.distributed.launch.run_local_workers`, train's launcher), ranks grouped into "nodes" of
 the plan's gpus_per_node. Rank 0 writes ``preflight.json``; this process prints it and exits
 with its Nagios code. If a worker dies before rank 0 could write a report, the launcher, which
-knows who died first, writes one that names that rank's node.
+knows who died first, writes one that names that rank's node. While the workers start, stderr
+shows how many have imported torch and the CLI (distributed/launch.py `StartupView`); rank 0's
+own phase lines follow.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from mscale.config.plan import Plan
@@ -54,6 +57,9 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
 
     logs = tempfile.mkdtemp(prefix="mscale-preflight-logs-")
     started = time.time()
+    lo = plan.layout  # stdout carries the report: the launcher's lines go to stderr, as rank 0's
+    print(f"preflight: starting {nprocs} workers on this machine (tp {lo.tp} x pp {lo.pp} x dp "
+          f"{lo.dp}); worker logs in {logs}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
                                logs, {"MSCALE_PREFLIGHT_LOGS": logs}, rank0_to_stderr=True,
                                rank0_ends_job=True)

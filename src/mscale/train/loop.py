@@ -13,6 +13,7 @@ import gc
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,8 @@ from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
 from mscale.config.records import Event
+from mscale.distributed.init import init_distributed
+from mscale.distributed.launch import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.rundir import RunDir
@@ -29,7 +32,7 @@ from mscale.topology.placement import placement_record
 from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
-from mscale.train.engine import Engine, build_engine
+from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
@@ -49,9 +52,25 @@ def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
     """
     if options.steps:
         plan = plan.model_copy(update={"training": with_steps(plan.training, options.steps)})
-    engine = build_engine(plan, env, options)
+    engine = _build(plan, env, options)
     session = open_session(RunDir(options.run_dir), env)
     return _run(engine, session)
+
+
+def _build(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
+    """`build_engine`, with the start-up phases marked for a ``--local`` launcher's console
+    (distributed/launch.py `mark_phase`): the job's rendezvous is joined first, so that it shows
+    apart from building the groups and the model (build_engine finds it joined)."""
+    check_node_matches(plan, env)  # before joining: a wrong world size would wait there
+    t0 = time.perf_counter()
+    init_distributed(env, options.timeout_s)
+    joined_s = time.perf_counter() - t0
+    mark_phase("rendezvous")
+    engine = build_engine(plan, env, options)
+    engine.timings["init_process_group_s"] = joined_s + engine.timings.get(
+        "init_process_group_s", 0.0)
+    mark_phase("built")
+    return engine
 
 
 def with_steps(training, steps: int):
@@ -140,6 +159,7 @@ def _run(engine: Engine, s: RunSession) -> int:
     resumed = resume_text(ckpt.resumed_from, first, steps)
     if resumed:
         _say(engine, resumed)
+    mark_phase("ready")
     engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()

@@ -38,8 +38,10 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
     bad input (exit 3), not a failure of "rank -1 on <host>" with an error file.
     """
     from mscale.distributed.init import shutdown_and_exit
+    from mscale.distributed.launch import mark_phase
     from mscale.train.loop import train
 
+    mark_phase("imported")  # torch and the engine's modules: most of a worker's start-up
     env = env or read_launch_env(command="train", world=plan.layout.world_size)
     run = RunDir(options.run_dir)
     # the node as the launcher and the plan name it (node3 under --local), not this host's name:
@@ -92,3 +94,29 @@ def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None
             ranks=[rank], nodes=[node], message=line, evidence=evidence))
     except Exception:  # noqa: BLE001 - the console line above already says what happened
         sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")
+
+
+def local_main(argv: list[str] | None = None) -> None:
+    """A ``--local`` worker (train/launch.py `WORKER_ENTRY`; argv: the plan's path): the plan and
+    the launcher's options, then `run_worker`, the same function ``mscale train`` runs under
+    torchrun or srun. The launcher checked every input before it started this process, so the
+    CLI's parsing and checks are not repeated here; an input that changed since (the plan file)
+    still fails like the CLI fails: one ``error:`` line, exit 3."""
+    from mscale.errors import MscaleError
+    from mscale.topology.placement import load_checked_plan
+    from mscale.train.launch import OPTIONS_ENV, options_from_env
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        options = options_from_env()
+        if options is None or len(argv) != 1:
+            raise MscaleError("a --local worker needs the plan's path and the launcher's options",
+                              field=OPTIONS_ENV, fix="start workers with `mscale train --local N`")
+        plan = load_checked_plan(argv[0])
+    except Exception as e:  # noqa: BLE001 - the worker's edge, before run_worker's own
+        if os.environ.get("MSCALE_DEBUG"):
+            traceback.print_exc()
+        text = str(e) if isinstance(e, MscaleError) else f"{type(e).__name__}: {e}"
+        sys.stderr.write(f"error: {text}\n")
+        sys.exit(EXIT_BAD_INPUT)
+    run_worker(plan, options)

@@ -6,16 +6,23 @@ right cause, right rank/node/stage, anything else it raised, and its what-if slo
 the true one (the same seed without the injection). Healthy traces count false alarms.
 
     python -m mscale.watch.detect.evaluate                 # the docs/benchmarks.md tables
-    python -m mscale.watch.detect.evaluate --quick         # fewer trials
+    python -m mscale.watch.detect.evaluate --quick         # fewer trials, shorter healthy traces
     taskset -c 0 python -m mscale.watch.detect.evaluate --scale   # judge cost at 12,288 ranks
+
+The tables go to stdout; while they are computed, a line on stderr says where the run is every
+``--progress-every`` seconds (default 3.5): the whole run takes minutes and one healthy trace
+tens of seconds (traces are fed in chunks, so the line can name the step).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, TextIO
 
 import numpy as np
 
@@ -28,6 +35,61 @@ from mscale.watch.window import Window
 STRAGGLERS = ("slow_device", "slow_node", "slow_link", "slow_data", "stage_imbalance",
               "data_imbalance", "job_wide")
 TRAINING = ("grad_spike", "nan", "divergence")
+
+FEED_CHUNK = 50
+"""Rows fed to the watcher at a time (the same findings as one feed: it judges row by row)."""
+
+Tick = Callable[[str], None]
+"""Told where the evaluation is, as often as convenient (`Progress` decides what to print)."""
+
+
+class Progress:
+    """Says on ``stream`` where the evaluation is, every ``every_s`` seconds, from a thread of its
+    own (while in a ``with``): a chunk of work slowed down by a loaded machine does not
+    delay the line. Calling it (a `Tick`) only records where the work is."""
+
+    def __init__(self, every_s: float = 3.5, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.every_s, self.stream, self.clock = every_s, stream or sys.stderr, clock
+        self.started = clock()
+        self.where = "starting"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, where: str) -> None:
+        self.where = where
+
+    def line(self) -> str:
+        return f"evaluate: {self.where} ({self.clock() - self.started:.0f} s)"
+
+    def run(self, wait: Callable[[float], bool] | None = None) -> None:
+        """Print `line` every ``every_s`` until stopped (``wait``: the stop event's, injectable)."""
+        wait = wait or self._stop.wait
+        while not wait(self.every_s):
+            print(self.line(), file=self.stream, flush=True)
+
+    def __enter__(self) -> "Progress":
+        if self.every_s > 0:
+            self._thread = threading.Thread(target=self.run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _feed(watcher: Watcher, win: Window, tick: Tick | None = None, where: str = "") -> list:
+    """``watcher.feed(win)`` in chunks of `FEED_CHUNK` rows, telling ``tick`` before each."""
+    if tick is None:
+        return watcher.feed(win)
+    found = []
+    for i in range(0, len(win), FEED_CHUNK):
+        tick(f"{where}step {i}/{len(win)}")
+        found += watcher.feed(Window(win.steps[i:i + FEED_CHUNK], win.ranks[i:i + FEED_CHUNK],
+                                     win.scalars[i:i + FEED_CHUNK], win.extra[i:i + FEED_CHUNK]))
+    return found
 
 
 @dataclass(frozen=True)
@@ -87,14 +149,15 @@ def _hits(f: Finding, cause: str, target, trace) -> bool:
 
 
 def run_case(cause: str, job: Job, seed: int, steps: int = 400, onset: int | None = None,
-             config: WatchConfig | None = None) -> Outcome:
-    """Inject ``cause`` once and score what the watcher says."""
+             config: WatchConfig | None = None, tick: Tick | None = None,
+             where: str = "") -> Outcome:
+    """Inject ``cause`` once and score what the watcher says (``tick``: told the progress)."""
     rng = np.random.default_rng(seed + 7919)
     onset = int(rng.integers(steps // 4, steps // 2)) if onset is None else onset
     target = _target(cause, job, rng)
     args = (job.world, job.tp, job.pp, None, job.ranks_per_node, steps, seed)
     trace = generate(*args, inject=[Injection(cause, onset, target)])
-    found = Watcher(trace.layout, config).feed(trace.window())
+    found = _feed(Watcher(trace.layout, config), trace.window(), tick, where)
     start = max(onset, (config or WatchConfig()).warmup_steps + 1)
     early = [f for f in found if f.evidence["detected_at"] < onset]
     late = [f for f in found if f.evidence["detected_at"] >= onset]
@@ -119,20 +182,23 @@ def run_case(cause: str, job: Job, seed: int, steps: int = 400, onset: int | Non
         if match is not None and cause == "divergence" else None)
 
 
-def healthy_alarms(job: Job, steps: int, seed: int, flag_pauses: bool = True) -> list[Finding]:
+def healthy_alarms(job: Job, steps: int, seed: int, flag_pauses: bool = True,
+                   tick: Tick | None = None, where: str = "") -> list[Finding]:
     """Every finding on a healthy trace (each one a false alarm)."""
     trace = generate(job.world, job.tp, job.pp, None, job.ranks_per_node, steps, seed,
                      flag_pauses=flag_pauses)
-    return Watcher(trace.layout).feed(trace.window())
+    return _feed(Watcher(trace.layout), trace.window(), tick, where)
 
 
-def _table(job: Job, trials: int, steps: int) -> list[str]:
+def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[str]:
     lines = [f"Injected causes, {job}, {trials} trials each, {steps} steps:", "",
              "| cause | detected | latency (steps, median/max) | right cause | right place | "
              "other findings | what-if / true slowdown (medians) |",
              "|---|---|---|---|---|---|---|"]
     for cause in STRAGGLERS + TRAINING:
-        outs = [run_case(cause, job, seed, steps) for seed in range(trials)]
+        outs = [run_case(cause, job, seed, steps, tick=tick,
+                         where=f"{job.world} ranks, {cause}, trial {seed + 1}/{trials}, ")
+                for seed in range(trials)]
         lat = [o.latency for o in outs if o.latency is not None]
         wi = [(o.slowdown_pct, o.true_pct) for o in outs
               if o.slowdown_pct is not None and o.true_pct]
@@ -179,25 +245,48 @@ def scale(records: int = 1000, chunk: int = 50) -> None:
           f"{2 * chunk} records {rss[1]:.0f} MB, after {records} {rss[-1]:.0f} MB")
 
 
+QUICK = {"trials": (1, 1), "steps": (400, 250), "healthy": ((600, 1), (400, 1))}
+"""``--quick``, per job (64 ranks, 1024 ranks): trials per cause, steps per injected trace,
+healthy traces (steps, count). At 64 ranks a quick trial is the full run's first (same seed and
+length), so those rows are a subset of `FULL`'s; at 1024 ranks the injected traces are 250 steps
+(onset between steps 62 and 124), and the healthy traces are shorter (three checkpoint stalls and
+a dozen GC pauses at 64 ranks, two stalls at 1024). Measured: 25 s on a quiet two-core machine
+(38 s of CPU when it was shared); the full run is about twenty times the work."""
+FULL = {"trials": (20, 5), "steps": (400, 400), "healthy": ((5000, 4), (2000, 3))}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer trials and steps")
+    ap.add_argument("--quick", action="store_true",
+                    help="one trial per cause (250-step traces at 1024 ranks), 600- and "
+                         "400-step healthy traces")
     ap.add_argument("--scale", action="store_true", help="only the cost at 12,288 ranks")
+    ap.add_argument("--progress-every", type=float, default=3.5, metavar="S",
+                    help="seconds between progress lines on stderr (0: none)")
     args = ap.parse_args(argv)
     if args.scale:
         return scale()
-    trials = 3 if args.quick else 20
+    sizes = QUICK if args.quick else FULL
+    with Progress(args.progress_every) as tick:
+        _report(sizes, tick)
+
+
+def _report(sizes: dict, tick: Tick) -> None:
     t0 = time.perf_counter()
-    for job in (Job(64, 2, 4), Job(1024, 8, 8)):
-        print("\n".join(_table(job, trials if job.world < 1000 else max(2, trials // 4), 400)))
-        print()
+    for job, trials, steps in zip((Job(64, 2, 4), Job(1024, 8, 8)), sizes["trials"],
+                                  sizes["steps"]):
+        print("\n".join(_table(job, trials, steps, tick)), flush=True)
+        print(flush=True)
     print("False alarms on healthy traces:\n")
-    print("| job | steps | traces | pauses flagged | findings |\n|---|---|---|---|---|")
-    for job, steps, n in ((Job(64, 2, 4), 5000, 1 if args.quick else 4),
-                          (Job(1024, 8, 8), 2000, 1 if args.quick else 3)):
+    print("| job | steps | traces | pauses flagged | findings |\n|---|---|---|---|---|", flush=True)
+    for job, (steps, n) in zip((Job(64, 2, 4), Job(1024, 8, 8)), sizes["healthy"]):
         for flagged in (True, False):
-            alarms = [len(healthy_alarms(job, steps, seed, flagged)) for seed in range(n)]
-            print(f"| {job} | {steps} | {n} | {'yes' if flagged else 'no'} | {sum(alarms)} |")
+            alarms = [len(healthy_alarms(
+                job, steps, seed, flagged, tick,
+                f"healthy {job.world} ranks, pauses {'' if flagged else 'not '}flagged, "
+                f"trace {seed + 1}/{n}, ")) for seed in range(n)]
+            print(f"| {job} | {steps} | {n} | {'yes' if flagged else 'no'} | {sum(alarms)} |",
+                  flush=True)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

@@ -21,16 +21,16 @@ import math
 import numpy as np
 
 from mscale.watch.config import WatchConfig
-from mscale.watch.detect.rows import Recent
+from mscale.watch.detect.rows import Recent, median
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid
 
 
 def _parts(w: Recent) -> dict[str, float]:
     """Median seconds per rank of each part of the step over the window."""
-    return {"busy": float(np.median(w.compute)), "wait": float(np.median(w.wait)),
-            "data": float(np.median(w.data)),
-            "step": float(np.median(w.step_time)),
+    return {"busy": float(median(w.compute)), "wait": float(median(w.wait)),
+            "data": float(median(w.data)),
+            "step": float(median(w.step_time)),
             "tokens_per_s": float(np.nanmedian(w.tokens_per_s))
             if np.isfinite(w.tokens_per_s).any() else math.nan}
 
@@ -47,8 +47,8 @@ class JobLevel:
     def set_baseline(self, w: Recent) -> None:
         self.baseline = _parts(w)
         g = self.g
-        sc = np.median(g.stage_median(w.compute), axis=0)
-        self.stage_excess = np.array([sc[s] - np.median(np.delete(sc, s)) for s in range(g.pp)]
+        sc = median(g.stage_median(w.compute), axis=0)
+        self.stage_excess = np.array([sc[s] - median(np.delete(sc, s)) for s in range(g.pp)]
                                      ) if g.pp > 1 else None
         self.baseline["first_step"], self.baseline["last_step"] = int(w.steps[0]), int(
             w.steps[-1])

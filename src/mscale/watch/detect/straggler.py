@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from mscale.watch.config import WatchConfig
-from mscale.watch.detect.rows import Recent, robust_sigma
+from mscale.watch.detect.rows import Recent, median, robust_sigma
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf
 
@@ -50,8 +50,8 @@ def _node_median(x: np.ndarray, g: Grid) -> np.ndarray:
     """``[world]`` → ``[nodes]``: the median rank of each node."""
     size = g.world // g.nodes
     if size * g.nodes == g.world:
-        return np.median(x.reshape(g.nodes, size), axis=1)
-    return np.array([np.median(x[g.node == n]) for n in range(g.nodes)])
+        return median(x.reshape(g.nodes, size), axis=1)
+    return np.array([median(x[g.node == n]) for n in range(g.nodes)])
 
 
 def _over_rows(x: np.ndarray) -> np.ndarray:
@@ -66,10 +66,12 @@ def _nanmedian(x: np.ndarray) -> np.ndarray:
     """Median over the last axis ignoring NaN (NaN where all are): a sort, where numpy's
     nanmedian of many short rows goes through masked arrays and costs a hundred times more."""
     s = np.sort(x, axis=-1)  # NaN sort last
-    k = (~np.isnan(x)).sum(axis=-1, keepdims=True)
-    lo = np.take_along_axis(s, np.maximum(k - 1, 0) // 2, axis=-1)
-    hi = np.take_along_axis(s, k // 2 - (k == 0), axis=-1)
-    return np.where(k > 0, (lo + hi) / 2, np.nan)[..., 0]
+    k = (~np.isnan(x)).sum(axis=-1)
+    flat = s.reshape(-1, s.shape[-1])  # one row per slice: plain indexing, not take_along_axis
+    rows = np.arange(len(flat))
+    lo = flat[rows, (np.maximum(k - 1, 0) // 2).ravel()].reshape(k.shape)
+    hi = flat[rows, (k // 2 - (k == 0)).ravel()].reshape(k.shape)
+    return np.where(k > 0, (lo + hi) / 2, np.nan)
 
 
 def _typical(x: np.ndarray, g: Grid, exclude: np.ndarray | None, peers: str) -> np.ndarray:
@@ -111,7 +113,7 @@ class StragglerRules:
 
     def judge(self, w: Recent, whatif: WhatIf, base_stage: np.ndarray | None) -> list[Finding]:
         g, cfg = self.g, self.cfg
-        step_s = float(np.median(w.step_time))
+        step_s = float(median(w.step_time))
         everyone = np.ones(g.world, bool)
         c_ex, slow_c, bar_c, sig_c, typ_c = self._excess(w.compute, everyone, "stage", step_s)
         d_ex, slow_d, bar_d, sig_d, typ_d = self._excess(w.data, g.reader, "dp", step_s)
@@ -186,8 +188,8 @@ class StragglerRules:
         if g.pp < 2:
             return None
         typ_c = typ_c[:, :: g.dp * g.tp]  # [n, pp]: a stage's ranks share one typical value
-        sc = np.median(typ_c, axis=0)
-        excess = np.array([sc[s] - np.median(np.delete(sc, s)) for s in range(g.pp)])
+        sc = median(typ_c, axis=0)
+        excess = np.array([sc[s] - median(np.delete(sc, s)) for s in range(g.pp)])
         s = int(excess.argmax())
         if excess[s] <= 0:
             return None

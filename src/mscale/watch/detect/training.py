@@ -20,6 +20,7 @@ from collections import deque
 import numpy as np
 
 from mscale.watch.config import WatchConfig
+from mscale.watch.detect.rows import median
 from mscale.watch.findings import Finding
 
 HISTORY = 4096
@@ -88,7 +89,7 @@ class TrainingRules:
         self.history.append((step, loss))
         if len(self.losses) < self.losses.maxlen:
             return None
-        med = float(np.median(self.losses))
+        med = float(median(list(self.losses)))
         if self.best is None or med < self.best[0]:
             self.best = (med, step)
         best, best_step = self.best
