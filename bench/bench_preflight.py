@@ -105,15 +105,18 @@ def _preflight(run_dir: str, *extra: str) -> tuple[int, dict]:
 def false_positives(n: int) -> None:
     """Healthy runs that flag anything, and slowed runs that miss node3 or blame another."""
     flagged_runs = cleared = 0
+    walls = []
     for i in range(n):
         with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
             code, rep = _preflight(f"{d}/run")
+            walls.append(time.perf_counter() - t0)
         bad = [f"{r['check']} {r['entity']} {r['status']}" for r in rep["results"]
                if r["status"] != "OK"]
         flagged_runs += bool(bad) or code != 0
         cleared += rep.get("judging", {}).get("cleared", 0)
         print(f"  healthy {i + 1}/{n}: exit {code}, flagged {bad or 'nothing'}, suspects cleared "
-              f"{rep.get('judging', {}).get('cleared', 0)}", flush=True)
+              f"{rep.get('judging', {}).get('cleared', 0)}, {walls[-1]:.1f} s", flush=True)
     named = 0
     for i in range(n):
         with tempfile.TemporaryDirectory() as d:
@@ -122,7 +125,8 @@ def false_positives(n: int) -> None:
         named += ok
         print(f"  slowed {i + 1}/{n}: exit {code}, bad nodes {rep['bad_nodes']}", flush=True)
     print(f"healthy runs flagged: {flagged_runs}/{n} (goal 0), suspects cleared by the second "
-          f"round: {cleared}; slowed runs naming node3 alone: {named}/{n} (goal {n})", flush=True)
+          f"round: {cleared}, wall time median {statistics.median(walls):.1f} s (max "
+          f"{max(walls):.1f}); slowed runs naming node3 alone: {named}/{n} (goal {n})", flush=True)
 
 
 def main() -> None:
