@@ -16,50 +16,14 @@ The run takes a minute or two; while it does, a line on stderr says where it is 
 from __future__ import annotations
 
 import argparse
-import sys
-import threading
-import time
 from dataclasses import replace
 from typing import Callable
 
 from mscale.recover.simulate import SimInputs, estimate, for_model
+from mscale.watch.detect.evaluate import Progress  # the same stderr ticker
 
 PARAMS_175B = 175e9
 TARGET = 0.95
-
-
-class Ticker:
-    """Says on stderr where the bench is, every ``every_s`` seconds, from a thread of its own
-    (while in a ``with``); calling it only records where the work is."""
-
-    def __init__(self, every_s: float = 4.0, stream=None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.every_s, self.stream, self.clock = every_s, stream or sys.stderr, clock
-        self.started, self.where = clock(), "starting"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __call__(self, where: str) -> None:
-        self.where = where
-
-    def line(self) -> str:
-        return f"bench_recover_sim: {self.where} ({self.clock() - self.started:.0f} s)"
-
-    def run(self, wait: Callable[[float], bool] | None = None) -> None:
-        wait = wait or self._stop.wait
-        while not wait(self.every_s):
-            print(self.line(), file=self.stream, flush=True)
-
-    def __enter__(self) -> "Ticker":
-        if self.every_s > 0:
-            self._thread = threading.Thread(target=self.run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
 
 def row(name: str, inp: SimInputs, seeds: int) -> str:
@@ -96,7 +60,7 @@ def main() -> None:
     ap.add_argument("--progress-every", type=float, default=4.0, metavar="S",
                     help="seconds between progress lines on stderr (0: none)")
     args = ap.parse_args()
-    with Ticker(args.progress_every) as tick:
+    with Progress(args.progress_every, name="bench_recover_sim") as tick:
         report(args, tick)
 
 

@@ -49,8 +49,9 @@ class Progress:
     delay the line. Calling it (a `Tick`) only records where the work is."""
 
     def __init__(self, every_s: float = 3.5, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, name: str = "evaluate"):
         self.every_s, self.stream, self.clock = every_s, stream or sys.stderr, clock
+        self.name = name  # the line's prefix: benches reuse this ticker
         self.started = clock()
         self.where = "starting"
         self._stop = threading.Event()
@@ -60,7 +61,7 @@ class Progress:
         self.where = where
 
     def line(self) -> str:
-        return f"evaluate: {self.where} ({self.clock() - self.started:.0f} s)"
+        return f"{self.name}: {self.where} ({self.clock() - self.started:.0f} s)"
 
     def run(self, wait: Callable[[float], bool] | None = None) -> None:
         """Print `line` every ``every_s`` until stopped (``wait``: the stop event's, injectable)."""
