@@ -168,6 +168,11 @@ class PhaseLog:
     def poll(self) -> None:
         """Read what the relaunched attempt wrote; close the restart and catch-up phases."""
         rec = self.current
+        # Steps first, then the start: train writes its start event before any step, so a
+        # step read here has its start in the events read next. The other order lets steps
+        # written between the two reads go by before the start is known, and the catch-up
+        # would end at a later step than the first one past the failure.
+        records = self._note(self._feed.poll()) if self._feed is not None else []
         if rec is not None and "relaunched" in rec.marks and "started" not in rec.marks:
             for ev in read_events(self.run):
                 t = ev.get("time")
@@ -177,9 +182,7 @@ class PhaseLog:
                     rec.attempt = ev.get("evidence", {}).get("attempt")
                     self._emit(rec, "restart", {})
                     break
-        if self._feed is None:
-            return
-        for r in self._note(self._feed.poll()):
+        for r in records:
             if rec is None or "started" not in rec.marks or "caught_up" in rec.marks:
                 continue
             if rec.failed_step is None or r.get("step", 0) > rec.failed_step:

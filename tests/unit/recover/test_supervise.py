@@ -228,3 +228,35 @@ def test_failure_time_is_the_earliest_record_of_this_attempt(tmp_path):
     put([{"kind": "start", "time": 10.0}])
     (tmp_path / "logs" / "rank2.error.json").unlink()
     assert failure_time(run, 10.0, 99.0) == (99.0, "the job's exit")
+
+
+def test_steps_written_while_the_start_is_read_still_end_the_catch_up(tmp_path, monkeypatch):
+    """The relaunched job writes its start and its first steps between supervise's reads of
+    events and metrics: the catch-up must still end at the first step past the failure."""
+    from mscale.recover import phases as phases_mod
+    run = RunDir(str(tmp_path))
+    log = phases_mod.PhaseLog(run)
+    log.watch_attempt()
+    log.failed(launched_at=time.time(), failed_step=3)
+    log.mark("relaunched")
+    real_read, written = phases_mod.read_events, []
+
+    def read_then_the_job_writes(r):
+        seen = real_read(r)
+        if not written:  # the job's start and steps land just after this read
+            written.append(1)
+            with open(r.events, "a") as f:
+                f.write(json.dumps({"time": time.time(), "source": "train", "kind": "start",
+                                    "evidence": {"attempt": 2}}) + "\n")
+            with open(r.metrics, "a") as f:
+                for step in (4, 5):
+                    f.write(json.dumps({"time": time.time(), "step": step, "loss": 1.0}) + "\n")
+        return seen
+
+    monkeypatch.setattr(phases_mod, "read_events", read_then_the_job_writes)
+    for _ in range(3):
+        log.poll()
+    assert log.current.marks.get("caught_up") is not None
+    got = {e["evidence"]["phase"]: e["evidence"] for e in events(tmp_path)
+           if e["source"] == "recover"}
+    assert got["catch_up"]["step"] == 4
