@@ -48,7 +48,10 @@ def timings(world: int, seed: int) -> torch.Tensor:
     compute = 0.62 + rng.normal(0, 0.01, world)
     data = np.abs(rng.normal(0.002, 0.001, world))
     bubble = np.abs(rng.normal(0.08, 0.005, world))
-    out = np.stack([step, compute, step - compute - data - bubble, data, bubble,
+    comm = step - compute - data - bubble
+    tp = comm * rng.uniform(0.5, 0.7, world)  # the split of comm_wait by kind of traffic
+    dp = comm - tp
+    out = np.stack([step, compute, comm, data, bubble, tp, bubble, dp,
                     np.full(world, 2.5), np.ones(world)], axis=1)
     assert out.shape[1] == len(FIELDS)
     return torch.from_numpy(out)

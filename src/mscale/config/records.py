@@ -18,7 +18,14 @@ from mscale.config.vectors import COMPACT_MIN_RANKS, decode_vector, encode_vecto
 RECORD_SCHEMA_VERSION = 1
 METRICS_SCHEMA_VERSION = 2
 """Newest `MetricsRecord` version: 2 may carry per-rank vectors encoded (config/vectors.py)."""
-PER_RANK_FIELDS = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time")
+PER_RANK_FIELDS = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time",
+                   "comm_tp", "comm_pp", "comm_dp")
+LINK_FIELDS = ("comm_tp", "comm_pp", "comm_dp")
+LINK_SCALE = 1e-3
+"""Resolution of the link vectors in version 2: 1 ms. The slow-link rule's smallest bar is a
+few percent of a step (tens of milliseconds), and coarser integers compress better: the three
+vectors add ~35 kB a step at 12,288 ranks (191 kB in all) where 1 µs would add ~105 kB
+(docs/benchmarks.md, "watch")."""
 _NON_FINITE_AS_NULL = ("loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s")
 """Required numbers that JSON writes as null when they are NaN or infinite (it has no NaN)."""
 
@@ -77,6 +84,15 @@ class MetricsRecord(RecordModel):
     """Seconds per rank waiting for data."""
     bubble_time: list[float] | None = None
     """Seconds per rank idle in the pipeline bubble (pipeline runs)."""
+    comm_tp: list[float] | None = None
+    """Seconds per rank waiting in tensor-parallel collectives (part of ``comm_wait``)."""
+    comm_pp: list[float] | None = None
+    """Seconds per rank waiting on pipeline sends and receives (in ``comm_wait`` or, during the
+    pipeline's warm-up and cool-down, ``bubble_time``)."""
+    comm_dp: list[float] | None = None
+    """Seconds per rank waiting on the data-parallel reduction and parameter gathers (part of
+    ``comm_wait``). These three let watch compare groups of one kind with each other and name
+    the rank whose link every slow group shares (docs/watch.md, "slow_link")."""
     extra: dict[str, Any] = {}
     """Anything else worth keeping (e.g. skipped-step flags)."""
 
@@ -101,9 +117,13 @@ class MetricsRecord(RecordModel):
         return out
 
     @field_serializer(*PER_RANK_FIELDS)
-    def _encode_vectors(self, v: list[float] | None) -> Any:
-        """Version 2 writes each vector in the compact form (~8x smaller at 12,288 ranks)."""
-        return encode_vector(v) if v is not None and self.schema_version >= 2 else v
+    def _encode_vectors(self, v: list[float] | None, info) -> Any:
+        """Version 2 writes each vector in the compact form (~8x smaller at 12,288 ranks); the
+        split of communication by kind at 1 ms (`LINK_SCALE`)."""
+        if v is None or self.schema_version < 2:
+            return v
+        return encode_vector(v, scale=LINK_SCALE) if info.field_name in LINK_FIELDS \
+            else encode_vector(v)
 
 
 EventKind = Literal[

@@ -137,14 +137,22 @@ def clock_for(device: torch.device | None) -> HostClock | CudaClock:
     return HostClock()
 
 
+LINKS = ("tp", "pp", "dp")
+"""The kinds of traffic a step's communication time is split into: tensor-parallel collectives,
+pipeline sends and receives, data-parallel reduction and parameter gathers. Groups of one kind
+are peers of each other (every TP group runs the same collectives on the same bytes), which is
+what lets watch tell a slow link from a job-wide slowdown (watch/detect/links.py)."""
+
+
 class CommClock:
-    """Time the training thread spent inside blocking collectives since the last `take`.
+    """Time the training thread spent inside blocking collectives since the last `take`, in
+    total and per kind of traffic (`LINKS`).
 
     Tensor-parallel collectives sit in the middle of forward and backward, so no region timer
-    around the step can see them; their call sites wrap themselves in `timed()`. The step timer
-    moves the total into ``comm_wait`` at the end of each step. Without this, the TP peer of a slow
-    rank would look busy (its wait hidden inside "compute") and the straggler rule (highest compute,
-    lowest wait) would point at the wrong rank.
+    around the step can see them; their call sites wrap themselves in `timed(kind)`. The step
+    timer moves the total into ``comm_wait`` at the end of each step. Without this, the TP peer of
+    a slow rank would look busy (its wait hidden inside "compute") and the straggler rule (highest
+    compute, lowest wait) would point at the wrong rank.
 
     The step timer installs its clock (`use`). On CPUs (`HostClock`) each span is added up at
     once into `seconds`. On GPUs NCCL calls return once enqueued, so host time would measure the
@@ -159,14 +167,18 @@ class CommClock:
         self.seconds = 0.0
         """Resolved seconds (host clock)."""
         self.spans: list[tuple] = []
-        """Event pairs not resolved yet (device clock)."""
+        """Event pairs (and their kind) not resolved yet (device clock)."""
+        self.by_kind = dict.fromkeys(LINKS, 0.0)
+        """Resolved seconds per kind of traffic (host clock)."""
 
     def use(self, clock) -> None:
         """Time with ``clock`` from now on, forgetting everything counted so far."""
         self.clock, self.seconds, self.spans = clock, 0.0, []
+        self.by_kind = dict.fromkeys(LINKS, 0.0)
 
     @contextmanager
-    def timed(self):
+    def timed(self, kind: str):
+        """Count the block as communication of ``kind`` (one of `LINKS`)."""
         clock = self.clock
         a = clock.mark()
         try:
@@ -174,9 +186,11 @@ class CommClock:
         finally:
             b = clock.mark()
             if clock.immediate:
-                self.seconds += clock.seconds(a, b)
+                dt = clock.seconds(a, b)
+                self.seconds += dt
+                self.by_kind[kind] += dt
             else:
-                self.spans.append((a, b))
+                self.spans.append((a, b, kind))
 
     def position(self) -> tuple[float, int]:
         """Where the count stands; `between` two positions is the collective time in between."""
@@ -184,13 +198,16 @@ class CommClock:
 
     def between(self, p0: tuple[float, int], p1: tuple[float, int]) -> float:
         """Seconds counted from ``p0`` to ``p1`` (device spans must be settled: see CudaClock)."""
-        return p1[0] - p0[0] + sum(self.clock.seconds(a, b) for a, b in self.spans[p0[1]:p1[1]])
+        return p1[0] - p0[0] + sum(self.clock.seconds(a, b) for a, b, _ in self.spans[p0[1]:p1[1]])
 
-    def take(self) -> float:
-        """Return the accumulated seconds and start again from zero."""
+    def take(self) -> tuple[float, dict[str, float]]:
+        """The accumulated seconds, in total and per kind; start again from zero."""
+        kinds = dict(self.by_kind)
+        for a, b, kind in self.spans:
+            kinds[kind] += self.clock.seconds(a, b)
         total = self.between((0.0, 0), self.position())
-        self.seconds, self.spans = 0.0, []
-        return total
+        self.seconds, self.spans, self.by_kind = 0.0, [], dict.fromkeys(LINKS, 0.0)
+        return total, kinds
 
 
 COMM_CLOCK = CommClock()

@@ -109,7 +109,7 @@ class ParamGather:
             full = flat if flat is not None else torch.empty(self.layout.total, device=self.device)
             handles = [self._launch(b.index, owned_values, full) for b in self.layout.buckets]
             t0 = time.perf_counter()
-            with COMM_CLOCK.timed():
+            with COMM_CLOCK.timed("dp"):
                 for h in handles:
                     h.wait()
             waited = time.perf_counter() - t0
@@ -200,7 +200,7 @@ class ParamGather:
         # Inside a forward this wait is exposed communication: COMM_CLOCK hands it to the step's
         # comm_wait, so the straggler rule (highest compute, lowest wait) still holds.
         t0 = time.perf_counter()
-        with COMM_CLOCK.timed():
+        with COMM_CLOCK.timed("dp"):
             for b in buckets:
                 h = self._gathers[b]
                 if h is not None:

@@ -121,7 +121,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         per_rank = logits.shape[-1]
         max_logit = logits.max(dim=-1).values
         if tp.size > 1:
-            with COMM_CLOCK.timed():
+            with COMM_CLOCK.timed("tp"):
                 dist.all_reduce(max_logit, op=dist.ReduceOp.MAX, group=tp.group)
         shifted = logits - max_logit.unsqueeze(-1)
         local = labels - tp.rank * per_rank
@@ -131,7 +131,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp()
         sums = torch.stack([target, exp.sum(dim=-1)])
         if tp.size > 1:
-            with COMM_CLOCK.timed():
+            with COMM_CLOCK.timed("tp"):
                 dist.all_reduce(sums, group=tp.group)
         target, sum_exp = sums[0], sums[1]
         ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, inside)

@@ -68,7 +68,7 @@ class TensorParallel:
 def _all_reduce(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     # A fresh buffer: autograd may hand the same gradient tensor to several consumers.
     out = x.contiguous().clone()
-    with COMM_CLOCK.timed():
+    with COMM_CLOCK.timed("tp"):
         dist.all_reduce(out, group=tp.group)
     return out
 
@@ -76,7 +76,7 @@ def _all_reduce(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
 def _gather_seq(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((x.shape[0] * tp.size, *x.shape[1:]))
-    with COMM_CLOCK.timed():
+    with COMM_CLOCK.timed("tp"):
         all_gather_into(out, x, tp.group)
     return out
 
@@ -86,7 +86,7 @@ def _reduce_scatter_seq(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         raise ValueError(f"sequence length {x.shape[0]} is not divisible by tp={tp.size}")
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // tp.size, *x.shape[1:]))
-    with COMM_CLOCK.timed():
+    with COMM_CLOCK.timed("tp"):
         reduce_scatter_into(out, x, tp.group)
     return out
 

@@ -157,7 +157,7 @@ class DataLoader:
         else:
             batch = torch.empty(shape, dtype=torch.int64)
         if self.tp_size > 1:
-            with COMM_CLOCK.timed():  # waiting for a late TP peer is communication, not I/O
+            with COMM_CLOCK.timed("tp"):  # waiting for a late TP peer is communication, not I/O
                 dist.broadcast(batch, src=self.tp_src, group=self.tp_group)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 

@@ -291,7 +291,7 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
     GPU, how long the stream waited), the optimizer's parameter all-gather through COMM_CLOCK."""
     engine.faults.begin_step(step)
     loss = run_micro_batches(engine, step, timer)
-    with timer.region("comm_wait"):
+    with timer.region("comm_wait", link="dp"):
         engine.grads.finish()
     norm = engine.optimizer.grad_norm()
     threshold = engine.clipper.threshold()

@@ -17,7 +17,9 @@ import torch.distributed as dist
 from mscale.config.records import MetricsRecord, metrics_version_for
 
 # Layout of the vector each rank contributes.
-FIELDS = ("step", "compute", "comm_wait", "data", "bubble", "loss", "loss_weight")
+TIMINGS = ("step", "compute", "comm_wait", "data", "bubble", "comm_tp", "comm_pp", "comm_dp")
+"""The step timer's entries each rank sends (train/timers.py)."""
+FIELDS = (*TIMINGS, "loss", "loss_weight")
 
 
 def gather_rank_vectors(timings: dict[str, float], loss: torch.Tensor | float | None,
@@ -30,9 +32,8 @@ def gather_rank_vectors(timings: dict[str, float], loss: torch.Tensor | float | 
     where the host waits for the loss (after the step timer's synchronize, so at no extra cost).
     """
     value = 0.0 if loss is None else float(loss)
-    row = torch.tensor([timings["step"], timings["compute"], timings["comm_wait"], timings["data"],
-                        timings["bubble"], value, 0.0 if loss is None else 1.0],
-                       dtype=torch.float64)
+    row = torch.tensor([*(timings[name] for name in TIMINGS), value,
+                        0.0 if loss is None else 1.0], dtype=torch.float64)
     if not dist.is_initialized() or world == 1:
         return row.unsqueeze(0)
     rank = dist.get_rank()
@@ -56,4 +57,5 @@ def build_record(vectors: torch.Tensor, *, step: int, grad_norm: float, clip_thr
         schema_version=metrics_version_for(len(cols["step"])), step=step, loss=loss, grad_norm=grad_norm, clip_threshold=clip_threshold, lr=lr,
         tokens=tokens, tokens_per_s=tokens / step_time if step_time > 0 else 0.0, mfu=mfu,
         step_time=cols["step"], compute_time=cols["compute"], comm_wait=cols["comm_wait"],
-        data_time=cols["data"], bubble_time=cols["bubble"], extra=extra or {})
+        data_time=cols["data"], bubble_time=cols["bubble"], comm_tp=cols["comm_tp"],
+        comm_pp=cols["comm_pp"], comm_dp=cols["comm_dp"], extra=extra or {})

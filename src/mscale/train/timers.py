@@ -21,9 +21,12 @@ from contextlib import contextmanager
 
 import torch
 
-from mscale.distributed.collectives import COMM_CLOCK, HostClock, clock_for
+from mscale.distributed.collectives import COMM_CLOCK, LINKS, HostClock, clock_for
 
 REGIONS = ("step", "compute", "comm_wait", "data", "bubble")
+BY_LINK = tuple(f"comm_{kind}" for kind in LINKS)
+"""Communication seconds per kind of traffic (``comm_tp``, ``comm_pp``, ``comm_dp``): the same
+waits as ``comm_wait`` and the bubble's receives, told apart by the group they waited on."""
 
 
 class StepTimer:
@@ -49,8 +52,10 @@ class StepTimer:
         self._start = self.clock.mark()
 
     @contextmanager
-    def region(self, name: str):
+    def region(self, name: str, link: str | None = None):
         """Time a block as ``comm_wait``, ``data`` or ``bubble``; compute is the remainder.
+        ``link``: the kind of traffic the block waits on (one of `LINKS`), also counted in
+        ``comm_<link>``.
 
         Time the block spent inside collectives timed by COMM_CLOCK (e.g. the broadcast of a
         batch to TP peers inside ``data``) is left out here, since the clock hands it to
@@ -60,7 +65,7 @@ class StepTimer:
         try:
             yield
         finally:
-            self._spans.append((name, m0, self.clock.mark(), p0, COMM_CLOCK.position()))
+            self._spans.append((name, link, m0, self.clock.mark(), p0, COMM_CLOCK.position()))
 
     def add(self, name: str, seconds: float) -> None:
         """Add time measured elsewhere, in host seconds."""
@@ -69,11 +74,17 @@ class StepTimer:
     def end_step(self) -> dict[str, float]:
         end = self.clock.mark()
         self.clock.settle(end)  # GPU: the step's one synchronize
-        t = dict(self._added)
-        for name, m0, m1, p0, p1 in self._spans:
-            t[name] += self.clock.seconds(m0, m1) - COMM_CLOCK.between(p0, p1)
+        t = dict(self._added) | dict.fromkeys(BY_LINK, 0.0)
+        for name, link, m0, m1, p0, p1 in self._spans:
+            seconds = self.clock.seconds(m0, m1) - COMM_CLOCK.between(p0, p1)
+            t[name] += seconds
+            if link is not None:
+                t[f"comm_{link}"] += seconds
         t["step"] = self.clock.seconds(self._start, end)
-        t["comm_wait"] += COMM_CLOCK.take()  # tensor-parallel collectives inside forward/backward
+        inside, by_kind = COMM_CLOCK.take()  # collectives inside forward/backward and regions
+        t["comm_wait"] += inside
+        for kind, seconds in by_kind.items():
+            t[f"comm_{kind}"] += seconds
         t["compute"] = max(0.0, t["step"] - t["comm_wait"] - t["data"] - t["bubble"])
         self._spans = []
         COMM_CLOCK.use(HostClock())  # between steps collectives are not attributed

@@ -44,6 +44,12 @@ class WatchConfig:
     both on small jobs, where the MAD of a handful of ranks says little and a z-score alone would
     flag a 2% difference nobody should act on."""
 
+    link_min_ratio: float = 1.5
+    """A group's communication time, against its peer groups' of the same kind, from which its
+    link is slow (detect/links.py). A degraded NIC or cable sends at a fraction of its rate, so
+    the group's transfers take several times its peers'; healthy groups differ by tens of
+    percent at most, even on oversubscribed CPUs (docs/watch.md, "slow_link")."""
+
     min_slowdown_pct: float = 2.0
     """What-if slowdown below which a straggler is not reported: a slow rank that is not on the
     critical path (its peers do not wait for it) costs nothing."""

@@ -21,6 +21,7 @@ from mscale.errors import MscaleError
 from mscale.watch.config import WatchConfig
 from mscale.watch.detect.imbalance import judge_imbalance
 from mscale.watch.detect.joblevel import JobLevel
+from mscale.watch.detect.links import LinkRows, LinkRules
 from mscale.watch.detect.rows import Masker, Rows
 from mscale.watch.detect.straggler import StragglerRules
 from mscale.watch.detect.training import TrainingRules
@@ -38,6 +39,12 @@ class _Open:
     absent: int = 0
 
 
+def _family(f: Finding) -> str:
+    """The key of ``found`` whose rule owns ``f``: a rule that did not run on a row (the rank
+    rules skip masked rows) must not count its findings as gone."""
+    return "link" if f.cause == "slow_link" else f.kind
+
+
 class Watcher:
     """Judges one run (one layout)."""
 
@@ -47,6 +54,8 @@ class Watcher:
         cfg = self.cfg
         cap = max(cfg.persist_steps, cfg.imbalance_window, cfg.job_window, cfg.baseline_steps)
         self.rows = Rows(self.grid, cfg, cap)
+        self.link_rows = LinkRows(self.grid, cfg.persist_steps)
+        self.links = LinkRules(self.grid, cfg)
         self.masker = Masker(cfg)
         self.training = TrainingRules(cfg)
         self.stragglers = StragglerRules(self.grid, cfg)
@@ -78,10 +87,11 @@ class Watcher:
         step = int(win.steps[i])
         if self.masker.restarted(step):
             self.rows.clear()
+            self.link_rows.clear()
             self.training.restarted()
         self.last_step = step
         ranks = win.ranks[i]
-        finite = bool(np.isfinite(ranks).all())
+        finite = bool(np.isfinite(ranks[:5]).all())  # the link vectors are optional
         found: dict[str, list[Finding]] = {}
         nan = self.training.nan(step, {"loss": float(win.scalar("loss")[i]),
                                        "grad_norm": float(win.scalar("grad_norm")[i])}, finite)
@@ -96,6 +106,8 @@ class Watcher:
             div = self.training.divergence(step, float(win.scalar("loss")[i]))
             found["grad_spike"] = [spike] if spike else []
             found["divergence"] = [div] if div else []
+        if why != "warmup" and finite:
+            found["link"] = self._links(ranks)
         if why is None and finite:
             self.judged += 1
             step_time = float(ranks[0].max())
@@ -103,6 +115,21 @@ class Watcher:
                              float(win.scalar("tokens_per_s")[i]))
             found.update(self._judge_rows())
         return self._reconcile(step, found)
+
+    def _links(self, ranks: np.ndarray) -> list[Finding]:
+        """The slow-link rule sees every row after warm-up, spikes included: it compares groups
+        within a row, so a job-wide pause moves every group alike, and the onset of a slow link
+        (which slows every rank at once) is exactly what the spike mask hides for a while."""
+        links = {"tp": ranks[5], "dp": ranks[7]}  # Window order: comm_tp, comm_pp, comm_dp
+        if not all(np.isfinite(links[k]).all() for k in self.link_rows.kinds):
+            self.link_rows.clear()  # a record without the split (another trainer's)
+            return []
+        self.link_rows.append(self.last_step, float(ranks[0].max()), links)
+        if self.link_rows.n < self.cfg.persist_steps:
+            return []
+        own = self.rows.last(self.cfg.persist_steps).own if self.rows.n else None
+        whatif = WhatIf(self.grid, self.micro_batches or 1.0)
+        return self.links.judge(self.link_rows, own, whatif)
 
     def _judge_rows(self) -> dict[str, list[Finding]]:
         cfg = self.cfg
@@ -151,7 +178,7 @@ class Watcher:
                 else:
                     self._refresh(known, f)
         for key, o in list(self._open.items()):
-            if o.finding.kind in found and key not in seen:
+            if _family(o.finding) in found and key not in seen:
                 o.absent += 1
                 if o.absent >= self.cfg.clear_steps:
                     del self._open[key]

@@ -17,9 +17,16 @@ Noise is realistic rather than Gaussian: per-rank lognormal jitter (3%), a per-r
 pauses on every rank at the same steps and checkpoint stalls, optionally without the ``extra``
 flags that mark them (``flag_pauses=False``), warm-up steps, a decreasing noisy loss and a
 wandering gradient norm. Causes are injected from a step on (`Injection`); the data-imbalance
-injection moves the slow replica every step; a slow link makes every other rank wait on the
-culprit's traffic while the culprit itself is not blocked on its sends (its parts then add up to
-less than the step: time its timers did not see). Everything is drawn with numpy from ``seed``.
+injection moves the slow replica every step.
+
+Communication is also split by kind, as train records it (``comm_tp``, ``comm_dp``,
+``comm_pp``): a TP group's transfer (its collectives' time when no member is late) plus each
+member's wait for its slowest peer; a DP group's reduction plus the replica's wait for the
+slowest replica; the bubble as pipeline wait. A slow link on a rank makes the transfers of its TP
+and DP groups slower for every member of those groups, the culprit included; ``host_work``
+(not a straggler cause) makes a rank do work its timers do not trace (rank 0 writing logs), so
+its peers wait on it while its own parts add up to less than the step. Everything is drawn with
+numpy from ``seed``.
 """
 
 from __future__ import annotations
@@ -33,12 +40,12 @@ from mscale.watch.layout import JobLayout
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
 CAUSES = ("slow_device", "slow_node", "slow_link", "slow_data", "stage_imbalance",
-          "data_imbalance", "job_wide", "grad_spike", "nan", "divergence")
+          "data_imbalance", "job_wide", "grad_spike", "nan", "divergence", "host_work")
 
 DEFAULT_MAGNITUDE = {
     "slow_device": 0.3,       # compute x1.3
     "slow_node": 0.25,        # compute x1.25 on every rank of the node
-    "slow_link": 0.2,         # seconds of wait per step (x base compute) on the others
+    "slow_link": 0.2,         # seconds per step (x base compute) added to its groups' transfers
     "slow_data": 0.3,         # seconds of data time per step (x base compute)
     "stage_imbalance": 0.4,   # compute x1.4 on one stage
     "data_imbalance": 0.4,    # compute x(1 + 0.4 * U(0.5, 1.5)) on one replica, a new one each step
@@ -46,6 +53,7 @@ DEFAULT_MAGNITUDE = {
     "grad_spike": 20.0,       # gradient norm x20 for one step
     "nan": 1.0,
     "divergence": 0.03,       # loss x exp(0.03 * steps since the onset)
+    "host_work": 0.2,         # untraced seconds per step (x base compute) on one rank
 }
 
 
@@ -79,10 +87,14 @@ class Trace:
     bubble: np.ndarray
     scalars: dict[str, np.ndarray]
     extra: list[dict] = field(default_factory=list)
+    comm_tp: np.ndarray | None = None
+    comm_pp: np.ndarray | None = None
+    comm_dp: np.ndarray | None = None
 
     def window(self) -> Window:
         ranks = np.stack([getattr(self, n) for n in ("step_time", "compute", "comm", "data",
-                                                       "bubble")], axis=1)
+                                                       "bubble", "comm_tp", "comm_pp",
+                                                       "comm_dp")], axis=1)
         assert len(PER_RANK) == ranks.shape[1]
         scal = np.stack([self.scalars.get(n, np.full(len(self.steps), np.nan))
                          for n in SCALARS], axis=1)
@@ -101,7 +113,9 @@ class Trace:
                 "mfu": float(s["mfu"][i]),
                 "step_time": self.step_time[i].tolist(), "compute_time": self.compute[i].tolist(),
                 "comm_wait": self.comm[i].tolist(), "data_time": self.data[i].tolist(),
-                "bubble_time": self.bubble[i].tolist(), "extra": dict(self.extra[i])})
+                "bubble_time": self.bubble[i].tolist(), "comm_tp": self.comm_tp[i].tolist(),
+                "comm_pp": self.comm_pp[i].tolist(), "comm_dp": self.comm_dp[i].tolist(),
+                "extra": dict(self.extra[i])})
         return out
 
 
@@ -143,7 +157,8 @@ def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
                     0.001 * c0 * rng.lognormal(0, 0.2, (n, world)))
     tpc = (0.04 * c0 * rng.lognormal(0, 0.1, (n, pp, dp))) if tp > 1 else np.zeros((n, pp, dp))
     reduce = 0.06 * c0 * rng.lognormal(0, 0.1, n)
-    link = np.zeros((n, world))
+    link = np.zeros((n, pp, tp))  # extra reduction time of each DP group (a slow link in it)
+    hidden = np.zeros((n, world))  # untraced host work
     steps_arr = np.arange(1, n + 1)
     w = np.ones(n)
     w[: len(warmup)] = warmup[:n]
@@ -162,15 +177,16 @@ def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
     scal = _scalars(rng, n)
     for inj in injections:
         rows = (steps_arr >= inj.step) & (steps_arr <= (inj.until or n))
-        _apply(inj, rows, layout, rng, c0, compute, data, reduce, link, scal)
-    return _assemble(layout, steps_arr, compute, data, tpc, reduce, link, micro_batches, scal,
-                     extra, rng)
+        _apply(inj, rows, layout, rng, c0, compute, data, reduce, (tpc, link, hidden), scal)
+    return _assemble(layout, steps_arr, compute, data, tpc, reduce, link, hidden, micro_batches,
+                     scal, extra, rng)
 
 
-def _apply(inj: Injection, rows, layout: JobLayout, rng, c0, compute, data, reduce, link,
+def _apply(inj: Injection, rows, layout: JobLayout, rng, c0, compute, data, reduce, comm,
            scal) -> None:
     """Change the arrays in place for one injection over the boolean step mask ``rows``."""
     k, t = inj.size, inj.target
+    tpc, link, hidden = comm
     if inj.cause == "slow_device":
         compute[rows, t] *= 1 + k
     elif inj.cause == "slow_node":
@@ -180,10 +196,15 @@ def _apply(inj: Injection, rows, layout: JobLayout, rng, c0, compute, data, redu
     elif inj.cause == "slow_data":
         data[rows, t] += k * c0
     elif inj.cause == "slow_link":
-        # the ranks that receive its traffic wait, and so does the rest of the job at the next
-        # synchronisation; the slow sender itself is not blocked on its own sends
-        others = np.arange(layout.world) != t
-        link[np.ix_(rows, others)] += k * c0
+        # the transfers of its TP group and of its DP group take longer, for every member
+        s, d, p = layout.pp_rank[t], layout.dp_rank[t], layout.tp_rank[t]
+        share = k * c0 / ((layout.tp > 1) + (layout.dp > 1) or 1)
+        if layout.tp > 1:
+            tpc[rows, s, d] += share
+        if layout.dp > 1 or layout.tp == 1:
+            link[rows, s, p] += share
+    elif inj.cause == "host_work":
+        hidden[rows, t] += k * c0
     elif inj.cause == "data_imbalance":
         idx = np.flatnonzero(rows)
         slow = rng.integers(0, layout.dp, len(idx))
@@ -213,24 +234,29 @@ def _scalars(rng, n: int) -> dict[str, np.ndarray]:
     return {"loss": loss, "grad_norm": grad, "lr": lr, "clip_threshold": np.ones(n)}
 
 
-def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, m: int, scal, extra,
-              rng) -> Trace:
+def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, hidden, m: int, scal,
+              extra, rng) -> Trace:
     """Per-rank wait, bubble and step time from the busy times (module docstring)."""
     n, world = compute.shape
     g = (n, layout.pp, layout.dp, layout.tp)
     own = (compute + data).reshape(g)
-    group = own.max(axis=3) + tpc                                   # [n, pp, dp]
+    late = own + hidden.reshape(g)  # when each rank reaches its TP collectives
+    group = late.max(axis=3) + tpc                                  # [n, pp, dp]
     top = group.max(axis=1)
     replica = top + (group.sum(axis=1) - top) / m                   # [n, dp]
     slowest = replica.max(axis=1)                                   # [n]
-    step = slowest + reduce + link.max(axis=1)
-    tp_wait = (group - tpc)[..., None] - own + tpc[..., None]
+    red = reduce[:, None, None] + link                              # [n, pp, tp] per DP group
+    step = slowest + red.max(axis=(1, 2))
+    tp_comm = (group - tpc)[..., None] - late + tpc[..., None]
     bubble = np.broadcast_to(replica[:, None, :, None] - group[..., None], g)
-    dp_wait = np.broadcast_to((slowest[:, None] - replica)[:, None, :, None], g)
-    comm = (tp_wait + dp_wait).reshape(n, world) + reduce[:, None] + link
+    dp_comm = (slowest[:, None] - replica)[:, None, :, None] + red[:, :, None, :]
+    # a DP group done early waits for the slowest one at the next step's first transfer
+    pp_comm = bubble + (red.max(axis=(1, 2))[:, None, None] - red)[:, :, None, :]
+    comm = (tp_comm + dp_comm + pp_comm - bubble).reshape(n, world)
     step_time = np.repeat(step[:, None], world, axis=1) + rng.normal(0, 1e-4, (n, world))
     tokens = np.full(n, 1 << 20)
     scal = dict(scal, tokens=tokens, tokens_per_s=tokens / step,
                 time=1.7e9 + np.cumsum(step), mfu=0.45 * np.median(step) / step)
     return Trace(layout, steps, step_time, compute, comm, data, bubble.reshape(n, world), scal,
-                 extra)
+                 extra, comm_tp=tp_comm.reshape(n, world), comm_pp=pp_comm.reshape(n, world),
+                 comm_dp=dp_comm.reshape(n, world))

@@ -39,7 +39,7 @@ from mscale.config.records import METRICS_SCHEMA_VERSION
 from mscale.config.vectors import decode_vector, is_encoded
 from mscale.errors import MscaleError
 from mscale.runs.atomic import SEGMENTS, fs_and_path
-from mscale.watch.window import PER_RANK, SCALARS, Window
+from mscale.watch.window import LINK_VECTORS, PER_RANK, SCALARS, Window
 
 REQUIRED = ("step", "step_time", "compute_time", "comm_wait", "data_time")
 """What a metrics record must carry; everything else is optional (docs/watch.md)."""
@@ -240,11 +240,13 @@ def _whole_object(raw: bytes) -> dict | None:
 
 
 def records_to_window(records: list[dict], world: int | None = None) -> Window:
-    """Records (schema 1 or 2) as a `Window`: ``[n, 5, world]`` per-rank seconds, scalars.
+    """Records (schema 1 or 2) as a `Window`: ``[n, len(PER_RANK), world]`` per-rank seconds,
+    scalars.
 
     ``world`` defaults to the first record's vector length; a record of another length is an
     error (a new layout is a new attempt: start a new window). A missing ``bubble_time`` is 0, a
-    missing scalar NaN, and so is a vector entry written as null.
+    missing link vector (``comm_tp``...), a missing scalar and a vector entry written as null
+    are NaN.
     """
     if not records:
         return Window.empty(world or 0)
@@ -260,6 +262,9 @@ def records_to_window(records: list[dict], world: int | None = None) -> Window:
         steps[i] = rec["step"]
         for j, name in enumerate(PER_RANK):
             if name == "bubble_time" and rec.get(name) is None:
+                continue
+            if name in LINK_VECTORS and rec.get(name) is None:
+                ranks[i, j] = np.nan
                 continue
             ranks[i, j] = _vector(rec, name, world)
         for j, name in enumerate(SCALARS):

@@ -11,8 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PER_RANK = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time")
+PER_RANK = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time",
+            "comm_tp", "comm_pp", "comm_dp")
 """Per-rank vectors of a metrics record, in this order in `Window.ranks`."""
+LINK_VECTORS = ("comm_tp", "comm_pp", "comm_dp")
+"""The optional split of communication by kind of traffic: NaN where a record lacks it (another
+trainer's), which keeps the slow-link rule silent rather than misled (detect/links.py)."""
 SCALARS = ("time", "loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s", "mfu")
 """Per-step scalars (NaN where a record lacks the field)."""
 
@@ -24,7 +28,8 @@ class Window:
     steps: np.ndarray
     """[n] int64: the step number of each row (1-based optimizer steps)."""
     ranks: np.ndarray
-    """[n, len(PER_RANK), world] float64 seconds; a missing vector (e.g. no bubble_time) is 0."""
+    """[n, len(PER_RANK), world] float64 seconds; a missing ``bubble_time`` is 0, a missing
+    `LINK_VECTORS` entry NaN."""
     scalars: np.ndarray
     """[n, len(SCALARS)] float64."""
     extra: list[dict] = field(default_factory=list)

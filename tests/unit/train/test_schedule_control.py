@@ -66,7 +66,7 @@ def _timer() -> tuple[StepTimer, FakeNow]:
 def test_timer_splits_regions():
     t, now = _timer()
     t.start_step()
-    with t.region("comm_wait"):
+    with t.region("comm_wait", link="dp"):
         now.sleep(0.02)
     with t.region("data"):
         now.sleep(0.01)
@@ -74,26 +74,29 @@ def test_timer_splits_regions():
     t.add("bubble", 0.005)
     out = t.end_step()
     assert out["comm_wait"] == pytest.approx(0.02) and out["data"] == pytest.approx(0.01)
+    assert out["comm_dp"] == pytest.approx(0.02) and out["comm_tp"] == out["comm_pp"] == 0.0
     assert out["step"] == pytest.approx(0.04) and out["compute"] == pytest.approx(0.005)
     assert math.isclose(out["step"], out["compute"] + out["comm_wait"] + out["data"] + out["bubble"])
     t.start_step()  # a new step starts from zero
     now.sleep(0.03)
     assert t.end_step() == pytest.approx({"step": 0.03, "compute": 0.03, "comm_wait": 0.0,
-                                          "data": 0.0, "bubble": 0.0})
+                                          "data": 0.0, "bubble": 0.0, "comm_tp": 0.0,
+                                          "comm_pp": 0.0, "comm_dp": 0.0})
 
 
 def test_collective_time_inside_a_region_counts_once_as_comm():
     t, now = _timer()
     COMM_CLOCK.use(HostClock(FakeNow()))  # a stale clock: start_step must install the timer's
     t.start_step()
-    with COMM_CLOCK.timed():  # e.g. a TP all-reduce inside forward
+    with COMM_CLOCK.timed("tp"):  # e.g. a TP all-reduce inside forward
         now.sleep(0.002)
     with t.region("data"):
         now.sleep(0.01)
-        with COMM_CLOCK.timed():  # e.g. the batch broadcast to TP peers
+        with COMM_CLOCK.timed("tp"):  # e.g. the batch broadcast to TP peers
             now.sleep(0.03)
     out = t.end_step()
     assert out["data"] == pytest.approx(0.01) and out["comm_wait"] == pytest.approx(0.032)
+    assert out["comm_tp"] == pytest.approx(0.032)
     assert out["step"] == pytest.approx(0.042) and out["compute"] == pytest.approx(0.0, abs=1e-12)
 
 
@@ -102,7 +105,7 @@ def test_collectives_between_steps_are_not_counted():
     t.start_step()
     now.sleep(0.01)
     t.end_step()
-    with COMM_CLOCK.timed():  # metrics gather, control all-reduce
+    with COMM_CLOCK.timed("dp"):  # metrics gather, control all-reduce
         time.sleep(0.001)
     t.start_step()
     now.sleep(0.01)
@@ -147,11 +150,11 @@ def test_device_clock_is_read_once_per_step_after_one_settle():
     t = StepTimer(clock=clock)
     for step in range(2):
         t.start_step()
-        with COMM_CLOCK.timed():
+        with COMM_CLOCK.timed("tp"):
             now.sleep(0.004)
-        with t.region("bubble"):
+        with t.region("bubble", link="pp"):
             now.sleep(0.002)
-            with COMM_CLOCK.timed():
+            with COMM_CLOCK.timed("dp"):
                 now.sleep(0.001)
         t.add("comm_wait", 0.5)  # host seconds measured elsewhere still add up
         now.sleep(0.003)
@@ -159,7 +162,8 @@ def test_device_clock_is_read_once_per_step_after_one_settle():
         out = t.end_step()
         assert clock.settles == step + 1 and clock.recycled == step + 1
         assert out == pytest.approx({"step": 0.01, "bubble": 0.002, "comm_wait": 0.505,
-                                     "data": 0.0, "compute": 0.0})
+                                     "data": 0.0, "compute": 0.0, "comm_tp": 0.004,
+                                     "comm_pp": 0.002, "comm_dp": 0.001})
     assert isinstance(COMM_CLOCK.clock, HostClock)  # between steps: not the device clock
 
 
@@ -191,7 +195,7 @@ class _Engine:
 
 
 def test_loss_stays_a_tensor_until_the_gather_and_keeps_its_bits(monkeypatch):
-    from mscale.train.metrics import gather_rank_vectors
+    from mscale.train.metrics import FIELDS, TIMINGS, gather_rank_vectors
     from mscale.train.step import run_micro_batches
 
     engine, m = _Engine(5), 5
@@ -205,6 +209,6 @@ def test_loss_stays_a_tensor_until_the_gather_and_keeps_its_bits(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(1) or to_float(t))
     loss = run_micro_batches(engine, 3, StepTimer(clock=HostClock(FakeNow())))
     assert reads == [] and isinstance(loss, torch.Tensor) and loss.dtype == torch.float64
-    timings = dict.fromkeys(("step", "compute", "comm_wait", "data", "bubble"), 0.0)
-    row = gather_rank_vectors(timings, loss, 1)[0]
-    assert reads == [1] and row[5].item() == expect and row[6].item() == 1.0
+    row = gather_rank_vectors(dict.fromkeys(TIMINGS, 0.0), loss, 1)[0]
+    loss_at, weight_at = FIELDS.index("loss"), FIELDS.index("loss_weight")
+    assert reads == [1] and row[loss_at].item() == expect and row[weight_at].item() == 1.0

@@ -85,8 +85,15 @@ def test_data_link_and_job_wide_injections():
     assert (data.data[9:, 2] - base.data[9:, 2] > 0.25).all()
     assert np.allclose(data.data[:, [0, 1, 3, 4, 5, 6, 7]], base.data[:, [0, 1, 3, 4, 5, 6, 7]])
     link = generate(8, **kw, inject=[Injection("slow_link", 10, 6)])
-    extra = link.comm - base.comm
-    assert np.allclose(extra[9:, 6], 0, atol=1e-6) and (np.delete(extra[9:], 6, 1) > 0.19).all()
+    # rank 6: TP group {6, 7}, DP group {0, 2, 4, 6}; each group's transfer (its smallest
+    # member time) grows by half the magnitude, the culprit's own time included
+    for kind, members, others in (("comm_tp", [6, 7], [0, 1, 2, 3, 4, 5]),
+                                  ("comm_dp", [0, 2, 4, 6], [1, 3, 5, 7])):
+        got, was = getattr(link, kind), getattr(base, kind)
+        assert (got[9:, members].min(axis=1) - was[9:, members].min(axis=1) > 0.09).all()
+        assert np.allclose(got[:9], was[:9])
+        assert np.allclose(got[9:, others].min(axis=1), was[9:, others].min(axis=1), atol=0.02)
+    assert (link.comm[9:, 6] > base.comm[9:, 6] + 0.09).all()
     assert np.allclose(link.compute, base.compute)
     wide = generate(8, **kw, inject=[Injection("job_wide", 10)])
     assert ((wide.comm - base.comm)[9:] > 0.45).all()
@@ -118,3 +125,19 @@ def test_bad_arguments_are_refused():
     with pytest.raises(MscaleError, match="unknown cause"):
         generate(8, inject=[{"cause": "gremlins", "step": 3}])
     assert "slow_link" in CAUSES
+
+
+def test_untraced_host_work_makes_peers_wait_but_no_group_slower():
+    """Rank 0 writing logs: its TP peer and the other replicas wait for it, its own record
+    accounts for less than the step, and every group's smallest member time stays a transfer."""
+    kw = dict(tp=2, pp=1, ranks_per_node=4, steps=40, seed=8)
+    base = generate(8, **kw)
+    busy = generate(8, **kw, inject=[Injection("host_work", 10, 0)])
+    assert (busy.comm_tp[9:, 1] - base.comm_tp[9:, 1] > 0.15).all()  # its TP peer waits
+    for kind, groups in (("comm_tp", [[0, 1], [2, 3], [4, 5], [6, 7]]),
+                         ("comm_dp", [[0, 2, 4, 6], [1, 3, 5, 7]])):
+        for g in groups:
+            assert np.allclose(getattr(busy, kind)[:, g].min(axis=1),
+                               getattr(base, kind)[:, g].min(axis=1), atol=0.02)
+    parts = busy.compute + busy.data + busy.comm + busy.bubble
+    assert (busy.step_time[9:, 0] - parts[9:, 0] > 0.15).all()  # time its timers did not see

@@ -113,14 +113,14 @@ class PipelineStep:
             nxt = self._need(k + 2)
             self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
             self.link.reap()
-        with self.timer.region("comm_wait"):
+        with self.timer.region("comm_wait", link="pp"):
             self.link.drain()
         return None if self.loss_sum is None else self.loss_sum / self.m
 
     def _receive(self, k: int) -> torch.Tensor:
         """Wait for action k's input; the wait counts as bubble in warm-up and cool-down."""
         region = "bubble" if k <= self.first_b or k > self.last_f else "comm_wait"
-        with self.timer.region(region):
+        with self.timer.region(region, link="pp"):
             return self.link.wait(self._need(k))
 
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -140,8 +140,10 @@ def _target(cause: str, job: Job, rng) -> int | None:
 def _hits(f: Finding, cause: str, target, trace) -> bool:
     """Whether ``f`` names the injected place."""
     layout = trace.layout
-    if cause in ("slow_device", "slow_link", "slow_data"):
+    if cause in ("slow_device", "slow_data"):
         return f.ranks == [target]
+    if cause == "slow_link":  # named by its node: its groups cannot tell the node's ranks apart
+        return f.nodes == [layout.node_names[int(layout.node[target])]]
     if cause == "slow_node":
         return f.nodes == [layout.node_names[target]]
     if cause == "stage_imbalance":

@@ -9,10 +9,9 @@ robust z-score across all ranks and a floor of ``min_excess_frac`` of the step t
 
 - compute high → the device (``slow_device``); most ranks of one node → the node (``slow_node``);
 - data time high on a reading rank (TP rank 0) against its DP peers → the loader (``slow_data``);
-- less time accounted for (busy + wait) than its peers while they wait → everyone waits on this
-  rank's traffic, not on its work, i.e. its link (``slow_link``; most ranks of a node → the
-  node's link). A rank that computes longer waits shorter by as much, so only time its timers
-  did not count is left (docs/watch.md, "Rules", on what that needs of a trainer);
+- slow links are judged by their groups, not by ranks (detect/links.py): a rank that accounts
+  for less time than its peers may be one that did untraced work (logging, a checkpoint
+  writer), which is no link;
 - one stage's median compute above the other stages' → ``stage_imbalance`` (re-plan), or
   ``slow_node`` when that stage is one node and was typical in the run's baseline (a change on
   one node is hardware; a split that was uneven from the start is the plan's).
@@ -120,20 +119,14 @@ class StragglerRules:
         busy = slow_c | slow_d
         whole_c, _ = _by_node(slow_c, everyone, g, cfg)
         busy = busy | np.isin(g.node, whole_c)
-        # link: time a rank accounts for (busy + wait) below its stage peers'; where a rank is
-        # busy longer its wait is shorter by as much, so only unaccounted time is left
-        acct = w.own + w.wait
-        deficit = -_over_rows(acct - _typical(acct, g, busy, "stage"))
         waits_less = -_over_rows(w.wait - _typical(w.wait, g, busy, "stage"))
-        quiet, bar_w, sig_w = _outliers(deficit, ~busy, cfg, step_s)
         self.excess = c_ex + d_ex * g.reader
         found: list[Finding] = []
         common = {"window_steps": [int(w.steps[0]), int(w.steps[-1])], "step_s": step_s}
         ctx = (waits_less, w, whatif, typ_c, typ_d, common)
         for cause, mask, ex, bar, sig, elig in (
                 ("slow_device", slow_c, c_ex, bar_c, sig_c, everyone),
-                ("slow_data", slow_d, d_ex, bar_d, sig_d, g.reader),
-                ("slow_link", quiet, deficit, bar_w, sig_w, everyone)):
+                ("slow_data", slow_d, d_ex, bar_d, sig_d, g.reader)):
             nodes, ranks = _by_node(mask, elig, g, cfg)
             for node in nodes:
                 members = np.flatnonzero(mask & (g.node == node))
@@ -149,16 +142,12 @@ class StragglerRules:
                  bar: float, sig: float, ctx) -> Finding:
         g = self.g
         waits_less, w, whatif, typ_c, typ_d, common = ctx
-        if cause == "slow_link":
-            pct, saved = whatif.from_saving(float(np.mean(ex[members])), common["step_s"])
-        else:
-            pct, saved = whatif.slowdown(
-                w.own, whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d), w.step_time)
+        pct, saved = whatif.slowdown(
+            w.own, whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d), w.step_time)
         if cause == "slow_device" and node is not None:
             cause = "slow_node"
         excess = float(np.mean(ex[members]))
-        what = {"slow_device": "compute", "slow_node": "compute", "slow_data": "data time",
-                "slow_link": "time accounted for (below its peers')"}[cause]
+        what = {"slow_device": "compute", "slow_node": "compute", "slow_data": "data time"}[cause]
         evidence = {**common, "rule": _RULES[cause], "excess_s": excess, "threshold_s": bar,
                     "z": excess / sig if sig > 0 else None, "saved_s": saved,
                     "wait_deficit_s": float(np.mean(waits_less[members])),
@@ -228,21 +217,16 @@ _RULES = {
     "slow_device": "one rank's compute persistently above its stage peers, its wait the lowest",
     "slow_node": "most ranks of one node persistently above their stage peers",
     "slow_data": "a reading rank's data time persistently above its DP peers'",
-    "slow_link": "one rank accounts for persistently less time (busy + wait) than its stage "
-                 "peers while the others wait: they wait on its traffic",
     "stage_imbalance": "every rank of one pipeline stage computes more than the other stages",
 }
 _SAYS = {
     "slow_device": "the device is slow",
     "slow_node": "the node is slow",
     "slow_data": "its data loading is slow",
-    "slow_link": "its peers wait on its traffic (slow link)",
 }
 _ADVICE = {
     "slow_device": "checkpoint, then take {node} out of the job (quarantine) and resume",
     "slow_node": "checkpoint, then take {node} out of the job (quarantine) and resume",
-    "slow_link": "checkpoint, then take {node} out of the job (quarantine) and check its NIC "
-                 "and cabling",
     "slow_data": "look at the data source and the loader on {node} (storage, loader workers, "
                  "prefetch); no node needs to leave the job",
     "stage_imbalance": "re-plan the pipeline split (give this stage fewer layers: "

@@ -1,0 +1,194 @@
+"""Slow links: the group of one kind whose traffic is slower than its peer groups', and the node
+that every slow group shares.
+
+A degraded NIC crashes nothing: every collective and pipeline transfer that touches it slows,
+and since the job is synchronous every rank then waits, so per-rank wait alone says "the
+network" and names no one. What does point at the link is the *group*: every TP group runs the
+same collectives on the same bytes, every DP group the same reduction, so groups of one kind are
+peers of each other, and the one that is persistently
+slower than its peers holds the link (MegaScale, NSDI 2024, §5: per-group timing and the
+intersection of the slow groups).
+
+The value of a group is the *smallest* time any of its members spent in that kind of
+communication. A collective's last member to arrive waits only for the transfer itself; the
+others also wait for it to arrive. So the minimum is the transfer, and a rank that is merely
+late, because it did work the timers do not trace (rank 0 writing logs, a checkpoint writer, a
+GC pause), raises its peers' wait but not the group's minimum: no node is blamed for what is not
+a link. A slow link raises even its own rank's time, since its transfers take longer for
+everyone in the group.
+
+The rule, row by row over the last ``persist_steps`` judged rows (detect/rows.py):
+1. per kind (``comm_tp`` and ``comm_dp`` of the metrics record), each group's value
+   minus the median of the *other* groups of that kind (leave-one-out, so two groups suffice),
+   its median over the rows: the group's excess;
+2. a group is slow when its excess passes a robust z-score across its kind's groups (with enough
+   groups), a quarter of the floor ``min_excess_frac`` of the step, and ``link_min_ratio`` times
+   the peers' value (a degraded link is a factor, not a few percent);
+3. the node that lies in every slow group is the slow link's node, named when the excess of its
+   slow groups (the largest of each kind, added up) passes the whole floor; where several nodes share all
+   of them (a DP group of two nodes with no other evidence) the finding waits for more: naming
+   the wrong one would send a healthy node out of the job.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mscale.watch.config import WatchConfig
+from mscale.watch.detect.rows import median, robust_sigma
+from mscale.watch.findings import Finding
+from mscale.watch.whatif import Grid, WhatIf, model_step
+
+KINDS = ("tp", "dp")
+"""The kinds judged. Pipeline pairs are recorded (``comm_pp``) but not judged: both ends of a
+pair wait on the rest of the pipeline (a slow device two stages away raises both), so a pair's
+smallest wait is no transfer time, while every member of a collective takes part in it."""
+MIN_PEERS = 5
+"""Below this many groups of a kind the spread is mostly the outlier itself: the floors decide."""
+
+
+def group_members(g: Grid, kind: str) -> np.ndarray:
+    """``[groups, size]`` ranks of each group of ``kind``, in the order `group_values` uses."""
+    ranks = np.arange(g.world).reshape(g.pp, g.dp, g.tp)
+    if kind == "tp":
+        return ranks.reshape(g.pp * g.dp, g.tp)
+    return np.swapaxes(ranks, 1, 2).reshape(g.pp * g.tp, g.dp)
+
+
+def has_groups(g: Grid, kind: str) -> bool:
+    """Whether the layout has at least two groups of ``kind`` with two members each."""
+    size = {"tp": g.tp, "dp": g.dp}[kind]
+    return size > 1 and len(group_members(g, kind)) >= 2
+
+
+def group_values(g: Grid, kind: str, x: np.ndarray) -> np.ndarray:
+    """``[world]`` seconds → ``[groups]``: each group's smallest member time (the transfer)."""
+    grid = x.reshape(g.pp, g.dp, g.tp)
+    if kind == "tp":
+        return grid.min(axis=2).reshape(-1)
+    return grid.min(axis=1).reshape(-1)
+
+
+class LinkRows:
+    """The last rows' group values per kind, in a ring as small as the groups (not the ranks)."""
+
+    def __init__(self, grid: Grid, capacity: int):
+        self.g, self.cap = grid, capacity
+        self.kinds = [k for k in KINDS if has_groups(grid, k)]
+        self.values = {k: np.zeros((capacity, len(group_members(grid, k)))) for k in self.kinds}
+        self.steps = np.zeros(capacity, np.int64)
+        self.step_time = np.zeros(capacity)
+        self.n = 0
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def append(self, step: int, step_time: float, per_kind: dict[str, np.ndarray]) -> None:
+        """One row: ``per_kind[kind]`` is the record's ``[world]`` vector of that kind."""
+        i = self.n % self.cap
+        self.steps[i], self.step_time[i] = step, step_time
+        for k in self.kinds:
+            self.values[k][i] = group_values(self.g, k, per_kind[k])
+        self.n += 1
+
+    def last(self, k: int) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
+        """The last ``k`` rows: their steps, their median step time, each kind's values."""
+        k = min(k, self.n, self.cap)
+        idx = np.arange(self.n - k, self.n) % self.cap
+        return (self.steps[idx], float(median(self.step_time[idx])),
+                {kind: v[idx] for kind, v in self.values.items()})
+
+
+def _leave_one_out_median(v: np.ndarray) -> np.ndarray:
+    """``[rows, groups]`` → per row and group, the median of the other groups of the row."""
+    n = v.shape[1]
+    others = np.stack([np.delete(v, j, axis=1) for j in range(n)], axis=1)  # [rows, n, n-1]
+    return median(others, axis=-1)
+
+
+class LinkRules:
+    """Judges the link rows (module docstring)."""
+
+    def __init__(self, grid: Grid, config: WatchConfig):
+        self.g, self.cfg = grid, config
+
+    def slow_groups(self, rows: dict[str, np.ndarray], step_s: float) -> list[dict]:
+        """Every slow group: kind, index, members, excess, its peers' value, the bar."""
+        out = []
+        for kind, v in rows.items():
+            peers = _leave_one_out_median(v)
+            excess = median(v - peers, axis=0)
+            typical = median(peers, axis=0)
+            n = len(excess)
+            sigma = float(robust_sigma(excess)) if n >= MIN_PEERS else 0.0
+            # each group needs a small floor; the node needs the full one (`judge`), since a
+            # slow link shows in several kinds at once, each a share of what it costs
+            bar = max(self.cfg.z_threshold * sigma, 0.25 * self.cfg.min_excess_frac * step_s)
+            slow = (excess > bar) & (excess > (self.cfg.link_min_ratio - 1) * typical)
+            members = group_members(self.g, kind)
+            for j in np.flatnonzero(slow):
+                out.append({"kind": kind, "group": int(j), "ranks": members[j].tolist(),
+                            "excess_s": float(excess[j]), "peers_s": float(typical[j]),
+                            "threshold_s": bar})
+        return out
+
+    def _saving(self, slow: list[dict], own: np.ndarray | None, whatif: WhatIf | None) -> float:
+        """Seconds a step would save with every slow group as fast as its peers. A TP group's
+        collectives sit inside its stage's forward and backward, so their excess goes through
+        the pipeline model as busy time of the group's ranks (`WhatIf`); the DP reduction ends
+        the step, so the slowest group's excess is saved whole."""
+        dp = max((s["excess_s"] for s in slow if s["kind"] == "dp"), default=0.0)
+        tp = [s for s in slow if s["kind"] == "tp"]
+        if not tp:
+            return dp
+        if own is None or whatif is None or len(own) == 0:
+            return dp + max(s["excess_s"] for s in tp)
+        slowed = own.copy()
+        for s in tp:
+            slowed[:, s["ranks"]] += s["excess_s"]
+        grid, m = whatif.grid, whatif.micro_batches
+        return dp + max(0.0, float(median(model_step(slowed, grid, m) - model_step(own, grid, m))))
+
+    def judge(self, link_rows: LinkRows, own: np.ndarray | None = None,
+              whatif: WhatIf | None = None) -> list[Finding]:
+        """Findings over the last ``persist_steps`` rows (none before there are that many).
+        ``own``: ``[n, world]`` busy seconds of recent judged rows and ``whatif`` their step
+        model, for the saving (`_saving`)."""
+        if link_rows.n < self.cfg.persist_steps or not link_rows.kinds:
+            return []
+        steps, step_s, rows = link_rows.last(self.cfg.persist_steps)
+        slow = self.slow_groups(rows, step_s)
+        if not slow:
+            return []
+        g = self.g
+        nodes_of = [set(g.node[s["ranks"]].tolist()) for s in slow]
+        common = set.intersection(*nodes_of)
+        if len(common) != 1:
+            return []  # several nodes share every slow group, or two faults: see the docstring
+        node = common.pop()
+        strength = sum(max(s["excess_s"] for s in slow if s["kind"] == k)
+                       for k in {s["kind"] for s in slow})
+        if strength < self.cfg.min_excess_frac * step_s:
+            return []
+        saved = self._saving(slow, own, whatif)
+        pct, saved = WhatIf.from_saving(saved, step_s)
+        on_node = [r for r in sorted({r for s in slow for r in s["ranks"]}) if g.node[r] == node]
+        name = g.name(node)
+        kinds = ", ".join(f"{s['kind'].upper()} group of ranks {s['ranks']} "
+                          f"{s['excess_s']:.3g} s above its peers' {s['peers_s']:.3g} s"
+                          for s in slow)
+        evidence = {"window_steps": [int(steps[0]), int(steps[-1])], "step_s": step_s,
+                    "rule": "every group slower than its peer groups of the same kind "
+                            "(smallest member time: the transfer) shares this node",
+                    "slow_groups": slow, "saved_s": saved, "ranks_in_slow_groups": on_node,
+                    "decided_by": f"{kinds}, over {len(steps)} judged steps"}
+        message = (f"node {name}: slow link, the {len(slow)} group(s) slower than their peers "
+                   f"all include it ({', '.join(s['kind'].upper() for s in slow)}); the job is "
+                   f"{pct:.0f}% slower because of it")
+        if pct < self.cfg.min_slowdown_pct:
+            return []
+        return [Finding(kind="straggler", severity="warning", message=message, cause="slow_link",
+                        ranks=g.node_ranks(node), nodes=[name], first_step=int(steps[0]),
+                        last_step=int(steps[-1]), slowdown_pct=pct, evidence=evidence,
+                        advice=f"checkpoint, then take {name} out of the job (quarantine) and "
+                               f"check its NIC and cabling (mscale preflight on it)")]

@@ -1,0 +1,83 @@
+"""A silently degraded link, end to end: one rank's socket writes are paced from outside mscale
+(tests/faults/slowlink.c, an LD_PRELOAD shim: no flag of ``train``), starting after a clean
+stretch of steps. Watch, live beside the job, must name that rank's node as ``slow_link`` within
+a few steps of the onset, have the job commit a checkpoint, and only then quarantine the node;
+``--once`` afterwards agrees. The job itself finishes: a slow link crashes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.e2e.train_run import MSCALE, mscale, records, small_plan
+from tests.faults import slowlink
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not slowlink.compiler_available(),
+                                                  reason="no C compiler to build the shim")]
+
+SLOW_RANK, SLOW_NODE = 3, "node2"  # tp2 x dp2 on node[1-2]: ranks 2 and 3 are node2
+ONSET_STEP = 9  # after the 5 warm-up steps and a few clean ones
+BPS = 2_000_000
+
+
+def onset_when_step(run: Path, step: int, flag: Path, stop: threading.Event) -> None:
+    """Create ``flag`` (the shim starts pacing) once the job has recorded ``step``."""
+    while not stop.is_set():
+        metrics = run / "metrics.jsonl"
+        if metrics.exists() and any(r["step"] >= step for r in records(metrics)):
+            flag.touch()
+            return
+        time.sleep(0.2)
+
+
+def test_a_paced_rank_is_named_as_its_nodes_slow_link_checkpointed_then_quarantined(tmp_path):
+    shim = slowlink.build(tmp_path / "shim")
+    run, flag = tmp_path / "run", tmp_path / "onset"
+    env = {**os.environ, **slowlink.env(shim, f"RANK={SLOW_RANK}", BPS, flag)}
+    job = subprocess.Popen([MSCALE, "train", small_plan(tmp_path), "--local", "4", "--steps",
+                            "24", "--ckpt-interval", "1000", "--run-dir", str(run)],
+                           cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    stop = threading.Event()
+    onset = threading.Thread(target=onset_when_step, args=(run, ONSET_STEP - 1, flag, stop))
+    onset.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not run.is_dir():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+            time.sleep(0.1)
+        live = mscale("watch", str(run), "--interval", "0.5", "--jsonl", timeout=300)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        stop.set()
+        onset.join()
+    assert job.returncode == 0, out
+    assert flag.exists()
+    found = [json.loads(line) for line in live.stdout.splitlines()]
+    links = [f for f in found if f["kind"] == "straggler" and f["cause"] == "slow_link"]
+    assert links and all(f["nodes"] == [SLOW_NODE] for f in links), found
+    assert links[0]["evidence"]["detected_at"] <= ONSET_STEP + 10, links[0]
+    assert not [f for f in found if f["kind"] == "straggler" and f["nodes"]
+                and f["nodes"] != [SLOW_NODE]], found
+
+    events = records(run / "events.jsonl")
+    at = {name: next(i for i, e in enumerate(events) if test(e)) for name, test in (
+        ("finding", lambda e: e["source"] == "watch" and e["kind"] == "straggler"),
+        ("ckpt", lambda e: e["kind"] == "checkpoint" and e["evidence"]["reason"] == "request"),
+        ("quarantine", lambda e: e["source"] == "watch"
+         and e["evidence"].get("action") == "quarantine"))}
+    assert at["finding"] < at["ckpt"] < at["quarantine"], events
+    [entry] = json.loads((run / "quarantine.json").read_text())["entries"]
+    assert entry["node"] == SLOW_NODE and entry["evidence"]["checkpoint_confirmed"] is True
+
+    once = mscale("watch", str(run), "--once", "--json")
+    doc = json.loads(once.stdout)
+    assert any(f["cause"] == "slow_link" and f["nodes"] == [SLOW_NODE]
+               for f in doc["findings"]), doc["findings"]

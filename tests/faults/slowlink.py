@@ -1,0 +1,72 @@
+"""A slow network link, injected from outside mscale: build and configure the slowlink shim.
+
+MegaScale calls this fault the hardest to find: one NIC sending at a fraction of its rate.
+Nothing crashes and nothing logs an error; every collective that touches the node just gets
+slower. To test that mscale notices, the slowness has to be real and come from outside its
+code: a flag that mscale itself reads would only test that mscale reads its own flag. So
+slowlink.c is an LD_PRELOAD library that paces the socket writes of one selected process
+(write, writev, send, sendto, sendmsg) to a fixed byte rate, and leaves everything else alone.
+What mscale then measures is a slow socket, exactly what a degraded NIC looks like from above.
+
+    shim = slowlink.build(tmp_dir)
+    subprocess.run(cmd, env={**os.environ, **slowlink.env(shim, "RANK=5", 5_000_000)})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("slowlink.c")
+_COMPILERS = ("gcc", "cc")
+
+
+def _compiler() -> str | None:
+    return next((path for name in _COMPILERS if (path := shutil.which(name))), None)
+
+
+def compiler_available() -> bool:
+    return _compiler() is not None
+
+
+def build(dest_dir: Path) -> Path:
+    """Compile slowlink.c into dest_dir and return the .so; free when that source was built there.
+
+    The file name carries a hash of the source, so an edited shim is never served stale.
+    """
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError(f"slowlink: no C compiler found (looked for {', '.join(_COMPILERS)})")
+    source = SOURCE.read_bytes()
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    shim = dest_dir / f"slowlink-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    if shim.exists():
+        return shim
+    # Compile to a private name and rename: a concurrent build never sees half a library.
+    partial = dest_dir / f".{shim.name}.{os.getpid()}.tmp"
+    cmd = [compiler, "-O2", "-shared", "-fPIC", "-Wall", "-o", str(partial), str(SOURCE),
+           "-ldl", "-lpthread"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"slowlink: `{' '.join(cmd)}` failed ({done.returncode}):\n"
+                           f"{done.stdout}{done.stderr}")
+    os.replace(partial, shim)
+    return shim
+
+
+def env(shim: Path, match: str, bps: int, onset_file: Path | None = None) -> dict[str, str]:
+    """The variables that make the processes where `match` ("NAME=VALUE") holds send at `bps`.
+
+    With `onset_file`, pacing waits until that file exists (the fault strikes mid-run).
+    Variables not returned (SLOWLINK_ONSET_FILE when there is no onset file) must not be
+    inherited from the caller either: build the child's environment without them.
+    """
+    preload = ":".join(filter(None, [str(shim.resolve()), os.environ.get("LD_PRELOAD")]))
+    variables = {"LD_PRELOAD": preload, "SLOWLINK_MATCH": match, "SLOWLINK_BPS": str(int(bps))}
+    if onset_file is not None:
+        variables["SLOWLINK_ONSET_FILE"] = str(onset_file)
+    return variables
