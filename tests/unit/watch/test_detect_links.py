@@ -74,3 +74,13 @@ def test_detection_rate_over_seeds():
     got = [run_case("slow_link", Job(64, 2, 4), seed, steps=150) for seed in range(10)]
     assert sum(o.detected and o.right_target for o in got) == 10
     assert all(o.early == 0 for o in got)
+
+
+def test_a_stage_with_more_layers_has_slower_groups_but_no_slow_link():
+    """Stages hold different layers: stage 0's TP groups run seven times the collectives of
+    stage 1's. Groups are compared within their stage only."""
+    t = generate(64, tp=2, pp=4, ranks_per_node=8, steps=120, seed=5)
+    stage0 = t.layout.pp_rank == 0
+    t.comm_tp[:, stage0] *= 7
+    t.comm_dp[:, stage0] *= 3
+    assert links(feed(t)) == []

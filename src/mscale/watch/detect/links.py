@@ -19,8 +19,9 @@ everyone in the group.
 
 The rule, row by row over the last ``persist_steps`` judged rows (detect/rows.py):
 1. per kind (``comm_tp`` and ``comm_dp`` of the metrics record), each group's value
-   minus the median of the *other* groups of that kind (leave-one-out, so two groups suffice),
-   its median over the rows: the group's excess;
+   minus the median of the *other* groups of that kind in the same stage (stages hold different
+   layers, so different collectives and gradient bytes; leave-one-out, so two groups a stage
+   suffice, which needs tp > 1 and dp > 1), its median over the rows: the group's excess;
 2. a group is slow when its excess passes a robust z-score across its kind's groups (with enough
    groups), a quarter of the floor ``min_excess_frac`` of the step, and ``link_min_ratio`` times
    the peers' value (a degraded link is a factor, not a few percent);
@@ -56,9 +57,10 @@ def group_members(g: Grid, kind: str) -> np.ndarray:
 
 
 def has_groups(g: Grid, kind: str) -> bool:
-    """Whether the layout has at least two groups of ``kind`` with two members each."""
-    size = {"tp": g.tp, "dp": g.dp}[kind]
-    return size > 1 and len(group_members(g, kind)) >= 2
+    """Whether each stage has at least two groups of ``kind`` with two members each: groups are
+    peers only within a stage (stages hold different layers, so different collectives and
+    gradient bytes), so a kind with one group a stage has nothing to be compared with."""
+    return g.tp > 1 and g.dp > 1
 
 
 def group_values(g: Grid, kind: str, x: np.ndarray) -> np.ndarray:
@@ -99,11 +101,14 @@ class LinkRows:
                 {kind: v[idx] for kind, v in self.values.items()})
 
 
-def _leave_one_out_median(v: np.ndarray) -> np.ndarray:
-    """``[rows, groups]`` → per row and group, the median of the other groups of the row."""
-    n = v.shape[1]
-    others = np.stack([np.delete(v, j, axis=1) for j in range(n)], axis=1)  # [rows, n, n-1]
-    return median(others, axis=-1)
+def _leave_one_out_median(v: np.ndarray, stages: int) -> np.ndarray:
+    """``[rows, groups]`` (stage-major) → per row and group, the median of the other groups of
+    the same stage in that row."""
+    rows, n = v.shape
+    per = v.reshape(rows, stages, n // stages)
+    k = per.shape[-1]
+    others = np.stack([np.delete(per, j, axis=-1) for j in range(k)], axis=-2)  # [r, s, k, k-1]
+    return median(others, axis=-1).reshape(rows, n)
 
 
 class LinkRules:
@@ -116,7 +121,7 @@ class LinkRules:
         """Every slow group: kind, index, members, excess, its peers' value, the bar."""
         out = []
         for kind, v in rows.items():
-            peers = _leave_one_out_median(v)
+            peers = _leave_one_out_median(v, self.g.pp)
             excess = median(v - peers, axis=0)
             typical = median(peers, axis=0)
             n = len(excess)
