@@ -130,6 +130,9 @@ def test_imbalance_attributed_to_its_cause_without_quarantine(tmp_path, case):
     assert [f["cause"] for f in slow] == [case], slow
     if case == "slow_data":
         assert slow[0]["ranks"] == [0] and slow[0]["nodes"] == ["node1"]
+    else:  # the advice names a split of the 8 blocks that is faster than 7 + 1
+        best = slow[0]["evidence"]["best_stage_layers"]
+        assert sum(best) == 8 and best[0] < 7 and f"stage_layers {best}" in slow[0]["advice"]
     assert slow[0]["advice"] and slow[0]["slowdown_pct"] > 5
     assert not (run / "quarantine.json").exists()
     assert not any((run / "control").iterdir())

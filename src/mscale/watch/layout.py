@@ -26,6 +26,9 @@ class JobLayout:
     ranks_per_node: int
     node_names: tuple[str, ...]
     """Name of each node, by node index."""
+    stage_layers: tuple[int, ...] | None = None
+    """Transformer blocks on each pipeline stage (from the plan, without interleaving), so that
+    stage-imbalance advice can name a split that is actually faster (detect/split.py)."""
 
     @property
     def world(self) -> int:
@@ -59,7 +62,11 @@ class JobLayout:
     def from_plan(cls, plan) -> "JobLayout":
         p = placement_for(plan)
         names = tuple(plan.cluster.node_names()[: p.num_nodes])
-        return cls(tp=p.tp, pp=p.pp, dp=p.dp, ranks_per_node=p.gpus_per_node, node_names=names)
+        layers = None
+        if p.pp > 1 and plan.layout.vpp == 1:
+            layers = tuple(plan.layout.layers_per_stage(plan.model.layers))
+        return cls(tp=p.tp, pp=p.pp, dp=p.dp, ranks_per_node=p.gpus_per_node, node_names=names,
+                   stage_layers=layers)
 
     @classmethod
     def from_flags(cls, tp: int, pp: int, dp: int, ranks_per_node: int,

@@ -187,9 +187,11 @@ class LinkRules:
                             "(smallest member time: the transfer) shares this node",
                     "slow_groups": slow, "saved_s": saved, "ranks_in_slow_groups": on_node,
                     "decided_by": f"{kinds}, over {len(steps)} judged steps"}
-        message = (f"node {name}: slow link, the {len(slow)} group(s) slower than their peers "
-                   f"all include it ({', '.join(s['kind'].upper() for s in slow)}); the job is "
-                   f"{pct:.0f}% slower because of it")
+        worst = max(slow, key=lambda s: s["excess_s"])
+        more = f" and {len(slow) - 1} more group(s), all through it" if len(slow) > 1 else ""
+        message = (f"node {name}: slow link (its {worst['kind'].upper()} group of ranks "
+                   f"{worst['ranks']} is {worst['excess_s']:.3g} s a step slower than its "
+                   f"peers{more}); the job is {pct:.0f}% slower because of it")
         if pct < self.cfg.min_slowdown_pct:
             return []
         return [Finding(kind="straggler", severity="warning", message=message, cause="slow_link",

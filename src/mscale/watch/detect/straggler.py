@@ -23,6 +23,7 @@ import numpy as np
 
 from mscale.watch.config import WatchConfig
 from mscale.watch.detect.rows import Recent, median, robust_sigma
+from mscale.watch.detect.split import best_split
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf
 
@@ -205,13 +206,31 @@ class StragglerRules:
                                    f"{excess[s]:.3g} s above the other stages per step; the "
                                    f"job is {pct:.0f}% slower because of it",
                            advice=_ADVICE["slow_node"].format(node=node), **same)
+        advice, than = _ADVICE["stage_imbalance"], "because of it"
+        counts = g.layout.stage_layers
+        if counts is not None and len(counts) == g.pp:
+            best, per_block = best_split(sc, list(counts))
+            if best == list(counts):
+                return None  # no integer split is faster: nothing to advise
+            moved = (np.asarray(best) - np.asarray(counts)) * per_block
+            pct, saved = whatif.slowdown(w.own, w.compute + moved[g.stage] + w.data,
+                                         w.step_time)
+            if pct < cfg.stage_min_slowdown_pct:
+                return None
+            evidence.update(stage_layers=list(counts), best_stage_layers=best,
+                            per_block_s=per_block, saved_s=saved)
+            same["slowdown_pct"] = pct
+            than = f"than with stage_layers {best}"
+            advice = (f"re-plan with stage_layers {best} (the best integer split of the "
+                      f"{sum(counts)} blocks; now {list(counts)}): `mscale plan`; no node is at "
+                      f"fault")
         evidence.update(rule=_RULES["stage_imbalance"], changed_since_baseline=changed,
                         decided_by=f"stage {s} computes {excess[s]:.3g} s more than the median "
                                    f"of the other stages, on all of its ranks")
-        return Finding(cause="stage_imbalance", advice=_ADVICE["stage_imbalance"],
+        return Finding(cause="stage_imbalance", advice=advice,
                        message=f"pipeline stage {s} of {g.pp} computes {excess[s]:.3g} s more "
                                f"per step than the others; the job is {pct:.0f}% slower "
-                               f"because of it", **same)
+                               f"{than}", **same)
 
 _RULES = {
     "slow_device": "one rank's compute persistently above its stage peers, its wait the lowest",

@@ -1,0 +1,41 @@
+"""The best integer split of a model's blocks over pipeline stages, from measured stage times.
+
+Stage-imbalance advice is only worth giving when some split the planner can make is faster:
+blocks are whole, and the first and last stages carry the embedding, and the head and loss, which
+no block count removes. So the advice is checked against the best integer split under a simple
+model fitted to the measured stage compute times ``t_s`` and block counts ``k_s``:
+
+    t_s = e_s + k_s * c
+
+``c`` (seconds per block) is taken as the smallest ``t_s / k_s``: every stage's fixed part
+``e_s`` is then >= 0, and the stage with the least fixed work per block sets it. Moving blocks
+changes only the ``k_s * c`` part. The makespan (the slowest stage, which paces a 1F1B pipeline)
+is minimised by handing out blocks one at a time to the stage that would be fastest with one
+more: with equal increments that greedy choice is optimal.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def best_split(stage_s: np.ndarray, counts: list[int]) -> tuple[list[int], float]:
+    """(the split with the smallest slowest stage, seconds per block). Middle stages keep at
+    least one block (config/layout.py: split_problem); on a tie the current split is kept."""
+    t = np.asarray(stage_s, dtype=float)
+    k = np.asarray(counts, dtype=float)
+    have = k > 0
+    if not have.any():
+        return list(counts), 0.0
+    c = float(np.min(t[have] / k[have]))
+    fixed = t - k * c
+    n = len(counts)
+    split = [0 if i in (0, n - 1) else 1 for i in range(n)]
+    for _ in range(sum(counts) - sum(split)):
+        after = fixed + (np.asarray(split) + 1) * c
+        split[int(np.argmin(after))] += 1
+    current = float(np.max(t))
+    best = float(np.max(fixed + np.asarray(split) * c))
+    if best >= current - 1e-12 * max(current, 1.0):
+        return list(counts), c
+    return split, c
