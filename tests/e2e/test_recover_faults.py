@@ -18,13 +18,16 @@ The references are module-scoped: one uninterrupted run per step count, shared b
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
+from tests.faults import slowlink
 
 pytestmark = pytest.mark.e2e
 
@@ -54,9 +57,10 @@ def supervise_cmd(plan: str, run: Path, *train: str, sup: tuple[str, ...] = ()) 
             MSCALE, "train", plan, *TRAIN, "--run-dir", str(run), *train]
 
 
-def supervise(plan: str, run: Path, *train: str, sup: tuple[str, ...] = ()):
+def supervise(plan: str, run: Path, *train: str, sup: tuple[str, ...] = (),
+              env: dict[str, str] | None = None):
     p = subprocess.run(supervise_cmd(plan, run, *train, sup=sup), text=True,
-                       capture_output=True, timeout=150)
+                       capture_output=True, timeout=150, env=env)
     return p
 
 
@@ -197,3 +201,44 @@ def test_slowed_rank_checkpoint_then_exclude_zero_steps_lost(plan, reference, tm
     detect = next(e for e in evs if e["source"] == "recover"
                   and e["evidence"].get("phase") == "detect")
     assert detect["evidence"]["failure_source"] == "quarantine.json: node1"
+
+
+@pytest.mark.skipif(not slowlink.compiler_available(), reason="no C compiler to build the shim")
+def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_path):
+    """Rank 3's socket writes are paced to 2 MB/s from step 3 on by an LD_PRELOAD shim (no flag
+    of train: tests/faults/slowlink.c). watch (in supervise) names node2 as a slow link, the job
+    checkpoints, node2 is quarantined, and the job is relaunched on node1 alone from that
+    checkpoint: no step lost, the losses those of the uninterrupted run. The relaunched job has
+    ranks 0 and 1 only, so the shim (which the relaunch inherits) selects nobody."""
+    run, onset = tmp_path / "run", tmp_path / "onset"
+    env = {**os.environ, **slowlink.env(slowlink.build(tmp_path / "shim"), "RANK=3",
+                                        2_000_000, onset)}
+    stop = threading.Event()
+
+    def start_pacing_after_step_2() -> None:
+        while not stop.is_set():
+            metrics = run / "metrics.jsonl"
+            if metrics.exists() and any(r["step"] >= 2 for r in records(metrics)):
+                onset.touch()
+                return
+            time.sleep(0.1)
+
+    pacer = threading.Thread(target=start_pacing_after_step_2)
+    pacer.start()
+    try:
+        p = supervise(plan, run, env=env,
+                      sup=("--watch-set", "warmup_steps=1", "--watch-set", "persist_steps=3",
+                           "--watch-set", "baseline_steps=2", "--ckpt-wait", "30"))
+    finally:
+        stop.set()
+        pacer.join()
+    out = p.stdout + p.stderr
+    evs = records(run / "events.jsonl")
+    found = [e for e in evs if e["source"] == "watch" and e["kind"] == "straggler"]
+    assert found and found[0]["evidence"]["cause"] == "slow_link", out
+    assert [e["node"] for e in json.loads((run / "quarantine.json").read_text())["entries"]] \
+        == ["node2"], out
+    halted = max(committed_before_fault(run))
+    check_recovered(run, p, reference, resumed=halted, rel=1e-5)
+    starts = [e for e in evs if e["kind"] == "start"]
+    assert len(starts) == 2 and starts[1]["evidence"]["launch"]["nodes"] == ["node1"], out
