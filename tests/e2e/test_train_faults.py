@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -178,17 +179,41 @@ def test_a_full_disk_during_metrics_stops_cleanly(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(disk)], check=True)
+    run = disk / "run"
+    stop = threading.Event()
+
+    def fill_once_training_writes_metrics() -> None:
+        """Take all but two pages of the disk once steps are being recorded: the disk fills
+        during the metrics a few steps later, not after minutes of 850-byte lines."""
+        metrics = run / "metrics.jsonl"
+        while not stop.is_set():
+            if metrics.exists() and metrics.read_text().count("\n") >= 2:
+                with open(disk / "filler", "wb", buffering=0) as f:  # nothing left to flush
+                    try:
+                        while True:
+                            f.write(b"x" * 4096)
+                    except OSError:
+                        pass
+                    f.truncate(max(0, f.tell() - 8192))
+                return
+            time.sleep(0.05)
+
+    filler = threading.Thread(target=fill_once_training_writes_metrics)
+    filler.start()
     try:
-        run = disk / "run"
         p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run),
                    "--steps", "2000", "--no-final-ckpt", "--ckpt-interval", "100000",
                    "--log-interval", "1000", timeout=600)
+        stop.set()
+        filler.join()
         assert p.returncode == 3, p.stdout + p.stderr
         assert "the disk is full" in p.stdout and "Traceback" not in p.stdout + p.stderr
         lines = (run / "metrics.jsonl").read_text().splitlines()
         steps = [json.loads(line)["step"] for line in lines]  # no torn line anywhere
         assert steps == list(range(1, len(steps) + 1)) and len(steps) < 2000
     finally:
+        stop.set()
+        filler.join()
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
