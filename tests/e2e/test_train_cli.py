@@ -24,10 +24,20 @@ from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 pytestmark = pytest.mark.e2e
 def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
     run = tmp_path / "run"
-    p = mscale("train", "--local", "8", "--steps", "4", "--run-dir", str(run))
+    p = mscale("train", "--local", "8", "--steps", "4", "--run-dir", str(run),
+               "--trace-every", "2")
     assert p.returncode == 0, p.stdout + p.stderr
     metrics = records(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # timelines of steps 2 and 4: DP replica 0's pipeline, one track per rank, every
+    # micro-batch's forward and backward on each (4 micro-batches: global 16, dp 2, micro 2)
+    assert sorted(os.listdir(run / "trace")) == ["step-000002.json", "step-000004.json"]
+    doc = json.loads((run / "trace" / "step-000004.json").read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert doc["otherData"]["ranks"] == [0, 1, 4, 5]
+    for rank in (0, 1, 4, 5):
+        names = {e["name"] for e in spans if e["tid"] == rank}
+        assert {f"{kind} mb{m}" for kind in ("forward", "backward") for m in range(4)} <= names
     plan = load_plan(str(run / "plan.yaml"))
     flops = model_flops(plan.model, plan.training.global_batch)
     for m in metrics:

@@ -38,6 +38,13 @@ def _parse_steps(values: list[str], flag: str) -> dict[int, int]:
     return {rank: int(step) for rank, step in out.items()}
 
 
+def _trace_ranks(value: str) -> str:
+    if value not in ("replica", "all"):
+        raise MscaleError(f"--trace-ranks {value!r} is not replica or all", field="--trace-ranks",
+                          fix="--trace-ranks replica (DP replica 0's pipeline) or all")
+    return value
+
+
 def launch_of(plan: str, local: int) -> dict:
     """How this command was launched, for the start event (`mscale recover` relaunches it):
     argv is runnable again (``python -m mscale.cli.main`` when started that way)."""
@@ -62,6 +69,11 @@ def train_cmd(
                                   help="Seconds before a hung collective fails the job."),
     log_interval: int = typer.Option(1, "--log-interval", min=1,
                                      help="Steps between progress lines."),
+    trace_every: int = typer.Option(0, "--trace-every", min=0, help="Steps between timelines "
+                                    "written to RUN_DIR/trace/ (Perfetto / chrome://tracing); "
+                                    "0: only when RUN_DIR/control/trace asks."),
+    trace_ranks: str = typer.Option("replica", "--trace-ranks", help="Whose events a timeline "
+                                    "holds: replica (DP replica 0's pipeline) or all."),
     resume: str = typer.Option("auto", "--resume", help="auto: continue from RUN_DIR/ckpt/latest "
                                "if any; none: start fresh; or a checkpoint/run directory."),
     ckpt_interval: int = typer.Option(None, "--ckpt-interval", min=1, help="Steps between "
@@ -118,6 +130,7 @@ def train_cmd(
         run_dir=run_dir, steps=steps, inject_delay=_parse_delays(inject_delay, "--inject-delay"),
         inject_data_delay=_parse_delays(inject_data_delay, "--inject-data-delay"),
         inject_nan_step=inject_nan, timeout_s=timeout, log_interval=log_interval,
+        trace_every=trace_every, trace_ranks=_trace_ranks(trace_ranks),
         inject_crash=_parse_steps(inject_crash, "--inject-crash"),
         inject_hang=_parse_steps(inject_hang, "--inject-hang"),
         json_summary=as_json and not local, launch=launch_of(plan, local),

@@ -53,6 +53,11 @@ class RunDir:
         return self.path("control")
 
     @property
+    def trace(self) -> str:
+        """Timelines of sampled steps, ``step-NNNNNN.json`` (Chrome trace-event format)."""
+        return self.path("trace")
+
+    @property
     def quarantine(self) -> str:
         return self.path("quarantine.json")
 

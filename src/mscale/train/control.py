@@ -1,7 +1,7 @@
 """Requests to a running job, from files and signals, agreed by all ranks at each step boundary.
 
 Operators (and `watch`/`recover`) drop an entry in ``RUN_DIR/control/``: ``checkpoint`` (save
-now) or ``halt`` (save, then stop cleanly); a file or a directory of that name counts alike. SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
+now), ``halt`` (save, then stop cleanly) or ``trace`` (record the next step's timeline); a file or a directory of that name counts alike. SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
 ``--signal=B:USR1@120``) mean halt. Only rank 0 reads the directory (12,288 ranks polling a shared
 filesystem every step would be a denial of service); any rank may receive a signal. One MAX
 all-reduce of a small flag vector per step makes every rank take the same decision at the same
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from mscale.runs.atomic import fs_and_path
 
-REQUESTS = ("checkpoint", "halt")
+REQUESTS = ("checkpoint", "halt", "trace")
 
 
 @dataclass
@@ -32,6 +32,8 @@ class Decision:
     abort: bool = False
     """A rank cannot go on (rank 0: the disk is full, the run directory's lock was lost): every
     rank stops here, without a checkpoint."""
+    trace: bool = False
+    """Record the next step's timeline (train/trace.py)."""
 
     @property
     def stop(self) -> bool:
@@ -83,8 +85,8 @@ class Control:
         on (Decision.abort), so every rank stops here."""
         requests = self._read_requests()
         flags = torch.tensor([float("checkpoint" in requests), float("halt" in requests),
-                              float(self._signalled), float(abort)])
+                              float(self._signalled), float(abort), float("trace" in requests)])
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
         return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
-                        abort=bool(flags[3]))
+                        abort=bool(flags[3]), trace=bool(flags[4]))

@@ -26,9 +26,10 @@ from mscale.distributed.init import init_distributed
 from mscale.distributed.launch import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
+from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
-from mscale.topology.placement import placement_record
+from mscale.topology.placement import placement_for, placement_record
 from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
@@ -37,7 +38,7 @@ from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
-from mscale.train import faults
+from mscale.train import faults, trace
 from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
                                   open_session, read_data_skips, share_start)
 from mscale.train.step import run_micro_batches
@@ -191,9 +192,11 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                                 log_interval=opts.log_interval,
                                 stream=sys.stderr if opts.json_summary else sys.stdout)
     saving = False  # a save started at the last boundary: its host copy overlaps this step
+    trace_next = False  # an operator asked for a timeline (control/trace)
     with progress:
         for step in range(first, steps):
-            timer.start_step()
+            every = opts.trace_every
+            timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
             result = train_step(engine, step, timer)
             if not result.finite:
                 _event(s, kind="nan", severity="critical", step=step + 1,
@@ -216,6 +219,8 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                 s.journal.append(s.run.metrics, rec)
                 summary.add(rec)
                 progress.update(rec)
+            if timer.events is not None:  # every rank traced this step: the same decision
+                _write_trace(engine, s, step + 1, timer.events)
             ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
             trouble = s.trouble() or ckpt.fatal
             decision = control.poll(abort=trouble is not None)
@@ -228,6 +233,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                        message=_decision_message(decision),
                        evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
                                  "signal": decision.signal})
+            trace_next = decision.trace
             reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
             saving = bool(reason)
             if reason:
@@ -239,6 +245,21 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     if ckpt.due(steps, final=True) and first < steps:
         ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None
+
+
+def _write_trace(engine: Engine, s: RunSession, step: int, events) -> None:
+    """Collective: gather this step's timeline to rank 0, which writes it (train/trace.py)."""
+    plan, env = engine.plan, engine.env
+    limit = trace.events_limit(engine.micro_batches, plan.layout.vpp)
+    rows = trace.collect(events, limit, trace.traced_ranks(plan.layout, engine.options.trace_ranks))
+    if env.rank != 0:
+        return
+    places = trace.rank_places(plan.layout, plan.cluster.node_names(),
+                               placement_for(plan).node)
+    path = "/".join([s.run.trace, f"step-{step:06d}.json"])
+    write_text_atomic(path, trace.dumps(trace.chrome_trace(rows, step, places)))
+    _event(s, kind="info", step=step, severity="info",
+           message=f"timeline of step {step} written: {path}", evidence={"trace": path})
 
 
 def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) -> dict:

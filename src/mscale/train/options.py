@@ -36,6 +36,13 @@ class TrainOptions:
     """Steps between synchronized garbage collections (automatic GC is off)."""
     log_interval: int = 1
     """Steps between progress lines when stdout is not a terminal."""
+    trace_every: int = 0
+    """Steps between recorded timelines (``RUN_DIR/trace/step-NNNNNN.json``; 0: only on a
+    ``control/trace`` request). A traced step gathers every rank's events to rank 0, so keep it
+    rare at scale (train/trace.py)."""
+    trace_ranks: str = "replica"
+    """Whose events a timeline holds: ``replica`` (DP replica 0's pipeline, pp·tp ranks) or
+    ``all``."""
     progress: bool = True
     """Show a progress bar / progress lines on rank 0."""
     timeout_s: float = 120.0

@@ -52,10 +52,11 @@ def _accumulate(engine, step: int, timer: StepTimer) -> torch.Tensor:
             tokens, labels = (to_device(t, engine.device) for t in engine.get_batch(step, j))
         sync = contextlib.nullcontext() if j == m - 1 else engine.grads.no_sync()
         with sync:
-            with engine.autocast():
+            with timer.work("forward", j), engine.autocast():
                 loss = model(tokens, labels)
             loss = poison_if_asked(engine, step, loss)
-            (loss / m).backward()
+            with timer.work("backward", j):
+                (loss / m).backward()
         total = add_loss(total, loss)
         if delay:
             time.sleep(delay / m)  # test hook: a slow GPU, spread over the step's compute

@@ -17,7 +17,7 @@ which is what the straggler rule needs.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -42,14 +42,33 @@ class StepTimer:
         self._added = dict.fromkeys(REGIONS, 0.0)
         self._spans: list[tuple] = []
         self._start = None
+        self.tracing = False
+        """This step records a timeline (train/trace.py): each forward, backward and wait."""
+        self._work: list[tuple] = []
+        self.events: list[tuple[str, int, int, float, float]] | None = None
+        """The last traced step's events: (name, micro-batch, chunk, start s, end s), seconds
+        from the step's start; None when the last step was not traced."""
 
-    def start_step(self) -> None:
+    def start_step(self, trace: bool = False) -> None:
         self._added = dict.fromkeys(REGIONS, 0.0)
-        self._spans = []
+        self._spans, self._work, self.tracing = [], [], trace
         # the collective clock follows this timer; what collectives between steps (metrics,
         # control) counted is dropped
         COMM_CLOCK.use(self.clock)
         self._start = self.clock.mark()
+
+    def work(self, name: str, micro: int, chunk: int = 0):
+        """A forward or backward of one micro-batch (and model chunk), for the timeline; a
+        no-op context unless this step is traced, so untraced steps pay one attribute read."""
+        return self._work_span(name, micro, chunk) if self.tracing else _UNTRACED
+
+    @contextmanager
+    def _work_span(self, name: str, micro: int, chunk: int):
+        m0 = self.clock.mark()
+        try:
+            yield
+        finally:
+            self._work.append((name, micro, chunk, m0, self.clock.mark()))
 
     @contextmanager
     def region(self, name: str, link: str | None = None):
@@ -85,8 +104,21 @@ class StepTimer:
         t["comm_wait"] += inside
         for kind, seconds in by_kind.items():
             t[f"comm_{kind}"] += seconds
+        self.events = self._timeline() if self.tracing else None
         t["compute"] = max(0.0, t["step"] - t["comm_wait"] - t["data"] - t["bubble"])
-        self._spans = []
+        self._spans, self._work = [], []
         COMM_CLOCK.use(HostClock())  # between steps collectives are not attributed
         self.clock.recycle()
         return t
+
+    def _timeline(self) -> list[tuple[str, int, int, float, float]]:
+        """The traced step's work and waits, seconds from its start (marks are settled)."""
+        at = lambda m: self.clock.seconds(self._start, m)  # noqa: E731
+        out = [(name, micro, chunk, at(a), at(b)) for name, micro, chunk, a, b in self._work]
+        for name, link, a, b, _, _ in self._spans:
+            label = f"{link} wait" if link and name == "comm_wait" else name
+            out.append((label, -1, -1, at(a), at(b)))
+        return sorted(out, key=lambda e: e[3])
+
+
+_UNTRACED = nullcontext()

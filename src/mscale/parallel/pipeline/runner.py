@@ -108,7 +108,9 @@ class PipelineStep:
     def run(self) -> torch.Tensor | None:
         self.link.post([], [n for n in (self._need(0), self._need(1)) if n is not None])
         for k, action in enumerate(self.actions):
-            out = self._forward(k, action) if action.forward else self._backward(k, action)
+            with self.timer.work("forward" if action.forward else "backward", action.micro,
+                                 action.chunk):
+                out = self._forward(k, action) if action.forward else self._backward(k, action)
             sent = produces(action, self.rank, self.pp, self.vpp)
             nxt = self._need(k + 2)
             self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
