@@ -84,3 +84,16 @@ def test_a_stage_with_more_layers_has_slower_groups_but_no_slow_link():
     t.comm_tp[:, stage0] *= 7
     t.comm_dp[:, stage0] *= 3
     assert links(feed(t)) == []
+
+
+def test_leave_one_out_median_equals_the_median_of_the_others():
+    from mscale.watch.detect.links import _leave_one_out_median
+
+    rng = np.random.default_rng(0)
+    for stages, k in [(1, 2), (2, 2), (3, 3), (2, 5), (4, 8), (1, 7)]:
+        v = rng.random((5, stages * k))
+        v[0] = 1.0  # ties
+        per = v.reshape(5, stages, k)
+        want = np.stack([np.median(np.delete(per, j, axis=-1), axis=-1) for j in range(k)],
+                        axis=-1).reshape(5, -1)
+        np.testing.assert_allclose(_leave_one_out_median(v, stages), want)

@@ -103,12 +103,24 @@ class LinkRows:
 
 def _leave_one_out_median(v: np.ndarray, stages: int) -> np.ndarray:
     """``[rows, groups]`` (stage-major) → per row and group, the median of the other groups of
-    the same stage in that row."""
+    the same stage in that row. One sort per stage: removing the value at sorted position ``i``
+    shifts the order statistics at and above ``i`` down by one, so the median of the rest is
+    read off the sorted values (192 DP replicas a stage at 12,288 ranks: no [k, k-1] copy)."""
     rows, n = v.shape
-    per = v.reshape(rows, stages, n // stages)
-    k = per.shape[-1]
-    others = np.stack([np.delete(per, j, axis=-1) for j in range(k)], axis=-2)  # [r, s, k, k-1]
-    return median(others, axis=-1).reshape(rows, n)
+    k = n // stages
+    per = v.reshape(rows, stages, k)
+    order = np.argsort(per, axis=-1)
+    s = np.take_along_axis(per, order, axis=-1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(k), axis=-1)  # each group's place in the sort
+    lo, hi = (k - 2) // 2, (k - 1) // 2  # the median's order statistics among k - 1 values
+
+    def stat(j: int) -> np.ndarray:
+        below = np.take(s, j, axis=-1)[..., None]
+        above = np.take(s, min(j + 1, k - 1), axis=-1)[..., None]
+        return np.where(j < pos, below, above)
+
+    return ((stat(lo) + stat(hi)) / 2).reshape(rows, n)
 
 
 class LinkRules:
