@@ -36,7 +36,7 @@ def _critical(report: dict) -> list[dict]:
 def test_a_slowed_rank_is_flagged_and_only_its_node_is_excluded(tmp_path):
     run = tmp_path / "run"
     p = mscale("preflight", PLAN, "--run-dir", str(run), "--local", "8", "--json",
-               "--inject-slow", "5:4", "--prometheus", str(tmp_path / "pf.prom"))
+               "--inject-slow", "5:6", "--prometheus", str(tmp_path / "pf.prom"))
     assert p.returncode == 2, p.stdout + p.stderr
     report = _report(p)
     assert report["bad_nodes"] == ["node3"] and report["exclude"] == "node3"
