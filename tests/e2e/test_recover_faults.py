@@ -203,7 +203,6 @@ def test_slowed_rank_checkpoint_then_exclude_zero_steps_lost(plan, reference, tm
     assert detect["evidence"]["failure_source"] == "quarantine.json: node1"
 
 
-@pytest.mark.skipif(not slowlink.compiler_available(), reason="no C compiler to build the shim")
 def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_path):
     """Rank 3's socket writes are paced to 2 MB/s from step 3 on by an LD_PRELOAD shim (no flag
     of train: tests/faults/slowlink.c). watch (in supervise) names node2 as a slow link, the job
@@ -211,7 +210,7 @@ def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_
     checkpoint: no step lost, the losses those of the uninterrupted run. The relaunched job has
     ranks 0 and 1 only, so the shim (which the relaunch inherits) selects nobody."""
     run, onset = tmp_path / "run", tmp_path / "onset"
-    env = {**os.environ, **slowlink.env(slowlink.build(tmp_path / "shim"), "RANK=3",
+    env = {**os.environ, **slowlink.env(slowlink.build_for_test(tmp_path / "shim"), "RANK=3",
                                         2_000_000, onset)}
     stop = threading.Event()
 

@@ -18,9 +18,10 @@ from mscale.config.vectors import COMPACT_MIN_RANKS, decode_vector, encode_vecto
 RECORD_SCHEMA_VERSION = 1
 METRICS_SCHEMA_VERSION = 2
 """Newest `MetricsRecord` version: 2 may carry per-rank vectors encoded (config/vectors.py)."""
-PER_RANK_FIELDS = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time",
-                   "comm_tp", "comm_pp", "comm_dp")
 LINK_FIELDS = ("comm_tp", "comm_pp", "comm_dp")
+"""The optional split of communication by the kind of group waited on (train/timers.py)."""
+PER_RANK_FIELDS = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time",
+                   *LINK_FIELDS)
 LINK_SCALE = 1e-3
 """Resolution of the link vectors in version 2: 1 ms. The slow-link rule's smallest bar is a
 few percent of a step (tens of milliseconds), and coarser integers compress better: the three

@@ -34,8 +34,9 @@ COLUMNS = 5  # name code, micro-batch, chunk, start s, end s
 def pack(events: list[tuple[str, int, int, float, float]], limit: int) -> torch.Tensor:
     """``[limit, 5]`` float64, NaN-padded; events past ``limit`` are dropped (the last ones)."""
     out = torch.full((limit, COLUMNS), math.nan, dtype=torch.float64)
-    for i, (name, micro, chunk, t0, t1) in enumerate(events[:limit]):
-        out[i] = torch.tensor([NAMES.index(name), micro, chunk, t0, t1], dtype=torch.float64)
+    kept = [(NAMES.index(name), *rest) for name, *rest in events[:limit]]
+    if kept:
+        out[:len(kept)] = torch.tensor(kept, dtype=torch.float64)
     return out
 
 

@@ -28,7 +28,7 @@ from mscale.watch.detect.training import TrainingRules
 from mscale.watch.findings import Finding
 from mscale.watch.layout import JobLayout
 from mscale.watch.whatif import Grid, WhatIf, estimate_micro_batches
-from mscale.watch.window import Window
+from mscale.watch.window import PER_RANK, REQUIRED_PER_RANK, Window
 
 SEVERITY = {"ok": 0, "info": 1, "warning": 2, "critical": 3}
 
@@ -91,7 +91,7 @@ class Watcher:
             self.training.restarted()
         self.last_step = step
         ranks = win.ranks[i]
-        finite = bool(np.isfinite(ranks[:5]).all())  # the link vectors are optional
+        finite = bool(np.isfinite(ranks[:REQUIRED_PER_RANK]).all())  # link vectors optional
         found: dict[str, list[Finding]] = {}
         nan = self.training.nan(step, {"loss": float(win.scalar("loss")[i]),
                                        "grad_norm": float(win.scalar("grad_norm")[i])}, finite)
@@ -120,8 +120,8 @@ class Watcher:
         """The slow-link rule sees every row after warm-up, spikes included: it compares groups
         within a row, so a job-wide pause moves every group alike, and the onset of a slow link
         (which slows every rank at once) is exactly what the spike mask hides for a while."""
-        links = {"tp": ranks[5], "dp": ranks[7]}  # Window order: comm_tp, comm_pp, comm_dp
-        if not all(np.isfinite(links[k]).all() for k in self.link_rows.kinds):
+        links = {k: ranks[PER_RANK.index(f"comm_{k}")] for k in self.link_rows.kinds}
+        if not all(np.isfinite(v).all() for v in links.values()):
             self.link_rows.clear()  # a record without the split (another trainer's)
             return []
         self.link_rows.append(self.last_step, float(ranks[0].max()), links)

@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PER_RANK = ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time",
-            "comm_tp", "comm_pp", "comm_dp")
+from mscale.config.records import LINK_FIELDS, PER_RANK_FIELDS
+
+PER_RANK = PER_RANK_FIELDS
 """Per-rank vectors of a metrics record, in this order in `Window.ranks`."""
-LINK_VECTORS = ("comm_tp", "comm_pp", "comm_dp")
+LINK_VECTORS = LINK_FIELDS
 """The optional split of communication by kind of traffic: NaN where a record lacks it (another
 trainer's), which keeps the slow-link rule silent rather than misled (detect/links.py)."""
+REQUIRED_PER_RANK = PER_RANK.index(LINK_VECTORS[0])
+"""The vectors before this index are always there (bubble_time read as 0 when absent)."""
 SCALARS = ("time", "loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s", "mfu")
 """Per-step scalars (NaN where a record lacks the field)."""
 

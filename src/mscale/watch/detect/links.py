@@ -56,10 +56,11 @@ def group_members(g: Grid, kind: str) -> np.ndarray:
     return np.swapaxes(ranks, 1, 2).reshape(g.pp * g.tp, g.dp)
 
 
-def has_groups(g: Grid, kind: str) -> bool:
-    """Whether each stage has at least two groups of ``kind`` with two members each: groups are
-    peers only within a stage (stages hold different layers, so different collectives and
-    gradient bytes), so a kind with one group a stage has nothing to be compared with."""
+def has_groups(g: Grid) -> bool:
+    """Whether each stage has at least two TP groups and two DP groups of two members each:
+    groups are peers only within a stage (stages hold different layers, so different
+    collectives and gradient bytes), and a stage's TP groups are its dp replicas, its DP
+    groups its tp positions, so both kinds need tp > 1 and dp > 1."""
     return g.tp > 1 and g.dp > 1
 
 
@@ -76,7 +77,7 @@ class LinkRows:
 
     def __init__(self, grid: Grid, capacity: int):
         self.g, self.cap = grid, capacity
-        self.kinds = [k for k in KINDS if has_groups(grid, k)]
+        self.kinds = list(KINDS) if has_groups(grid) else []
         self.values = {k: np.zeros((capacity, len(group_members(grid, k)))) for k in self.kinds}
         self.steps = np.zeros(capacity, np.int64)
         self.step_time = np.zeros(capacity)
@@ -187,8 +188,9 @@ class LinkRules:
                        for k in {s["kind"] for s in slow})
         if strength < self.cfg.min_excess_frac * step_s:
             return []
-        saved = self._saving(slow, own, whatif)
-        pct, saved = WhatIf.from_saving(saved, step_s)
+        pct, saved = WhatIf.from_saving(self._saving(slow, own, whatif), step_s)
+        if pct < self.cfg.min_slowdown_pct:
+            return []
         on_node = [r for r in sorted({r for s in slow for r in s["ranks"]}) if g.node[r] == node]
         name = g.name(node)
         kinds = ", ".join(f"{s['kind'].upper()} group of ranks {s['ranks']} "
@@ -204,8 +206,6 @@ class LinkRules:
         message = (f"node {name}: slow link (its {worst['kind'].upper()} group of ranks "
                    f"{worst['ranks']} is {worst['excess_s']:.3g} s a step slower than its "
                    f"peers{more}); the job is {pct:.0f}% slower because of it")
-        if pct < self.cfg.min_slowdown_pct:
-            return []
         return [Finding(kind="straggler", severity="warning", message=message, cause="slow_link",
                         ranks=g.node_ranks(node), nodes=[name], first_step=int(steps[0]),
                         last_step=int(steps[-1]), slowdown_pct=pct, evidence=evidence,
