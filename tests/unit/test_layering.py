@@ -18,7 +18,7 @@ DOC = REPO / "docs" / "architecture.md"
 
 LAYERS: list[tuple[str, ...]] = [
     ("cli",), ("recover",), ("train", "watch", "preflight"), ("ckpt",), ("model",), ("parallel", "planner"), ("distributed",),
-    ("topology", "runs"), ("config",), ("urls",), ("errors", "hostlist"),
+    ("topology", "runs", "data"), ("config",), ("urls",), ("errors", "hostlist"),
 ]
 """Top to bottom. A name is a subpackage or a top-level module of mscale."""
 

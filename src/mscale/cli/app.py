@@ -48,7 +48,8 @@ def register() -> typer.Typer:
     """Import every command module so that it attaches itself to `app`."""
     import importlib
 
-    for name in ("plan", "train", "ckpt", "watch", "preflight", "recover", "recover_supervise"):
+    for name in ("plan", "train", "ckpt", "watch", "preflight", "recover", "recover_supervise",
+                 "data"):
         try:
             importlib.import_module(f"mscale.cli.{name}")
         except ModuleNotFoundError as e:  # a command module not written yet

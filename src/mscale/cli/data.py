@@ -1,0 +1,289 @@
+"""``mscale data``: tokenize corpora into shards, train a small tokenizer, inspect and verify token
+data (docs/data.md).
+
+Thin: parse, call mscale.data, print, choose the exit code. 0 OK, 2 verify found a checksum
+mismatch (the shard is named), 3 bad input. Progress goes to stderr (one line redrawn on a
+terminal, a plain line every few seconds elsewhere) so that ``--json`` leaves stdout one document.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from typing import List, Optional
+
+import typer
+
+from mscale.cli.app import app
+from mscale.cli.output import console, print_json
+from mscale.errors import EXIT_CRITICAL
+
+data_app = typer.Typer(help="Tokenize corpora into shards, train a tokenizer, inspect and verify "
+                            "token data.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+_SHARD_TOKENS = 1 << 28
+"""mscale.data.prepare.SHARD_TOKENS, not imported here: every command would load numpy."""
+
+
+def _n(x: float) -> str:
+    """12,345 below a million, then 1.23M / 4.56B."""
+    for unit, div in (("B", 1e9), ("M", 1e6)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:,.0f}"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} KB"
+
+
+class ProgressLine:
+    """What a long job is at, on stderr: on a terminal one line redrawn in place every
+    ``tick_s``; elsewhere (CI, a pipe, a log) a plain line every ``plain_every_s``."""
+
+    def __init__(self, label: str, stream=None, tick_s: float = 0.5, plain_every_s: float = 2.0,
+                 clock=time.monotonic) -> None:
+        self.label, self.stream = label, stream or sys.stderr
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.every = tick_s if self.tty else plain_every_s
+        self.clock = clock
+        self.started = self.last = clock()
+        self.total_bytes: int | None = None
+        self._shown = False
+
+    def text(self, documents: int, tokens: int | None, nbytes: int) -> str:
+        elapsed = max(self.clock() - self.started, 1e-9)
+        parts = [f"{documents:,} documents"]
+        if tokens is not None:
+            parts.append(f"{_n(tokens)} tokens")
+        read = _mb(nbytes)
+        if self.total_bytes:
+            share = min(100, 100 * nbytes / self.total_bytes)
+            read += f" of {_mb(self.total_bytes)} ({share:.0f}%)"
+        parts.append(read)
+        if tokens is not None:
+            parts.append(f"{_n(tokens / elapsed)} tokens/s")
+        return f"{self.label}: " + ", ".join(parts) + f", {elapsed:.0f} s"
+
+    def __call__(self, documents: int, tokens: int | None, nbytes: int = 0) -> None:
+        now = self.clock()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        line = self.text(documents, tokens, nbytes)
+        if self.tty:
+            self.stream.write("\r" + line + "\x1b[K")
+            self._shown = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+    def say(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+@contextmanager
+def _interruptible():
+    """SIGTERM (scancel, a CI timeout) stops like Ctrl-C: prepare removes its temporary folder."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@data_app.command("prepare")
+def prepare_cmd(
+    inputs: List[str] = typer.Argument(..., help="Files, folders (recursive) or quoted globs: "
+                                       ".txt (one document per file), .jsonl (one per line), "
+                                       ".parquet (one per row); .gz/.zst/.bz2/.xz too; local "
+                                       "paths or fsspec URLs."),
+    tokenizer: str = typer.Option(..., "--tokenizer", help="A local tokenizer.json, or a folder "
+                                  "holding one (a HuggingFace model folder); never downloaded."),
+    out: str = typer.Option(..., "--out", "-o", help="Folder to create: shard-NNNNN.bin/.idx "
+                            "and manifest.json (local)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Tokenizer processes "
+                                          "(default: one per CPU)."),
+    text_field: str = typer.Option("text", "--text-field", help="The text field of .jsonl lines."),
+    column: str = typer.Option("text", "--column", help="The text column of .parquet files."),
+    text_ext: List[str] = typer.Option([], "--text-ext", help="Also read files with this "
+                                       "extension as plain text, one document per file "
+                                       "(repeatable, e.g. --text-ext .py)."),
+    shard_tokens: int = typer.Option(_SHARD_TOKENS, "--shard-tokens", min=1,
+                                     help="Tokens per shard at most (a longer document gets a "
+                                          "shard of its own)."),
+    eod: Optional[str] = typer.Option(None, "--eod", help="End-of-document token (or id) "
+                                      "appended to every document (default: the tokenizer's "
+                                      "<|endoftext|>, </s>, <eos>, ...)."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out folder (a "
+                               "token folder), once the new one is complete."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Tokenize text into Megatron-format token shards with a manifest of checksums, in parallel
+    worker processes; the output is the same whatever --workers is."""
+    from mscale.data.prepare import prepare
+
+    line = ProgressLine("prepare")
+
+    def on_start(info: dict) -> None:
+        if info["bytes_known"]:
+            line.total_bytes = info["bytes"]
+        shown = ", ".join(inputs[:3]) + (f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else "")
+        line.say(f"prepare: {info['files']:,} file(s), {_mb(info['bytes'])}, from {shown}; "
+                 f"tokenizer {info['tokenizer']} (vocab {info['vocab_size']:,}, eod "
+                 f"{info['eod_id']} {info['eod_token']!r}, {info['dtype']}); "
+                 f"{info['workers']} worker(s) → {out}")
+        line.started = line.last = line.clock()
+
+    t0 = time.monotonic()
+    try:
+        with _interruptible():
+            m = prepare(inputs, tokenizer, out, text_field=text_field, column=column,
+                        workers=workers, shard_tokens=shard_tokens, eod=eod, text_exts=text_ext,
+                        force=force, progress=line, on_start=on_start)
+    except KeyboardInterrupt:
+        line.close()
+        line.say(f"prepare: interrupted; nothing was written to {out}"
+                 + (" (the old folder is kept)" if force else ""))
+        raise typer.Exit(130) from None
+    finally:
+        line.close()
+    seconds = max(time.monotonic() - t0, 1e-9)
+    if as_json:
+        print_json(m)
+        return
+    skipped = m.get("empty_documents_skipped", 0)
+    console.print(f"wrote {out}: {len(m['shards'])} shard(s), {m['documents']:,} documents, "
+                  f"{m['tokens']:,} tokens ({m['dtype']}) in {seconds:.1f} s: "
+                  f"{_n(m['tokens'] / seconds)} tokens/s"
+                  + (f"; {skipped:,} empty document(s) skipped" if skipped else ""),
+                  soft_wrap=True, markup=False)
+
+
+@data_app.command("tokenizer")
+def tokenizer_cmd(
+    inputs: List[str] = typer.Argument(..., help="Text to train on: what `data prepare` reads."),
+    vocab: int = typer.Option(..., "--vocab", help="Vocabulary size, <|endoftext|> and the 256 "
+                              "bytes included (1,000-4,000 suits a few MB of text)."),
+    out: str = typer.Option("tokenizer.json", "--out", "-o", help="The tokenizer.json to write."),
+    text_field: str = typer.Option("text", "--text-field", help="The text field of .jsonl lines."),
+    column: str = typer.Option("text", "--column", help="The text column of .parquet files."),
+    text_ext: List[str] = typer.Option([], "--text-ext", help="Also read this extension as "
+                                       "plain text (repeatable)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing --out."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Train a byte-level BPE tokenizer (GPT-2's scheme, <|endoftext|> = 0) locally: for demos
+    and tests on text of your own; real runs use the model's tokenizer.json."""
+    from mscale.data.tokenizer import train_tokenizer
+
+    line = ProgressLine("tokenizer")
+    t0 = time.monotonic()
+    try:
+        r = train_tokenizer(inputs, vocab, out, text_field=text_field, column=column,
+                            text_exts=text_ext, force=force,
+                            progress=lambda docs, nbytes: line(docs, None, nbytes))
+    finally:
+        line.close()
+    r["seconds"] = round(time.monotonic() - t0, 3)
+    if as_json:
+        print_json(r)
+        return
+    console.print(f"wrote {r['out']}: byte-level BPE, vocab {r['vocab_size']:,}, <|endoftext|> = "
+                  f"{r['eod_id']}, trained on {r['documents']:,} documents ({_mb(r['bytes'])}) "
+                  f"in {r['seconds']:.1f} s", soft_wrap=True, markup=False)
+
+
+def _describe(spec: str, dtype: str | None) -> dict:
+    from mscale.data.indexed import open_dataset
+
+    ds = open_dataset(spec, dtype=dtype)
+    if ds.vocab_size is not None:
+        kind = "mscale shards"
+    elif ds.shards[0].doc_offsets is not None:
+        kind = "megatron"
+    else:
+        kind = "flat"
+    docs = None if ds.doc_offsets is None else len(ds.doc_offsets) - 1
+    shards = [{"url": s.blob.url, "tokens": s.tokens,
+               "documents": None if s.doc_offsets is None else len(s.doc_offsets) - 1,
+               "bytes": s.blob.size} for s in ds.shards]
+    return {"spec": spec, "kind": kind, "tokens": ds.num_tokens, "documents": docs,
+            "dtype": ds.dtype.name, "vocab_size": ds.vocab_size, "eod_id": ds.eod_id,
+            "shards": shards}
+
+
+@data_app.command("inspect")
+def inspect_cmd(
+    spec: str = typer.Argument(..., help="A prepared folder (manifest.json), a Megatron prefix "
+                               "or its .bin/.idx, a flat token file, or a folder/glob of them."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Token type of a flat file "
+                                        "(uint16 or uint32; default uint16)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """What training would read from SPEC: its kind, tokens, documents, dtype, vocabulary, EOD
+    and shards. Structure is checked (sizes, index); checksums are `data verify`'s."""
+    from rich.table import Table
+
+    d = _describe(spec, dtype)
+    if as_json:
+        print_json(d)
+        return
+    extra = ""
+    if d["vocab_size"] is not None:
+        extra = f", vocab {d['vocab_size']:,}, eod {d['eod_id']}"
+    docs = "no document boundaries" if d["documents"] is None else f"{d['documents']:,} documents"
+    console.print(f"{spec}: {d['kind']}, {d['tokens']:,} tokens, {docs}, {d['dtype']}{extra}, "
+                  f"{len(d['shards'])} shard(s)", soft_wrap=True, markup=False)
+    table = Table("shard", "tokens", "documents", "bytes")
+    for s in d["shards"]:
+        table.add_row(s["url"], f"{s['tokens']:,}",
+                      "-" if s["documents"] is None else f"{s['documents']:,}", f"{s['bytes']:,}")
+    console.print(table)
+
+
+@data_app.command("verify")
+def verify_cmd(
+    spec: str = typer.Argument(..., help="A prepared folder (manifest.json); other sources are "
+                               "checked for structure only (they carry no checksums)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Hash every shard's .bin and .idx against the manifest. Exit 2 names the bad shard."""
+    from mscale.data.indexed import verify_dataset
+
+    problems = verify_dataset(spec)
+    d = _describe(spec, None)
+    checked = d["kind"] == "mscale shards"
+    if as_json:
+        print_json({"spec": spec, "ok": not problems, "checksums": checked,
+                    "shards": len(d["shards"]), "tokens": d["tokens"], "problems": problems})
+    elif problems:
+        console.print(f"FAILED {spec}: {len(problems)} file(s) differ from the manifest",
+                      soft_wrap=True, markup=False)
+        for p in problems:
+            console.print(f"  {p}", soft_wrap=True, markup=False)
+        console.print("  fix: re-run mscale data prepare (or restore the files named)",
+                      soft_wrap=True, markup=False)
+    else:
+        how = ("every .bin and .idx matches its sha256 in the manifest" if checked else
+               "structure only: without manifest.json there are no checksums")
+        console.print(f"OK {spec}: {len(d['shards'])} shard(s), {d['tokens']:,} tokens; {how}",
+                      soft_wrap=True, markup=False)
+    if problems:
+        raise typer.Exit(EXIT_CRITICAL)

@@ -1,0 +1,1 @@
+"""Training data: token formats on disk, the storage they are read from, sampling and preparation."""

@@ -1,0 +1,137 @@
+"""A training file's datasets as one sample source: global index → seq_len+1 tokens.
+
+The sources (`indexed.open_dataset`) are cut into a train and a held-out range at a document
+boundary (`sampling.split_documents`), or held-out sources are given apart; each range is packed
+into samples across document boundaries (`sampling.PackedSamples`), and the samples are blended
+by weight and shuffled per epoch (`sampling.Mixture`). Every step is pure index arithmetic, so
+sample k is the same on every rank, at every layout, after any restart: no loader state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mscale.config.training import DataConfig, DataSource
+from mscale.data.indexed import TokenDataset, open_dataset
+from mscale.data.sampling import Mixture, PackedSamples, split_documents
+from mscale.errors import MscaleError
+
+EVAL_SEED_SALT = 0x5EED_E7A1
+"""Mixed into the seed of the held-out order, so it is not the training order's."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source's range of one split."""
+
+    dataset: TokenDataset
+    packed: PackedSamples
+    field: str
+    """Where the source is named in the training file, for errors."""
+
+
+class BlendedSamples:
+    """The samples of one split (``"train"`` or ``"eval"``) of a training file's datasets."""
+
+    def __init__(self, parts: list[Part], weights: list[float], seed: int, shuffle: bool):
+        self.parts, self.seq_len = parts, parts[0].packed.seq_len
+        self.mixture = Mixture([p.packed.count for p in parts], weights, seed, shuffle)
+
+    @property
+    def sources(self) -> list[str]:
+        return [p.dataset.url for p in self.parts]
+
+    def samples(self, ks: list[int] | np.ndarray) -> np.ndarray:
+        """[len(ks), seq_len + 1] int64 tokens."""
+        source, sample = self.mixture.locate(np.asarray(ks, dtype=np.int64))
+        out = np.empty((len(source), self.seq_len + 1), dtype=np.int64)
+        for row, (i, j) in enumerate(zip(source.tolist(), sample.tolist())):
+            packed = self.parts[i].packed
+            start = packed.start + j * self.seq_len
+            out[row] = self.parts[i].dataset.read(start, start + self.seq_len + 1)
+        return out
+
+    def sample(self, k: int) -> np.ndarray:
+        return self.samples([k])[0]
+
+    def epochs(self, ks) -> np.ndarray:
+        """The epoch of its source each global index is in (0 first)."""
+        return self.mixture.epochs(np.asarray(ks, dtype=np.int64))
+
+
+def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:
+    """Open every source named by the training file (train, then held-out): (source, dataset,
+    field naming it). Raises the first source's error with its field attached."""
+    # data.dtype speaks for flat files only; an index records its own (a default is no claim)
+    dtype = cfg.dtype if "dtype" in cfg.model_fields_set else None
+    named = ([(s, f"{field}.path" if cfg.path else f"{field}.sources[{i}].path")
+              for i, s in enumerate(cfg.train_sources)]
+             + [(s, f"{field}.eval_sources[{i}].path") for i, s in enumerate(cfg.eval_sources)])
+    opened = []
+    for source, where in named:
+        try:
+            opened.append((source, open_dataset(source.path, dtype=dtype), where))
+        except MscaleError as e:
+            if e.field is None or not e.field.startswith("training."):
+                e.message = f"{e.message} (named by {where})"
+            raise
+    return opened
+
+
+def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
+                 field: str = "training.data") -> tuple[BlendedSamples, BlendedSamples | None]:
+    """(train samples, held-out samples or None) of a training file's ``data`` section."""
+    opened = open_sources(cfg, field)
+    for _, ds, where in opened:
+        check_vocab(ds, vocab, where)
+    n_train = len(cfg.train_sources)
+    train, held = [], []
+    for source, ds, where in opened[:n_train]:
+        try:
+            (a, b), (c, d) = split_documents(ds.doc_offsets, ds.num_tokens, cfg.eval_fraction,
+                                             seq_len)
+        except MscaleError as e:
+            raise MscaleError(f"{e.message} in this source ({ds.num_tokens:,} tokens, "
+                              f"{_documents(ds)})", file=ds.url,
+                              field=e.field or f"{field}.eval_fraction", fix=e.fix) from None
+        train.append((Part(ds, _packed(ds, seq_len, a, b, where), where), source.weight))
+        if d > c:
+            held.append((Part(ds, _packed(ds, seq_len, c, d, where), where), source.weight))
+    for source, ds, where in opened[n_train:]:
+        held.append((Part(ds, _packed(ds, seq_len, 0, ds.num_tokens, where), where), source.weight))
+    train_samples = BlendedSamples([p for p, _ in train], [w for _, w in train], seed, cfg.shuffle)
+    eval_samples = None
+    if held:
+        eval_samples = BlendedSamples([p for p, _ in held], [w for _, w in held],
+                                      seed ^ EVAL_SEED_SALT, cfg.shuffle)
+    return train_samples, eval_samples
+
+
+def _documents(ds: TokenDataset) -> str:
+    if ds.doc_offsets is None:
+        return "no document boundaries"
+    return f"{len(ds.doc_offsets) - 1:,} documents"
+
+
+def _packed(ds: TokenDataset, seq_len: int, start: int, stop: int, where: str) -> PackedSamples:
+    try:
+        return PackedSamples(ds.num_tokens, seq_len, start, stop)
+    except MscaleError as e:
+        raise MscaleError(e.message, file=ds.url, field=where, fix=e.fix) from None
+
+
+def check_vocab(ds: TokenDataset, vocab: int, where: str) -> None:
+    """Refuse data whose token ids the model cannot embed: the tokenizer's vocabulary, when the
+    dataset records it, and the largest id in the first MiB of tokens."""
+    if ds.vocab_size is not None and ds.vocab_size > vocab:
+        raise MscaleError(f"the dataset's tokenizer has {ds.vocab_size} tokens, the model "
+                          f"embeds {vocab}", file=ds.url, field=where,
+                          fix="use the model's tokenizer for `mscale data prepare`, or raise "
+                              "model.vocab to the tokenizer's size")
+    head = ds.read(0, min(ds.num_tokens, 1 << 20))
+    top = int(head.max()) if head.size else 0
+    if top >= vocab:
+        raise MscaleError(f"token id {top} >= the model's vocab {vocab}", file=ds.url, field=where,
+                          fix="check the dtype of a flat file, or the tokenizer and model.vocab")

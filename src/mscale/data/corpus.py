@@ -1,0 +1,277 @@
+"""The documents of a text corpus, in input order: what `mscale data prepare` and
+`mscale data tokenizer` read (docs/data.md).
+
+- ``.txt`` (and the extensions given as ``text_exts``, e.g. ``.py``): one document per file. A
+  file is the natural unit of a book, an article or a source file; splitting on blank lines would
+  cut documents at every paragraph. Corpora with many documents per file come as ``.jsonl``.
+- ``.jsonl`` / ``.ndjson``: one document per line, the string field ``text_field``.
+- ``.parquet``: one document per row, the string column ``column`` (needs pyarrow).
+- each of them ``.gz`` / ``.zst`` / ``.bz2`` / ``.xz`` compressed (not parquet, which compresses
+  inside); files, folders (recursive, by extension, hidden files skipped), globs; local paths or
+  fsspec URLs. A file named twice is read once. Empty documents are yielded (as "") for the
+  caller to count and skip.
+
+Text must be UTF-8: anything else is refused naming the file, the line and the byte offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+from fsspec.implementations.local import LocalFileSystem
+
+from mscale.errors import MscaleError
+from mscale.urls import fs_and_path
+
+TEXT_EXTS = (".txt",)
+JSONL_EXTS = (".jsonl", ".ndjson")
+PARQUET_EXTS = (".parquet",)
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".bz2": "bz2", ".xz": "xz"}
+_GLOB = re.compile(r"[*?\[]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file: its URL (local path or fsspec URL), how it is read, its size on disk."""
+
+    url: str
+    kind: str  # "text" | "jsonl" | "parquet"
+    compression: str | None
+    size: int
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+def _exts(text_exts: Iterable[str]) -> tuple[str, ...]:
+    out = list(TEXT_EXTS)
+    for e in text_exts:
+        e = e.strip().lower()
+        if not e:
+            continue
+        e = e if e.startswith(".") else "." + e
+        if e in JSONL_EXTS + PARQUET_EXTS or e in COMPRESSIONS:
+            raise MscaleError(f"{e} cannot be read as plain text", field="--text-ext",
+                              fix="--text-ext names extra plain-text extensions, e.g. .py or .md")
+        out.append(e)
+    return tuple(out)
+
+
+def classify(name: str, text_exts: tuple[str, ...] = TEXT_EXTS) -> tuple[str, str | None] | None:
+    """(kind, compression) of a file name by its extension; None when it is not read."""
+    low = name.lower()
+    compression = None
+    for ext, comp in COMPRESSIONS.items():
+        if low.endswith(ext):
+            low, compression = low[: -len(ext)], comp
+            break
+    if low.endswith(JSONL_EXTS):
+        return "jsonl", compression
+    if low.endswith(PARQUET_EXTS):
+        return ("parquet", None) if compression is None else None
+    if low.endswith(text_exts):
+        return "text", compression
+    return None
+
+
+def _url(fs, path: str) -> str:
+    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+
+
+def _unknown(url: str, exts: tuple[str, ...]) -> MscaleError:
+    if re.search(r"\.parquet\.(gz|zst|bz2|xz)$", url.lower()):
+        return MscaleError("a compressed .parquet is not read (parquet compresses inside)",
+                           file=url, fix="decompress it, or write it with parquet compression")
+    known = ", ".join(exts + JSONL_EXTS + PARQUET_EXTS)
+    return MscaleError("unknown file type (by its extension)", file=url,
+                       fix=f"pass {known} (optionally .gz/.zst/.bz2/.xz), or --text-ext EXT to "
+                           "read this extension as plain text, one document per file")
+
+
+def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> list[Source]:
+    """Every file the inputs name, in order: a file as given, a folder's matching files
+    (recursive, sorted, hidden ones skipped), a glob's matches (sorted). Duplicates read once."""
+    exts = _exts(text_exts)
+    out: list[Source] = []
+    seen: set[str] = set()
+    inputs = list(inputs)
+    if not inputs:
+        raise MscaleError("no inputs given", field="INPUT",
+                          fix="name files, folders or globs of .txt, .jsonl or .parquet")
+    for spec in inputs:
+        fs, path = fs_and_path(spec)
+        found: list[tuple[str, str, int]] = []  # (identity, URL shown and opened, size)
+        try:
+            if fs.isfile(path):
+                url = _url(fs, path) if "://" in str(spec) else str(spec)
+                if classify(url, exts) is None:
+                    raise _unknown(str(spec), exts)
+                found = [(fs.unstrip_protocol(path), url, fs.size(path))]
+            elif fs.isdir(path):
+                for p, info in sorted(fs.find(path, detail=True).items()):
+                    local = isinstance(fs, LocalFileSystem)
+                    rel = os.path.relpath(p, path) if local else p[len(path):]
+                    if any(part.startswith(".") for part in rel.split("/")):
+                        continue
+                    if classify(p, exts) is not None:
+                        found.append((fs.unstrip_protocol(p), _url(fs, p),
+                                      info.get("size") or 0))
+                if not found:
+                    raise MscaleError("this folder holds no file of a type read here",
+                                      file=str(spec), field="INPUT",
+                                      fix=f"put {', '.join(exts + JSONL_EXTS + PARQUET_EXTS)} "
+                                          "files in it, or --text-ext EXT for other text files")
+            elif _GLOB.search(path):
+                for p in sorted(fs.glob(path)):
+                    if fs.isfile(p) and classify(p, exts) is not None:
+                        found.append((fs.unstrip_protocol(p), _url(fs, p), fs.size(p)))
+                if not found:
+                    raise MscaleError("no readable file matches this pattern", file=str(spec),
+                                      field="INPUT", fix="check the pattern (quote it so the "
+                                      "shell does not expand it) and the file extensions")
+            else:
+                raise MscaleError("input not found", file=str(spec), field="INPUT",
+                                  fix="check the path (a file, a folder or a glob)")
+        except (PermissionError, NotADirectoryError) as e:
+            raise MscaleError(f"cannot read this input ({e.strerror or e})", file=str(spec),
+                              field="INPUT", fix="check the path and its permissions") from None
+        for key, url, size in found:
+            if key not in seen:  # the same file by two names (a.txt, ./a.txt, its folder)
+                seen.add(key)
+                kind, comp = classify(url, exts)
+                out.append(Source(url, kind, comp, int(size)))
+    return out
+
+
+# --- documents ------------------------------------------------------------------------------
+
+def _decode(raw: bytes, url: str, offset: int, line: int | None = None) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = f"line {line}, " if line is not None else ""
+        raise MscaleError(f"not UTF-8: {at}byte offset {offset + e.start} "
+                          f"(0x{raw[e.start]:02x})", file=url,
+                          fix="convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _open(src: Source):
+    fs, path = fs_and_path(src.url)
+    try:
+        return fs.open(path, "rb", compression=src.compression)
+    except FileNotFoundError:
+        raise MscaleError("input disappeared while being read", file=src.url,
+                          fix="rerun once the input is stable") from None
+
+
+def _read_text(src: Source) -> Iterator[tuple[str, int]]:
+    with _open(src) as f:
+        raw = f.read()
+    text = _decode(raw, src.url, 0)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    yield text, len(raw)
+
+
+def _lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary stream, each with its newline (the last may lack one): by chunks,
+    since not every decompressing stream (zstd's) has readline."""
+    rest = b""
+    while True:
+        block = f.read(chunk)
+        if not block:
+            break
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            yield line + b"\n"
+    if rest:
+        yield rest
+
+
+def _read_jsonl(src: Source, field: str) -> Iterator[tuple[str, int]]:
+    offset = 0
+    with _open(src) as f:
+        for lineno, raw in enumerate(_lines(f), 1):
+            start, offset = offset, offset + len(raw)
+            if not raw.strip():
+                yield None, len(raw)  # a blank line: no document
+                continue
+            where = f"{src.url}:{lineno}"
+            try:
+                obj = json.loads(_decode(raw, src.url, start, lineno))
+            except json.JSONDecodeError as e:
+                raise MscaleError(f"not JSON ({e.msg}, column {e.colno})", file=where,
+                                  fix="each line of a .jsonl file must be one JSON object"
+                                  ) from None
+            if not isinstance(obj, dict):
+                raise MscaleError(f"a JSON {type(obj).__name__}, not an object", file=where,
+                                  fix="each line of a .jsonl file must be one JSON object")
+            if field not in obj:
+                keys = ", ".join(list(obj)[:10]) or "none"
+                raise MscaleError(f"no field {field!r} (its fields: {keys})", file=where,
+                                  field=field, fix="name the text field with --text-field")
+            text = obj[field]
+            if text is None:
+                text = ""
+            if not isinstance(text, str):
+                raise MscaleError(f"field {field!r} is a {type(text).__name__}, not a string",
+                                  file=where, field=field,
+                                  fix="name the text field with --text-field")
+            if _SURROGATE_ESCAPE.search(raw):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise MscaleError("a lone UTF-16 surrogate escape (\\ud800-\\udfff) is not "
+                                      "text", file=where, field=field,
+                                      fix="repair or drop this line") from None
+            yield text, len(raw)
+
+
+def _read_parquet(src: Source, column: str) -> Iterator[tuple[str, int]]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MscaleError("reading .parquet needs pyarrow, which is not installed", file=src.url,
+                          fix="install pyarrow (pip install pyarrow), or convert to .jsonl"
+                          ) from None
+    with _open(src) as f:
+        try:
+            pf = pq.ParquetFile(f)
+        except (pa.ArrowException, OSError) as e:
+            raise MscaleError(f"not a readable parquet file ({' '.join(str(e).split())[:200]})",
+                              file=src.url, fix="check the file (was it cut short?)") from None
+        schema = pf.schema_arrow
+        if column not in schema.names:
+            raise MscaleError(f"no column {column!r} (its columns: "
+                              f"{', '.join(schema.names[:10])})", file=src.url, field=column,
+                              fix="name the text column with --column")
+        typ = schema.field(column).type
+        if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)
+                or getattr(pa.types, "is_string_view", lambda t: False)(typ)):
+            raise MscaleError(f"column {column!r} is {typ}, not a string column", file=src.url,
+                              field=column, fix="name the text column with --column")
+        for batch in pf.iter_batches(columns=[column], batch_size=4096):
+            col = batch.column(0)
+            first = True
+            for text in col.to_pylist():
+                yield (text or ""), (col.nbytes if first else 0)
+                first = False
+
+
+def iter_documents(sources: list[Source], *, text_field: str = "text",
+                   column: str = "text") -> Iterator[tuple[str | None, int]]:
+    """(text, bytes read) of every document, in input order: empty documents included (as "")
+    so that callers count them, blank .jsonl lines as None (no document, bytes only)."""
+    for src in sources:
+        if src.kind == "text":
+            yield from _read_text(src)
+        elif src.kind == "jsonl":
+            yield from _read_jsonl(src, text_field)
+        else:
+            yield from _read_parquet(src, column)

@@ -1,0 +1,424 @@
+"""Megatron-LM's indexed token format (MMIDIDX) and flat token files: write one, read any.
+
+Why this format: it is what Megatron-LM's ``tools/preprocess_data.py`` writes, so corpora already
+tokenized for Megatron train here unchanged, and ours train there. The layout below was checked
+against ``megatron/core/datasets/indexed_dataset.py`` in NVIDIA/Megatron-LM (``_INDEX_HEADER``,
+``DType``, ``_IndexWriter.write``, ``IndexedDatasetBuilder``):
+
+- ``PREFIX.bin``: every token, back to back, in the index's dtype.
+- ``PREFIX.idx``: ``b"MMIDIDX\\x00\\x00"``, ``<Q`` version 1, ``<B`` dtype code, ``<Q`` sequence
+  count, ``<Q`` document-index count, then ``int32[sequences]`` lengths, ``int64[sequences]`` byte
+  pointers into .bin, ``int64[document-index count]`` document indices: sequence indices of
+  document boundaries, a leading 0 then one per document end (``IndexedDatasetBuilder`` starts
+  the list at ``[0]`` and appends ``len(sequence_lengths)`` per document).
+
+Our writer puts one sequence per document. Megatron's ``DType`` has no uint32: a vocabulary
+over 65,535 is stored as int32 (as Megatron's ``DType.optimal_dtype`` does), bit-identical to
+uint32 for every id below 2**31.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from array import array
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from types import TracebackType
+
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from mscale.data.manifest import (MANIFEST, REPREPARE, TOKEN_DTYPES, check_shard, load_manifest,
+                                  verify_checksums)
+from mscale.data.storage import Blob, expand, fsync_dir, join, kind, open_blob
+from mscale.errors import MscaleError
+from mscale.urls import fs_and_path
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER = struct.Struct("<9sQBQQ")
+"""magic, version, dtype code, sequence count, document-index count: 34 bytes."""
+DTYPE_CODES: dict[int, np.dtype] = {
+    1: np.dtype(np.uint8), 2: np.dtype(np.int8), 3: np.dtype(np.int16), 4: np.dtype(np.int32),
+    5: np.dtype(np.int64), 6: np.dtype(np.float64), 7: np.dtype(np.float32),
+    8: np.dtype(np.uint16),
+}
+"""Megatron-LM's ``DType`` enum: code → numpy dtype (little-endian on disk)."""
+_CODE_OF = {dt: code for code, dt in DTYPE_CODES.items()}
+_INT32_MAX = 2**31 - 1
+
+
+def storage_dtype(dtype: np.dtype | str) -> np.dtype:
+    """The dtype tokens are stored in for a requested one: uint32 → int32 (see module doc)."""
+    dt = np.dtype(dtype)
+    if dt == np.uint32:
+        return np.dtype(np.int32)
+    if dt not in _CODE_OF or dt.kind not in "iu":
+        raise MscaleError(f"token dtype {dt} has no integer code in Megatron's MMIDIDX format",
+                          field="dtype", fix="use uint16 (vocabulary ≤ 65,536) or uint32/int32")
+    return dt
+
+
+class IndexedWriter:
+    """Writes PREFIX.bin + PREFIX.idx (MMIDIDX v1) atomically: to temporary names, renamed into
+    place by close(); abort() removes them.
+
+    A reader that finds PREFIX.idx can trust the pair: .bin is renamed first, .idx last, both
+    fsynced, and readers check .bin's size against .idx anyway. Local paths only (a shard is
+    written locally, then copied by whoever wants it elsewhere). Also a context manager: close on
+    success (call close() inside the block to get its summary), abort on exception.
+    """
+
+    def __init__(self, prefix: str, dtype: np.dtype | str) -> None:
+        fs, path = fs_and_path(prefix)
+        if not isinstance(fs, LocalFileSystem):
+            raise MscaleError("IndexedWriter writes local files only", file=str(prefix),
+                              fix="write the shard to a local folder, then copy it to the store")
+        self.prefix = path
+        self.dtype = storage_dtype(dtype)
+        self._info = np.iinfo(self.dtype)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        suffix = f".tmp-{os.getpid()}-{id(self):x}"
+        self._bin_tmp, self._idx_tmp = path + ".bin" + suffix, path + ".idx" + suffix
+        self._bin = open(self._bin_tmp, "wb")
+        self._sha = hashlib.sha256()
+        self._lengths = array("q")  # compact: 8 bytes per document, not a Python int each
+        self._tokens = 0
+        self._done = False
+
+    def add_document(self, tokens: np.ndarray) -> None:
+        """Append one document (a 1-D integer array); ids outside the dtype's range are refused."""
+        self._append(np.asarray(tokens), None, "a document", "document",
+                     "pass the token ids of one document")
+
+    def add_documents(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        """Append ``len(lengths)`` documents whose tokens lie back to back in ``flat``: one range
+        check and one write for all, the same bytes as `add_document` for each in turn."""
+        arr, n = np.asarray(flat), np.asarray(lengths)
+        fix = "pass the documents' token ids back to back, and one length per document"
+        if (n.ndim != 1 or (n.size and (n.dtype.kind not in "iu" or int(n.min()) < 0))
+                or int(n.sum()) != arr.size):
+            raise MscaleError(f"lengths ({n.dtype}{list(n.shape)}) must be integers ≥ 0 that "
+                              f"sum to the {arr.size} tokens of flat", file=self.prefix + ".idx",
+                              field="lengths", fix=fix)
+        self._append(arr, n, "flat", "flat", fix)
+
+    def _append(self, arr: np.ndarray, lengths: np.ndarray | None, what: str, field: str,
+                fix: str) -> None:
+        """Check and write ``arr``: one document, or (``lengths``) several back to back."""
+        if self._done:
+            raise ValueError("IndexedWriter is closed")
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise MscaleError(f"{what} must be a 1-D integer array, not {arr.dtype}"
+                              f"{list(arr.shape)}", file=self.prefix + ".bin", field=field,
+                              fix=fix)
+        if arr.size and (int(arr.min()) < self._info.min or int(arr.max()) > self._info.max):
+            raise MscaleError(f"token id range [{int(arr.min())}, {int(arr.max())}] does not fit "
+                              f"{self.dtype}", file=self.prefix + ".bin", field="dtype",
+                              fix="use a wider token dtype (uint32) for this vocabulary")
+        longest = arr.size if lengths is None else int(lengths.max(initial=0))
+        if longest > _INT32_MAX:  # lengths are int32 in the index
+            raise MscaleError(f"a document of {longest} tokens exceeds the int32 length field",
+                              file=self.prefix + ".idx", field="sequence_lengths",
+                              fix="split the document")
+        data = arr.astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
+        self._bin.write(data)
+        self._sha.update(data)
+        if lengths is None:
+            self._lengths.append(arr.size)
+        else:
+            self._lengths.frombytes(lengths.astype(np.int64).tobytes())
+        self._tokens += arr.size
+
+    def _index_bytes(self) -> bytes:
+        lengths = np.frombuffer(self._lengths, np.int64) if self._lengths else np.zeros(0, np.int64)
+        pointers = np.zeros(len(lengths), dtype="<i8")
+        np.cumsum(lengths[:-1] * self.dtype.itemsize, out=pointers[1:])
+        documents = np.arange(len(lengths) + 1, dtype="<i8")  # one sequence per document
+        head = HEADER.pack(MAGIC, VERSION, _CODE_OF[self.dtype], len(lengths), len(documents))
+        return b"".join((head, lengths.astype("<i4").tobytes(), pointers.tobytes(),
+                         documents.tobytes()))
+
+    def close(self) -> dict:
+        """Finish both files and rename them into place; returns what a manifest records."""
+        if self._done:
+            raise ValueError("IndexedWriter is closed")
+        try:
+            _finish(self._bin)
+            idx = self._index_bytes()
+            with open(self._idx_tmp, "wb") as f:
+                f.write(idx)
+                _finish(f)
+            os.replace(self._bin_tmp, self.prefix + ".bin")
+            os.replace(self._idx_tmp, self.prefix + ".idx")
+            fsync_dir(os.path.dirname(self.prefix) or ".")
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        return {"prefix": os.path.basename(self.prefix), "tokens": self._tokens,
+                "documents": len(self._lengths), "bin_sha256": self._sha.hexdigest(),
+                "idx_sha256": hashlib.sha256(idx).hexdigest(),
+                "bin_bytes": self._tokens * self.dtype.itemsize}
+
+    def abort(self) -> None:
+        """Drop the temporary files; nothing appears under PREFIX. Safe to call twice."""
+        self._done = True
+        if not self._bin.closed:
+            self._bin.close()
+        for tmp in (self._bin_tmp, self._idx_tmp):
+            with suppress(FileNotFoundError):
+                os.remove(tmp)
+
+    def __del__(self) -> None:  # a writer dropped without close() leaves no temp files behind
+        if not getattr(self, "_done", True):
+            self.abort()
+
+    def __enter__(self) -> IndexedWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._done:  # close() may have been called inside the block for its summary
+            self.close() if kind is None else self.abort()
+
+
+def _finish(f) -> None:
+    """Flush, fsync and close: the bytes are on disk before the rename makes them visible."""
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: every structural fact is checked at open, so a bad file is an error, never a misread.
+# Checksums are not computed at open (hours for TBs): `verify_dataset` does that on request.
+
+
+def _bad(message: str, file: str, field: str, fix: str) -> MscaleError:
+    return MscaleError(message, file=file, field=field, fix=fix)
+
+
+class Shard:
+    """One .bin read through a blob: ``tokens`` tokens of ``dtype``, and (from its .idx) the
+    token offsets of its document starts, or None for a flat file."""
+
+    def __init__(self, bin_blob: Blob, dtype: np.dtype, doc_offsets: np.ndarray | None) -> None:
+        self.blob, self.dtype, self.doc_offsets = bin_blob, dtype, doc_offsets
+        self.tokens = bin_blob.size // dtype.itemsize
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        w = self.dtype.itemsize
+        raw = self.blob.read(start * w, (stop - start) * w)
+        return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).astype(np.int64)
+
+
+def parse_index(idx: bytes, idx_url: str, bin_size: int,
+                bin_url: str) -> tuple[np.dtype, np.ndarray]:
+    """Check an MMIDIDX index against its .bin's size; returns (dtype, document token offsets)."""
+    fix = "regenerate it (Megatron-LM tools/preprocess_data.py or mscale data prepare)"
+    if len(idx) < HEADER.size:
+        raise _bad(f"index of {len(idx)} bytes is shorter than its {HEADER.size}-byte header",
+                   idx_url, "idx.header", fix)
+    magic, version, code, n_seq, n_doc = HEADER.unpack_from(idx)
+    if magic != MAGIC:
+        raise _bad(f"not an MMIDIDX index (magic {magic!r})", idx_url, "idx.header",
+                   "name a Megatron-LM .idx file (a flat token file has no .idx)")
+    if version != VERSION:
+        raise _bad(f"unknown index version {version} (only 1 exists)", idx_url, "idx.version", fix)
+    if code not in DTYPE_CODES or DTYPE_CODES[code].kind not in "iu":
+        raise _bad(f"dtype code {code} is not an integer token type of Megatron's DType",
+                   idx_url, "idx.dtype", fix)
+    dtype = DTYPE_CODES[code]
+    expected = HEADER.size + 12 * n_seq + 8 * n_doc
+    if len(idx) != expected:
+        raise _bad(f"index is {len(idx)} bytes but its counts ({n_seq} sequences, {n_doc} "
+                   f"document indices) imply {expected} (truncated, or a multimodal index)",
+                   idx_url, "idx.sequence_count", fix)
+    off = HEADER.size
+    lengths = np.frombuffer(idx, "<i4", n_seq, off).astype(np.int64)
+    pointers = np.frombuffer(idx, "<i8", n_seq, off + 4 * n_seq)
+    documents = np.frombuffer(idx, "<i8", n_doc, off + 12 * n_seq)
+    if n_seq and lengths.min() < 0:
+        raise _bad("negative sequence length", idx_url, "idx.sequence_lengths", fix)
+    starts = np.zeros(n_seq + 1, dtype=np.int64)  # token offset of each sequence, plus the end
+    np.cumsum(lengths, out=starts[1:])
+    if not np.array_equal(pointers, starts[:-1] * dtype.itemsize):
+        i = int(np.argmax(pointers != starts[:-1] * dtype.itemsize))
+        raise _bad(f"sequence {i} points to byte {int(pointers[i])}, but the lengths before it "
+                   f"put it at {int(starts[i]) * dtype.itemsize}", idx_url,
+                   "idx.sequence_pointers", fix)
+    if bin_size != int(starts[-1]) * dtype.itemsize:
+        raise _bad(f".bin is {bin_size} bytes but the index describes {int(starts[-1])} tokens "
+                   f"× {dtype.itemsize} bytes = {int(starts[-1]) * dtype.itemsize}", bin_url,
+                   "bin.size", fix)
+    if (n_doc == 0 or documents[0] != 0 or documents[-1] != n_seq
+            or (n_doc > 1 and np.any(np.diff(documents) < 0))):
+        raise _bad(f"document indices must rise from 0 to the sequence count {n_seq}",
+                   idx_url, "idx.document_indices", fix)
+    return dtype, starts[documents]
+
+
+def open_prefix(prefix: str, **io) -> Shard:
+    """A Megatron prefix: ``prefix.idx`` checked against ``prefix.bin``."""
+    bin_blob = open_blob(prefix + ".bin", **io)
+    idx_blob = open_blob(prefix + ".idx", **io)
+    dtype, docs = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
+                              bin_blob.url)
+    return Shard(bin_blob, dtype, docs)
+
+
+def open_flat(url: str, dtype: np.dtype, **io) -> Shard:
+    """A flat token file (nanoGPT's train.bin): raw little-endian ids, no document boundaries."""
+    blob = open_blob(url, **io)
+    if blob.size % dtype.itemsize:
+        raise _bad(f"{blob.size} bytes is not a whole number of {dtype} tokens", url,
+                   "flat.size", f"pass the dtype it was written with (not {dtype}), or "
+                   "regenerate it")
+    return Shard(blob, dtype, None)
+
+
+class TokenDataset:
+    """One source's token stream: the concatenation of one or more shards."""
+
+    def __init__(self, url: str, shards: list[Shard], vocab_size: int | None = None,
+                 eod_id: int | None = None) -> None:
+        self.url, self.shards, self.vocab_size, self.eod_id = url, shards, vocab_size, eod_id
+        self.dtype: np.dtype = shards[0].dtype
+        self._starts = np.zeros(len(shards) + 1, dtype=np.int64)
+        np.cumsum([s.tokens for s in shards], out=self._starts[1:])
+        self.num_tokens = int(self._starts[-1])
+        self.doc_offsets: np.ndarray | None = None
+        if all(s.doc_offsets is not None for s in shards):
+            parts = [s.doc_offsets[:-1] + base for s, base in zip(shards, self._starts)]
+            self.doc_offsets = np.concatenate(parts + [self._starts[-1:]]).astype(np.int64)
+        if self.num_tokens == 0:
+            raise _bad("the dataset holds no tokens", url, "tokens",
+                       "name a dataset with data in it")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens ``[start, stop)`` as int64, across shard boundaries."""
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"tokens [{start}, {stop}) outside {self.url} "
+                             f"({self.num_tokens} tokens)")
+        first = int(np.searchsorted(self._starts, start, side="right")) - 1
+        out, pos = [], start
+        for i in range(first, len(self.shards)):
+            if pos >= stop:
+                break
+            base = int(self._starts[i])
+            end = min(stop, int(self._starts[i + 1]))
+            if end > pos:
+                out.append(self.shards[i].read(pos - base, end - base))
+            pos = end
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+def _open_manifest(folder: str, spec: str, dtype: np.dtype | None) -> TokenDataset:
+    m = load_manifest(folder)
+    url = join(folder, MANIFEST)
+    if dtype is not None and dtype.itemsize != TOKEN_DTYPES[m["dtype"]].itemsize:
+        raise _bad(f"the manifest says {m['dtype']}, the dtype given is {dtype}", url,
+                   "manifest.dtype", "drop the dtype option; the manifest knows it")
+
+    def open_one(i: int, s: dict) -> Shard:
+        try:
+            shard = open_prefix(join(folder, s["prefix"]))
+        except MscaleError as e:
+            if e.message != "no such file":
+                raise
+            raise _bad(f"shard {s['prefix']!r} is missing ({e.file})", url,
+                       f"manifest.shards[{i}].prefix", REPREPARE) from None
+        check_shard(m, i, url, shard.dtype, tokens=shard.tokens,
+                    documents=len(shard.doc_offsets) - 1, bin_bytes=shard.blob.size)
+        return shard
+    shards = _parallel(open_one, list(enumerate(m["shards"])))
+    return TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
+
+
+def _parallel(fn, args: list[tuple]) -> list:
+    """``[fn(*a) for a in args]`` on a few threads: opening a shard on an object store costs a
+    few round trips, and a corpus has thousands. The first failure (in order) is raised."""
+    if len(args) < 2:
+        return [fn(*a) for a in args]
+    with ThreadPoolExecutor(min(16, len(args))) as pool:
+        return list(pool.map(lambda a: fn(*a), args))
+
+
+def _resolve(url: str, listed: set[str]) -> tuple[str, str]:
+    """("prefix", PREFIX) for a Megatron .bin/.idx (or bare prefix), else ("flat", url)."""
+    if url.endswith(".idx"):
+        return "prefix", url[:-4]
+    if url.endswith(".bin") and (url[:-4] + ".idx" in listed or kind(url[:-4] + ".idx") == "file"):
+        return "prefix", url[:-4]
+    return "flat", url
+
+
+def _open_group(spec: str, files: list[str], dtype: np.dtype | None) -> list[Shard]:
+    """A folder or glob without manifest: Megatron prefixes (or only flat files), sorted."""
+    listed = set(files)
+    wanted = [f for f in files if f.endswith((".bin", ".idx"))]
+    if not wanted:
+        raise _bad("no .bin or .idx file here", spec, "spec",
+                   "name a folder with manifest.json, Megatron .bin/.idx pairs, or flat .bin files")
+    resolved = list(dict.fromkeys(_resolve(f, listed) for f in wanted))  # sorted, deduplicated
+    kinds = {k for k, _ in resolved}
+    if kinds == {"prefix", "flat"}:
+        flat = next(u for k, u in resolved if k == "flat")
+        raise _bad(f"mixes Megatron prefixes with a flat token file ({flat} has no .idx)", spec,
+                   "spec", "name the Megatron prefixes and the flat files as separate sources")
+    if kinds == {"flat"}:
+        return _parallel(open_flat, [(u, dtype or TOKEN_DTYPES["uint16"]) for _, u in resolved])
+    return _parallel(open_prefix, [(p,) for _, p in resolved])
+
+
+def open_dataset(spec: str, *, dtype: str | None = None) -> TokenDataset:
+    """Open a token source: a manifest folder, a Megatron prefix (or its .bin/.idx), a flat token
+    file (``dtype``, default uint16), or a folder/glob of Megatron prefixes, local or remote."""
+    want = None if dtype is None else np.dtype(dtype)
+    if want is not None and want.kind not in "iu":
+        raise _bad(f"token dtype {want} is not an integer type", spec, "dtype",
+                   "use uint16 or uint32")
+    what = "glob" if any(c in spec for c in "*?[") else kind(spec)
+    if what == "dir" and kind(join(spec, MANIFEST)) == "file":
+        return _open_manifest(spec.rstrip("/"), spec, want)
+    if what in ("glob", "dir"):
+        shards = _open_group(spec, expand(spec), want)
+    elif what == "file":
+        k, url = _resolve(spec, set())
+        flat = want or TOKEN_DTYPES["uint16"]
+        shards = [open_prefix(url) if k == "prefix" else open_flat(url, flat)]
+    elif kind(spec + ".idx") == "file":
+        shards = [open_prefix(spec)]
+    else:
+        raise _bad("no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)", spec,
+                   None, "check the path")
+    return _checked(spec, shards, want)
+
+
+def _checked(spec: str, shards: list[Shard], want: np.dtype | None) -> TokenDataset:
+    """One dtype across all shards, and the one asked for if any."""
+    first = shards[0]
+    for s in shards:
+        if s.dtype != first.dtype:
+            raise _bad(f"stores {s.dtype}, but {first.blob.url} stores {first.dtype}", s.blob.url,
+                       "idx.dtype", "tokenize every shard of one source with one dtype")
+        if want is not None and s.doc_offsets is not None and s.dtype.itemsize != want.itemsize:
+            raise _bad(f"the index says {s.dtype}, the dtype given is {want}", s.blob.url,
+                       "idx.dtype", "drop the dtype option; a Megatron index knows its dtype")
+    return TokenDataset(spec, shards)
+
+
+def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
+    """Problems found by hashing every shard's .bin and .idx against the manifest's sha256.
+
+    Structure is checked first by opening (an `MscaleError` as at open). A source without our
+    manifest has no checksums: opening it is the whole check, and no problem is returned.
+    """
+    open_dataset(spec)
+    if kind(spec) != "dir" or kind(join(spec, MANIFEST)) != "file":
+        return []
+    return verify_checksums(spec.rstrip("/"), chunk_bytes)
+

@@ -1,0 +1,361 @@
+"""`mscale data prepare`: text corpora → token shards (Megatron MMIDIDX) and a manifest.
+
+What it reads (.txt, .jsonl, .parquet, compressed or not; files, folders, globs, URLs) and in
+which order is `mscale.data.corpus` (docs/data.md).
+
+How: the main process reads documents in input order and sends batches of them to ``workers``
+processes (forkserver or spawn: never a fork of a process whose tokenizer threads may run; a
+worker exits if the main process dies; Ctrl-C is the main process's). Each worker builds the
+tokenizer once from the JSON text the main process hashed, encodes a batch with ``encode_batch``
+and appends the end-of-document id to every document. The results come back in submission order,
+at most ``2 × workers`` batches in flight, and the main process writes the shards with
+`IndexedWriter`. The output is therefore byte-identical whatever the worker count.
+
+Atomic as a whole: everything is written into ``OUT.tmp-<pid>`` beside OUT and renamed to OUT
+at the end; a failure removes the temporary folder. An existing OUT is refused unless ``force``,
+which replaces it only once the new folder is complete (and only if it is a token folder or
+empty: never a folder of something else).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from mscale.data.corpus import expand_inputs, iter_documents
+from mscale.data.indexed import IndexedWriter
+from mscale.data.manifest import FORMAT, MANIFEST, VERSION
+from mscale.data.storage import fsync_dir
+from mscale.data.tokenizer import eod_id, read_tokenizer, vocab_of
+from mscale.errors import MscaleError
+from mscale.urls import fs_and_path
+
+SHARD_TOKENS = 1 << 28
+"""Tokens per shard (268M: 512 MiB at uint16, 1 GiB at uint32). A 1T-token corpus is ~4,000
+shards, not millions of files; one shard hashes in about a second, so `verify` names a bad unit
+small enough to re-create; and object stores move files of this size at full speed, in parallel."""
+BATCH_DOCS = 512
+BATCH_BYTES = 1 << 20
+"""A batch sent to a worker: at most this many documents or bytes of text, ~0.1–1 s of encoding.
+Batches are cut by the input alone, never by the worker count."""
+
+Progress = Callable[[int, int, int], None]
+"""Called after every batch written: (documents, tokens, bytes of text read)."""
+
+
+# --- tokenizing -----------------------------------------------------------------------------
+
+@dataclass
+class _Batch:
+    texts: list[str]
+    nbytes: int
+    empty: int
+
+
+def _batches(docs: Iterator[tuple[str, int]]) -> Iterator[_Batch]:
+    texts: list[str] = []
+    nbytes = size = empty = 0
+    for text, n in docs:
+        nbytes += n
+        if not text:
+            empty += text is not None
+            continue
+        texts.append(text)
+        size += len(text)
+        if len(texts) >= BATCH_DOCS or size >= BATCH_BYTES:
+            yield _Batch(texts, nbytes, empty)
+            texts, nbytes, size, empty = [], 0, 0, 0
+    if texts or nbytes or empty:
+        yield _Batch(texts, nbytes, empty)
+
+
+_WORKER: dict = {}
+
+
+def _init_worker(tok_json: str, eod: int, dtype: str, main_pid: int | None = None) -> None:
+    """In each worker: one tokenizer, its own thread pool off (the processes are the pool)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if main_pid is not None:  # a worker process
+        # Ctrl-C is the main process's: it stops the pool and removes the temporary folder
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
+    from tokenizers import Tokenizer
+
+    _WORKER.update(tok=Tokenizer.from_str(tok_json), eod=eod, dtype=np.dtype(dtype))
+
+
+def _exit_with(pid: int, every_s: float = 1.0) -> None:
+    """A worker whose main process died (kill -9) exits too, rather than wait forever for work."""
+    while True:
+        time.sleep(every_s)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # the pid was reused by another user's process
+            os._exit(1)
+
+
+def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of every document, end-of-document id appended, back to back; and their lengths.
+    No special tokens besides (no BOS): documents are separated by EOD alone."""
+    tok, eod = _WORKER["tok"], _WORKER["eod"]
+    flat: list[int] = []
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for i, enc in enumerate(tok.encode_batch(texts, add_special_tokens=False)):
+        ids = enc.ids
+        flat += ids
+        flat.append(eod)
+        lengths[i] = len(ids) + 1
+    return np.array(flat, dtype=_WORKER["dtype"]), lengths
+
+
+class _Encoder:
+    """Encodes batches on ``workers`` processes, results in submission order, at most
+    ``2 × workers`` in flight (the reader never runs ahead of the writer by more)."""
+
+    def __init__(self, workers: int, tok_json: str, eod: int, dtype: str) -> None:
+        import multiprocessing as mp
+
+        self.workers = workers
+        self._args = (tok_json, eod, dtype)
+        self._pool = None
+        if workers > 1:
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+            self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(*self._args, os.getpid()))
+
+    def map(self, batches: Iterable[_Batch]) -> Iterator[tuple[_Batch, np.ndarray, np.ndarray]]:
+        if self._pool is None:  # one worker: this process, its tokenizer threads off
+            saved = os.environ.get("TOKENIZERS_PARALLELISM")
+            _init_worker(*self._args)
+            try:
+                for b in batches:
+                    yield (b, *_encode(b.texts))
+            finally:
+                _WORKER.clear()
+                if saved is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = saved
+            return
+        window: deque = deque()
+        try:
+            for b in batches:
+                window.append((b, self._pool.submit(_encode, b.texts)))
+                if len(window) >= 2 * self.workers:
+                    b0, fut = window.popleft()
+                    yield (b0, *fut.result())
+            while window:
+                b0, fut = window.popleft()
+                yield (b0, *fut.result())
+        except BrokenProcessPool:
+            raise MscaleError("a tokenizer worker process died (killed, out of memory, or it "
+                              "could not start)",
+                              field="--workers",
+                              fix="rerun; with less memory per worker, pass fewer --workers"
+                              ) from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# --- output ---------------------------------------------------------------------------------
+
+def _check_out(out: str, force: bool) -> str:
+    """The local folder to create; an existing one only with ``force`` and only if it is a token
+    folder (or empty): --force never deletes a folder of something else."""
+    fs, path = fs_and_path(out)
+    if not isinstance(fs, LocalFileSystem):
+        raise MscaleError("token shards are written to a local folder", file=str(out),
+                          field="--out",
+                          fix="write them locally, then copy the folder to the store")
+    path = os.path.abspath(os.path.expanduser(str(out)[len("file://"):] if str(out).startswith(
+        "file://") else str(out)))
+    if os.path.lexists(path):
+        if not force:
+            raise MscaleError("the output folder already exists", file=str(out), field="--out",
+                              fix="choose a new --out, or pass --force to replace it (once the "
+                                  "new one is complete)")
+        if not os.path.isdir(path) or os.path.islink(path):
+            raise MscaleError("exists and is not a folder; --force replaces only a token folder",
+                              file=str(out), field="--out", fix="choose another --out")
+        if os.listdir(path) and not _is_token_folder(path):
+            raise MscaleError("exists and is not a token folder (no mscale-tokens manifest.json); "
+                              "--force will not delete it", file=str(out), field="--out",
+                              fix="choose another --out, or remove the folder yourself")
+    return path
+
+
+def _is_token_folder(path: str) -> bool:
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _commit(tmp: str, path: str) -> None:
+    """Put the finished folder in place; an old one (``force``) is moved aside first and removed
+    only after the rename, so OUT is always the old or the new folder, whole."""
+    old = None
+    if os.path.lexists(path):
+        old = f"{path}.old-{os.getpid()}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.rename(old, path)
+        raise
+    fsync_dir(os.path.dirname(path))
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: str, obj: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# --- the whole -----------------------------------------------------------------------------
+
+def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "text",
+            column: str = "text", workers: int | None = None, shard_tokens: int = SHARD_TOKENS,
+            eod: str | None = None, text_exts: Iterable[str] = (), force: bool = False,
+            progress: Progress | None = None,
+            on_start: Callable[[dict], None] | None = None) -> dict:
+    """Tokenize ``inputs`` with ``tokenizer`` into shards under ``out``; returns the manifest.
+
+    ``on_start`` gets what was resolved before any work (files, bytes, workers, vocabulary, EOD,
+    dtype); ``progress`` is called after every batch written.
+    """
+    if shard_tokens < 1:
+        raise MscaleError(f"--shard-tokens {shard_tokens} must be at least 1",
+                          field="--shard-tokens", fix=f"e.g. --shard-tokens {SHARD_TOKENS}")
+    if workers is not None and workers < 1:
+        raise MscaleError(f"--workers {workers} must be at least 1", field="--workers",
+                          fix="pass 1 or more, or leave it out for one per CPU")
+    path = _check_out(out, force)
+    tok_path, tok_json, tok_sha = read_tokenizer(tokenizer)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(tok_json)
+    eod = eod_id(tok, eod, file=tok_path)
+    vocab = vocab_of(tok)
+    dtype = "uint16" if vocab <= 1 << 16 else "uint32"
+    sources = expand_inputs(inputs, text_exts=text_exts)
+    workers = workers or default_workers()
+    if on_start is not None:
+        on_start({"files": len(sources), "bytes": sum(s.size for s in sources),
+                  "bytes_known": all(s.kind != "parquet" and not s.compression for s in sources),
+                  "workers": workers, "tokenizer": tok_path, "vocab_size": vocab,
+                  "eod_id": eod, "eod_token": tok.id_to_token(eod), "dtype": dtype, "out": path})
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # ours from an earlier call in this process
+    os.makedirs(tmp)
+    try:
+        shards, documents, tokens, empty = _write_shards(
+            iter_documents(sources, text_field=text_field, column=column), tmp, workers,
+            tok_json, eod, dtype, shard_tokens, progress)
+        if documents == 0:
+            raise MscaleError(f"empty corpus: {len(sources)} file(s), no document with text"
+                              + (f" ({empty} empty)" if empty else ""), file=", ".join(inputs),
+                              field="INPUT", fix="check the inputs (and --text-field / --column)")
+        manifest = {"format": FORMAT, "version": VERSION, "tokenizer": str(tokenizer),
+                    "tokenizer_sha256": tok_sha, "vocab_size": vocab, "eod_id": eod,
+                    "dtype": dtype, "tokens": tokens, "documents": documents,
+                    "inputs": [str(i) for i in inputs], "files": len(sources),
+                    "empty_documents_skipped": empty, "shards": shards}
+        _write_json(os.path.join(tmp, MANIFEST), manifest)
+        fsync_dir(tmp)
+        _commit(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _write_shards(docs, tmp: str, workers: int, tok_json: str, eod: int, dtype: str,
+                  shard_tokens: int, progress: Progress | None):
+    """Write the documents into shard-00000, ... under ``tmp``; a shard holds at most
+    ``shard_tokens`` tokens unless one document alone is longer (documents never span shards)."""
+    shards: list[dict] = []
+    documents = tokens = nbytes = empty = 0
+    writer: IndexedWriter | None = None
+    in_shard = 0
+    encoder = _Encoder(workers, tok_json, eod, dtype)
+    try:
+        for batch, flat, lengths in encoder.map(_batches(docs)):
+            offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            for first, stop, roll in _runs(lengths.tolist(), in_shard, shard_tokens):
+                if roll and writer is not None:
+                    shards.append(_shard_entry(writer.close()))
+                    writer = None
+                if writer is None:
+                    writer = IndexedWriter(os.path.join(tmp, f"shard-{len(shards):05d}"), dtype)
+                    in_shard = 0
+                a, b = int(offsets[first]), int(offsets[stop])
+                writer.add_documents(flat[a:b], lengths[first:stop])
+                in_shard += b - a
+            documents += len(lengths)
+            tokens += int(flat.size)
+            nbytes += batch.nbytes
+            empty += batch.empty
+            if progress is not None:
+                progress(documents, tokens, nbytes)
+        if writer is not None:
+            shards.append(_shard_entry(writer.close()))
+            writer = None
+    finally:
+        if writer is not None:
+            writer.abort()
+        encoder.close()
+    return shards, documents, tokens, empty
+
+
+def _runs(lengths: list[int], in_shard: int,
+          shard_tokens: int) -> Iterator[tuple[int, int, bool]]:
+    """A batch's documents as runs ``[first, stop)`` that each go into one shard, with whether the
+    run starts a new shard. ``in_shard``: tokens already in the open shard. A document that would
+    take a non-empty shard past ``shard_tokens`` starts the next one, so a longer document sits
+    alone and no document spans shards."""
+    first, roll = 0, False
+    for i, n in enumerate(lengths):
+        if in_shard and in_shard + n > shard_tokens:
+            if i > first:
+                yield first, i, roll
+            first, roll, in_shard = i, True, 0
+        in_shard += n
+    if len(lengths) > first:
+        yield first, len(lengths), roll
+
+
+def _shard_entry(info: dict) -> dict:
+    return {k: info[k] for k in ("prefix", "tokens", "documents", "bin_bytes", "bin_sha256",
+                                 "idx_sha256")}

@@ -1,0 +1,71 @@
+"""`mscale data` through the real binary: prepare, inspect, verify (and a damaged shard found),
+and a bad input reported in one line with exit 3, no traceback. `mscale data tokenizer` and the
+rest of docs/data.md's example run in tests/e2e/test_docs.py."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from mscale.data.tokenizer import train_tokenizer
+from tests.e2e.train_run import mscale
+
+pytestmark = pytest.mark.e2e
+
+WORDS = ("a pipeline stage waits while the slowest rank finishes its step and the checkpoint "
+         "writer drains every shard to storage").split()
+
+
+def corpus(root: Path) -> Path:
+    rng = random.Random(0)
+    root.mkdir()
+    lines = [json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60)))})
+             for _ in range(200)]
+    (root / "part-0.jsonl").write_text("\n".join(lines[:120]) + "\n")
+    (root / "part-1.jsonl").write_text("\n".join(lines[120:]) + "\n")
+    (root / "readme.txt").write_text("one document per .txt file\n")
+    return root
+
+
+def test_tokenizer_prepare_inspect_verify(tmp_path):
+    src = corpus(tmp_path / "src")
+    tok = tmp_path / "tokenizer.json"  # `mscale data tokenizer` runs in docs/data.md's test
+    train_tokenizer([str(src)], 320, str(tok))
+    out = tmp_path / "tokens"
+    p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out),
+               "--workers", "2", "--shard-tokens", "1000")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "2 worker(s)" in p.stderr and "tokens/s" in p.stdout and "201 documents" in p.stdout
+
+    p = mscale("data", "inspect", str(out), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    m = json.loads((out / "manifest.json").read_text())
+    assert d["kind"] == "mscale shards" and d["documents"] == 201 == m["documents"]
+    assert d["tokens"] == m["tokens"] and d["vocab_size"] == 320 and d["eod_id"] == 0
+    assert len(d["shards"]) == len(m["shards"]) > 1
+
+    p = mscale("data", "verify", str(out))
+    assert p.returncode == 0 and p.stdout.startswith("OK"), p.stdout + p.stderr
+
+    bin1 = out / "shard-00001.bin"
+    data = bytearray(bin1.read_bytes())
+    data[10] ^= 0xFF  # same size: only the checksum can tell
+    bin1.write_bytes(bytes(data))
+    p = mscale("data", "verify", str(out))
+    assert p.returncode == 2 and "shard-00001.bin" in p.stdout and "FAILED" in p.stdout, p.stdout
+
+
+def test_bad_input_is_one_line_and_exit_3(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    (tmp_path / "t.json").write_text("{")
+    p = mscale("data", "prepare", str(tmp_path / "a.jsonl"),
+               "--tokenizer", str(tmp_path / "t.json"), "--out", str(tmp_path / "out"))
+    assert p.returncode == 3 and "Traceback" not in p.stderr
+    lines = p.stderr.splitlines()
+    assert lines[0].startswith(f"error: {tmp_path / 't.json'}: --tokenizer: not a valid"), p.stderr
+    assert len(lines) == 2 and lines[1].startswith("  fix: ")
+    assert not (tmp_path / "out").exists()

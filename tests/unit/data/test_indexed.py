@@ -1,0 +1,332 @@
+"""indexed: Megatron MMIDIDX files (from an independent reference writer and from IndexedWriter),
+manifest folders, flat files and memory:// read token-exact; every malformed input refused with
+the file and field named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+
+from mscale.data.indexed import IndexedWriter, open_dataset, verify_dataset
+from mscale.errors import MscaleError
+
+CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7,
+         "uint16": 8}
+
+
+def reference_write(prefix: Path, docs: list[list[int]], dtype: str = "uint16", *,
+                    magic: bytes = b"MMIDIDX\x00\x00", version: int = 1, code: int | None = None,
+                    doc_index: list[int] | None = None, pointers: list[int] | None = None,
+                    seq_lens: list[int] | None = None) -> None:
+    """Megatron's layout written from its description with plain struct.pack, one sequence per
+    document; keyword overrides corrupt one field at a time."""
+    width = np.dtype(dtype).itemsize
+    lens = seq_lens if seq_lens is not None else [len(d) for d in docs]
+    ptrs = pointers if pointers is not None else [sum(lens[:i]) * width for i in range(len(lens))]
+    index = doc_index if doc_index is not None else list(range(len(docs) + 1))
+    prefix.with_suffix(".bin").write_bytes(
+        b"".join(struct.pack(f"<{len(d)}{'H' if width == 2 else 'i'}", *d) for d in docs))
+    head = magic + struct.pack("<QBQQ", version, CODES[dtype] if code is None else code,
+                               len(lens), len(index))
+    body = (struct.pack(f"<{len(lens)}i", *lens) + struct.pack(f"<{len(ptrs)}q", *ptrs)
+            + struct.pack(f"<{len(index)}q", *index))
+    prefix.with_suffix(".idx").write_bytes(head + body)
+
+
+DOCS = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11]]
+FLAT = [t for d in DOCS for t in d]
+STARTS = [0, 3, 4, 9, 11]  # document token offsets, plus the end
+
+
+def refused(spec: str, field: str | None, file: str, **kw) -> MscaleError:
+    with pytest.raises(MscaleError) as e:
+        open_dataset(spec, **kw)
+    assert e.value.field == field, str(e.value)
+    assert e.value.file == file, str(e.value)
+    return e.value
+
+
+# --------------------------------------------------------------------- reading what Megatron writes
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "int32"])
+def test_reference_files_read_back_token_exact(tmp_path, dtype):
+    reference_write(tmp_path / "corpus", DOCS, dtype)
+    for spec in ("corpus", "corpus.idx", "corpus.bin"):
+        ds = open_dataset(str(tmp_path / spec))
+        assert ds.dtype == np.dtype(dtype) and ds.num_tokens == len(FLAT)
+        assert ds.read(0, ds.num_tokens).tolist() == FLAT
+        assert ds.read(3, 6).dtype == np.int64 and ds.read(3, 6).tolist() == FLAT[3:6]
+        assert ds.doc_offsets.tolist() == STARTS
+        assert ds.vocab_size is None and ds.eod_id is None
+
+
+def test_read_is_bounds_checked(tmp_path):
+    reference_write(tmp_path / "c", DOCS)
+    ds = open_dataset(str(tmp_path / "c"))
+    assert ds.read(5, 5).tolist() == []
+    for start, stop in ((-1, 2), (3, 2), (0, len(FLAT) + 1)):
+        with pytest.raises(IndexError):
+            ds.read(start, stop)
+
+
+def test_writer_round_trip_and_summary(tmp_path):
+    with IndexedWriter(str(tmp_path / "out" / "shard-00000"), "uint16") as w:
+        for d in DOCS:
+            w.add_document(np.array(d, dtype=np.int64))
+    w = IndexedWriter(str(tmp_path / "s1"), "uint32")
+    w.add_document(np.array([70000, 0]))
+    info = w.close()
+    assert info["prefix"] == "s1" and info["tokens"] == 2 and info["documents"] == 1
+    assert info["bin_bytes"] == 8
+    assert (tmp_path / "s1.idx").read_bytes()[17] == CODES["int32"]  # Megatron has no uint32 code
+    assert info["bin_sha256"] == hashlib.sha256((tmp_path / "s1.bin").read_bytes()).hexdigest()
+    assert info["idx_sha256"] == hashlib.sha256((tmp_path / "s1.idx").read_bytes()).hexdigest()
+    assert open_dataset(str(tmp_path / "s1")).read(0, 2).tolist() == [70000, 0]
+    ds = open_dataset(str(tmp_path / "out" / "shard-00000"))
+    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets.tolist() == STARTS
+    # byte-identical to the reference layout: the writer and the format description agree
+    reference_write(tmp_path / "ref", DOCS)
+    for ext in (".bin", ".idx"):
+        ours, ref = tmp_path / f"out/shard-00000{ext}", tmp_path / f"ref{ext}"
+        assert ours.read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_add_documents_writes_the_bytes_of_add_document_one_by_one(tmp_path, dtype):
+    rng = np.random.default_rng(7)
+    top = 65_535 if dtype == "uint16" else 2**31 - 1
+    docs = [rng.integers(0, top, int(n), endpoint=True) for n in rng.integers(0, 50, 200)]
+    docs[0] = np.zeros(0, np.int64)  # an empty document is a document too
+    one = IndexedWriter(str(tmp_path / "one"), dtype)
+    for d in docs:
+        one.add_document(d)
+    bulk = IndexedWriter(str(tmp_path / "bulk"), dtype)
+    for a, b in ((0, 1), (1, 1), (1, 120), (120, 200)):  # runs of 1, 0 and many documents
+        bulk.add_documents(np.concatenate([np.zeros(0, np.int64)] + docs[a:b]),
+                           np.array([d.size for d in docs[a:b]], dtype=np.int64))
+    info_one, info_bulk = one.close(), bulk.close()
+    assert {**info_one, "prefix": "bulk"} == info_bulk
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"one{ext}").read_bytes() == (tmp_path / f"bulk{ext}").read_bytes()
+    ds = open_dataset(str(tmp_path / "bulk"))
+    assert ds.doc_offsets.tolist() == np.cumsum([0] + [d.size for d in docs]).tolist()
+
+
+def test_add_documents_refuses_lengths_that_do_not_match(tmp_path):
+    w = IndexedWriter(str(tmp_path / "s"), "uint16")
+    for flat, lengths, field in (([1, 2, 3], [1, 1], "lengths"), ([1, 2], [3, -1], "lengths"),
+                                 ([1, 2], [[1, 1]], "lengths"), ([1, 2], [1.0, 1.0], "lengths"),
+                                 ([1, 65536], [1, 1], "dtype"), ([[1, 2]], [2], "flat")):
+        with pytest.raises(MscaleError) as e:
+            w.add_documents(np.array(flat), np.array(lengths))
+        assert e.value.field == field, str(e.value)
+    w.add_documents(np.array([1, 2, 3]), np.array([2, 1]))
+    assert w.close()["documents"] == 2  # nothing of the refused calls was written
+    assert open_dataset(str(tmp_path / "s")).read(0, 3).tolist() == [1, 2, 3]
+
+
+def test_writer_is_atomic(tmp_path):
+    with pytest.raises(RuntimeError):
+        with IndexedWriter(str(tmp_path / "s"), "uint16") as w:
+            w.add_document(np.array([1, 2]))
+            raise RuntimeError("tokenizer crashed")
+    assert list(tmp_path.iterdir()) == []  # aborted: no file, temporary or final
+    w = IndexedWriter(str(tmp_path / "s"), "uint16")
+    w.add_document(np.array([1]))
+    assert not (tmp_path / "s.idx").exists() and not (tmp_path / "s.bin").exists()
+    w.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin", "s.idx"]
+
+
+def test_writer_refuses_what_does_not_fit(tmp_path):
+    w = IndexedWriter(str(tmp_path / "s"), "uint16")
+    for bad in (np.array([65536]), np.array([-1]), np.array([1.5]), np.zeros((2, 2), int)):
+        with pytest.raises(MscaleError):
+            w.add_document(bad)
+    w.abort()
+    with pytest.raises(MscaleError, match="no integer code"):
+        IndexedWriter(str(tmp_path / "t"), "float32")
+    with pytest.raises(MscaleError, match="local files only"):
+        IndexedWriter("memory://x/s", "uint16")
+
+
+# ------------------------------------------------------------------------------ other sources
+
+
+def write_manifest(folder: Path, docs_per_shard: list[list[list[int]]], **override) -> dict:
+    """A manifest folder as `mscale data prepare` writes it, through IndexedWriter."""
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for i, docs in enumerate(docs_per_shard):
+        w = IndexedWriter(str(folder / f"shard-{i:05d}"), "uint16")
+        for d in docs:
+            w.add_document(np.array(d))
+        entries.append(w.close())
+    m = {"format": "mscale-tokens", "version": 1, "tokenizer": "tok.json", "vocab_size": 100,
+         "eod_id": 0, "dtype": "uint16", "tokens": sum(e["tokens"] for e in entries),
+         "documents": sum(e["documents"] for e in entries), "shards": entries, **override}
+    (folder / "manifest.json").write_text(json.dumps(m))
+    return m
+
+
+def test_manifest_folder_reads_across_shards(tmp_path):
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:3], DOCS[3:]])
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert ds.num_tokens == len(FLAT) and ds.vocab_size == 100 and ds.eod_id == 0
+    assert ds.read(0, len(FLAT)).tolist() == FLAT
+    assert ds.read(2, 10).tolist() == FLAT[2:10]  # three shards in one read
+    assert ds.doc_offsets.tolist() == STARTS
+    assert verify_dataset(str(tmp_path / "ds")) == []
+
+
+def test_verify_finds_a_changed_shard(tmp_path):
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    data = bytearray((tmp_path / "ds/shard-00001.bin").read_bytes())
+    data[0] ^= 1  # same size, different token: only a checksum can tell
+    (tmp_path / "ds/shard-00001.bin").write_bytes(bytes(data))
+    problems = verify_dataset(str(tmp_path / "ds"))
+    assert len(problems) == 1 and "shard-00001.bin" in problems[0]
+    assert "manifest.shards[1].bin_sha256" in problems[0]
+
+
+def test_folder_and_glob_of_prefixes(tmp_path):
+    reference_write(tmp_path / "b", DOCS[2:])
+    reference_write(tmp_path / "a", DOCS[:2])
+    (tmp_path / "notes.txt").write_text("ignored")
+    for spec in (str(tmp_path), str(tmp_path / "*.idx"), str(tmp_path / "[ab].*")):
+        ds = open_dataset(spec)
+        assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets.tolist() == STARTS
+
+
+def test_flat_files(tmp_path):
+    np.array(FLAT, dtype="<u2").tofile(tmp_path / "train.bin")
+    ds = open_dataset(str(tmp_path / "train.bin"))
+    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets is None
+    np.array(FLAT + [70000], dtype="<u4").tofile(tmp_path / "tokens.u32")
+    ds = open_dataset(str(tmp_path / "tokens.u32"), dtype="uint32")
+    assert ds.read(len(FLAT) - 1, len(FLAT) + 1).tolist() == [11, 70000]
+    np.array(FLAT, dtype="<u2").tofile(tmp_path / "val.bin")
+    ds = open_dataset(str(tmp_path / "*.bin"))  # flat files only: concatenated, sorted
+    assert ds.num_tokens == 2 * len(FLAT) and ds.read(0, 3).tolist() == FLAT[:3]
+
+
+def test_memory_dataset(tmp_path):
+    write_manifest(tmp_path / "ds", [DOCS[:3], DOCS[3:]])
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path / "ds"), "/indexed-test/ds", recursive=True)
+    try:
+        for spec in ("memory://indexed-test/ds", "memory://indexed-test/ds/shard-00000"):
+            ds = open_dataset(spec)
+            assert ds.read(0, ds.num_tokens).tolist() == FLAT[:ds.num_tokens]
+        assert verify_dataset("memory://indexed-test/ds") == []
+    finally:
+        fs.rm("/indexed-test", recursive=True)
+
+
+# -------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(("override", "field"), [
+    ({"magic": b"MMIDIDY\x00\x00"}, "idx.header"),
+    ({"version": 2}, "idx.version"),
+    ({"code": 9}, "idx.dtype"),
+    ({"code": 7}, "idx.dtype"),  # float32: not a token type
+    ({"pointers": [0, 6, 100, 18]}, "idx.sequence_pointers"),
+    ({"doc_index": [0, 3, 2, 4]}, "idx.document_indices"),
+    ({"doc_index": [0, 2, 3]}, "idx.document_indices"),  # does not end at the sequence count
+    ({"doc_index": [1, 2, 3, 4]}, "idx.document_indices"),
+    ({"seq_lens": [3, 1, 5, -2]}, "idx.sequence_lengths"),
+])
+def test_malformed_index_is_refused(tmp_path, override, field):
+    reference_write(tmp_path / "c", DOCS, **override)
+    refused(str(tmp_path / "c"), field, str(tmp_path / "c.idx"))
+
+
+def test_truncated_index_and_wrong_bin_size(tmp_path):
+    reference_write(tmp_path / "c", DOCS)
+    idx = (tmp_path / "c.idx").read_bytes()
+    (tmp_path / "c.idx").write_bytes(idx[:-8])
+    refused(str(tmp_path / "c"), "idx.sequence_count", str(tmp_path / "c.idx"))
+    (tmp_path / "c.idx").write_bytes(idx[:20])
+    refused(str(tmp_path / "c"), "idx.header", str(tmp_path / "c.idx"))
+    (tmp_path / "c.idx").write_bytes(idx)
+    (tmp_path / "c.bin").write_bytes((tmp_path / "c.bin").read_bytes()[:-2])
+    refused(str(tmp_path / "c"), "bin.size", str(tmp_path / "c.bin"))
+
+
+def test_flat_and_empty_refusals(tmp_path):
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x02\x03")
+    refused(str(tmp_path / "odd.bin"), "flat.size", str(tmp_path / "odd.bin"))
+    (tmp_path / "empty.bin").write_bytes(b"")
+    refused(str(tmp_path / "empty.bin"), "tokens", str(tmp_path / "empty.bin"))
+    reference_write(tmp_path / "none", [])
+    refused(str(tmp_path / "none"), "tokens", str(tmp_path / "none"))
+    refused(str(tmp_path / "missing"), None, str(tmp_path / "missing"))
+    reference_write(tmp_path / "c", DOCS)
+    refused(str(tmp_path / "c"), "idx.dtype", str(tmp_path / "c.bin"), dtype="uint32")
+
+
+def test_mixed_dtypes_and_mixed_kinds_are_refused(tmp_path):
+    reference_write(tmp_path / "a", DOCS)
+    reference_write(tmp_path / "b", DOCS, "int32")
+    refused(str(tmp_path), "idx.dtype", str(tmp_path / "b.bin"))
+    (tmp_path / "b.idx").unlink()  # b.bin is now a flat file beside a Megatron prefix
+    refused(str(tmp_path), "spec", str(tmp_path))
+
+
+MANIFEST_CASES = [
+    ({"format": "other"}, "manifest.format"),
+    ({"version": 2}, "manifest.version"),
+    ({"dtype": "int8"}, "manifest.dtype"),
+    ({"vocab_size": "big"}, "manifest.vocab_size"),
+    ({"eod_id": 100}, "manifest.eod_id"),
+    ({"tokens": 12}, "manifest.tokens"),
+    ({"shards": []}, "manifest.shards"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), MANIFEST_CASES)
+def test_bad_manifest_is_refused(tmp_path, override, field):
+    write_manifest(tmp_path / "ds", [DOCS], **override)
+    refused(str(tmp_path / "ds"), field, str(tmp_path / "ds/manifest.json"))
+
+
+@pytest.mark.parametrize(("key", "value", "field"), [
+    ("prefix", "../evil", "manifest.shards[1].prefix"),
+    ("prefix", "/abs/shard", "manifest.shards[1].prefix"),
+    ("prefix", "sub/shard", "manifest.shards[1].prefix"),
+    ("prefix", "..", "manifest.shards[1].prefix"),
+    ("prefix", "shard-00009", "manifest.shards[1].prefix"),  # listed but missing
+    ("tokens", 8, "manifest.shards[1].tokens"),
+    ("documents", 3, "manifest.shards[1].documents"),
+    ("bin_bytes", 12, "manifest.shards[1].bin_bytes"),
+    ("bin_sha256", None, "manifest.shards[1].bin_sha256"),
+])
+def test_bad_shard_entry_is_refused(tmp_path, key, value, field):
+    m = write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    m["shards"][1][key] = value
+    if key in ("tokens", "documents"):  # keep the totals consistent: the shard entry is wrong
+        m[key] += value - [7, 2][key == "documents"]
+    (tmp_path / "ds/manifest.json").write_text(json.dumps(m))
+    refused(str(tmp_path / "ds"), field, str(tmp_path / "ds/manifest.json"))
+
+
+def test_a_shard_listed_twice_is_refused(tmp_path):
+    m = write_manifest(tmp_path / "ds", [DOCS])
+    m["shards"] *= 2
+    m["tokens"], m["documents"] = 2 * m["tokens"], 2 * m["documents"]
+    (tmp_path / "ds/manifest.json").write_text(json.dumps(m))
+    refused(str(tmp_path / "ds"), "manifest.shards", str(tmp_path / "ds/manifest.json"))
+
+
+def test_manifest_that_is_not_json(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds/manifest.json").write_text("{not json")
+    refused(str(tmp_path / "ds"), "manifest", str(tmp_path / "ds/manifest.json"))

@@ -1,0 +1,128 @@
+"""mscale.data.tokenizer: local tokenizer.json only, the end-of-document id, local BPE training."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from mscale.data.tokenizer import (SPECIAL, eod_id, load_tokenizer, read_tokenizer,
+                                   tokenizer_path, train_tokenizer)
+from mscale.errors import MscaleError
+
+WORDS = ("the model trains on tokens while every rank waits for the slowest link and a "
+         "checkpoint lands before the node fails again data parallel pipeline tensor").split()
+
+
+def text(seed: int, n: int = 300) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + ".\n"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    for i in range(4):
+        (d / f"doc{i}.txt").write_text(text(i))
+    out = d / "tokenizer.json"
+    info = train_tokenizer([str(d)], 300, str(out))
+    return out, info
+
+
+def test_train_writes_a_byte_level_bpe_with_endoftext_first(trained):
+    out, info = trained
+    assert info["vocab_size"] == 300 and info["eod_id"] == 0 and info["documents"] == 4
+    tok = load_tokenizer(str(out))
+    assert tok.token_to_id(SPECIAL) == 0
+    sample = "the slowest link fails ünïcödé 🚀 too"
+    assert tok.decode(tok.encode(sample).ids) == sample  # byte-level: anything round-trips
+    assert not list(out.parent.glob("*.tmp-*"))
+
+
+def test_train_refuses_to_overwrite_without_force(trained, tmp_path):
+    out, _ = trained
+    with pytest.raises(MscaleError, match="already exists") as e:
+        train_tokenizer([str(out.parent / "doc0.txt")], 300, str(out))
+    assert e.value.field == "--out"
+    copy = tmp_path / "t.json"
+    copy.write_text("old")
+    info = train_tokenizer([str(out.parent / "doc0.txt")], 280, str(copy), force=True)
+    assert info["vocab_size"] == 280 and json.loads(copy.read_text())["model"]["type"] == "BPE"
+
+
+def test_train_refuses_a_vocabulary_out_of_range_and_empty_text(tmp_path):
+    (tmp_path / "a.txt").write_text(text(1))
+    with pytest.raises(MscaleError, match="out of range") as e:
+        train_tokenizer([str(tmp_path / "a.txt")], 100, str(tmp_path / "t.json"))
+    assert e.value.field == "--vocab"
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(MscaleError, match="no documents"):
+        train_tokenizer([str(tmp_path / "empty.txt")], 300, str(tmp_path / "t.json"))
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_folder_holding_tokenizer_json_is_read(trained):
+    out, _ = trained
+    assert tokenizer_path(str(out.parent)) == str(out)
+    path, raw, sha = read_tokenizer(str(out.parent))
+    assert path == str(out) and len(sha) == 64 and json.loads(raw)["model"]["type"] == "BPE"
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("hf://meta-llama/Llama-3.1-8B", "never downloads"),
+    ("https://example.com/tokenizer.json", "never downloads"),
+    ("meta-llama/Llama-3.1-8B", "hub name"),
+    ("./no/such/tokenizer.json", "not found"),
+])
+def test_anything_but_a_local_file_is_refused_with_the_fix(spec, match):
+    with pytest.raises(MscaleError, match=match) as e:
+        load_tokenizer(spec)
+    assert e.value.field == "--tokenizer" and e.value.file == spec
+    assert "tokenizer.json" in e.value.fix
+
+
+def test_folders_without_tokenizer_json_and_broken_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MscaleError, match="no tokenizer.json"):
+        load_tokenizer(str(tmp_path / "empty"))
+    sp = tmp_path / "sp"
+    sp.mkdir()
+    (sp / "tokenizer.model").write_bytes(b"\x00sentencepiece")
+    with pytest.raises(MscaleError, match="SentencePiece") as e:
+        load_tokenizer(str(sp))
+    assert "save_pretrained" in e.value.fix
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": 3}')
+    with pytest.raises(MscaleError, match="not a valid tokenizer.json") as e:
+        load_tokenizer(str(bad))
+    assert e.value.file == str(bad)
+
+
+def _word_level(tmp_path, vocab: dict[str, int]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "wl.json"
+    tok.save(str(path))
+    return load_tokenizer(str(path))
+
+
+def test_eod_is_found_by_name_or_given(tmp_path):
+    tok = _word_level(tmp_path, {"[UNK]": 0, "a": 1, "</s>": 2, "<eos>": 3})
+    assert eod_id(tok) == 2  # </s> comes before <eos> in the list
+    assert eod_id(tok, "<eos>") == 3
+    assert eod_id(tok, "1") == 1  # digits: an id
+    with pytest.raises(MscaleError, match="outside the vocabulary"):
+        eod_id(tok, "4")
+    with pytest.raises(MscaleError, match="no token '<nope>'") as e:
+        eod_id(tok, "<nope>", file="wl.json")
+    assert e.value.field == "--eod" and e.value.file == "wl.json"
+
+
+def test_no_eod_token_is_an_error_naming_the_option(tmp_path):
+    tok = _word_level(tmp_path, {"[UNK]": 0, "a": 1})
+    with pytest.raises(MscaleError, match="end-of-document") as e:
+        eod_id(tok)
+    assert e.value.field == "--eod" and "--eod TOKEN" in e.value.fix
