@@ -70,13 +70,20 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
         timer.start_step()
         losses.append(train_step(engine, step, timer).loss)
         timer.end_step()
+    eval_loss = None
+    if engine.eval_loader is not None:  # the held-out loss through the same layout
+        from mscale.train.evaluate import evaluate
+
+        eval_loss = evaluate(engine, engine.eval_loader, plan.training.eval.batches).loss
     tp = TensorParallel.from_groups(engine.groups, plan.layout.sequence_parallel)
     engine.grads.wait_params()  # the last step's parameter all-gathers
     params = {}
     for chunk in engine.chunks:
         params.update({k: v.detach().clone() for k, v in full_state_dict(chunk, tp).items()})
     engine.grads.close()
-    return {"losses": losses, "params": params, "coord": (engine.groups.dp_rank,
+    engine.loader.close()
+    return {"losses": losses, "params": params, "eval_loss": eval_loss,
+            "coord": (engine.groups.dp_rank,
             engine.groups.pp_rank, engine.groups.tp_rank)}
 
 

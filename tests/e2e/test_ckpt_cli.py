@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.train_run import MSCALE, mscale, records
-from tests.e2e.train_run import small_plan as plan4
+from tests.e2e.train_run import small_plan as plan4, text_data, text_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -25,6 +25,11 @@ pytestmark = pytest.mark.e2e
 def losses(run: Path) -> dict[int, tuple[float, float]]:
     """Step → (loss, grad norm); the last record wins (a killed run repeats steps)."""
     return {m["step"]: (m["loss"], m["grad_norm"]) for m in records(run / "metrics.jsonl")}
+
+
+def eval_losses(run: Path) -> dict[int, float]:
+    """Step → held-out loss, for the steps that evaluated."""
+    return {m["step"]: m["eval_loss"] for m in records(run / "metrics.jsonl") if "eval_loss" in m}
 
 
 def train(plan: str, run: Path, *args: str) -> subprocess.CompletedProcess:
@@ -35,8 +40,10 @@ def train(plan: str, run: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
+    """6 steps of the 4-process plan on real text: two prepared sources blended and shuffled,
+    a held-out loss every 3 steps (the data path of docs/data.md under every test here)."""
     tmp = tmp_path_factory.mktemp("straight")
-    plan = plan4(tmp)
+    plan = text_plan(tmp, text_data(tmp_path_factory.mktemp("data")))
     train(plan, tmp / "run", "--steps", "6", "--ckpt-interval", "3")
     return plan, tmp / "run"
 
@@ -53,6 +60,9 @@ def test_stop_and_resume_is_bit_identical(straight, tmp_path):
     assert sorted(losses(run)) == [1] and not (run / "control" / "halt").exists()
     train(plan, str(run), "--steps", "6")
     assert losses(run) == losses(ref) and len(losses(ref)) == 6
+    assert eval_losses(run) == eval_losses(ref) and sorted(eval_losses(ref)) == [3, 6]
+    assert list((ref / "tensorboard" / "attempt-001").glob("events.out.tfevents.*"))
+    assert list((run / "tensorboard" / "attempt-002").glob("events.out.tfevents.*"))
     resumed = [e for e in records(run / "events.jsonl") if e["kind"] == "info"]
     assert "resumed from" in resumed[0]["message"] and resumed[0]["step"] == 1
     p = mscale("ckpt", "ls", str(run), "--json")
@@ -130,7 +140,7 @@ def test_a_full_checkpoint_filesystem_stops_the_job_and_loses_nothing(straight, 
 
 
 def test_damaged_checkpoints_are_named(straight, tmp_path):
-    _, ref = straight
+    plan, ref = straight
     run = tmp_path / "run"
     shutil.copytree(ref, run)
     step = run / "ckpt" / "step-000006"
@@ -142,7 +152,7 @@ def test_damaged_checkpoints_are_named(straight, tmp_path):
     doc = json.loads(p.stdout)
     assert p.returncode == 2 and not doc["ok"]
     assert {x["file"] for x in doc["problems"]} == {"rank-00002.bin"}
-    p = mscale("train", plan4(tmp_path), "--local", "4", "--run-dir", str(run), "--steps", "8")
+    p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "8")
     assert p.returncode == 3 and "rank-00002.bin" in p.stdout + p.stderr + _logs(run)
     (step / "rank-00001.bin").unlink()
     p = mscale("ckpt", "verify", str(step), "--quick")

@@ -54,3 +54,37 @@ def assert_timed_out_after(run: Path, seconds: float) -> None:
     messages = [json.loads(f.read_text()).get("message", "")
                 for f in sorted((run / "logs").glob("rank*.error.json"))]
     assert any(want in m for m in messages), messages
+
+
+def text_data(root: Path, vocab: int = 300) -> dict:
+    """A real-text token dataset for the end-to-end runs: a few of the Python standard library's
+    own source files, a BPE tokenizer trained on them and the tokens prepared as shards
+    (mscale.data, in this process: seconds). Returns the ``training.data`` section that blends
+    it with a second source (the corpus's first three files again, weighted 1:3), shuffled, with
+    a tenth held out."""
+    import sysconfig
+
+    from mscale.data.prepare import prepare
+    from mscale.data.tokenizer import train_tokenizer
+
+    std = Path(sysconfig.get_paths()["stdlib"])
+    files = [str(std / f"{name}.py") for name in ("argparse", "textwrap", "string", "shlex",
+                                                   "fnmatch", "glob", "heapq", "bisect")]
+    tok = str(root / "tokenizer.json")
+    train_tokenizer(files, vocab, tok, text_exts=[".py"])
+    prepare(files, tok, str(root / "stdlib"), workers=1, text_exts=[".py"])
+    prepare(files[:3], tok, str(root / "first3"), workers=1, text_exts=[".py"])
+    return {"sources": [{"path": str(root / "stdlib"), "weight": 3.0},
+                        {"path": str(root / "first3"), "weight": 1.0}],
+            "eval_fraction": 0.1}
+
+
+def text_plan(tmp_path: Path, data: dict, eval_interval: int = 3, **layout) -> str:
+    """`small_plan` on the real-text dataset of `text_data`, with a held-out loss."""
+    path = Path(small_plan(tmp_path, **layout))
+    plan = yaml.safe_load(path.read_text())
+    plan["model"]["vocab"] = 512
+    plan["training"]["data"] = data
+    plan["training"]["eval"] = {"interval": eval_interval, "batches": 1}
+    path.write_text(yaml.safe_dump(plan))
+    return str(path)

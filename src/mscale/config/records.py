@@ -94,6 +94,10 @@ class MetricsRecord(RecordModel):
     """Seconds per rank waiting on the data-parallel reduction and parameter gathers (part of
     ``comm_wait``). These three let watch compare groups of one kind with each other and name
     the rank whose link every slow group shares (docs/watch.md, "slow_link")."""
+    eval_loss: float | None = None
+    """Mean loss on the held-out batches, on the steps that evaluated (docs/data.md)."""
+    eval_perplexity: float | None = None
+    """``exp(eval_loss)``."""
     extra: dict[str, Any] = {}
     """Anything else worth keeping (e.g. skipped-step flags)."""
 

@@ -28,21 +28,80 @@ MAX_STEPS = 10**9
 """Most optimizer steps (and warm-up or checkpoint-interval steps) a run may ask for."""
 
 
+class DataSource(StrictModel):
+    """One token source of a blend (docs/data.md)."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    """A folder written by ``mscale data prepare``, a Megatron-LM prefix (``name`` for
+    ``name.bin`` + ``name.idx``), a flat token file (nanoGPT's ``.bin``), or a glob of prefixes;
+    a local path or an fsspec URL."""
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+    """Share of the blend, relative to the other sources' weights (normalised)."""
+
+
 class DataConfig(StrictModel):
-    """Where tokens come from."""
+    """Where tokens come from, how they are mixed and shuffled, and what is held out."""
 
     kind: Literal["synthetic", "tokens"] = "synthetic"
-    """``synthetic``: a seeded random stream (demos, tests); ``tokens``: a memory-mapped token file."""
+    """``synthetic``: a seeded learnable stream (demos, tests); ``tokens``: real token data from
+    ``path`` or ``sources``."""
     path: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Token file (flat array of uint16 or uint32) for ``kind: tokens``."""
+    """One source, the same as ``sources: [{path: ...}]``."""
+    sources: list[DataSource] = Field(default_factory=list, max_length=4096)
+    """Several sources blended by weight."""
     dtype: Literal["uint16", "uint32"] = "uint16"
-    """Element type of the token file."""
+    """Element type of a flat token file (prepared and Megatron datasets record their own)."""
+    shuffle: bool = True
+    """Sample order a seeded permutation of each source, new every epoch (False: file order)."""
+    eval_fraction: float = Field(default=0.0, ge=0, le=0.5)
+    """Held-out share of every source, cut at a document boundary at its end; its samples are
+    never trained on. 0 with no ``eval_sources``: no held-out loss."""
+    eval_sources: list[DataSource] = Field(default_factory=list, max_length=4096)
+    """Held-out sources, instead of ``eval_fraction``."""
+    read_ahead: int = Field(default=2, ge=0, le=64)
+    """Steps of this rank's micro-batches read in a background thread ahead of the step, so a
+    slow store does not stall it (0: read on demand)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_sources(cls, data):
+        """``path`` or ``sources`` without ``kind`` means real tokens."""
+        if isinstance(data, dict) and "kind" not in data and (data.get("path") or data.get("sources")):
+            data = {**data, "kind": "tokens"}
+        return data
 
     @model_validator(mode="after")
     def _path(self) -> "DataConfig":
-        if self.kind == "tokens" and not self.path:
-            raise FieldError("path", "kind 'tokens' needs a path: a flat uint16/uint32 token file")
+        if self.kind == "tokens" and not (self.path or self.sources):
+            raise FieldError("path", "kind 'tokens' needs a path or sources: a dataset prepared "
+                             "by `mscale data prepare`, a Megatron .bin/.idx prefix or a flat "
+                             "uint16/uint32 token file")
+        if self.path and self.sources:
+            raise FieldError("sources", "give either path (one source) or sources, not both")
+        if self.kind == "synthetic" and (self.path or self.sources or self.eval_sources):
+            raise FieldError("kind", "synthetic data reads no files: set kind: tokens")
+        if self.eval_fraction and self.eval_sources:
+            raise FieldError("eval_fraction", "give either eval_fraction or eval_sources")
         return self
+
+    @property
+    def train_sources(self) -> list[DataSource]:
+        """``sources``, or the one ``path``."""
+        return list(self.sources) or ([DataSource(path=self.path)] if self.path else [])
+
+    @property
+    def has_eval(self) -> bool:
+        """Whether a held-out split exists (synthetic data always has one: another seed)."""
+        return self.kind == "synthetic" or bool(self.eval_fraction or self.eval_sources)
+
+
+class EvalConfig(StrictModel):
+    """Held-out loss during training (docs/data.md, "Eval loss")."""
+
+    interval: int = Field(default=0, ge=0, le=MAX_STEPS)
+    """Steps between evaluations, and one at the end; 0: never."""
+    batches: int = Field(default=2, gt=0, le=4096)
+    """Global batches of held-out data per evaluation: the same ones every time."""
 
 
 class TrainingConfig(StrictModel):
@@ -92,7 +151,12 @@ class TrainingConfig(StrictModel):
     overlap_grad_reduce: bool = True
     """Start each bucket's reduction during backward as soon as its gradients are ready."""
     data: DataConfig = DataConfig()
-    """Token source."""
+    """Token sources, blend, shuffle and held-out split."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out loss during training."""
+    tensorboard: bool = True
+    """Write loss, eval loss, grad norm, lr, throughput, MFU and step times as TensorBoard
+    scalars under RUN/tensorboard (rank 0)."""
     checkpoint_interval: int | None = Field(default=None, gt=0, le=MAX_STEPS)
     """Steps between checkpoints. None: the plan's recommendation."""
     stack: Stack | None = None
@@ -107,4 +171,7 @@ class TrainingConfig(StrictModel):
         if self.micro_batch is not None and self.micro_batch > self.global_batch:
             raise FieldError("micro_batch", f"{self.micro_batch} is larger than global_batch "
                              f"({self.global_batch})")
+        if self.eval.interval and not self.data.has_eval:
+            raise FieldError("eval.interval", "no held-out data to evaluate on: set "
+                             "data.eval_fraction or data.eval_sources, or eval.interval: 0")
         return self

@@ -51,9 +51,13 @@ class Summary:
     tokens: int = 0
     seconds: float = 0.0
     mfu: list[float] = field(default_factory=list)
+    eval_loss: float | None = None
+    """The last held-out loss of this attempt."""
 
     def add(self, rec: MetricsRecord) -> None:
         self.records += 1
+        if rec.eval_loss is not None:
+            self.eval_loss = rec.eval_loss
         self.last = rec
         self.tokens += rec.tokens
         self.seconds += max(rec.step_time) if rec.step_time else 0.0
@@ -66,6 +70,7 @@ class Summary:
         return {"first_step": self.first_step, "last_step": last.step if last else self.first_step,
                 "steps_this_attempt": self.records,
                 "final_loss": last.loss if last else None,
+                "eval_loss": self.eval_loss,
                 "tokens_per_s": self.tokens / self.seconds if self.seconds else None,
                 "mfu": sum(self.mfu) / len(self.mfu) if self.mfu else None}
 
@@ -76,6 +81,8 @@ class Summary:
         else:
             core = (f"steps {self.first_step + 1}-{d['last_step']}, final loss {d['final_loss']:.4f}, "
                     f"{d['tokens_per_s']:,.0f} tokens/s")
+            if d["eval_loss"] is not None:
+                core += f", eval loss {d['eval_loss']:.4f}"
             if d["mfu"] is not None:
                 core += f", MFU {100 * d['mfu']:.1f}%"
         ckpt = f"last checkpoint {checkpoint}" if checkpoint else "no checkpoint"

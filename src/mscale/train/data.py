@@ -11,6 +11,7 @@ redundant loaders). Under pipelining only the first stage needs inputs and only 
 
 from __future__ import annotations
 
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -20,38 +21,24 @@ import torch.distributed as dist
 
 from mscale.config.records import DataSkips
 from mscale.config.training import DataConfig
-from mscale.train.data_check import check_token_file
+from mscale.data.blend import BlendedSamples, build_splits
 from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
 
 
-class TokenFile:
-    """A flat array of uint16/uint32 tokens; sample k is tokens[k·s : k·s + s + 1]."""
+class DatasetTokens:
+    """Real token data (docs/data.md): one split of the training file's sources, blended,
+    shuffled and packed by `mscale.data.blend`, as int64 tensors."""
 
-    def __init__(self, path: str, dtype: str, seq_len: int, vocab: int):
-        check_token_file(path, dtype)
-        try:
-            self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
-        except (OSError, ValueError) as e:
-            raise MscaleError(f"cannot map the token file: {e}", file=path,
-                              field="training.data.path",
-                              fix="point data.path at a readable flat uint16/uint32 token file")
-        self.seq_len = seq_len
-        self.num_samples = (len(self.tokens) - 1) // seq_len
-        if self.num_samples < 1:
-            raise MscaleError(f"token file holds {len(self.tokens)} tokens, fewer than one "
-                              f"sequence of {seq_len + 1}", file=path, field="training.data.path",
-                              fix="use a larger token file or a shorter seq_len")
-        top = int(self.tokens[: min(len(self.tokens), 1 << 20)].max())
-        if top >= vocab:
-            raise MscaleError(f"token id {top} >= vocab {vocab}", file=path,
-                              field="training.data.dtype", fix="check the dtype and model.vocab")
+    def __init__(self, samples: BlendedSamples):
+        self.samples, self.seq_len = samples, samples.seq_len
 
     def sample(self, k: int) -> torch.Tensor:
-        """Sequence k (wrapping around at the end of the file), s+1 tokens as int64."""
-        k %= self.num_samples
-        s = self.seq_len
-        return torch.from_numpy(np.asarray(self.tokens[k * s: k * s + s + 1], dtype=np.int64))
+        return torch.from_numpy(self.samples.sample(k))
+
+    def batch(self, ks: list[int]) -> torch.Tensor:
+        """[len(ks), seq_len + 1]: one read per sample, one tensor."""
+        return torch.from_numpy(self.samples.samples(ks))
 
 
 class SyntheticTokens:
@@ -78,12 +65,27 @@ class SyntheticTokens:
             out.append(successor[out[-1]] if keep[i] else rand[i])
         return torch.tensor(out, dtype=torch.int64)
 
+    def batch(self, ks: list[int]) -> torch.Tensor:
+        return torch.stack([self.sample(k) for k in ks])
+
+
+SYNTHETIC_EVAL_SALT = 0x0E7A1
+"""The held-out synthetic stream: the same chain (successor table) with other random draws."""
+
+
+def make_sources(cfg: DataConfig, seed: int, seq_len: int, vocab: int):
+    """(training source, held-out source or None) of a training file's ``data`` section."""
+    if cfg.kind == "tokens":
+        train, held = build_splits(cfg, seq_len, seed, vocab)
+        return DatasetTokens(train), (DatasetTokens(held) if held is not None else None)
+    held = SyntheticTokens(seed, seq_len, vocab)
+    held.seed = seed ^ SYNTHETIC_EVAL_SALT  # same successor table, other samples
+    return SyntheticTokens(seed, seq_len, vocab), held
+
 
 def make_source(cfg: DataConfig, seed: int, seq_len: int, vocab: int):
-    if cfg.kind == "tokens":
-        assert cfg.path is not None
-        return TokenFile(cfg.path, cfg.dtype, seq_len, vocab)
-    return SyntheticTokens(seed, seq_len, vocab)
+    """The training source alone (tools and tests that do not evaluate)."""
+    return make_sources(cfg, seed, seq_len, vocab)[0]
 
 
 @dataclass
@@ -118,10 +120,13 @@ class DataLoader:
     twice or leaving a gap."""
 
     def __init__(self, source, plan: BatchPlan, tp_group=None, tp_src: int = 0, tp_size: int = 1,
-                 is_reader: bool = True, skips: DataSkips | None = None):
+                 is_reader: bool = True, skips: DataSkips | None = None, read_ahead: int = 0):
         self.source, self.plan = source, plan
         self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
         self.skips = skips or DataSkips()
+        self.ahead = ReadAhead(source.batch, read_ahead * plan.micro_batches) \
+            if read_ahead and is_reader else None
+        """Reads the next steps' micro-batches in a background thread (``data.read_ahead``)."""
         self.origin: tuple[int, int] = (0, 0)
         """(step, samples consumed) where the count starts: the resumed checkpoint's."""
 
@@ -153,13 +158,99 @@ class DataLoader:
         shape = (self.plan.micro_batch, self.source.seq_len + 1)
         if self.is_reader:
             ids = self.plan.indices_from(self.start_of(step), micro)
-            batch = torch.stack([self.source.sample(k) for k in ids])
+            if self.ahead is None:
+                batch = self.source.batch(ids)
+            else:
+                batch = self.ahead.take(ids, self._following(step, micro))
         else:
             batch = torch.empty(shape, dtype=torch.int64)
         if self.tp_size > 1:
             with COMM_CLOCK.timed("tp"):  # waiting for a late TP peer is communication, not I/O
                 dist.broadcast(batch, src=self.tp_src, group=self.tp_group)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+
+
+    def _following(self, step: int, micro: int):
+        """The sample ids of the micro-batches after (step, micro), in the order they are read."""
+        m = self.plan.micro_batches
+        while True:
+            micro += 1
+            if micro == m:
+                step, micro = step + 1, 0
+            yield self.plan.indices_from(self.start_of(step), micro)
+
+    def close(self) -> None:
+        if self.ahead is not None:
+            self.ahead.close()
+
+
+class ReadAhead:
+    """One background thread that reads the micro-batches a rank will ask for next.
+
+    Keyed by the sample ids themselves, so a change of origin or skipped windows can never hand
+    out a stale batch: a read ahead that is not asked for is dropped. The reads are pure
+    functions of the ids; an error in one (a store that stays down after its retries,
+    data/storage.py) is raised by `take`, in the training thread, with its message intact. The
+    thread is a daemon: a store that hangs cannot keep a finished process alive."""
+
+    def __init__(self, read, depth: int):
+        self.read, self.depth = read, depth
+        self._cv = threading.Condition()
+        self._queue: list[tuple[int, ...]] = []
+        self._done: dict[tuple[int, ...], object] = {}
+        self._busy: tuple[int, ...] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="mscale-read-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, ids: list[int], following) -> torch.Tensor:
+        key = tuple(ids)
+        with self._cv:
+            if not self._known(key):
+                self._queue.insert(0, key)
+            wanted = [key]
+            for nxt in following:
+                if len(wanted) > self.depth:
+                    break
+                nxt = tuple(nxt)
+                wanted.append(nxt)
+                if not self._known(nxt):
+                    self._queue.append(nxt)
+            for stale in [k for k in self._done if k not in wanted]:
+                del self._done[stale]
+            self._queue = [k for k in self._queue if k in wanted]
+            self._cv.notify_all()
+            while key not in self._done:
+                self._cv.wait()
+            out = self._done.pop(key)
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def _known(self, key) -> bool:
+        """Read, being read, or queued (call with the lock held)."""
+        return key in self._done or key == self._busy or key in self._queue
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                key = self._busy = self._queue.pop(0)
+            try:
+                out = self.read(list(key))
+            except BaseException as e:  # handed to the training thread by take()
+                out = e
+            with self._cv:
+                self._done[key], self._busy = out, None
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
 
 
 def source_fingerprint(source) -> int:

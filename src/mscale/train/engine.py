@@ -25,7 +25,7 @@ from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
 from mscale.parallel.pipeline.runner import PipelineStage, build_stage
 from mscale.train.clip import AdaptiveClipper
-from mscale.train.data import BatchPlan, DataLoader, make_source
+from mscale.train.data import BatchPlan, DataLoader, make_sources
 from mscale.train.faults import StepFaults, install as install_faults
 from mscale.train.options import TrainOptions
 
@@ -48,6 +48,8 @@ class Engine:
     """The distributed optimizer (ZeRO; parallel/zero.py)."""
     clipper: AdaptiveClipper
     loader: DataLoader
+    eval_loader: DataLoader | None = None
+    """Held-out batches (`train.evaluate`), when the training file asks for an eval loss."""
     timings: dict[str, float] = field(default_factory=dict)
     """Start-up phases in seconds (process-group init, group build, model build)."""
     update_guards: list[Callable[[], None]] = field(default_factory=list)
@@ -159,14 +161,18 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     optimizer = DistributedOptimizer(params, grads, training, groups)
     # a padded vocabulary (an HF import that TP does not divide): data uses only the real ids
     vocab = plan.model.real_vocab or plan.model.vocab
-    source = make_source(training.data, training.seed, plan.model.seq_len, vocab)
-    loader = DataLoader(source, BatchPlan(training.global_batch, layout.micro_batch,
-                                          groups.dp_size, groups.dp_rank),
-                        tp_group=groups.tp_group, tp_src=groups.tp_ranks[0],
-                        tp_size=groups.tp_size, is_reader=groups.tp_rank == 0)
+    source, held_out = make_sources(training.data, training.seed, plan.model.seq_len, vocab)
+    batches = BatchPlan(training.global_batch, layout.micro_batch, groups.dp_size, groups.dp_rank)
+    tp_read = dict(tp_group=groups.tp_group, tp_src=groups.tp_ranks[0], tp_size=groups.tp_size,
+                   is_reader=groups.tp_rank == 0)
+    loader = DataLoader(source, batches, read_ahead=training.data.read_ahead, **tp_read)
+    eval_loader = None
+    if training.eval.interval and held_out is not None:
+        eval_loader = DataLoader(held_out, batches, **tp_read)
     engine = Engine(plan=plan, options=options, env=env, groups=groups, device=device,
                     chunks=chunks, params=params, grads=grads, optimizer=optimizer,
-                    clipper=AdaptiveClipper.from_config(training), loader=loader, timings=timings,
+                    clipper=AdaptiveClipper.from_config(training), loader=loader,
+                    eval_loader=eval_loader, timings=timings,
                     faults=install_faults(chunks, env.rank, options))
     if layout.pp > 1:
         engine.pipeline = build_stage(

@@ -70,13 +70,14 @@ def options_from_env() -> TrainOptions | None:
 def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
     """Everything that can be checked before a process starts: the plan, the run directory, the
     data file, the process count. Bad input fails here once, not in N workers."""
-    from mscale.train.data_check import check_token_file
+    from mscale.data.blend import build_splits  # numpy only: the launcher never imports torch
 
     plan = load_checked_plan(plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
     data = plan.training.data
-    if data.kind == "tokens" and data.path:
-        check_token_file(data.path, data.dtype)
+    if data.kind == "tokens":  # every source opened, its index checked, the splits cut
+        build_splits(data, plan.model.seq_len, plan.training.seed,
+                     plan.model.real_vocab or plan.model.vocab)
     _check_same_run(plan, options.run_dir, options.allow_batch_change)
     from mscale.ckpt.resume import check_resume
 

@@ -38,7 +38,8 @@ from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
-from mscale.train import faults, trace
+from mscale.train import faults, tensorboard, trace
+from mscale.train.evaluate import evaluate
 from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
                                   open_session, read_data_skips, share_start)
 from mscale.train.step import run_micro_batches
@@ -168,6 +169,7 @@ def _run(engine: Engine, s: RunSession) -> int:
     summary = Summary(first_step=first)
     code, stop = _loop(engine, s, ckpt, control, first, summary)
     engine.grads.wait_params()  # parameter all-gathers of the last step
+    engine.loader.close()
     ckpt.close()  # a save in flight is finished and committed before the process exits
     fatal = from_rank0(ckpt.fatal, engine.env.rank)  # the final save may have hit a full disk
     if fatal and code == EXIT_OK:
@@ -182,66 +184,115 @@ def _run(engine: Engine, s: RunSession) -> int:
 def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, first: int,
           summary: Summary) -> tuple[int, tuple[str, int, str] | None]:
     """Steps ``first`` .. the end; returns (exit code, (reason, step, detail) of an early stop)."""
+    opts = engine.options
+    progress = ProgressReporter(engine.plan.training.steps,
+                                enabled=opts.progress and engine.env.rank == 0,
+                                log_interval=opts.log_interval,
+                                stream=sys.stderr if opts.json_summary else sys.stdout)
+    scalars = _scalar_log(engine, s)
+    if first == 0:  # the baseline every later held-out loss is compared with
+        baseline = _evaluate_if_due(engine, 0)
+        if baseline is not None and scalars is not None:
+            scalars.scalar("eval/loss", baseline.loss, 0)
+    try:
+        with progress:
+            return _steps(engine, s, ckpt, control, first, summary, progress, scalars)
+    finally:
+        if scalars is not None:
+            scalars.close()
+
+
+def _scalar_log(engine: Engine, s: RunSession):
+    """Rank 0's TensorBoard writer (train/tensorboard.py), when the training file asks for it."""
+    if engine.env.rank != 0 or not engine.plan.training.tensorboard:
+        return None
+    log, why_not = tensorboard.open_log(s.run.root, s.attempt)
+    if why_not:
+        _say(engine, why_not)
+    return log
+
+
+def _evaluate_if_due(engine: Engine, step: int):
+    """The held-out loss before the first step of a fresh run, every ``eval.interval`` steps and
+    at the last step (collective)."""
+    interval = engine.plan.training.eval.interval
+    if engine.eval_loader is None or not (step % interval == 0
+                                          or step == engine.plan.training.steps):
+        return None
+    result = evaluate(engine, engine.eval_loader, engine.plan.training.eval.batches)
+    when = f"at step {step}" if step else "before training"
+    _say(engine, f"eval {when}: loss {result.loss:.4f}, perplexity "
+         f"{result.perplexity:,.2f} ({engine.plan.training.eval.batches} held-out batches, "
+         f"{result.seconds:.1f} s)")
+    return result
+
+
+def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, first: int,
+           summary: Summary, progress: ProgressReporter,
+           scalars) -> tuple[int, tuple[str, int, str] | None]:
+    """The steps themselves (`_loop` holds the progress display and TensorBoard log)."""
     plan, opts, g = engine.plan, engine.options, engine.groups
     steps = plan.training.steps
     timer = StepTimer(engine.device)
     tokens_per_step = plan.training.global_batch * plan.model.seq_len
     flops = model_flops(plan.model, plan.training.global_batch)
     peak = plan.cluster.gpu.peak_tflops * 1e12
-    progress = ProgressReporter(steps, enabled=opts.progress and engine.env.rank == 0,
-                                log_interval=opts.log_interval,
-                                stream=sys.stderr if opts.json_summary else sys.stdout)
     saving = False  # a save started at the last boundary: its host copy overlaps this step
     trace_next = False  # an operator asked for a timeline (control/trace)
-    with progress:
-        for step in range(first, steps):
-            every = opts.trace_every
-            timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
-            result = train_step(engine, step, timer)
-            if not result.finite:
-                _event(s, kind="nan", severity="critical", step=step + 1,
-                       message="non-finite gradient norm: stopped before the optimizer step",
-                       evidence={"grad_norm": str(result.grad_norm), "loss": str(result.loss)})
-                return EXIT_CRITICAL, ("nan", step + 1, f"loss {result.loss}")
-            flags = {"checkpoint": True} if saving else {}
-            if opts.gc_interval and (step + 1) % opts.gc_interval == 0:
-                gc.collect()
-                flags["gc"] = True  # watch masks steps every rank paused on together
-            timings = timer.end_step()
-            reporter = g.is_last_stage and g.tp_rank == 0
-            vectors = gather_rank_vectors(timings, result.device_loss if reporter else None,
-                                          engine.env.world_size)
-            if engine.env.rank == 0:
-                rec = build_record(vectors, step=step + 1, grad_norm=result.grad_norm,
-                                   clip_threshold=result.threshold, lr=result.lr,
-                                   tokens=tokens_per_step, flops_per_step=flops,
-                                   peak_flops_per_device=peak, extra=flags)
-                s.journal.append(s.run.metrics, rec)
-                summary.add(rec)
-                progress.update(rec)
-            if timer.events is not None:  # every rank traced this step: the same decision
-                _write_trace(engine, s, step + 1, timer.events)
-            ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
-            trouble = s.trouble() or ckpt.fatal
-            decision = control.poll(abort=trouble is not None)
-            if decision.abort:
-                return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
-                                        "(its output says why)")
-            if decision.checkpoint or decision.stop:
-                _event(s, kind="signal" if decision.signal else "control",
-                       step=step + 1, severity="warning" if decision.stop else "info",
-                       message=_decision_message(decision),
-                       evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
-                                 "signal": decision.signal})
-            trace_next = decision.trace
-            reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
-            saving = bool(reason)
-            if reason:
-                ckpt.save(step + 1, reason, lr=result.lr)
-            if decision.stop:
-                why = "signal" if decision.signal else "halt"
-                return EXIT_WARNING, (why, step + 1, "a checkpoint is saved before the stop; "
-                                      "the same command resumes")
+    for step in range(first, steps):
+        every = opts.trace_every
+        timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
+        result = train_step(engine, step, timer)
+        if not result.finite:
+            _event(s, kind="nan", severity="critical", step=step + 1,
+                   message="non-finite gradient norm: stopped before the optimizer step",
+                   evidence={"grad_norm": str(result.grad_norm), "loss": str(result.loss)})
+            return EXIT_CRITICAL, ("nan", step + 1, f"loss {result.loss}")
+        flags = {"checkpoint": True} if saving else {}
+        if opts.gc_interval and (step + 1) % opts.gc_interval == 0:
+            gc.collect()
+            flags["gc"] = True  # watch masks steps every rank paused on together
+        timings = timer.end_step()
+        held_out = _evaluate_if_due(engine, step + 1)  # between steps: not in their times
+        reporter = g.is_last_stage and g.tp_rank == 0
+        vectors = gather_rank_vectors(timings, result.device_loss if reporter else None,
+                                      engine.env.world_size)
+        if engine.env.rank == 0:
+            rec = build_record(vectors, step=step + 1, grad_norm=result.grad_norm,
+                               clip_threshold=result.threshold, lr=result.lr,
+                               tokens=tokens_per_step, flops_per_step=flops,
+                               peak_flops_per_device=peak, extra=flags)
+            if held_out is not None:
+                rec.eval_loss, rec.eval_perplexity = held_out.loss, held_out.perplexity
+                rec.extra["eval_s"] = round(held_out.seconds, 4)
+            s.journal.append(s.run.metrics, rec)
+            summary.add(rec)
+            progress.update(rec)
+            if scalars is not None:
+                scalars.record(rec)
+        if timer.events is not None:  # every rank traced this step: the same decision
+            _write_trace(engine, s, step + 1, timer.events)
+        ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
+        trouble = s.trouble() or ckpt.fatal
+        decision = control.poll(abort=trouble is not None)
+        if decision.abort:
+            return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
+                                    "(its output says why)")
+        if decision.checkpoint or decision.stop:
+            _event(s, kind="signal" if decision.signal else "control",
+                   step=step + 1, severity="warning" if decision.stop else "info",
+                   message=_decision_message(decision),
+                   evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
+                             "signal": decision.signal})
+        trace_next = decision.trace
+        reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
+        saving = bool(reason)
+        if reason:
+            ckpt.save(step + 1, reason, lr=result.lr)
+        if decision.stop:
+            why = "signal" if decision.signal else "halt"
+            return EXIT_WARNING, (why, step + 1, "a checkpoint is saved before the stop; "
+                                  "the same command resumes")
     if ckpt.due(steps, final=True) and first < steps:
         ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None

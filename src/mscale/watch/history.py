@@ -71,6 +71,8 @@ class History:
         """Per bin: compute time of every rank, then comm wait of every rank."""
         self.latest: dict[str, float] = {}
         """The newest record's scalars, plus ``step`` and the median step time."""
+        self.evals: list[tuple[int, float]] = []
+        """(step, held-out loss) of every evaluation: a few per thousand steps, kept whole."""
 
     def add(self, window: Window) -> None:
         """Append the rows of a window (one Python iteration per step, none per rank)."""
@@ -82,6 +84,11 @@ class History:
                 self.scalars.add(step, window.scalars[i])
             self.ranks.add(step, np.concatenate([compute[i], wait[i]]))
         self.latest = {name: float(window.scalars[-1, j]) for j, name in enumerate(SCALARS)}
+        col = window.scalars[:, SCALARS.index("eval_loss")]
+        self.evals += [(int(s), float(v)) for s, v in zip(window.steps[np.isfinite(col)],
+                                                          col[np.isfinite(col)])]
+        if self.evals:
+            self.latest["eval_loss"] = self.evals[-1][1]
         self.latest["step"] = int(window.steps[-1])
         self.latest["step_time"] = float(np.median(window.per_rank("step_time")[-1]))
 

@@ -53,7 +53,11 @@ def _curves(history: History) -> str:
     for ax, (name, label) in zip(axes, (("loss", "loss"), ("grad_norm", "gradient norm"),
                                         ("tokens_per_s", "tokens/s"))):
         steps, values = history.scalar(name)
-        ax.plot(steps, values, lw=1.2)
+        ax.plot(steps, values, lw=1.2, label="train" if name == "loss" else None)
+        if name == "loss" and history.evals:
+            at, held = zip(*history.evals)
+            ax.plot(at, held, "o-", ms=3, lw=1, label="held-out (eval)")
+            ax.legend(loc="upper right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("step")

@@ -66,6 +66,8 @@ def status_line(history: History, open_count: int) -> str:
         return "waiting for metrics records"
     parts = [f"step {x['step']}", f"loss {x['loss']:.4g}", f"grad-norm {x['grad_norm']:.3g}",
              f"step-time {x['step_time']:.3g}s"]
+    if np.isfinite(x.get("eval_loss", np.nan)):
+        parts.insert(2, f"eval-loss {x['eval_loss']:.4g}")
     if np.isfinite(x.get("tokens_per_s", np.nan)):
         parts.append(f"tokens/s {x['tokens_per_s']:.4g}")
     if np.isfinite(x.get("mfu", np.nan)):

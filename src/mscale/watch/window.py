@@ -20,8 +20,9 @@ LINK_VECTORS = LINK_FIELDS
 trainer's), which keeps the slow-link rule silent rather than misled (detect/links.py)."""
 REQUIRED_PER_RANK = PER_RANK.index(LINK_VECTORS[0])
 """The vectors before this index are always there (bubble_time read as 0 when absent)."""
-SCALARS = ("time", "loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s", "mfu")
-"""Per-step scalars (NaN where a record lacks the field)."""
+SCALARS = ("time", "loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s", "mfu",
+           "eval_loss")
+"""Per-step scalars (NaN where a record lacks the field: ``eval_loss`` on most steps)."""
 
 
 @dataclass

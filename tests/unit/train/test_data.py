@@ -5,7 +5,9 @@ from mscale.config.training import DataConfig
 from mscale.errors import MscaleError
 import torch
 
-from mscale.train.data import BatchPlan, DataLoader, SyntheticTokens, TokenFile, make_source
+from mscale.data.indexed import IndexedWriter
+from mscale.train.data import (BatchPlan, DataLoader, DatasetTokens, ReadAhead, SyntheticTokens,
+                               make_source, make_sources)
 
 
 def test_batch_plan_covers_global_batch_once_at_any_layout():
@@ -27,13 +29,14 @@ def test_synthetic_is_deterministic_and_learnable():
     assert follows > 0.7  # mostly a fixed successor: there is something to learn
 
 
-def test_token_file_samples_and_wraps(tmp_path):
+def test_a_flat_token_file_in_file_order_samples_and_wraps(tmp_path):
     path = tmp_path / "tok.bin"
     np.arange(1000, dtype=np.uint16).tofile(path)
-    src = make_source(DataConfig(kind="tokens", path=str(path), dtype="uint16"), 0, 10, 2000)
-    assert isinstance(src, TokenFile) and src.num_samples == 99
+    src = make_source(DataConfig(kind="tokens", path=str(path), dtype="uint16", shuffle=False),
+                      0, 10, 2000)
+    assert isinstance(src, DatasetTokens) and src.samples.mixture.counts.tolist() == [99]
     assert src.sample(2).tolist() == list(range(20, 31))
-    assert src.sample(99).tolist() == src.sample(0).tolist()
+    assert src.sample(99).tolist() == src.sample(0).tolist()  # epoch 2 starts over
     loader = DataLoader(src, BatchPlan(4, 2, 1, 0))
     x, y = loader.get(step=0, micro=1)
     assert x.shape == (2, 10) and (y[:, :-1] == x[:, 1:]).all()
@@ -41,12 +44,68 @@ def test_token_file_samples_and_wraps(tmp_path):
 
 def test_token_file_errors_name_field(tmp_path):
     with pytest.raises(MscaleError) as e:
-        TokenFile(str(tmp_path / "missing.bin"), "uint16", 8, 100)
-    assert e.value.field == "training.data.path"
+        make_source(DataConfig(path=str(tmp_path / "missing.bin")), 0, 8, 100)
+    assert e.value.field == "training.data.path" or "training.data.path" in str(e.value)
     path = tmp_path / "big.bin"
     np.full(100, 500, dtype=np.uint16).tofile(path)
     with pytest.raises(MscaleError, match="vocab"):
-        TokenFile(str(path), "uint16", 8, 100)
+        make_source(DataConfig(path=str(path)), 0, 8, 100)
+
+
+def _blend(tmp_path) -> DataConfig:
+    rng = np.random.default_rng(0)
+    with IndexedWriter(str(tmp_path / "a"), np.uint16) as w:
+        for _ in range(50):
+            w.add_document(rng.integers(0, 100, int(rng.integers(5, 40))))
+    rng.integers(100, 200, 3000).astype(np.uint16).tofile(tmp_path / "b.bin")
+    return DataConfig(sources=[{"path": str(tmp_path / "a"), "weight": 2.0},
+                               {"path": str(tmp_path / "b.bin")}], eval_fraction=0.2)
+
+
+def test_a_blend_is_shuffled_weighted_and_its_held_out_part_never_trained_on(tmp_path):
+    train, held = make_sources(_blend(tmp_path), 3, 8, 256)
+    batch = train.batch(list(range(3000)))
+    from_a = (batch < 100).all(dim=1).float().mean().item()  # source a's tokens are < 100
+    assert abs(from_a - 2 / 3) < 0.02
+    starts = [int(train.samples.mixture.locate(np.array([k]))[1][0]) for k in range(20)]
+    assert starts != sorted(starts)  # shuffled
+    seen = {tuple(r) for r in batch.tolist()}
+    held_rows = {tuple(r) for r in held.batch(list(range(200))).tolist()}
+    assert not seen & held_rows
+
+
+def test_samples_after_a_resume_equal_an_uninterrupted_runs(tmp_path):
+    """Resume and batch change count on from the checkpoint's samples: the same global indices,
+    hence the same tokens, as a run that never stopped (blended, shuffled data)."""
+    source = make_source(_blend(tmp_path), 3, 8, 256)
+    plan = BatchPlan(8, 2, 2, 1)
+    straight = DataLoader(source, plan, read_ahead=2)
+    want = [straight.get(s, j)[0] for s in range(6) for j in range(2)]
+    resumed = DataLoader(source, plan, read_ahead=2)
+    resumed.resume_from(3, 24, counts_skips=True)
+    got = [resumed.get(s, j)[0] for s in range(3, 6) for j in range(2)]
+    for a, b in zip(want[6:], got):
+        assert torch.equal(a, b)
+    straight.close(), resumed.close()
+
+
+def test_read_ahead_returns_what_a_direct_read_returns_and_raises_its_errors():
+    calls = []
+
+    def read(ids):
+        calls.append(tuple(ids))
+        if ids[0] == 99:
+            raise MscaleError("store down", file="memory://x")
+        return torch.tensor(ids)
+
+    ahead = ReadAhead(read, depth=3)
+    follow = ([k, k + 1] for k in range(2, 100, 2))
+    assert ahead.take([0, 1], follow).tolist() == [0, 1]
+    assert ahead.take([2, 3], ([k, k + 1] for k in range(4, 100, 2))).tolist() == [2, 3]
+    assert calls.count((2, 3)) == 1  # read once, ahead of the ask
+    with pytest.raises(MscaleError, match="store down"):
+        ahead.take([99], iter(()))
+    ahead.close()
 
 
 def test_the_synthetic_stream_is_the_documented_chain():

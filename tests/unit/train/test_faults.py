@@ -113,6 +113,9 @@ class Counting:
     def sample(self, k: int) -> torch.Tensor:
         return torch.full((3,), k)
 
+    def batch(self, ks: list[int]) -> torch.Tensor:
+        return torch.stack([self.sample(k) for k in ks])
+
 
 def test_loader_reads_the_shifted_steps_samples():
     skips = DataSkips(entries=[DataSkip(after_step=1, skip_steps=2)])

@@ -1,0 +1,71 @@
+"""Held-out loss: the same fixed batches of held-out data, through the same 3D-parallel forward.
+
+Every evaluation reads eval batches 0 .. ``eval.batches``-1 of the held-out split (docs/data.md),
+so successive values are comparable and do not depend on the step. Each rank runs forward only
+(no gradients, no activation kept) over its micro-batches of each batch, exactly as a training
+step lays them out; the ranks that compute a loss (last pipeline stage, TP rank 0) contribute
+their sums to one all-reduce, so every rank ends with the same mean, which is the mean over the
+held-out sequences (every micro-batch has the same number of tokens).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mscale.distributed.init import to_device
+from mscale.train.data import DataLoader
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float
+    """Mean held-out loss (nats per token)."""
+    seconds: float
+    """Wall time of the evaluation on this rank, the all-reduce included."""
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss) if self.loss < 700 else math.inf
+
+
+def evaluate(engine, loader: DataLoader, batches: int) -> EvalResult:
+    """Collective over the whole job: every rank must call it at the same step."""
+    t0 = time.perf_counter()
+    engine.grads.wait_params()  # ZeRO: the last update's parameter all-gathers
+    m = engine.micro_batches
+    total = None
+    for b in range(batches):
+        value = _forward_batch(engine, loader, b, m)
+        if value is not None:
+            total = value if total is None else total + value
+    g = engine.groups
+    contributes = g.is_last_stage and g.tp_rank == 0 and total is not None
+    sums = torch.tensor([float(total) if contributes else 0.0,
+                         float(batches * m) if contributes else 0.0],
+                        dtype=torch.float64, device=engine.device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(sums)
+    loss = float(sums[0] / sums[1]) if float(sums[1]) else math.nan
+    return EvalResult(loss=loss, seconds=time.perf_counter() - t0)
+
+
+def _forward_batch(engine, loader: DataLoader, batch: int, m: int) -> torch.Tensor | None:
+    """Sum of this rank's micro-batch losses of one eval batch (None off the last stage)."""
+    if engine.pipeline is not None:
+        from mscale.parallel.pipeline.forward_only import run_pipeline_forward
+
+        return run_pipeline_forward(engine.pipeline, lambda j: loader.get(batch, j), m)
+    model = engine.chunks[0]
+    total = None
+    with torch.no_grad(), engine.cast_scope():
+        for j in range(m):
+            tokens, labels = (to_device(t, engine.device) for t in loader.get(batch, j))
+            with engine.autocast():
+                loss = model(tokens, labels).detach().double()
+            total = loss if total is None else total + loss
+    return total

@@ -1,0 +1,67 @@
+"""TensorBoard scalars of a run: ``tensorboard --logdir runs/`` works as users expect.
+
+Rank 0 turns each metrics record into a few scalars (loss, eval loss, grad norm, lr, tokens/s,
+MFU, and the mean per-rank step, compute, communication, data and bubble seconds) and writes
+them with tensorboardX, a small writer with no server and no network. Each attempt of a run gets
+its own folder (``RUN/tensorboard/attempt-NNN``): TensorBoard shows a resumed run as curves
+that continue, and a step repeated after a rollback as the later attempt's, not a zigzag.
+metrics.jsonl stays the record of truth; this is a view of it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mscale.config.records import MetricsRecord
+
+SCALARS = {"train/loss": "loss", "train/grad_norm": "grad_norm", "train/lr": "lr",
+           "perf/tokens_per_s": "tokens_per_s", "perf/mfu": "mfu"}
+"""Tag → record field."""
+TIMES = {"time/step_s": "step_time", "time/compute_s": "compute_time", "time/comm_wait_s":
+         "comm_wait", "time/data_s": "data_time", "time/bubble_s": "bubble_time"}
+"""Tag → per-rank vector, shown as its mean over ranks."""
+
+
+def folder(run_root: str, attempt: int) -> str:
+    return os.path.join(run_root, "tensorboard", f"attempt-{attempt:03d}")
+
+
+class ScalarLog:
+    """The TensorBoard event file of one attempt, written by rank 0."""
+
+    def __init__(self, path: str):
+        from tensorboardX import SummaryWriter  # imports torch: only a worker builds this
+
+        self.path = path
+        self._writer = SummaryWriter(logdir=path, flush_secs=10)
+
+    def record(self, rec: MetricsRecord) -> None:
+        w, step = self._writer, rec.step
+        for tag, name in SCALARS.items():
+            value = getattr(rec, name)
+            if value is not None:
+                w.add_scalar(tag, value, step, walltime=rec.time)
+        for tag, name in TIMES.items():
+            values = getattr(rec, name)
+            if values:
+                w.add_scalar(tag, sum(values) / len(values), step, walltime=rec.time)
+        if rec.eval_loss is not None:
+            w.add_scalar("eval/loss", rec.eval_loss, step, walltime=rec.time)
+            w.add_scalar("eval/perplexity", rec.eval_perplexity, step, walltime=rec.time)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """One value outside a metrics record (the held-out loss before the first step)."""
+        self._writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def open_log(run_root: str, attempt: int) -> tuple[ScalarLog | None, str | None]:
+    """(the log, None), or (None, why not) for a run directory that is not a local folder:
+    tensorboardX writes local files (metrics.jsonl still has every figure)."""
+    if "://" in run_root and not run_root.startswith("file://"):
+        return None, (f"TensorBoard scalars are not written: the run directory {run_root} is "
+                      "not local (metrics.jsonl has the same figures)")
+    root = run_root.removeprefix("file://")
+    return ScalarLog(folder(root, attempt)), None
