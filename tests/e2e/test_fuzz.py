@@ -174,7 +174,8 @@ def test_the_suite_is_broad():
 
 
 def _tokens_beyond_vocab(ws: Workspace) -> list[str]:
-    """Token ids of 300 for a vocabulary of 256: only the worker that maps the file sees it."""
+    """Token ids of 300 for a vocabulary of 256: `--local` finds them before starting workers
+    (the first MiB of every source is checked); under srun every worker finds them the same way."""
     import struct
 
     tokens = ws.put("tokens.bin", struct.pack("<4096H", *([300] * 4096)))
@@ -197,8 +198,8 @@ def _resume_flipped_shard(ws: Workspace) -> list[str]:
                                          (_resume_flipped_shard, (2, 3))],
                          ids=["tokens-beyond-vocab", "resume-flipped-shard"])
 def test_bad_input_found_by_workers(build, codes, tmp_path, base):
-    """Two real jobs (--local 2) whose bad input only a worker can see: every worker stops,
-    the launcher's report names the file, and the inputs are untouched."""
+    """Two real jobs (--local 2) whose bad input is found in the file's contents: nothing runs
+    on, the report names the file, and the inputs are untouched."""
     ws = _workspace(tmp_path, base)
     argv = build(ws)
     before = snapshot(ws.root)

@@ -333,7 +333,8 @@ def test_start_event_records_the_launch(tmp_path):
 
 
 def token_plan(tmp_path: Path, name: str, tokens) -> str:
-    """The small plan reading ``tokens`` (uint16) from a file of its own."""
+    """The small plan reading ``tokens`` (uint16) from a file of its own, in file order (cutting
+    samples out of a shuffled source would reshuffle the rest)."""
     import numpy as np
     import yaml
 
@@ -341,7 +342,8 @@ def token_plan(tmp_path: Path, name: str, tokens) -> str:
     np.asarray(tokens, dtype=np.uint16).tofile(data_file)
     plan = Path(small_plan(tmp_path))
     doc = yaml.safe_load(plan.read_text())
-    doc["training"]["data"] = {"kind": "tokens", "path": str(data_file), "dtype": "uint16"}
+    doc["training"]["data"] = {"kind": "tokens", "path": str(data_file), "dtype": "uint16",
+                               "shuffle": False}
     out = tmp_path / f"{name}.yaml"
     out.write_text(yaml.safe_dump(doc))
     return str(out)

@@ -235,6 +235,9 @@ def inspect_cmd(
                                "or its .bin/.idx, a flat token file, or a folder/glob of them."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Token type of a flat file "
                                         "(uint16 or uint32; default uint16)."),
+    stats: bool = typer.Option(False, "--stats", help="Also the unigram entropy (nats per "
+                               "token): the loss of a model that ignores context, the bar a "
+                               "held-out loss must get under."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """What training would read from SPEC: its kind, tokens, documents, dtype, vocabulary, EOD
@@ -242,6 +245,12 @@ def inspect_cmd(
     from rich.table import Table
 
     d = _describe(spec, dtype)
+    if stats:
+        from mscale.data.indexed import open_dataset
+        from mscale.data.stats import unigram_entropy
+
+        d["unigram_entropy"], d["unigram_tokens_counted"] = unigram_entropy(
+            open_dataset(spec, dtype=dtype))
     if as_json:
         print_json(d)
         return
@@ -256,6 +265,10 @@ def inspect_cmd(
         table.add_row(s["url"], f"{s['tokens']:,}",
                       "-" if s["documents"] is None else f"{s['documents']:,}", f"{s['bytes']:,}")
     console.print(table)
+    if stats:
+        console.print(f"unigram entropy {d['unigram_entropy']:.4f} nats/token over "
+                      f"{d['unigram_tokens_counted']:,} tokens: a held-out loss below it has "
+                      "learned from context", soft_wrap=True, markup=False)
 
 
 @data_app.command("verify")

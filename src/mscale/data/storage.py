@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -120,7 +121,10 @@ class LocalBlob(Blob):
 
     def __init__(self, url: str, path: str) -> None:
         self.url = url
-        try:
+        try:  # stat first: opening a FIFO with no writer would wait forever
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                raise MscaleError("not a regular file (a folder, FIFO or device)", file=url,
+                                  fix="name a token file, a Megatron prefix or a prepared folder")
             with open(path, "rb") as f:
                 self.size = os.fstat(f.fileno()).st_size
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else None

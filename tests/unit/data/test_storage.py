@@ -175,3 +175,14 @@ def test_expand_keeps_the_protocol(remote):
     assert kind("memory://storage-test") == "dir"
     assert kind("memory://storage-test/c.idx") == "file"
     assert kind("memory://storage-test/none") is None
+
+
+def test_a_fifo_is_refused_without_opening_it(tmp_path):
+    """Opening a FIFO with no writer blocks forever: it must be refused from its stat alone."""
+    import os
+
+    fifo = tmp_path / "tokens.bin"
+    os.mkfifo(fifo)
+    with pytest.raises(MscaleError, match="not a regular file") as e:
+        open_blob(str(fifo))
+    assert e.value.file == str(fifo)
