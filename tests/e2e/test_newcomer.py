@@ -33,7 +33,7 @@ def test_every_readme_command_does_what_the_readme_says(readme):
     assert run.code == 0, run.output
     assert not any(o.problems for o in outcomes), dc.report(outcomes)
     assert [o.cmd.spec.mode for o in outcomes] == [
-        "synopsis", "synopsis", "synopsis", "fixture", "needs", "run"]
+        "synopsis", "synopsis", "synopsis", "fixture", "needs", "needs", "run"]
 
 
 def test_the_demo_prints_a_line_per_step_and_leaves_runs_demo(readme):
