@@ -36,8 +36,13 @@ T = TypeVar("T")
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 """Errors a retry cannot fix: reported at once, naming the file."""
 _GLOB_CHARS = "*?["
-CACHE_BLOCKS = 4
-"""Blocks kept per remote blob: 16 MiB at the default block size, enough for read-ahead."""
+BLOCK_BYTES = 256 << 10
+"""Bytes per remote range read. Shuffled training reads one sample (4 KiB at seq 2,048) from a
+random place: every byte of a block beyond it is paid for in bandwidth, and a block far larger
+does not save a request (measured, docs/benchmarks.md "Data path"). 256 KiB keeps that to 64x
+while a file read in order still takes few requests."""
+CACHE_BLOCKS = 64
+"""Blocks kept per remote blob (16 MiB): a source read in order, or a small one, is fetched once."""
 
 
 class Retry:
@@ -186,7 +191,7 @@ class RemoteBlob(Blob):
 
 
 def open_blob(url: str, *, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0,
-              block_bytes: int = 4 << 20) -> Blob:
+              block_bytes: int = BLOCK_BYTES) -> Blob:
     """Open one file for reading: memory-mapped when local, range-read and cached when remote."""
     fs, path = fs_and_path(url)
     if isinstance(fs, LocalFileSystem):

@@ -184,36 +184,44 @@ class DataLoader:
             self.ahead.close()
 
 
+READ_THREADS = 4
+"""Reads in flight per reader rank: enough to hide a remote store's per-read latency behind a
+step (four reads of 20 ms each take 20 ms), few enough to leave the cores to training."""
+
+
 class ReadAhead:
-    """One background thread that reads the micro-batches a rank will ask for next.
+    """Background threads that read the micro-batches a rank will ask for next.
 
     Keyed by the sample ids themselves, so a change of origin or skipped windows can never hand
-    out a stale batch: a read ahead that is not asked for is dropped. The reads are pure
-    functions of the ids; an error in one (a store that stays down after its retries,
-    data/storage.py) is raised by `take`, in the training thread, with its message intact. The
-    thread is a daemon: a store that hangs cannot keep a finished process alive."""
+    out a stale batch: a read ahead that is not asked for is dropped. Several threads, so that
+    several reads are in flight: a remote store answers each range read after its latency, and
+    one reader at a time cannot keep up with a step that needs a dozen of them
+    (docs/benchmarks.md, "Data path"). The reads are pure functions of the ids; an error in one
+    (a store that stays down after its retries, data/storage.py) is raised by `take`, in the
+    training thread, with its message intact. The threads are daemons: a store that hangs
+    cannot keep a finished process alive."""
 
-    def __init__(self, read, depth: int):
+    def __init__(self, read, depth: int, threads: int = READ_THREADS):
         self.read, self.depth = read, depth
         self._cv = threading.Condition()
         self._queue: list[tuple[int, ...]] = []
         self._done: dict[tuple[int, ...], object] = {}
-        self._busy: tuple[int, ...] | None = None
+        self._busy: set[tuple[int, ...]] = set()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="mscale-read-ahead", daemon=True)
-        self._thread.start()
+        for i in range(max(1, threads)):
+            threading.Thread(target=self._run, name=f"mscale-read-ahead-{i}", daemon=True).start()
 
     def take(self, ids: list[int], following) -> torch.Tensor:
         key = tuple(ids)
         with self._cv:
             if not self._known(key):
                 self._queue.insert(0, key)
-            wanted = [key]
+            wanted = {key}
             for nxt in following:
                 if len(wanted) > self.depth:
                     break
                 nxt = tuple(nxt)
-                wanted.append(nxt)
+                wanted.add(nxt)
                 if not self._known(nxt):
                     self._queue.append(nxt)
             for stale in [k for k in self._done if k not in wanted]:
@@ -229,7 +237,7 @@ class ReadAhead:
 
     def _known(self, key) -> bool:
         """Read, being read, or queued (call with the lock held)."""
-        return key in self._done or key == self._busy or key in self._queue
+        return key in self._done or key in self._busy or key in self._queue
 
     def _run(self) -> None:
         while True:
@@ -238,13 +246,15 @@ class ReadAhead:
                     self._cv.wait()
                 if self._closed:
                     return
-                key = self._busy = self._queue.pop(0)
+                key = self._queue.pop(0)
+                self._busy.add(key)
             try:
                 out = self.read(list(key))
             except BaseException as e:  # handed to the training thread by take()
                 out = e
             with self._cv:
-                self._done[key], self._busy = out, None
+                self._done[key] = out
+                self._busy.discard(key)
                 self._cv.notify_all()
 
     def close(self) -> None:

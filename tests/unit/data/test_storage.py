@@ -95,7 +95,8 @@ def test_missing_remote_file_is_not_retried(remote):
     assert e.value.file == "flaky://storage-test/other.bin"
 
 
-def test_block_cache_serves_consecutive_reads(remote):
+def test_block_cache_serves_consecutive_reads(remote, monkeypatch):
+    monkeypatch.setattr(storage, "CACHE_BLOCKS", 4)
     blob = open_blob("flaky://" + remote, block_bytes=1024)
     for offset in range(0, 1024, 64):  # sixteen samples in one block: one request
         assert blob.read(offset, 64) == DATA[offset:offset + 64]
