@@ -60,6 +60,15 @@ class BlendedSamples:
         """The epoch of its source each global index is in (0 first)."""
         return self.mixture.epochs(np.asarray(ks, dtype=np.int64))
 
+    def latest_epochs(self, first: int, count: int) -> dict[str, int]:
+        """Source → the latest epoch (0 first) that samples ``first .. first+count-1`` reach:
+        a source that ran out and started over shows here first."""
+        ks = np.arange(first, first + count, dtype=np.int64)
+        source, j = self.mixture.blend.locate(ks)
+        epoch = j // self.mixture.counts[source]
+        return {self.parts[i].dataset.url: int(epoch[source == i].max())
+                for i in np.unique(source).tolist()}
+
 
 def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:
     """Open every source named by the training file (train, then held-out): (source, dataset,

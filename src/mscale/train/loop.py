@@ -212,6 +212,23 @@ def _scalar_log(engine: Engine, s: RunSession):
     return log
 
 
+def _note_new_epochs(engine: Engine, s: RunSession, step: int, seen: dict[str, int]) -> None:
+    """Rank 0: a line and an event when a source of real data runs out and starts its next
+    epoch (a new shuffle of it; docs/data.md). Pure index arithmetic over one global batch."""
+    samples = getattr(engine.loader.source, "samples", None)
+    if samples is None:
+        return
+    loader = engine.loader
+    first = loader.start_of(step)
+    for url, epoch in samples.latest_epochs(first, engine.plan.training.global_batch).items():
+        if epoch > seen.setdefault(url, epoch):  # the first step of an attempt sets the bar
+            message = f"data: {url} ran out and started epoch {epoch + 1} at step {step + 1}"
+            _say(engine, message)
+            _event(s, kind="info", step=step + 1, message=message,
+                   evidence={"source": url, "epoch": epoch + 1})
+            seen[url] = epoch
+
+
 def _evaluate_if_due(engine: Engine, step: int):
     """The held-out loss before the first step of a fresh run, every ``eval.interval`` steps and
     at the last step (collective)."""
@@ -239,6 +256,7 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
     peak = plan.cluster.gpu.peak_tflops * 1e12
     saving = False  # a save started at the last boundary: its host copy overlaps this step
     trace_next = False  # an operator asked for a timeline (control/trace)
+    epochs: dict[str, int] = {}  # source → the latest epoch a step has read
     for step in range(first, steps):
         every = opts.trace_every
         timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
@@ -270,6 +288,8 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             progress.update(rec)
             if scalars is not None:
                 scalars.record(rec)
+        if engine.env.rank == 0:
+            _note_new_epochs(engine, s, step, epochs)
         if timer.events is not None:  # every rank traced this step: the same decision
             _write_trace(engine, s, step + 1, timer.events)
         ckpt.poll()  # before the stop decision: a save failed on a full disk stops here

@@ -121,3 +121,12 @@ def test_the_synthetic_stream_is_the_documented_chain():
             want.append(int(src.successor[want[-1]]) if keep[i] else int(rand[i]))
         got = src.sample(k)
         assert got.dtype == torch.int64 and got.tolist() == want
+
+
+def test_the_latest_epoch_of_each_source_shows_when_it_starts_over(tmp_path):
+    with IndexedWriter(str(tmp_path / "a"), np.uint16) as w:
+        for _ in range(10):
+            w.add_document(np.arange(50) % 100)  # 500 tokens: 62 samples of 8
+    samples = make_source(DataConfig(path=str(tmp_path / "a")), 1, 8, 256).samples
+    assert samples.latest_epochs(0, 16) == {str(tmp_path / "a"): 0}
+    assert samples.latest_epochs(48, 16) == {str(tmp_path / "a"): 1}  # 62 is in epoch 1
