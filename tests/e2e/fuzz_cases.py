@@ -242,6 +242,46 @@ def _tokens(how: str, data: bytes = b"", dtype: str = "uint16") -> Build:
     return build
 
 
+def _dataset(spoil: str) -> Build:
+    """A plan whose training data is a Megatron-style indexed dataset, spoiled: ``weight-0`` (a
+    blend weight of 0), ``idx-truncated`` (the index cut short), ``manifest-shard-missing`` (a
+    prepared folder whose manifest names a shard that is gone)."""
+    def build(ws: Workspace) -> list[str]:
+        import json
+
+        import numpy as np
+
+        from mscale.data.indexed import IndexedWriter
+
+        folder = ws.root / "tokens"
+        folder.mkdir(parents=True, exist_ok=True)
+        with IndexedWriter(str(folder / "shard-00000"), np.uint16) as w:
+            for i in range(20):
+                w.add_document(np.arange(100) % 200)
+            info = w.close()
+        source = {"path": str(folder / "shard-00000"), "weight": 1.0}
+        bad = None  # the plan itself, for a bad weight
+        if spoil == "weight-0":
+            source["weight"] = 0
+        elif spoil == "idx-truncated":
+            bad = folder / "shard-00000.idx"
+            bad.write_bytes(bad.read_bytes()[:-8])
+        else:  # manifest-shard-missing
+            manifest = {"format": "mscale-tokens", "version": 1, "tokenizer": "t.json",
+                        "vocab_size": 256, "eod_id": 0, "dtype": "uint16",
+                        "tokens": 2 * info["tokens"], "documents": 2 * info["documents"],
+                        "shards": [{**info, "prefix": "shard-00000"},
+                                   {**info, "prefix": "shard-00001"}]}
+            (folder / "manifest.json").write_text(json.dumps(manifest))
+            source["path"] = str(folder)
+            bad = folder / "shard-00001.bin"
+        plan = ws.variant(ws.base.plan8, "plan.yaml", {"training.data": {"sources": [source]}})
+        if bad is not None:
+            ws.mark(bad)
+        return train_argv(ws, plan)
+    return build
+
+
 def _run_dir(make: Callable[[Workspace], str]) -> Build:
     def build(ws: Workspace) -> list[str]:
         argv = train_argv(ws)
@@ -279,6 +319,9 @@ def train_cases() -> Iterator[Case]:
                field=width)
     for how in ("missing", "dir", "fifo", "foo"):
         yield Case(f"train-tokens-{how}", _tokens(how), field=width)
+    yield Case("train-data-weight-0", _dataset("weight-0"), field="training.data.sources")
+    yield Case("train-data-idx-truncated", _dataset("idx-truncated"), field="idx.sequence_count")
+    yield Case("train-data-manifest-shard-missing", _dataset("manifest-shard-missing"))
     yield Case("train-run-dir-a-file", _run_dir(lambda ws: ws.put("runfile", "keep\n")),
                field="--run-dir")
     yield Case("train-run-dir-under-a-file", _run_dir(
