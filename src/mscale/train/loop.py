@@ -206,7 +206,8 @@ def _scalar_log(engine: Engine, s: RunSession):
     """Rank 0's TensorBoard writer (train/tensorboard.py), when the training file asks for it."""
     if engine.env.rank != 0 or not engine.plan.training.tensorboard:
         return None
-    log, why_not = tensorboard.open_log(s.run.root, s.attempt)
+    log, why_not = tensorboard.open_log(s.run.root, s.attempt,
+                                        warn=lambda line: _say(engine, line))
     if why_not:
         _say(engine, why_not)
     return log

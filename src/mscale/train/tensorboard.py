@@ -27,15 +27,29 @@ def folder(run_root: str, attempt: int) -> str:
 
 
 class ScalarLog:
-    """The TensorBoard event file of one attempt, written by rank 0."""
+    """The TensorBoard event file of one attempt, written by rank 0.
 
-    def __init__(self, path: str):
+    A view must never stop the job: a write that fails (a full disk, a lost mount) turns the log
+    off with one line through ``warn``, and training goes on; metrics.jsonl, whose journal
+    handles a full disk as a stop agreed by every rank, still has every figure."""
+
+    def __init__(self, path: str, warn=print):
         from tensorboardX import SummaryWriter  # imports torch: only a worker builds this
 
-        self.path = path
+        self.path, self.warn = path, warn
         self._writer = SummaryWriter(logdir=path, flush_secs=10)
 
     def record(self, rec: MetricsRecord) -> None:
+        self._guarded(self._record, rec)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """One value outside a metrics record (the held-out loss before the first step)."""
+        self._guarded(lambda: self._writer.add_scalar(tag, value, step))
+
+    def close(self) -> None:
+        self._guarded(lambda: self._writer.close())
+
+    def _record(self, rec: MetricsRecord) -> None:
         w, step = self._writer, rec.step
         for tag, name in SCALARS.items():
             value = getattr(rec, name)
@@ -49,19 +63,25 @@ class ScalarLog:
             w.add_scalar("eval/loss", rec.eval_loss, step, walltime=rec.time)
             w.add_scalar("eval/perplexity", rec.eval_perplexity, step, walltime=rec.time)
 
-    def scalar(self, tag: str, value: float, step: int) -> None:
-        """One value outside a metrics record (the held-out loss before the first step)."""
-        self._writer.add_scalar(tag, value, step)
+    def _guarded(self, fn, *args) -> None:
+        if self._writer is None:
+            return
+        try:
+            fn(*args)
+        except OSError as e:
+            self._writer = None
+            self.warn(f"TensorBoard scalars stopped: {self.path}: {e.strerror or e} "
+                      "(training goes on; metrics.jsonl has every figure)")
 
-    def close(self) -> None:
-        self._writer.close()
 
-
-def open_log(run_root: str, attempt: int) -> tuple[ScalarLog | None, str | None]:
+def open_log(run_root: str, attempt: int, warn=print) -> tuple[ScalarLog | None, str | None]:
     """(the log, None), or (None, why not) for a run directory that is not a local folder:
     tensorboardX writes local files (metrics.jsonl still has every figure)."""
     if "://" in run_root and not run_root.startswith("file://"):
         return None, (f"TensorBoard scalars are not written: the run directory {run_root} is "
                       "not local (metrics.jsonl has the same figures)")
     root = run_root.removeprefix("file://")
-    return ScalarLog(folder(root, attempt)), None
+    try:
+        return ScalarLog(folder(root, attempt), warn), None
+    except OSError as e:  # the folder cannot be made (a full disk, read-only): not a reason to stop
+        return None, f"TensorBoard scalars are not written: {e} (metrics.jsonl has every figure)"
