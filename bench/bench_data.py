@@ -329,6 +329,7 @@ class Counted:
 
     def __init__(self, source):
         self.source, self.seq_len = source, source.seq_len
+        self.read_threads = source.read_threads  # what the loader would use for this source
         self.samples_read, self.lock = 0, threading.Lock()
 
     def batch(self, ks):

@@ -26,12 +26,23 @@ from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
 
 
+READ_THREADS = 2
+"""Reads in flight per reader rank on a remote source: two hide a store's 20 ms per read behind
+the demo's 0.2 s step (2.9% of it waited, against 38% with one and 7% with four, whose threads
+contend for the GIL: docs/benchmarks.md, "Data path")."""
+
+
 class DatasetTokens:
     """Real token data (docs/data.md): one split of the training file's sources, blended,
     shuffled and packed by `mscale.data.blend`, as int64 tensors."""
 
     def __init__(self, samples: BlendedSamples):
         self.samples, self.seq_len = samples, samples.seq_len
+        remote = any("://" in url and not url.startswith("file://") for url in samples.sources)
+        self.read_threads = READ_THREADS if remote else 1
+        """Reads in flight ahead of the step: a remote store's reads wait on its latency and
+        overlap; a local read is CPU (the index maths), and more threads only contend for the
+        GIL with the training thread (measured: docs/benchmarks.md, "Data path")."""
 
     def sample(self, k: int) -> torch.Tensor:
         return torch.from_numpy(self.samples.sample(k))
@@ -124,7 +135,8 @@ class DataLoader:
         self.source, self.plan = source, plan
         self.tp_group, self.tp_src, self.tp_size, self.is_reader = tp_group, tp_src, tp_size, is_reader
         self.skips = skips or DataSkips()
-        self.ahead = ReadAhead(source.batch, read_ahead * plan.micro_batches) \
+        self.ahead = ReadAhead(source.batch, read_ahead * plan.micro_batches,
+                               getattr(source, "read_threads", 1)) \
             if read_ahead and is_reader else None
         """Reads the next steps' micro-batches in a background thread (``data.read_ahead``)."""
         self.origin: tuple[int, int] = (0, 0)
@@ -184,11 +196,6 @@ class DataLoader:
             self.ahead.close()
 
 
-READ_THREADS = 4
-"""Reads in flight per reader rank: enough to hide a remote store's per-read latency behind a
-step (four reads of 20 ms each take 20 ms), few enough to leave the cores to training."""
-
-
 class ReadAhead:
     """Background threads that read the micro-batches a rank will ask for next.
 
@@ -201,7 +208,7 @@ class ReadAhead:
     training thread, with its message intact. The threads are daemons: a store that hangs
     cannot keep a finished process alive."""
 
-    def __init__(self, read, depth: int, threads: int = READ_THREADS):
+    def __init__(self, read, depth: int, threads: int = 1):
         self.read, self.depth = read, depth
         self._cv = threading.Condition()
         self._queue: list[tuple[int, ...]] = []
