@@ -130,3 +130,22 @@ def test_the_latest_epoch_of_each_source_shows_when_it_starts_over(tmp_path):
     samples = make_source(DataConfig(path=str(tmp_path / "a")), 1, 8, 256).samples
     assert samples.latest_epochs(0, 16) == {str(tmp_path / "a"): 0}
     assert samples.latest_epochs(48, 16) == {str(tmp_path / "a"): 1}  # 62 is in epoch 1
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_naming_the_dataset(tmp_path):
+    """A prepared folder records its tokenizer's vocabulary: one the model cannot embed is bad
+    input before any sample is read."""
+    import json
+
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    with IndexedWriter(str(folder / "shard-00000"), np.uint16) as w:
+        w.add_document(np.arange(200) % 100)
+        info = w.close()
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": "mscale-tokens", "version": 1, "tokenizer": "t.json", "vocab_size": 300,
+        "eod_id": 0, "dtype": "uint16", "tokens": info["tokens"],
+        "documents": info["documents"], "shards": [{**info, "prefix": "shard-00000"}]}))
+    with pytest.raises(MscaleError, match="tokenizer has 300 tokens, the model embeds 256") as e:
+        make_source(DataConfig(path=str(folder)), 0, 8, 256)
+    assert e.value.file == str(folder) and e.value.field == "training.data.path"
