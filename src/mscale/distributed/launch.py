@@ -220,16 +220,24 @@ def _tee(pipe, write: Callable[[str], None], log) -> None:
         write(line.decode(errors="replace"))
 
 
+NODE_ENV = "MSCALE_NODE"
+"""A local worker's pretend node name (`run_local_workers`)."""
+
+
 def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
                       extra_env: dict[str, str], rank0_to_stderr: bool = False,
                       rank0_ends_job: bool = False, entry: str = CLI_ENTRY,
-                      phases: Sequence[tuple[str, str]] = CLI_PHASES) -> JobResult:
+                      phases: Sequence[tuple[str, str]] = CLI_PHASES,
+                      node_names: Sequence[str] = ()) -> JobResult:
     """Run ``python -c ENTRY <worker_args>`` (by default ``mscale <worker_args>``) on ``nprocs``
     local processes and watch them to the end.
 
     ``rank0_ends_job``: once rank 0 has exited 0 (it wrote the job's result, as preflight's
     does), the workers still running are stopped: a hung one would otherwise hold the launcher.
     ``phases``: the start-up phases the workers mark, shown until all of them reached the last.
+    ``node_names``: the pretend node of each group of ``gpus_per_node`` ranks, given to its
+    workers as ``MSCALE_NODE`` (what ``SLURMD_NODENAME`` is under SLURM): tools outside mscale,
+    such as a fault injected into one node, can select a node's processes by it.
     """
     os.makedirs(log_dir, exist_ok=True)
     port = _free_port()
@@ -248,6 +256,8 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
                    MASTER_PORT=str(port), MSCALE_LAUNCHER="local",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads),
                    **{PHASE_FILE_ENV: markers})
+        if rank // gpus_per_node < len(node_names):
+            env[NODE_ENV] = node_names[rank // gpus_per_node]
         log = open(os.path.join(log_dir, f"rank{rank}.log"), "wb")
         logs.append(log)
         p = subprocess.Popen([sys.executable, "-c", entry, *worker_args], env=env,

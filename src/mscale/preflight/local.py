@@ -62,7 +62,7 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
           f"{lo.dp}); worker logs in {logs}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
                                logs, {"MSCALE_PREFLIGHT_LOGS": logs}, rank0_to_stderr=True,
-                               rank0_ends_job=True)
+                               rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
     if report is None or (result.failed_rank is not None and report.status == "UNKNOWN"):
         report = _launcher_report(plan, opts, nprocs, result, logs)

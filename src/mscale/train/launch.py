@@ -166,7 +166,8 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,
-                                          phases=startup_phases(options))
+                                          phases=startup_phases(options),
+                                          node_names=plan.cluster.node_names())
     if result.failed_rank is not None:
         say(record_failure(run, plan, result, run_id, logs))
     if as_json:

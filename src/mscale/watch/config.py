@@ -127,8 +127,8 @@ class WatchConfig:
     """Step time the plan predicts, used for the hang time until the run's own is known."""
 
     micro_batches: int | None = None
-    """Micro-batches per step for the what-if pipeline model; None estimates it from the
-    bubble (the slowest stage's bubble is (sum - max) / m of its stage times)."""
+    """Micro-batches per step for the what-if replay of the schedule; None takes the plan's,
+    or, for metrics without a plan, estimates it from the bubble."""
 
     max_findings: int = 16
     """Most straggler findings one judgement emits; more slow ranks than this is a job-level

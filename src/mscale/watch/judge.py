@@ -60,7 +60,7 @@ class Watcher:
         self.training = TrainingRules(cfg)
         self.stragglers = StragglerRules(self.grid, cfg)
         self.job = JobLevel(self.grid, cfg)
-        self.micro_batches: float | None = cfg.micro_batches
+        self.micro_batches: float | None = cfg.micro_batches or layout.micro_batches
         self._open: dict[tuple, _Open] = {}
         self.emitted: dict[str, int] = {}
         """Findings emitted so far, by kind."""

@@ -29,6 +29,11 @@ class JobLayout:
     stage_layers: tuple[int, ...] | None = None
     """Transformer blocks on each pipeline stage (from the plan, without interleaving), so that
     stage-imbalance advice can name a split that is actually faster (detect/split.py)."""
+    micro_batches: int | None = None
+    """Micro-batches per step (from the plan), so that a what-if replays the schedule the
+    engine ran (replay.py); None: estimated from the bubble."""
+    vpp: int = 1
+    """Virtual stages per pipeline rank (interleaved 1F1B when > 1)."""
 
     @property
     def world(self) -> int:
@@ -66,11 +71,12 @@ class JobLayout:
         if p.pp > 1 and plan.layout.vpp == 1:
             layers = tuple(plan.layout.layers_per_stage(plan.model.layers))
         return cls(tp=p.tp, pp=p.pp, dp=p.dp, ranks_per_node=p.gpus_per_node, node_names=names,
-                   stage_layers=layers)
+                   stage_layers=layers, vpp=plan.layout.vpp,
+                   micro_batches=plan.layout.micro_batches(plan.training.global_batch))
 
     @classmethod
     def from_flags(cls, tp: int, pp: int, dp: int, ranks_per_node: int,
-                   hostlist: str | None = None) -> "JobLayout":
+                   hostlist: str | None = None, vpp: int = 1) -> "JobLayout":
         """For a metrics file without a plan: ``--tp/--pp/--dp/--ranks-per-node [--hostlist]``."""
         Placement(tp=tp, pp=pp, dp=dp, gpus_per_node=ranks_per_node)  # same refusals as a plan
         nodes = max(1, tp * pp * dp // ranks_per_node)
@@ -79,7 +85,8 @@ class JobLayout:
         if len(names) < nodes:
             raise MscaleError(f"the hostlist names {len(names)} nodes, the layout needs {nodes}",
                               field="--hostlist", fix="give one host per node, in rank order")
-        return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes])
+        return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes],
+                   vpp=vpp)
 
     @classmethod
     def flat(cls, world: int) -> "JobLayout":

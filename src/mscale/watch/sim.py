@@ -6,8 +6,11 @@ semantics as `train`'s timers (train/timers.py, parallel/pipeline/runner.py):
 
 - a rank is busy for its compute plus, on TP rank 0 (the reader), its data time;
 - a TP group runs at its slowest member; the others wait for it inside TP collectives (wait);
-- a replica's pipeline takes ``max + (sum - max) / m`` of its stage times (m micro-batches):
-  a stage's time beyond its own is bubble;
+- a replica's pipeline is simulated action by action: every forward and backward of every
+  micro-batch (and chunk) through the engine's schedule (parallel/pipeline/schedule.py), each
+  with its own jitter, so micro-batches differ as they do on a machine; a stage's time beyond
+  its own is bubble. This is the ground truth the what-if (watch/replay.py, which sees only the
+  per-step sums a record carries) is measured against;
 - replicas meet in the gradient reduction: the step is the slowest replica plus the exposed
   reduction, and every faster replica waits (wait);
 so each rank's compute + data + wait + bubble is the step time, as in a real record.
@@ -31,12 +34,13 @@ numpy from ``seed``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from mscale.errors import MscaleError
 from mscale.watch.layout import JobLayout
+from mscale.watch.replay import replay_actions, schedulable, step_graph
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
 CAUSES = ("slow_device", "slow_node", "slow_link", "slow_data", "stage_imbalance",
@@ -129,16 +133,20 @@ def simulate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
 
 def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
              ranks_per_node: int = 8, steps: int = 200, seed: int = 0, inject=(), *,
-             base_compute: float = 1.0, micro_batches: int = 8, noise: float = 0.03,
+             base_compute: float = 1.0, micro_batches: int = 8, vpp: int = 1,
+             micro_noise: float = 0.05, noise: float = 0.03,
              gc_every: int = 50, gc_pause: float = 0.25, ckpt_every: int = 200,
              ckpt_stall: float = 1.0, flag_pauses: bool = True, hiccup_rate: float = 2e-4,
              warmup: tuple[float, ...] = (3.0, 1.5, 1.2), stage_weights=None) -> Trace:
-    """The arrays behind `simulate`. Times are in units of ``base_compute`` seconds."""
+    """The arrays behind `simulate`. Times are in units of ``base_compute`` seconds.
+    ``micro_batches`` is raised to the nearest count the engine accepts (at least pp);
+    ``micro_noise``: the lognormal jitter of each action around its stage's share."""
     dp = world // (tp * pp) if dp is None else dp
     if tp * pp * dp != world or min(tp, pp, dp, steps) < 1:
         raise MscaleError(f"tp {tp} x pp {pp} x dp {dp} is not world {world}",
                           field="world", fix="give tp * pp * dp == world")
-    layout = JobLayout.from_flags(tp, pp, dp, min(ranks_per_node, world))
+    layout = replace(JobLayout.from_flags(tp, pp, dp, min(ranks_per_node, world), vpp=vpp),
+                     micro_batches=schedulable(pp, vpp, micro_batches))
     injections = [i if isinstance(i, Injection) else Injection(**i) for i in inject]
     for inj in injections:
         if inj.cause not in CAUSES:
@@ -178,7 +186,11 @@ def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
     for inj in injections:
         rows = (steps_arr >= inj.step) & (steps_arr <= (inj.until or n))
         _apply(inj, rows, layout, rng, c0, compute, data, reduce, (tpc, link, hidden), scal)
-    return _assemble(layout, steps_arr, compute, data, tpc, reduce, link, hidden, micro_batches,
+    graph = step_graph(pp, vpp, layout.micro_batches) if pp > 1 else None
+    # the actions' jitter has a stream of its own, so a healthy and an injected trace of one
+    # seed jitter alike whatever the injections drew
+    pipe = (graph, np.random.default_rng([seed, 1]), micro_noise)
+    return _assemble(layout, steps_arr, compute, data, tpc, reduce, link, hidden, pipe,
                      scal, extra, rng)
 
 
@@ -234,7 +246,24 @@ def _scalars(rng, n: int) -> dict[str, np.ndarray]:
     return {"loss": loss, "grad_norm": grad, "lr": lr, "clip_threshold": np.ones(n)}
 
 
-def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, hidden, m: int, scal,
+def _pipeline(group: np.ndarray, pipe) -> np.ndarray:
+    """``[n, pp, dp]`` busy seconds of each TP group → ``[n, dp]`` each replica's pipeline time,
+    simulated action by action with jitter (module docstring). Each group's actions still sum
+    to its busy time: the record's numbers stay the truth, only their spread over the
+    micro-batches is unknown to the reader."""
+    graph, rng, sigma = pipe
+    if graph is None:
+        return group[:, 0]
+    n, pp, dp = group.shape
+    jitter = rng.lognormal(0, sigma, (graph.actions, n, dp))
+    weight = graph.weight[:, None, None]
+    per_stage = np.zeros((pp, n, dp))
+    np.add.at(per_stage, graph.stage, weight * jitter)   # each stage's weights sum to 1
+    durations = np.moveaxis(group, 1, 0)[graph.stage] * weight * jitter / per_stage[graph.stage]
+    return replay_actions(graph, durations)
+
+
+def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, hidden, pipe, scal,
               extra, rng) -> Trace:
     """Per-rank wait, bubble and step time from the busy times (module docstring)."""
     n, world = compute.shape
@@ -242,8 +271,7 @@ def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, hidden
     own = (compute + data).reshape(g)
     late = own + hidden.reshape(g)  # when each rank reaches its TP collectives
     group = late.max(axis=3) + tpc                                  # [n, pp, dp]
-    top = group.max(axis=1)
-    replica = top + (group.sum(axis=1) - top) / m                   # [n, dp]
+    replica = _pipeline(group, pipe)                                # [n, dp]
     slowest = replica.max(axis=1)                                   # [n]
     red = reduce[:, None, None] + link                              # [n, pp, tp] per DP group
     step = slowest + red.max(axis=(1, 2))

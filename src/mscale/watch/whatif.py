@@ -2,19 +2,16 @@
 
 After the what-if analysis of ByteDance's straggler study (OSDI 2025, "Understanding Stragglers
 in Large Model Training Using What-if Analysis"): replace the suspect's durations by those of a
-typical peer, recompute the step from the job's dependency structure, compare. The paper replays
-per-operation traces; a metrics record only has each rank's compute, data, wait and bubble
-seconds, so the structure here is the coarse one those numbers allow:
+typical peer, recompute the step from the job's dependency structure, compare. The structure:
 
 - a tensor-parallel group synchronises at every layer, so it runs at its slowest member;
-- a pipeline runs its stages one micro-batch apart: with ``m`` micro-batches the replica takes
-  ``max_s t_s + (sum_s t_s - max_s t_s) / m`` (the slowest stage runs all of its micro-batches,
-  every other stage adds its share of the fill and drain), which is 1F1B's bubble formula for
-  equal stages and adds the stages up when ``m`` is 1;
+- the pipeline is replayed action by action through the schedule the engine ran (replay.py:
+  every forward and backward of every micro-batch, each waiting for its rank and its input), so
+  how much of one slow stage the others hide is computed, not assumed;
 - data-parallel replicas meet in the gradient reduction, so the step waits for the slowest one.
 
 Communication that everyone pays (the reduction itself, TP collectives) is the same with or
-without the straggler and cancels: only the difference of the model's two step times is used,
+without the straggler and cancels: only the difference of the two replayed step times is used,
 subtracted from the measured step time. The slowdown is then ``T / (T - saved) - 1``, the
 paper's ratio of actual to straggler-free time.
 """
@@ -26,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mscale.watch.layout import JobLayout
+from mscale.watch.replay import StepGraph, replay, schedulable, step_graph
 
 
 class Grid:
@@ -77,18 +75,21 @@ def stage_times(own: np.ndarray, grid: Grid) -> np.ndarray:
 
 
 def model_step(own: np.ndarray, grid: Grid, micro_batches: float) -> np.ndarray:
-    """``[n, world]`` busy seconds → ``[n]`` modelled step time (module docstring)."""
-    x = stage_times(own, grid)
-    top = x.max(axis=1)
-    replica = top + (x.sum(axis=1) - top) / max(micro_batches, 1.0)
-    return replica.max(axis=-1)
+    """``[n, world]`` busy seconds → ``[n]`` the replayed step time (module docstring)."""
+    x = stage_times(own, grid)                                         # [n, pp, dp]
+    if grid.pp == 1:
+        return x[:, 0].max(axis=-1)
+    vpp = grid.layout.vpp
+    graph = step_graph(grid.pp, vpp, schedulable(grid.pp, vpp, micro_batches))
+    return replay(graph, np.moveaxis(x, 1, -1)).max(axis=-1)
 
 
 def estimate_micro_batches(own: np.ndarray, bubble: np.ndarray, grid: Grid) -> float | None:
     """Micro-batches per step from the bubble, or None when the data cannot tell.
 
-    In the model the slowest stage of a replica idles exactly ``(sum - max) / m``: it never
-    waits for a neighbour in the steady state, only while the pipeline fills and drains."""
+    The slowest stage of a replica idles about ``(sum - max) / m``: it never waits for a
+    neighbour in the steady state, only while the pipeline fills and drains (exact for equal
+    stages under 1F1B). Only for metrics without a plan: a plan says ``m``."""
     if grid.pp == 1 or len(own) == 0:
         return None
     x = stage_times(own, grid)
@@ -107,6 +108,12 @@ class WhatIf:
 
     grid: Grid
     micro_batches: float
+
+    @property
+    def graph(self) -> StepGraph:
+        """The step the engine ran, as a graph to replay (pp > 1)."""
+        g = self.grid
+        return step_graph(g.pp, g.layout.vpp, schedulable(g.pp, g.layout.vpp, self.micro_batches))
 
     def slowdown(self, own: np.ndarray, fixed: np.ndarray, step_time: np.ndarray
                  ) -> tuple[float, float]:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from mscale.config.records import MetricsRecord
+from mscale.parallel.pipeline.schedule import simulate as simulate_schedule
 from mscale.errors import MscaleError
 from mscale.watch.sim import CAUSES, Injection, generate, simulate
 from mscale.watch.stream import records_to_window
@@ -34,13 +35,26 @@ def test_every_rank_accounts_for_the_synchronous_step():
 def test_step_is_the_slowest_replica_through_its_pipeline():
     t = generate(8, tp=1, pp=2, dp=4, ranks_per_node=8, steps=40, seed=3, micro_batches=4,
                  noise=0.0, hiccup_rate=0.0, gc_every=0, ckpt_every=0, warmup=(),
-                 inject=[Injection("stage_imbalance", 1, 1, magnitude=1.0)])
-    # stage 0 busy ~1.03, stage 1 ~2.03: replica = max + (sum - max) / m, + the reduction
+                 micro_noise=0.0, inject=[Injection("stage_imbalance", 1, 1, magnitude=1.0)])
+    # stage 0 busy ~1.03, stage 1 ~2.03; each replica runs 1F1B's actions (a backward twice a
+    # forward), checked against the schedule's own simulator, then the reduction
     own = (t.compute + t.data).reshape(40, 2, 4)
-    replica = own.max(axis=1) + own.min(axis=1) / 4
+    replica = np.empty((40, 4))
+    for i, d in np.ndindex(40, 4):
+        per_action = own[i, :, d] / (3 * 4)
+        timeline = simulate_schedule(2, 1, 4, per_action, 2 * per_action)
+        replica[i, d] = max(ranks[-1][2] for ranks in timeline)
     assert np.allclose(t.step_time[:, 0] - t.comm[:, 4:].min(axis=1), replica.max(axis=1),
                        atol=1e-3)
     assert t.bubble[:, :4].mean() > t.bubble[:, 4:].mean()  # the light stage idles
+
+
+def test_micro_batches_jitter_but_each_stage_keeps_its_busy_time():
+    calm = generate(16, tp=2, pp=4, ranks_per_node=8, steps=30, seed=5, micro_noise=0.0)
+    jit = generate(16, tp=2, pp=4, ranks_per_node=8, steps=30, seed=5, micro_noise=0.2)
+    assert np.array_equal(calm.compute, jit.compute)  # the records' busy times are the truth
+    slower = jit.step_time[:, 0] - calm.step_time[:, 0]
+    assert (slower > -1e-3).mean() > 0.8 and slower.mean() > 0  # jitter only adds waiting
 
 
 def test_noise_pauses_and_their_flags():

@@ -4,6 +4,7 @@ replicas at the slowest one; and its slowdowns against the true ones of simulate
 import numpy as np
 import pytest
 
+from mscale.parallel.pipeline.schedule import simulate
 from mscale.watch.layout import JobLayout
 from mscale.watch.sim import Injection, generate
 from mscale.watch.whatif import Grid, WhatIf, estimate_micro_batches, model_step
@@ -13,13 +14,36 @@ def grid(tp, pp, dp, rpn=8):
     return Grid(JobLayout.from_flags(tp, pp, dp, min(rpn, tp * pp * dp)))
 
 
+def pipeline(stages, m):
+    """One replica's step by the schedule's own simulator (a backward twice a forward)."""
+    per = np.asarray(stages) / (3 * m)
+    return max(r[-1][2] for r in simulate(len(stages), 1, m, per, 2 * per))
+
+
 def test_model_step_by_hand():
     g = grid(2, 2, 2)
     # ranks in (pp, dp, tp) order
     own = np.array([[1.0, 1.2, 1.0, 1.0, 2.0, 2.0, 1.5, 3.0]])
-    # replica 0: stages 1.2, 2.0 -> 2.0 + 1.2/4 = 2.3; replica 1: 1.0, 3.0 -> 3.0 + 1.0/4
-    assert model_step(own, g, 4) == pytest.approx([3.25])
-    assert model_step(own, g, 1) == pytest.approx([4.0])  # m = 1: the stages add up
+    # TP groups at their slowest: replica 0 has stages 1.2, 2.0; replica 1 has 1.0, 3.0
+    assert model_step(own, g, 4) == pytest.approx([pipeline([1.0, 3.0], 4)])
+    assert pipeline([1.0, 3.0], 4) == pytest.approx(3.0 + 1.0 / 4)  # the slow stage is last
+    # the slow stage first: its forwards start at once, and the light stage's last backward
+    # trails it: the same closed formula
+    assert model_step(own[:, [4, 5, 6, 7, 0, 1, 2, 3]], g, 4) == pytest.approx(
+        [pipeline([3.0, 1.0], 4)])
+    assert model_step(own, g, 1) == pytest.approx(model_step(own, g, 2))  # m < pp: as the least
+
+
+def test_one_slow_cell_is_partly_hidden_by_the_schedule():
+    # pp 4, dp 4, one (stage, replica) cell at 45 s where its peers take 19.5 s, 8 micro-batches:
+    # the closed formula max + (sum - max) / m says 95% slower; the schedule hides more of it
+    g = grid(1, 4, 4)
+    own = np.full((1, 16), 19.5)
+    own[0, 1 * 4 + 2] = 45.0  # stage 1, replica 2
+    pct = 100 * (model_step(own, g, 8)[0] / model_step(np.full((1, 16), 19.5), g, 8)[0] - 1)
+    assert pct == pytest.approx(100 * (pipeline([19.5, 45, 19.5, 19.5], 8)
+                                       / pipeline([19.5] * 4, 8) - 1))
+    assert 78 < pct < 84
 
 
 def test_micro_batches_recovered_from_the_bubble():
@@ -49,7 +73,7 @@ def test_slowdown_matches_the_true_one(cause, target):
     pct, saved = whatif.slowdown(c + d, fixed, t.step_time[rows])
     true = 100 * (np.median(t.step_time[rows, 0]) / np.median(healthy.step_time[rows, 0]) - 1)
     assert pct == pytest.approx(true, abs=2.5)
-    assert saved > 0.2
+    assert saved > 0.1  # not a trivial case: the pipeline hides about half of the 0.3 s
 
 
 def test_stage_what_if_does_not_credit_a_straggler_inside_the_stage():

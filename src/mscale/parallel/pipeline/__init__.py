@@ -6,10 +6,19 @@
   `mscale.model.build_chunks` builds the modules).
 - `p2p`: activation and gradient transfer between neighbouring stages.
 - `runner`: executes a rank's schedule for one training step.
-"""
 
-from mscale.parallel.pipeline.runner import run_pipeline_step
-from mscale.parallel.pipeline.stages import ChunkSpec, rank_chunks
+The runner is imported on first use: `schedule` is pure Python, and watch replays it
+(watch/replay.py) without loading torch.
+"""
 
 __all__ = ["ChunkSpec", "rank_chunks", "run_pipeline_step"]
 
+
+def __getattr__(name: str):
+    if name == "run_pipeline_step":
+        from mscale.parallel.pipeline.runner import run_pipeline_step
+        return run_pipeline_step
+    if name in ("ChunkSpec", "rank_chunks"):
+        from mscale.parallel.pipeline import stages
+        return getattr(stages, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

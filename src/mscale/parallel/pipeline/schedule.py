@@ -17,6 +17,7 @@ that match purely by order (NCCL), not only by tag (gloo).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -151,15 +152,19 @@ def phases(actions: tuple[Action, ...]) -> tuple[int, int]:
     return first_b, last_f
 
 
-def simulate(pp: int, vpp: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
+def simulate(pp: int, vpp: int, m: int, t_f: float | Sequence[float] = 1.0,
+             t_b: float | Sequence[float] = 2.0,
              latency: float = 0.0) -> list[list[tuple[Action, float, float]]]:
-    """Execute all ranks' schedules against each other with fixed costs per chunk action.
+    """Execute all ranks' schedules against each other with fixed costs per chunk action
+    (``t_f``/``t_b``: one cost for every rank, or one per rank).
 
     Sends never block (messages are buffered, as with asynchronous isend), so a rank waits only
     for the message its next action needs. Returns, per rank, (action, start, end). Raises
     RuntimeError naming the blocked actions if no rank can proceed: a deadlock.
     """
     scheds = [schedule(pp, vpp, m, r) for r in range(pp)]
+    t_f = [float(t_f)] * pp if isinstance(t_f, (int, float)) else list(t_f)
+    t_b = [float(t_b)] * pp if isinstance(t_b, (int, float)) else list(t_b)
     pos, clock = [0] * pp, [0.0] * pp
     arrived: dict[Message, float] = {}
     out: list[list[tuple[Action, float, float]]] = [[] for _ in range(pp)]
@@ -172,7 +177,7 @@ def simulate(pp: int, vpp: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
                 if need is not None and need not in arrived:
                     break
                 start = max(clock[r], arrived.get(need, 0.0))
-                clock[r] = start + (t_f if a.forward else t_b)
+                clock[r] = start + (t_f[r] if a.forward else t_b[r])
                 out[r].append((a, start, clock[r]))
                 sent = produces(a, r, pp, vpp)
                 if sent is not None:

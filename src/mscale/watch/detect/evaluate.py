@@ -196,8 +196,9 @@ def healthy_alarms(job: Job, steps: int, seed: int, flag_pauses: bool = True,
 def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[str]:
     lines = [f"Injected causes, {job}, {trials} trials each, {steps} steps:", "",
              "| cause | detected | latency (steps, median/max) | right cause | right place | "
-             "other findings | what-if / true slowdown (medians) |",
-             "|---|---|---|---|---|---|---|"]
+             "other findings | what-if / true slowdown (medians) | what-if error (points, "
+             "median/max) |",
+             "|---|---|---|---|---|---|---|---|"]
     for cause in STRAGGLERS + TRAINING:
         outs = [run_case(cause, job, seed, steps, tick=tick,
                          where=f"{job.world} ranks, {cause}, trial {seed + 1}/{trials}, ")
@@ -207,6 +208,8 @@ def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[
               if o.slowdown_pct is not None and o.true_pct]
         ratio = f"{np.median([a for a, _ in wi]):.0f}% / {np.median([b for _, b in wi]):.0f}%" \
             if wi else "-"
+        err = [abs(a - b) for a, b in wi]
+        error = f"{np.median(err):.1f}/{max(err):.1f}" if err else "-"
         back = [o.rollback_error for o in outs if o.rollback_error is not None]
         if back:
             ratio = f"first bad step {min(back):+d}..{max(back):+d} from the onset"
@@ -215,7 +218,35 @@ def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[
             + (f"{int(np.median(lat))}/{max(lat)}" if lat else "-")
             + f" | {sum(o.right_cause for o in outs)}/{trials} | "
               f"{sum(o.right_target for o in outs)}/{trials} | "
-              f"{sum(len(o.others) + o.early for o in outs)} | {ratio} |")
+              f"{sum(len(o.others) + o.early for o in outs)} | {ratio} | {error} |")
+    return lines
+
+
+def slow_cell(micro_batches: int, stage: int, seed: int = 0) -> tuple[float, float, float]:
+    """The straggler study's pipeline case rebuilt in the generator: pp 4 x dp 4, one (stage,
+    replica) cell computing 45 s where its peers take 19.5 s. Returns (watch's what-if, the
+    generator's true slowdown, the closed formula ``max + (sum - max) / m``'s), in percent."""
+    kw = dict(world=16, tp=1, pp=4, dp=4, ranks_per_node=4, steps=120, seed=seed,
+              base_compute=19.5, micro_batches=micro_batches, gc_every=0, ckpt_every=0)
+    target = stage * 4 + 2  # replica 2 of the stage (ranks: dp fastest, then pp)
+    trace = generate(**kw, inject=[Injection("slow_device", 30, target, 45 / 19.5 - 1)])
+    healthy = generate(**kw)
+    found = [f for f in Watcher(trace.layout).feed(trace.window()) if f.ranks == [target]]
+    after = slice(60, None)
+    true = 100 * (np.median(trace.step_time[after, 0]) / np.median(healthy.step_time[after, 0])
+                  - 1)
+    closed = 100 * ((45 + 3 * 19.5 / micro_batches) / (19.5 + 3 * 19.5 / micro_batches) - 1)
+    return (found[-1].slowdown_pct if found else float("nan")), true, closed
+
+
+def _cell_table() -> list[str]:
+    lines = ["One slow pipeline cell (pp 4 x dp 4, 45 s where its peers take 19.5 s):", "",
+             "| micro-batches | slow stage | what-if | true | closed formula |",
+             "|---|---|---|---|---|"]
+    for m in (4, 8, 16):
+        for stage in (0, 1, 3):
+            w, t, c = slow_cell(m, stage)
+            lines.append(f"| {m} | {stage} | {w:.0f}% | {t:.0f}% | {c:.0f}% |")
     return lines
 
 
@@ -276,6 +307,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _report(sizes: dict, tick: Tick) -> None:
     t0 = time.perf_counter()
+    tick("one slow pipeline cell")
+    print("\n".join(_cell_table()) + "\n", flush=True)
     for job, trials, steps in zip((Job(64, 2, 4), Job(1024, 8, 8)), sizes["trials"],
                                   sizes["steps"]):
         print("\n".join(_table(job, trials, steps, tick)), flush=True)

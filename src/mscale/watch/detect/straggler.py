@@ -23,7 +23,7 @@ import numpy as np
 
 from mscale.watch.config import WatchConfig
 from mscale.watch.detect.rows import Recent, median, robust_sigma
-from mscale.watch.detect.split import best_split
+from mscale.watch.detect.split import fastest_split
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf
 
@@ -209,7 +209,7 @@ class StragglerRules:
         advice, than = _ADVICE["stage_imbalance"], "because of it"
         counts = g.layout.stage_layers
         if counts is not None and len(counts) == g.pp:
-            best, per_block = best_split(sc, list(counts))
+            best, per_block = fastest_split(sc, list(counts), whatif.graph)
             if best == list(counts):
                 return None  # no integer split is faster: nothing to advise
             moved = (np.asarray(best) - np.asarray(counts)) * per_block
