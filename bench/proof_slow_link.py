@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -41,14 +40,6 @@ def records(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _pace_after(run: Path, step: int, flag: Path, stop: threading.Event) -> None:
-    while not stop.is_set():
-        if any(r["step"] >= step for r in records(run / "metrics.jsonl")):
-            flag.touch()
-            return
-        time.sleep(0.2)
 
 
 def supervised(run: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -121,14 +112,8 @@ def main() -> int:
             run, flag = args.out / f"slow-{node}-{i}", args.out / f"onset-{node}-{i}"
             # the fault follows the node (its NIC), not a rank number: the relaunch renumbers
             env = {**base, **slowlink.env(shim, f"MSCALE_NODE={node}", BPS, flag)}
-            stop = threading.Event()
-            pacer = threading.Thread(target=_pace_after, args=(run, ONSET, flag, stop))
-            pacer.start()
-            try:
+            with slowlink.onset_after_step(run, ONSET, flag):
                 p = supervised(run, env)
-            finally:
-                stop.set()
-                pacer.join()
             results.append(judge_slow(run, p, node, reference))
             print(json.dumps(results[-1]), flush=True)
     for i in range(args.healthy - 1):  # the reference run was the first healthy one

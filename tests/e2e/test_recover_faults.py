@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -212,25 +211,10 @@ def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_
     run, onset = tmp_path / "run", tmp_path / "onset"
     env = {**os.environ, **slowlink.env(slowlink.build_for_test(tmp_path / "shim"), "RANK=3",
                                         2_000_000, onset)}
-    stop = threading.Event()
-
-    def start_pacing_after_step_2() -> None:
-        while not stop.is_set():
-            metrics = run / "metrics.jsonl"
-            if metrics.exists() and any(r["step"] >= 2 for r in records(metrics)):
-                onset.touch()
-                return
-            time.sleep(0.1)
-
-    pacer = threading.Thread(target=start_pacing_after_step_2)
-    pacer.start()
-    try:
+    with slowlink.onset_after_step(run, 2, onset):
         p = supervise(plan, run, env=env,
                       sup=("--watch-set", "warmup_steps=1", "--watch-set", "persist_steps=3",
                            "--watch-set", "baseline_steps=2", "--ckpt-wait", "30"))
-    finally:
-        stop.set()
-        pacer.join()
     out = p.stdout + p.stderr
     evs = records(run / "events.jsonl")
     found = [e for e in evs if e["source"] == "watch" and e["kind"] == "straggler"]

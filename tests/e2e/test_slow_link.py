@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -26,16 +25,6 @@ ONSET_STEP = 9  # after the 5 warm-up steps and a few clean ones
 BPS = 2_000_000
 
 
-def onset_when_step(run: Path, step: int, flag: Path, stop: threading.Event) -> None:
-    """Create ``flag`` (the shim starts pacing) once the job has recorded ``step``."""
-    while not stop.is_set():
-        metrics = run / "metrics.jsonl"
-        if metrics.exists() and any(r["step"] >= step for r in records(metrics)):
-            flag.touch()
-            return
-        time.sleep(0.2)
-
-
 def test_a_paced_rank_is_named_as_its_nodes_slow_link_checkpointed_then_quarantined(tmp_path):
     shim = slowlink.build_for_test(tmp_path / "shim")
     run, flag = tmp_path / "run", tmp_path / "onset"
@@ -44,19 +33,13 @@ def test_a_paced_rank_is_named_as_its_nodes_slow_link_checkpointed_then_quaranti
                             "24", "--ckpt-interval", "1000", "--run-dir", str(run)],
                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT)
-    stop = threading.Event()
-    onset = threading.Thread(target=onset_when_step, args=(run, ONSET_STEP - 1, flag, stop))
-    onset.start()
-    try:
+    with slowlink.onset_after_step(run, ONSET_STEP - 1, flag):
         deadline = time.monotonic() + 120
         while not run.is_dir():
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
             time.sleep(0.1)
         live = mscale("watch", str(run), "--interval", "0.5", "--jsonl", timeout=300)
         out, _ = job.communicate(timeout=120)
-    finally:
-        stop.set()
-        onset.join()
     assert job.returncode == 0, out
     assert flag.exists()
     found = [json.loads(line) for line in live.stdout.splitlines()]

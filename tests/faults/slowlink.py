@@ -14,10 +14,15 @@ What mscale then measures is a slow socket, exactly what a degraded NIC looks li
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("slowlink.c")
@@ -83,3 +88,27 @@ def env(shim: Path, match: str, bps: int, onset_file: Path | None = None) -> dic
     if onset_file is not None:
         variables["SLOWLINK_ONSET_FILE"] = str(onset_file)
     return variables
+
+
+@contextlib.contextmanager
+def onset_after_step(run: Path, step: int, flag: Path) -> Iterator[None]:
+    """While in the block, a thread creates ``flag`` (the shim starts pacing) once the run's
+    metrics record ``step``: the fault strikes mid-run, after a clean stretch."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        metrics = run / "metrics.jsonl"
+        while not stop.is_set():
+            if metrics.exists() and any(json.loads(line)["step"] >= step for line in
+                                        metrics.read_text().splitlines() if line.strip()):
+                flag.touch()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

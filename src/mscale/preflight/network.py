@@ -27,6 +27,11 @@ from mscale.topology.placement import Placement
 BYTES = {("cpu", "quick"): 4 << 20, ("cpu", "full"): 16 << 20, ("cuda", "quick"): 64 << 20,
          ("cuda", "full"): 512 << 20}
 ITERS = {"quick": 10, "full": 30}
+BUDGET_S = {"quick": 1.5, "full": 5.0}
+"""Seconds a pair's or collective's timed iterations may take, judged from its warm-up: a link
+sending at a tenth of its rate would otherwise hold the whole check (a re-check of a node with a
+degraded NIC took over five minutes under SLURM); it is as slow in three trips as in thirty."""
+MIN_ITERS = 3
 PASSES = {"quick": 2, "full": 3}
 """Every pair and group is measured in this many passes over all of them, its best kept: a
 burst of other load lasts a moment, so it spoils one pass of a link but not every pass, while
@@ -83,14 +88,30 @@ def pingpong_gbps(rank: int, peer: int, nbytes: int, device: torch.device, level
             dist.send(buf, peer)
         sync(device)
 
+    t0 = time.perf_counter()
     trip()  # warm-up; also lines the two ends up
+    # the lower rank decides how many trips fit the budget and tells its peer: both ends must
+    # run the same number, or one would wait for a trip that never comes
+    count = torch.tensor([iterations(time.perf_counter() - t0, level)], dtype=torch.int64,
+                         device=device)
+    if first:
+        dist.send(count, peer)
+    else:
+        dist.recv(count, peer)
     best = float("inf")
-    for _ in range(ITERS[level]):
+    for _ in range(int(count.item())):
         t0 = time.perf_counter()
         trip()
         slow.after(t0, f"p2p {peer}")
         best = min(best, time.perf_counter() - t0)
     return 2 * nbytes / best / 1e9
+
+
+def iterations(warmup_s: float, level: str) -> int:
+    """Timed iterations after a warm-up of ``warmup_s``: `ITERS`, fewer when they would not fit
+    `BUDGET_S`, never fewer than `MIN_ITERS` (the best of a few still shows a slow link)."""
+    fit = int(BUDGET_S[level] / max(warmup_s, 1e-9))
+    return max(MIN_ITERS, min(ITERS[level], fit))
 
 
 def _turns(items: list, concurrent: bool) -> list[list]:
@@ -188,10 +209,14 @@ def _time_group(kind: str, members: list[int], group, nbytes: int, device: torch
     for op in COLLECTIVES:
         numel = (nbytes // 4) // n * n
         run = _collective(op, group, n, numel, device)
+        t0 = time.perf_counter()
         run()
         sync(device)
+        # every member runs as many iterations as the slowest member's warm-up allows
+        warm = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(warm, op=dist.ReduceOp.MAX, group=group)
         best = float("inf")
-        for _ in range(ITERS[level]):
+        for _ in range(iterations(float(warm.item()), level)):
             dist.barrier(group=group)
             t0 = time.perf_counter()
             run()

@@ -46,7 +46,9 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
         reasons.setdefault(node, why)
     for node, why in preflight_bad(run).items():
         reasons.setdefault(node, why)
-    for node, why in suspects(diagnosis, recheck).items():
+    # a suspect already kept out is not re-checked: a preflight on a node with a degraded link
+    # is slow (minutes under SLURM) and could not bring it back anyway
+    for node, why in suspects(diagnosis, recheck, skip=set(reasons)).items():
         reasons.setdefault(node, why)
     return Exclusions(nodes=sorted(reasons), reasons={n: reasons[n] for n in sorted(reasons)})
 
@@ -92,9 +94,11 @@ def ran_for(report: PreflightReport, plan: Plan) -> bool:
             and report.layout == {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp})
 
 
-def suspects(diagnosis: Diagnosis, recheck: Recheck | None) -> dict[str, str]:
-    """The diagnosis's suspect nodes to keep out (rule 3 of the module docstring)."""
-    nodes = sorted(set(diagnosis.suspect_nodes))
+def suspects(diagnosis: Diagnosis, recheck: Recheck | None,
+             skip: set[str] = frozenset()) -> dict[str, str]:
+    """The diagnosis's suspect nodes to keep out (rule 3 of the module docstring), ``skip``
+    left alone (already out for another reason)."""
+    nodes = sorted(set(diagnosis.suspect_nodes) - set(skip))
     if not nodes or diagnosis.cls not in (*HARDWARE, "unknown"):
         return {}
     if diagnosis.cls == "unknown" and recheck is None:

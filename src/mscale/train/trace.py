@@ -42,8 +42,9 @@ def pack(events: list[tuple[str, int, int, float, float]], limit: int) -> torch.
 
 def events_limit(micro_batches: int, chunks: int) -> int:
     """Room for every event of one rank's step: forward + backward per micro-batch and chunk,
-    a wait or two around each, the data reads and the step's reduction; capped."""
-    return min(MAX_EVENTS, 8 * micro_batches * chunks + 16)
+    the posting of its transfers and a wait or two around each, the data reads and the step's
+    reduction; capped."""
+    return min(MAX_EVENTS, 10 * micro_batches * chunks + 16)
 
 
 def traced_ranks(layout, which: str) -> list[int]:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import IO
 
-from mscale.watch import report, sinks
+from mscale.watch import report, sinks, timeline
 from mscale.watch.findings import Finding
 from mscale.watch.view import make_view
 from mscale.watch.window import Window
@@ -77,9 +77,10 @@ class Outputs:
         self.view.close()
         summary = follower.summary()
         if self.options.report:
+            run = follower.target.run
             report.write_report(self.options.report, report.render(
                 follower.target.url, follower.history, follower.layout, follower.findings,
-                follower.actor.log, summary, code))
+                follower.actor.log, summary, code, timeline.latest(run.trace) if run else None))
             self.note(f"wrote watch report: {self.options.report}")
         if self.options.as_json:
             doc = sinks.document(follower.target.url, follower.findings,

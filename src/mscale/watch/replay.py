@@ -46,6 +46,8 @@ class StepGraph:
     needs); index A stands for "none" (an end time of zero)."""
     last: np.ndarray
     """[pp] each rank's last action."""
+    keys: tuple[tuple[int, str, int, int], ...] = ()
+    """Each action's (pipeline rank, "F" or "B", micro-batch, chunk), to match traced events."""
 
     @property
     def actions(self) -> int:
@@ -98,7 +100,9 @@ def step_graph(pp: int, vpp: int, micro_batches: int) -> StepGraph:
     levels = tuple((idx, prev[idx], dep[idx]) for idx in
                    (np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1)))
     last = np.array([ids[r, len(scheds[r]) - 1] for r in range(pp)])
-    return StepGraph(pp, vpp, micro_batches, stage, weight, levels, last)
+    keys = tuple((r, a.kind, a.micro, a.chunk) for (r, i), a in
+                 ((key, scheds[key[0]][key[1]]) for key in ids))
+    return StepGraph(pp, vpp, micro_batches, stage, weight, levels, last, keys)
 
 
 def _topological(scheds, ids: dict, dep: np.ndarray) -> list[int]:

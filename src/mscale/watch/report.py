@@ -8,7 +8,9 @@ or global state is touched and the import happens only when a report is asked fo
 What it shows: loss, gradient-norm and throughput curves; per-rank × step heat maps of compute
 time and of communication wait with lines at node boundaries (a straggler is a bright compute
 row and a dark wait row; its peers are the opposite); and every finding with its evidence and
-what watch did about it.
+what watch did about it; and, when the run recorded a timeline (`train --trace-every`), the
+newest traced step per stage, with the schedule replayed from its own durations
+(watch/timeline.py).
 """
 
 from __future__ import annotations
@@ -117,8 +119,32 @@ def _few(items, limit: int = 16) -> str:
     return ", ".join(items[:limit]) + (f" (+{len(items) - limit})" if len(items) > limit else "")
 
 
+def _timeline(trace_url: str, layout: JobLayout | None) -> str:
+    """The newest traced step: a table per stage and the replay check (module docstring)."""
+    from mscale.watch import timeline
+
+    tl = timeline.load(trace_url)
+    rows = timeline.stage_summary(tl)
+    cols = ("forward", "backward", *timeline.WAITS, "span")
+    out = [f"<p>{html.escape(trace_url)} (step {tl.step}): open it in ui.perfetto.dev or "
+           f"chrome://tracing, one track per rank. Seconds per traced rank, mean over the "
+           f"stage's traced ranks:</p>",
+           _table([[str(r["stage"]), _few(r["ranks"])] + [f"{r[c]:.4g}" for c in cols]
+                   for r in rows], ["stage", "ranks", *cols])]
+    check = timeline.replayed(tl, layout.vpp if layout is not None else 1)
+    if check is not None:
+        span, replay = check
+        out.append(f"<p>The traced step's pipeline spans {span:.4g} s; the schedule replayed "
+                   f"with its forwards' and backwards' measured busy times and no transfer "
+                   f"time takes {replay:.4g} s ({100 * replay / span:.0f}%). The rest is "
+                   f"transfers and waits the schedule does not explain (watch's what-if uses "
+                   f"the same replay).</p>")
+    return "".join(out)
+
+
 def render(target: str, history: History | None, layout: JobLayout | None,
-           findings: list[Finding], actions: list[dict], summary: dict, code: int) -> str:
+           findings: list[Finding], actions: list[dict], summary: dict, code: int,
+           trace_url: str | None = None) -> str:
     """The whole page as one string."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mscale watch: "
              f"{html.escape(target)}</title><style>{_CSS}</style></head><body>",
@@ -144,6 +170,8 @@ def render(target: str, history: History | None, layout: JobLayout | None,
                   _heat(history, layout, "wait", "communication wait per rank")]
     else:
         parts.append("<p>No metrics records yet.</p>")
+    if trace_url:
+        parts += ["<h2>Timeline</h2>", _timeline(trace_url, layout)]
     return "".join(parts) + "</body></html>\n"
 
 

@@ -62,3 +62,12 @@ def test_two_slowed_peers_do_not_compound_their_delays(monkeypatch):
         b.after(t0, "p2p")
         slept_b = clock[0] - before
     assert slept_b <= 0.0121  # bounded (3 x b's first trip); compounding gives ~3^10 x 1 ms
+
+
+def test_a_slow_link_gets_fewer_timed_iterations_never_fewer_than_three():
+    from mscale.preflight.network import BUDGET_S, ITERS, MIN_ITERS, iterations
+
+    assert iterations(0.008, "quick") == ITERS["quick"]          # a healthy 4 MB trip
+    assert iterations(BUDGET_S["quick"] / 5, "quick") == 5       # five fit the budget
+    assert iterations(1.6, "quick") == MIN_ITERS                 # 4 MB at 5 MB/s: 1.6 s a trip
+    assert iterations(0.0, "full") == ITERS["full"]

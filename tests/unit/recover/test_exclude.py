@@ -110,3 +110,14 @@ def test_sources_combine_first_reason_wins(run):
     assert ex.nodes == ["node1", "node2", "node3"]
     assert ex.reasons["node3"].startswith("quarantine.json")
     assert ex.reasons["node1"].startswith("diagnosis: gpu")
+
+
+def test_a_suspect_already_quarantined_is_not_rechecked(run):
+    # watch quarantined node3 for a slow link: a preflight on it would take minutes (its link
+    # is the fault) and could not bring it back; node1 is still re-checked
+    quarantine(run, ("node3", "watch: slow link", None))
+    asked = []
+    ex = decide_exclusions(run, diag(cls="network", nodes=["node3", "node1"]),
+                           recheck=lambda nodes: asked.append(nodes) or {"node1": None}, now=NOW)
+    assert asked == [["node1"]]
+    assert ex.nodes == ["node3"] and ex.reasons["node3"].startswith("quarantine.json")

@@ -113,8 +113,11 @@ class PipelineStep:
                 out = self._forward(k, action) if action.forward else self._backward(k, action)
             sent = produces(action, self.rank, self.pp, self.vpp)
             nxt = self._need(k + 2)
-            self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
-            self.link.reap()
+            # posting is pipeline communication: gloo writes a small send inline, so a slow
+            # link shows here (as pp wait), not as compute of this rank
+            with self.timer.region("comm_wait", link="pp"):
+                self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
+                self.link.reap()
         with self.timer.region("comm_wait", link="pp"):
             self.link.drain()
         return None if self.loss_sum is None else self.loss_sum / self.m

@@ -21,7 +21,11 @@ The rule, row by row over the last ``persist_steps`` judged rows (detect/rows.py
 1. per kind (``comm_tp`` and ``comm_dp`` of the metrics record), each group's value
    minus the median of the *other* groups of that kind in the same stage (stages hold different
    layers, so different collectives and gradient bytes; leave-one-out, so two groups a stage
-   suffice, which needs tp > 1 and dp > 1), its median over the rows: the group's excess;
+   suffice, which needs tp > 1 and dp > 1), over the rows: the group's excess is the value it
+   passes in three rows of four (`PERSIST_QUANTILE`). A degraded link is slow in every row;
+   a pair of processes starved of CPU for a few steps (8 ranks on 2 cores) is slow in some
+   rows and fast in others, and a median over the rows named such a pair once on a healthy
+   SLURM run;
 2. a group is slow when its excess passes a robust z-score across its kind's groups (with enough
    groups), a quarter of the floor ``min_excess_frac`` of the step, and ``link_min_ratio`` times
    the peers' value (a degraded link is a factor, not a few percent);
@@ -44,6 +48,9 @@ KINDS = ("tp", "dp")
 """The kinds judged. Pipeline pairs are recorded (``comm_pp``) but not judged: both ends of a
 pair wait on the rest of the pipeline (a slow device two stages away raises both), so a pair's
 smallest wait is no transfer time, while every member of a collective takes part in it."""
+PERSIST_QUANTILE = 0.25
+"""The quantile over the window's rows of a group's excess that judges it: a group is slow only
+if it is slower than its peers in three rows of four."""
 MIN_PEERS = 5
 """Below this many groups of a kind the spread is mostly the outlier itself: the floors decide."""
 
@@ -135,7 +142,7 @@ class LinkRules:
         out = []
         for kind, v in rows.items():
             peers = _leave_one_out_median(v, self.g.pp)
-            excess = median(v - peers, axis=0)
+            excess = np.quantile(v - peers, PERSIST_QUANTILE, axis=0)
             typical = median(peers, axis=0)
             n = len(excess)
             sigma = float(robust_sigma(excess)) if n >= MIN_PEERS else 0.0

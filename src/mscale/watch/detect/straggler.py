@@ -23,7 +23,7 @@ import numpy as np
 
 from mscale.watch.config import WatchConfig
 from mscale.watch.detect.rows import Recent, median, robust_sigma
-from mscale.watch.detect.split import fastest_split
+from mscale.watch.detect.split import fastest_split, split_gain_pct
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf
 
@@ -212,6 +212,9 @@ class StragglerRules:
             best, per_block = fastest_split(sc, list(counts), whatif.graph)
             if best == list(counts):
                 return None  # no integer split is faster: nothing to advise
+            if split_gain_pct(sc, list(counts), best, per_block, whatif.graph) \
+                    < cfg.stage_min_slowdown_pct:
+                return None  # faster by the model only by noise: not worth a re-plan
             moved = (np.asarray(best) - np.asarray(counts)) * per_block
             pct, saved = whatif.slowdown(w.own, w.compute + moved[g.stage] + w.data,
                                          w.step_time)
