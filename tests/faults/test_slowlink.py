@@ -92,7 +92,9 @@ def test_selected_process_sends_at_the_link_rate_and_others_at_full_speed(shim: 
     selected = _run("timed_send('send')", _child_env(shim_env, RANK="5"))["send"]
     other = _run("timed_send('send')", _child_env(shim_env, RANK="4"))["send"]
     assert selected >= PACED_FLOOR_S, f"RANK=5 is selected: 2 MB at 10 MB/s took {selected:.3f}s"
-    assert other < UNPACED_CEILING_S, f"RANK=4 is not selected, yet 2 MB took {other:.3f}s"
+    # against the paced send measured here, not a fixed time: a loaded machine slows both
+    assert other < selected / 2, \
+        f"RANK=4 is not selected, yet 2 MB took {other:.3f}s (paced: {selected:.3f}s)"
 
 
 def test_threads_share_one_link(shim: Path) -> None:
@@ -114,11 +116,11 @@ def test_non_blocking_sends_are_paced_to_the_rate_not_below_it(shim: Path) -> No
     """A non-blocking send is charged for what the kernel took, not for what was asked.
 
     The kernel takes ~200 KB of each 2 MB request; charging the request would send at a tenth
-    of the rate. The upper bound is loose (busy machines) but far below that tenth (2 s).
+    of the rate (2 s). The upper bound sits halfway to that, so a busy machine cannot reach it.
     """
     code = "timed_send('send', send=send_nonblocking)"
     seconds = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS), RANK="5"))["send"]
-    assert PACED_FLOOR_S <= seconds < 3 * COST_S
+    assert PACED_FLOOR_S <= seconds < 5 * COST_S
 
 
 def test_files_and_pipes_are_never_paced(shim: Path, tmp_path: Path) -> None:
