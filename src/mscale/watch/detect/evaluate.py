@@ -213,8 +213,15 @@ def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[
         back = [o.rollback_error for o in outs if o.rollback_error is not None]
         if back:
             ratio = f"first bad step {min(back):+d}..{max(back):+d} from the onset"
+        # a fault the schedule hides (its true cost below the rule's reporting bar) is not a
+        # miss: not naming it is the rule deciding by what a fix would buy
+        bar = WatchConfig().stage_min_slowdown_pct if cause == "stage_imbalance" \
+            else WatchConfig().min_slowdown_pct
+        hidden = [o for o in outs if o.true_pct is not None and o.true_pct < bar]
+        note = f" ({len(hidden)} hidden: true < {bar:g}%, {sum(o.detected for o in hidden)} " \
+               f"named)" if hidden else ""
         lines.append(
-            f"| {cause} | {sum(o.detected for o in outs)}/{trials} | "
+            f"| {cause} | {sum(o.detected for o in outs)}/{trials}{note} | "
             + (f"{int(np.median(lat))}/{max(lat)}" if lat else "-")
             + f" | {sum(o.right_cause for o in outs)}/{trials} | "
               f"{sum(o.right_target for o in outs)}/{trials} | "
