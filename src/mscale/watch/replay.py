@@ -100,8 +100,8 @@ def step_graph(pp: int, vpp: int, micro_batches: int) -> StepGraph:
     levels = tuple((idx, prev[idx], dep[idx]) for idx in
                    (np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1)))
     last = np.array([ids[r, len(scheds[r]) - 1] for r in range(pp)])
-    keys = tuple((r, a.kind, a.micro, a.chunk) for (r, i), a in
-                 ((key, scheds[key[0]][key[1]]) for key in ids))
+    keys = tuple((r, scheds[r][i].kind, scheds[r][i].micro, scheds[r][i].chunk)
+                 for r, i in ids)  # in action order: ids were numbered as inserted
     return StepGraph(pp, vpp, micro_batches, stage, weight, levels, last, keys)
 
 

@@ -121,9 +121,13 @@ def _few(items, limit: int = 16) -> str:
 
 def _timeline(trace_url: str, layout: JobLayout | None) -> str:
     """The newest traced step: a table per stage and the replay check (module docstring)."""
+    from mscale.errors import MscaleError
     from mscale.watch import timeline
 
-    tl = timeline.load(trace_url)
+    try:
+        tl = timeline.load(trace_url)
+    except MscaleError as exc:  # the page still reports the run; it says why there is no timeline
+        return f"<p>{html.escape(trace_url)}: {html.escape(str(exc))}</p>"
     rows = timeline.stage_summary(tl)
     cols = ("forward", "backward", *timeline.WAITS, "span")
     out = [f"<p>{html.escape(trace_url)} (step {tl.step}): open it in ui.perfetto.dev or "

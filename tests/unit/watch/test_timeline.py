@@ -59,3 +59,11 @@ def test_the_report_shows_the_newest_traced_step(tmp_path):
     page = render("run", None, None, [], [], {}, 0, trace_url=str(tmp_path / "step-000003.json"))
     assert "<h2>Timeline</h2>" in page and "(step 3)" in page and "(100%)" in page
     assert network_references(page) == []  # the path is text, not a link
+
+
+def test_a_damaged_trace_is_named_on_the_page_not_fatal(tmp_path):
+    from mscale.watch.report import render
+
+    (tmp_path / "step-000004.json").write_text('{"traceEvents": [')
+    page = render("run", None, None, [], [], {}, 0, trace_url=str(tmp_path / "step-000004.json"))
+    assert "<h2>Timeline</h2>" in page and "not a timeline written by mscale train" in page
