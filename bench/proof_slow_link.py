@@ -28,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from mscale.runs.atomic import read_jsonl  # noqa: E402
 from tests.faults import slowlink  # noqa: E402  (the shim lives with the tests)
 
 MSCALE = str(REPO / ".venv" / "bin" / "mscale")
@@ -37,9 +38,7 @@ BPS = 5_000_000
 
 
 def records(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(str(path))  # a file being appended: a torn last line is skipped
 
 
 def supervised(run: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -24,6 +23,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from mscale.runs.atomic import read_jsonl
 
 SOURCE = Path(__file__).with_name("slowlink.c")
 _COMPILERS = ("gcc", "cc")
@@ -97,10 +98,8 @@ def onset_after_step(run: Path, step: int, flag: Path) -> Iterator[None]:
     stop = threading.Event()
 
     def watch() -> None:
-        metrics = run / "metrics.jsonl"
-        while not stop.is_set():
-            if metrics.exists() and any(json.loads(line)["step"] >= step for line in
-                                        metrics.read_text().splitlines() if line.strip()):
+        while not stop.is_set():  # read_jsonl: the job may be mid-append (a torn last line)
+            if any(r["step"] >= step for r in read_jsonl(str(run / "metrics.jsonl"))):
                 flag.touch()
                 return
             time.sleep(0.1)
