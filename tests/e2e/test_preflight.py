@@ -46,6 +46,9 @@ def test_a_slowed_rank_is_flagged_and_only_its_node_is_excluded(tmp_path):
     assert {r["node"] for r in _critical(report)} <= {"node3", None}
     assert json.loads((run / "preflight.json").read_text())["exclude"] == "node3"
     assert 'check="gemm",entity="rank 5",node="node3"} 2' in (tmp_path / "pf.prom").read_text()
+    # every file written is named, on stderr (stdout is the --json document alone)
+    assert f"wrote preflight report: {run / 'preflight.json'}" in p.stderr, p.stderr
+    assert f"wrote Prometheus textfile: {tmp_path / 'pf.prom'}" in p.stderr, p.stderr
 
 
 def test_a_healthy_job_flags_nothing_run_after_run(tmp_path):

@@ -19,7 +19,7 @@ from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.distributed.launch import run_local_workers
 from mscale.preflight import judge
-from mscale.preflight.report import finish, publish, render
+from mscale.preflight.report import finish, publish, render, say_written
 from mscale.preflight.options import PreflightOptions
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
@@ -68,6 +68,7 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
         report = _launcher_report(plan, opts, nprocs, result, logs)
         publish(report, opts, quiet=True)
     render(report, opts.as_json)
+    say_written(opts)
     return judge.exit_code(report.status)
 
 

@@ -257,7 +257,21 @@ def publish(report: PreflightReport, opts, quiet: bool) -> int:
         write_text_atomic(opts.prometheus, prometheus_text(report))
     if not quiet:
         render(report, opts.as_json)
+        say_written(opts)
     return judge.exit_code(report.status)
+
+
+def say_written(opts) -> None:
+    """Name every file preflight wrote, on stderr (stdout keeps the table or the ``--json``
+    document): ``wrote preflight report: RUN_DIR/preflight.json``, ``wrote Prometheus textfile:
+    FILE``. A file a command writes without saying so is one a newcomer does not know of."""
+    import sys
+
+    sys.stdout.flush()  # after the table when both go to one terminal or file
+    sys.stderr.write(f"wrote preflight report: {RunDir(opts.run_dir).preflight}\n")
+    if opts.prometheus:
+        sys.stderr.write(f"wrote Prometheus textfile: {opts.prometheus}\n")
+    sys.stderr.flush()
 
 
 def render(report: PreflightReport, as_json: bool) -> None:
