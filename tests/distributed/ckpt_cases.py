@@ -46,20 +46,17 @@ def steps(engine, first: int, last: int, ckpt=None, save_at=(), wait=False) -> l
 
 def state(engine) -> dict:
     """This rank's model (TP-gathered) and optimizer pieces, by global name."""
-    from mscale.model import full_state_dict
+    from mscale.parallel.parallelize import full_state_dict
     from mscale.parallel.tensor import TensorParallel
-    from mscale.parallel.spec import get_spec
 
     g = engine.groups
     tp = TensorParallel.from_groups(g, engine.plan.layout.sequence_parallel)
     engine.grads.wait_params()  # the last step's parameter all-gathers
-    params = {}
-    for chunk in engine.chunks:
-        params.update({k: v.clone() for k, v in full_state_dict(chunk, tp).items()})
+    params = {k: v.clone() for k, v in full_state_dict(engine.chunks, engine.table, tp).items()}
     opt = engine.optimizer
     pieces = []
     for pc in opt.pieces:
-        spec = get_spec(engine.params[pc.param_index])
+        spec = engine.table[pc.param_index]
         box = [s.indices(d)[:2] for s, d in zip(spec.tp_slice(g.tp_rank, g.tp_size),
                                                 spec.global_shape)]
         pieces.append((spec.name, tuple(spec.global_shape), box, pc.param_lo, pc.param_hi,

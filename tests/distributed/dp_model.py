@@ -1,4 +1,4 @@
-"""A tiny MLP made of ParamSpec'd parameters, its data, and single-process references.
+"""A tiny MLP with a parameter table, its data, and single-process references.
 
 Shared by the data-parallel unit and distributed tests: a DP run over any layout must end where
 `reference_run` (the whole global batch in one process) ends.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from mscale.config.training import TrainingConfig
-from mscale.parallel.spec import ParamSpec, set_spec
+from mscale.parallel.spec import ParamSpec, ParamTable
 
 # name, global shape, tp_dim, weight decay
 SHAPES = [("fc1.weight", (24, 12), 0, True), ("fc1.bias", (24,), 0, False),
@@ -31,9 +31,14 @@ def make_params(seed: int, tp_rank: int = 0, tp_size: int = 1,
         full = torch.randn(shape, generator=gen) * 0.3 + (1.0 if name == "norm.weight" else 0.0)
         spec = ParamSpec(name, shape, tp_dim, wd)
         if names is None or name in names:
-            local = full[spec.tp_slice(tp_rank, tp_size)].clone()
-            out.append(set_spec(torch.nn.Parameter(local), spec))
+            out.append(torch.nn.Parameter(full[spec.tp_slice(tp_rank, tp_size)].clone()))
     return out
+
+
+def make_table(tp_rank: int = 0, tp_size: int = 1, names: list[str] | None = None) -> ParamTable:
+    """The table of `make_params`' parameters (same arguments, same order)."""
+    return ParamTable(tuple(ParamSpec(name, shape, tp_dim, wd) for name, shape, tp_dim, wd in SHAPES
+                            if names is None or name in names), tp_rank, tp_size)
 
 
 def batch(step: int, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:

@@ -57,7 +57,7 @@ def build_case_engine(rank: int, world: int, case: dict):
 
 def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
     """Build the engine for ``case`` on this rank and run ``steps`` optimizer steps."""
-    from mscale.model import full_state_dict
+    from mscale.parallel.parallelize import full_state_dict
     from mscale.parallel.tensor import TensorParallel
     from mscale.train.loop import train_step
     from mscale.train.timers import StepTimer
@@ -77,9 +77,8 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
         eval_loss = evaluate(engine, engine.eval_loader, plan.training.eval.batches).loss
     tp = TensorParallel.from_groups(engine.groups, plan.layout.sequence_parallel)
     engine.grads.wait_params()  # the last step's parameter all-gathers
-    params = {}
-    for chunk in engine.chunks:
-        params.update({k: v.detach().clone() for k, v in full_state_dict(chunk, tp).items()})
+    params = {k: v.detach().clone()
+              for k, v in full_state_dict(engine.chunks, engine.table, tp).items()}
     engine.grads.close()
     engine.loader.close()
     return {"losses": losses, "params": params, "eval_loss": eval_loss,

@@ -41,8 +41,8 @@ def clip_coef(plan: Plan, norm: float) -> float:
 
 def reference_run(plan: Plan, steps: int) -> dict:
     """The same training on one process without pipelining: losses, norms, final parameters."""
-    from mscale.model import Transformer, full_state_dict, init_parameters
     from mscale.parallel.data import GradBuffer
+    from mscale.parallel.parallelize import build_chunks, full_state_dict
     from mscale.parallel.tensor import TensorParallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.train.data import BatchPlan, DataLoader, make_source
@@ -52,10 +52,9 @@ def reference_run(plan: Plan, steps: int) -> dict:
     single = tiny_plan(global_batch=plan.training.global_batch, lr=plan.training.lr,
                        micro_batch=plan.layout.micro_batch, **plan.model.model_dump())
     tp, training = TensorParallel.single(), single.training
-    model = Transformer(single.model, tp)
-    init_parameters(model, training.seed)
+    (model,), table = build_chunks(single, 0, tp, torch.device("cpu"), seed=training.seed)
     params = list(model.parameters())
-    grads = GradBuffer(params, None, zero_stage=0, bucket_bytes=int(training.bucket_mb * 1e6))
+    grads = GradBuffer(params, table, None, zero_stage=0, bucket_bytes=int(training.bucket_mb * 1e6))
     opt = DistributedOptimizer(params, grads, training, None)
     source = make_source(training.data, training.seed, single.model.seq_len, single.model.vocab)
     loader = DataLoader(source, BatchPlan(training.global_batch, single.layout.micro_batch, 1, 0))
@@ -73,4 +72,4 @@ def reference_run(plan: Plan, steps: int) -> dict:
         norms.append(opt.grad_norm())
         opt.step(training.lr, clip_coef(single, norms[-1]))
     assert all(math.isfinite(x) for x in losses)
-    return {"losses": losses, "norms": norms, "params": full_state_dict(model, tp)}
+    return {"losses": losses, "norms": norms, "params": full_state_dict([model], table, tp)}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.distributed.dp_model import (BUCKET_BYTES, SHAPES, Reference, config, dp_run, global_grads,
-                                 make_params, max_rel_diff, reference_run)
+                                 make_params, make_table, max_rel_diff, reference_run)
 from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -38,7 +38,8 @@ def _train_cases(rank, world, cases):
     for zero, optimizer, hier, overlap in cases:
         cfg = config(optimizer, overlap_grad_reduce=overlap)
         params = make_params(0)
-        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES,
+        grads = GradBuffer(params, make_table(), groups, zero_stage=zero,
+                           bucket_bytes=BUCKET_BYTES,
                            overlap=overlap, hierarchical=hier)
         if hier:
             grads.comm.issued = []
@@ -121,11 +122,11 @@ def test_dp2_all_zero_stages_match_single_process():
     _check(run_distributed(_train_cases, 2, cases), 2)
 
 
-def _inject(params, grads_full, tp_rank, tp_size, scale):
+def _inject(params, table, grads_full, scale):
     """Backward of sum(p · g) puts g (this rank's TP slice, times ``scale``) into p.grad."""
     by_name = {s[0]: g for s, g in zip(SHAPES, grads_full)}
-    loss = sum((p * by_name[p.mscale_spec.name][p.mscale_spec.tp_slice(tp_rank, tp_size)]
-                * scale).sum() for p in params)
+    loss = sum((p * by_name[spec.name][table.local_slice(spec)] * scale).sum()
+               for p, spec in zip(params, table, strict=True))
     loss.backward()
 
 
@@ -143,12 +144,12 @@ def _tp_pp_norm_and_step(rank, world):
     for zero in (0, 1, 2):
         for optimizer in ("adamw", "lamb"):
             cfg = config(optimizer)
-            params = make_params(0, groups.tp_rank, 2)
-            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+            params, table = make_params(0, groups.tp_rank, 2), make_table(groups.tp_rank, 2)
+            grads = GradBuffer(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
             opt = DistributedOptimizer(params, grads, cfg, groups)
             norms = []
             for _ in range(2):
-                _inject(params, g_full, groups.tp_rank, 2, scale)
+                _inject(params, table, g_full, scale)
                 grads.finish()
                 norms.append(opt.grad_norm())
                 opt.step(cfg.lr, clip_coef=opt.clip_coef(cfg.grad_clip))
@@ -157,10 +158,10 @@ def _tp_pp_norm_and_step(rank, world):
     groups = build_groups(Placement(tp=1, pp=2, dp=2, gpus_per_node=4), rank, TIMEOUT)
     names = [s[0] for s in SHAPES][:3] if groups.pp_rank == 0 else [s[0] for s in SHAPES][3:]
     for zero in (0, 1, 2):
-        params = make_params(0, names=names)
-        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        params, table = make_params(0, names=names), make_table(names=names)
+        grads = GradBuffer(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
         opt = DistributedOptimizer(params, grads, config(), groups)
-        _inject(params, g_full, 0, 1, (0.5, 1.5)[groups.dp_rank])
+        _inject(params, table, g_full, (0.5, 1.5)[groups.dp_rank])
         grads.finish()
         out["pp"][zero] = opt.grad_norm()
         grads.close()
@@ -184,7 +185,7 @@ def test_global_norm_over_tp_pp_dp_and_tp_sharded_updates():
         for r in results:
             norms, local, tp_rank = r["tp"][key]
             assert norms == pytest.approx(ref_norms, rel=1e-6), key
-            want = [p.detach()[p.mscale_spec.tp_slice(tp_rank, 2)] for p in params]
+            want = [p.detach()[s.tp_slice(tp_rank, 2)] for p, s in zip(params, make_table())]
             assert max_rel_diff(local, want) < 1e-5, key
 
 
@@ -205,7 +206,8 @@ def _views_vs_copies(rank, world):
             GradBuffer._viewable = viewable if views else (lambda self, p: False)
             cfg = config()
             params = make_params(0)
-            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+            grads = GradBuffer(params, make_table(), groups, zero_stage=zero,
+                               bucket_bytes=BUCKET_BYTES)
             opt = DistributedOptimizer(params, grads, cfg, groups)
             losses, norms, _ = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
             out["runs"][(zero, views)] = (losses, norms, [p.detach().clone() for p in params])
@@ -215,7 +217,7 @@ def _views_vs_copies(rank, world):
             grads.close()
     GradBuffer._viewable = viewable
     params = make_params(0)
-    grads = GradBuffer(params, groups, zero_stage=2, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), groups, zero_stage=2, bucket_bytes=BUCKET_BYTES)
     out["z2_before"] = [p.grad is None for p in params]
     x, y = batch(0)
     with grads.no_sync():
@@ -256,13 +258,13 @@ class _Net(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        from mscale.parallel.spec import ParamSpec, set_spec
+        from mscale.parallel.spec import ParamSpec, ParamTable
 
         torch.manual_seed(0)
         self.layers = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(4)])
         self.head = torch.nn.Linear(16, 8, bias=False)
-        for name, p in self.named_parameters():
-            set_spec(p, ParamSpec(name, tuple(p.shape), None, p.dim() > 1))
+        self.table = ParamTable(tuple(ParamSpec(name, tuple(p.shape), None, p.dim() > 1)
+                                      for name, p in self.named_parameters()))
 
     def forward(self, x):
         return torch.nn.functional.linear(torch.tanh(self.layers(x)), self.head.weight)
@@ -280,7 +282,8 @@ def _param_gather_cases(rank, world, cases):
     for zero, optimizer, deferred in cases:
         model = _Net()
         params = list(model.parameters())
-        grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=16 * 17 * 4,
+        grads = GradBuffer(params, model.table, groups, zero_stage=zero,
+                           bucket_bytes=16 * 17 * 4,
                            overlap_param_gather=deferred)
         grads.attach_modules([model])
         cfg = TrainingConfig(global_batch=2, lr=1e-2, optimizer=optimizer, weight_decay=0.1)

@@ -46,7 +46,7 @@ def _plan(spec):
 
 
 def _train(rank: int, plan, steps: int) -> dict:
-    from mscale.model import full_state_dict
+    from mscale.parallel.parallelize import full_state_dict
     from mscale.topology.env import LaunchEnv
     from mscale.train.engine import build_engine
     from mscale.train.options import TrainOptions
@@ -68,9 +68,7 @@ def _train(rank: int, plan, steps: int) -> dict:
         out["norms"].append(engine.optimizer.grad_norm())
         engine.optimizer.step(plan.training.lr, clip_coef(plan, out["norms"][-1]))
         out["timings"].append(timer.end_step())
-    params = {}
-    for chunk in engine.chunks:
-        params.update(full_state_dict(chunk, engine.chunks[0].tp))
+    params = full_state_dict(engine.chunks, engine.table, engine.chunks[0].tp)
     engine.grads.close()
     out.update(pp_rank=g.pp_rank, dp_rank=g.dp_rank, tp_rank=g.tp_rank,
                last=g.is_last_stage, params=params if g.tp_rank == 0 and g.dp_rank == 0 else None)

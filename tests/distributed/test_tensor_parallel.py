@@ -1,6 +1,7 @@
-"""Tensor (+ sequence) parallel runs match a single process built from the same seed.
+"""Tensor (+ sequence) parallel runs match the plain model in one process, from the same seed.
 
-Each rank also builds the single-process reference itself (a tiny model, milliseconds), feeds both
+The parallelize step applied to the plain `mscale.model.Transformer` must compute what the plain
+model computes. Each rank also builds the plain reference itself (a tiny model, milliseconds), feeds both
 the same batch, and returns relative errors: of the loss, of every parameter gradient gathered to
 its full global tensor, and of every parameter after a few plain SGD steps. Many configurations run
 per launch because a launch costs seconds of torch import.
@@ -29,33 +30,37 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def _run_model(model, x, labels, split):
-    """Loss of ``model``, or of the same weights run as two pipeline stages when ``split``."""
-    if not split:
-        return model(x, labels)
-    first, second = split
-    return second(first(x), labels)
+def _run_model(stages, x, labels):
+    """Loss of the model, run as one module or as consecutive pipeline stages."""
+    h = x
+    for stage in stages[:-1]:
+        h = stage(h)
+    return stages[-1](h, labels)
 
 
-def _stages(cfg, tp, recompute, seed):
-    from mscale.model import Transformer, init_parameters
+def _parallel(cfg, tp, recompute, seed, **stage):
+    """This rank's tensor-parallel module for ``cfg`` (or one stage of it), initialised."""
+    from mscale.model import Transformer
+    from mscale.parallel.parallelize import init_parameters, parallelize
 
-    first = Transformer(cfg, tp, layer_ids=[0], has_head=False, recompute=recompute)
-    second = Transformer(cfg, tp, layer_ids=list(range(1, cfg.layers)), has_embedding=False,
-                         recompute=recompute)
-    for m in (first, second):
-        init_parameters(m, seed, num_layers=cfg.layers)
-    return first, second
+    with torch.device("meta"):
+        plain = Transformer(cfg, **stage)
+    model, table = parallelize(plain, tp, recompute)
+    model = model.to_empty(device="cpu")
+    init_parameters(list(model.parameters()), table, seed, cfg.layers)
+    return model, table
 
 
 def _compare(rank, world, tp_size, cases):
+    """Every case against the plain model (`mscale.model.Transformer`, one process)."""
+    import contextlib
     from datetime import timedelta
 
     from mscale.config.model import ModelConfig
     from mscale.distributed.groups import build_groups
-    from mscale.model import Transformer, full_state_dict, init_parameters
+    from mscale.model import Transformer, init_weights
+    from mscale.parallel.parallelize import full_state_dict, gather_tp
     from mscale.parallel.spec import ParamSpec
-    from mscale.model.params import gather_tp
     from mscale.parallel.tensor import TensorParallel
     from mscale.topology.placement import Placement
 
@@ -66,39 +71,44 @@ def _compare(rank, world, tp_size, cases):
         cfg = ModelConfig(**{**BASE, **case.get("model", {})})
         tp = TensorParallel.from_groups(groups, sequence_parallel=case.get("sp", False))
         recompute, seed = case.get("recompute", "none"), 100 + i
-        dtype = torch.bfloat16 if case.get("bf16") else None
-        model = Transformer(cfg, tp, recompute=recompute, autocast_dtype=dtype)
-        init_parameters(model, seed)
-        ref = Transformer(cfg, TensorParallel.single(), autocast_dtype=dtype)
-        init_parameters(ref, seed)
-        split = _stages(cfg, tp, recompute, seed) if case.get("split") else None
-        params = list(split[0].parameters()) + list(split[1].parameters()) if split else \
-            list(model.parameters())
+        precision = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if case.get("bf16") \
+            else contextlib.nullcontext
+        ref = Transformer(cfg)
+        init_weights(ref, seed)
+        if case.get("split"):
+            stages = [_parallel(cfg, tp, recompute, seed, layer_ids=[0], has_head=False),
+                      _parallel(cfg, tp, recompute, seed, layer_ids=list(range(1, cfg.layers)),
+                                has_embedding=False)]
+        else:
+            stages = [_parallel(cfg, tp, recompute, seed)]
+        mods = [m for m, _ in stages]
+        table = stages[0][1] if len(stages) == 1 else stages[0][1] + stages[1][1]
+        params = [p for m in mods for p in m.parameters()]
         # Each DP replica gets its own batch; the reference sees the same one.
         gen = torch.Generator().manual_seed(1000 * i + groups.dp_rank)
         tokens = torch.randint(0, cfg.vocab, (2, cfg.seq_len + 1), generator=gen)
         x, labels = tokens[:, :-1], tokens[:, 1:]
         err = {"loss": 0.0, "grad": 0.0, "param": 0.0, "logits": 0.0}
         for _ in range(case.get("steps", 3)):
-            loss, ref_loss = _run_model(model, x, labels, split), ref(x, labels)
+            with precision():
+                loss, ref_loss = _run_model(mods, x, labels), ref(x, labels)
             loss.backward()
             ref_loss.backward()
             err["loss"] = max(err["loss"], _rel(loss.detach(), ref_loss.detach()))
-            ref_grads = full_state_dict(ref, TensorParallel.single(), grads=True)
-            mods = split or (model,)
-            grads = {k: v for m in mods for k, v in full_state_dict(m, tp, grads=True).items()}
+            ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+            grads = full_state_dict(mods, table, tp, grads=True)
             assert grads.keys() == ref_grads.keys()
             err["grad"] = max(err["grad"], max(_rel(grads[k], ref_grads[k]) for k in grads))
             with torch.no_grad():  # plain SGD keeps the comparison free of optimizer state
                 for p in params + list(ref.parameters()):
                     p -= 0.1 * p.grad
                     p.grad = None
-        full = {k: v for m in (split or (model,)) for k, v in full_state_dict(m, tp).items()}
-        ref_full = full_state_dict(ref, TensorParallel.single())
+        full = full_state_dict(mods, table, tp)
+        ref_full = dict(ref.named_parameters())
         err["param"] = max(_rel(full[k], ref_full[k]) for k in full)
-        if not split:
-            with torch.no_grad():
-                logits = gather_tp(model(x), ParamSpec("logits", (), tp_dim=2), tp)
+        if len(mods) == 1:
+            with torch.no_grad(), precision():
+                logits = gather_tp(mods[0](x), ParamSpec("logits", (), tp_dim=2), tp)
                 err["logits"] = _rel(logits, ref(x))
         results.append(err)
     return results

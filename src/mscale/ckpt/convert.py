@@ -89,9 +89,7 @@ def _model_names(cfg) -> list[str]:
 
     plan = SimpleNamespace(layout=SimpleNamespace(tp=1, pp=1, sequence_parallel=False,
                                                   recompute="none"), model=cfg)
-    from mscale.parallel.spec import get_spec
-
-    return [get_spec(p).name for p in meta_params(plan, 0, 0)]
+    return meta_params(plan, 0, 0)[1].names
 
 
 def export_hf(src: str, manifest: Manifest, dst: str) -> dict:

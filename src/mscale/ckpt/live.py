@@ -16,6 +16,7 @@ import torch
 from mscale.config.plan import Plan
 from mscale.distributed.groups import ParallelGroups
 from mscale.parallel.buckets import Piece
+from mscale.parallel.spec import ParamTable
 
 
 class OptimizerState(Protocol):
@@ -60,6 +61,8 @@ class LiveRank:
     params: list[torch.nn.Parameter]
     """The rank's parameters, chunks in order, registration order within (the index space of
     `OptimizerState.pieces`)."""
+    table: ParamTable
+    """What each of ``params`` is in the global model (name, global shape, TP split)."""
     optimizer: OptimizerState
     clipper: ClipState
     timeout_s: float

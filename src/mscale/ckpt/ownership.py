@@ -35,7 +35,7 @@ from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, optim_key, ten
 from mscale.ckpt.slices import Box, box_from_slices, numel
 from mscale.parallel.buckets import BufferLayout, Piece
 from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard
-from mscale.parallel.spec import ParamSpec, get_spec
+from mscale.parallel.spec import ParamSpec, ParamTable
 from mscale.topology.placement import placement_for
 
 
@@ -171,11 +171,10 @@ def layout_record(plan) -> dict:
 
 
 # --------------------------------------------------------------------------- building layouts
-def _slots(params, tp_rank: int, tp_size: int) -> list[ParamSlot]:
+def _slots(params, table: ParamTable) -> list[ParamSlot]:
     out = []
-    for i, p in enumerate(params):
-        spec = get_spec(p)
-        box = box_from_slices(spec.tp_slice(tp_rank, tp_size), spec.global_shape)
+    for i, (p, spec) in enumerate(zip(params, table, strict=True)):
+        box = box_from_slices(table.local_slice(spec), spec.global_shape)
         out.append(ParamSlot(i, spec, box, dtype_name(p.dtype)))
     return out
 
@@ -190,22 +189,22 @@ def from_live(live: LiveRank) -> RankLayout:
     return RankLayout(rank=g.rank, dp_rank=g.dp_rank, pp_rank=g.pp_rank, tp_rank=g.tp_rank,
                       dp_size=g.dp_size, pp_size=g.pp_size, tp_size=g.tp_size,
                       zero_stage=live.plan.layout.zero_stage,
-                      params=_slots(live.params, g.tp_rank, g.tp_size),
+                      params=_slots(live.params, live.table),
                       pieces=_pieces(live.optimizer.pieces))
 
 
-def meta_params(plan, pp_rank: int, tp_rank: int) -> list[torch.nn.Parameter]:
-    """The parameters rank (pp_rank, tp_rank) of ``plan`` would hold, on the meta device."""
-    from mscale.model import build_chunks
+def meta_params(plan, pp_rank: int,
+                tp_rank: int) -> tuple[list[torch.nn.Parameter], ParamTable]:
+    """The parameters rank (pp_rank, tp_rank) of ``plan`` would hold, on the meta device, and
+    their table."""
+    from mscale.parallel.parallelize import build_chunks
     from mscale.parallel.tensor import TensorParallel
 
     layout = plan.layout
     tp = TensorParallel(group=None, size=layout.tp, rank=tp_rank,
                         sequence_parallel=layout.sequence_parallel)
-    meta = torch.device("meta")
-    with meta:
-        chunks = build_chunks(plan, pp_rank, tp, meta)
-    return [p for c in chunks for p in c.parameters()]
+    chunks, table = build_chunks(plan, pp_rank, tp, torch.device("meta"))
+    return [p for c in chunks for p in c.parameters()], table
 
 
 def for_plan(plan, rank: int) -> RankLayout:
@@ -214,10 +213,10 @@ def for_plan(plan, rank: int) -> RankLayout:
     layout = plan.layout
     placement = placement_for(plan)
     coord = placement.coord(rank)
-    params = meta_params(plan, coord.pp, coord.tp)
-    buffer = BufferLayout(params, layout.dp, bucket_numel(bucket_bytes(plan.training)))
+    params, table = meta_params(plan, coord.pp, coord.tp)
+    buffer = BufferLayout(params, table, layout.dp, bucket_numel(bucket_bytes(plan.training)))
     shard = owned_shard(placement, rank, layout.zero_stage, layout.dp_reduce == "hierarchical")
     return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,
                       dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
-                      zero_stage=layout.zero_stage, params=_slots(params, coord.tp, layout.tp),
+                      zero_stage=layout.zero_stage, params=_slots(params, table),
                       pieces=_pieces(buffer.pieces(shard)))

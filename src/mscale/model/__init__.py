@@ -1,7 +1,6 @@
-"""The LLaMA/GPT-class decoder and its parameters by global name."""
+"""The LLaMA/GPT-class decoder in plain PyTorch, and its initial values by global name."""
 
-from mscale.model.chunks import build_chunks
-from mscale.model.params import full_state_dict, init_parameters
+from mscale.model.params import init_weights
 from mscale.model.transformer import Transformer
 
-__all__ = ["Transformer", "build_chunks", "init_parameters", "full_state_dict"]
+__all__ = ["Transformer", "init_weights"]

@@ -1,7 +1,9 @@
-"""Parameters by global name: deterministic initialisation and gathering of full tensors.
+"""Initial values by global name: the same weights at every layout.
 
-Both work from each parameter's `ParamSpec`, never from its local shape or position, which is
-what makes a TP=4 × PP=2 run start from exactly the weights of a single process.
+Each parameter's full initial tensor is a function of (seed, global name, shape) only, never of
+where it lives: a single process, a TP=4 × PP=2 rank or a checkpoint conversion all derive the
+same values. `init_weights` sets them on a plain model; the parallelize step
+(`mscale.parallel.parallelize.init_parameters`) sets each rank's slice of the same tensors.
 """
 
 from __future__ import annotations
@@ -12,9 +14,7 @@ import math
 import torch
 from torch import nn
 
-from mscale.distributed.collectives import all_gather_into
-from mscale.parallel.spec import ParamSpec, get_spec
-from mscale.parallel.tensor import TensorParallel
+from mscale.model.transformer import RMSNorm, Transformer
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of every matrix (GPT-2, LLaMA)."""
@@ -30,51 +30,28 @@ def name_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def global_init(spec: ParamSpec, seed: int, num_layers: int) -> torch.Tensor:
-    """The full, unsharded initial value of one parameter, in fp32 on the CPU."""
-    if not spec.weight_decay:  # norm gains start at one
-        return torch.ones(spec.global_shape)
+def global_init(name: str, shape: tuple[int, ...], seed: int, num_layers: int, *,
+                gain: bool) -> torch.Tensor:
+    """The full, unsharded initial value of parameter ``name``, in fp32 on the CPU: ones for a
+    norm ``gain``, else N(0, 0.02) (residual outputs scaled down with depth)."""
+    if gain:
+        return torch.ones(shape)
     std = INIT_STD
-    if spec.name.endswith(RESIDUAL_OUTPUTS):
+    if name.endswith(RESIDUAL_OUTPUTS):
         std /= math.sqrt(2 * num_layers)
-    generator = torch.Generator().manual_seed(name_seed(seed, spec.name))
-    return torch.empty(spec.global_shape).normal_(0.0, std, generator=generator)
+    generator = torch.Generator().manual_seed(name_seed(seed, name))
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
+def gain_names(model: nn.Module) -> set[str]:
+    """Names of the norm gains (start at one, take no weight decay)."""
+    return {f"{prefix}.weight" if prefix else "weight"
+            for prefix, m in model.named_modules() if isinstance(m, RMSNorm)}
 
 
 @torch.no_grad()
-def init_parameters(module: nn.Module, seed: int, tp: TensorParallel | None = None,
-                    num_layers: int | None = None) -> None:
-    """Set every parameter to its TP slice of `global_init` (seed, global name).
-
-    ``tp`` and ``num_layers`` default to the module's own (``module.tp``, ``module.cfg.layers``).
-    Costs one full-size tensor per parameter on the CPU, at start-up only.
-    """
-    tp = tp or getattr(module, "tp", None) or TensorParallel.single()
-    if num_layers is None:
-        num_layers = module.cfg.layers if hasattr(module, "cfg") else 1
-    for p in module.parameters():
-        spec = get_spec(p)
-        p.copy_(global_init(spec, seed, num_layers)[spec.tp_slice(tp.rank, tp.size)])
-
-
-def gather_tp(t: torch.Tensor, spec: ParamSpec, tp: TensorParallel) -> torch.Tensor:
-    """This rank's shard ``t`` → the full global tensor (a collective over the TP group)."""
-    if spec.tp_dim is None or tp.size == 1:
-        return t.detach().clone()
-    moved = t.detach().movedim(spec.tp_dim, 0).contiguous()
-    out = moved.new_empty((moved.shape[0] * tp.size, *moved.shape[1:]))
-    all_gather_into(out, moved, tp.group)
-    return out.movedim(0, spec.tp_dim).contiguous()
-
-
-def full_state_dict(module: nn.Module, tp: TensorParallel, *,
-                    grads: bool = False) -> dict[str, torch.Tensor]:
-    """Every parameter (or, with ``grads``, its gradient; zeros if none) as a full global tensor
-    keyed by global name, on every TP rank. For tests and checkpoint conversion: the training
-    checkpoint is sharded and never gathers."""
-    out = {}
-    for p in module.parameters():  # parameters() lists a tied weight once
-        spec = get_spec(p)
-        t = p if not grads else (p.grad if p.grad is not None else torch.zeros_like(p))
-        out[spec.name] = gather_tp(t, spec, tp)
-    return out
+def init_weights(model: Transformer, seed: int) -> None:
+    """Set every parameter of a plain (unsharded) model to `global_init`."""
+    gains = gain_names(model)
+    for name, p in model.named_parameters():
+        p.copy_(global_init(name, tuple(p.shape), seed, model.cfg.layers, gain=name in gains))

@@ -1,50 +1,45 @@
-"""A LLaMA-class decoder, tensor- and sequence-parallel, that also serves as one pipeline stage.
+"""A LLaMA-class decoder in plain PyTorch, that also serves as one pipeline stage.
 
 Read top to bottom: RMSNorm, rotary embeddings, the attention core, grouped-query attention, the
-MLP, the block, the model. Activations are sequence-first ``[s, b, h]`` (a sequence-parallel
-shard is a contiguous slice of dim 0). The residual stream is replicated over TP ranks, or
-split along the sequence under SP; everything between `TensorParallel.enter` and
-`TensorParallel.exit` sees the full sequence and 1/tp of the heads or of the MLP width.
+MLP, the block, the model. Every layer is a stock `nn.Linear`/`nn.Embedding`; nothing here knows
+about parallelism. `mscale.parallel.parallelize` applies tensor and sequence parallelism,
+activation recompute and the pipeline split to this model for a given plan (torchtitan's
+split), so this file can be read, and compared with `transformers`' Llama, line by line.
+
+Activations are sequence-first ``[s, b, h]``: under sequence parallelism a shard is then a
+contiguous slice of dim 0. Head counts are read from the projections' outputs (``view(..., -1,
+head_dim)``), so the same code runs on a tensor-parallel rank's share of the heads.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
-from mscale.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, TensorParallel,
-                                    VocabParallelEmbedding, copy_to_tp, gather_from_sp,
-                                    name_parameters, sharded_parameter,
-                                    vocab_parallel_cross_entropy)
 
-RECOMPUTE = ("none", "selective", "full")
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Root-mean-square norm computed in fp32, times the gain, in ``x``'s dtype."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned gain, computed in fp32.
+    """`rms_norm` with a learned gain (starts at one; no weight decay)."""
 
-    Under SP each TP rank normalises a different slice of the sequence, so each holds only part
-    of the gain's gradient: routing the gain through `copy_to_tp` all-reduces that gradient in
-    backward, and every TP rank ends with the same complete gradient for the replicated gain.
-    """
-
-    def __init__(self, hidden: int, eps: float, tp: TensorParallel):
+    def __init__(self, hidden: int, eps: float):
         super().__init__()
-        self.eps, self.tp = eps, tp
-        self.weight = sharded_parameter((hidden,), tp, tp_dim=None, weight_decay=False)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = copy_to_tp(self.weight, self.tp) if self.tp.sp else self.weight
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * weight
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_frequencies(head_dim: int, theta: float,
@@ -117,52 +112,52 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
 
 
+class CausalAttention(nn.Module):
+    """`attention_core` as a module without parameters, so that the parallelize step can wrap
+    exactly this part in activation recompute (``recompute: selective``)."""
+
+    def __init__(self, window: int | None):
+        super().__init__()
+        self.window = window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attention_core(q, k, v, self.window)
+
+
 class Attention(nn.Module):
-    """Grouped-query attention with heads split over TP (each rank: heads/tp queries and
-    kv_heads/tp keys/values, which are exactly the K/V heads its query heads use).
+    """Grouped-query attention: ``heads`` queries share ``kv_heads`` keys and values."""
 
-    Takes the entered (full-sequence) input; returns the partial output, to be summed by
-    `TensorParallel.exit`.
-    """
-
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, recompute_core: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         d = cfg.head_dim
-        self.head_dim, self.theta, self.window = d, cfg.rope_theta, cfg.sliding_window
+        self.head_dim, self.theta = d, cfg.rope_theta
         self.scaling = cfg.rope_scaling.key() if cfg.rope_scaling else None
-        self.local_heads = cfg.heads // tp.size
-        self.local_kv_heads = cfg.num_kv_heads // tp.size
-        self.recompute_core = recompute_core
-        self.wq = ColumnParallelLinear(cfg.hidden, cfg.heads * d, tp)
-        self.wk = ColumnParallelLinear(cfg.hidden, cfg.num_kv_heads * d, tp)
-        self.wv = ColumnParallelLinear(cfg.hidden, cfg.num_kv_heads * d, tp)
-        self.wo = RowParallelLinear(cfg.heads * d, cfg.hidden, tp)
+        self.wq = nn.Linear(cfg.hidden, cfg.heads * d, bias=False)
+        self.wk = nn.Linear(cfg.hidden, cfg.num_kv_heads * d, bias=False)
+        self.wv = nn.Linear(cfg.hidden, cfg.num_kv_heads * d, bias=False)
+        self.wo = nn.Linear(cfg.heads * d, cfg.hidden, bias=False)
+        self.core = CausalAttention(cfg.sliding_window)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         s, b, _ = h.shape
-        q = apply_rotary(self.wq(h).view(s, b, self.local_heads, self.head_dim), self.theta,
-                         self.scaling)
-        k = apply_rotary(self.wk(h).view(s, b, self.local_kv_heads, self.head_dim), self.theta,
-                         self.scaling)
-        v = self.wv(h).view(s, b, self.local_kv_heads, self.head_dim)
+        q = apply_rotary(self.wq(h).view(s, b, -1, self.head_dim), self.theta, self.scaling)
+        k = apply_rotary(self.wk(h).view(s, b, -1, self.head_dim), self.theta, self.scaling)
+        v = self.wv(h).view(s, b, -1, self.head_dim)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # SDPA wants [b, heads, s, d]
-        if self.recompute_core:  # selective: drop the s×s-sized intermediates, keep the rest
-            out = checkpoint(attention_core, q, k, v, self.window, use_reentrant=False)
-        else:
-            out = attention_core(q, k, v, self.window)
-        return self.wo(out.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim))
+        out = self.core(q, k, v)
+        return self.wo(out.permute(2, 0, 1, 3).reshape(s, b, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU (LLaMA: gate, up, down) or GeLU (GPT: up, down), width split over TP."""
+    """SwiGLU (LLaMA: gate, up, down) or GeLU (GPT: up, down)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gated = cfg.mlp == "swiglu"
         if self.gated:
-            self.gate = ColumnParallelLinear(cfg.hidden, cfg.ffn, tp)
-        self.up = ColumnParallelLinear(cfg.hidden, cfg.ffn, tp)
-        self.down = RowParallelLinear(cfg.ffn, cfg.hidden, tp)
+            self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.gated:
@@ -171,125 +166,103 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block, sequential (two norms) or parallel (one norm; MegaScale §3.1).
+    """One transformer block, sequential (two norms) or parallel (one norm; MegaScale §3.1:
+    attention and MLP read the same normalised input and their outputs are summed, which under
+    tensor parallelism halves the block's collectives)."""
 
-    In the parallel form attention and MLP read the same normalised input, so they share one
-    `enter` and their partial outputs are summed before one `exit`: half the TP collectives.
-    """
-
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, recompute_core: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.tp, self.parallel = tp, cfg.parallel_block
+        self.parallel = cfg.parallel_block
         if self.parallel:
-            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp)
+            self.norm = RMSNorm(cfg.hidden, cfg.norm_eps)
         else:
-            self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp)
-            self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp)
-        self.attn = Attention(cfg, tp, recompute_core)
-        self.mlp = MLP(cfg, tp)
+            self.attn_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+            self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tp = self.tp
         if self.parallel:
-            h = tp.enter(self.norm(x))
-            return x + tp.exit(self.attn(h) + self.mlp(h))
-        x = x + tp.exit(self.attn(tp.enter(self.attn_norm(x))))
-        return x + tp.exit(self.mlp(tp.enter(self.mlp_norm(x))))
+            h = self.norm(x)
+            return x + (self.attn(h) + self.mlp(h))
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
 
 
 class Transformer(nn.Module):
     """The model, or the pipeline stage holding blocks ``layer_ids`` (global indices).
 
     Parameter names are global (``embed.weight``, ``layers.{i}.attn.wq.weight``,
-    ``final_norm.weight``, ``head.weight``), identical at every TP/PP layout. Parameters are
-    created uninitialised: call `init_parameters(model, seed)` or load a checkpoint.
-
-    ``autocast_dtype`` (e.g. torch.bfloat16) runs forward under torch.autocast with fp32
-    parameters; None (the default) computes in the parameters' dtype.
+    ``final_norm.weight``, ``head.weight``; no ``head`` when the embedding is tied), so they are
+    the same at every layout. `mscale.model.params.init_weights` sets the initial values; the
+    engine instead builds this on the meta device and lets the parallelize step materialise
+    each rank's shards with the same values.
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, *, layer_ids: list[int] | None = None,
-                 has_embedding: bool = True, has_head: bool = True, recompute: str = "none",
-                 autocast_dtype: torch.dtype | None = None):
+    def __init__(self, cfg: ModelConfig, *, layer_ids: list[int] | None = None,
+                 has_embedding: bool = True, has_head: bool = True):
         super().__init__()
-        _check(cfg, tp, layer_ids, has_embedding, has_head, recompute)
-        self.cfg, self.tp, self.recompute, self.autocast_dtype = cfg, tp, recompute, autocast_dtype
-        self.has_embedding, self.has_head = has_embedding, has_head
+        _check(cfg, layer_ids, has_embedding, has_head)
+        self.cfg, self.has_embedding, self.has_head = cfg, has_embedding, has_head
         self.layer_ids = list(range(cfg.layers)) if layer_ids is None else list(layer_ids)
         if has_embedding:
-            self.embed = VocabParallelEmbedding(cfg.vocab, cfg.hidden, tp)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, tp, recompute == "selective")
-                                     for i in self.layer_ids})
+            self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in self.layer_ids})
         if has_head:
-            self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps, tp)
+            self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps)
             if not cfg.tie_embeddings:
-                self.head = ColumnParallelLinear(cfg.hidden, cfg.vocab, tp)
-        name_parameters(self)
+                self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Run this stage.
 
         ``x``: token ids ``[b, s]`` if this stage has the embedding, else the hidden states the
         previous stage returned. Returns, in order of precedence: the mean loss over the
-        micro-batch's tokens (head and ``labels`` ``[b, s]`` given); the logits ``[b, s, V/tp]``
-        (head, no labels; this rank's vocabulary slice, a transposed view); or the hidden states
-        ``[s, b, h]`` for the next stage (``[s/tp, b, h]``, this rank's sequence shard, under SP).
+        micro-batch's tokens (head and ``labels`` ``[b, s]`` given); the logits ``[b, s, V]``
+        (head, no labels; a transposed view); or the hidden states ``[s, b, h]`` for the next
+        stage.
         """
-        with self._precision(x.device):
-            h = self.embed(x.t()) if self.has_embedding else x
-            for block in self.layers.values():
-                if self.recompute == "full":  # keep only each block's input; redo it in backward
-                    h = checkpoint(block, h, use_reentrant=False)
-                else:
-                    h = block(h)
-            if not self.has_head:
-                return h
-            logits = self._logits(h)
-            if labels is None:
-                return logits.transpose(0, 1)
-            return vocab_parallel_cross_entropy(logits, labels.t(), self.tp)
+        h = self.embed(x.t()) if self.has_embedding else x
+        for block in self.layers.values():
+            h = block(h)
+        if not self.has_head:
+            return h
+        logits = self.logits(self.final_norm(h))
+        if labels is None:
+            return logits.transpose(0, 1)
+        return self.loss(logits, labels.t())
 
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """``[s, b, V/tp]``: the full sequence on every TP rank, this rank's vocabulary slice."""
-        h = self.final_norm(h)
-        h = gather_from_sp(h, self.tp) if self.tp.sp else copy_to_tp(h, self.tp)
-        weight = self.embed.weight if self.cfg.tie_embeddings else self.head.weight
-        return self._mask_padding(F.linear(h, weight))
+    def output_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.cfg.tie_embeddings else self.head.weight
 
-    def _mask_padding(self, logits: torch.Tensor) -> torch.Tensor:
-        """Padded vocabulary ids (``real_vocab`` ≤ id < ``vocab``) get the lowest finite logit,
-        so that they take no probability and no gradient and the loss is the unpadded model's.
-        Finite, not -inf: a rank holding only padding would otherwise turn the cross-entropy's
-        ``shifted * inside`` into NaN."""
-        real = self.cfg.real_vocab
-        per_rank = logits.shape[-1]
-        first = self.tp.rank * per_rank
-        if real is None or real >= first + per_rank:
-            return logits
-        ids = torch.arange(first, first + per_rank, device=logits.device)
-        return logits.masked_fill(ids >= real, torch.finfo(logits.dtype).min)
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """``[s, b, V]`` from the normalised hidden states."""
+        return mask_padding(F.linear(h, self.output_weight()), self.cfg.real_vocab, first_id=0)
 
-    def _precision(self, device: torch.device):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every token, in fp32."""
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def _check(cfg: ModelConfig, tp: TensorParallel, layer_ids: list[int] | None,
-           has_embedding: bool, has_head: bool, recompute: str) -> None:
-    if recompute not in RECOMPUTE:
-        raise MscaleError(f"recompute={recompute!r} is not one of {RECOMPUTE}",
-                          field="training.recompute", fix="use none, selective or full")
+def mask_padding(logits: torch.Tensor, real_vocab: int | None, first_id: int) -> torch.Tensor:
+    """Padded vocabulary ids (``real_vocab`` ≤ id < ``vocab``; an HF import that TP does not
+    divide) get the lowest finite logit, so that they take no probability and no gradient and the
+    loss is the unpadded model's. ``first_id``: the id of ``logits[..., 0]`` (a TP rank holds a
+    slice of the vocabulary). Finite, not -inf: a rank holding only padding would otherwise turn
+    the cross-entropy's ``shifted * inside`` into NaN."""
+    per_rank = logits.shape[-1]
+    if real_vocab is None or real_vocab >= first_id + per_rank:
+        return logits
+    ids = torch.arange(first_id, first_id + per_rank, device=logits.device)
+    return logits.masked_fill(ids >= real_vocab, torch.finfo(logits.dtype).min)
+
+
+def _check(cfg: ModelConfig, layer_ids: list[int] | None, has_embedding: bool,
+           has_head: bool) -> None:
     if cfg.tie_embeddings and not (has_embedding and has_head):
         raise MscaleError("tied embeddings need the embedding and the head on the same stage",
                           field="model.tie_embeddings",
                           fix="set tie_embeddings: false, or train without pipeline parallelism")
-    for what, n in (("heads", cfg.heads), ("kv_heads", cfg.num_kv_heads), ("ffn", cfg.ffn),
-                    ("vocab", cfg.vocab)):
-        if n % tp.size:
-            raise MscaleError(f"tp={tp.size} does not divide {what}={n}", field="layout.tp",
-                              fix=f"choose tp dividing {what}")
     bad = [i for i in (layer_ids or []) if not 0 <= i < cfg.layers]
     if bad or (layer_ids is not None and len(set(layer_ids)) != len(layer_ids)):
         raise ValueError(f"layer_ids {layer_ids} must be distinct indices below {cfg.layers}")
-

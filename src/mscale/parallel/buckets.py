@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mscale.parallel.spec import ParamSpec, get_spec
+from mscale.parallel.spec import ParamSpec, ParamTable
 
 
 @dataclass(frozen=True)
@@ -88,16 +88,20 @@ class Piece:
 class BufferLayout:
     """Buckets over a parameter list for a DP group of ``dp_size`` ranks."""
 
-    def __init__(self, params: list[torch.nn.Parameter], dp_size: int, bucket_numel: int):
+    def __init__(self, params: list[torch.nn.Parameter], table: ParamTable, dp_size: int,
+                 bucket_numel: int):
+        """``table``: the specs of ``params``, in the same order (the parallelize step's)."""
         if bucket_numel < 1:
             raise ValueError("bucket size must hold at least one element")
         self.dp_size = dp_size
         self.slots: list[Slot] = []
         self.buckets: list[Bucket] = []
         start, cur, fill = 0, [], 0
+        if len(table) != len(params):
+            raise ValueError(f"{len(params)} parameters but {len(table)} specs")
         for index in reversed(range(len(params))):
             p = params[index]
-            slot = Slot(index, get_spec(p), tuple(p.shape), len(self.buckets), fill)
+            slot = Slot(index, table[index], tuple(p.shape), len(self.buckets), fill)
             self.slots.append(slot)
             cur.append(len(self.slots) - 1)
             fill += slot.numel

@@ -58,15 +58,18 @@ from mscale.parallel.buckets import BufferLayout
 from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.reduce import make_comm
 from mscale.parallel.shard_layout import bucket_numel
+from mscale.parallel.spec import ParamTable
 
 
 class GradBuffer:
     """Bucketed fp32 gradients of ``params`` with DP reduction overlapped with backward."""
 
-    def __init__(self, params: list[torch.nn.Parameter], groups=None, *, zero_stage: int = 0,
+    def __init__(self, params: list[torch.nn.Parameter], table: ParamTable, groups=None, *,
+                 zero_stage: int = 0,
                  bucket_bytes: int = 25_000_000, overlap: bool = True, hierarchical: bool = False,
                  overlap_param_gather: bool = True):
-        """``groups``: the rank's ParallelGroups (None: a single process, DP size 1).
+        """``table``: the specs of ``params`` (`parallel.parallelize`); ``groups``: the rank's
+        ParallelGroups (None: a single process, DP size 1).
 
         ``overlap_param_gather``: under ZeRO 1/2 at DP size > 1, `write_params` only launches the
         all-gathers and the next forward waits for each bucket when a module owning parameters
@@ -81,7 +84,7 @@ class GradBuffer:
         self.comm = make_comm(groups, hierarchical, self.device)
         self.dp_size = self.comm.size
         self.shard_index = self.comm.shard_index
-        self.layout = BufferLayout(self.params, self.dp_size, bucket_numel(bucket_bytes))
+        self.layout = BufferLayout(self.params, table, self.dp_size, bucket_numel(bucket_bytes))
         nb = len(self.layout.buckets)
         self._whole = zero_stage == 0 or self.dp_size == 1
         """The owned space is the whole buffer: no reduce-scatter target, no sharded master."""

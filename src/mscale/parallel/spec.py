@@ -1,17 +1,15 @@
-"""What every parameter knows about its place in the global model.
+"""What every parameter is in the global model: the table the parallelize step builds.
 
-Each parameter the engine creates carries a `ParamSpec` (attribute ``mscale_spec``). The data-
-parallel optimizer uses it to count a TP-replicated parameter once in the gradient norm, to skip
-weight decay on norms, and the checkpoint uses it to write each shard's slice of the global tensor.
+`ParamTable` lists one `ParamSpec` per parameter of a parallelized model, in `parameters()` order.
+The data-parallel buffers use it to count a TP-replicated parameter once in the gradient norm and
+to skip weight decay on norms; the checkpoint uses it to write each shard's slice of the global
+tensor; initialisation uses it to give each shard its slice of the global initial value. It is
+data held by whoever needs it, not an attribute on the `nn.Parameter`s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-
-SPEC_ATTR = "mscale_spec"
 
 
 @dataclass(frozen=True)
@@ -36,13 +34,33 @@ class ParamSpec:
         return tuple(out)
 
 
-def set_spec(param: torch.nn.Parameter, spec: ParamSpec) -> torch.nn.Parameter:
-    setattr(param, SPEC_ATTR, spec)
-    return param
+@dataclass(frozen=True)
+class ParamTable:
+    """The specs of a rank's parameters (all its model chunks), in `parameters()` order."""
 
+    specs: tuple[ParamSpec, ...]
+    tp_rank: int = 0
+    tp_size: int = 1
 
-def get_spec(param: torch.Tensor) -> ParamSpec:
-    spec = getattr(param, SPEC_ATTR, None)
-    if spec is None:
-        raise ValueError("parameter has no ParamSpec; create parameters through mscale.model")
-    return spec
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __iter__(self):
+        return iter(self.specs)
+
+    def __getitem__(self, i: int) -> ParamSpec:
+        return self.specs[i]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    def local_slice(self, spec: ParamSpec) -> tuple[slice, ...]:
+        """The slice of ``spec``'s global tensor that this rank holds."""
+        return spec.tp_slice(self.tp_rank, self.tp_size)
+
+    def __add__(self, other: "ParamTable") -> "ParamTable":
+        """The table of two chunks of one rank, in order (interleaved pipelining)."""
+        if (other.tp_rank, other.tp_size) != (self.tp_rank, self.tp_size):
+            raise ValueError("chunks of one rank share its TP coordinates")
+        return ParamTable(self.specs + other.specs, self.tp_rank, self.tp_size)

@@ -1,19 +1,16 @@
 """Tensor-parallel layers: sharded weights whose communication is explicit at the call site.
 
-The linear layers here are local matmuls on a weight shard; they do not communicate. The caller
-enters the TP region once (`TensorParallel.enter`) and exits it once (`TensorParallel.exit`), so
-one collective serves several layers: Q, K and V share one all-gather, and in the parallel block
-attention and MLP share one all-gather and one reduce-scatter (MegaScale §3.1). A layer that hid
-its own collectives would make those fusions impossible without flags on every layer.
-
-Every parameter carries a `ParamSpec` with an empty name; `name_parameters` fills in the global
-name from the module tree once the model is assembled, so the name is the attribute path and can
-never drift from it.
+Each layer is built from the plain model's layer (`from_plain`), keeping this rank's slice of its
+weight: a meta weight stays on meta (the values come later, from `parallelize.init_parameters` or
+a checkpoint), a real one is sliced. The linear layers are local matmuls on a weight shard; they do
+not communicate. The tensor-parallel block enters the TP region once (`TensorParallel.enter`) and
+exits it once (`TensorParallel.exit`), so one collective serves several layers: Q, K and V share
+one all-gather, and in the parallel block attention and MLP share one all-gather and one
+reduce-scatter (MegaScale §3.1). A layer that hid its own collectives would make those fusions
+impossible without flags on every layer.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -21,45 +18,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from mscale.distributed.collectives import COMM_CLOCK
-from mscale.parallel.spec import ParamSpec, get_spec, set_spec
 from mscale.parallel.tensor_ops import (TensorParallel, copy_to_tp, gather_from_sp,
                                         reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp)
 
 __all__ = ["TensorParallel", "ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding",
-           "vocab_parallel_cross_entropy", "sharded_parameter", "name_parameters", "copy_to_tp",
-           "reduce_from_tp", "scatter_to_sp", "gather_from_sp", "reduce_scatter_to_sp"]
+           "vocab_parallel_cross_entropy", "shard_weight", "copy_to_tp", "reduce_from_tp",
+           "scatter_to_sp", "gather_from_sp", "reduce_scatter_to_sp"]
 
 
-def sharded_parameter(global_shape: tuple[int, ...], tp: TensorParallel, tp_dim: int | None,
-                      weight_decay: bool = True) -> nn.Parameter:
-    """An uninitialised fp32 parameter holding this rank's slice of ``global_shape``.
-
-    Values come later from `mscale.model.init_parameters` (or a checkpoint), which derive them
-    from the global name, so that every layout starts from the same weights.
-    """
-    spec = ParamSpec(name="", global_shape=tuple(global_shape), tp_dim=tp_dim,
-                     weight_decay=weight_decay)
-    shape = list(global_shape)
-    if tp_dim is not None and tp.size > 1:
-        if shape[tp_dim] % tp.size:
-            raise ValueError(f"dimension {tp_dim} of {tuple(global_shape)} is not divisible by "
-                             f"tp={tp.size}")
-        shape[tp_dim] //= tp.size
-    return set_spec(nn.Parameter(torch.empty(shape)), spec)
-
-
-def name_parameters(module: nn.Module, prefix: str = "") -> None:
-    """Write each parameter's attribute path into its ParamSpec as the global name."""
-    for name, p in module.named_parameters(prefix=prefix.rstrip(".")):
-        set_spec(p, dataclasses.replace(get_spec(p), name=name))
+def shard_weight(weight: torch.Tensor, dim: int, tp: TensorParallel) -> nn.Parameter:
+    """A new parameter holding TP rank ``tp.rank``'s chunk of ``weight`` along ``dim``."""
+    if weight.shape[dim] % tp.size:
+        raise ValueError(f"dimension {dim} of {tuple(weight.shape)} is not divisible by "
+                         f"tp={tp.size}")
+    n = weight.shape[dim] // tp.size
+    part = weight.detach().narrow(dim, tp.rank * n, n)
+    if weight.is_meta:
+        return nn.Parameter(torch.empty(part.shape, dtype=weight.dtype, device="meta"))
+    return nn.Parameter(part.clone())
 
 
 class _ShardedLinear(nn.Module):
     """``y = x Wᵀ`` on this rank's shard of W (no bias: LLaMA-style)."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorParallel, tp_dim: int):
+    tp_dim: int
+    """The dimension of the full ``[out, in]`` weight that is split over TP."""
+
+    def __init__(self, plain: nn.Linear, tp: TensorParallel):
         super().__init__()
-        self.weight = sharded_parameter((out_features, in_features), tp, tp_dim=tp_dim)
+        if plain.bias is not None:
+            raise ValueError("tensor-parallel linear layers have no bias")
+        self.global_shape = tuple(plain.weight.shape)
+        self.weight = shard_weight(plain.weight, self.tp_dim, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -71,8 +61,7 @@ class ColumnParallelLinear(_ShardedLinear):
     ``weight`` is ``[out/tp, in]``; call it on a tensor that went through `TensorParallel.enter`.
     """
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorParallel):
-        super().__init__(in_features, out_features, tp, tp_dim=0)
+    tp_dim = 0
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -81,8 +70,7 @@ class RowParallelLinear(_ShardedLinear):
     ``weight`` is ``[out, in/tp]``; pass the result through `TensorParallel.exit` to sum it.
     """
 
-    def __init__(self, in_features: int, out_features: int, tp: TensorParallel):
-        super().__init__(in_features, out_features, tp, tp_dim=1)
+    tp_dim = 1
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -92,10 +80,13 @@ class VocabParallelEmbedding(nn.Module):
     sum over ranks (`TensorParallel.exit`: all-reduce, or reduce-scatter under SP) completes it.
     """
 
-    def __init__(self, vocab: int, hidden: int, tp: TensorParallel):
+    tp_dim = 0
+
+    def __init__(self, plain: nn.Embedding, tp: TensorParallel):
         super().__init__()
         self.tp = tp
-        self.weight = sharded_parameter((vocab, hidden), tp, tp_dim=0)
+        self.global_shape = tuple(plain.weight.shape)
+        self.weight = shard_weight(plain.weight, self.tp_dim, tp)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens`` ``[s, b]`` → ``[s, b, h]`` (``[s/tp, b, h]`` under SP)."""

@@ -20,6 +20,7 @@ from mscale.distributed.init import init_distributed, pick_device
 from mscale.errors import MscaleError
 from mscale.parallel.data import GradBuffer
 from mscale.parallel.shard_layout import bucket_bytes
+from mscale.parallel.spec import ParamTable
 from mscale.parallel.zero import DistributedOptimizer
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
@@ -42,6 +43,8 @@ class Engine:
     chunks: list[torch.nn.Module]
     """Model chunks this rank runs: one, or vpp of them under interleaved pipelining."""
     params: list[torch.nn.Parameter]
+    table: ParamTable
+    """What each of ``params`` is in the global model (built by the parallelize step)."""
     grads: GradBuffer
     """The data-parallel gradient buffer (parallel/data.py)."""
     optimizer: DistributedOptimizer
@@ -97,7 +100,7 @@ class Engine:
     def live_rank(self) -> LiveRank:
         """What checkpoints save from and restore into (ckpt/live.py), and nothing more."""
         return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
-                        optimizer=self.optimizer, clipper=self.clipper,
+                        table=self.table, optimizer=self.optimizer, clipper=self.clipper,
                         timeout_s=self.options.timeout_s, update_guards=self.update_guards)
 
 
@@ -131,7 +134,7 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
 
 
 def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
-    from mscale.model import build_chunks, init_parameters
+    from mscale.parallel.parallelize import build_chunks
     from mscale.parallel.tensor import TensorParallel
 
     timings = {}
@@ -148,13 +151,11 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
 
     t0 = time.perf_counter()
     tp = TensorParallel.from_groups(groups, sequence_parallel=layout.sequence_parallel)
-    chunks = build_chunks(plan, groups.pp_rank, tp, device)
-    for chunk in chunks:
-        init_parameters(chunk, training.seed)
+    chunks, table = build_chunks(plan, groups.pp_rank, tp, device, seed=training.seed)
     params = [p for c in chunks for p in c.parameters()]
     timings["build_model_s"] = time.perf_counter() - t0
 
-    grads = GradBuffer(params, groups, zero_stage=layout.zero_stage,
+    grads = GradBuffer(params, table, groups, zero_stage=layout.zero_stage,
                        bucket_bytes=bucket_bytes(training),
                        overlap=training.overlap_grad_reduce,
                        hierarchical=layout.dp_reduce == "hierarchical")
@@ -170,7 +171,7 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     if training.eval.interval and held_out is not None:
         eval_loader = DataLoader(held_out, batches, **tp_read)
     engine = Engine(plan=plan, options=options, env=env, groups=groups, device=device,
-                    chunks=chunks, params=params, grads=grads, optimizer=optimizer,
+                    chunks=chunks, params=params, table=table, grads=grads, optimizer=optimizer,
                     clipper=AdaptiveClipper.from_config(training), loader=loader,
                     eval_loader=eval_loader, timings=timings,
                     faults=install_faults(chunks, env.rank, options))

@@ -99,14 +99,12 @@ def reference_llama(w: dict[str, torch.Tensor], c: dict, tokens: torch.Tensor) -
 
 
 def test_export_matches_the_model_and_imports_back(tmp_path):
-    from mscale.model import Transformer, init_parameters
-    from mscale.parallel.spec import get_spec
-    from mscale.parallel.tensor import TensorParallel
+    from mscale.model import Transformer, init_weights
 
     p = plan(tp=2, dp=2)
-    model = Transformer(p.model, TensorParallel.single())
-    init_parameters(model, seed=3)
-    weights = {tensor_key(MODEL, get_spec(t).name): t.detach() for t in model.parameters()}
+    model = Transformer(p.model)
+    init_weights(model, seed=3)
+    weights = {tensor_key(MODEL, n): t.detach() for n, t in model.named_parameters()}
     src = str(tmp_path / "run" / "ckpt" / "step-000005")
     write_synthetic(src, p, weights)
     out = convert(src, str(tmp_path / "hf"), to_hf=True)

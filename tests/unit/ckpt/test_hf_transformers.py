@@ -16,9 +16,7 @@ from mscale.ckpt.manifest import MODEL, tensor_key
 from mscale.config.base import dump_yaml
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
-from mscale.model import Transformer, init_parameters
-from mscale.parallel.spec import get_spec
-from mscale.parallel.tensor import TensorParallel
+from mscale.model import Transformer, init_weights
 from tests.unit.ckpt.helpers import plan, write_synthetic
 
 transformers = pytest.importorskip("transformers")
@@ -60,11 +58,11 @@ def rel_err(got, want):
 
 
 def load_into(cfg: ModelConfig, weights) -> Transformer:
-    """An mscale model (one process) holding ``weights(mscale_name)``."""
-    model = Transformer(cfg, TensorParallel.single())
+    """The plain mscale model holding ``weights(mscale_name)``."""
+    model = Transformer(cfg)
     with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(weights(get_spec(p).name))
+        for name, p in model.named_parameters():
+            p.copy_(weights(name))
     return model.eval()
 
 
@@ -122,12 +120,12 @@ def test_vocab_tp_does_not_divide_is_padded_and_masked(tmp_path, tied):
 def test_export_with_llama3_scaling_loads_in_transformers(tmp_path):
     p = plan(model={**MODEL_OF, "vocab": 128, "rope_theta": 10000.0,
                     "rope_scaling": SCALING})
-    model = Transformer(p.model, TensorParallel.single())
-    init_parameters(model, seed=3)
+    model = Transformer(p.model)
+    init_weights(model, seed=3)
     with torch.no_grad():  # larger weights than the init, so the rotary angles matter
         for t in model.parameters():
             t.mul_(10 if t.dim() > 1 else 1)
-    weights = {tensor_key(MODEL, get_spec(t).name): t.detach() for t in model.parameters()}
+    weights = {tensor_key(MODEL, n): t.detach() for n, t in model.named_parameters()}
     src = str(tmp_path / "run" / "ckpt" / "step-000001")
     write_synthetic(src, p, weights)
     convert(src, str(tmp_path / "hf"), to_hf=True)

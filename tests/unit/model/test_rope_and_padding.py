@@ -1,16 +1,14 @@
 """Llama-3 rotary scaling and a padded vocabulary (what an HF import needs), in one process."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mscale.config.model import ModelConfig
-from mscale.model import Transformer, init_parameters
-from mscale.model.transformer import rope_frequencies
-from mscale.parallel.tensor import TensorParallel
+from mscale.model import Transformer, init_weights
+from mscale.model.transformer import mask_padding, rope_frequencies
 
 BASE = dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn_hidden=48, vocab=40, seq_len=12)
 SCALING = (8.0, 1.0, 4.0, 32)  # factor, low_freq_factor, high_freq_factor, original context
@@ -33,9 +31,8 @@ def test_rope_scaling_changes_the_model_and_default_is_plain_rope():
     scaled_cfg = ModelConfig(**BASE, rope_scaling=dict(factor=8.0, low_freq_factor=1.0,
                                                        high_freq_factor=4.0,
                                                        original_max_position_embeddings=4))
-    plain, scaled = Transformer(cfg, TensorParallel.single()), Transformer(
-        scaled_cfg, TensorParallel.single())
-    init_parameters(plain, 0)
+    plain, scaled = Transformer(cfg), Transformer(scaled_cfg)
+    init_weights(plain, 0)
     scaled.load_state_dict(plain.state_dict())
     x = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -44,8 +41,8 @@ def test_rope_scaling_changes_the_model_and_default_is_plain_rope():
 
 def padded_model():
     cfg = ModelConfig(**{**BASE, "vocab": 40, "real_vocab": 37})
-    model = Transformer(cfg, TensorParallel.single())
-    init_parameters(model, 0)
+    model = Transformer(cfg)
+    init_weights(model, 0)
     return model
 
 
@@ -66,8 +63,6 @@ def test_padded_vocabulary_is_masked_and_the_loss_is_the_unpadded_models():
     (2, 0, 40, 37, []), (2, 1, 40, 37, [17, 18, 19]), (4, 3, 48, 20, list(range(12))),
 ])
 def test_each_tp_rank_masks_only_the_padding_in_its_slice(size, rank, vocab, real, masked):
-    cfg = ModelConfig(**{**BASE, "vocab": vocab, "real_vocab": real})
-    fake = SimpleNamespace(cfg=cfg, tp=TensorParallel(group=None, size=size, rank=rank,
-                                                      sequence_parallel=False))
-    out = Transformer._mask_padding(fake, torch.zeros(2, 1, vocab // size))
+    per_rank = vocab // size
+    out = mask_padding(torch.zeros(2, 1, per_rank), real, first_id=rank * per_rank)
     assert (out[0, 0] != 0).nonzero().flatten().tolist() == masked

@@ -9,13 +9,14 @@ from mscale.parallel.buckets import BufferLayout
 from mscale.parallel.data import GradBuffer
 from mscale.parallel.optim import trust_ratio
 from mscale.parallel.zero import DistributedOptimizer
-from tests.distributed.dp_model import (BUCKET_BYTES, config, dp_run, make_params, max_rel_diff,
+from tests.distributed.dp_model import (BUCKET_BYTES, config, dp_run, make_params, make_table,
+                                        max_rel_diff,
                                  reference_run)
 
 
 def test_layout_reverse_order_whole_params_padding_and_shards():
     params = make_params(0)
-    lay = BufferLayout(params, dp_size=4, bucket_numel=100)
+    lay = BufferLayout(params, make_table(), dp_size=4, bucket_numel=100)
     assert [s.spec.name for s in lay.slots][0] == "head.weight"  # last registered comes first
     assert len(lay.buckets) >= 3
     for b in lay.buckets:
@@ -37,7 +38,7 @@ def test_single_process_matches_reference(zero, optimizer):
     cfg = config(optimizer)
     ref_losses, ref_norms, ref_params = reference_run(cfg, steps=4)
     params = make_params(0)
-    grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
     losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
@@ -47,7 +48,7 @@ def test_single_process_matches_reference(zero, optimizer):
 
 def test_gradient_after_its_bucket_was_reduced_is_refused():
     params = make_params(0)
-    grads = GradBuffer(params, None, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, bucket_bytes=BUCKET_BYTES)
     from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
@@ -60,7 +61,7 @@ def test_non_finite_gradient_skips_the_step_and_is_reported():
     cfg = config()
     params = make_params(0)
     before = [p.detach().clone() for p in params]
-    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
     from tests.distributed.dp_model import batch, loss_fn
 
@@ -77,13 +78,13 @@ def test_non_finite_gradient_skips_the_step_and_is_reported():
 def test_state_dict_round_trip_and_pieces():
     cfg = config("lamb")
     params = make_params(0)
-    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
     dp_run(params, grads, opt, cfg, steps=2, dp_rank=0, dp_size=1)
     sd = opt.state_dict()
-    assert sd["step"] == 2 and set(sd["state"]) == {p.mscale_spec.name for p in params}
+    assert sd["step"] == 2 and set(sd["state"]) == set(make_table().names)
     fresh = make_params(0)
-    grads2 = GradBuffer(fresh, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    grads2 = GradBuffer(fresh, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     opt2 = DistributedOptimizer(fresh, grads2, cfg)
     opt2.load_state_dict(sd)
     assert all(torch.equal(a, b) for a, b in zip(fresh, params))
@@ -112,7 +113,7 @@ def test_grads_accumulate_in_place_in_the_bucket_views():
     from tests.distributed.dp_model import batch, loss_fn
 
     params = make_params(0)
-    grads = GradBuffer(params, None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     views = [p.grad for p in params]
     assert all(v is not None and _in(v, grads.owned_grad) for v in views)
     x, y = batch(0)
@@ -137,10 +138,10 @@ def test_params_are_views_of_one_flat_buffer_and_the_master_at_dp1():
     before = [p.detach().clone() for p in params]
     ids = [id(p) for p in params]
     for zero in (0, 1, 2):
-        grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
         opt = DistributedOptimizer(params, grads, cfg)
         assert [id(p) for p in params] == ids
-        assert all(isinstance(p, torch.nn.Parameter) and p.mscale_spec for p in params)
+        assert all(isinstance(p, torch.nn.Parameter) for p in params)
         assert all(_in(p, grads.param_buffer) for p in params)
         assert all(torch.equal(p, b) for p, b in zip(params, before))
         assert opt.master is grads.param_buffer  # owned space = whole buffer: no copy back
@@ -159,7 +160,7 @@ def test_views_are_bit_identical_to_copying(zero, optimizer, monkeypatch):
         if not viewable:
             monkeypatch.setattr(GradBuffer, "_viewable", lambda self, p: False)
         params = make_params(0)
-        grads = GradBuffer(params, None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
         opt = DistributedOptimizer(params, grads, cfg)
         assert (grads.param_buffer is not None) == viewable
         losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
@@ -172,9 +173,7 @@ def test_views_are_bit_identical_to_copying(zero, optimizer, monkeypatch):
 def test_non_fp32_parameters_fall_back_to_copying():
     cfg = config()
     params = [torch.nn.Parameter(p.detach().double()) for p in make_params(0)]
-    for p, q in zip(params, make_params(0)):
-        p.mscale_spec = q.mscale_spec
-    grads = GradBuffer(params, None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
+    grads = GradBuffer(params, make_table(), None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
     opt = DistributedOptimizer(params, grads, cfg)
     assert grads.param_buffer is None and all(p.grad is None for p in params)
     from tests.distributed.dp_model import batch, loss_fn
@@ -191,11 +190,11 @@ def test_non_fp32_parameters_fall_back_to_copying():
 
 def test_attach_modules_needs_every_parameter_and_defers_nothing_at_dp1():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    from mscale.parallel.spec import ParamSpec, set_spec
+    from mscale.parallel.spec import ParamSpec, ParamTable
 
-    for name, p in model.named_parameters():
-        set_spec(p, ParamSpec(name, tuple(p.shape), None, True))
-    grads = GradBuffer(list(model.parameters()), None, zero_stage=1, bucket_bytes=64)
+    table = ParamTable(tuple(ParamSpec(name, tuple(p.shape), None, True)
+                             for name, p in model.named_parameters()))
+    grads = GradBuffer(list(model.parameters()), table, None, zero_stage=1, bucket_bytes=64)
     with pytest.raises(ValueError, match="none of the modules"):
         grads.attach_modules([model[0]])
     grads.attach_modules([model])

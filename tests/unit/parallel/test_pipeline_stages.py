@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mscale.errors import MscaleError
-from mscale.model import build_chunks
+from mscale.parallel.parallelize import build_chunks
 from mscale.parallel.pipeline.stages import ChunkSpec, check_pipeline, rank_chunks, stage_layer_ids
 from mscale.parallel.tensor import TensorParallel
 from tests.distributed.pipeline_plan import tiny_plan
@@ -19,7 +19,7 @@ def test_stage_layer_ids_are_consecutive_global_blocks():
 def test_interleaved_chunks_follow_megatron_assignment(rank, expected):
     """pp=2, vpp=2, 6 blocks split [1, 2, 2, 1]: rank r holds virtual stages r and r+2."""
     plan = tiny_plan(1, 2, 2, vpp=2)
-    chunks = build_chunks(plan, rank, TensorParallel.single(), torch.device("cpu"))
+    chunks, _ = build_chunks(plan, rank, TensorParallel.single(), torch.device("cpu"))
     got = [([int(i) for i in c.layers], c.has_embedding, c.has_head) for c in chunks]
     assert got == expected
     names = {n for c in chunks for n, _ in c.named_parameters()}
@@ -32,7 +32,7 @@ def test_first_and_last_virtual_stage_may_hold_no_block():
     check_pipeline(plan)
     assert rank_chunks(plan, 0) == [ChunkSpec((), True, False), ChunkSpec((3, 4, 5), False, False)]
     assert rank_chunks(plan, 1) == [ChunkSpec((0, 1, 2), False, False), ChunkSpec((), False, True)]
-    first, _ = build_chunks(plan, 0, TensorParallel.single(), torch.device("cpu"))
+    (first, _), _ = build_chunks(plan, 0, TensorParallel.single(), torch.device("cpu"))
     assert [n for n, _ in first.named_parameters()] == ["embed.weight"]
 
 
@@ -47,7 +47,7 @@ def test_a_middle_stage_without_blocks_is_refused():
 def test_without_pipelining_one_chunk_holds_the_whole_model():
     plan = tiny_plan(2, 1, 2)
     assert rank_chunks(plan, 0) == [ChunkSpec(tuple(range(plan.model.layers)), True, True)]
-    (chunk,) = build_chunks(plan, 0, TensorParallel.single(), torch.device("meta"))
+    (chunk,), _ = build_chunks(plan, 0, TensorParallel.single(), torch.device("meta"))
     assert [int(i) for i in chunk.layers] == list(range(plan.model.layers))
     assert chunk.has_embedding and chunk.has_head
 

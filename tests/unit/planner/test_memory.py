@@ -7,6 +7,7 @@ import torch
 
 from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig
 from mscale.model.transformer import Block
+from mscale.parallel.parallelize import TensorParallelBlock
 from mscale.parallel.pipeline.schedule import schedule
 from mscale.parallel.tensor import TensorParallel
 from mscale.planner.cost import Problem, evaluate, layout_arrays
@@ -51,7 +52,8 @@ def saved_by_autograd(cfg: ModelConfig, b: int, rec: int, precision: str) -> int
     """Bytes of the distinct storages one block's forward leaves for its backward, parameters
     and their bf16 autocast copies excluded (the planner counts those apart)."""
     torch.manual_seed(0)
-    block = Block(cfg, TensorParallel.single(), recompute_core=rec == 1)
+    block = TensorParallelBlock(Block(cfg), TensorParallel.single(),
+                                "selective" if rec == 1 else "none")
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.02)
     params = {p.untyped_storage().data_ptr() for p in block.parameters()}

@@ -3,7 +3,7 @@
 - `schedule`: the actions of every rank as pure data, with a simulator that proves the
   schedules deadlock-free and reproduces the bubble formulas.
 - `stages`: which blocks, embedding and head each rank's chunks hold (`rank_chunks`, as data;
-  `mscale.model.build_chunks` builds the modules).
+  `parallel.parallelize.build_chunks` builds the modules).
 - `p2p`: activation and gradient transfer between neighbouring stages.
 - `runner`: executes a rank's schedule for one training step.
 

@@ -7,9 +7,8 @@ last the head and loss; those two may hold no block at all (`config.layout.split
 Blocks keep their global indices, so parameter names, initial values and checkpoints are the
 same at every layout.
 
-This module says what each chunk holds, as data (`ChunkSpec`); `mscale.model.build_chunks` turns
-that into modules. The model sits above the parallel layer (it is written against its TP layers),
-so nothing here builds a `Transformer`.
+This module says what each chunk holds, as data (`ChunkSpec`); `parallel.parallelize.build_chunks`
+turns that into modules (plain `Transformer` stages, parallelized).
 """
 
 from __future__ import annotations
