@@ -38,8 +38,6 @@ Fixtures (`FIXTURES`), each documented where it stands in for something a reader
     runs/r1, runs/demo    a copy of the session's one training run: README's demo line,
                           `bash scripts/demo.sh --steps 6 --ckpt-interval 2` (`trained`)
     plan.yaml             that run's plan.yaml (as `mscale plan -o plan.yaml` writes one)
-    trace.jsonl           another trainer's metrics: mscale.watch.sim, 1,024 ranks (tp8 pp4, 8 a
-                          node), 30 steps, rank 3's device 30% slow from step 10
     preflight.json, run/metrics.jsonl    the calibration set of tests/unit/planner/test_calibrate.py
 
 Every command, run or not (synopsis included), is checked at `--help` level: each `mscale`
@@ -104,8 +102,6 @@ FIXTURES = {
     "runs/r1": "a copy of the trained demo run (`fixture`)",
     "runs/demo": "a copy of the trained demo run (`fixture`)",
     "plan.yaml": "the trained run's plan.yaml (what `mscale plan -o plan.yaml` writes)",
-    "trace.jsonl": "metrics.jsonl of another trainer: simulated by mscale.watch.sim, 1,024 ranks "
-                   "(tp8 pp4, 8 per node), 30 steps, rank 3's device 30% slow from step 10",
     "preflight.json": "a hand-written preflight report (as tests/unit/planner/test_calibrate.py)",
     "run/metrics.jsonl": "a hand-written 12-step metrics.jsonl, 12 s a step after warm-up "
                          "(as tests/unit/planner/test_calibrate.py)",
@@ -974,12 +970,6 @@ def put_fixture(name: str, cwd: Path, run: Trained | None) -> None:
     elif name == "plan.yaml":
         assert run is not None and run.code == 0, "the trained fixture failed"
         shutil.copyfile(run.run / "plan.yaml", dest)
-    elif name == "trace.jsonl":
-        from mscale.watch.sim import simulate
-
-        records = simulate(1024, tp=8, pp=4, ranks_per_node=8, steps=30, seed=0,
-                           inject=[{"cause": "slow_device", "step": 10, "target": 3}])
-        dest.write_text("".join(json.dumps(r) + "\n" for r in records))
     elif name == "preflight.json":
         dest.write_text(json.dumps({
             "schema_version": 1, "world": 16, "layout": {"tp": 8, "pp": 1, "dp": 2},

@@ -288,3 +288,65 @@ def _assemble(layout: JobLayout, steps, compute, data, tpc, reduce, link, hidden
     return Trace(layout, steps, step_time, compute, comm, data, bubble.reshape(n, world), scal,
                  extra, comm_tp=tp_comm.reshape(n, world), comm_pp=pp_comm.reshape(n, world),
                  comm_dp=dp_comm.reshape(n, world))
+
+
+def _injection(text: str) -> Injection:
+    """``CAUSE:STEP[:TARGET[:MAGNITUDE]]`` (``slow_device:10:3``) → an `Injection`."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 4 or parts[0] not in CAUSES:
+        raise MscaleError(f"--inject {text!r}: not CAUSE:STEP[:TARGET[:MAGNITUDE]]",
+                          field="inject", fix=f"CAUSE is one of {', '.join(CAUSES)}; "
+                          "e.g. --inject slow_device:10:3 (rank 3 from step 10)")
+    try:
+        step = int(parts[1])
+        target = int(parts[2]) if len(parts) > 2 and parts[2] else None
+        magnitude = float(parts[3]) if len(parts) > 3 else None
+    except ValueError:
+        raise MscaleError(f"--inject {text!r}: STEP and TARGET are integers, MAGNITUDE a number",
+                          field="inject", fix="e.g. --inject slow_device:10:3:0.5") from None
+    return Injection(parts[0], step, target, magnitude)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mscale.watch.sim``: a simulated job's metrics.jsonl on stdout, one line on
+    stderr saying what it wrote (another trainer's metrics to try ``mscale watch`` on)."""
+    import argparse
+    import json
+    import sys
+
+    ap = argparse.ArgumentParser(
+        prog="python -m mscale.watch.sim",
+        description="Write the metrics.jsonl records (schema v1) of a simulated synchronous "
+                    "tp x pp x dp job on stdout, with faults injected: e.g. "
+                    "--world 1024 --tp 8 --pp 4 --steps 30 --inject slow_device:10:3 > trace.jsonl")
+    ap.add_argument("--world", type=int, required=True, help="ranks in the job")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (default 1)")
+    ap.add_argument("--ranks-per-node", type=int, default=8, help="ranks per node (default 8)")
+    ap.add_argument("--steps", type=int, default=200, help="steps to simulate (default 200)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--inject", action="append", default=[],
+                    metavar="CAUSE:STEP[:TARGET[:MAGNITUDE]]",
+                    help=f"a fault from STEP on (repeatable); CAUSE: {', '.join(CAUSES)}; TARGET "
+                         "a rank (device, link, data, host_work), a node index (node) or a "
+                         "stage (stage_imbalance)")
+    a = ap.parse_args(argv)
+    try:
+        inject = [_injection(t) for t in a.inject]
+        records = simulate(a.world, tp=a.tp, pp=a.pp, ranks_per_node=a.ranks_per_node,
+                           steps=a.steps, seed=a.seed, inject=inject)
+    except MscaleError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 3
+    sys.stdout.writelines(json.dumps(r) + "\n" for r in records)
+    sys.stdout.flush()
+    faults = "; ".join(f"{i.cause} from step {i.step}"
+                       + (f" on target {i.target}" if i.target is not None else "") for i in inject)
+    sys.stderr.write(f"wrote {len(records)} steps of a simulated {a.world:,}-rank job "
+                     f"(tp{a.tp} pp{a.pp} dp{a.world // (a.tp * a.pp)}, {a.ranks_per_node} a "
+                     f"node) to stdout; {faults or 'no fault injected'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
