@@ -44,16 +44,19 @@ ADDR = ("10.231.77.1", "10.231.77.2")  # exist only inside the two namespaces
 
 
 def build_model(args) -> torch.nn.Sequential:
-    from mscale.parallel.spec import ParamSpec, set_spec
-
     torch.manual_seed(0)
     layers = []
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.GELU()]
-    model = torch.nn.Sequential(*layers)
-    for name, p in model.named_parameters():
-        set_spec(p, ParamSpec(name, tuple(p.shape), None, p.dim() > 1))
-    return model
+    return torch.nn.Sequential(*layers)
+
+
+def param_table(model: torch.nn.Module):
+    """The model's `ParamTable`, in `parameters()` order: no TP split; biases without decay."""
+    from mscale.parallel.spec import ParamSpec, ParamTable
+
+    return ParamTable(tuple(ParamSpec(name, tuple(p.shape), None, p.dim() > 1)
+                            for name, p in model.named_parameters()))
 
 
 def batches(args, rank: int):
@@ -84,7 +87,8 @@ def run_mscale(args, rank, overlap: bool, param_gather: bool = True) -> dict:
     groups = _groups()
     model = build_model(args)
     params = list(model.parameters())
-    grads = GradBuffer(params, groups, zero_stage=1, bucket_bytes=int(args.bucket_mb * 2**20),
+    grads = GradBuffer(params, param_table(model), groups, zero_stage=1,
+                       bucket_bytes=int(args.bucket_mb * 2**20),
                        overlap=overlap, overlap_param_gather=param_gather)
     grads.attach_modules([model])
     cfg = TrainingConfig(global_batch=2, lr=1e-4, beta2=0.999, weight_decay=0.01)

@@ -2,8 +2,9 @@
 
 Prints the tokens/s ratio engine / plain (goal >= 0.97): what the engine's machinery costs when
 there is nothing to parallelise (gradient buckets and hooks, the flat fp32 optimizer, timers, the
-metrics record and control polling of every step). Both sides use the same Transformer module,
-the same seed, data, micro-batches, AdamW settings and gradient clipping; rounds alternate
+metrics record and control polling of every step). Both sides run the same model (the plain
+`Transformer`: as is in the textbook loop, parallelized at tp=1 by the engine), the same
+initial weights, data, micro-batches, AdamW settings and gradient clipping; rounds alternate
 (ABAB...) so drift on shared cores hits both alike; medians of per-step times are compared.
 
     .venv/bin/python bench/bench_engine.py [--steps 8 --rounds 3 --hidden 256 --layers 4]
@@ -68,14 +69,14 @@ def engine_steps(args, plan, run_dir: str) -> list[float]:
 
 
 def plain_steps(args, plan) -> list[float]:
-    """Per-step seconds of the textbook loop: the same module, torch.optim.AdamW, clip_grad_norm_."""
-    from mscale.model import Transformer, init_parameters
-    from mscale.parallel.tensor import TensorParallel
+    """Per-step seconds of the textbook loop: the plain Transformer, torch.optim.AdamW,
+    clip_grad_norm_."""
+    from mscale.model import Transformer, init_weights
     from mscale.train.data import BatchPlan, DataLoader, make_source
 
     t = plan.training
-    model = Transformer(plan.model, TensorParallel.single())
-    init_parameters(model, t.seed)
+    model = Transformer(plan.model)
+    init_weights(model, t.seed)
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},

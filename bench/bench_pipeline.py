@@ -1,7 +1,7 @@
 """Benchmark: mscale's 1F1B against torch.distributed.pipelining's Schedule1F1B, and the bubble.
 
 For each pipeline size (default PP=2 and PP=4, one process per stage, gloo, fp32) both schedules
-run the same stage modules (built by `build_stage_chunks`, same weights), micro-batches and data;
+run the same stage modules (`parallelize.build_chunks`, same weights), micro-batches and data;
 a step is forward + backward of every micro-batch (no optimizer), timed on rank 0 between two
 barriers, alternating the two implementations so that load from other users hits both alike.
 Prints per PP (not a test; no pass/fail):
@@ -104,11 +104,12 @@ def torch_step(args, plan, engine):
     """Schedule1F1B over fresh copies of the same chunk (same weights, no gradient hooks)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from mscale.model import build_chunks, init_parameters
+    from mscale.parallel.parallelize import build_chunks
 
     g = engine.groups
-    module = build_chunks(plan, g.pp_rank, engine.chunks[0].tp, engine.device)[0]
-    init_parameters(module, plan.training.seed)
+    chunks, _ = build_chunks(plan, g.pp_rank, engine.chunks[0].tp, engine.device,
+                             seed=plan.training.seed)
+    module = chunks[0]
     stage = PipelineStage(module, g.pp_rank, args.pp, engine.device, group=g.pp_group)
 
     def loss_fn(logits, labels):

@@ -56,7 +56,8 @@ def _mscale_step(model, x, labels):
 
 def _mscale(rank, world, name, sp, steps):
     from mscale.config.model import ModelConfig
-    from mscale.model import Transformer, init_parameters
+    from mscale.model import Transformer
+    from mscale.parallel.parallelize import init_parameters, parallelize
     from mscale.parallel.tensor import TensorParallel
 
     torch.set_num_threads(1)
@@ -67,8 +68,11 @@ def _mscale(rank, world, name, sp, steps):
     else:
         import torch.distributed as dist
         tp = TensorParallel(dist.group.WORLD, world, rank, sequence_parallel=sp)
-    model = Transformer(cfg, tp)
-    init_parameters(model, 0)
+    with torch.device("meta"):  # as the engine's build_chunks: only this rank's shards allocated
+        plain = Transformer(cfg)
+    model, table = parallelize(plain, tp)
+    model = model.to_empty(device="cpu")
+    init_parameters(list(model.parameters()), table, 0, cfg.layers)
     return _time(_mscale_step(model, *_batch(cfg, b)), steps)
 
 

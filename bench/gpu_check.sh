@@ -141,10 +141,9 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
 def run(rank, q):
     from mscale.distributed.groups import build_groups
     from mscale.parallel.data import GradBuffer
-    from mscale.parallel.spec import get_spec, set_spec
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
-    from tests.distributed.dp_model import batch, config, loss_fn, make_params
+    from tests.distributed.dp_model import batch, config, loss_fn, make_params, make_table
     dev = torch.device("cuda", rank); torch.cuda.set_device(dev)
     dist.init_process_group("cpu:gloo,cuda:nccl", init_method="tcp://127.0.0.1:29534",
                             rank=rank, world_size=4, timeout=timedelta(seconds=120))
@@ -153,9 +152,9 @@ def run(rank, q):
     res = {}
     for zero in (0, 1, 2):
         for hier in (False, True):
-            params = [set_spec(torch.nn.Parameter(p.detach().to(dev)), get_spec(p))
-                      for p in make_params(0)]
-            grads = GradBuffer(params, groups, zero_stage=zero, bucket_bytes=400, hierarchical=hier)
+            params = [torch.nn.Parameter(p.detach().to(dev)) for p in make_params(0)]
+            grads = GradBuffer(params, make_table(), groups, zero_stage=zero, bucket_bytes=400,
+                               hierarchical=hier)
             if hier:
                 grads.comm.issued = []
             cfg = config()

@@ -73,14 +73,14 @@ def checkpointer(engine, root: str, resume: str = "none"):
                         emit=lambda **kw: None)
 
 
-def step(engine, index: int) -> float:
+def step(engine, index: int, before_update=lambda: None) -> float:
     """One training step; its loss (read on the host)."""
     from mscale.train.loop import train_step
     from mscale.train.timers import StepTimer
 
     timer = StepTimer()
     timer.start_step()
-    loss = train_step(engine, index, timer).loss
+    loss = train_step(engine, index, timer, before_update=before_update).loss
     timer.end_step()
     return float(loss)
 
@@ -104,7 +104,7 @@ def blocking(engine, ck, first: int, repeats: int) -> tuple[float, float]:
         ck.save(n, "bench")
         call = time.perf_counter() - t0
         gate = ck.inflight.gate
-        step(engine, n)
+        step(engine, n, ck.before_update)
         block.append(call + gate.waited_s)
         ck.wait()
         t0 = time.perf_counter()

@@ -117,8 +117,8 @@ def _cast_check(cpu: bool, m: int) -> tuple[bool, str]:
     import torch
 
     from mscale.config import ModelConfig
-    from mscale.model import init_parameters
-    from mscale.model.transformer import Transformer
+    from mscale.model import Transformer
+    from mscale.parallel.parallelize import init_parameters, parallelize
     from mscale.parallel.tensor import TensorParallel
     from mscale.planner import flops
     from mscale.train.engine import weight_cast_scope
@@ -126,8 +126,11 @@ def _cast_check(cpu: bool, m: int) -> tuple[bool, str]:
 
     dev = torch.device("cpu" if cpu else "cuda")
     cfg = ModelConfig(name="m", **MODELS["cpu" if cpu else "gpu"])
-    model = Transformer(cfg, TensorParallel.single()).to(dev)
-    init_parameters(model, 7)
+    with torch.device("meta"):  # the engine's modules at tp = 1, built as build_chunks does
+        plain = Transformer(cfg)
+    model, table = parallelize(plain, TensorParallel.single())
+    model = model.to_empty(device=dev)
+    init_parameters(list(model.parameters()), table, 7, cfg.layers)
     tokens = torch.randint(0, cfg.vocab, (m, 1, cfg.seq_len), device=dev)
     held, grads = {}, {}
     for share in (False, True):
