@@ -18,8 +18,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from mscale.ckpt import untrusted
 from mscale.ckpt.limits import MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
+from mscale.ckpt.checks import parse_manifest
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
-                                  check_relative, parse_manifest, parse_marker, sha256)
+                                  check_relative, parse_marker, sha256)
 from mscale.errors import EXIT_CRITICAL, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 
@@ -229,7 +230,10 @@ def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
         committed = fs.exists(join(root, name, COMMITTED))
         entry = Entry(name, int(m.group(1)), committed, 0, None)
         if sizes:
-            entry.bytes = sum(f.get("size") or 0 for f in fs.ls(join(root, name), detail=True))
+            try:
+                entry.bytes = sum(f.get("size") or 0 for f in fs.ls(join(root, name), detail=True))
+            except FileNotFoundError:  # removed since the listing (a failed save cleaned up)
+                continue
         if sizes and committed:
             try:
                 manifest = load_manifest(join(ckpt_root, name))

@@ -12,10 +12,13 @@ size is checked where it is opened (`catalog.open_shard`), so no read goes past 
 
 from __future__ import annotations
 
-from mscale.ckpt.format import itemsize, max_stored
-from mscale.ckpt.limits import U32
-from mscale.ckpt.manifest import MASTER_DTYPE, TENSOR_KEY, Manifest, SliceInfo
+from mscale.ckpt import untrusted
+from mscale.ckpt.limits import MAX_MANIFEST_BYTES, U32, max_stored
+from mscale.ckpt.manifest import (MASTER_DTYPE, TENSOR_KEY, ClipState, LayoutRecord, Manifest,
+                                  SliceInfo, itemsize, strict_record)
 from mscale.ckpt.untrusted import DAMAGED
+from mscale.config.base import validate
+from mscale.config.plan import Plan
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
 
@@ -86,3 +89,22 @@ def _check_slice(m: Manifest, s: SliceInfo, file_bytes: int, source: str, where:
     if s.offset + s.stored_bytes > file_bytes:
         raise _bad(source, f"{where}.offset", f"its chunks end at byte "
                    f"{s.offset + s.stored_bytes}, beyond the shard's {file_bytes} bytes")
+
+
+def parse_manifest(data: bytes, source: str) -> Manifest:
+    """Parse manifest bytes, checking everything before any of it is used: the JSON's size and
+    depth (untrusted.py), the schema and its bounds (strict), the embedded layout, clip state
+    and plan, and that every slice and chunk is consistent with them (`check_manifest`). A
+    malformed manifest is a failed check (exit 2) naming the field."""
+    raw = untrusted.load_json(data, source, "manifest", MAX_MANIFEST_BYTES)
+    m = strict_record(Manifest, raw, source)
+    strict_record(LayoutRecord, m.layout, source, "layout.")
+    if m.state.clip:
+        strict_record(ClipState, m.state.clip, source, "state.clip.")
+    try:
+        plan = validate(Plan, m.plan, source, prefix="plan.")
+    except MscaleError as e:
+        e.code, e.fix = EXIT_CRITICAL, DAMAGED
+        raise
+    check_manifest(m, plan, source)
+    return m

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from mscale.ckpt import catalog, hf, safetensors, untrusted
+from mscale.ckpt import catalog, hf, hf_config, safetensors, untrusted
 from mscale.ckpt.commit import build_manifest, write_commit
 from mscale.ckpt.limits import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
@@ -187,7 +187,7 @@ def import_hf(src: str, dst: str, plan: Plan, level: int = 1) -> Manifest:
     """A model-only checkpoint (step 0, fresh optimizer) of ``plan``'s layout from HF weights."""
     config, tensors = open_hf(src)
     source_file = f"{src}/config.json"
-    cfg = hf.fit_to_plan(hf.model_from_hf_config(config, source_file), plan.model,
+    cfg = hf.fit_to_plan(hf_config.model_from_hf_config(config, source_file), plan.model,
                          plan.layout.tp, source_file)
     plan = plan.model_copy(update={"model": cfg})  # the checkpoint records real_vocab
     by_name = {}

@@ -19,7 +19,7 @@ from typing import BinaryIO, Iterator
 import torch
 import zstandard
 
-from mscale.ckpt.manifest import ELEMENT_TYPES, SliceInfo
+from mscale.ckpt.manifest import ELEMENT_TYPES, SliceInfo, itemsize
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in ELEMENT_TYPES}
 """The torch dtype of each element type a manifest names (`manifest.ELEMENT_TYPES`)."""
@@ -55,10 +55,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 
 
-def itemsize(dtype: str) -> int:
-    return torch.empty((), dtype=DTYPES[dtype]).element_size()
-
-
 class Encoder:
     """Cuts byte strings into chunks and encodes them; one per writer thread (zstd contexts are
     not shared between threads)."""
@@ -85,7 +81,7 @@ def write_slice(fh: BinaryIO, encoder: Encoder, data: memoryview, on_chunk=None,
 
     With ``pool`` (one worker thread) the next chunk is compressed and checksummed while this
     one is written: zstd, crc32 and file writes all release the GIL, so encoding and I/O
-    overlap. ``on_chunk`` (tests) is called after each chunk is written."""
+    overlap. ``on_chunk`` (the writer's `WriteHooks`) is called after each chunk is written."""
     table = []
     pending = None
     for raw in encoder.chunks(data):
@@ -204,10 +200,3 @@ class Decoder:
             pos, filled = pos + stored_len, filled + lens[i]
 
 
-def max_stored(raw_len: int, codec: str) -> int:
-    """The most bytes a chunk of ``raw_len`` raw bytes can take on disk: itself when raw, zstd's
-    worst case (ZSTD_COMPRESSBOUND: incompressible data grows by ~1/256 plus a frame) otherwise."""
-    if codec == "raw":
-        return raw_len
-    small = ((128 << 10) - raw_len) >> 11 if raw_len < (128 << 10) else 0
-    return raw_len + (raw_len >> 8) + small + 64

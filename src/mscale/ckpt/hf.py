@@ -35,7 +35,6 @@ import re
 
 import torch
 
-from mscale.ckpt.hf_config import model_from_hf_config  # noqa: F401 - convert calls it from here
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mscale.ckpt import hf
 from mscale.config.base import validate
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
@@ -161,9 +162,7 @@ def _check_agrees(data: dict, cfg: ModelConfig, source: str) -> None:
     """An mscale export carries both LLaMA's size fields and the exact ``mscale_model``; they
     must say the same thing (transformers reads the first, mscale the second), and the shape
     fields must be there: a config.json edited on one side only is refused by its HF field."""
-    from mscale.ckpt.hf import hf_config
-
-    expected = hf_config(cfg)
+    expected = hf.hf_config(cfg)
     for key in (*REQUIRED, "num_key_value_heads"):
         if key not in data:
             raise refuse(source, key, "missing beside mscale_model", "restore the field as the "

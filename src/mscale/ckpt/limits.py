@@ -32,3 +32,12 @@ MAX_DEPTH = 64
 """A manifest nests 7 levels (root, shards, shard, slices, slice, chunks, chunk); a plan a few."""
 MAX_INT_DIGITS = 20
 """Every integer of a manifest fits in 64 bits."""
+
+
+def max_stored(raw_len: int, codec: str) -> int:
+    """The most bytes a chunk of ``raw_len`` raw bytes can take on disk: itself when raw, zstd's
+    worst case (ZSTD_COMPRESSBOUND: incompressible data grows by ~1/256 plus a frame) otherwise."""
+    if codec == "raw":
+        return raw_len
+    small = ((128 << 10) - raw_len) >> 11 if raw_len < (128 << 10) else 0
+    return raw_len + (raw_len >> 8) + small + 64

@@ -23,11 +23,11 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mscale.ckpt import untrusted
-from mscale.ckpt.limits import (MAX_BYTES, MAX_CHUNK_BYTES, MAX_LEVEL, MAX_MANIFEST_BYTES,
+from mscale.ckpt.limits import (MAX_BYTES, MAX_CHUNK_BYTES, MAX_LEVEL,
                                 MAX_NDIM, MAX_NUMEL, MAX_SMALL_BYTES, MAX_STEP, MAX_WORLD,
                                 MIN_LEVEL, U32)
 from mscale.ckpt.untrusted import DAMAGED
-from mscale.config.base import StrictModel, validate, validation_to_error
+from mscale.config.base import StrictModel, validation_to_error
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -35,11 +35,17 @@ MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 FORMAT = "mscale-ckpt"
 
-ELEMENT_TYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8",
-                 "uint8", "bool")
-"""Element types a checkpoint may hold, by the name the manifest uses (little-endian). Their torch
-dtypes are `ckpt.format.DTYPES`: this schema stays torch-free, so that the launcher and the CLI
-can read manifests without importing torch."""
+ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+                 "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+"""Element types a checkpoint may hold, by the name the manifest uses (little-endian), and their
+bytes. Their torch dtypes are `ckpt.format.DTYPES`: this schema stays torch-free, so that the
+launcher and the CLI can read and check manifests without importing torch."""
+ELEMENT_TYPES = tuple(ELEMENT_SIZES)
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of the element type ``dtype``."""
+    return ELEMENT_SIZES[dtype]
 
 # Tensor keys: "<group>/<global name>". Groups:
 MODEL = "model"
@@ -296,7 +302,7 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _strict(model, data, source: str, prefix: str = ""):
+def strict_record(model, data, source: str, prefix: str = ""):
     """Validate untrusted data (strict: no "1" for 1, no 1.5 for an int); a failure is exit 2."""
     if not isinstance(data, dict):
         raise MscaleError(f"expected a JSON object, found {type(data).__name__}", file=source,
@@ -309,29 +315,6 @@ def _strict(model, data, source: str, prefix: str = ""):
         raise err from None
 
 
-def parse_manifest(data: bytes, source: str) -> Manifest:
-    """Parse manifest bytes, checking everything before any of it is used: the JSON's size and
-    depth (untrusted.py), the schema and its bounds (strict), the embedded layout, clip state
-    and plan, and that every slice and chunk is consistent with them (`check_manifest`). A
-    malformed manifest is a failed check (exit 2) naming the field."""
-    raw = untrusted.load_json(data, source, "manifest", MAX_MANIFEST_BYTES)
-    m = _strict(Manifest, raw, source)
-    _strict(LayoutRecord, m.layout, source, "layout.")
-    if m.state.clip:
-        _strict(ClipState, m.state.clip, source, "state.clip.")
-    from mscale.config.plan import Plan
-
-    try:
-        plan = validate(Plan, m.plan, source, prefix="plan.")
-    except MscaleError as e:
-        e.code, e.fix = EXIT_CRITICAL, DAMAGED
-        raise
-    from mscale.ckpt.checks import check_manifest
-
-    check_manifest(m, plan, source)
-    return m
-
-
 def parse_marker(data: bytes, source: str) -> CommitMarker:
     raw = untrusted.load_json(data, source, "commit marker", MAX_SMALL_BYTES)
-    return _strict(CommitMarker, raw, source)
+    return strict_record(CommitMarker, raw, source)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mscale.ckpt.format import dtype_name, itemsize
+from mscale.ckpt.format import dtype_name
 from mscale.ckpt.live import LiveRank
-from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, optim_key, tensor_key
+from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, itemsize, optim_key, tensor_key
 from mscale.ckpt.slices import Box, box_from_slices, numel
 from mscale.parallel.buckets import BufferLayout, Piece
 from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard

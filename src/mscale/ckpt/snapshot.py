@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mscale.ckpt.format import itemsize
 from mscale.ckpt.format import DTYPES
+from mscale.ckpt.manifest import itemsize
 from mscale.ckpt.ownership import Item
 
 ALIGN = 64

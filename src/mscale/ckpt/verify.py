@@ -17,8 +17,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from mscale.ckpt import catalog
-from mscale.ckpt.format import ChunkError, Decoder, itemsize, shard_checksum
-from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, parse_manifest, sha256
+from mscale.ckpt.format import ChunkError, Decoder, shard_checksum
+from mscale.ckpt.checks import parse_manifest
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, itemsize, sha256
 from mscale.ckpt.limits import MAX_MANIFEST_BYTES
 from mscale.ckpt.slices import box_shape, contains, intersect, numel
 from mscale.errors import MscaleError

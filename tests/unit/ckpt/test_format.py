@@ -65,3 +65,12 @@ def test_whole_slice_reads_in_place_and_checks(codec):
     data[-3] ^= 0x80
     with pytest.raises(ChunkError, match="checksum mismatch"):
         Decoder(codec, 256).read_whole(io.BytesIO(bytes(data)), s, torch.empty(300))
+
+
+def test_element_sizes_of_the_torch_free_schema_are_torchs():
+    import torch
+
+    from mscale.ckpt.manifest import ELEMENT_SIZES
+
+    assert {n: torch.empty((), dtype=getattr(torch, n)).element_size()
+            for n in ELEMENT_SIZES} == ELEMENT_SIZES

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mscale.ckpt import catalog, hf, safetensors
+from mscale.ckpt import catalog, hf, hf_config, safetensors
 from mscale.ckpt.convert import convert, open_hf
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import MODEL, tensor_key
@@ -147,7 +147,7 @@ def test_padding_rows_added_on_import_are_stripped_on_export():
     assert hf.hf_shape("layers.0.attn.wq.weight", (64, 64), padded) == (64, 64)
     exported = hf.hf_config(padded)
     assert exported["vocab_size"] == 250 and "real_vocab" not in exported["mscale_model"]
-    assert hf.model_from_hf_config(exported, "c") == cfg
+    assert hf_config.model_from_hf_config(exported, "c") == cfg
 
 
 @pytest.mark.parametrize("vocab,tp,plan_vocab,plan_real,want", [

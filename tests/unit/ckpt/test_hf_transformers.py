@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from mscale.ckpt import hf
+from mscale.ckpt import hf, hf_config
 from mscale.ckpt.convert import convert, open_hf
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import MODEL, tensor_key
@@ -98,7 +98,7 @@ def test_import_through_convert_matches_llama_for_causal_lm(tmp_path, rope, form
 def test_vocab_tp_does_not_divide_is_padded_and_masked(tmp_path, tied):
     ref = save_llama(tmp_path, vocab=99, tie_word_embeddings=tied)
     config, tensors = open_hf(str(tmp_path))
-    imported = hf.model_from_hf_config(config, str(tmp_path / "config.json"))
+    imported = hf_config.model_from_hf_config(config, str(tmp_path / "config.json"))
     p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "rope_theta": 500000.0,
                           "tie_embeddings": tied})
     cfg = hf.fit_to_plan(imported, p.model, 2, str(tmp_path / "config.json"))
@@ -136,7 +136,7 @@ def test_export_with_llama3_scaling_loads_in_transformers(tmp_path):
         assert rel_err(model(x), ref(x).logits) < 1e-5
     config, _ = open_hf(str(tmp_path / "hf"))
     del config["mscale_model"]  # the LLaMA fields alone describe the same model
-    assert hf.model_from_hf_config(config, "x").model_dump(exclude={"name"}) == \
+    assert hf_config.model_from_hf_config(config, "x").model_dump(exclude={"name"}) == \
         p.model.model_dump(exclude={"name"})
 
 
@@ -189,18 +189,18 @@ REFUSED = [
 def test_unsupported_config_values_are_refused_by_their_hf_name(tmp_path, made_with, edit, field):
     data = {**llama_json(tmp_path, **made_with), **edit}
     with pytest.raises(MscaleError) as e:
-        hf.model_from_hf_config(data, "hf/config.json")
+        hf_config.model_from_hf_config(data, "hf/config.json")
     assert e.value.file == "hf/config.json"
     assert e.value.field == field or e.value.field.startswith(field + ".")
 
 
 def test_a_plain_transformers_config_is_accepted_with_its_defaults(tmp_path):
-    cfg = hf.model_from_hf_config(llama_json(tmp_path, rms_norm_eps=1e-6), "c")
+    cfg = hf_config.model_from_hf_config(llama_json(tmp_path, rms_norm_eps=1e-6), "c")
     assert (cfg.rope_theta, cfg.norm_eps, cfg.kv_heads, cfg.rope_scaling) == (1e4, 1e-6, 2, None)
 
 
 def test_a_different_plan_is_refused_naming_every_differing_field(tmp_path):
-    imported = hf.model_from_hf_config(llama_json(tmp_path), "hf/config.json")
+    imported = hf_config.model_from_hf_config(llama_json(tmp_path), "hf/config.json")
     other = imported.model_copy(update={"layers": 4, "rope_theta": 5e5, "name": "x"})
     assert hf.diff_model(imported, other) == ["layers", "rope_theta"]
     assert hf.diff_model(imported, imported.model_copy(update={"name": "y"})) == []
@@ -220,10 +220,10 @@ def test_a_different_plan_is_refused_naming_every_differing_field(tmp_path):
 def test_hostile_values_are_refused_without_a_traceback(tmp_path, edit, field):
     data = {**llama_json(tmp_path), **edit}
     with pytest.raises(MscaleError) as e:
-        hf.model_from_hf_config(data, "c")
+        hf_config.model_from_hf_config(data, "c")
     assert e.value.field == field and len(str(e.value)) < 500
     with pytest.raises(MscaleError, match="JSON object"):
-        hf.model_from_hf_config([data], "c")
+        hf_config.model_from_hf_config([data], "c")
 @pytest.mark.parametrize("tied", [False, True])
 def test_import_pads_for_tp_and_export_strips(tmp_path, tied):
     from mscale.ckpt import catalog

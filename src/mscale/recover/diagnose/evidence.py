@@ -22,7 +22,7 @@ from functools import cached_property
 
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import MscaleError
-from mscale.recover.diagnose import read as rd
+import mscale.recover.diagnose.read as rd
 from mscale.recover.decision import Evidence
 from mscale.runs.rundir import RunDir
 
