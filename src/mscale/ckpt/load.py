@@ -170,10 +170,6 @@ def read_model(reader: CheckpointReader, rl: RankLayout) -> list[torch.Tensor]:
     return [reader.read_item(it) for it in model_needs(rl)]
 
 
-def _key_of(key: str) -> str:
-    return split_key(key)[0]
-
-
 def install(live: LiveRank, rl: RankLayout, manifest: Manifest, data: dict) -> None:
     """Put what `read_for_rank` returned into the live process (collectives: the ZeRO-0
     broadcast and the optimizer's parameter all-gather)."""

@@ -82,8 +82,6 @@ CHECKPOINT_BYTES_PER_PARAM = 14
 MEMORY_USABLE_FRACTION = 0.90
 """Share of device memory the planner lets a layout use. Assumption: CUDA context, NCCL buffers
 and allocator fragmentation take the rest (typically several GB on an 80 GB device)."""
-LOGITS_BYTES = 4
-"""Bytes per logit kept for the loss on the last stage (fp32 softmax/cross-entropy)."""
 
 # --- communication ----------------------------------------------------------------------------
 LINK_EFFICIENCY = 0.80

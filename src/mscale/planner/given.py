@@ -10,10 +10,6 @@ from mscale.config.layout import LayoutConfig, check_layout
 from mscale.errors import MscaleError
 from mscale.planner.cost import Problem
 
-OPTION_FIELDS = ("tp", "pp", "vpp", "micro_batch", "sequence_parallel", "recompute", "zero_stage",
-                 "dp_reduce")
-
-
 def load_layout_data(path: str) -> dict[str, Any]:
     """The layout mapping of a file: a bare layout, or the ``layout:`` section of a plan."""
     data = parse_yaml(read_text(path), path)

@@ -229,11 +229,6 @@ def megatron_block_bytes(model, b, t, sp, rec, flash: bool):
     return np.select([rec == 0, rec == 1], [kept + scores, kept], 2 * sb * h / tsp)
 
 
-def activation_total(per_layer, layers, in_flight):
-    """Bytes of activations on one rank: its blocks × micro-batches in flight."""
-    return per_layer * layers * in_flight
-
-
 def rank_memory(pb, c: dict, micro) -> dict:
     """Bytes per GPU of every candidate in ``c`` (cost.py's arrays), at the larger of the first
     and the last pipeline rank's peaks (the first holds the most micro-batches in flight, the
