@@ -13,7 +13,8 @@ def build(rank: int, world: int, case: dict):
     return build_case_engine(rank, world, case)
 
 
-def checkpointer(engine, root: str, events: list, resume: str = "none", **opts):
+def checkpointer(engine, root: str, events: list, resume: str = "none", hooks=None, **opts):
+    """A Checkpointer of ``engine``; ``hooks``: the writer's `WriteHooks` for every save."""
     from mscale.ckpt.checkpointer import Checkpointer
     from mscale.ckpt.options import CkptOptions
 
@@ -22,7 +23,8 @@ def checkpointer(engine, root: str, events: list, resume: str = "none", **opts):
             events.append(fields)
 
     opts.setdefault("chunk_bytes", 4096)
-    return Checkpointer(engine.live_rank(), root, CkptOptions(resume=resume, **opts), emit)
+    return Checkpointer(engine.live_rank(), root, CkptOptions(resume=resume, **opts), emit,
+                        write_hooks=lambda step: hooks)
 
 
 def steps(engine, first: int, last: int, ckpt=None, save_at=(), wait=False) -> list:
@@ -33,7 +35,8 @@ def steps(engine, first: int, last: int, ckpt=None, save_at=(), wait=False) -> l
     timer, losses = StepTimer(), []
     for step in range(first, last):
         timer.start_step()
-        losses.append(train_step(engine, step, timer).loss)
+        guard = ckpt.before_update if ckpt is not None else (lambda: None)
+        losses.append(train_step(engine, step, timer, before_update=guard).loss)
         timer.end_step()
         if ckpt is not None:
             ckpt.poll()
@@ -159,16 +162,18 @@ def protocol(rank: int, world: int, root: str, case: dict) -> dict:
     engine = build(rank, world, case)
     if rank == 2:
         _failing_write(5)
-    ck = checkpointer(engine, f"{root}/ckpt", events, keep=3, chunk_delay_s=0.1,
-                      chunk_bytes=64 << 10, copy_delay_s=1.0)
+    from mscale.train.faults import CheckpointFaults
+
+    slow = CheckpointFaults(None, chunk_delay_s=0.1, copy_delay_s=1.0)  # a slow filesystem
+    ck = checkpointer(engine, f"{root}/ckpt", events, hooks=slow, keep=3, chunk_bytes=64 << 10)
     out = {}
     steps(engine, 0, 2, ck, save_at=(2,))
     out["at2"] = state(engine)
     out["in_flight_after_save"] = ck.inflight is not None
-    ck.opts.copy_delay_s = 0.0
+    slow.copy_delay_s = 0.0
     steps(engine, 2, 3, ck, save_at=(3,))  # the step-2 save is still being written
     out["at3"] = state(engine)  # its write goes on (slowly) while steps 4.. change everything
-    ck.opts.chunk_delay_s = 0.0
+    slow.chunk_delay_s = 0.0
     steps(engine, 3, 7, ck, save_at=(5, 6, 7))
     ck.close()
     out["latest"] = catalog.read_latest(f"{root}/ckpt") if rank == 0 else None

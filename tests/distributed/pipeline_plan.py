@@ -62,9 +62,8 @@ def reference_run(plan: Plan, steps: int) -> dict:
         plan=single, chunks=[model], micro_batches=single.layout.micro_batches(training.global_batch),
         loader=loader, get_batch=loader.get,
         grads=grads, device=torch.device("cpu"), env=SimpleNamespace(rank=0),
-        options=SimpleNamespace(inject_delay={}, inject_nan_step=None),
-        autocast=lambda: torch.autocast("cpu", enabled=False),
-        cast_scope=contextlib.nullcontext, pipeline=None)
+        precision=SimpleNamespace(autocast=lambda: torch.autocast("cpu", enabled=False),
+                                  cast_scope=contextlib.nullcontext), pipeline=None)
     losses, norms = [], []
     for step in range(steps):
         losses.append(forward_backward(engine, step, StepTimer()))

@@ -225,7 +225,7 @@ TRAIN_OPTIONS: list[tuple[str, list[str], str]] = [
     ("steps-negative", ["--steps", "-5"], "--steps"),
     ("log-interval-0", ["--log-interval", "0"], "--log-interval"),
     ("ckpt-keep-0", ["--ckpt-keep", "0"], "--ckpt-keep"),
-    ("ckpt-level-99", ["--ckpt-level", "99"], "--ckpt-level"),
+    ("zstd-level-99", ["--zstd-level", "99"], "--zstd-level"),
     ("unknown-option-json", ["--bogus", "--json"], "--bogus"),
 ]
 

@@ -242,13 +242,14 @@ def convert_cases() -> Iterator[Case]:
         ws, dst=ws.put("out", "keep\n") + "/ckpt"))
     yield Case("convert-dst-not-empty", lambda ws: good(
         ws, dst=(ws.put("out/keep.txt", "keep\n"), ws.mark(ws.root / "out"))[1]))
-    yield Case("convert-level-99", lambda ws: good(ws, *_to_plan(ws), "--level", "99"),
-               field="--level", subprocess=True)
-    yield Case("convert-level-negative", lambda ws: good(ws, *_to_plan(ws), "--level", "-100"),
-               field="--level")
-    yield Case("convert-level-99-json", lambda ws: good(ws, *_to_plan(ws), "--level", "99",
-                                                        "--json"), field="--level")
-    yield Case("convert-neither-target", lambda ws: good(ws, "--level", "1"), field="--plan")
+    yield Case("convert-level-99", lambda ws: good(ws, *_to_plan(ws), "--zstd-level", "99"),
+               field="--zstd-level", subprocess=True)
+    yield Case("convert-level-negative", lambda ws: good(ws, *_to_plan(ws), "--zstd-level",
+                                                         "-100"), field="--zstd-level")
+    yield Case("convert-level-99-json", lambda ws: good(ws, *_to_plan(ws), "--zstd-level", "99",
+                                                        "--json"), field="--zstd-level")
+    yield Case("convert-neither-target", lambda ws: good(ws, "--zstd-level", "1"),
+               field="--plan")
     yield Case("convert-both-targets", lambda ws: good(ws, *_to_plan(ws), "--to-hf"),
                field="--plan")
     for how in FILE_KINDS:

@@ -41,7 +41,7 @@ from mscale.ckpt.options import CkptOptions
 from mscale.ckpt.ownership import Item, RankLayout, from_live, layout_record, write_items
 from mscale.ckpt.resume import ResumePoint, choose_resume
 from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
-from mscale.ckpt.writer import BackgroundWriter, snapshot_and_write
+from mscale.ckpt.writer import BackgroundWriter, WriteHooks, snapshot_and_write
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import DiskFullError
 
@@ -69,8 +69,12 @@ class Checkpointer:
 
     def __init__(self, live: LiveRank, run_ckpt: str, options: CkptOptions, emit: Emit,
                  data_fingerprint: int | None = None,
-                 data_position: Callable[[int], int] | None = None):
+                 data_position: Callable[[int], int] | None = None,
+                 write_hooks: Callable[[int], WriteHooks | None] = lambda step: None):
+        """``write_hooks(step)``: what the writer of the save of ``step`` calls before its copy
+        and after each chunk (`writer.WriteHooks`; the job's fault injection installs them)."""
         self.live, self.root, self.opts, self.emit = live, run_ckpt, options, emit
+        self.write_hooks = write_hooks
         self.rank = live.groups.rank
         self.world = live.groups.placement.world
         self.interval = options.interval_for(live.plan)
@@ -97,7 +101,6 @@ class Checkpointer:
         self.fatal: str | None = None
         """Rank 0: why the job must stop (a save failed on a full disk); None while it may go
         on. Set on the training or the writer thread, read by the loop at a step boundary."""
-        live.update_guards.append(self.before_update)
 
     # ------------------------------------------------------------------ what a rank writes
     def _rng_items(self) -> list[Item]:
@@ -140,14 +143,14 @@ class Checkpointer:
         future = self.writer.submit(
             snapshot_and_write, self.arena, self.gate, self.items, tensors, ready_event(tensors),
             catalog.join(self.root, name), self.rank, self.opts.codec, self.opts.level,
-            self.opts.chunk_bytes, self.opts.chunk_delay_s, self.opts.copy_delay_s,
-            device=self.live.device, fault=self.opts.write_fault(self.rank, step))
+            self.opts.chunk_bytes, device=self.live.device, hooks=self.write_hooks(step))
         self.inflight = _InFlight(step, name, reason, future, self.gate,
                                   time.perf_counter() - t0, waited, state)
         self.last_step = step
 
     def before_update(self) -> None:
-        """Engine update guard: the optimizer may change the state only once it is copied."""
+        """Run before every optimizer update (`train_step(before_update=...)`): the optimizer may
+        change the state only once the save in flight has copied it."""
         if self.gate is not None:
             self.gate.wait()
 

@@ -9,7 +9,7 @@ one (`mscale.train.engine.Engine.live_rank`); `ckpt` never imports `train`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -67,5 +67,3 @@ class LiveRank:
     clipper: ClipState
     timeout_s: float
     """Timeout of the checkpoint's own collectives (the job's --timeout)."""
-    update_guards: list[Callable[[], None]]
-    """Called before every optimizer update; a save adds the wait for its host copy here."""

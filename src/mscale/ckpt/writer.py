@@ -13,14 +13,13 @@ marker is written only after every rank's job has succeeded (commit.py).
 
 from __future__ import annotations
 
-import errno
 import io
+import itertools
 import os
-import signal
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -62,47 +61,34 @@ def _sync(fh) -> None:
     os.fsync(fd)
 
 
-def inject_fault(fault: str, fh, where: str) -> None:
-    """Test hooks (--inject-ckpt-enospc/-kill/-hang): what a full disk, a crash or a hang in the
-    middle of a write does, for real — the chunks so far are flushed to the file first, so the
-    attempt left behind is a partial shard as a real crash leaves it."""
-    fh.flush()
-    if fault == "enospc":
-        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (test hook "
-                      "--inject-ckpt-enospc)", where)
-    sys.stderr.write(f"test hook --inject-ckpt-{fault}: this rank "
-                     f"{'SIGKILLs' if fault == 'kill' else 'SIGSTOPs'} itself writing {where}\n")
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+class WriteHooks(Protocol):
+    """Calls a save's writer makes at two points of its work, for whoever installed them (the
+    training job's fault injection, train/faults.py; a slow-filesystem test). The writer knows
+    nothing of what they do."""
+
+    def before_copy(self) -> None:
+        """On the writer thread, before the host copy (the optimizer step waits for the copy)."""
+
+    def after_chunk(self, fh, path: str, index: int) -> None:
+        """After chunk ``index`` (0-based, counted over the shard) is written to ``fh``."""
 
 
-def _chunk_hook(fh, where: str, chunk_delay_s: float, fault: str | None):
-    """What runs after each chunk: the test delay, and the injected fault after the first."""
-    if not chunk_delay_s and not fault:
+def _chunk_callback(hooks: WriteHooks | None, fh, path: str):
+    if hooks is None:
         return None
-    written = [0]
-
-    def on_chunk() -> None:
-        written[0] += 1
-        if chunk_delay_s:
-            time.sleep(chunk_delay_s)
-        if fault and written[0] == 1:
-            inject_fault(fault, fh, where)
-    return on_chunk
+    count = itertools.count()
+    return lambda: hooks.after_chunk(fh, path, next(count))
 
 
 def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int,
-                chunk_bytes: int, chunk_delay_s: float = 0.0,
-                fault: str | None = None) -> ShardResult:
-    """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings.
-    ``chunk_delay_s`` (tests) sleeps after each chunk, to hold a write in flight; ``fault``
-    (tests: enospc, kill, hang) strikes after the first chunk (`inject_fault`)."""
+                chunk_bytes: int, hooks: WriteHooks | None = None) -> ShardResult:
+    """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings."""
     t0 = time.perf_counter()
     encoder = Encoder(codec, level, chunk_bytes)
     name = shard_name(rank)
     slices, crcs, offset = [], [], 0
     with _open(join(ckpt_dir, name)) as fh, ThreadPoolExecutor(1, "mscale-ckpt-enc") as pool:
-        on_chunk = _chunk_hook(fh, join(ckpt_dir, name), chunk_delay_s, fault)
+        on_chunk = _chunk_callback(hooks, fh, join(ckpt_dir, name))
         for it, view in zip(snap.items, snap.views):
             table = write_slice(fh, encoder, memoryview(view.numpy()), on_chunk, pool)
             slices.append(SliceInfo(tensor=it.key, box=[list(b) for b in it.box],
@@ -116,23 +102,21 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
 
 
 def snapshot_and_write(arena: HostArena, gate: CopyGate, items, sources, after, ckpt_dir: str,
-                       rank: int, codec: str, level: int, chunk_bytes: int,
-                       chunk_delay_s: float = 0.0, copy_delay_s: float = 0.0, *,
+                       rank: int, codec: str, level: int, chunk_bytes: int, *,
                        device: torch.device | None = None,
-                       fault: str | None = None) -> tuple[ShardResult, float]:
+                       hooks: WriteHooks | None = None) -> tuple[ShardResult, float]:
     """Stage 1 (copy to host; then open the gate for the optimizer step) and stage 2 (write),
     both on the writer thread, which first makes ``device`` (the rank's, captured by `save` on
     the training thread) its current CUDA device. Returns the write's result and the copy's
     seconds."""
     try:
         use_device(device)
-        if copy_delay_s:  # test hook: a slow copy, so the optimizer step must wait for it
-            time.sleep(copy_delay_s)
+        if hooks is not None:
+            hooks.before_copy()
         snap = arena.take(items, sources, after, device)
     finally:
         gate.open()  # never leave training blocked, even if the copy failed
-    return (write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, chunk_delay_s, fault),
-            snap.seconds)
+    return write_shard(ckpt_dir, rank, snap, codec, level, chunk_bytes, hooks), snap.seconds
 
 
 class BackgroundWriter:

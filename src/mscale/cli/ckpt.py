@@ -173,8 +173,6 @@ def convert_cmd(
                                "safetensors directory (LLaMA names, config.json)."),
     level: int = typer.Option(1, "--zstd-level", min=MIN_LEVEL, max=MAX_LEVEL,
                               help="zstd level of the written chunks; 0 = raw."),
-    level_alias: Optional[int] = typer.Option(None, "--level", min=MIN_LEVEL, max=MAX_LEVEL,
-                                              hidden=True, help="Old name of --zstd-level."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Convert offline: to another layout (--plan), to HF safetensors (--to-hf), or from an HF
@@ -185,8 +183,7 @@ def convert_cmd(
         raise MscaleError("say what to write: --plan PLAN (an mscale checkpoint at that layout) "
                           "or --to-hf", field="--plan/--to-hf",
                           fix="e.g. mscale ckpt convert runs/r1 out --plan plans/other.yaml")
-    result = convert(src, dst, plan=plan, to_hf=to_hf,
-                     level=level if level_alias is None else level_alias)
+    result = convert(src, dst, plan=plan, to_hf=to_hf, level=level)
     if as_json:
         print_json(result)
         return

@@ -47,6 +47,18 @@ class StrictModel(BaseModel):
                               strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
+def flag(name: str, *, hidden: bool = False, metavar: str | None = None, **extra) -> dict:
+    """A field's command-line flag, for ``Field(json_schema_extra=flag(...))``: the CLI derives
+    the option, its help (the field's docstring) and its bounds from the field (cli/options.py).
+    ``extra``: ``bounds`` of a ``RANK:VALUE`` map's values, ``choices`` of a string,
+    ``negative`` (the ``--no-…`` spelling of a bool)."""
+    return {"flag": name, "hidden": hidden, "metavar": metavar, **extra}
+
+
+NOT_A_FLAG = {"flag": None}
+"""``json_schema_extra`` of an options field that has no flag of its own."""
+
+
 class FieldError(ValueError):
     """Raised by a model validator to blame one field (relative to the model), so the error
     names ``cluster.nodes`` instead of ``cluster`` and the message need not repeat the field."""

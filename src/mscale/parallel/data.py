@@ -21,7 +21,7 @@ refused: AccumulateGrad then builds ``grad + new`` out of place.
 The parameters themselves, as views of one flat buffer with this layout, and the all-gather of
 updated shards back into them (possibly deferred to the next forward) are `ParamGather`'s job
 (parallel/param_gather.py); this buffer builds it and forwards the calls the loop, the engine and
-the checkpoint make (`write_params`, `wait_params`, `attach_modules`, `param_buffer`).
+the checkpoint make (`wait_params`, `attach_modules`, `param_buffer`).
 
 On the last micro-batch (outside `no_sync`) each bucket's reduction starts as soon as its last
 gradient has arrived. Buckets are launched strictly in bucket order (a ready bucket waits for
@@ -71,9 +71,10 @@ class GradBuffer:
         """``table``: the specs of ``params`` (`parallel.parallelize`); ``groups``: the rank's
         ParallelGroups (None: a single process, DP size 1).
 
-        ``overlap_param_gather``: under ZeRO 1/2 at DP size > 1, `write_params` only launches the
-        all-gathers and the next forward waits for each bucket when a module owning parameters
-        in it is about to run. Takes effect once `attach_modules` has installed those hooks."""
+        ``overlap_param_gather``: under ZeRO 1/2 at DP size > 1, `ParamGather.write` only
+        launches the all-gathers and the next forward waits for each bucket when a module owning
+        parameters in it is about to run. Takes effect once `attach_modules` has installed those
+        hooks."""
         if zero_stage not in (0, 1, 2):
             raise ValueError(f"zero_stage must be 0, 1 or 2, not {zero_stage}")
         self.params = list(params)
@@ -103,7 +104,6 @@ class GradBuffer:
                                         overlap=overlap_param_gather)
         """The parameters' flat storage and the all-gathers that refill it (param_gather.py)."""
         self._sync = True
-        self._poison = False
         self._launched_early = 0
         self.overlapped_buckets = 0
         """Buckets whose reduction started during backward in the last step (overlap check)."""
@@ -245,10 +245,6 @@ class GradBuffer:
         self.overlapped_buckets, self._launched_early = self._launched_early, 0
         if self._transient:
             self._release_buckets()
-        if self._poison:
-            pieces = self.layout.pieces(self.shard_index if self.sharded else None)
-            self.owned_grad[pieces[0].owned_lo if pieces else 0] = float("nan")
-            self._poison = False
         self._reset_step()
         return waited
 
@@ -257,10 +253,6 @@ class GradBuffer:
             if self._bufs[b] is not None:
                 self._detach_views(b)
                 self._bufs[b] = None
-
-    def poison_for_test(self) -> None:
-        """Make the next `finish` leave a NaN in the reduced gradient (fault-injection tests)."""
-        self._poison = True
 
     # ----------------------------------------------------------------------------- after the step
     def zero_grad(self) -> None:
@@ -283,12 +275,8 @@ class GradBuffer:
 
     @property
     def deferring_param_gather(self) -> bool:
-        """True when `write_params` leaves the all-gathers in flight (`ParamGather.deferring`)."""
+        """True when `ParamGather.write` leaves the all-gathers in flight (`ParamGather.deferring`)."""
         return self.param_gather.deferring
-
-    def write_params(self, owned_values: torch.Tensor) -> float:
-        """Updated values over the owned space into the parameters (`ParamGather.write`)."""
-        return self.param_gather.write(owned_values)
 
     def attach_modules(self, modules: list[torch.nn.Module]) -> None:
         """Forward pre-hooks that wait per bucket (`ParamGather.attach_modules`)."""

@@ -27,7 +27,7 @@ from mscale.topology.placement import placement_for
 from mscale.parallel.pipeline.runner import PipelineStage, build_stage
 from mscale.train.clip import AdaptiveClipper
 from mscale.train.data import BatchPlan, DataLoader, make_sources
-from mscale.train.faults import StepFaults, install as install_faults
+from mscale.train.faults import FaultHooks, install as install_faults
 from mscale.train.options import TrainOptions
 
 
@@ -51,35 +51,51 @@ class Engine:
     """The distributed optimizer (ZeRO; parallel/zero.py)."""
     clipper: AdaptiveClipper
     loader: DataLoader
+    get_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    """(tokens, labels) of (step, micro-batch): the loader's reader, or the fault injection's
+    slow version of it (train/faults.py)."""
+    faults: FaultHooks
+    """This rank's test hooks, installed at build time (train/faults.py); the loop tells them
+    the step."""
+    precision: Precision
+    """bf16 autocast and the step-long weight-cast scope (or no-ops under fp32)."""
+    pipeline: PipelineStage | None
+    """What the pipeline runner needs of this rank (pp > 1), built once with its link."""
     eval_loader: DataLoader | None = None
     """Held-out batches (`train.evaluate`), when the training file asks for an eval loss."""
     timings: dict[str, float] = field(default_factory=dict)
     """Start-up phases in seconds (process-group init, group build, model build)."""
-    update_guards: list[Callable[[], None]] = field(default_factory=list)
-    """Called before every optimizer step: a checkpoint whose host copy overlaps the next
-    forward/backward blocks here until the copy is done (docs/ckpt.md)."""
-    pipeline: PipelineStage | None = None
-    """What the pipeline runner needs of this rank (pp > 1), built once with its link."""
-    faults: StepFaults = field(default_factory=lambda: StepFaults(-1))
-    """This rank's mid-step fault hooks (--inject-crash/--inject-hang; train/faults.py)."""
 
     @property
     def micro_batches(self) -> int:
         return self.plan.layout.micro_batches(self.plan.training.global_batch)
 
-    def get_batch(self, step: int, micro: int):
-        """(tokens, labels) of one micro-batch from the loader; ``--inject-data-delay`` (a test
-        hook) makes this rank's loader that much slower per step, spread over its micro-batches."""
-        delay = self.options.inject_data_delay.get(self.env.rank, 0.0)
-        if delay:
-            time.sleep(delay / self.micro_batches)
-        return self.loader.get(step, micro)
+    def live_rank(self) -> LiveRank:
+        """What checkpoints save from and restore into (ckpt/live.py), and nothing more."""
+        return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
+                        table=self.table, optimizer=self.optimizer, clipper=self.clipper,
+                        timeout_s=self.options.timeout_s)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How forward runs: bf16 autocast around each chunk forward, inside one step-long scope."""
+
+    device_type: str
+    bf16: bool
+    """The plan's ``training.precision`` is bf16 (fp32 parameters, bf16 matmuls)."""
+    share_casts: bool
+    """One bf16 copy of each weight for the whole step (`cast_scope`)."""
+
+    @classmethod
+    def for_plan(cls, plan: Plan, device: torch.device) -> "Precision":
+        bf16 = plan.training.precision == "bf16"
+        return cls(device.type, bf16, share_casts=bf16 and plan.layout.recompute != "full")
 
     def autocast(self):
         """bf16 autocast when the plan asks for bf16, a no-op context otherwise. Entered around
         each chunk forward, inside `cast_scope`."""
-        enabled = self.plan.training.precision == "bf16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def cast_scope(self):
         """The span of one step's forwards and backwards, exited before the optimizer step: one
@@ -93,15 +109,7 @@ class Engine:
         it, so the numerics do not change. Exiting drops the cache, so the next step casts the
         updated weights. Not under full recompute: there the graph keeps no copy, and a step-long
         cache would hold every copy that recompute otherwise drops (docs/train.md)."""
-        share = (self.plan.training.precision == "bf16"
-                 and self.plan.layout.recompute != "full")
-        return weight_cast_scope(self.device.type, share)
-
-    def live_rank(self) -> LiveRank:
-        """What checkpoints save from and restore into (ckpt/live.py), and nothing more."""
-        return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
-                        table=self.table, optimizer=self.optimizer, clipper=self.clipper,
-                        timeout_s=self.options.timeout_s, update_guards=self.update_guards)
+        return weight_cast_scope(self.device_type, self.share_casts)
 
 
 def weight_cast_scope(device_type: str, share: bool = True):
@@ -170,15 +178,17 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     eval_loader = None
     if training.eval.interval and held_out is not None:
         eval_loader = DataLoader(held_out, batches, **tp_read)
-    engine = Engine(plan=plan, options=options, env=env, groups=groups, device=device,
-                    chunks=chunks, params=params, table=table, grads=grads, optimizer=optimizer,
-                    clipper=AdaptiveClipper.from_config(training), loader=loader,
-                    eval_loader=eval_loader, timings=timings,
-                    faults=install_faults(chunks, env.rank, options))
+    micro_batches = layout.micro_batches(training.global_batch)
+    faults = install_faults(options.faults, env.rank, micro_batches, chunks)
+    get_batch = faults.wrap_get_batch(loader.get)
+    precision = Precision.for_plan(plan, device)
+    pipeline = None
     if layout.pp > 1:
-        engine.pipeline = build_stage(
-            plan, groups, device, chunks, micro_batches=engine.micro_batches,
-            get_batch=engine.get_batch, no_sync=grads.no_sync, autocast=engine.autocast,
-            cast_scope=engine.cast_scope,
-            nan_step=options.inject_nan_step, delay_s=options.inject_delay.get(env.rank, 0.0))
-    return engine
+        pipeline = build_stage(plan, groups, device, chunks, micro_batches=micro_batches,
+                               get_batch=get_batch, no_sync=grads.no_sync,
+                               autocast=precision.autocast, cast_scope=precision.cast_scope)
+    return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
+                  chunks=chunks, params=params, table=table, grads=grads, optimizer=optimizer,
+                  clipper=AdaptiveClipper.from_config(training), loader=loader,
+                  get_batch=get_batch, faults=faults, precision=precision, pipeline=pipeline,
+                  eval_loader=eval_loader, timings=timings)

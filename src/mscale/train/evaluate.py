@@ -62,10 +62,10 @@ def _forward_batch(engine, loader: DataLoader, batch: int, m: int) -> torch.Tens
         return run_pipeline_forward(engine.pipeline, lambda j: loader.get(batch, j), m)
     model = engine.chunks[0]
     total = None
-    with torch.no_grad(), engine.cast_scope():
+    with torch.no_grad(), engine.precision.cast_scope():
         for j in range(m):
             tokens, labels = (to_device(t, engine.device) for t in loader.get(batch, j))
-            with engine.autocast():
+            with engine.precision.autocast():
                 loss = model(tokens, labels).detach().double()
             total = loss if total is None else total + loss
     return total

@@ -1,89 +1,153 @@
-"""Fault-injection test hooks of `mscale train`, and the rule that they fire once.
+"""Fault injection: the one place where the test hooks of `FaultPlan` act.
 
-The hooks (hidden CLI flags, docs/train.md) make a real job fail the way a real fault does: a
-rank SIGKILLs or SIGSTOPs itself in the middle of a step (after its first micro-batch's forward,
-so its peers are already inside the step's collectives), a checkpoint write fails with a real
-``OSError(ENOSPC)`` or its process is killed or stopped after the first chunk (ckpt/writer.py),
-the loss turns NaN, a rank or its data loader is slowed.
+The hooks (hidden CLI flags, declared once in `train/options.py`, docs/train.md) make a real job
+fail the way a real fault does: a rank SIGKILLs or SIGSTOPs itself in the middle of a step (after
+its first micro-batch's forward, so its peers are already inside the step's collectives), a
+checkpoint write fails with a real ``OSError(ENOSPC)`` or its process is killed or stopped after
+the first chunk, the loss turns NaN, a rank's compute, data loader or checkpoint writer is slowed.
 
-A fault happens once. Every hook fires only in attempt 1 of a run directory (the attempt number
-rank 0 reads under the run lock, agreed by every rank): a relaunch of the same command, by hand
-or by ``mscale recover``, trains cleanly and must reproduce an uninterrupted run's losses.
+`install` puts them around the engine's parts when the engine is built: forward hooks on the model
+chunks, a wrapper around the batch reader, and the checkpoint writer's `WriteHooks`. The modules
+they wrap (train/step.py, the pipeline runner, the data loader, ckpt/writer.py) carry no test
+branch. A fault happens once: every hook fires only in attempt 1 of a run directory (`disarm`,
+called by the loop once rank 0 has read the attempt number under the run lock), so a relaunch of
+the same command, by hand or by ``mscale recover``, trains cleanly and must reproduce an
+uninterrupted run's losses.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import errno
 import os
 import signal
 import sys
+import time
+from typing import Callable
 
 import torch
 
+from mscale.train.options import FaultPlan
 
-@dataclasses.dataclass
-class StepFaults:
-    """This rank's mid-step faults (``--inject-crash``/``--inject-hang``), fired by a forward
-    hook on its first model chunk: every stage runs a forward, with or without pipelining."""
+GetBatch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
-    rank: int
-    crash_step: int | None = None
-    """1-based step at which this rank SIGKILLs itself."""
-    hang_step: int | None = None
-    """1-based step at which this rank SIGSTOPs itself."""
-    step: int = 0
-    """The step running now (1-based), set by the loop."""
-    fired: int = 0
-    """The last step whose fault fired (at most once per step)."""
 
-    @property
-    def armed(self) -> bool:
-        return self.crash_step is not None or self.hang_step is not None
+class FaultHooks:
+    """This rank's hooks. ``begin_step`` is the loop's one call: the step now running."""
+
+    def __init__(self, plan: FaultPlan, rank: int, micro_batches: int):
+        self.plan, self.rank, self.m = plan, rank, micro_batches
+        self.armed = plan.armed
+        self.step = 0
+        """The step running now (1-based)."""
+        self._fired = 0
+        self._handles: list = []
 
     def begin_step(self, step: int) -> None:
         """The loop starts (0-based) ``step``."""
         self.step = step + 1
 
-    def after_forward(self, module, inputs, output) -> None:  # noqa: ARG002 - a forward hook
-        if self.fired == self.step or self.step not in (self.crash_step, self.hang_step):
+    def disarm(self) -> None:
+        """Every hook off (attempt 2 and later)."""
+        self.armed = False
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # ------------------------------------------------------------------ the model
+    def install_on_chunks(self, chunks: list[torch.nn.Module]) -> None:
+        """Slow compute, NaN loss, crash and hang, as hooks on this rank's model chunks. They act
+        on training forwards only (gradients on), not on the held-out evaluation."""
+        delay = self.plan.delay.get(self.rank, 0.0)
+        if delay:  # a slow GPU: the step's extra seconds spread over its forwards
+            per_forward = delay / (self.m * len(chunks))
+            for chunk in chunks:
+                self._handles.append(chunk.register_forward_pre_hook(
+                    lambda module, args: self._sleep(per_forward)))
+        if self.plan.nan_step is not None:
+            for chunk in chunks:
+                if getattr(chunk, "has_head", False):
+                    self._handles.append(chunk.register_forward_hook(self._poison))
+        if chunks and self.rank in (self.plan.crash | self.plan.hang):
+            self._handles.append(chunks[0].register_forward_hook(self._stop_process))
+
+    def _sleep(self, seconds: float) -> None:
+        if torch.is_grad_enabled():
+            time.sleep(seconds)
+
+    def _poison(self, module, args, output):  # noqa: ARG002 - a forward hook
+        """NaN in the loss flows through backward into every gradient, as a real blow-up."""
+        if torch.is_grad_enabled() and self.step == self.plan.nan_step:
+            return output * float("nan")
+        return None
+
+    def _stop_process(self, module, args, output) -> None:  # noqa: ARG002 - a forward hook
+        kill = self.plan.crash.get(self.rank) == self.step
+        hang = self.plan.hang.get(self.rank) == self.step
+        if self._fired == self.step or not (kill or hang) or not torch.is_grad_enabled():
             return
-        self.fired = self.step
-        kill = self.step == self.crash_step
+        self._fired = self.step
         sys.stderr.write(f"test hook --inject-{'crash' if kill else 'hang'}: rank {self.rank} "
                          f"{'SIGKILLs' if kill else 'SIGSTOPs'} itself at step {self.step}\n")
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL if kill else signal.SIGSTOP)
 
+    # ------------------------------------------------------------------ data
+    def wrap_get_batch(self, get_batch: GetBatch) -> GetBatch:
+        """A slow data loader: this rank's extra seconds per step, spread over its reads."""
+        delay = self.plan.data_delay.get(self.rank, 0.0)
+        if not delay:
+            return get_batch
 
-def install(chunks: list[torch.nn.Module], rank: int, options) -> StepFaults:
-    """The step faults ``options`` ask of ``rank``, hooked onto its first chunk if any."""
-    faults = StepFaults(rank, options.inject_crash.get(rank), options.inject_hang.get(rank))
-    if faults.armed and chunks:
-        chunks[0].register_forward_hook(faults.after_forward)
-    return faults
+        def slow_get_batch(step: int, micro: int):
+            if self.armed:
+                time.sleep(delay / self.m)
+            return get_batch(step, micro)
+        return slow_get_batch
+
+    # ------------------------------------------------------------------ checkpoints
+    def write_hooks(self, step: int) -> "CheckpointFaults | None":
+        """What the writer of the save of ``step`` calls (`ckpt.writer.WriteHooks`), if any."""
+        p = self.plan
+        fault = ("kill" if p.ckpt_kill.get(self.rank) == step else
+                 "hang" if p.ckpt_hang.get(self.rank) == step else
+                 "enospc" if p.ckpt_enospc_step == step else None)
+        if not self.armed or not (fault or p.ckpt_chunk_delay_s or p.ckpt_copy_delay_s):
+            return None
+        return CheckpointFaults(fault, p.ckpt_chunk_delay_s, p.ckpt_copy_delay_s)
 
 
-def any_armed(options) -> bool:
-    """Whether any fault hook was given (the console says when they are disarmed)."""
-    c = options.ckpt
-    return bool(options.inject_delay or options.inject_data_delay or options.inject_nan_step
-                or options.inject_crash or options.inject_hang or c.inject_enospc_step
-                or c.inject_kill or c.inject_hang)
+class CheckpointFaults:
+    """`ckpt.writer.WriteHooks` of one save: a slow copy, a slow filesystem, and the injected
+    fault after the first chunk (the chunks so far flushed first, so the attempt leaves a
+    partial shard behind as a real crash does)."""
+
+    def __init__(self, fault: str | None, chunk_delay_s: float = 0.0, copy_delay_s: float = 0.0):
+        self.fault, self.chunk_delay_s, self.copy_delay_s = fault, chunk_delay_s, copy_delay_s
+
+    def before_copy(self) -> None:
+        time.sleep(self.copy_delay_s)
+
+    def after_chunk(self, fh, path: str, index: int) -> None:
+        time.sleep(self.chunk_delay_s)
+        if self.fault is None or index != 0:
+            return
+        fh.flush()
+        if self.fault == "enospc":
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (test hook "
+                          "--inject-ckpt-enospc)", path)
+        kill = self.fault == "kill"
+        sys.stderr.write(f"test hook --inject-ckpt-{self.fault}: this rank "
+                         f"{'SIGKILLs' if kill else 'SIGSTOPs'} itself writing {path}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL if kill else signal.SIGSTOP)
 
 
-def disarmed(options):
-    """``options`` without any fault hook: what attempts after the first run with."""
-    ckpt = dataclasses.replace(options.ckpt, inject_enospc_step=None, inject_kill={},
-                               inject_hang={})
-    return dataclasses.replace(options, inject_delay={}, inject_data_delay={},
-                               inject_nan_step=None, inject_crash={}, inject_hang={}, ckpt=ckpt)
-
-
-def disarm(engine) -> None:
-    """Turn every hook of ``engine`` off (attempt 2 and later)."""
-    engine.options = disarmed(engine.options)
-    engine.faults.crash_step = engine.faults.hang_step = None
-    if engine.pipeline is not None:  # the stage took its copies of the hooks when it was built
-        # (a frozen dataclass: replaced, not assigned)
-        engine.pipeline = dataclasses.replace(engine.pipeline, nan_step=None, delay_s=0.0)
+def install(plan: FaultPlan, rank: int, micro_batches: int,
+            chunks: list[torch.nn.Module]) -> FaultHooks:
+    """This rank's hooks, with the model's installed (the engine wraps its batch reader and
+    passes `FaultHooks.write_hooks` to the checkpointer)."""
+    hooks = FaultHooks(plan, rank, micro_batches)
+    if plan.armed:
+        hooks.install_on_chunks(chunks)
+    return hooks

@@ -18,7 +18,6 @@ a contract exit code (0–3); `mscale.distributed.launch` does the watching.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -64,7 +63,7 @@ def options_from_env() -> TrainOptions | None:
     raw = os.environ.get(OPTIONS_ENV)
     if not raw:
         return None
-    return TrainOptions(**json.loads(raw))  # __post_init__ turns JSON's keys back into ranks
+    return TrainOptions.model_validate_json(raw)
 
 
 def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
@@ -101,11 +100,7 @@ def _check_hook_ranks(options: TrainOptions, world: int) -> None:
     and a relaunch re-planned for fewer ranks keeps the command's flags."""
     from mscale.runs.lock import next_attempt
 
-    hooks = {"--inject-delay": options.inject_delay, "--inject-data-delay":
-             options.inject_data_delay, "--inject-crash": options.inject_crash,
-             "--inject-hang": options.inject_hang, "--inject-ckpt-kill": options.ckpt.inject_kill,
-             "--inject-ckpt-hang": options.ckpt.inject_hang}
-    for flag, ranks in hooks.items():
+    for flag, ranks in options.faults.rank_hooks().items():
         bad = sorted(r for r in ranks if not 0 <= r < world)
         if bad and next_attempt(options.run_dir) == 1:
             raise MscaleError(f"{flag} names rank {bad[0]}, but the job has ranks 0-{world - 1}",
@@ -162,7 +157,7 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
     say(f"starting {nprocs} workers on this machine: {layout_text(plan)}, "
         f"{-(-nprocs // per_node)} node(s) of {min(per_node, nprocs)}; run directory "
         f"{options.run_dir}, logs in {logs}")
-    env.update({OPTIONS_ENV: json.dumps(dataclasses.asdict(options)), "MSCALE_RUN_ID": run_id})
+    env.update({OPTIONS_ENV: options.model_dump_json(), "MSCALE_RUN_ID": run_id})
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,

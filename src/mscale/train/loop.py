@@ -15,6 +15,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -38,7 +39,7 @@ from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
-from mscale.train import faults, tensorboard, trace
+from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
 from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
                                   open_session, read_data_skips, share_start)
@@ -128,8 +129,8 @@ def _start(engine: Engine, s: RunSession) -> None:
 def _attempt_rules(engine: Engine, s: RunSession, skips) -> None:
     """Fault hooks fire in attempt 1 only (train/faults.py); data windows recorded in
     RUN/data_skip.json are passed over (train/data.py)."""
-    if s.attempt > 1 and faults.any_armed(engine.options):
-        faults.disarm(engine)
+    if s.attempt > 1 and engine.faults.armed:
+        engine.faults.disarm()
         _say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
              "directory and they fire in attempt 1 only")
     if skips.entries:
@@ -146,7 +147,8 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     return Checkpointer(engine.live_rank(), s.run.ckpt, engine.options.ckpt,
                         emit=lambda **kw: _event(s, **kw),
                         data_fingerprint=source_fingerprint(engine.loader.source),
-                        data_position=engine.loader.consumed_before)
+                        data_position=engine.loader.consumed_before,
+                        write_hooks=engine.faults.write_hooks)
 
 
 def _run(engine: Engine, s: RunSession) -> int:
@@ -261,7 +263,7 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
     for step in range(first, steps):
         every = opts.trace_every
         timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
-        result = train_step(engine, step, timer)
+        result = train_step(engine, step, timer, before_update=ckpt.before_update)
         if not result.finite:
             _event(s, kind="nan", severity="critical", step=step + 1,
                    message="non-finite gradient norm: stopped before the optimizer step",
@@ -377,11 +379,15 @@ class StepResult:
         return None if self.device_loss is None else float(self.device_loss)
 
 
-def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
+def train_step(engine: Engine, step: int, timer: StepTimer,
+               before_update: Callable[[], None] = lambda: None) -> StepResult:
     """One optimizer step: micro-batches, DP reduction, norm, NaN stop, clipping, update.
 
-    DP communication the step waits for is ``comm_wait``: the reduction's wait as a region (on a
-    GPU, how long the stream waited), the optimizer's parameter all-gather through COMM_CLOCK."""
+    ``before_update`` runs just before the optimizer changes the state: a checkpoint whose host
+    copy overlaps this step's forward/backward waits there until the copy is done
+    (`Checkpointer.before_update`, docs/ckpt.md). DP communication the step waits for is
+    ``comm_wait``: the reduction's wait as a region (on a GPU, how long the stream waited), the
+    optimizer's parameter all-gather through COMM_CLOCK."""
     engine.faults.begin_step(step)
     loss = run_micro_batches(engine, step, timer)
     with timer.region("comm_wait", link="dp"):
@@ -391,8 +397,7 @@ def train_step(engine: Engine, step: int, timer: StepTimer) -> StepResult:
     lr = learning_rate(engine.plan.training, step)
     if not math.isfinite(norm):
         return StepResult(loss, norm, threshold, lr, finite=False)
-    for guard in engine.update_guards:  # a checkpoint still copying this state to host
-        guard()
+    before_update()
     engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6)))
     engine.clipper.update(norm)
     return StepResult(loss, norm, threshold, lr, finite=True)

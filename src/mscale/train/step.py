@@ -9,7 +9,6 @@ schedule (parallel/pipeline.py) owns the order of forwards and backwards.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 
@@ -36,8 +35,8 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
         from mscale.parallel.pipeline import run_pipeline_step
 
         return run_pipeline_step(engine.pipeline, step, timer)  # the stage holds cast_scope
-    # one bf16 copy of each weight for all the step's micro-batches (Engine.cast_scope)
-    with engine.cast_scope():
+    # one bf16 copy of each weight for all the step's micro-batches (Precision.cast_scope)
+    with engine.precision.cast_scope():
         return _accumulate(engine, step, timer)
 
 
@@ -45,21 +44,17 @@ def _accumulate(engine, step: int, timer: StepTimer) -> torch.Tensor:
     """Gradient accumulation without a pipeline: forward and backward per micro-batch."""
     model = engine.chunks[0]
     m = engine.micro_batches
-    delay = engine.options.inject_delay.get(engine.env.rank, 0.0)
     total = None
     for j in range(m):
         with timer.region("data"):
             tokens, labels = (to_device(t, engine.device) for t in engine.get_batch(step, j))
         sync = contextlib.nullcontext() if j == m - 1 else engine.grads.no_sync()
         with sync:
-            with timer.work("forward", j), engine.autocast():
+            with timer.work("forward", j), engine.precision.autocast():
                 loss = model(tokens, labels)
-            loss = poison_if_asked(engine, step, loss)
             with timer.work("backward", j):
                 (loss / m).backward()
         total = add_loss(total, loss)
-        if delay:
-            time.sleep(delay / m)  # test hook: a slow GPU, spread over the step's compute
     return total / m
 
 
@@ -67,11 +62,3 @@ def add_loss(total: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
     """``total + loss`` on the loss's device, in float64 (no host sync)."""
     value = loss.detach().double()
     return value if total is None else total + value
-
-
-def poison_if_asked(engine, step: int, loss: torch.Tensor) -> torch.Tensor:
-    """Test hook (--inject-nan STEP): make the loss NaN so that NaN flows through backward into
-    every gradient, exactly as a real numerical blow-up would."""
-    if engine.options.inject_nan_step == step + 1:
-        return loss * float("nan")
-    return loss

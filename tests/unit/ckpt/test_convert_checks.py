@@ -37,14 +37,14 @@ def test_zstd_level_is_range_checked_and_has_one_name(run, good, cli, tmp_path):
     with pytest.raises(MscaleError) as e:
         convert(str(run), str(tmp_path / "a"), plan=_plan(good), level=99)
     assert e.value.field == "--zstd-level" and not (tmp_path / "a").exists()
-    for flag, value in (("--level", "99"), ("--zstd-level", "23"), ("--zstd-level", "-8")):
+    for flag, value in (("--zstd-level", "99"), ("--zstd-level", "23"), ("--zstd-level", "-8")):
         code, out, err = cli("ckpt", "convert", str(run), str(tmp_path / "b"), "--plan",
                              _plan(good), flag, value)
         assert code == 3 and no_crash(code, out, err) and flag in err
     assert not (tmp_path / "b").exists()
     code, out, err = cli("ckpt", "convert", str(run), str(tmp_path / "c"), "--plan", _plan(good),
-                         "--level", "3")  # the old spelling still works, hidden
-    assert code == 0 and catalog.load_committed(str(tmp_path / "c")).level == 3
+                         "--level", "3")  # no second spelling in a 0.1 tool
+    assert code == 3 and "--level" in err and not (tmp_path / "c").exists()
     code, out, _ = cli("ckpt", "convert", "--help")
     assert "--zstd-level" in out and "--level " not in out
 

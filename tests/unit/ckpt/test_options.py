@@ -3,9 +3,6 @@ and resolve the save interval from the command line, the plan's setting or its a
 
 from __future__ import annotations
 
-import dataclasses
-import json
-
 from mscale.ckpt.options import CkptOptions
 from mscale.config.plan import CheckpointAdvice
 from mscale.train.options import TrainOptions
@@ -15,8 +12,8 @@ from tests.unit.ckpt.helpers import plan
 def test_train_options_carry_the_checkpoint_options_through_the_launchers_json():
     sent = TrainOptions(run_dir="runs/x", ckpt=CkptOptions(interval=7, keep=2, level=0,
                                                            final=False, resume="none",
-                                                           chunk_delay_s=0.5))
-    received = TrainOptions(**json.loads(json.dumps(dataclasses.asdict(sent))))
+                                                           chunk_bytes=1 << 16))
+    received = TrainOptions.model_validate_json(sent.model_dump_json())
     assert received == sent and isinstance(received.ckpt, CkptOptions)
 
 
@@ -32,3 +29,4 @@ def test_interval_precedence_option_then_plan_setting_then_advice():
 
 def test_codec_follows_the_level():
     assert CkptOptions(level=0).codec == "raw" and CkptOptions(level=3).codec == "zstd"
+

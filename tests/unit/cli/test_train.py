@@ -55,3 +55,41 @@ def test_a_workers_failure_names_the_plans_node_under_local(tmp_path, monkeypatc
     assert e.value.args == (3,)
     assert "error (rank 3 on node2, crash)" in capsys.readouterr().err
     assert json.loads((tmp_path / "logs" / "rank3.error.json").read_text())["node"] == "node2"
+
+
+def test_every_option_is_one_field_whose_docstring_is_the_flags_help(cli):
+    """TrainOptions (with its CkptOptions and FaultPlan) is where a flag is declared: each field
+    marked as a flag is an option of `mscale train`, its help is the field's docstring, and the
+    test hooks are hidden."""
+    from mscale.cli.options import flags
+    from mscale.train.options import TrainOptions
+
+    code, out, _ = cli("train", "--help")
+    assert code == 0
+    text = " ".join(out.replace("│", " ").split())
+    declared = flags(TrainOptions)
+    assert {f.flag for f in declared} >= {"--steps", "--timeout", "--resume", "--zstd-level",
+                                          "--final-ckpt", "--inject-crash", "--inject-ckpt-kill"}
+    for f in declared:
+        hidden = f.extra.get("hidden", False)
+        assert (f.flag in text) != hidden, f.flag
+        if not hidden:
+            assert " ".join(f.info.description.split())[:40] in text, f.flag
+    assert "--ckpt-level" not in text  # no second spelling of --zstd-level
+
+
+def test_flag_values_become_the_options_fields_and_refusals_name_the_flag():
+    from mscale.cli.options import build
+    from mscale.errors import MscaleError
+    from mscale.train.options import TrainOptions
+
+    opts = build(TrainOptions, {"steps": 5, "ckpt__level": 0, "ckpt__final": False,
+                                "faults__delay": ["1:0.5"]}, run_dir="r")
+    assert (opts.steps, opts.ckpt.level, opts.ckpt.final, opts.faults.delay) == (5, 0, False,
+                                                                                  {1: 0.5})
+    for values, flag in (({"timeout_s": 0.0}, "--timeout"), ({"trace_ranks": "x"}, "--trace-ranks"),
+                         ({"ckpt__keep": 0}, "--ckpt-keep"), ({"faults__nan_step": 0},
+                                                              "--inject-nan")):
+        with pytest.raises(MscaleError) as e:
+            build(TrainOptions, values, run_dir="r")
+        assert e.value.field == flag

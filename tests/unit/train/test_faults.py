@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import signal
@@ -10,62 +9,103 @@ import signal
 import pytest
 import torch
 
-from mscale.ckpt.options import CkptOptions
 from mscale.ckpt.writer import write_shard
-from mscale.cli.train import _parse_steps, launch_of
+from mscale.cli.options import build as build_options
+from mscale.cli.train import launch_of
 from mscale.config.records import DataSkip, DataSkips
 from mscale.errors import MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.train import faults
 from mscale.train.data import BatchPlan, DataLoader
-from mscale.train.options import TrainOptions
+from mscale.train.options import FaultPlan, TrainOptions
 from mscale.train.session import launch_record, read_data_skips
 from tests.e2e.train_run import small_plan
 
 
 def armed_options(tmp_path) -> TrainOptions:
-    return TrainOptions(run_dir=str(tmp_path), inject_delay={1: 0.5}, inject_data_delay={0: 0.1},
-                        inject_nan_step=3, inject_crash={2: 4}, inject_hang={3: 5},
-                        ckpt=CkptOptions(inject_enospc_step=2, inject_kill={1: 4},
-                                         inject_hang={0: 6}))
+    return TrainOptions(run_dir=str(tmp_path), faults=FaultPlan(
+        delay={1: 0.5}, data_delay={0: 0.1}, nan_step=3, crash={2: 4}, hang={3: 5},
+        ckpt_enospc_step=2, ckpt_kill={1: 4}, ckpt_hang={0: 6}, ckpt_chunk_delay_s=0.1))
 
 
 def test_options_survive_the_launchers_json_with_integer_ranks(tmp_path):
     opts = armed_options(tmp_path)
-    back = TrainOptions(**json.loads(json.dumps(dataclasses.asdict(opts))))
+    back = TrainOptions.model_validate_json(opts.model_dump_json())
     assert back == opts
-    assert back.inject_crash == {2: 4} and back.ckpt.inject_kill == {1: 4}
+    assert back.faults.crash == {2: 4} and back.faults.ckpt_kill == {1: 4}
 
 
-def test_disarmed_options_have_no_hook_left(tmp_path):
-    opts = armed_options(tmp_path)
-    assert faults.any_armed(opts)
-    off = faults.disarmed(opts)
-    assert not faults.any_armed(off)
-    assert off.run_dir == opts.run_dir and off.ckpt.keep == opts.ckpt.keep
-    assert opts.inject_crash == {2: 4}  # the original is untouched
+def test_write_hooks_of_a_rank_and_step():
+    plan = armed_options("x").faults
+    fault = {(r, s): getattr(faults.FaultHooks(plan, r, 2).write_hooks(s), "fault", None)
+             for r in range(4) for s in range(1, 7)}
+    assert fault[(1, 4)] == "kill" and fault[(0, 6)] == "hang"
+    assert fault[(3, 2)] == "enospc" and fault[(1, 2)] == "enospc"
+    assert fault[(1, 6)] is None and fault[(0, 4)] is None
+    assert faults.FaultHooks(FaultPlan(), 0, 2).write_hooks(2) is None  # nothing to do
 
 
-def test_write_fault_of_a_rank_and_step():
-    c = CkptOptions(inject_enospc_step=2, inject_kill={1: 4}, inject_hang={0: 6})
-    assert c.write_fault(1, 4) == "kill" and c.write_fault(0, 6) == "hang"
-    assert c.write_fault(3, 2) == "enospc" and c.write_fault(1, 2) == "enospc"
-    assert c.write_fault(1, 6) is None and c.write_fault(0, 4) is None
+def test_disarm_turns_every_hook_off_the_checkpoint_delay_included(monkeypatch):
+    """Attempt 2 and later: no model hook left, the data read and the writer not slowed (the
+    old disarm forgot the chunk delay)."""
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    plan = armed_options("x").faults
+    model = torch.nn.Linear(2, 2)
+    model.has_head = True
+    hooks = faults.install(plan, 1, 2, [model])
+    get = hooks.wrap_get_batch(lambda step, micro: (step, micro))
+    assert model._forward_pre_hooks and model._forward_hooks
+    hooks.disarm()
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert get(0, 0) == (0, 0) and hooks.write_hooks(4) is None
+    model(torch.zeros(1, 2))
+    assert slept == []
+
+
+def test_slow_compute_and_data_spread_over_the_steps_forwards_and_reads(monkeypatch):
+    slept = []
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    chunks = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    hooks = faults.install(FaultPlan(delay={0: 0.8}, data_delay={0: 0.4}), 0, 4, chunks)
+    get = hooks.wrap_get_batch(lambda step, micro: None)
+    for _ in range(4):
+        for c in chunks:
+            c(torch.zeros(1, 2))
+        get(0, 0)
+    assert sum(slept) == pytest.approx(0.8 + 0.4) and len(slept) == 12
+    with torch.no_grad():  # the held-out evaluation is not slowed
+        chunks[0](torch.zeros(1, 2))
+    assert len(slept) == 12
+
+
+def test_nan_poisons_the_training_loss_of_its_step_only():
+    head = torch.nn.Linear(2, 1)
+    head.has_head = True
+    hooks = faults.install(FaultPlan(nan_step=2), 0, 1, [head])
+    seen = []
+    for step in range(3):
+        hooks.begin_step(step)
+        seen.append(bool(head(torch.ones(1, 2)).isnan().any()))
+    assert seen == [False, True, False]
+    with torch.no_grad():
+        assert not head(torch.ones(1, 2)).isnan().any()
 
 
 def test_step_fault_fires_once_on_its_step_after_a_forward(monkeypatch):
     sent = []
     monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append(sig))
     model = torch.nn.Linear(2, 2)
-    opts = TrainOptions(run_dir="x", inject_crash={0: 2}, inject_hang={1: 1})
-    f = faults.install([model], 0, opts)
+    plan = FaultPlan(crash={0: 2}, hang={1: 1})
+    f = faults.install(plan, 0, 2, [model])
     for step in range(3):
         f.begin_step(step)
         for _ in range(2):  # two micro-batches
             model(torch.zeros(1, 2))
     assert sent == [signal.SIGKILL]
-    hang = faults.install([torch.nn.Linear(2, 2)], 1, opts)
-    assert hang.hang_step == 1 and hang.crash_step is None
+    other = torch.nn.Linear(2, 2)
+    faults.install(plan, 3, 2, [other])  # a rank no hook names gets none
+    assert not other._forward_hooks
 
 
 def test_an_enospc_write_leaves_a_partial_shard_and_raises_oserror(tmp_path):
@@ -77,7 +117,8 @@ def test_an_enospc_write_leaves_a_partial_shard_and_raises_oserror(tmp_path):
     data = torch.arange(4096, dtype=torch.float32).view(torch.uint8)  # 16 KiB: 4 chunks
     snap = Snapshot(items=[Item()], views=[data], seconds=0.0, nbytes=data.numel())
     with pytest.raises(OSError) as e:
-        write_shard(str(tmp_path), 0, snap, "raw", 0, chunk_bytes=4096, fault="enospc")
+        write_shard(str(tmp_path), 0, snap, "raw", 0, chunk_bytes=4096,
+                    hooks=faults.CheckpointFaults("enospc"))
     assert e.value.errno == errno.ENOSPC and "inject-ckpt-enospc" in str(e.value)
     shard = tmp_path / "rank-00000.bin"
     assert shard.exists() and shard.stat().st_size == 4096  # the first chunk, flushed
@@ -86,12 +127,13 @@ def test_an_enospc_write_leaves_a_partial_shard_and_raises_oserror(tmp_path):
 @pytest.mark.parametrize("value", ["x", "1", "1:0", "1:2.5", "a:3"])
 def test_bad_rank_step_hooks_are_refused(value):
     with pytest.raises(MscaleError) as e:
-        _parse_steps([value], "--inject-crash")
+        build_options(TrainOptions, {"faults__crash": [value]}, run_dir="x")
     assert e.value.field == "--inject-crash"
 
 
 def test_rank_step_hooks_parse():
-    assert _parse_steps(["1:3", "2:10"], "--inject-hang") == {1: 3, 2: 10}
+    opts = build_options(TrainOptions, {"faults__hang": ["1:3", "2:10"]}, run_dir="x")
+    assert opts.faults.hang == {1: 3, 2: 10}
 
 
 def test_data_skips_absent_valid_and_damaged(tmp_path):
@@ -208,31 +250,12 @@ def test_launch_of_is_absolute_and_runnable(tmp_path, monkeypatch):
 def test_a_hook_rank_outside_the_job_is_refused_in_attempt_1_only(tmp_path):
     from mscale.train.launch import _check_hook_ranks
 
-    opts = TrainOptions(run_dir=str(tmp_path / "run"), inject_crash={5: 2})
+    opts = TrainOptions(run_dir=str(tmp_path / "run"), faults=FaultPlan(crash={5: 2}))
     with pytest.raises(MscaleError) as e:
         _check_hook_ranks(opts, 4)
     assert e.value.field == "--inject-crash" and "rank 5" in e.value.message
-    _check_hook_ranks(TrainOptions(run_dir=opts.run_dir, inject_crash={3: 2}), 4)
+    _check_hook_ranks(TrainOptions(run_dir=opts.run_dir, faults=FaultPlan(crash={3: 2})), 4)
     (tmp_path / "run").mkdir()  # a relaunch on fewer ranks keeps the (disarmed) flags
     (tmp_path / "run" / "events.jsonl").write_text(json.dumps(
         {"source": "train", "kind": "start", "evidence": {"attempt": 1}}) + "\n")
     _check_hook_ranks(opts, 4)
-
-
-def test_disarm_replaces_the_frozen_pipeline_stage(tmp_path):
-    """A relaunch of a pipeline run that keeps its --inject-* flags: the stage (a frozen
-    dataclass that copied the hooks when built) is replaced, not assigned (it raised
-    FrozenInstanceError on every rank)."""
-    from types import SimpleNamespace
-
-    from mscale.parallel.pipeline.runner import PipelineStage
-
-    stage = PipelineStage(chunks=[], pp=2, vpp=1, pp_rank=0, micro_batches=2,
-                          device=torch.device("cpu"), link=None, get_batch=None, no_sync=None,
-                          autocast=None, nan_step=3, delay_s=0.5)
-    engine = SimpleNamespace(options=armed_options(tmp_path), pipeline=stage,
-                             faults=SimpleNamespace(crash_step=2, hang_step=2))
-    faults.disarm(engine)
-    assert engine.pipeline.nan_step is None and engine.pipeline.delay_s == 0.0
-    assert engine.pipeline.pp == 2 and engine.faults.crash_step is None
-    assert stage.nan_step == 3  # the old object is untouched

@@ -3,9 +3,6 @@ skips the CLI, its one-line errors, and the start-up phases the launcher shows. 
 
 from __future__ import annotations
 
-import dataclasses
-import json
-
 import pytest
 
 from mscale.ckpt.options import CkptOptions
@@ -63,7 +60,7 @@ def test_a_plan_that_went_bad_since_the_launcher_checked_it_is_exit_3(monkeypatc
     from mscale.train.worker import local_main
 
     options = TrainOptions(run_dir=str(tmp_path / "run"))
-    monkeypatch.setenv(OPTIONS_ENV, json.dumps(dataclasses.asdict(options)))
+    monkeypatch.setenv(OPTIONS_ENV, options.model_dump_json())
     monkeypatch.delenv("MSCALE_DEBUG", raising=False)
     bad = tmp_path / "plan.yaml"
     bad.write_text("layout: [\n")

@@ -186,12 +186,12 @@ class _Engine:
         self.chunks = [lambda x, y: ((lin(x).squeeze(1) - y) ** 2).mean() * 1.7]
         self.plan, self.pipeline = SimpleNamespace(layout=SimpleNamespace(pp=1)), None
         self.micro_batches, self.device = m, torch.device("cpu")
-        self.options = SimpleNamespace(inject_delay={}, inject_nan_step=None)
         self.env = SimpleNamespace(rank=0)
         self.loader = _Loader()
         self.get_batch = self.loader.get
         self.grads = SimpleNamespace(no_sync=contextlib.nullcontext)
-        self.autocast = self.cast_scope = contextlib.nullcontext
+        self.precision = SimpleNamespace(autocast=contextlib.nullcontext,
+                                         cast_scope=contextlib.nullcontext)
 
 
 def test_loss_stays_a_tensor_until_the_gather_and_keeps_its_bits(monkeypatch):

@@ -21,7 +21,6 @@ link or a slow neighbour. Compute is the rest (StepTimer).
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
@@ -59,17 +58,12 @@ class PipelineStage:
     cast_scope: Callable[[], ContextManager] = contextlib.nullcontext
     """Entered around the whole step (`run_pipeline_step`), exited before the optimizer: the
     outermost autocast context, so every micro-batch shares one bf16 copy of each weight
-    (train/engine.py `Engine.cast_scope`)."""
-    nan_step: int | None = None
-    """Test hook: poison the loss at this (1-based) step."""
-    delay_s: float = 0.0
-    """Test hook: extra compute seconds per step on this rank (a straggler)."""
+    (train/engine.py `Precision.cast_scope`)."""
 
 
 def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module], *,
                 micro_batches: int, get_batch, no_sync, autocast,
-                cast_scope=contextlib.nullcontext, nan_step: int | None = None,
-                delay_s: float = 0.0) -> PipelineStage:
+                cast_scope=contextlib.nullcontext) -> PipelineStage:
     """The rank's PipelineStage. Collective over the PP group: the link's first use is a
     barrier, since NCCL wants every member in a group's first call before subsets talk
     point-to-point."""
@@ -80,7 +74,7 @@ def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module
     return PipelineStage(chunks=chunks, pp=layout.pp, vpp=layout.vpp, pp_rank=groups.pp_rank,
                          micro_batches=micro_batches, device=device, link=link,
                          get_batch=get_batch, no_sync=no_sync, autocast=autocast,
-                         cast_scope=cast_scope, nan_step=nan_step, delay_s=delay_s)
+                         cast_scope=cast_scope)
 
 
 class PipelineStep:
@@ -147,8 +141,6 @@ class PipelineStep:
             _, labels = self._batch(a.micro)
             with stage.autocast():
                 loss = chunk(x, labels)
-            if stage.nan_step == self.step + 1:  # as train.step.poison_if_asked
-                loss = loss * float("nan")
             value = loss.detach().double()  # no host sync: read once per step, in the gather
             self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
             self.saved[(a.micro, a.chunk)] = (grad_in, loss / self.m)
@@ -165,9 +157,6 @@ class PipelineStep:
         last = a.micro == self.m - 1  # this chunk's final gradient: let DP reduction start
         with contextlib.nullcontext() if last else self.stage.no_sync():
             torch.autograd.backward(out, grad_tensors=grad)
-        delay = self.stage.delay_s
-        if delay:  # test hook: a slow GPU, spread over the step's compute
-            time.sleep(delay / (self.m * self.vpp))
         return None if x is None else x.grad
 
 
