@@ -1,12 +1,12 @@
 """Benchmark: mscale DP=2 ZeRO-1 against torch DDP (gloo), and bucket overlap on against off.
 
 Prints ratios against references measured in the same run (not a test; no pass/fail):
-- steps/s of mscale (GradBuffer + DistributedOptimizer, ZeRO-1, AdamW) / torch DDP + AdamW on
+- steps/s of mscale (GradBuffer + ParamGather + DistributedOptimizer, ZeRO-1, AdamW) / torch DDP + AdamW on
   the same model, data and bucket size (goal >= 1.0);
 - exposed DP communication per step (seconds `GradBuffer.finish` blocks) with overlap / without
   (goal <= 1/3);
 - mscale with the parameter all-gather left in flight for the next forward
-  (``overlap_param_gather``, the default, forward hooks from `GradBuffer.attach_modules`)
+  (``overlap_param_gather``, the default, forward hooks from `ParamGather.attach_modules`)
   against the blocking all-gather at the end of the step (the old behaviour).
 
 Steps are timed back to back (one barrier before the timed steps, none between them): a barrier
@@ -81,29 +81,29 @@ def run_ddp(args, rank) -> dict:
 
 def run_mscale(args, rank, overlap: bool, param_gather: bool = True) -> dict:
     from mscale.config.training import TrainingConfig
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
 
     groups = _groups()
     model = build_model(args)
     params = list(model.parameters())
-    grads = GradBuffer(params, param_table(model), groups, zero_stage=1,
+    grads, pbuf = data_parallel(params, param_table(model), groups, zero_stage=1,
                        bucket_bytes=int(args.bucket_mb * 2**20),
                        overlap=overlap, overlap_param_gather=param_gather)
-    grads.attach_modules([model])
+    pbuf.attach_modules([model])
     cfg = TrainingConfig(global_batch=2, lr=1e-4, beta2=0.999, weight_decay=0.01)
-    opt = DistributedOptimizer(params, grads, cfg, groups)
+    opt = DistributedOptimizer(params, param_table(model), grads, pbuf, cfg, groups)
     data, exposed, gather, fwd_wait = batches(args, rank), [], [], []
 
     def step(i):
-        w0 = grads.param_wait_s
+        w0 = pbuf.wait_s
         model(data[i % 4]).square().mean().backward()
-        fwd_wait.append(grads.param_wait_s - w0)
+        fwd_wait.append(pbuf.wait_s - w0)
         exposed.append(grads.finish())
         opt.grad_norm()
         gather.append(opt.step(cfg.lr))
 
-    step_s = _time_steps(args, step, grads.wait_params)
+    step_s = _time_steps(args, step, pbuf.wait)
     grads.close()
     n = args.steps
     return {"step_s": step_s, "exposed_s": statistics.median(exposed[-n:]),

@@ -96,7 +96,7 @@ plan = make_plan(dict(mb=2, model=dict(layers=4, hidden=1024, heads=16, kv_heads
                       training=dict(global_batch=16, precision="bf16", bucket_mb=25.0)))
 env = LaunchEnv(0, 1, 0, 1, 0, "127.0.0.1", 29533, "bench", "localhost")
 engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused"))
-engine.grads.attach_modules(engine.chunks)
+engine.param_buffer.attach_modules(engine.chunks)
 timer = StepTimer(engine.device)
 for step in range(2):                          # warm-up: allocations, autotuning
     timer.start_step(); train_step(engine, step, timer); timer.end_step()
@@ -140,7 +140,7 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
 
 def run(rank, q):
     from mscale.distributed.groups import build_groups
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
     from tests.distributed.dp_model import batch, config, loss_fn, make_params, make_table
@@ -153,12 +153,12 @@ def run(rank, q):
     for zero in (0, 1, 2):
         for hier in (False, True):
             params = [torch.nn.Parameter(p.detach().to(dev)) for p in make_params(0)]
-            grads = GradBuffer(params, make_table(), groups, zero_stage=zero, bucket_bytes=400,
+            grads, pbuf = data_parallel(params, make_table(), groups, zero_stage=zero, bucket_bytes=400,
                                hierarchical=hier)
             if hier:
                 grads.comm.issued = []
             cfg = config()
-            opt = DistributedOptimizer(params, grads, cfg, groups)
+            opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg, groups)
             for step in range(4):
                 x, y = batch(step)
                 x, y = x[rank * 4:(rank + 1) * 4].to(dev), y[rank * 4:(rank + 1) * 4].to(dev)

@@ -61,7 +61,7 @@ def build(plan, port: int):
                     master_addr="127.0.0.1", master_port=port, launcher="test",
                     hostname="localhost")
     engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=300))
-    engine.grads.attach_modules(engine.chunks)  # as the training loop does
+    engine.param_buffer.attach_modules(engine.chunks)  # as the training loop does
     return engine
 
 
@@ -87,7 +87,7 @@ def step(engine, index: int, before_update=lambda: None) -> float:
 
 def state(engine) -> dict[str, torch.Tensor]:
     """Parameters and optimizer state, copied to the CPU."""
-    engine.grads.wait_params()
+    engine.param_buffer.wait()
     opt = engine.optimizer
     out = {f"param/{i}": p.detach().cpu().clone() for i, p in enumerate(engine.params)}
     out.update({k: getattr(opt, k).detach().cpu().clone()

@@ -72,7 +72,7 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
     with live.mode if cpu else contextlib.nullcontext():
         engine = build_engine(make_plan(case), env, TrainOptions(run_dir="memory://unused",
                                                                  timeout_s=300))
-        engine.grads.attach_modules(engine.chunks)
+        engine.param_buffer.attach_modules(engine.chunks)
         if cpu:
             live.reset_peak()
         else:
@@ -83,7 +83,7 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
             timer.start_step()
             train_step(engine, step, timer)
             timer.end_step()
-        engine.grads.wait_params()
+        engine.param_buffer.wait()
         if not cpu:
             torch.cuda.synchronize()
         peak = live.peak if cpu else torch.cuda.max_memory_allocated()

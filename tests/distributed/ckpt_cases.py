@@ -54,7 +54,7 @@ def state(engine) -> dict:
 
     g = engine.groups
     tp = TensorParallel.from_groups(g, engine.plan.layout.sequence_parallel)
-    engine.grads.wait_params()  # the last step's parameter all-gathers
+    engine.param_buffer.wait()  # the last step's parameter all-gathers
     params = {k: v.clone() for k, v in full_state_dict(engine.chunks, engine.table, tp).items()}
     opt = engine.optimizer
     pieces = []

@@ -51,7 +51,7 @@ def build_case_engine(rank: int, world: int, case: dict):
                     launcher="test", hostname="localhost")
     engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
     if case.get("overlap_param_gather", True):  # as the training loop does
-        engine.grads.attach_modules(engine.chunks)
+        engine.param_buffer.attach_modules(engine.chunks)
     return engine
 
 
@@ -76,7 +76,7 @@ def run_case(rank: int, world: int, case: dict, steps: int) -> dict:
 
         eval_loss = evaluate(engine, engine.eval_loader, plan.training.eval.batches).loss
     tp = TensorParallel.from_groups(engine.groups, plan.layout.sequence_parallel)
-    engine.grads.wait_params()  # the last step's parameter all-gathers
+    engine.param_buffer.wait()  # the last step's parameter all-gathers
     params = {k: v.detach().clone()
               for k, v in full_state_dict(engine.chunks, engine.table, tp).items()}
     engine.grads.close()

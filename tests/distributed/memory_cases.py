@@ -109,7 +109,7 @@ def measure(rank: int, world: int, case: dict, steps: int = 2) -> dict:
             timer.start_step()
             train_step(engine, step, timer)
             timer.end_step()
-        engine.grads.wait_params()
+        engine.param_buffer.wait()
         live.seen(())
     engine.grads.close()
     return {"peak": live.peak, "at_start": start, "at_end": live.live}

@@ -41,7 +41,7 @@ def clip_coef(plan: Plan, norm: float) -> float:
 
 def reference_run(plan: Plan, steps: int) -> dict:
     """The same training on one process without pipelining: losses, norms, final parameters."""
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.parallelize import build_chunks, full_state_dict
     from mscale.parallel.tensor import TensorParallel
     from mscale.parallel.zero import DistributedOptimizer
@@ -54,8 +54,8 @@ def reference_run(plan: Plan, steps: int) -> dict:
     tp, training = TensorParallel.single(), single.training
     (model,), table = build_chunks(single, 0, tp, torch.device("cpu"), seed=training.seed)
     params = list(model.parameters())
-    grads = GradBuffer(params, table, None, zero_stage=0, bucket_bytes=int(training.bucket_mb * 1e6))
-    opt = DistributedOptimizer(params, grads, training, None)
+    grads, pbuf = data_parallel(params, table, None, zero_stage=0, bucket_bytes=int(training.bucket_mb * 1e6))
+    opt = DistributedOptimizer(params, table, grads, pbuf, training, None)
     source = make_source(training.data, training.seed, single.model.seq_len, single.model.vocab)
     loader = DataLoader(source, BatchPlan(training.global_batch, single.layout.micro_batch, 1, 0))
     engine = SimpleNamespace(

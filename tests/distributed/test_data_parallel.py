@@ -27,7 +27,7 @@ def _train_cases(rank, world, cases):
     import threading
 
     from mscale.distributed.groups import build_groups
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
 
@@ -38,13 +38,13 @@ def _train_cases(rank, world, cases):
     for zero, optimizer, hier, overlap in cases:
         cfg = config(optimizer, overlap_grad_reduce=overlap)
         params = make_params(0)
-        grads = GradBuffer(params, make_table(), groups, zero_stage=zero,
+        grads, pbuf = data_parallel(params, make_table(), groups, zero_stage=zero,
                            bucket_bytes=BUCKET_BYTES,
                            overlap=overlap, hierarchical=hier)
         if hier:
             grads.comm.issued = []
         outer = _time_calls(grads, "finish")
-        opt = DistributedOptimizer(params, grads, cfg, groups)
+        opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg, groups)
         losses, norms, waits = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
         out[(zero, optimizer, hier, overlap)] = {
             "losses": losses, "norms": norms, "params": [p.detach() for p in params],
@@ -133,7 +133,7 @@ def _inject(params, table, grads_full, scale):
 def _tp_pp_norm_and_step(rank, world):
     """tp2 × dp2: global norm, LAMB/AdamW steps with clipping; pp2 × dp2: norm over stages."""
     from mscale.distributed.groups import build_groups
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
 
@@ -145,8 +145,8 @@ def _tp_pp_norm_and_step(rank, world):
         for optimizer in ("adamw", "lamb"):
             cfg = config(optimizer)
             params, table = make_params(0, groups.tp_rank, 2), make_table(groups.tp_rank, 2)
-            grads = GradBuffer(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
-            opt = DistributedOptimizer(params, grads, cfg, groups)
+            grads, pbuf = data_parallel(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+            opt = DistributedOptimizer(params, table, grads, pbuf, cfg, groups)
             norms = []
             for _ in range(2):
                 _inject(params, table, g_full, scale)
@@ -159,8 +159,8 @@ def _tp_pp_norm_and_step(rank, world):
     names = [s[0] for s in SHAPES][:3] if groups.pp_rank == 0 else [s[0] for s in SHAPES][3:]
     for zero in (0, 1, 2):
         params, table = make_params(0, names=names), make_table(names=names)
-        grads = GradBuffer(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
-        opt = DistributedOptimizer(params, grads, config(), groups)
+        grads, pbuf = data_parallel(params, table, groups, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, table, grads, pbuf, config(), groups)
         _inject(params, table, g_full, (0.5, 1.5)[groups.dp_rank])
         grads.finish()
         out["pp"][zero] = opt.grad_norm()
@@ -193,31 +193,33 @@ def _views_vs_copies(rank, world):
     """Per ZeRO stage: the run with gradient views + parameter buffer, and the copy path (no
     parameter declared viewable); plus what ZeRO-2 holds during and after accumulation."""
     from mscale.distributed.groups import build_groups
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
     from tests.distributed.dp_model import batch, loss_fn
 
     groups = build_groups(Placement(tp=1, pp=1, dp=world, gpus_per_node=world), rank, TIMEOUT)
     out = {"runs": {}}
-    viewable = GradBuffer._viewable
+    import mscale.parallel.data as data
+
+    viewable = data._viewable
     for zero in (0, 1, 2):
         for views in (True, False):
-            GradBuffer._viewable = viewable if views else (lambda self, p: False)
+            data._viewable = viewable if views else (lambda p, device: False)
             cfg = config()
             params = make_params(0)
-            grads = GradBuffer(params, make_table(), groups, zero_stage=zero,
-                               bucket_bytes=BUCKET_BYTES)
-            opt = DistributedOptimizer(params, grads, cfg, groups)
+            grads, pbuf = data_parallel(params, make_table(), groups, zero_stage=zero,
+                                        bucket_bytes=BUCKET_BYTES)
+            opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg, groups)
             losses, norms, _ = dp_run(params, grads, opt, cfg, STEPS, groups.dp_rank, world)
             out["runs"][(zero, views)] = (losses, norms, [p.detach().clone() for p in params])
             if views:
-                out[("in_param_buffer", zero)] = all(_inside(p, grads.param_buffer) for p in params)
-                out[("master_is_params", zero)] = opt.master is grads.param_buffer
+                out[("in_param_buffer", zero)] = all(_inside(p, pbuf.buffer) for p in params)
+                out[("master_is_params", zero)] = opt.master is pbuf.buffer
             grads.close()
-    GradBuffer._viewable = viewable
+    data._viewable = viewable
     params = make_params(0)
-    grads = GradBuffer(params, make_table(), groups, zero_stage=2, bucket_bytes=BUCKET_BYTES)
+    grads, pbuf = data_parallel(params, make_table(), groups, zero_stage=2, bucket_bytes=BUCKET_BYTES)
     out["z2_before"] = [p.grad is None for p in params]
     x, y = batch(0)
     with grads.no_sync():
@@ -273,7 +275,7 @@ class _Net(torch.nn.Module):
 def _param_gather_cases(rank, world, cases):
     from mscale.config.training import TrainingConfig
     from mscale.distributed.groups import build_groups
-    from mscale.parallel.data import GradBuffer
+    from mscale.parallel.data import data_parallel
     from mscale.parallel.zero import DistributedOptimizer
     from mscale.topology.placement import Placement
 
@@ -282,12 +284,12 @@ def _param_gather_cases(rank, world, cases):
     for zero, optimizer, deferred in cases:
         model = _Net()
         params = list(model.parameters())
-        grads = GradBuffer(params, model.table, groups, zero_stage=zero,
+        grads, pbuf = data_parallel(params, model.table, groups, zero_stage=zero,
                            bucket_bytes=16 * 17 * 4,
                            overlap_param_gather=deferred)
-        grads.attach_modules([model])
+        pbuf.attach_modules([model])
         cfg = TrainingConfig(global_batch=2, lr=1e-2, optimizer=optimizer, weight_decay=0.1)
-        opt = DistributedOptimizer(params, grads, cfg, groups)
+        opt = DistributedOptimizer(params, model.table, grads, pbuf, cfg, groups)
         gen = torch.Generator().manual_seed(rank)
         losses, pending = [], []
         for _ in range(4):
@@ -297,7 +299,7 @@ def _param_gather_cases(rank, world, cases):
             losses.append(float(loss.detach()))
             grads.finish()
             opt.step(cfg.lr, opt.clip_coef(1.0))
-            pending.append(grads.param_gather.in_flight)
+            pending.append(pbuf.in_flight)
         opt.wait_params()
         out[(zero, optimizer, deferred)] = {"losses": losses, "pending": pending,
                                             "params": [p.detach().clone() for p in params],

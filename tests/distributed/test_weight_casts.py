@@ -102,7 +102,7 @@ def count_weight_casts(rank: int, world: int, case: dict, shared: bool) -> list[
             timer.start_step()
             train_step(engine, step, timer)
             timer.end_step()
-    engine.grads.wait_params()
+    engine.param_buffer.wait()
     engine.grads.close()
     return counts
 

@@ -21,11 +21,36 @@ Pure bookkeeping, no communication, so it is unit-tested on its own:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 
 from mscale.parallel.spec import ParamSpec, ParamTable
+
+
+class BufferMode(enum.Enum):
+    """What a rank owns of the buffer and how long gradient storage lives: one value, decided
+    once from the ZeRO stage and the DP size, read by the gradient buffer, the parameter buffer
+    and the optimizer alike."""
+
+    WHOLE = "whole"
+    """ZeRO 0, or DP size 1: the owned space is the whole buffer. Buckets are all-reduced (or
+    not reduced at all); the optimizer's master weights are the parameters' flat storage."""
+    SHARDED = "sharded"
+    """ZeRO 1 at DP > 1: the full gradient buffer persists; each bucket is reduce-scattered
+    into this rank's shard, and updated shards are all-gathered back into the parameters."""
+    TRANSIENT = "transient"
+    """ZeRO 2 at DP > 1: as SHARDED, but a bucket's full storage lives only from the step's
+    first gradient to `GradBuffer.finish`; between steps only the shard exists."""
+
+    @classmethod
+    def of(cls, zero_stage: int, dp_size: int) -> "BufferMode":
+        if zero_stage not in (0, 1, 2):
+            raise ValueError(f"zero_stage must be 0, 1 or 2, not {zero_stage}")
+        if zero_stage == 0 or dp_size == 1:
+            return cls.WHOLE
+        return cls.SHARDED if zero_stage == 1 else cls.TRANSIENT
 
 
 @dataclass(frozen=True)

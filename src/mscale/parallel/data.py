@@ -20,8 +20,8 @@ refused: AccumulateGrad then builds ``grad + new`` out of place.
 
 The parameters themselves, as views of one flat buffer with this layout, and the all-gather of
 updated shards back into them (possibly deferred to the next forward) are `ParamGather`'s job
-(parallel/param_gather.py); this buffer builds it and forwards the calls the loop, the engine and
-the checkpoint make (`wait_params`, `attach_modules`, `param_buffer`).
+(parallel/param_gather.py). `data_parallel` builds the two over one layout, one DP strategy and
+one `BufferMode`; the engine and the optimizer hold both.
 
 On the last micro-batch (outside `no_sync`) each bucket's reduction starts as soon as its last
 gradient has arrived. Buckets are launched strictly in bucket order (a ready bucket waits for
@@ -54,7 +54,7 @@ import time
 
 import torch
 
-from mscale.parallel.buckets import BufferLayout
+from mscale.parallel.buckets import BufferLayout, BufferMode
 from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.reduce import make_comm
 from mscale.parallel.shard_layout import bucket_numel
@@ -62,47 +62,33 @@ from mscale.parallel.spec import ParamTable
 
 
 class GradBuffer:
-    """Bucketed fp32 gradients of ``params`` with DP reduction overlapped with backward."""
+    """Bucketed fp32 gradients of ``params`` with DP reduction overlapped with backward.
 
-    def __init__(self, params: list[torch.nn.Parameter], table: ParamTable, groups=None, *,
-                 zero_stage: int = 0,
-                 bucket_bytes: int = 25_000_000, overlap: bool = True, hierarchical: bool = False,
-                 overlap_param_gather: bool = True):
-        """``table``: the specs of ``params`` (`parallel.parallelize`); ``groups``: the rank's
-        ParallelGroups (None: a single process, DP size 1).
+    One job: gradient storage (the ``.grad`` views), which bucket's reduction starts when, and
+    the reduced gradient over the owned space. The parameters' flat storage and the all-gathers
+    that refill it are `ParamGather`'s (param_gather.py); `data_parallel` builds both."""
 
-        ``overlap_param_gather``: under ZeRO 1/2 at DP size > 1, `ParamGather.write` only
-        launches the all-gathers and the next forward waits for each bucket when a module owning
-        parameters in it is about to run. Takes effect once `attach_modules` has installed those
-        hooks."""
-        if zero_stage not in (0, 1, 2):
-            raise ValueError(f"zero_stage must be 0, 1 or 2, not {zero_stage}")
-        self.params = list(params)
-        self.groups = groups
-        self.zero_stage = zero_stage
+    def __init__(self, params: list[torch.nn.Parameter], layout: BufferLayout, comm,
+                 mode: BufferMode, *, overlap: bool = True):
+        """``layout``: the buckets over ``params``; ``comm``: the DP strategy (reduce.py);
+        ``mode``: what this rank owns and how long bucket storage lives; ``overlap``: start each
+        bucket's reduction as soon as its gradients are in (else all in `finish`)."""
+        self.params, self.layout, self.comm, self.mode = list(params), layout, comm, mode
         self.overlap = overlap
         self.device = self.params[0].device if self.params else torch.device("cpu")
-        self.comm = make_comm(groups, hierarchical, self.device)
-        self.dp_size = self.comm.size
-        self.shard_index = self.comm.shard_index
-        self.layout = BufferLayout(self.params, table, self.dp_size, bucket_numel(bucket_bytes))
-        nb = len(self.layout.buckets)
-        self._whole = zero_stage == 0 or self.dp_size == 1
-        """The owned space is the whole buffer: no reduce-scatter target, no sharded master."""
-        self._transient = not self._whole and zero_stage == 2
-        """ZeRO 2 at dp > 1: bucket storage lives from the step's first gradient to `finish`."""
-        self._full = None if self._transient else self._zeros(self.layout.total)
+        self.dp_size = comm.size
+        self.shard = None if mode is BufferMode.WHOLE else comm.shard_index
+        """The shard of every bucket this rank owns; None: the whole buffer."""
+        self.pieces = layout.pieces(self.shard)
+        """The owned space, run by run (what the optimizer updates and a checkpoint saves)."""
+        nb = len(layout.buckets)
+        self._full = None if mode is BufferMode.TRANSIENT else self._zeros(layout.total)
         self._bufs: list[torch.Tensor | None] = [self._bucket_view(b) for b in range(nb)]
-        self._offsets = self.layout.owned_offsets()
-        shard_numel = sum(self.layout.shard_numel(b) for b in self.layout.buckets)
-        self.shard_grad = (None if zero_stage == 0 else self._full if self._whole else
-                           self._zeros(shard_numel))
-        self._as_view = [self._viewable(self.params[s.index]) for s in self.layout.slots]
-        self._views: list[torch.Tensor | None] = [None] * len(self.layout.slots)
-        self.param_gather = ParamGather(self.params, self.layout, self.comm, device=self.device,
-                                        whole=self._whole, flatten=all(self._as_view),
-                                        overlap=overlap_param_gather)
-        """The parameters' flat storage and the all-gathers that refill it (param_gather.py)."""
+        self._offsets = layout.owned_offsets()
+        shard_numel = sum(layout.shard_numel(b) for b in layout.buckets)
+        self._shard_grad = self._full if mode is BufferMode.WHOLE else self._zeros(shard_numel)
+        self._as_view = [_viewable(self.params[s.index], self.device) for s in layout.slots]
+        self._views: list[torch.Tensor | None] = [None] * len(layout.slots)
         self._sync = True
         self._launched_early = 0
         self.overlapped_buckets = 0
@@ -112,16 +98,13 @@ class GradBuffer:
             if self._bufs[b] is not None:
                 self._attach_views(b, keep=True)
         self._hooks = []
-        for s, slot in enumerate(self.layout.slots):
+        for s, slot in enumerate(layout.slots):
             hook = self._hook(s)
             self._hooks.append(self.params[slot.index].register_post_accumulate_grad_hook(hook))
 
     # ----------------------------------------------------------------------------- storage
     def _zeros(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float32, device=self.device)
-
-    def _viewable(self, p: torch.Tensor) -> bool:
-        return p.dtype == torch.float32 and p.device == self.device and p.layout == torch.strided
 
     def _bucket_view(self, b: int) -> torch.Tensor | None:
         if self._full is None:
@@ -165,17 +148,7 @@ class GradBuffer:
     @property
     def owned_grad(self) -> torch.Tensor:
         """Reduced gradients over this rank's owned space (after `finish`)."""
-        return self._full if self._whole else self.shard_grad
-
-    @property
-    def owns_whole_buffer(self) -> bool:
-        """True when the owned space is the whole buffer (ZeRO 0, or DP size 1)."""
-        return self._whole
-
-    @property
-    def sharded(self) -> bool:
-        """True when each DP rank owns only its shard (ZeRO 1/2)."""
-        return self.zero_stage > 0
+        return self._shard_grad
 
     # ----------------------------------------------------------------------------- backward
     def _reset_step(self) -> None:
@@ -216,9 +189,9 @@ class GradBuffer:
         if self.dp_size > 1:
             buf.div_(self.dp_size)
         out = None
-        if not self._whole:
+        if self.mode is not BufferMode.WHOLE:
             off = self._offsets[b]
-            out = self.shard_grad[off: off + self.layout.shard_numel(self.layout.buckets[b])]
+            out = self._shard_grad[off: off + self.layout.shard_numel(self.layout.buckets[b])]
         self._handles.append(self.comm.reduce(buf, out))
         self._next = b + 1
 
@@ -243,7 +216,7 @@ class GradBuffer:
             h.wait()
         waited = time.perf_counter() - t0
         self.overlapped_buckets, self._launched_early = self._launched_early, 0
-        if self._transient:
+        if self.mode is BufferMode.TRANSIENT:
             self._release_buckets()
         self._reset_step()
         return waited
@@ -262,41 +235,39 @@ class GradBuffer:
         else:
             self._release_buckets()
 
-    # ----------------------------------------------------------------------------- parameters
-    @property
-    def param_buffer(self) -> torch.Tensor | None:
-        """The parameters' flat storage (`ParamGather.buffer`)."""
-        return self.param_gather.buffer
-
-    @property
-    def param_wait_s(self) -> float:
-        """Host seconds blocked on deferred parameter all-gathers (`ParamGather.wait_s`)."""
-        return self.param_gather.wait_s
-
-    @property
-    def deferring_param_gather(self) -> bool:
-        """True when `ParamGather.write` leaves the all-gathers in flight (`ParamGather.deferring`)."""
-        return self.param_gather.deferring
-
-    def attach_modules(self, modules: list[torch.nn.Module]) -> None:
-        """Forward pre-hooks that wait per bucket (`ParamGather.attach_modules`)."""
-        self.param_gather.attach_modules(modules)
-
-    def detach_modules(self) -> None:
-        """Remove the forward hooks (`ParamGather.detach_modules`)."""
-        self.param_gather.detach_modules()
-
-    def wait_params(self) -> None:
-        """Wait for the parameter all-gathers in flight (`ParamGather.wait`): before reading
-        parameters outside a forward (checkpoint, evaluation, end of training)."""
-        self.param_gather.wait()
-
     def close(self) -> None:
-        """Remove the hooks (parameter all-gathers in flight are waited for) and drop the ``.grad``
-        views."""
-        self.param_gather.detach_modules()
+        """Remove the hooks, drop the ``.grad`` views and close the DP strategy (wait for the
+        parameter buffer's all-gathers first: `ParamGather.wait`)."""
         for h in self._hooks:
             h.remove()
         for b in range(len(self._bufs)):
             self._detach_views(b)
         self.comm.close()
+
+
+def _viewable(p: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``p`` can live in the flat fp32 buffers as a view (else it is copied)."""
+    return p.dtype == torch.float32 and p.device == device and p.layout == torch.strided
+
+
+def data_parallel(params: list[torch.nn.Parameter], table: ParamTable, groups=None, *,
+                  zero_stage: int = 0, bucket_bytes: int = 25_000_000, overlap: bool = True,
+                  hierarchical: bool = False,
+                  overlap_param_gather: bool = True) -> tuple[GradBuffer, ParamGather]:
+    """The gradient buffer and the parameter buffer of ``params`` (with their ``table``, from
+    the parallelize step) for this rank's DP group (``groups``: ParallelGroups, None: one
+    process): one bucket layout, one DP strategy and one `BufferMode` shared by both.
+
+    ``overlap``: reduce buckets during backward; ``overlap_param_gather``: under ZeRO 1/2 at DP
+    size > 1, leave the parameter all-gathers in flight for the next forward, which waits per
+    bucket once `ParamGather.attach_modules` has installed its hooks."""
+    params = list(params)
+    device = params[0].device if params else torch.device("cpu")
+    comm = make_comm(groups, hierarchical, device)
+    mode = BufferMode.of(zero_stage, comm.size)
+    layout = BufferLayout(params, table, comm.size, bucket_numel(bucket_bytes))
+    flatten = bool(params) and all(_viewable(p, device) for p in params)
+    param_buffer = ParamGather(params, layout, comm, device=device,
+                               whole=mode is BufferMode.WHOLE, flatten=flatten,
+                               overlap=overlap_param_gather)
+    return GradBuffer(params, layout, comm, mode, overlap=overlap), param_buffer

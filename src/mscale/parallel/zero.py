@@ -37,9 +37,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mscale.parallel.data import GradBuffer
-from mscale.parallel.spec import ParamSpec
 from mscale.parallel import optim
+from mscale.parallel.buckets import BufferMode
+from mscale.parallel.data import GradBuffer
+from mscale.parallel.param_gather import ParamGather
+from mscale.parallel.spec import ParamSpec, ParamTable
 
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
 
@@ -57,22 +59,25 @@ class ShardPiece:
 class DistributedOptimizer:
     """AdamW or LAMB over the owned shard of a `GradBuffer`."""
 
-    def __init__(self, params: list[torch.nn.Parameter], grads: GradBuffer, training,
-                 groups=None):
-        """``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay)."""
+    def __init__(self, params: list[torch.nn.Parameter], table: ParamTable, grads: GradBuffer,
+                 param_buffer: ParamGather, training, groups=None):
+        """``table``: what each parameter is (TP split, weight decay); ``grads`` and
+        ``param_buffer``: the two buffers `data.data_parallel` built over ``params``;
+        ``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay)."""
         params = list(params)
         same = len(grads.params) == len(params) and all(a is b for a, b in zip(grads.params, params))
-        if not same:
-            raise ValueError("the optimizer and the gradient buffer must share one parameter list")
-        self.params, self.grads = list(params), grads
-        self.gather = grads.param_gather
+        if not same or len(table) != len(params):
+            raise ValueError("the optimizer, its table and the gradient buffer must share one "
+                             "parameter list")
+        self.params, self.table, self.grads = params, table, grads
+        self.gather = param_buffer
         """Where updated values go: the parameters' flat storage and its all-gathers."""
         self.kind = training.optimizer
         self.beta1, self.beta2, self.eps = training.beta1, training.beta2, training.eps
         self.weight_decay = training.weight_decay
-        self.pieces = grads.layout.pieces(grads.shard_index if grads.sharded else None)
+        self.pieces = grads.pieces
         self.device = grads.device
-        alias = self.gather.buffer if grads.owns_whole_buffer else None
+        alias = param_buffer.buffer if grads.mode is BufferMode.WHOLE else None
         self.master = alias if alias is not None else torch.zeros_like(grads.owned_grad)
         """fp32 master weights over the owned space. Where that is the whole buffer (ZeRO 0, or
         DP size 1) and the parameters are fp32, it is the parameters' flat storage itself
@@ -88,7 +93,7 @@ class DistributedOptimizer:
             for pc, view in zip(self.pieces, self._views(self.master) if alias is None else []):
                 flat = self.params[pc.param_index].detach().reshape(-1)
                 view.copy_(flat[pc.param_lo:pc.param_hi])
-        decays = [grads.layout.by_param[pc.param_index].spec.weight_decay for pc in self.pieces]
+        decays = [table[pc.param_index].weight_decay for pc in self.pieces]
         self._decay = [i for i, d in enumerate(decays) if d]
 
     def _set_groups(self, groups) -> None:
@@ -97,11 +102,10 @@ class DistributedOptimizer:
 
         self.tp_group = live(groups.tp_group, groups.tp_size) if groups else None
         self.pp_group = live(groups.pp_group, groups.pp_size) if groups else None
-        self.dp_group = (live(groups.dp_group, groups.dp_size)
-                         if groups and self.grads.sharded else None)
+        sharded = self.grads.mode is not BufferMode.WHOLE  # each DP rank holds part of the norm
+        self.dp_group = live(groups.dp_group, groups.dp_size) if groups and sharded else None
         tp_rank = dist.get_rank(self.tp_group) if self.tp_group is not None else 0
-        specs = [self.grads.layout.by_param[i].spec for i in range(len(self.params))]
-        counted = [s.tp_dim is not None or tp_rank == 0 for s in specs]
+        counted = [s.tp_dim is not None or tp_rank == 0 for s in self.table]
         self._param_counted = torch.tensor(counted, dtype=torch.float32, device=self.device)
         """Per parameter: 1 if this rank's copy counts in global norms (TP-replicated: rank 0)."""
         self._piece_counted = self._param_counted[self._piece_param]
@@ -198,9 +202,8 @@ class DistributedOptimizer:
     # ------------------------------------------------------------------------------- state
     def shard_pieces(self) -> list[ShardPiece]:
         """What this rank owns: per piece the parameter's spec and local flat range."""
-        layout = self.grads.layout
-        return [ShardPiece(layout.by_param[pc.param_index].spec, pc.param_lo, pc.param_hi,
-                           layout.by_param[pc.param_index].shape) for pc in self.pieces]
+        return [ShardPiece(self.table[pc.param_index], pc.param_lo, pc.param_hi,
+                           tuple(self.params[pc.param_index].shape)) for pc in self.pieces]
 
     def state_dict(self) -> dict:
         """``{"step", "optimizer", "state": {name: {"range": (lo, hi), master, exp_avg,

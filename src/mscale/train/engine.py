@@ -18,7 +18,8 @@ from mscale.config.plan import Plan
 from mscale.distributed.groups import ParallelGroups, build_groups
 from mscale.distributed.init import init_distributed, pick_device
 from mscale.errors import MscaleError
-from mscale.parallel.data import GradBuffer
+from mscale.parallel.data import GradBuffer, data_parallel
+from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.shard_layout import bucket_bytes
 from mscale.parallel.spec import ParamTable
 from mscale.parallel.zero import DistributedOptimizer
@@ -47,6 +48,9 @@ class Engine:
     """What each of ``params`` is in the global model (built by the parallelize step)."""
     grads: GradBuffer
     """The data-parallel gradient buffer (parallel/data.py)."""
+    param_buffer: ParamGather
+    """The parameters' flat storage and the ZeRO all-gathers that refill it
+    (parallel/param_gather.py)."""
     optimizer: DistributedOptimizer
     """The distributed optimizer (ZeRO; parallel/zero.py)."""
     clipper: AdaptiveClipper
@@ -163,11 +167,11 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     params = [p for c in chunks for p in c.parameters()]
     timings["build_model_s"] = time.perf_counter() - t0
 
-    grads = GradBuffer(params, table, groups, zero_stage=layout.zero_stage,
+    grads, param_buffer = data_parallel(params, table, groups, zero_stage=layout.zero_stage,
                        bucket_bytes=bucket_bytes(training),
                        overlap=training.overlap_grad_reduce,
                        hierarchical=layout.dp_reduce == "hierarchical")
-    optimizer = DistributedOptimizer(params, grads, training, groups)
+    optimizer = DistributedOptimizer(params, table, grads, param_buffer, training, groups)
     # a padded vocabulary (an HF import that TP does not divide): data uses only the real ids
     vocab = plan.model.real_vocab or plan.model.vocab
     source, held_out = make_sources(training.data, training.seed, plan.model.seq_len, vocab)
@@ -188,7 +192,8 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
                                get_batch=get_batch, no_sync=grads.no_sync,
                                autocast=precision.autocast, cast_scope=precision.cast_scope)
     return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
-                  chunks=chunks, params=params, table=table, grads=grads, optimizer=optimizer,
+                  chunks=chunks, params=params, table=table, grads=grads,
+                  param_buffer=param_buffer, optimizer=optimizer,
                   clipper=AdaptiveClipper.from_config(training), loader=loader,
                   get_batch=get_batch, faults=faults, precision=precision, pipeline=pipeline,
                   eval_loader=eval_loader, timings=timings)

@@ -36,7 +36,7 @@ class EvalResult:
 def evaluate(engine, loader: DataLoader, batches: int) -> EvalResult:
     """Collective over the whole job: every rank must call it at the same step."""
     t0 = time.perf_counter()
-    engine.grads.wait_params()  # ZeRO: the last update's parameter all-gathers
+    engine.param_buffer.wait()  # ZeRO: the last update's parameter all-gathers
     m = engine.micro_batches
     total = None
     for b in range(batches):

@@ -164,13 +164,13 @@ def _run(engine: Engine, s: RunSession) -> int:
     if resumed:
         _say(engine, resumed)
     mark_phase("ready")
-    engine.grads.attach_modules(engine.chunks)  # ZeRO 1/2: the next forward waits per bucket
+    engine.param_buffer.attach_modules(engine.chunks)  # ZeRO 1/2: forwards wait per bucket
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
     summary = Summary(first_step=first)
     code, stop = _loop(engine, s, ckpt, control, first, summary)
-    engine.grads.wait_params()  # parameter all-gathers of the last step
+    engine.param_buffer.wait()  # parameter all-gathers of the last step
     engine.loader.close()
     ckpt.close()  # a save in flight is finished and committed before the process exits
     fatal = from_rank0(ckpt.fatal, engine.env.rank)  # the final save may have hit a full disk

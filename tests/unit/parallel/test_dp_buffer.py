@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mscale.parallel.buckets import BufferLayout
-from mscale.parallel.data import GradBuffer
+from mscale.parallel import data
+from mscale.parallel.data import data_parallel
 from mscale.parallel.optim import trust_ratio
 from mscale.parallel.zero import DistributedOptimizer
 from tests.distributed.dp_model import (BUCKET_BYTES, config, dp_run, make_params, make_table,
@@ -38,8 +39,8 @@ def test_single_process_matches_reference(zero, optimizer):
     cfg = config(optimizer)
     ref_losses, ref_norms, ref_params = reference_run(cfg, steps=4)
     params = make_params(0)
-    grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
-    opt = DistributedOptimizer(params, grads, cfg)
+    grads, pbuf = data_parallel(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
     losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     assert norms == pytest.approx(ref_norms, rel=1e-5)
@@ -48,7 +49,7 @@ def test_single_process_matches_reference(zero, optimizer):
 
 def test_gradient_after_its_bucket_was_reduced_is_refused():
     params = make_params(0)
-    grads = GradBuffer(params, make_table(), None, bucket_bytes=BUCKET_BYTES)
+    grads, pbuf = data_parallel(params, make_table(), None, bucket_bytes=BUCKET_BYTES)
     from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
@@ -61,8 +62,8 @@ def test_non_finite_gradient_skips_the_step_and_is_reported():
     cfg = config()
     params = make_params(0)
     before = [p.detach().clone() for p in params]
-    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
-    opt = DistributedOptimizer(params, grads, cfg)
+    grads, pbuf = data_parallel(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
     from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
@@ -77,14 +78,14 @@ def test_non_finite_gradient_skips_the_step_and_is_reported():
 def test_state_dict_round_trip_and_pieces():
     cfg = config("lamb")
     params = make_params(0)
-    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
-    opt = DistributedOptimizer(params, grads, cfg)
+    grads, pbuf = data_parallel(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
     dp_run(params, grads, opt, cfg, steps=2, dp_rank=0, dp_size=1)
     sd = opt.state_dict()
     assert sd["step"] == 2 and set(sd["state"]) == set(make_table().names)
     fresh = make_params(0)
-    grads2 = GradBuffer(fresh, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
-    opt2 = DistributedOptimizer(fresh, grads2, cfg)
+    grads2, pbuf2 = data_parallel(fresh, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    opt2 = DistributedOptimizer(fresh, make_table(), grads2, pbuf2, cfg)
     opt2.load_state_dict(sd)
     assert all(torch.equal(a, b) for a, b in zip(fresh, params))
     dp_run(params, grads, opt, cfg, steps=1, dp_rank=0, dp_size=1)
@@ -112,7 +113,7 @@ def test_grads_accumulate_in_place_in_the_bucket_views():
     from tests.distributed.dp_model import batch, loss_fn
 
     params = make_params(0)
-    grads = GradBuffer(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
+    grads, pbuf = data_parallel(params, make_table(), None, zero_stage=1, bucket_bytes=BUCKET_BYTES)
     views = [p.grad for p in params]
     assert all(v is not None and _in(v, grads.owned_grad) for v in views)
     x, y = batch(0)
@@ -137,13 +138,13 @@ def test_params_are_views_of_one_flat_buffer_and_the_master_at_dp1():
     before = [p.detach().clone() for p in params]
     ids = [id(p) for p in params]
     for zero in (0, 1, 2):
-        grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
-        opt = DistributedOptimizer(params, grads, cfg)
+        grads, pbuf = data_parallel(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
         assert [id(p) for p in params] == ids
         assert all(isinstance(p, torch.nn.Parameter) for p in params)
-        assert all(_in(p, grads.param_buffer) for p in params)
+        assert all(_in(p, pbuf.buffer) for p in params)
         assert all(torch.equal(p, b) for p, b in zip(params, before))
-        assert opt.master is grads.param_buffer  # owned space = whole buffer: no copy back
+        assert opt.master is pbuf.buffer  # owned space = whole buffer: no copy back
         grads.close()
         assert all(p.grad is None for p in params)
 
@@ -157,11 +158,11 @@ def test_views_are_bit_identical_to_copying(zero, optimizer, monkeypatch):
     runs = []
     for viewable in (True, False):
         if not viewable:
-            monkeypatch.setattr(GradBuffer, "_viewable", lambda self, p: False)
+            monkeypatch.setattr(data, "_viewable", lambda p, device: False)
         params = make_params(0)
-        grads = GradBuffer(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
-        opt = DistributedOptimizer(params, grads, cfg)
-        assert (grads.param_buffer is not None) == viewable
+        grads, pbuf = data_parallel(params, make_table(), None, zero_stage=zero, bucket_bytes=BUCKET_BYTES)
+        opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
+        assert (pbuf.buffer is not None) == viewable
         losses, norms, _ = dp_run(params, grads, opt, cfg, steps=4, dp_rank=0, dp_size=1)
         runs.append((losses, norms, [p.detach().clone() for p in params]))
     (l1, n1, p1), (l2, n2, p2) = runs
@@ -172,9 +173,9 @@ def test_views_are_bit_identical_to_copying(zero, optimizer, monkeypatch):
 def test_non_fp32_parameters_fall_back_to_copying():
     cfg = config()
     params = [torch.nn.Parameter(p.detach().double()) for p in make_params(0)]
-    grads = GradBuffer(params, make_table(), None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
-    opt = DistributedOptimizer(params, grads, cfg)
-    assert grads.param_buffer is None and all(p.grad is None for p in params)
+    grads, pbuf = data_parallel(params, make_table(), None, zero_stage=0, bucket_bytes=BUCKET_BYTES)
+    opt = DistributedOptimizer(params, make_table(), grads, pbuf, cfg)
+    assert pbuf.buffer is None and all(p.grad is None for p in params)
     from tests.distributed.dp_model import batch, loss_fn
 
     x, y = batch(0)
@@ -193,10 +194,10 @@ def test_attach_modules_needs_every_parameter_and_defers_nothing_at_dp1():
 
     table = ParamTable(tuple(ParamSpec(name, tuple(p.shape), None, True)
                              for name, p in model.named_parameters()))
-    grads = GradBuffer(list(model.parameters()), table, None, zero_stage=1, bucket_bytes=64)
+    grads, pbuf = data_parallel(list(model.parameters()), table, None, zero_stage=1, bucket_bytes=64)
     with pytest.raises(ValueError, match="none of the modules"):
-        grads.attach_modules([model[0]])
-    grads.attach_modules([model])
+        pbuf.attach_modules([model[0]])
+    pbuf.attach_modules([model])
     model(torch.ones(1, 4))  # the observing forward
-    assert not grads.deferring_param_gather  # DP size 1: the master is the parameter buffer
+    assert not pbuf.deferring  # DP size 1: the master is the parameter buffer
     grads.close()
