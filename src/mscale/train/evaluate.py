@@ -13,12 +13,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from mscale.distributed.init import to_device
 from mscale.train.data import DataLoader
+
+if TYPE_CHECKING:  # the engine imports nothing from here; only the type is named
+    from mscale.train.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,7 @@ class EvalResult:
         return math.exp(self.loss) if self.loss < 700 else math.inf
 
 
-def evaluate(engine, loader: DataLoader, batches: int) -> EvalResult:
+def evaluate(engine: Engine, loader: DataLoader, batches: int) -> EvalResult:
     """Collective over the whole job: every rank must call it at the same step."""
     t0 = time.perf_counter()
     engine.param_buffer.wait()  # ZeRO: the last update's parameter all-gathers
@@ -54,7 +58,7 @@ def evaluate(engine, loader: DataLoader, batches: int) -> EvalResult:
     return EvalResult(loss=loss, seconds=time.perf_counter() - t0)
 
 
-def _forward_batch(engine, loader: DataLoader, batch: int, m: int) -> torch.Tensor | None:
+def _forward_batch(engine: Engine, loader: DataLoader, batch: int, m: int) -> torch.Tensor | None:
     """Sum of this rank's micro-batch losses of one eval batch (None off the last stage)."""
     if engine.pipeline is not None:
         from mscale.parallel.pipeline.forward_only import run_pipeline_forward

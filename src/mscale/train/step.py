@@ -9,21 +9,25 @@ schedule (parallel/pipeline.py) owns the order of forwards and backwards.
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 
 from mscale.distributed.init import to_device
 from mscale.train.timers import StepTimer
 
+if TYPE_CHECKING:  # the engine imports nothing from here; only the type is named
+    from mscale.train.engine import Engine
 
-def forward_backward(engine, step: int, timer: StepTimer) -> float | None:
+
+def forward_backward(engine: Engine, step: int, timer: StepTimer) -> float | None:
     """`run_micro_batches` with the loss read as a number: a host sync, for tests and tools
     (the training loop keeps it on the device until the metrics gather)."""
     loss = run_micro_batches(engine, step, timer)
     return None if loss is None else float(loss)
 
 
-def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | None:
+def run_micro_batches(engine: Engine, step: int, timer: StepTimer) -> torch.Tensor | None:
     """Run one step's micro-batches; return this rank's mean loss (None off the last stage).
 
     The loss stays a 0-dim float64 tensor on the device: reading it per micro-batch would make
@@ -40,7 +44,7 @@ def run_micro_batches(engine, step: int, timer: StepTimer) -> torch.Tensor | Non
         return _accumulate(engine, step, timer)
 
 
-def _accumulate(engine, step: int, timer: StepTimer) -> torch.Tensor:
+def _accumulate(engine: Engine, step: int, timer: StepTimer) -> torch.Tensor:
     """Gradient accumulation without a pipeline: forward and backward per micro-batch."""
     model = engine.chunks[0]
     m = engine.micro_batches
