@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from mscale.ckpt import catalog, hf, hf_config, safetensors, untrusted
+from mscale.ckpt import catalog, hf, hf_config, safetensors
 from mscale.ckpt.commit import build_manifest, write_commit
 from mscale.ckpt.limits import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
@@ -26,7 +26,7 @@ from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_
 from mscale.ckpt.ownership import Item, for_plan, layout_record, meta_params, write_items
 from mscale.ckpt.snapshot import Snapshot
 from mscale.ckpt.writer import write_shard
-from mscale.config.files import MAX_CONFIG_BYTES
+from mscale.config.base import parse_json
 from mscale.config.files import read_bytes as read_config_bytes
 from mscale.config.plan import Plan
 from mscale.topology.placement import load_checked_plan
@@ -175,8 +175,8 @@ def read_hf_config(url: str) -> object:
     directory), UTF-8 only (json would silently accept UTF-16), depth and numbers bounded; every
     failure names the file (exit 3)."""
     data = read_config_bytes(url)
-    return untrusted.load_json(data, url, "config.json", MAX_CONFIG_BYTES, code=EXIT_BAD_INPUT,
-                               fix="give the config.json of an HF model directory, as UTF-8 JSON")
+    return parse_json(data, url, what="config.json", code=EXIT_BAD_INPUT,
+                      fix="give the config.json of an HF model directory, as UTF-8 JSON")
 
 
 def _size(dtype: torch.dtype) -> int:

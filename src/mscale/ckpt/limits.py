@@ -28,10 +28,6 @@ MAX_MANIFEST_BYTES = 1 << 30
 """manifest.json of 12,288 ranks is a few MB (4 MiB chunks); 1 GiB describes ~100 TB."""
 MAX_SMALL_BYTES = 64 << 10
 """``latest`` and ``COMMITTED`` hold a name, or a hash and a step."""
-MAX_DEPTH = 64
-"""A manifest nests 7 levels (root, shards, shard, slices, slice, chunks, chunk); a plan a few."""
-MAX_INT_DIGITS = 20
-"""Every integer of a manifest fits in 64 bits."""
 
 
 def max_stored(raw_len: int, codec: str) -> int:

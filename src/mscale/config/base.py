@@ -7,6 +7,7 @@ kind of message: the file, the dotted field, what is wrong, how to fix it; never
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -17,10 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from mscale.config.files import MAX_CONFIG_BYTES, decode_text, read_bytes, read_text
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 __all__ = ["MAX_CONFIG_BYTES", "FieldError", "StrictModel", "decode_text", "dump_yaml",
-           "load_model", "parse_json", "parse_yaml", "read_bytes", "read_text", "validate",
+           "json_depth", "load_model", "parse_json", "parse_yaml", "read_bytes", "read_text", "validate",
            "validation_to_error"]
 
 try:  # the C loader is ~10x faster on 12,288-rank plans; same safety as SafeLoader
@@ -192,40 +193,75 @@ def _node_path(root: yaml.Node, target: yaml.Node) -> str | None:
 
 
 # -- JSON -----------------------------------------------------------------------------------------
-def parse_json(data: bytes | str, source: str) -> Any:
-    """Parse a JSON document (e.g. an HF ``config.json``) with the same guarantees as YAML:
-    UTF-8 only, bounded size and depth, no ``NaN``/``Infinity``, errors by line."""
-    if len(data) > MAX_CONFIG_BYTES:
-        raise MscaleError(f"larger than {MAX_CONFIG_BYTES / 2**20:g} MiB, too large for a config",
-                          file=source, fix="give the JSON config itself")
-    text = decode_text(data, source) if isinstance(data, bytes) else data
+JSON_MAX_DEPTH = 64
+"""Deepest nesting of a JSON document read: a checkpoint manifest nests 7 levels (root, shards,
+shard, slices, slice, chunks, chunk), a config or preflight.json a few."""
+JSON_MAX_INT_DIGITS = 20
+"""Longest JSON integer read: every integer of a manifest or a config fits in 64 bits."""
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
+_JSON_FIX = "give the JSON file itself, UTF-8, with finite numbers"
+
+
+def json_depth(data: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside strings, without parsing (linear, no recursion)."""
+    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(_BRACKETS[b] for b in brackets), default=0)
+
+
+def parse_json(data: bytes | str, source: str, *, what: str = "file",
+               max_bytes: int = MAX_CONFIG_BYTES, code: int = EXIT_BAD_INPUT,
+               fix: str | None = None) -> Any:
+    """The one reader of JSON that anyone may have written: configs (an HF ``config.json``),
+    ``preflight.json`` and a checkpoint's manifest and commit marker alike.
+
+    Python's ``json`` recurses once per nesting level (a RecursionError), turns ``1e999`` into
+    infinity, accepts ``NaN`` and parses integers of thousands of digits, so the bytes are
+    bounded *before* parsing: at most ``max_bytes``, UTF-8 only (a byte-order mark is dropped;
+    UTF-16 and binary are named as such), nesting at most `JSON_MAX_DEPTH`, finite numbers,
+    integers of at most `JSON_MAX_INT_DIGITS` digits. Every failure is an MscaleError naming
+    ``source`` (a syntax error also its line and column, as the field) with ``code`` (3, bad
+    input; a checkpoint reader says 2, damaged) and ``fix`` (default: a config's)."""
+    def error(message: str, field: str | None = None, sep: str = " ") -> MscaleError:
+        return MscaleError(f"{what}{sep}{message}", file=source, field=field, code=code,
+                           fix=fix or _JSON_FIX)
+
+    if len(data) > max_bytes:
+        raise error(f"is {len(data):,} bytes, too large: more than the {max_bytes:,} allowed")
+    raw = data.encode() if isinstance(data, str) else data
+    if isinstance(data, bytes):
+        try:
+            text = decode_text(data, source)
+        except MscaleError as e:
+            raise error(e.message, sep=": ") from None
+    else:
+        text = data
+    nesting = json_depth(raw)
+    if nesting > JSON_MAX_DEPTH:
+        raise error(f"nests {nesting} levels deep (at most {JSON_MAX_DEPTH})")
 
     def no_constant(name: str) -> Any:
-        raise MscaleError(f"non-finite number {name}", file=source,
-                          fix="write a finite number (mscale refuses NaN and Infinity)")
+        raise error(f"holds the non-finite number {name}")
 
     def short_int(digits: str) -> int:
-        if len(digits) > MAX_INT_CHARS:
-            raise MscaleError(f"integer of {len(digits):,} characters", file=source,
-                              fix="write a number within the bounds in " + REFERENCE)
+        if len(digits.lstrip("-")) > JSON_MAX_INT_DIGITS:
+            raise error(f"holds an integer of {len(digits.lstrip('-'))} digits (at most "
+                        f"{JSON_MAX_INT_DIGITS})")
         return int(digits)
 
     def finite_float(digits: str) -> float:
         value = float(digits)
         if not math.isfinite(value):
-            no_constant(digits)
+            raise error(f"holds the non-finite number {digits} (out of range)")
         return value
 
     try:
         return json.loads(text, parse_constant=no_constant, parse_int=short_int,
                           parse_float=finite_float)
     except json.JSONDecodeError as e:
-        raise MscaleError(f"not valid JSON: {e.msg}", file=source,
-                          field=f"line {e.lineno}, column {e.colno}",
-                          fix="fix the JSON syntax at that position") from None
-    except RecursionError:
-        raise MscaleError("nested too deeply", file=source,
-                          fix="a config is a few levels of objects and arrays") from None
+        raise error(f"is not valid JSON: {e.msg}",
+                    field=f"line {e.lineno}, column {e.colno}") from None
 
 
 # -- validation -----------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ CASES = {
     "layout differs from plan": (_set(["layout", "tp"], 2), "layout", "world"),
     "rank outside the world": (_set(["shards", 0, "rank"], 7), "shards.0.rank", "outside"),
     "utf-16": (lambda d: json.dumps(d).encode("utf-16-le"), None, "NUL byte"),
-    "binary": (lambda d: b"\xff\xfe\x80" + json.dumps(d).encode(), None, "not UTF-8"),
+    "binary": (lambda d: b"\xff\xfe\x80" + json.dumps(d).encode(), None, "UTF-8"),
     "not an object": (lambda d: b"[1, 2]", None, "JSON object"),
 }
 
@@ -117,7 +117,7 @@ def test_cli_names_it_without_a_traceback(tampered, cli, tmp_path):
 
 
 def test_depth_is_bounded_before_parsing():
-    from mscale.ckpt.untrusted import depth
+    from mscale.config.base import json_depth as depth
 
     assert depth(b'{"a": [[1, 2], {"b": "[[[[{{"}]}') == 3
     assert depth(b'"\\"[[["') == 0 and depth(b"") == 0

@@ -124,13 +124,29 @@ def test_fsspec_urls_get_the_same_checks(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("{\"a\": NaN}", "non-finite"), ("{\"a\": -Infinity}", "non-finite"),
-    ("{\"a\": 1,}", "not valid JSON"), ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ("{\"a\": 1" + "0" * 5000 + "}", "5,001 characters"), ("{\"a\": 1e999}", "non-finite"),
+    ("{\"a\": 1,}", "not valid JSON"), ("[" * 100_000 + "]" * 100_000, "nests 100000 levels"),
+    ("[" * 65 + "]" * 65, "nests 65 levels deep"), ("[" * 64 + "]" * 64, None),
+    ("{\"a\": 1" + "0" * 5000 + "}", "5001 digits"), ("{\"a\": 1" + "0" * 20 + "}", "21 digits"),
+    ("{\"a\": 1e999}", "non-finite"),
 ])
 def test_json_configs(text, message):
+    if message is None:  # at the bound: read
+        assert parse_json(text.encode(), "hf/config.json") is not None
+        return
     with pytest.raises(MscaleError, match=message) as e:
         parse_json(text.encode(), "hf/config.json")
-    assert e.value.file == "hf/config.json"
+    assert e.value.file == "hf/config.json" and e.value.code == 3
+
+
+def test_json_reader_takes_the_callers_name_code_and_fix():
+    """One reader for configs and checkpoints: a manifest's failure is exit 2 with its fix."""
+    with pytest.raises(MscaleError) as e:
+        parse_json(b'{"step": 1,}', "ck/manifest.json", what="manifest", code=2, fix="use another")
+    err = e.value
+    assert (err.code, err.fix, err.field) == (2, "use another", "line 1, column 12")
+    assert err.message.startswith("manifest is not valid JSON")
+    with pytest.raises(MscaleError, match="too large") as e:
+        parse_json(b"[1, 2, 3]", "x.json", max_bytes=4)
 
 
 def test_json_config_bytes_must_be_utf8(tmp_path):
