@@ -62,7 +62,9 @@ class JobResult:
     """Of those, the ones whose process was stopped (SIGSTOP): certainly hung."""
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now, for a local job's rendezvous (the ``--local``
+    launchers and `mscale.distributed.spawn`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -240,7 +242,7 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
     such as a fault injected into one node, can select a node's processes by it.
     """
     os.makedirs(log_dir, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     threads = str(max(1, (os.cpu_count() or 1) // nprocs))
     out = sys.stderr if rank0_to_stderr else sys.stdout
     view = StartupView(nprocs, phases, out, lambda r: read_phases(phase_file(log_dir, r)))

@@ -13,7 +13,6 @@ that benchmarks run from any directory without the test suite on the import path
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import traceback
 from datetime import timedelta
@@ -22,16 +21,12 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
+from mscale.distributed.launch import free_port  # the launcher's; tests and bench import it here
+
 
 class DistributedRunError(AssertionError):
     """A child raised, hung or died; the message holds every child's traceback. An
     AssertionError so that pytest shows it as a test failure with its message."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child(rank: int, world: int, port: int, outdir: str, timeout_s: float,
