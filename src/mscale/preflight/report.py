@@ -18,7 +18,7 @@ from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import Quarantine
 from mscale.hostlist import collect_hostlist
 from mscale.preflight import judge, recheck
-from mscale.runs.atomic import fs_and_path, write_json_atomic, write_text_atomic
+from mscale.runs.atomic import fs_and_path, write_bytes_atomic, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for
 
@@ -229,24 +229,27 @@ def failure_report(plan: Plan, opts, world: int, phase: str, exc: BaseException,
     return finish(plan, opts, world, results, {})
 
 
-def prometheus_text(report: PreflightReport) -> str:
-    """The report as a node-exporter textfile: one status gauge per result, and values."""
-    lines = ["# HELP mscale_preflight_status Nagios status of a preflight check (0 OK .. 3 UNKNOWN)",
-             "# TYPE mscale_preflight_status gauge"]
+def prometheus_text(report: PreflightReport) -> bytes:
+    """The report as a node-exporter textfile, rendered by ``prometheus-client`` (as watch's is,
+    so label values are escaped): one status gauge per result (check, entity, node), its value
+    where it has one (with its unit), and the job's status."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
     from mscale.config.preflight import STATUS_CODE
 
-    def labels(r: CheckResult) -> str:
-        esc = lambda s: str(s).replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
-        return f'check="{esc(r.check)}",entity="{esc(r.entity)}",node="{esc(r.node or "")}"'
-
-    lines += [f"mscale_preflight_status{{{labels(r)}}} {STATUS_CODE[r.status]}"
-              for r in report.results]
-    lines += ["# HELP mscale_preflight_value Measured value of a preflight check (see unit)",
-              "# TYPE mscale_preflight_value gauge"]
-    lines += [f"mscale_preflight_value{{{labels(r)},unit=\"{r.unit}\"}} {r.value:.6g}"
-              for r in report.results if r.value is not None]
-    lines.append(f"mscale_preflight_job_status {STATUS_CODE[report.status]}")
-    return "\n".join(lines) + "\n"
+    reg = CollectorRegistry()
+    labels = ("check", "entity", "node")
+    status = Gauge("mscale_preflight_status", "Nagios status of a preflight check (0 OK .. 3 "
+                   "UNKNOWN)", labels, registry=reg)
+    value = Gauge("mscale_preflight_value", "Measured value of a preflight check (see unit)",
+                  (*labels, "unit"), registry=reg)
+    for r in report.results:
+        status.labels(r.check, r.entity, r.node or "").set(STATUS_CODE[r.status])
+        if r.value is not None:
+            value.labels(r.check, r.entity, r.node or "", r.unit).set(r.value)
+    Gauge("mscale_preflight_job_status", "Nagios status of the whole preflight (0 OK .. 3 "
+          "UNKNOWN)", registry=reg).set(STATUS_CODE[report.status])
+    return generate_latest(reg)
 
 
 def publish(report: PreflightReport, opts, quiet: bool) -> int:
@@ -254,7 +257,7 @@ def publish(report: PreflightReport, opts, quiet: bool) -> int:
     run = RunDir(opts.run_dir)
     write_json_atomic(run.preflight, report.model_dump(mode="json"))
     if opts.prometheus:
-        write_text_atomic(opts.prometheus, prometheus_text(report))
+        write_bytes_atomic(opts.prometheus, prometheus_text(report))
     if not quiet:
         render(report, opts.as_json)
         say_written(opts)

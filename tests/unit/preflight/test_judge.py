@@ -115,7 +115,7 @@ def test_report_names_only_the_slow_ranks_node_and_merges_live_quarantine(tmp_pa
     assert report.measured["gemm_tflops"]["median"] > 0.09
     assert set(report.measured["busbw_gbps"]) == {"tp", "pp", "dp"}
     assert quarantined(str(tmp_path)) == ["node9"]
-    assert "mscale_preflight_job_status 2" in prometheus_text(report)
+    assert b"mscale_preflight_job_status 2.0" in prometheus_text(report)
     json.loads(report.model_dump_json())
 
 
