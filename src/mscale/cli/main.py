@@ -46,7 +46,8 @@ def _usage_error(e: TyperException) -> MscaleError:
     field = (param.opts[0] if param is not None and getattr(param, "opts", None)
              else getattr(e, "option_name", None))
     path = ctx.command_path if ctx is not None else "mscale"
-    return MscaleError(e.format_message(), field=field, fix=f"see `{path} --help`")
+    message = e.format_message().replace("Value error, ", "")  # typer's choice check says it
+    return MscaleError(message, field=field, fix=f"see `{path} --help`")
 
 
 def _internal_error(e: Exception) -> MscaleError:

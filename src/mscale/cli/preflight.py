@@ -12,6 +12,7 @@ import typer
 from mscale.cli.app import app
 from mscale.cli.output import parse_rank_values
 from mscale.errors import MscaleError
+from mscale.preflight.options import Level
 
 
 def _parse_slow(values: list[str]) -> dict[int, float]:
@@ -25,7 +26,7 @@ def preflight_cmd(
                                 "preflight.json is written there."),
     local: int = typer.Option(0, "--local", min=0, help="Start this many worker processes on "
                               "this machine (must equal the plan's world size)."),
-    level: str = typer.Option("quick", "--level", help="quick (about a minute) or full."),
+    level: Level = typer.Option("quick", "--level", help="quick (about a minute) or full."),
     timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="Seconds before a hung "
                                   "collective names the ranks that did not answer."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
@@ -39,13 +40,11 @@ def preflight_cmd(
                                           "and collectives take FACTOR times as long."),
 ) -> None:
     """Check the cluster before a run. Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN/bad input."""
+    from mscale.preflight.host import check_inputs_here
     from mscale.preflight.options import PreflightOptions
     from mscale.runs.targets import check_output
     from mscale.topology.placement import load_checked_plan
 
-    if level not in ("quick", "full"):
-        raise MscaleError(f"--level {level!r} is not quick or full", field="--level",
-                          fix="use --level quick or --level full")
     opts = PreflightOptions(run_dir=run_dir, level=level, timeout_s=timeout,
                             inject_slow=_parse_slow(inject_slow), sysfs_root=sysfs_root,
                             storage_url=storage_url, plan_path=plan, as_json=as_json,
@@ -54,7 +53,7 @@ def preflight_cmd(
     check_output(run_dir, "dir", "--run-dir")
     if prometheus:
         check_output(prometheus, "file", "--prometheus")
-    _check_host_inputs(opts)
+    check_inputs_here(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
     world = resolved.layout.world_size
     if local and local != world:
         raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
@@ -72,18 +71,3 @@ def preflight_cmd(
 
     run_preflight_worker(resolved, opts)
 
-
-def _check_host_inputs(opts) -> None:
-    """--sysfs-root and --storage-url, checked before any measuring starts: by the ``--local``
-    launcher once; under srun/torchrun the sysfs tree by every rank (each node has its own) and
-    the storage by rank 0 alone (one probe, not one per rank racing in the same directory)."""
-    from mscale.preflight import host
-
-    launcher, rank = os.environ.get("MSCALE_LAUNCHER"), os.environ.get(
-        "RANK", os.environ.get("SLURM_PROCID"))
-    if launcher == "local" and rank is not None:  # a --local worker: its launcher checked
-        return
-    if rank is None or int(rank) == 0:
-        host.check_inputs(opts.run_dir, sysfs_root=opts.sysfs_root, storage_url=opts.storage_url)
-    else:
-        host.check_sysfs_root(opts.sysfs_root)

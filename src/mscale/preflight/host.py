@@ -42,6 +42,27 @@ def check_inputs(run_dir: str, *, sysfs_root: str = "/sys",
     check_storage_url(checkpoint_url(run_dir, storage_url))
 
 
+def check_inputs_here(run_dir: str, *, sysfs_root: str = "/sys", storage_url: str | None = None,
+                      env: Mapping[str, str] | None = None) -> None:
+    """`check_inputs` as this process should run it, before any measuring starts: by the
+    ``--local`` launcher once (its workers skip it); under srun/torchrun the sysfs tree by every
+    rank (each node has its own) and the storage by rank 0 alone (one probe, not one per rank
+    racing in the same directory); everything when no launcher started this process. Who this
+    process is comes from `mscale.topology.env.read_launch_env`, as for the job itself."""
+    from mscale.topology.env import NoLauncherError, read_launch_env
+
+    try:
+        launch = read_launch_env(env)
+    except NoLauncherError:
+        launch = None
+    if launch is not None and launch.launcher == "local":  # a --local worker: its launcher checked
+        return
+    if launch is None or launch.rank == 0:
+        check_inputs(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
+    else:
+        check_sysfs_root(sysfs_root)
+
+
 def node_checks(run_dir: str, plan: Plan, *, level: str, sysfs_root: str = "/sys",
                 nvml: Any = None, storage_url: str | None = None, node: str | None = None,
                 env: Mapping[str, str] | None = None, ib_before: Snapshot | None = None,

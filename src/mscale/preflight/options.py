@@ -4,6 +4,10 @@ builds it, and a launcher that imported torch would spend seconds before startin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
+
+Level = Literal["quick", "full"]
+"""How long preflight measures: ``quick`` (about a minute) or ``full``; the CLI's choices."""
 
 
 @dataclass
@@ -11,7 +15,7 @@ class PreflightOptions:
     """What every rank needs; the ``--local`` launcher passes the same flags to each worker."""
 
     run_dir: str
-    level: str = "quick"
+    level: Level = "quick"
     timeout_s: float = 120.0
     inject_slow: dict[int, float] = field(default_factory=dict)
     sysfs_root: str = "/sys"

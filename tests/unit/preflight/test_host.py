@@ -41,3 +41,22 @@ def test_bad_inputs_are_exit_3(tmp_path):
         check_inputs(str(tmp_path), sysfs_root=FIXTURE, storage_url="nosuch://b/ckpt")
     check_inputs(str(tmp_path / "run"), sysfs_root=FIXTURE)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env, checks", [
+    ({}, {"sysfs", "storage"}),  # no launcher: this process is the job
+    ({"RANK": "0", "WORLD_SIZE": "8"}, {"sysfs", "storage"}),  # torchrun rank 0
+    ({"RANK": "3", "WORLD_SIZE": "8"}, {"sysfs"}),  # another rank: its own node's sysfs only
+    ({"SLURM_PROCID": "2", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n[1-4]"}, {"sysfs"}),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "n[1-4]"},
+     {"sysfs", "storage"}),
+    ({"RANK": "0", "WORLD_SIZE": "8", "MSCALE_LAUNCHER": "local"}, set()),  # launcher checked
+])
+def test_who_checks_the_host_inputs_comes_from_the_launch_environment(monkeypatch, env, checks):
+    from mscale.preflight import host
+
+    seen = set()
+    monkeypatch.setattr(host, "check_sysfs_root", lambda root: seen.add("sysfs"))
+    monkeypatch.setattr(host, "check_storage_url", lambda url: seen.add("storage"))
+    host.check_inputs_here("run", sysfs_root="/sys", env=env)
+    assert seen == checks
