@@ -21,8 +21,8 @@ from mscale.config.files import MAX_CONFIG_BYTES, decode_text, read_bytes, read_
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 __all__ = ["MAX_CONFIG_BYTES", "FieldError", "StrictModel", "decode_text", "dump_yaml",
-           "json_depth", "load_model", "parse_json", "parse_yaml", "read_bytes", "read_text", "validate",
-           "validation_to_error"]
+           "json_depth", "load_model", "parse_json", "parse_yaml", "read_bytes", "read_text",
+           "validate", "validation_to_error"]
 
 try:  # the C loader is ~10x faster on 12,288-rank plans; same safety as SafeLoader
     _SafeLoader: type = yaml.CSafeLoader
