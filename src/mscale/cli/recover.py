@@ -11,29 +11,16 @@ Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input (or a relaunch tha
 
 from __future__ import annotations
 
-import os
-import shlex
 import sys
 
 import typer
 from typer.core import TyperGroup
 
 from mscale.cli.app import HELP_OPTION_NAMES, app
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.errors import EXIT_BAD_INPUT
+from mscale.recover.decision import Verify
 
 DEFAULT_COMMAND = "diagnose"
-EVIDENCE_LINES = 5
-"""Evidence lines the report shows (most telling first); --json has them all."""
-LINE_CHARS = 160
-"""An evidence line is cut here in the report (a gloo error runs to 300 characters)."""
-RANKS_NAMED = 8
-"""Other ranks named on an evidence line many ranks wrote (the rest are counted)."""
-
-
-def _is_run_dir(word: str) -> bool:
-    """A local directory that holds what a run directory holds."""
-    return os.path.isdir(word) and any(os.path.exists(os.path.join(word, name))
-                                       for name in ("events.jsonl", "plan.yaml", "ckpt", "logs"))
 
 
 class DefaultCommandGroup(TyperGroup):
@@ -42,8 +29,10 @@ class DefaultCommandGroup(TyperGroup):
     ``supervise``)."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        from mscale.runs.rundir import looks_like_run_dir
+
         if args and args[0] not in HELP_OPTION_NAMES and (
-                args[0] not in self.commands or (_is_run_dir(args[0]) and "--" not in args)):
+                args[0] not in self.commands or (looks_like_run_dir(args[0]) and "--" not in args)):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
 
@@ -69,15 +58,13 @@ def recover_cmd(
                                             "keeps it on the remaining nodes."),
     no_recheck: bool = typer.Option(False, "--no-recheck", help="Do not re-check suspect nodes "
                                     "with preflight; the evidence alone decides."),
-    verify: str = typer.Option("quick", "--verify", help="Checkpoint verification: quick "
-                               "(manifest, commit marker, sizes) or full (every chunk's crc)."),
+    verify: Verify = typer.Option("quick", "--verify", help="Checkpoint verification: quick "
+                                  "(manifest, commit marker, sizes) or full (every chunk's crc)."),
 ) -> None:
     """Diagnose the run's failure and print the relaunch plan (the default command)."""
     from mscale.recover.decide import RecoverOptions, apply_plan, launch, plan_recovery
+    from mscale.recover.report import render
 
-    if verify not in ("quick", "full"):
-        raise MscaleError(f"--verify {verify!r} is not quick or full", field="--verify",
-                          fix="use --verify quick or --verify full")
     opts = RecoverOptions(execute=execute, allow_batch_change=allow_batch_change,
                           recheck=not no_recheck, verify=verify)
     plan = plan_recovery(run_dir, opts)
@@ -99,92 +86,3 @@ def recover_cmd(
         print_json({**plan.to_json(), "decision": decision, "launch_exit_code": rc,
                     "exit_code": code})
     raise typer.Exit(code)
-
-
-def _step_time(rp) -> str:
-    old, new = rp.old_step_time_s, rp.new_step_time_s
-    if old is None or new is None:
-        return "predicted step time unknown"
-    pct = f" ({(new / old - 1) * 100:+.0f}%)" if old > 0 else ""
-    return f"predicted step time {old:.3g} s -> {new:.3g} s{pct}"
-
-
-def _evidence_line(ev) -> str:
-    """One evidence line cut to `LINE_CHARS`, keeping who else said it: the source location a
-    C++ library prefixes (``[/__w/pytorch/…/pair.cc:553]``) goes first, it tells an operator
-    nothing; the message is cut, never the ranks."""
-    who = ", ".join(x for x in (f"rank {ev.rank}" if ev.rank is not None else "",
-                                ev.node or "") if x)
-    head = f"  {ev.source}" + (f" [{who}]" if who else "") + ": "
-    tail = ""
-    if ev.also_ranks:
-        named = ",".join(map(str, ev.also_ranks[:RANKS_NAMED]))
-        tail = f" [+{len(ev.also_ranks)} more rank(s): {named}" + \
-            ("…]" if len(ev.also_ranks) > RANKS_NAMED else "]")
-    from mscale.recover.diagnose.classify import SOURCE_LOCATION
-
-    text = SOURCE_LOCATION.sub("", ev.text)
-    room = max(LINE_CHARS - len(head) - len(tail), 20)
-    return head + (text if len(text) <= room else text[: room - 1] + "…") + tail
-
-
-def _diagnosis_lines(d) -> list[str]:
-    out = [f"diagnosis: {d.cls} / {d.symptom} — {d.summary}"]
-    out += [_evidence_line(ev) for ev in d.evidence[:EVIDENCE_LINES]]
-    if len(d.evidence) > EVIDENCE_LINES:
-        out.append(f"  … {len(d.evidence) - EVIDENCE_LINES} more evidence line(s) in --json")
-    facts = []
-    if d.suspect_ranks:
-        facts.append("suspect ranks " + ",".join(map(str, d.suspect_ranks)))
-    if d.suspect_nodes:
-        facts.append("suspect nodes " + ",".join(d.suspect_nodes))
-    for name, value in (("last step", d.failed_step), ("bad step", d.bad_step),
-                        ("attempt", d.attempt), ("exit code", d.exit_code)):
-        if value is not None:
-            facts.append(f"{name} {value}")
-    if d.transient:
-        facts.append("likely transient")
-    return out + ([f"  {'; '.join(facts)}"] if facts else [])
-
-
-def _decision_lines(plan) -> list[str]:
-    c, ex, rp = plan.checkpoint, plan.exclusions, plan.replan
-    out = [f"checkpoint: {c.path} (step {c.step}) — {c.reason}" if c.path else
-           f"checkpoint: none — {c.reason}"]
-    out += [f"  passed over {r.get('name')}: {r.get('why')}" for r in c.rejected]
-    out.append("exclusions: none" if not ex.nodes else f"exclusions: {len(ex.nodes)} node(s)")
-    out += [f"  {n}: {ex.reasons.get(n, '')}" for n in ex.nodes]
-    if rp is not None:
-        out.append(f"re-plan: {rp.old_layout} -> {rp.layout}, {rp.world} ranks on "
-                   f"{len(rp.nodes)} node(s)" + (f", plan {rp.plan_path}" if rp.plan_path else ""))
-        batch = "changed" if rp.batch_changed else "kept"
-        cost = rp.note if "step time" in rp.note else "; ".join(
-            x for x in (_step_time(rp), rp.note) if x)  # the re-plan's note, else ours
-        out.append(f"  {cost}; global batch {rp.global_batch} {batch}")
-        if rp.unused_nodes:
-            out.append(f"  left idle: {', '.join(rp.unused_nodes)}")
-    if plan.data_skip:
-        s = plan.data_skip
-        out.append(f"data skip: {s.get('skip_steps')} step(s) after step {s.get('after_step')}"
-                   + (f" — {s['reason']}" if s.get("reason") else ""))
-    return out
-
-
-def render(plan, executed: bool, decision: str | None) -> str:
-    """The readable report: verdict, diagnosis with evidence, checkpoint and the ones passed
-    over, exclusions, re-plan with its cost, why, and the command."""
-    finished = plan.diagnosis.symptom == "finished"  # "relaunchable" would mislead a person
-    verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
-    lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code})", ""]
-    lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]
-    lines += ["why:"] + [f"  - {r}" for r in plan.reasons]
-    if plan.command:
-        lines += ["", f"relaunch ({plan.launcher}):", f"  {shlex.join(plan.command)}"]
-    if executed:
-        lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
-                                                             else "")]
-    elif plan.verdict == "unrecoverable":
-        lines += ["", "dry run: nothing written; --execute would only record this decision"]
-    elif not finished:
-        lines += ["", "dry run: nothing written; add --execute to act"]
-    return "\n".join(lines) + "\n"

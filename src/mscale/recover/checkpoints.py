@@ -20,17 +20,20 @@ reads the whole checkpoint). The load itself checks every chunk it reads, so a b
 
 from __future__ import annotations
 
+from typing import get_args
+
 from mscale.ckpt import catalog
 from mscale.ckpt.verify import verify as verify_ckpt
 from mscale.errors import MscaleError
-from mscale.recover.decision import CheckpointChoice, Diagnosis
+from mscale.recover.decision import CheckpointChoice, Diagnosis, Verify
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 
-VERIFY_MODES = ("quick", "full")
+VERIFY_MODES = get_args(Verify)
 
 
-def choose_checkpoint(run: RunDir, diagnosis: Diagnosis, verify: str = "quick") -> CheckpointChoice:
+def choose_checkpoint(run: RunDir, diagnosis: Diagnosis,
+                      verify: Verify = "quick") -> CheckpointChoice:
     """The checkpoint to resume from (module docstring); ``path`` None when nothing is usable."""
     if verify not in VERIFY_MODES:
         raise MscaleError(f"unknown verify mode {verify!r}", field="verify",

@@ -22,7 +22,7 @@ from mscale.errors import MscaleError
 from mscale.hostlist import collect_hostlist
 from mscale.recover import stages
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
-                                     Replan)
+                                     Replan, Verify)
 from mscale.recover.recheck import Rechecker, failure_time
 from mscale.recover.relaunch import Change, Launch, recorded_launch, relaunch
 from mscale.runs.atomic import fs_and_path, write_json_atomic
@@ -42,7 +42,7 @@ class RecoverOptions:
     """May the re-plan change the global batch when no layout keeps it on the remaining nodes."""
     recheck: bool = True
     """Re-check suspect nodes with preflight before excluding them (`recover.recheck`)."""
-    verify: str = "quick"
+    verify: Verify = "quick"
     """Checkpoint verification before trusting one: ``quick`` (manifest, sizes) or ``full``."""
     command: list[str] | None = None
     """The launch command to rewrite, when the run's start event did not record one (or to use

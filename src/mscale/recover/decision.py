@@ -22,6 +22,10 @@ Symptom = Literal["crash", "signal", "hang", "timeout", "oom", "nan", "divergenc
                   "disk_full", "bad_input", "preempted", "stopped", "finished", "unknown"]
 """How the failure showed itself; the class is the cause behind it."""
 
+Verify = Literal["quick", "full"]
+"""How a checkpoint is verified before recover trusts it: ``quick`` (manifest, commit marker,
+sizes) or ``full`` (every chunk's crc); `mscale recover --verify`'s choices."""
+
 Verdict = Literal["relaunchable", "degraded", "unrecoverable"]
 """0: relaunch as it was; 1: relaunch with less (fewer nodes, an older checkpoint, a skipped
 data window); 2: a human must act (bad input, user code, nothing to resume from)."""

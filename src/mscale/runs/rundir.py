@@ -6,11 +6,23 @@ any fsspec URL (``memory://``, ``s3://``) works as well as a local directory.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pydantic import BaseModel
 
 from mscale.runs.atomic import append_line, fs_and_path
+
+RUN_DIR_MARKS = ("events.jsonl", "plan.yaml", "ckpt", "logs")
+"""What a training run leaves in its directory; one of them makes a directory look like one."""
+
+
+def looks_like_run_dir(path: str) -> bool:
+    """A local directory holding what a run directory holds (`RUN_DIR_MARKS`): how ``mscale
+    recover`` tells a run directory called ``supervise`` from its subcommand. Local only: a
+    command word is never probed on a remote filesystem."""
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, name))
+                                       for name in RUN_DIR_MARKS)
 
 
 @dataclass(frozen=True)

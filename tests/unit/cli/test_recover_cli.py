@@ -121,7 +121,7 @@ def test_json_is_one_document_and_unrecoverable_is_exit_2(cli, run, state):
 
 @pytest.mark.parametrize("args, says", [
     (["/no/such/run"], "run directory not found"),
-    (["--verify", "deep", "RUN"], "--verify 'deep' is not quick or full"),
+    (["--verify", "deep", "RUN"], "'deep' is not one of 'quick', 'full'"),
     (["EMPTY"], "not a run directory"),
     (["FILE"], "a file, not a run directory"),
     (["memory://runs/r1"], "lives only inside the process"),
@@ -153,6 +153,8 @@ def test_execute_writes_the_decision_and_runs_the_command(cli, run, state, capfd
 def test_the_group_still_routes_its_own_subcommands(cli):
     code, out, _ = cli("recover", "--help")
     assert code == 0 and "supervise" in out and "diagnose" in out
+    code, out, _ = cli("recover", "diagnose", "--help")
+    assert code == 0 and "quick|full" in out  # --verify's choices
     code, out, _ = cli("recover", "supervise", "--help")
     assert code == 0 and "Usage: mscale recover supervise" in out
 

@@ -1,0 +1,38 @@
+"""recover/report.py: the readable report, from a RecoveryPlan alone (no CLI, no run directory).
+The CLI's own tests (tests/unit/cli/test_recover_cli.py) check it through `mscale recover`."""
+
+from mscale.recover.decision import (CheckpointChoice, Diagnosis, Evidence, Exclusions,
+                                     RecoveryPlan)
+from mscale.recover.report import EVIDENCE_LINES, LINE_CHARS, render
+
+
+def _plan(evidence, verdict="relaunchable", command=("mscale", "train", "p.yaml")):
+    d = Diagnosis(cls="network", symptom="crash", summary="a link dropped", evidence=evidence,
+                  suspect_ranks=[3], failed_step=7)
+    return RecoveryPlan(run_dir="runs/r1", diagnosis=d,
+                        checkpoint=CheckpointChoice(path="runs/r1/ckpt/step-000006", step=6,
+                                                    reason="newest committed that verifies"),
+                        exclusions=Exclusions(), replan=None, verdict=verdict,
+                        command=list(command), launcher="local")
+
+
+def test_the_report_keeps_its_sections_and_cuts_evidence():
+    many = [Evidence(source=f"logs/rank{i}.log", text="x" * 400, rank=i,
+                     also_ranks=list(range(20))) for i in range(EVIDENCE_LINES + 2)]
+    text = render(_plan(many), executed=False, decision=None)
+    lines = text.splitlines()
+    assert lines[0] == "recover runs/r1: RELAUNCHABLE (exit 0)"
+    assert "diagnosis: network / crash — a link dropped" in lines
+    shown = [x for x in lines if x.startswith("  logs/rank")]
+    assert len(shown) == EVIDENCE_LINES and all(len(x) <= LINE_CHARS for x in shown)
+    assert all(x.endswith("…]") and "+20 more rank(s)" in x for x in shown)
+    assert "  … 2 more evidence line(s) in --json" in lines
+    assert "  suspect ranks 3; last step 7" in lines
+    assert "checkpoint: runs/r1/ckpt/step-000006 (step 6) — newest committed that verifies" in lines
+    assert lines[-2:] == ["", "dry run: nothing written; add --execute to act"]
+    assert "relaunch (local):" in lines and "  mscale train p.yaml" in lines
+
+
+def test_an_executed_plan_names_its_decision_file():
+    text = render(_plan([]), executed=True, decision="runs/r1/recover/decision-0001.json")
+    assert text.endswith("decision written to runs/r1/recover/decision-0001.json; relaunching\n")
