@@ -23,12 +23,12 @@ releases one; ``mscale ckpt ls`` shows them.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 
-from mscale.ckpt import catalog
-from mscale.ckpt.manifest import COMMITTED
+from mscale.ckpt import catalog, untrusted
+from mscale.ckpt.limits import MAX_SMALL_BYTES
+from mscale.ckpt.manifest import COMMITTED, MANIFEST
 from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path, read_jsonl, write_json_atomic
 
@@ -65,7 +65,12 @@ def pin(ckpt: str, reason: str, who: str, now: float | None = None) -> Pin:
 
 
 def unpin(ckpt: str) -> bool:
-    """Remove the pin; True when there was one."""
+    """Remove the pin; True when there was one. Bad input (exit 3) unless ``ckpt`` is a
+    checkpoint directory: a mistyped path must not read as "was not pinned"."""
+    fs, where = fs_and_path(catalog.join(ckpt, MANIFEST))
+    if not fs.isfile(where):
+        raise MscaleError("not a checkpoint directory (no manifest.json)", file=ckpt,
+                          fix="pass a step-NNNNNN directory (mscale ckpt ls lists them)")
     fs, path = fs_and_path(catalog.join(ckpt, KEEP))
     if not fs.exists(path):
         return False
@@ -80,9 +85,9 @@ def read_pin(ckpt: str) -> Pin | None:
     if data is None:
         return None
     try:
-        doc = json.loads(data)
+        doc = untrusted.load_json(data, catalog.join(ckpt, KEEP), "pin", MAX_SMALL_BYTES)
         return Pin(reason=str(doc["reason"]), who=str(doc["who"]), time=float(doc["time"]))
-    except (ValueError, KeyError, TypeError):
+    except (MscaleError, ValueError, KeyError, TypeError):
         return Pin(reason="KEEP file present (not readable as a pin record)", who="unknown",
                    time=0.0)
 

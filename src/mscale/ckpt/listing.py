@@ -1,0 +1,108 @@
+"""What ``mscale ckpt ls`` reports about a run's checkpoints, and how ckpt's commands write a
+size and a layout.
+
+The rules live here, not in the CLI, so that the command only parses, calls and prints: each
+checkpoint directory's status (committed, partial, or one a warning explains), its pin with the
+fallback for a ``KEEP`` that cannot be read (it still pins: retention keeps it), and the warnings
+that make ``ls`` exit 1. Not in `catalog`, which lists the directories: `pins` imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from mscale.ckpt import catalog
+from mscale.ckpt.pins import read_pin
+from mscale.errors import MscaleError
+from mscale.runs.atomic import fs_and_path
+
+UNREADABLE_PIN = {"reason": "KEEP present but unreadable", "who": "unknown", "time": 0.0}
+"""The pin ``ls`` shows for a ``KEEP`` that is a directory, too large or unreadable."""
+
+
+def format_bytes(n: float) -> str:
+    """A size in decimal units, as every ckpt command prints it: ``512 B``, ``3.1 MB``,
+    ``1.2 TB`` (one decimal from kB on; TB is the largest unit)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def layout_text(layout: dict | None) -> str:
+    """A manifest's layout in one word group, ``tp2 pp2 dp2 zero1``; ``-`` when unknown."""
+    if not layout:
+        return "-"
+    return f"tp{layout['tp']} pp{layout['pp']} dp{layout['dp']} zero{layout['zero_stage']}"
+
+
+@dataclass
+class Listing:
+    """A run's checkpoints as ``ls`` shows them; ``--json`` is `to_json`."""
+
+    run: str
+    latest: str | None
+    """The directory ``latest`` names (None: none, or unreadable, which a warning says)."""
+    checkpoints: list[dict] = field(default_factory=list)
+    """One `row` per step directory, oldest first."""
+    warnings: list[str] = field(default_factory=list)
+    """What needs a look; any makes ``ls`` exit 1."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def ckpt_root(run_dir: str) -> str:
+    """The ``ckpt/`` directory of ``run_dir`` (or ``run_dir`` itself when it is one); bad input
+    (exit 3) when there is none."""
+    fs_and_path(run_dir)  # an unknown protocol is named as the user typed it
+    root = run_dir if catalog.basename(run_dir) == "ckpt" else catalog.join(run_dir, "ckpt")
+    fs, path = fs_and_path(root)
+    if not fs.isdir(path):
+        raise MscaleError("no ckpt/ directory here", file=run_dir,
+                          fix="pass a run directory that `mscale train --run-dir` wrote")
+    return root
+
+
+def list_checkpoints(run_dir: str) -> Listing:
+    """Every checkpoint of a run with its status and pin, and the warnings: a ``latest`` that
+    cannot be read or names no committed checkpoint here, a manifest that cannot be read, a
+    directory whose name and manifest disagree on the step, a ``KEEP`` that cannot be read."""
+    root = ckpt_root(run_dir)
+    listing = Listing(run=run_dir, latest=None)
+    try:
+        listing.latest = catalog.read_latest(root)
+    except MscaleError as e:
+        listing.warnings.append(str(e))
+    listing.checkpoints = [row(e, listing.latest, root) for e in catalog.entries(root)]
+    if listing.latest and not any(r["latest"] and r["status"] == "committed"
+                                  for r in listing.checkpoints):
+        listing.warnings.append(f"{catalog.join(root, catalog.LATEST)} names {listing.latest}, "
+                                "which is not a committed checkpoint here; `mscale train` will "
+                                "refuse to resume")
+    listing.warnings += [f"{r['name']}: {r['note']}" for r in listing.checkpoints if r["note"]]
+    return listing
+
+
+def row(e: catalog.Entry, latest: str | None, root: str) -> dict:
+    """One checkpoint: the step is the directory's; ``note`` says when the manifest disagrees or
+    cannot be read (the status then says "see warning"); ``pin`` is its KEEP record (retention
+    keeps it), `UNREADABLE_PIN` for a damaged one, or None."""
+    note = None
+    if e.problem:
+        note = f"manifest.json cannot be read: {e.problem}"
+    elif e.manifest_step is not None and e.manifest_step != e.step:
+        note = f"its manifest is at step {e.manifest_step}, not the {e.step} its name says"
+    status = "committed" if e.committed else "partial"
+    if note:
+        status += " (see warning)"
+    try:
+        pin = read_pin(catalog.join(root, e.name))
+        pin = asdict(pin) if pin else None
+    except MscaleError as err:  # a KEEP that is a directory, too large, unreadable: still a pin
+        pin = dict(UNREADABLE_PIN)
+        note = note or f"its KEEP file cannot be read ({err.message}); retention keeps it"
+    return {"name": e.name, "step": e.step, "manifest_step": e.manifest_step, "status": status,
+            "bytes": e.bytes, "layout": e.layout, "latest": e.name == latest, "note": note,
+            "pin": pin}

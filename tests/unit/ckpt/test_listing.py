@@ -1,0 +1,93 @@
+"""ckpt/listing.py: what `mscale ckpt ls` reports (status, pins and their fallback, warnings) and
+the one size and layout format of the ckpt commands. The CLI's own tests are in test_verify.py."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from mscale.ckpt import pins
+from mscale.ckpt.listing import UNREADABLE_PIN, format_bytes, layout_text, list_checkpoints
+from mscale.errors import MscaleError
+from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+
+@pytest.mark.parametrize("n, text", [(0, "0 B"), (999, "999 B"), (1000, "1.0 KB"),
+                                     (3_141_593, "3.1 MB"), (2.5e9, "2.5 GB"),
+                                     (1.2e12, "1.2 TB"), (7e15, "7000.0 TB")])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+def test_layout_text():
+    assert layout_text({"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1}) == "tp2 pp1 dp4 zero1"
+    assert layout_text(None) == "-" and layout_text({}) == "-"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run") / "ckpt"
+    p = plan(tp=2, dp=2, zero=1)
+    write_synthetic(str(root / "step-000005"), p, global_state(p))
+    return root.parent
+
+
+@pytest.fixture
+def run(good, tmp_path):
+    return shutil.copytree(good, tmp_path / "run")
+
+
+def test_a_clean_run_lists_committed_latest_and_no_warning(run):
+    for where in (run, run / "ckpt"):  # the run or its ckpt/ directory
+        listing = list_checkpoints(str(where))
+        (row,) = listing.checkpoints
+        assert listing.latest == "step-000005" and listing.warnings == []
+        assert (row["status"], row["latest"], row["pin"], row["note"]) == ("committed", True,
+                                                                          None, None)
+        assert row["layout"]["tp"] == 2 and row["bytes"] > 0
+    assert list(listing.to_json()) == ["run", "latest", "checkpoints", "warnings"]
+
+
+def test_partial_directories_pins_and_their_fallback(run):
+    (run / "ckpt" / "step-000009").mkdir()
+    pins.pin(str(run / "ckpt" / "step-000005"), "before the spike", "me", now=1.0)
+    listing = list_checkpoints(str(run))
+    assert [(r["step"], r["status"]) for r in listing.checkpoints] == [(5, "committed"),
+                                                                       (9, "partial")]
+    assert listing.checkpoints[0]["pin"] == {"reason": "before the spike", "who": "me",
+                                             "time": 1.0}
+    (run / "ckpt" / "step-000005" / "KEEP").unlink()
+    (run / "ckpt" / "step-000005" / "KEEP").mkdir()  # damaged: still a pin, and a warning
+    listing = list_checkpoints(str(run))
+    assert listing.checkpoints[0]["pin"] == UNREADABLE_PIN
+    assert len(listing.warnings) == 1 and "KEEP" in listing.warnings[0]
+
+
+def test_a_keep_file_nested_deep_still_pins(run):
+    """A KEEP of 64 KiB of brackets used to reach json.loads unbounded (RecursionError)."""
+    (run / "ckpt" / "step-000005" / "KEEP").write_bytes(b"[" * 60_000)
+    (row,) = list_checkpoints(str(run)).checkpoints
+    assert row["pin"]["who"] == "unknown" and row["note"] is None
+
+
+def test_latest_naming_no_committed_checkpoint_and_a_bad_latest_are_warnings(run):
+    (run / "ckpt" / "latest").write_text("step-000007\n")
+    listing = list_checkpoints(str(run))
+    assert listing.latest == "step-000007" and not listing.checkpoints[0]["latest"]
+    assert "names step-000007, which is not a committed checkpoint" in listing.warnings[0]
+    (run / "ckpt" / "latest").write_bytes(b"\x00\xff")
+    listing = list_checkpoints(str(run))
+    assert listing.latest is None and "NUL byte" in listing.warnings[0]
+
+
+def test_no_ckpt_directory_is_bad_input(tmp_path):
+    with pytest.raises(MscaleError, match="no ckpt/ directory") as e:
+        list_checkpoints(str(tmp_path))
+    assert e.value.code == 3
+
+
+def test_unpin_refuses_what_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(MscaleError, match="no manifest.json") as e:
+        pins.unpin(str(tmp_path / "nowhere"))
+    assert e.value.code == 3
