@@ -10,19 +10,13 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
-from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
-from mscale.config.base import dump_yaml, parse_yaml, validate
-from mscale.config.files import read_text
-from mscale.errors import MscaleError
-from mscale.planner.advice import no_fit_error
-from mscale.planner.calibrate import Calibration, fit_speed, load_calibration
-from mscale.planner.cost import Problem, evaluate
-from mscale.planner.given import given_layout
+from mscale.config.base import dump_yaml
+from mscale.planner.choose import Choice, choose, load_parts
 from mscale.planner.goodput import GoodputInputs
 from mscale.planner.planfile import make_plan
 from mscale.planner.report import (Row, distinct, json_document, layout_table, losses_table,
                                    memory_table, rejects_table)
-from mscale.planner.search import describe, search
+from mscale.planner.search import describe
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.targets import check_output
 
@@ -81,85 +75,27 @@ def plan_cmd(
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
     if output:  # a search that cannot write its result is wasted: check the destination first
         check_output(output, "file", "-o")
-    files = {"cluster": str(cluster), "model": str(model), "training": str(training)}
-    configs = (_load_part(ModelConfig, model, "--model"),
-               _load_part(TrainingConfig, training, "--training"),
-               _load_part(ClusterConfig, cluster, "--cluster"))
-    pb = Problem(*configs, stack=stack)
-    pb.stack_profile  # an unknown --stack is refused before any work
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
                "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}
-    given_lo = given_layout(pb, options, layout)
-    if calibrate:
-        pb = Problem(*configs, stack=stack, calibration=_calibration(configs, stack, calibrate,
-                                                                     given_lo))
-    if keep_given and given_lo is None:
-        raise MscaleError("--keep-given needs a given layout", field="--keep-given",
-                          fix="add --layout FILE or --tp/--pp/... options")
-    given = (given_lo, evaluate(pb, given_lo)) if given_lo else None
-    result = search(pb)
-    if keep_given or (result.count == 0 and given is not None and given[1].fits):
-        chosen = given
-        if not chosen[1].fits:
-            if result.count == 0:
-                raise no_fit_error(pb, result, files)
-            raise MscaleError(f"the given layout needs {chosen[1].mem_total / 1e9:.1f} GB per GPU, "
-                              f"more than {pb.budget_bytes / 1e9:.1f} GB usable",
-                              file=layout or "command line", field="layout",
-                              fix=f"the best layout that fits is {describe(result.layout(0))}")
-    elif result.count == 0:
-        raise no_fit_error(pb, result, files)
-    else:
-        chosen = (result.layout(0), result.cost(0))
+    choice = choose(load_parts(model, training, cluster), stack=stack, options=options,
+                    layout_path=layout, calibrate=calibrate, keep_given=keep_given,
+                    files={"cluster": str(cluster), "model": str(model),
+                           "training": str(training)})
+    pb = choice.problem
     goodput = GoodputInputs(failures_per_1000_node_days=failure_rate, restart_s=restart_s,
                             write_gb_per_s=write_gbps)
-    plan = make_plan(pb, chosen[0], chosen[1], name or pb.model.name, goodput)
+    plan = make_plan(pb, choice.layout, choice.cost, name or pb.model.name, goodput)
     if output:
         write_text_atomic(output, dump_yaml(plan))
     if as_json:
-        print_json(json_document(result, top, given, plan.model_dump(
+        print_json(json_document(choice.result, top, choice.given, plan.model_dump(
             mode="json", exclude_none=True, exclude={"placement"}), explain))
         return
-    _print_human(result, top, given, plan, output, explain)
+    _print_human(choice, top, plan, output, explain)
 
 
-PLAN_SECTIONS = ("cluster", "model", "training", "layout")
-"""Top-level keys of a plan file (config/plan.py); none is a field of a cluster, model or training
-file, so finding one means a whole plan was given where one part was expected."""
-
-
-def _load_part(schema, path: str, option: str):
-    """Load the cluster, model or training file given as ``option``. A whole plan given instead
-    would otherwise fail on its first missing field ("layers: required field is missing"),
-    which does not say what is wrong; the file is read once (it may be a pipe)."""
-    data = parse_yaml(read_text(path), str(path))
-    found = [k for k in PLAN_SECTIONS if isinstance(data, dict) and k in data]
-    if found:
-        what = option.removeprefix("--")
-        raise MscaleError(
-            f"this looks like a whole plan (it has {', '.join(k + ':' for k in found)}), "
-            f"not a {what} file", file=str(path), field=option,
-            fix=f"give its parts as separate files (--cluster plans/clusters/X.yaml --model "
-                f"plans/models/X.yaml --training plans/training/X.yaml) and the plan itself as "
-                f"--layout {path} to price its layout next to the best")
-    return validate(schema, data, str(path))
-
-
-def _calibration(configs, stack, paths: list[str], given_lo) -> Calibration:
-    """Measured rates from the files; a run's step time needs the layout it ran."""
-    cal = load_calibration(paths)
-    if cal.step_time_s is not None:
-        if given_lo is None:
-            raise MscaleError("a metrics.jsonl calibrates against the layout that run used",
-                              field="--calibrate", fix="give that layout too: --layout "
-                              "RUN/plan.yaml (or --tp/--pp/...)")
-        fit_speed(cal, lambda c: evaluate(Problem(*configs, stack=stack, calibration=c),
-                                          given_lo).step_time)
-    return cal
-
-
-def _print_human(result, top, given, plan, output, explain) -> None:
-    pb = result.problem
+def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bool) -> None:
+    result, given, pb = choice.result, choice.given, choice.problem
     console.print(f"stack: {pb.stack_profile.name}"
                   + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
                      if pb.calibration is not None else ""), markup=False)
@@ -180,8 +116,7 @@ def _print_human(result, top, given, plan, output, explain) -> None:
                       "stage_layers", markup=False)
     if result.preferred_note:
         console.print(result.preferred_note, markup=False)
-    chosen_cost = given[1] if given and plan.layout == given[0] else result.cost(0)
-    console.print(memory_table(chosen_cost))
+    console.print(memory_table(choice.cost))
     ck = plan.checkpoint
     console.print(f"checkpoint every {ck.interval_steps} steps ({ck.interval_s:.0f} s; "
                   f"{plan.estimate['checkpoint_interval_note']}): job MTBF {ck.mtbf_h:.1f} h, "

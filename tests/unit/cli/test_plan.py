@@ -127,12 +127,12 @@ def test_model_from_a_non_seekable_file(cli, tmp_path):
 def test_unwritable_output_fails_before_the_search(cli, tmp_path, monkeypatch, target):
     """-o under a regular file, onto a directory, or on an unknown protocol: exit 3 naming -o,
     nothing written, no search run (it would be wasted), no local `foo:` directory."""
-    import mscale.cli.plan
+    import mscale.planner.choose
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "file").write_text("keep\n")
     (tmp_path / "dir").mkdir()
-    monkeypatch.setattr(mscale.cli.plan, "search", lambda pb: pytest.fail("searched"))
+    monkeypatch.setattr(mscale.planner.choose, "search", lambda pb: pytest.fail("searched"))
     code, out, err = cli("plan", *CPU, "-o", target)
     assert code == 3 and out == "" and "Traceback" not in err
     assert err.startswith(f"error: {target}: ") and "\n  fix: " in err
