@@ -2,12 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PLANS = REPO / "plans"
+
+
+def in_ci() -> bool:
+    """``CI`` is set (and not ``0``/``false``/``no``): a test that cannot run here must fail,
+    not skip, so that a missing privilege or tool cannot hide it from CI."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` (``1m``, ``96k``) mounted on ``path`` for the block, for the
+    full-disk paths (ENOSPC from the kernel, not a mock). Mounting needs root (CAP_SYS_ADMIN):
+    where it fails the test skips, except in CI, where it fails, as CI runs as root."""
+    path.mkdir(parents=True, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    if m.returncode:
+        reason = f"cannot mount a {size} tmpfs here ({(m.stderr or m.stdout).strip()})"
+        if in_ci():
+            pytest.fail(f"{reason}: CI (CI={os.environ['CI']}) must run the real full-disk "
+                        "tests, as root", pytrace=False)
+        pytest.skip(reason)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, in_ci
 
 SCRIPT = REPO / "scripts" / "slurm-local.sh"
 JOB_NAME = "mscale-e2e"
@@ -26,10 +26,6 @@ JOB_NAME = "mscale-e2e"
 # environment on, and read_launch_env prefers torchrun's RANK/WORLD_SIZE over SLURM's.
 _SCRUB = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
           "MASTER_ADDR", "MASTER_PORT", "MSCALE_LAUNCHER", "TORCHELASTIC_RESTART_COUNT")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 @dataclass
