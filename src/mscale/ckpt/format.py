@@ -45,12 +45,6 @@ def _chunk(where: str, i: int) -> str:
     return f"{where} chunk {i}" if where else f"chunk {i}"
 
 
-def tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous tensor, without a copy."""
-    t = t.detach().contiguous().reshape(-1)
-    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
-
-
 def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES[dtype]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO, Callable
 
 import torch
 
@@ -126,9 +126,3 @@ def read_tensor(fh: BinaryIO, entry: Entry, data_start: int) -> torch.Tensor:
     if not buf:
         return torch.empty(entry.shape, dtype=entry.dtype)
     return torch.frombuffer(buf, dtype=entry.dtype).view(entry.shape)
-
-
-def read_all(fh: BinaryIO, source: str, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
-    entries, _, start = read_header(fh, source)
-    wanted = set(names) if names is not None else None
-    return {e.name: read_tensor(fh, e, start) for e in entries if wanted is None or e.name in wanted}

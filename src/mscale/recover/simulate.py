@@ -208,21 +208,3 @@ def estimate(inp: SimInputs, seeds: int = 20) -> Estimate:
                                   inp.mtbf_s)
     return Estimate(inp, tau, sum(etts) / len(etts), min(etts), max(etts),
                     sum(r.failures for r in runs) / len(runs), analytic)
-
-
-DETECT_GRID = (10.0, 60.0, 300.0, 1800.0)
-"""Detection + diagnosis times swept: a crash seen at once up to a hang left to a 30-minute
-default collective timeout."""
-RESTART_GRID = (60.0, 300.0, 900.0, 1800.0)
-"""Restart times swept: a warm relaunch up to a cold requeue with a slow checkpoint load."""
-
-
-def recovery_grid(base: SimInputs, seeds: int = 10) -> list[tuple[float, float, float]]:
-    """(detect_s + diagnose_s, restart_s, mean ETT) at Young/Daly's interval over the grid:
-    which recovery times reach a target such as 95%."""
-    rows = []
-    for detect in DETECT_GRID:
-        for restart in RESTART_GRID:
-            inp = replace(base, detect_s=detect, diagnose_s=0.0, restart_s=restart)
-            rows.append((detect, restart, estimate(inp, seeds).ett_mean))
-    return rows

@@ -18,7 +18,6 @@ from __future__ import annotations
 import html
 import io
 import json
-import re
 import time
 
 import numpy as np
@@ -177,14 +176,6 @@ def render(target: str, history: History | None, layout: JobLayout | None,
     if trace_url:
         parts += ["<h2>Timeline</h2>", _timeline(trace_url, layout)]
     return "".join(parts) + "</body></html>\n"
-
-
-_NETWORK = re.compile(r"""(?:src|href)\s*=\s*["'](?!data:|#)""", re.I)
-
-
-def network_references(page: str) -> list[str]:
-    """Attributes of ``page`` that would load something (anything not ``data:`` or ``#``)."""
-    return [page[m.start(): m.start() + 80] for m in _NETWORK.finditer(page)]
 
 
 def write_report(url: str, page: str) -> None:

@@ -7,8 +7,14 @@ import io
 import pytest
 import torch
 
-from mscale.ckpt.format import ChunkError, Decoder, Encoder, shard_checksum, tensor_bytes, write_slice
+from mscale.ckpt.format import ChunkError, Decoder, Encoder, shard_checksum, write_slice
 from mscale.ckpt.manifest import SliceInfo
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous tensor, without a copy."""
+    t = t.detach().contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
 
 
 def _write(t: torch.Tensor, codec: str, chunk: int):

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from mscale.errors import MscaleError
-from mscale.recover.simulate import SimInputs, estimate, for_model, recovery_grid, simulate
+from mscale.recover.simulate import SimInputs, estimate, for_model, simulate
 
 
 def test_without_failures_only_the_snapshots_cost():
@@ -46,10 +46,14 @@ def test_work_since_the_last_durable_checkpoint_is_lost():
 
 
 def test_slower_recovery_never_helps():
-    rows = recovery_grid(SimInputs(days=7), seeds=3)
-    by = {(d, r): e for d, r, e in rows}
-    assert by[(10.0, 60.0)] > by[(10.0, 1800.0)]
-    assert by[(10.0, 60.0)] > by[(1800.0, 60.0)]
+    base = SimInputs(days=7)
+
+    def ett(detect: float, restart: float) -> float:
+        inp = replace(base, detect_s=detect, diagnose_s=0.0, restart_s=restart)
+        return estimate(inp, 3).ett_mean
+
+    assert ett(10.0, 60.0) > ett(10.0, 1800.0)
+    assert ett(10.0, 60.0) > ett(1800.0, 60.0)
 
 
 def test_model_sized_checkpoints_use_the_planner_bandwidths():

@@ -18,6 +18,8 @@ from mscale.watch.layout import JobLayout
 from mscale.watch.view import PlainView, finding_line, sparkline
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
+from tests.unit.watch.pages import network_references
+
 
 def window(first: int, n: int, world: int, slow: int | None = None, loss=None) -> Window:
     steps = np.arange(first, first + n)
@@ -114,7 +116,7 @@ def test_report_is_self_contained_with_figures_and_findings(tmp_path):
     f = finding(message="rank 3 <slow> & late")
     page = report.render("runs/r1", h, layout, [f], [{"action": "quarantine", "time": 1.0,
                                                       "nodes": ["gpu2"]}], {"worst": "warning"}, 1)
-    assert report.network_references(page) == []
+    assert network_references(page) == []
     assert "<script" not in page and "<link" not in page
     assert page.count("<svg") == 3  # curves, compute heat map, wait heat map
     assert "data:image/png;base64," in page  # the heat maps' raster, inlined
@@ -124,7 +126,7 @@ def test_report_is_self_contained_with_figures_and_findings(tmp_path):
     url = tmp_path / "r.html"
     report.write_report(str(url), page)
     assert url.read_text() == page
-    assert report.network_references('<img src="http://x/a.png">') != []
+    assert network_references('<img src="http://x/a.png">') != []
 
 
 def test_report_without_records_still_renders():

@@ -53,7 +53,9 @@ def test_the_newest_trace_is_found_and_a_foreign_file_is_refused(tmp_path):
 
 
 def test_the_report_shows_the_newest_traced_step(tmp_path):
-    from mscale.watch.report import network_references, render
+    from mscale.watch.report import render
+
+    from tests.unit.watch.pages import network_references
 
     write_trace(tmp_path / "step-000003.json", [1.0, 2.0])
     page = render("run", None, None, [], [], {}, 0, trace_url=str(tmp_path / "step-000003.json"))
