@@ -49,12 +49,12 @@ def test_usage_error_with_json_is_a_document(cli, args, field):
 
 
 def _broken_search(monkeypatch):
-    import mscale.cli.plan
+    import mscale.planner.choose
 
     def search(pb):
         raise ZeroDivisionError("division by zero\nsecond line")
 
-    monkeypatch.setattr(mscale.cli.plan, "search", search)
+    monkeypatch.setattr(mscale.planner.choose, "search", search)
 
 
 def test_unexpected_exception_is_one_line_and_exit_3(cli, monkeypatch):
