@@ -9,7 +9,7 @@ embedding's backward, its dense fp32 gradient, ~1.1 MB, not modelled) to +4.7% (
 block); ZeRO 1 and 2 +2.8%, 1F1B +1.6%, TP+SP with a sliding window +2.9%.
 
 bf16 weight copies: the engine casts each weight once per step, shared by every micro-batch in
-flight (`Engine.cast_scope`). Against one autocast context per forward (a copy per micro-batch
+flight (`Precision.cast_scope`). Against one autocast context per forward (a copy per micro-batch
 in flight), the pipeline peaks dropped 42.68 → 40.46 MB (1F1B, 2 in flight) and 40.55 → 37.27
 MB (interleaved, 2.5 in flight); the planner's copies term went with them (4.72 → 2.36 and
 5.90 → 2.36 MB). Gradient accumulation without a pipeline holds one micro-batch: unchanged.
@@ -42,7 +42,7 @@ CASES = {
 
 def measure_all(rank: int, world: int, cases: list[dict], shared: bool = True) -> list[dict]:
     """Each case's peak; ``shared`` False: with one autocast context per forward, as the engine
-    was before `Engine.cast_scope` (a bf16 weight copy per micro-batch in flight)."""
+    was before `Precision.cast_scope` (a bf16 weight copy per micro-batch in flight)."""
     if not shared:
         from tests.distributed.test_weight_casts import per_forward_casts
 

@@ -1,7 +1,7 @@
 """bf16 autocast: one bf16 copy of each weight per optimizer step, shared by every micro-batch.
 
 The engine holds one outermost autocast context over a step's forwards and backwards
-(`Engine.cast_scope`), so autocast's cast cache lives for the whole step instead of one chunk
+(`Precision.cast_scope`), so autocast's cast cache lives for the whole step instead of one chunk
 forward. Checked here on the real engine (bf16 on CPU, gloo):
 
 - the weights are cast once per step, not once per micro-batch (plain gradient accumulation,
@@ -45,9 +45,9 @@ CASES = {
 def per_forward_casts() -> None:
     """The engine as it was: no step-long scope, so each forward's autocast is outermost and
     its cast cache dies with it (a copy per micro-batch)."""
-    from mscale.train.engine import Engine
+    from mscale.train.engine import Precision
 
-    Engine.cast_scope = lambda self: contextlib.nullcontext()
+    Precision.cast_scope = lambda self: contextlib.nullcontext()
 
 
 def train(rank: int, world: int, cases: list[dict], shared: bool) -> list[dict]:

@@ -56,7 +56,7 @@ class SequenceParallelNorm(RMSNorm):
     complete gradient for the replicated gain."""
 
     def __init__(self, plain: RMSNorm, tp: TensorParallel):
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # not RMSNorm's: the gain is the plain norm's own parameter
         self.eps, self.tp, self.weight = plain.eps, tp, plain.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,7 +102,7 @@ class TensorParallelTransformer(Transformer):
     slice of the logits, and the loss is reduced over TP without gathering them."""
 
     def __init__(self, plain: Transformer, tp: TensorParallel, recompute: str):
-        nn.Module.__init__(self)
+        nn.Module.__init__(self)  # not Transformer's: every part comes from ``plain``
         self.cfg, self.has_embedding, self.has_head = plain.cfg, plain.has_embedding, plain.has_head
         self.layer_ids, self.tp = plain.layer_ids, tp
         if plain.has_embedding:

@@ -179,7 +179,7 @@ def test_megascale_175b_layout_fits_with_one_bf16_copy_per_step():
     """Issue 13: MegaScale's 175B layout (tp 8, pp 8, v 6) holds 9.2 micro-batches in flight on
     the first rank. With a bf16 weight copy per micro-batch in flight (one autocast context per
     forward) its 12 blocks cost 46.4 GiB of copies and the rank 102 GiB; the engine now shares
-    one copy per step (Engine.cast_scope): 5.06 GiB, 60.9 GiB in all, within the A100's 67 GiB."""
+    one copy per step (Precision.cast_scope): 5.06 GiB, 60.9 GiB in all, within the A100's 67 GiB."""
     model = ModelConfig(name="gpt-175b", layers=96, hidden=12288, heads=96, vocab=50257,
                         seq_len=2048, mlp="gelu")
     lo = LayoutConfig(tp=8, pp=8, dp=192, vpp=6, micro_batch=1, sequence_parallel=True,
