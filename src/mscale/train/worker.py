@@ -9,6 +9,7 @@ a crash: 1 means "stopped early on request", which recover treats as resumable w
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 
@@ -52,6 +53,10 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
             torch.set_num_threads(default_threads(env.local_world_size))
         code = train(plan, options, env)
     except BaseException as exc:  # noqa: BLE001 - the edge: every failure becomes a contract code
+        # say why before anything ends this process: a --local launcher SIGTERMs every worker
+        # as soon as one fails, and a peer told of this rank's error may exit first (rank 0's
+        # failed start: its line and error file were lost under load)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         code = _report_failure(run, rank, node, exc)
         shutdown_and_exit(code, barrier=False)
     # a clean exit synchronises all ranks; after a failure peers may be gone, so no barrier
