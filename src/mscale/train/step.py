@@ -3,7 +3,7 @@
 Without pipelining this is gradient accumulation: every micro-batch but the last runs with the
 DP reduction held back, and on the last one each gradient bucket starts its reduction as soon as
 backward has produced it, so communication overlaps the rest of backward. With pipelining the
-schedule (parallel/pipeline.py) owns the order of forwards and backwards.
+schedule (parallel/pipeline/runner.py) owns the order of forwards and backwards.
 """
 
 from __future__ import annotations
