@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
+import sys
 import time
 import traceback
 
-from mscale.errors import MscaleError
+from mscale.config.records import Event
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
 from mscale.runs.rundir import RunDir
 
@@ -90,3 +93,51 @@ def read_error_files(run: RunDir) -> dict[int, dict]:
         if isinstance(rec, dict):
             out[int(m.group(1))] = rec
     return out
+
+
+class ReportedFailure(Exception):
+    """A failure this rank has already reported (`report_failure`: its line, its error file):
+    the process's edge only exits with ``code``. Rank 0's failed start is reported before its
+    peers are told (`session.agree_on_rank0`), so that a peer exiting first cannot get rank 0
+    stopped by the launcher before it has said why."""
+
+    def __init__(self, code: int):
+        super().__init__(f"already reported (exit {code})")
+        self.code = code
+
+
+def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
+    """One line on stderr, the error file, and the exit code for ``exc``."""
+    if isinstance(exc, KeyboardInterrupt):
+        sys.stderr.write(f"rank {rank}: interrupted\n")
+        return 130
+    if isinstance(exc, SystemExit) and isinstance(exc.code, int):
+        return exc.code
+    kind = classify(exc)
+    path = write_error_file(run, rank, node, exc) if rank >= 0 else None
+    where = f"; details in {path}" if path else ""
+    line = f"error (rank {rank} on {node}, {kind}): {one_line(exc)}{where}"
+    if os.environ.get("MSCALE_DEBUG"):  # `mscale --debug train ...`
+        traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.write(line + "\n")
+    if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
+        _stop_event(run, rank, node, kind, line)
+    # 3 for every failure: a damaged checkpoint's MscaleError carries verify's 2, which for
+    # train would read as "NaN stop"
+    return EXIT_BAD_INPUT
+
+
+def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
+    """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
+    from mscale.train.session import run_id_from_env  # torch: this module serves the launcher
+
+    evidence = {"kind": kind, "error_file": f"logs/rank{rank}.error.json"}
+    if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
+        # recover scopes evidence to one attempt by run id, also one that failed before `start`
+        evidence["run_id"] = run_id_from_env()
+    try:
+        run.append_record(run.events, Event(
+            source="train", kind="hang" if kind == "timeout" else "stop", severity="critical",
+            ranks=[rank], nodes=[node], message=line, evidence=evidence))
+    except Exception:  # noqa: BLE001 - the console line above already says what happened
+        sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")

@@ -29,7 +29,7 @@ from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
-from mscale.topology.env import LaunchEnv
+from mscale.topology.env import LaunchEnv, node_name
 from mscale.topology.placement import placement_for, placement_record
 from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
@@ -41,6 +41,7 @@ from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
 from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
+from mscale.train.failure import ReportedFailure, report_failure
 from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
                                   open_session, read_data_skips, share_start)
 from mscale.train.step import run_micro_batches
@@ -102,10 +103,12 @@ def _start(engine: Engine, s: RunSession) -> None:
     whether it could, so a refused start ends all of them at once instead of leaving the others
     waiting in their first collective."""
     plan = engine.plan
+    node = node_name(engine.env, plan)
     claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
         update={"placement": plan.placement or placement_record(plan)}),
         allow_batch_change=engine.options.allow_batch_change),
-        read_data_skips(s.run)), engine.env.rank)
+        read_data_skips(s.run)), engine.env.rank,
+        report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
     change, skips = claimed or (None, None)
     s.attempt, skips = share_start(s.attempt, skips, engine.env.rank)
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,

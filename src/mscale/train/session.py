@@ -102,15 +102,21 @@ class RunSession:
             self.lock = None
 
 
-def agree_on_rank0(fn: Callable[[], T], rank: int) -> T | None:
-    """Run ``fn`` on rank 0 and tell every rank whether it succeeded (one broadcast). Rank 0
-    re-raises its own error; the others raise a short MscaleError pointing at rank 0's."""
+def agree_on_rank0(fn: Callable[[], T], rank: int,
+                   report: Callable[[Exception], Exception] | None = None) -> T | None:
+    """Run ``fn`` on rank 0 and tell every rank whether it succeeded (one broadcast). The others
+    raise a short MscaleError pointing at rank 0's error. Rank 0 re-raises its own, or, given
+    ``report``, reports it *before* the broadcast and raises what ``report`` returns (the loop's:
+    `failure.report_failure`, then `failure.ReportedFailure`): a peer that exits first would
+    otherwise get rank 0 stopped by a --local launcher before it had said why."""
     result, error, ok = None, None, torch.ones(1)
     if rank == 0:
         try:
             result = fn()
         except Exception as exc:  # noqa: BLE001 - re-raised below, after the others know
             error, ok = exc, torch.zeros(1)
+    if error is not None and report is not None:
+        error = report(error)
     if dist.is_initialized():
         dist.broadcast(ok, src=0)
     if error is not None:

@@ -19,7 +19,7 @@ from mscale.config.plan import Plan
 from mscale.errors import EXIT_BAD_INPUT
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, node_name, read_launch_env
-from mscale.train.failure import classify, one_line, write_error_file
+from mscale.train.failure import ReportedFailure, report_failure
 from mscale.train.options import TrainOptions
 
 
@@ -55,50 +55,15 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
     except BaseException as exc:  # noqa: BLE001 - the edge: every failure becomes a contract code
         # say why before anything ends this process: a --local launcher SIGTERMs every worker
         # as soon as one fails, and a peer told of this rank's error may exit first (rank 0's
-        # failed start: its line and error file were lost under load)
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        code = _report_failure(run, rank, node, exc)
+        # failed start: its line and error file were lost under load). Ignored process-wide:
+        # blocking it in this thread alone let another thread (lock heartbeat, data read-ahead,
+        # gloo) take the signal and die with it; the launcher still SIGKILLs after its grace.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = exc.code if isinstance(exc, ReportedFailure) else report_failure(run, rank, node,
+                                                                                 exc)
         shutdown_and_exit(code, barrier=False)
     # a clean exit synchronises all ranks; after a failure peers may be gone, so no barrier
     shutdown_and_exit(code, barrier=code in (0, 1, 2))
-
-
-def _report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
-    """One line on stderr, the error file, and the exit code for ``exc``."""
-    if isinstance(exc, KeyboardInterrupt):
-        sys.stderr.write(f"rank {rank}: interrupted\n")
-        return 130
-    if isinstance(exc, SystemExit) and isinstance(exc.code, int):
-        return exc.code
-    kind = classify(exc)
-    path = write_error_file(run, rank, node, exc) if rank >= 0 else None
-    where = f"; details in {path}" if path else ""
-    line = f"error (rank {rank} on {node}, {kind}): {one_line(exc)}{where}"
-    if os.environ.get("MSCALE_DEBUG"):  # `mscale --debug train ...`
-        traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.write(line + "\n")
-    if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
-        _stop_event(run, rank, node, kind, line)
-    # 3 for every failure: a damaged checkpoint's MscaleError carries verify's 2, which for
-    # train would read as "NaN stop"
-    return EXIT_BAD_INPUT
-
-
-def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
-    """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
-    from mscale.config.records import Event
-    from mscale.train.session import run_id_from_env
-
-    evidence = {"kind": kind, "error_file": f"logs/rank{rank}.error.json"}
-    if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
-        # recover scopes evidence to one attempt by run id, also one that failed before `start`
-        evidence["run_id"] = run_id_from_env()
-    try:
-        run.append_record(run.events, Event(
-            source="train", kind="hang" if kind == "timeout" else "stop", severity="critical",
-            ranks=[rank], nodes=[node], message=line, evidence=evidence))
-    except Exception:  # noqa: BLE001 - the console line above already says what happened
-        sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")
 
 
 def local_main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,8 @@ from mscale.train.failure import classify, read_error_files, write_error_file
 from mscale.train.job_watch import JobResult, _how
 from mscale.train.loop import with_steps
 from mscale.train.schedule import learning_rate
-from mscale.train.worker import _report_failure, default_threads
+from mscale.train.failure import report_failure
+from mscale.train.worker import default_threads
 
 
 @pytest.mark.parametrize("exc, kind", [
@@ -38,7 +39,7 @@ def test_a_crash_is_exit_3_with_an_error_file_never_1(tmp_path, capsys):
     try:
         raise KeyError("pp")
     except KeyError as e:
-        code = _report_failure(run, 5, "node3", e)
+        code = report_failure(run, 5, "node3", e)
     assert code == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "rank 5 on node3, crash" in err and "rank5.error.json" in err
@@ -47,7 +48,7 @@ def test_a_crash_is_exit_3_with_an_error_file_never_1(tmp_path, capsys):
 
 
 def test_a_damaged_checkpoint_is_3_for_train_not_the_nan_code(tmp_path, capsys):
-    assert _report_failure(RunDir(str(tmp_path)), 0, "n", MscaleError("x", code=2)) == 3
+    assert report_failure(RunDir(str(tmp_path)), 0, "n", MscaleError("x", code=2)) == 3
 
 
 def test_error_file_on_a_full_disk_does_not_hide_the_failure(tmp_path):
@@ -104,6 +105,30 @@ def test_rank_0s_own_stop_event_under_srun_names_the_launch(tmp_path, monkeypatc
     monkeypatch.delenv("MSCALE_RUN_ID", raising=False)
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     run = RunDir(str(tmp_path))
-    assert _report_failure(run, 0, "node1", RuntimeError("boom")) == 3
+    assert report_failure(run, 0, "node1", RuntimeError("boom")) == 3
     (event,) = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert event["kind"] == "stop" and event["evidence"]["run_id"] == "slurm-41"
+
+
+def test_rank_0s_failed_start_is_reported_before_its_peers_are_told(tmp_path, capsys):
+    """agree_on_rank0 reports rank 0's error (line and error file) before the broadcast that
+    lets its peers exit: a --local launcher stops every worker once one has exited, and rank 0
+    was stopped before it had said why. The edge then only exits with the reported code."""
+    from mscale.train.failure import ReportedFailure
+    from mscale.train.session import agree_on_rank0
+
+    run, said = RunDir(str(tmp_path)), []
+
+    def report(exc):
+        said.append(exc)
+        return ReportedFailure(report_failure(run, 0, "node1", exc))
+
+    def bad():
+        raise MscaleError("data_skip.json: damaged", field="entries")
+
+    with pytest.raises(ReportedFailure) as e:
+        agree_on_rank0(bad, 0, report=report)
+    assert e.value.code == 3
+    assert len(said) == 1 and "data_skip.json" in capsys.readouterr().err
+    assert (tmp_path / "logs" / "rank0.error.json").exists()
+    assert agree_on_rank0(lambda: 7, 0, report=report) == 7 and len(said) == 1
