@@ -63,8 +63,8 @@ class FaultPlan(StrictModel):
     def rank_hooks(self) -> dict[str, dict[int, float]]:
         """The hooks that name ranks, by flag (the launcher checks the ranks exist)."""
         fields = type(self).model_fields
-        return {fields[name].json_schema_extra["flag"]: getattr(self, name)
-                for name in ("delay", "data_delay", "crash", "hang", "ckpt_kill", "ckpt_hang")}
+        return {f.json_schema_extra["flag"]: getattr(self, name) for name, f in fields.items()
+                if isinstance(getattr(self, name), dict)}
 
 
 class TrainOptions(StrictModel):
