@@ -60,9 +60,7 @@ def build(plan, port: int):
     env = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                     master_addr="127.0.0.1", master_port=port, launcher="test",
                     hostname="localhost")
-    engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=300))
-    engine.param_buffer.attach_modules(engine.chunks)  # as the training loop does
-    return engine
+    return build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=300))
 
 
 def checkpointer(engine, root: str, resume: str = "none"):

@@ -72,7 +72,6 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
     with live.mode if cpu else contextlib.nullcontext():
         engine = build_engine(make_plan(case), env, TrainOptions(run_dir="memory://unused",
                                                                  timeout_s=300))
-        engine.param_buffer.attach_modules(engine.chunks)
         if cpu:
             live.reset_peak()
         else:
@@ -121,7 +120,7 @@ def _cast_check(cpu: bool, m: int) -> tuple[bool, str]:
     from mscale.parallel.parallelize import init_parameters, parallelize
     from mscale.parallel.tensor import TensorParallel
     from mscale.planner import flops
-    from mscale.train.engine import weight_cast_scope
+    from mscale.parallel.precision import weight_cast_scope
     from tests.distributed.memory_cases import LiveBytes
 
     dev = torch.device("cpu" if cpu else "cuda")

@@ -39,7 +39,7 @@ def make_plan(case: dict):
 
 
 def build_case_engine(rank: int, world: int, case: dict):
-    """The real engine for ``case`` on this rank, wired as the training loop wires it."""
+    """The real engine for ``case`` on this rank, as the training loop builds it."""
     from mscale.topology.env import LaunchEnv
     from mscale.train.engine import build_engine
     from mscale.train.options import TrainOptions
@@ -49,10 +49,7 @@ def build_case_engine(rank: int, world: int, case: dict):
     env = LaunchEnv(rank=rank, world_size=world, local_rank=rank % gpn, local_world_size=gpn,
                     node_rank=rank // gpn, master_addr="127.0.0.1", master_port=0,
                     launcher="test", hostname="localhost")
-    engine = build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
-    if case.get("overlap_param_gather", True):  # as the training loop does
-        engine.param_buffer.attach_modules(engine.chunks)
-    return engine
+    return build_engine(plan, env, TrainOptions(run_dir="memory://unused", timeout_s=60))
 
 
 def run_case(rank: int, world: int, case: dict, steps: int) -> dict:

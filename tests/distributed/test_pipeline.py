@@ -68,6 +68,7 @@ def _train(rank: int, plan, steps: int) -> dict:
         out["norms"].append(engine.optimizer.grad_norm())
         engine.optimizer.step(plan.training.lr, clip_coef(plan, out["norms"][-1]))
         out["timings"].append(timer.end_step())
+    engine.param_buffer.wait()  # the last step's parameter all-gathers, as the loop does
     params = full_state_dict(engine.chunks, engine.table, engine.chunks[0].tp)
     engine.grads.close()
     out.update(pp_rank=g.pp_rank, dp_rank=g.dp_rank, tp_rank=g.tp_rank,

@@ -45,7 +45,7 @@ CASES = {
 def per_forward_casts() -> None:
     """The engine as it was: no step-long scope, so each forward's autocast is outermost and
     its cast cache dies with it (a copy per micro-batch)."""
-    from mscale.train.engine import Precision
+    from mscale.parallel.precision import Precision
 
     Precision.cast_scope = lambda self: contextlib.nullcontext()
 

@@ -6,7 +6,6 @@ the engine's step functions, so a newcomer reads this file to see the whole wiri
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,11 +14,13 @@ import torch
 
 from mscale.ckpt.live import LiveRank
 from mscale.config.plan import Plan
+from mscale.config.records import DataSkips
 from mscale.distributed.groups import ParallelGroups, build_groups
 from mscale.distributed.init import init_distributed, pick_device
 from mscale.errors import MscaleError
 from mscale.parallel.data import GradBuffer, data_parallel
 from mscale.parallel.param_gather import ParamGather
+from mscale.parallel.precision import Precision
 from mscale.parallel.shard_layout import bucket_bytes
 from mscale.parallel.spec import ParamTable
 from mscale.parallel.zero import DistributedOptimizer
@@ -81,50 +82,6 @@ class Engine:
                         timeout_s=self.options.timeout_s)
 
 
-@dataclass(frozen=True)
-class Precision:
-    """How forward runs: bf16 autocast around each chunk forward, inside one step-long scope."""
-
-    device_type: str
-    bf16: bool
-    """The plan's ``training.precision`` is bf16 (fp32 parameters, bf16 matmuls)."""
-    share_casts: bool
-    """One bf16 copy of each weight for the whole step (`cast_scope`)."""
-
-    @classmethod
-    def for_plan(cls, plan: Plan, device: torch.device) -> "Precision":
-        bf16 = plan.training.precision == "bf16"
-        return cls(device.type, bf16, share_casts=bf16 and plan.layout.recompute != "full")
-
-    def autocast(self):
-        """bf16 autocast when the plan asks for bf16, a no-op context otherwise. Entered around
-        each chunk forward, inside `cast_scope`."""
-        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.bf16)
-
-    def cast_scope(self):
-        """The span of one step's forwards and backwards, exited before the optimizer step: one
-        bf16 copy of each weight for the whole step, shared by every micro-batch.
-
-        Autocast caches the bf16 cast of each fp32 leaf weight until the *outermost* autocast
-        context exits; with one context per chunk forward, every micro-batch in flight kept its
-        own copy in its autograd graph (175B at tp 8 pp 8 v 6: ~50 GB per GPU). This is that
-        outermost context, disabled, so nothing outside `autocast` runs in bf16 (backward and
-        the loss sums included, as before). The cast is the same bits whichever micro-batch makes
-        it, so the numerics do not change. Exiting drops the cache, so the next step casts the
-        updated weights. Not under full recompute: there the graph keeps no copy, and a step-long
-        cache would hold every copy that recompute otherwise drops (docs/train.md)."""
-        return weight_cast_scope(self.device_type, self.share_casts)
-
-
-def weight_cast_scope(device_type: str, share: bool = True):
-    """An outermost autocast context that is itself disabled: autocast's cache of bf16 weight
-    casts lives until it exits, shared by every autocast region inside; code between those
-    regions (backward, loss sums) still runs in its own precision. A no-op if not ``share``."""
-    if not share:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=False)
-
-
 def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
     """Refuse to run when the launcher put this rank on a different node than the plan says:
     TP groups would then cross nodes and every step would crawl over the NICs."""
@@ -145,7 +102,11 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
                               "--node-rank matching the plan)")
 
 
-def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
+def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: int = 1,
+                 skips: DataSkips | None = None) -> Engine:
+    """The engine of this rank, complete. ``attempt`` and ``skips`` are what rank 0 read from
+    the run directory under its lock (train/loop.py): the test hooks act in attempt 1 only, and
+    the loader passes over the recorded data windows."""
     from mscale.parallel.parallelize import build_chunks
     from mscale.parallel.tensor import TensorParallel
 
@@ -168,9 +129,9 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     timings["build_model_s"] = time.perf_counter() - t0
 
     grads, param_buffer = data_parallel(params, table, groups, zero_stage=layout.zero_stage,
-                       bucket_bytes=bucket_bytes(training),
-                       overlap=training.overlap_grad_reduce,
-                       hierarchical=layout.dp_reduce == "hierarchical")
+                                        bucket_bytes=bucket_bytes(training),
+                                        overlap=training.overlap_grad_reduce,
+                                        hierarchical=layout.dp_reduce == "hierarchical")
     optimizer = DistributedOptimizer(params, table, grads, param_buffer, training, groups)
     # a padded vocabulary (an HF import that TP does not divide): data uses only the real ids
     vocab = plan.model.real_vocab or plan.model.vocab
@@ -178,19 +139,20 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
     batches = BatchPlan(training.global_batch, layout.micro_batch, groups.dp_size, groups.dp_rank)
     tp_read = dict(tp_group=groups.tp_group, tp_src=groups.tp_ranks[0], tp_size=groups.tp_size,
                    is_reader=groups.tp_rank == 0)
-    loader = DataLoader(source, batches, read_ahead=training.data.read_ahead, **tp_read)
+    loader = DataLoader(source, batches, read_ahead=training.data.read_ahead, skips=skips,
+                        **tp_read)
     eval_loader = None
     if training.eval.interval and held_out is not None:
         eval_loader = DataLoader(held_out, batches, **tp_read)
-    micro_batches = layout.micro_batches(training.global_batch)
-    faults = install_faults(options.faults, env.rank, micro_batches, chunks)
+    faults = install_faults(options.faults, env.rank, layout.micro_batches(training.global_batch),
+                            chunks, attempt)
     get_batch = faults.wrap_get_batch(loader.get)
+    param_buffer.attach_modules(chunks)  # ZeRO 1/2: a forward waits only for its own buckets
     precision = Precision.for_plan(plan, device)
     pipeline = None
     if layout.pp > 1:
-        pipeline = build_stage(plan, groups, device, chunks, micro_batches=micro_batches,
-                               get_batch=get_batch, no_sync=grads.no_sync,
-                               autocast=precision.autocast, cast_scope=precision.cast_scope)
+        pipeline = build_stage(plan, groups, chunks, device=device, get_batch=get_batch,
+                               grads=grads, precision=precision)
     return Engine(plan=plan, options=options, env=env, groups=groups, device=device,
                   chunks=chunks, params=params, table=table, grads=grads,
                   param_buffer=param_buffer, optimizer=optimizer,

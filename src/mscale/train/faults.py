@@ -9,8 +9,8 @@ the first chunk, the loss turns NaN, a rank's compute, data loader or checkpoint
 `install` puts them around the engine's parts when the engine is built: forward hooks on the model
 chunks, a wrapper around the batch reader, and the checkpoint writer's `WriteHooks`. The modules
 they wrap (train/step.py, the pipeline runner, the data loader, ckpt/writer.py) carry no test
-branch. A fault happens once: every hook fires only in attempt 1 of a run directory (`disarm`,
-called by the loop once rank 0 has read the attempt number under the run lock), so a relaunch of
+branch. A fault happens once: the hooks are installed only in attempt 1 of a run directory (the
+loop reads the attempt number under the run lock before the engine is built), so a relaunch of
 the same command, by hand or by ``mscale recover``, trains cleanly and must reproduce an
 uninterrupted run's losses.
 """
@@ -34,24 +34,17 @@ GetBatch = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 class FaultHooks:
     """This rank's hooks. ``begin_step`` is the loop's one call: the step now running."""
 
-    def __init__(self, plan: FaultPlan, rank: int, micro_batches: int):
+    def __init__(self, plan: FaultPlan, rank: int, micro_batches: int, armed: bool = True):
         self.plan, self.rank, self.m = plan, rank, micro_batches
-        self.armed = plan.armed
+        self.armed = armed and plan.armed
+        """Any hook acts (attempt 1 with some ``--inject-*`` flag)."""
         self.step = 0
         """The step running now (1-based)."""
         self._fired = 0
-        self._handles: list = []
 
     def begin_step(self, step: int) -> None:
         """The loop starts (0-based) ``step``."""
         self.step = step + 1
-
-    def disarm(self) -> None:
-        """Every hook off (attempt 2 and later)."""
-        self.armed = False
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
 
     # ------------------------------------------------------------------ the model
     def install_on_chunks(self, chunks: list[torch.nn.Module]) -> None:
@@ -61,14 +54,13 @@ class FaultHooks:
         if delay:  # a slow GPU: the step's extra seconds spread over its forwards
             per_forward = delay / (self.m * len(chunks))
             for chunk in chunks:
-                self._handles.append(chunk.register_forward_pre_hook(
-                    lambda module, args: self._sleep(per_forward)))
+                chunk.register_forward_pre_hook(lambda module, args: self._sleep(per_forward))
         if self.plan.nan_step is not None:
             for chunk in chunks:
                 if getattr(chunk, "has_head", False):
-                    self._handles.append(chunk.register_forward_hook(self._poison))
+                    chunk.register_forward_hook(self._poison)
         if chunks and self.rank in (self.plan.crash | self.plan.hang):
-            self._handles.append(chunks[0].register_forward_hook(self._stop_process))
+            chunks[0].register_forward_hook(self._stop_process)
 
     def _sleep(self, seconds: float) -> None:
         if torch.is_grad_enabled():
@@ -96,12 +88,11 @@ class FaultHooks:
     def wrap_get_batch(self, get_batch: GetBatch) -> GetBatch:
         """A slow data loader: this rank's extra seconds per step, spread over its reads."""
         delay = self.plan.data_delay.get(self.rank, 0.0)
-        if not delay:
+        if not delay or not self.armed:
             return get_batch
 
         def slow_get_batch(step: int, micro: int):
-            if self.armed:
-                time.sleep(delay / self.m)
+            time.sleep(delay / self.m)
             return get_batch(step, micro)
         return slow_get_batch
 
@@ -143,11 +134,11 @@ class CheckpointFaults:
         os.kill(os.getpid(), signal.SIGKILL if kill else signal.SIGSTOP)
 
 
-def install(plan: FaultPlan, rank: int, micro_batches: int,
-            chunks: list[torch.nn.Module]) -> FaultHooks:
+def install(plan: FaultPlan, rank: int, micro_batches: int, chunks: list[torch.nn.Module],
+            attempt: int = 1) -> FaultHooks:
     """This rank's hooks, with the model's installed (the engine wraps its batch reader and
-    passes `FaultHooks.write_hooks` to the checkpointer)."""
-    hooks = FaultHooks(plan, rank, micro_batches)
-    if plan.armed:
+    passes `FaultHooks.write_hooks` to the checkpointer). From attempt 2 on none acts."""
+    hooks = FaultHooks(plan, rank, micro_batches, armed=attempt == 1)
+    if hooks.armed:
         hooks.install_on_chunks(chunks)
     return hooks

@@ -22,12 +22,13 @@ import torch
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
-from mscale.config.records import Event
+from mscale.config.records import DataSkips, Event
 from mscale.distributed.init import init_distributed
 from mscale.distributed.launch import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.atomic import write_text_atomic
+from mscale.runs.history import PlanChange
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, node_name
 from mscale.topology.placement import placement_for, placement_record
@@ -56,25 +57,18 @@ def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
     """
     if options.steps:
         plan = plan.model_copy(update={"training": with_steps(plan.training, options.steps)})
-    engine = _build(plan, env, options)
-    session = open_session(RunDir(options.run_dir), env)
-    return _run(engine, session)
-
-
-def _build(plan: Plan, env: LaunchEnv, options: TrainOptions) -> Engine:
-    """`build_engine`, with the start-up phases marked for a ``--local`` launcher's console
-    (distributed/launch.py `mark_phase`): the job's rendezvous is joined first, so that it shows
-    apart from building the groups and the model (build_engine finds it joined)."""
     check_node_matches(plan, env)  # before joining: a wrong world size would wait there
     t0 = time.perf_counter()
     init_distributed(env, options.timeout_s)
     joined_s = time.perf_counter() - t0
-    mark_phase("rendezvous")
-    engine = build_engine(plan, env, options)
+    mark_phase("rendezvous")  # a --local launcher's console shows it apart from the build
+    session = open_session(RunDir(options.run_dir), env)
+    start = _claim(plan, env, options, session)
+    engine = build_engine(plan, env, options, attempt=session.attempt, skips=start.skips)
     engine.timings["init_process_group_s"] = joined_s + engine.timings.get(
         "init_process_group_s", 0.0)
     mark_phase("built")
-    return engine
+    return _run(engine, session, start)
 
 
 def with_steps(training, steps: int):
@@ -98,19 +92,35 @@ def _say(engine: Engine, line: str) -> None:
         print(line, flush=True, file=sys.stderr if engine.options.json_summary else sys.stdout)
 
 
-def _start(engine: Engine, s: RunSession) -> None:
-    """Rank 0 takes the run directory (lock, plan history, attempt number); every rank learns
-    whether it could, so a refused start ends all of them at once instead of leaving the others
-    waiting in their first collective."""
-    plan = engine.plan
-    node = node_name(engine.env, plan)
+@dataclass(frozen=True)
+class Start:
+    """What rank 0 found in the run directory when it took it, known on every rank."""
+
+    change: PlanChange | None
+    """How the plan differs from the last attempt's (rank 0 only; None elsewhere)."""
+    skips: DataSkips
+    """RUN/data_skip.json: data windows the loader passes over (train/data.py)."""
+
+
+def _claim(plan: Plan, env: LaunchEnv, options: TrainOptions, s: RunSession) -> Start:
+    """Rank 0 takes the run directory (lock, plan history, attempt number, data skips) before
+    the engine is built, which needs the attempt and the skips; every rank learns whether it
+    could, so a refused start ends all of them at once instead of leaving the others waiting in
+    their first collective."""
+    node = node_name(env, plan)
     claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
         update={"placement": plan.placement or placement_record(plan)}),
-        allow_batch_change=engine.options.allow_batch_change),
-        read_data_skips(s.run)), engine.env.rank,
+        allow_batch_change=options.allow_batch_change),
+        read_data_skips(s.run)), env.rank,
         report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
     change, skips = claimed or (None, None)
-    s.attempt, skips = share_start(s.attempt, skips, engine.env.rank)
+    s.attempt, skips = share_start(s.attempt, skips, env.rank)
+    return Start(change, skips)
+
+
+def _announce(engine: Engine, s: RunSession, start: Start) -> None:
+    """The start line, the start event, and what this attempt does differently."""
+    plan, change = engine.plan, start.change
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
     if change is not None and change.kind == "changed":
@@ -126,18 +136,11 @@ def _start(engine: Engine, s: RunSession) -> None:
                      "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
                      "launcher": engine.env.launcher,
                      "launch": launch_record(engine.options.launch, plan)})
-    _attempt_rules(engine, s, skips)
-
-
-def _attempt_rules(engine: Engine, s: RunSession, skips) -> None:
-    """Fault hooks fire in attempt 1 only (train/faults.py); data windows recorded in
-    RUN/data_skip.json are passed over (train/data.py)."""
-    if s.attempt > 1 and engine.faults.armed:
-        engine.faults.disarm()
+    if s.attempt > 1 and engine.options.faults.armed:  # the engine installed none (faults.py)
         _say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
              "directory and they fire in attempt 1 only")
+    skips = start.skips
     if skips.entries:
-        engine.loader.skips = skips
         text = "; ".join(f"after step {e.after_step}, the next {e.skip_steps} step(s)' samples"
                          + (f" ({e.reason})" if e.reason else "") for e in skips.entries)
         _say(engine, f"skipping data: {text}; from {s.run.data_skip}")
@@ -154,9 +157,9 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
                         write_hooks=engine.faults.write_hooks)
 
 
-def _run(engine: Engine, s: RunSession) -> int:
+def _run(engine: Engine, s: RunSession, start: Start) -> int:
     plan = engine.plan
-    _start(engine, s)
+    _announce(engine, s, start)
     ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
     if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
@@ -167,7 +170,6 @@ def _run(engine: Engine, s: RunSession) -> int:
     if resumed:
         _say(engine, resumed)
     mark_phase("ready")
-    engine.param_buffer.attach_modules(engine.chunks)  # ZeRO 1/2: forwards wait per bucket
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others

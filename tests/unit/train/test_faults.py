@@ -45,21 +45,22 @@ def test_write_hooks_of_a_rank_and_step():
     assert faults.FaultHooks(FaultPlan(), 0, 2).write_hooks(2) is None  # nothing to do
 
 
-def test_disarm_turns_every_hook_off_the_checkpoint_delay_included(monkeypatch):
-    """Attempt 2 and later: no model hook left, the data read and the writer not slowed (the
-    old disarm forgot the chunk delay)."""
+def test_a_later_attempt_installs_no_hook_the_checkpoint_delay_included(monkeypatch):
+    """Attempt 2 and later: no model hook, the data read and the writer not slowed (an older
+    disarm forgot the chunk delay)."""
     slept = []
     monkeypatch.setattr(faults.time, "sleep", slept.append)
     plan = armed_options("x").faults
-    model = torch.nn.Linear(2, 2)
-    model.has_head = True
-    hooks = faults.install(plan, 1, 2, [model])
-    get = hooks.wrap_get_batch(lambda step, micro: (step, micro))
-    assert model._forward_pre_hooks and model._forward_hooks
-    hooks.disarm()
-    assert not model._forward_pre_hooks and not model._forward_hooks
-    assert get(0, 0) == (0, 0) and hooks.write_hooks(4) is None
-    model(torch.zeros(1, 2))
+    first, later = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    first.has_head = later.has_head = True
+    armed = faults.install(plan, 1, 2, [first])
+    assert armed.armed and first._forward_pre_hooks and first._forward_hooks
+    hooks = faults.install(plan, 1, 2, [later], attempt=2)
+    assert not hooks.armed and not later._forward_pre_hooks and not later._forward_hooks
+    read = lambda step, micro: (step, micro)  # noqa: E731
+    assert hooks.wrap_get_batch(read) is read
+    assert hooks.write_hooks(4) is None and hooks.write_hooks(2) is None
+    later(torch.zeros(1, 2))
     assert slept == []
 
 

@@ -27,7 +27,7 @@ def run_pipeline_forward(stage: PipelineStage,
     pp, vpp, rank, link = stage.pp, stage.vpp, stage.pp_rank, stage.link
     last = pp * vpp - 1
     total = None
-    with torch.no_grad(), stage.cast_scope():
+    with torch.no_grad(), stage.precision.cast_scope():
         for micro in range(micro_batches):
             batch = None
             for chunk in range(vpp):
@@ -35,7 +35,7 @@ def run_pipeline_forward(stage: PipelineStage,
                 if vs == 0 or vs == last:
                     batch = batch or tuple(to_device(t, stage.device) for t in get_batch(micro))
                 x = batch[0] if vs == 0 else link.wait(Message("act", micro, vs - 1, vs))
-                with stage.autocast():
+                with stage.precision.autocast():
                     out = stage.chunks[chunk](x, batch[1]) if vs == last else stage.chunks[chunk](x)
                 if vs == last:
                     value = out.detach().double()

@@ -22,22 +22,26 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
+from mscale.parallel.precision import Precision
 from mscale.distributed.init import to_device
 from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, needs, phases,
                                                produces, schedule, virtual_stage)
+
+if TYPE_CHECKING:  # the buffer is built by the engine; the runner only enters its no_sync
+    from mscale.parallel.data import GradBuffer
 
 
 @dataclass(frozen=True)
 class PipelineStage:
     """What the runner needs of one rank, typed and built once (`build_stage`), instead of the
-    whole training engine: its chunks and place in the pipeline, its link to the neighbours, and
-    the few callbacks into data loading, DP gradient accumulation and autocast."""
+    whole training engine: its chunks and place in the pipeline, its link to the neighbours, its
+    batch reader, the DP gradient buffer and the precision contexts."""
 
     chunks: list[torch.nn.Module]
     """This rank's model chunks, one per virtual stage, in chunk order."""
@@ -51,19 +55,16 @@ class PipelineStage:
     """Activation/gradient transfer with the neighbouring stages."""
     get_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
     """(step, micro) → (tokens, labels) on the host."""
-    no_sync: Callable[[], ContextManager]
-    """Context that holds the DP reduction back (every backward but a chunk's last)."""
-    autocast: Callable[[], ContextManager]
-    """Entered around each chunk forward (bf16 autocast, or a no-op)."""
-    cast_scope: Callable[[], ContextManager] = contextlib.nullcontext
-    """Entered around the whole step (`run_pipeline_step`), exited before the optimizer: the
-    outermost autocast context, so every micro-batch shares one bf16 copy of each weight
-    (train/engine.py `Precision.cast_scope`)."""
+    grads: GradBuffer
+    """The DP gradient buffer: every backward but a chunk's last runs in its ``no_sync()``."""
+    precision: Precision
+    """Autocast around each chunk forward; the step-long ``cast_scope`` around the whole step
+    (`run_pipeline_step`), so every micro-batch shares one bf16 copy of each weight."""
 
 
-def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module], *,
-                micro_batches: int, get_batch, no_sync, autocast,
-                cast_scope=contextlib.nullcontext) -> PipelineStage:
+def build_stage(plan, groups, chunks: list[torch.nn.Module], *, device: torch.device,
+                get_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+                grads: GradBuffer, precision: Precision) -> PipelineStage:
     """The rank's PipelineStage. Collective over the PP group: the link's first use is a
     barrier, since NCCL wants every member in a group's first call before subsets talk
     point-to-point."""
@@ -72,9 +73,9 @@ def build_stage(plan, groups, device: torch.device, chunks: list[torch.nn.Module
     torch.distributed.barrier(group=groups.pp_group)
     link = StageLink(groups.pp_group, groups.pp_ranks, layout.vpp, shape, device)
     return PipelineStage(chunks=chunks, pp=layout.pp, vpp=layout.vpp, pp_rank=groups.pp_rank,
-                         micro_batches=micro_batches, device=device, link=link,
-                         get_batch=get_batch, no_sync=no_sync, autocast=autocast,
-                         cast_scope=cast_scope)
+                         micro_batches=layout.micro_batches(plan.training.global_batch),
+                         device=device, link=link, get_batch=get_batch, grads=grads,
+                         precision=precision)
 
 
 class PipelineStep:
@@ -139,13 +140,13 @@ class PipelineStep:
         chunk = stage.chunks[a.chunk]
         if vs == self.last_stage:
             _, labels = self._batch(a.micro)
-            with stage.autocast():
+            with stage.precision.autocast():
                 loss = chunk(x, labels)
             value = loss.detach().double()  # no host sync: read once per step, in the gather
             self.loss_sum = value if self.loss_sum is None else self.loss_sum + value
             self.saved[(a.micro, a.chunk)] = (grad_in, loss / self.m)
             return loss
-        with stage.autocast():
+        with stage.precision.autocast():
             out = chunk(x)
         self.saved[(a.micro, a.chunk)] = (grad_in, out)
         return out
@@ -155,7 +156,7 @@ class PipelineStep:
         x, out = self.saved.pop((a.micro, a.chunk))
         grad = None if self._need(k) is None else self._receive(k)
         last = a.micro == self.m - 1  # this chunk's final gradient: let DP reduction start
-        with contextlib.nullcontext() if last else self.stage.no_sync():
+        with contextlib.nullcontext() if last else self.stage.grads.no_sync():
             torch.autograd.backward(out, grad_tensors=grad)
         return None if x is None else x.grad
 
@@ -170,5 +171,5 @@ def run_pipeline_step(stage: PipelineStage, step: int, timer) -> torch.Tensor | 
     ``cast_scope``: the bf16 weight copies are made once and shared by every micro-batch and
     chunk in flight, and dropped on return, before the optimizer updates the weights.
     """
-    with stage.cast_scope():
+    with stage.precision.cast_scope():
         return PipelineStep(stage, step, timer).run()
