@@ -91,8 +91,9 @@ def parameter(f: Flag) -> inspect.Parameter:
     elif f.kind is dict:
         option = typer.Option([], f.flag, help=_help(f), hidden=hidden)
         annotation = list[str]
-    else:
-        annotation = f.kind
+    else:  # a Literal stays one, so typer lists and checks its choices
+        literal = typing.get_origin(f.info.annotation) is typing.Literal
+        annotation = f.info.annotation if literal else f.kind
         option = typer.Option(default, f.flag, help=_help(f), hidden=hidden, **_bounds(f.info))
     return inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=option,
                              annotation=annotation)
@@ -120,7 +121,7 @@ def _parsed(f: Flag, value):
     whole = f.value_type() is int
     lo, hi = f.extra.get("bounds", (0, float("inf")))
     out = parse_rank_values(value, f.flag, f.extra["metavar"].split(":")[1], (lo, hi),
-                            f"1:{lo if whole else 0.5}")
+                            f.extra.get("example", f"1:{lo if whole else 0.5}"))
     if whole:
         for text, v in zip(value, out.values()):
             if v != int(v):

@@ -20,24 +20,23 @@ from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.distributed.launch import run_local_workers
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render, say_written
-from mscale.preflight.options import PreflightOptions
+from mscale.preflight.options import OPTIONS_ENV, PreflightOptions
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for
 
 
 def worker_args(plan_path: str, opts: PreflightOptions) -> list[str]:
-    """The command line every worker runs (the launcher's own flags, minus --local/--json)."""
-    args = ["preflight", plan_path if "://" in plan_path else os.path.abspath(plan_path),
-            "--run-dir", opts.run_dir, "--level", opts.level, "--timeout", str(opts.timeout_s),
-            "--sysfs-root", opts.sysfs_root]
-    if opts.storage_url:
-        args += ["--storage-url", opts.storage_url]
-    if opts.prometheus:
-        args += ["--prometheus", opts.prometheus]
-    for rank, factor in sorted(opts.inject_slow.items()):
-        args += ["--inject-slow", f"{rank}:{factor}"]
-    return args
+    """The command line every worker runs; its options come whole through `OPTIONS_ENV`."""
+    return ["preflight", plan_path if "://" in plan_path else os.path.abspath(plan_path),
+            "--run-dir", opts.run_dir]
+
+
+def worker_env(opts: PreflightOptions, logs: str) -> dict[str, str]:
+    """What a worker finds in its environment: the launcher's options (minus --json: the
+    launcher prints the document) and where the workers' logs are."""
+    as_worker = opts.model_copy(update={"as_json": False})
+    return {OPTIONS_ENV: as_worker.model_dump_json(), "MSCALE_PREFLIGHT_LOGS": logs}
 
 
 def _fresh_report(run_dir: str, since: float) -> PreflightReport | None:
@@ -61,7 +60,7 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
     print(f"preflight: starting {nprocs} workers on this machine (tp {lo.tp} x pp {lo.pp} x dp "
           f"{lo.dp}); worker logs in {logs}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
-                               logs, {"MSCALE_PREFLIGHT_LOGS": logs}, rank0_to_stderr=True,
+                               logs, worker_env(opts, logs), rank0_to_stderr=True,
                                rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
     if report is None or (result.failed_rank is not None and report.status == "UNKNOWN"):
