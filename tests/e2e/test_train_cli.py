@@ -56,9 +56,9 @@ def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
     # plan.yaml is written resolved, with its placement
     assert (plan.layout.tp, plan.layout.pp, plan.layout.dp) == (2, 2, 2)
     assert plan.placement is not None
-    # logs and start-up phase markers only: no rank left an error file
+    # logs, start-up phase markers and process ids only: no rank left an error file
     assert sorted(os.listdir(run / "logs")) == sorted(
-        [f"rank{r}.log" for r in range(8)] + [f"rank{r}.startup" for r in range(8)])
+        f"rank{r}.{kind}" for r in range(8) for kind in ("log", "startup", "pid"))
 
 
 def test_nan_stops_every_rank_before_the_update(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mscale.distributed.launch import pid_file
 from tests.conftest import PLANS, REPO, small_tmpfs
 from tests.e2e.train_run import (HANG_GUARD_S, MSCALE, assert_timed_out_after, mscale, records,
                                  small_plan)
@@ -39,16 +40,11 @@ def wait_for_steps(proc: subprocess.Popen, run: Path, n: int) -> None:
 
 
 def worker_pid(run: Path, rank: int) -> int:
-    """The pid of this run's worker ``rank`` (its environment names the run directory)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env and any(
-                e.startswith(b"MSCALE_TRAIN_OPTIONS=") and str(run).encode() in e for e in env):
-            return int(pid)
-    raise AssertionError(f"no worker of rank {rank} for {run}")
+    """The pid of this run's worker ``rank``: the launcher writes it to ``logs/rank<N>.pid``."""
+    try:
+        return int(Path(pid_file(str(run / "logs"), rank)).read_text())
+    except (OSError, ValueError):
+        raise AssertionError(f"no worker of rank {rank} for {run}") from None
 
 
 def test_kill_9_names_the_rank_node_and_signal(tmp_path):

@@ -20,14 +20,17 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
+from mscale.distributed import forkserver
 from mscale.errors import EXIT_BAD_INPUT
+
+if TYPE_CHECKING:
+    import subprocess
 
 GRACE_S = 15.0
 POLL_S = 0.1
@@ -41,6 +44,9 @@ CLI_ENTRY = ("import sys, torch, mscale.cli.main as cli; "
 """``python -c`` code of a worker that runs an ``mscale`` command (its arguments follow): torch
 and the CLI imported, the ``imported`` phase marked, then the command. Every worker imports
 torch anyway; importing it first makes the marker mean "the expensive part is done"."""
+
+CLI_PRELOAD = ("torch", "mscale.cli.main", "mscale.preflight.runner")
+"""What the fork server imports for `CLI_ENTRY` workers (distributed/forkserver.py)."""
 
 CLI_PHASES: tuple[tuple[str, str], ...] = (("imported", "imported"),)
 """The phases a `CLI_ENTRY` worker marks, as (marker, label), in order."""
@@ -73,6 +79,13 @@ def free_port() -> int:
 def phase_file(log_dir: str, rank: int) -> str:
     """The start-up marker file of ``rank`` (next to its log)."""
     return os.path.join(log_dir, f"rank{rank}.startup")
+
+
+def pid_file(log_dir: str, rank: int) -> str:
+    """``logs/rank<N>.pid``: the process id of worker N, written by the launcher when it starts
+    it. A forked worker's /proc/PID/environ is the fork server's (the kernel shows the
+    environment a process was exec'd with), so this, not RANK, is how to find a rank's process."""
+    return os.path.join(log_dir, f"rank{rank}.pid")
 
 
 def mark_phase(phase: str, env: dict[str, str] | None = None) -> None:
@@ -230,9 +243,11 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
                       extra_env: dict[str, str], rank0_to_stderr: bool = False,
                       rank0_ends_job: bool = False, entry: str = CLI_ENTRY,
                       phases: Sequence[tuple[str, str]] = CLI_PHASES,
-                      node_names: Sequence[str] = ()) -> JobResult:
+                      node_names: Sequence[str] = (),
+                      preload: Sequence[str] = CLI_PRELOAD) -> JobResult:
     """Run ``python -c ENTRY <worker_args>`` (by default ``mscale <worker_args>``) on ``nprocs``
-    local processes and watch them to the end.
+    local processes and watch them to the end. The processes are forks of one server that
+    imported ``preload`` (torch, the entry's modules) once (distributed/forkserver.py).
 
     ``rank0_ends_job``: once rank 0 has exited 0 (it wrote the job's result, as preflight's
     does), the workers still running are stopped: a hung one would otherwise hold the launcher.
@@ -262,14 +277,19 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
             env[NODE_ENV] = node_names[rank // gpus_per_node]
         log = open(os.path.join(log_dir, f"rank{rank}.log"), "wb")
         logs.append(log)
-        p = subprocess.Popen([sys.executable, "-c", entry, *worker_args], env=env,
-                             stdout=subprocess.PIPE if rank == 0 else log,
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        if rank == 0:
-            t = threading.Thread(target=_tee, args=(p.stdout, view.line, log), daemon=True)
+        if rank == 0:  # its output goes to the console too: through a pipe the launcher tees
+            read_end, write_end = os.pipe()
+            procs.append(forkserver.start(entry, worker_args, env, write_end, preload))
+            os.close(write_end)
+            pipe = os.fdopen(read_end, "rb")
+            logs.append(pipe)  # closed with the logs
+            t = threading.Thread(target=_tee, args=(pipe, view.line, log), daemon=True)
             t.start()
             tees.append(t)
+        else:
+            procs.append(forkserver.start(entry, worker_args, env, log.fileno(), preload))
+        with open(pid_file(log_dir, rank), "w", encoding="utf-8") as f:
+            f.write(f"{procs[-1].pid}\n")
 
     def forward(signum, frame):  # noqa: ARG001
         for p in procs:
@@ -314,7 +334,7 @@ def _is_stopped(pid: int) -> bool:
         return False
 
 
-def _watch(procs: list[subprocess.Popen], rank0_ends_job: bool = False,
+def _watch(procs: list[forkserver.Worker | subprocess.Popen], rank0_ends_job: bool = False,
            on_poll: Callable[[list[int | None]], None] | None = None) -> JobResult:
     result = JobResult(code=0, returncodes=[])
     ended_by_rank0 = False

@@ -5,8 +5,10 @@ an explicit collective timeout, turns a child's exception into a test failure wi
 kills everything if one process hangs, and exits children with os._exit so gloo's exit-time abort
 (docs/references.md) never turns a pass into a failure.
 
-Start-up costs ~2 s per 2 processes on these cores (importing torch), so tests should run several
-cases per launch instead of one launch per case. It lives in the package (not under tests/) so
+Children are forked from a fork server that imported torch once (multiprocessing's
+``forkserver``, started on the first call and kept for the calling process's life): a spawned
+child imported torch again, ~2 s of CPU each on these cores. Still, each launch pays the
+process group's set-up, so tests should run several cases per launch instead of one per case. It lives in the package (not under tests/) so
 that benchmarks run from any directory without the test suite on the import path.
 """
 
@@ -24,15 +26,23 @@ import torch.multiprocessing as mp
 from mscale.distributed.launch import free_port  # the launcher's; tests and bench import it here
 
 
+PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "mscale.distributed.spawn"]
+"""What the fork server imports before it forks any child."""
+
+
 class DistributedRunError(AssertionError):
     """A child raised, hung or died; the message holds every child's traceback. An
     AssertionError so that pytest shows it as a test failure with its message."""
 
 
 def _child(rank: int, world: int, port: int, outdir: str, timeout_s: float,
-           fn: Callable[..., Any], args: tuple) -> None:
+           fn: Callable[..., Any], args: tuple, environ: dict[str, str], cwd: str) -> None:
     import torch.distributed as dist
 
+    # the caller's environment and directory now, not the fork server's from when it started
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       OMP_NUM_THREADS="1")
@@ -65,10 +75,12 @@ def run_distributed(fn: Callable[..., Any], world: int, *args: Any,
     tensors / plain Python data. Collectives time out after ``timeout_s``; the whole run after
     ``2 * timeout_s + 30`` seconds.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)  # read once, when the server starts
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="mscale-dist-") as outdir:
-        procs = [ctx.Process(target=_child, args=(r, world, port, outdir, timeout_s, fn, args))
+        procs = [ctx.Process(target=_child, args=(r, world, port, outdir, timeout_s, fn, args,
+                                                  dict(os.environ), os.getcwd()))
                  for r in range(world)]
         for p in procs:
             p.start()

@@ -38,6 +38,9 @@ CLI around it. The launcher has checked every input already; through the CLI eac
 loaded every command module and repeated those checks (the plan, the run directory, the resume
 checkpoint's manifest): ~0.06 s of CPU per worker here, beside ~2.5 s for torch."""
 
+WORKER_PRELOAD = ("torch", "torch._dynamo", "mscale.train.worker", "mscale.train.loop")
+"""What the fork server imports before it forks the workers (distributed/forkserver.py)."""
+
 
 def startup_phases(options: TrainOptions) -> list[tuple[str, str]]:
     """The start-up phases a training worker marks (train/worker.py, train/loop.py), as
@@ -161,6 +164,7 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,
+                                          preload=WORKER_PRELOAD,
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names())
     if result.failed_rank is not None:
