@@ -77,6 +77,21 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
 
 
+def run_id_from_env() -> str:
+    """The launcher's id for this launch, read from the environment: mscale --local sets
+    MSCALE_RUN_ID; SLURM has a job (and step) id; torchrun a rendezvous id. Otherwise a fresh
+    one (only rank 0 uses it)."""
+    e = os.environ
+    if e.get("MSCALE_RUN_ID"):
+        return e["MSCALE_RUN_ID"]
+    if e.get("SLURM_JOB_ID"):
+        step = e.get("SLURM_STEP_ID")
+        return f"slurm-{e['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    if e.get("TORCHELASTIC_RUN_ID") and e["TORCHELASTIC_RUN_ID"] != "none":
+        return f"torchrun-{e['TORCHELASTIC_RUN_ID']}"
+    return new_run_id()
+
+
 def next_attempt(run_dir: str) -> int:
     """1 for a fresh run directory, n+1 after n earlier ``start`` events of ``train``.
 

@@ -25,6 +25,7 @@ import traceback
 from mscale.config.records import Event
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
+from mscale.runs.lock import run_id_from_env
 from mscale.runs.rundir import RunDir
 
 _TIMEOUT = re.compile(r"timed? ?out|timeout|deadline exceeded", re.IGNORECASE)
@@ -129,8 +130,6 @@ def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int
 
 def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
     """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
-    from mscale.train.session import run_id_from_env  # torch: this module serves the launcher
-
     evidence = {"kind": kind, "error_file": f"logs/rank{rank}.error.json"}
     if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
         # recover scopes evidence to one attempt by run id, also one that failed before `start`

@@ -22,16 +22,15 @@ import torch
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
-from mscale.config.records import DataSkips, Event
+from mscale.config.records import Event
 from mscale.distributed.init import init_distributed
 from mscale.distributed.launch import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.atomic import write_text_atomic
-from mscale.runs.history import PlanChange
 from mscale.runs.rundir import RunDir
-from mscale.topology.env import LaunchEnv, node_name
-from mscale.topology.placement import placement_for, placement_record
+from mscale.topology.env import LaunchEnv
+from mscale.topology.placement import placement_for
 from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
@@ -42,9 +41,8 @@ from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
 from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
-from mscale.train.failure import ReportedFailure, report_failure
-from mscale.train.session import (RunSession, agree_on_rank0, from_rank0, launch_record,
-                                  open_session, read_data_skips, share_start)
+from mscale.train.session import (RunSession, Start, claim_start, from_rank0, launch_record,
+                                  open_session)
 from mscale.train.step import run_micro_batches
 from mscale.train.timers import StepTimer
 
@@ -63,7 +61,7 @@ def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
     joined_s = time.perf_counter() - t0
     mark_phase("rendezvous")  # a --local launcher's console shows it apart from the build
     session = open_session(RunDir(options.run_dir), env)
-    start = _claim(plan, env, options, session)
+    start = claim_start(session, plan, env, options.allow_batch_change)
     engine = build_engine(plan, env, options, attempt=session.attempt, skips=start.skips)
     engine.timings["init_process_group_s"] = joined_s + engine.timings.get(
         "init_process_group_s", 0.0)
@@ -90,32 +88,6 @@ def _say(engine: Engine, line: str) -> None:
     ``--json`` stdout carries only the closing document, so the lines go to stderr."""
     if engine.env.rank == 0:
         print(line, flush=True, file=sys.stderr if engine.options.json_summary else sys.stdout)
-
-
-@dataclass(frozen=True)
-class Start:
-    """What rank 0 found in the run directory when it took it, known on every rank."""
-
-    change: PlanChange | None
-    """How the plan differs from the last attempt's (rank 0 only; None elsewhere)."""
-    skips: DataSkips
-    """RUN/data_skip.json: data windows the loader passes over (train/data.py)."""
-
-
-def _claim(plan: Plan, env: LaunchEnv, options: TrainOptions, s: RunSession) -> Start:
-    """Rank 0 takes the run directory (lock, plan history, attempt number, data skips) before
-    the engine is built, which needs the attempt and the skips; every rank learns whether it
-    could, so a refused start ends all of them at once instead of leaving the others waiting in
-    their first collective."""
-    node = node_name(env, plan)
-    claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
-        update={"placement": plan.placement or placement_record(plan)}),
-        allow_batch_change=options.allow_batch_change),
-        read_data_skips(s.run)), env.rank,
-        report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
-    change, skips = claimed or (None, None)
-    s.attempt, skips = share_start(s.attempt, skips, env.rank)
-    return Start(change, skips)
 
 
 def _announce(engine: Engine, s: RunSession, start: Start) -> None:

@@ -25,9 +25,11 @@ from mscale.errors import MscaleError
 from mscale.runs.atomic import DiskFullError
 from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
-from mscale.runs.lock import LOCK_HELD_ENV, RunLock, new_run_id, next_attempt
+from mscale.runs.lock import LOCK_HELD_ENV, RunLock, next_attempt, run_id_from_env
 from mscale.runs.rundir import RunDir
-from mscale.topology.env import LaunchEnv
+from mscale.topology.env import LaunchEnv, node_name
+from mscale.topology.placement import placement_record
+from mscale.train.failure import ReportedFailure, report_failure
 
 
 T = TypeVar("T")
@@ -127,6 +129,31 @@ def agree_on_rank0(fn: Callable[[], T], rank: int,
     return result
 
 
+@dataclass(frozen=True)
+class Start:
+    """What rank 0 found in the run directory when it took it, known on every rank."""
+
+    change: PlanChange | None
+    """How the plan differs from the last attempt's (rank 0 only; None elsewhere)."""
+    skips: DataSkips
+    """RUN/data_skip.json: data windows the loader passes over (train/data.py)."""
+
+
+def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = False) -> Start:
+    """Rank 0 takes the run directory (lock, plan history, attempt number, data skips) before
+    the engine is built, which needs the attempt and the skips; every rank learns whether it
+    could, so a refused start ends all of them at once instead of leaving the others waiting in
+    their first collective. Rank 0's own failure is reported before its peers hear of it."""
+    node = node_name(env, plan)
+    claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
+        update={"placement": plan.placement or placement_record(plan)}),
+        allow_batch_change=allow_batch_change), read_data_skips(s.run)), env.rank,
+        report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
+    change, skips = claimed or (None, None)
+    s.attempt, skips = share_start(s.attempt, skips, env.rank)
+    return Start(change, skips)
+
+
 def read_data_skips(run: RunDir) -> DataSkips:
     """``RUN/data_skip.json`` (written by `mscale recover` on a rollback); none skipped when it
     is absent. A damaged file stops the start (exit 3) naming it: training over the data window
@@ -180,19 +207,5 @@ def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
     return {**base, "nodes": [names[i] for i in used], "slurm": slurm}
 
 
-def run_id_from_env(env: LaunchEnv | None = None) -> str:
-    """The launcher's id for this launch (read from the environment; ``env`` is unused): mscale --local sets MSCALE_RUN_ID; SLURM has a job (and
-    step) id; torchrun a rendezvous id. Otherwise a fresh one (only rank 0 uses it)."""
-    e = os.environ
-    if e.get("MSCALE_RUN_ID"):
-        return e["MSCALE_RUN_ID"]
-    if e.get("SLURM_JOB_ID"):
-        step = e.get("SLURM_STEP_ID")
-        return f"slurm-{e['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    if e.get("TORCHELASTIC_RUN_ID") and e["TORCHELASTIC_RUN_ID"] != "none":
-        return f"torchrun-{e['TORCHELASTIC_RUN_ID']}"
-    return new_run_id()
-
-
 def open_session(run: RunDir, env: LaunchEnv) -> RunSession:
-    return RunSession(run, Journal(run, enabled=env.rank == 0), run_id_from_env(env))
+    return RunSession(run, Journal(run, enabled=env.rank == 0), run_id_from_env())
