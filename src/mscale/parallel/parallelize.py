@@ -16,6 +16,8 @@ device and initialised (`init_parameters`: each shard's slice of `model.params.g
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -191,6 +193,25 @@ def init_parameters(params: list[torch.Tensor], table: ParamTable, seed: int,
         p.copy_(full[table.local_slice(spec)])
 
 
+@contextlib.contextmanager
+def _without_default_init():
+    """The layers' own default initialisers as no-ops, while the plain model is built on the
+    meta device: the values would be thrown away (`init_parameters` sets every parameter), and
+    nn.Embedding's default ``normal_`` on meta runs through a ``torch._refs`` function that
+    imports ``torch._dynamo`` on its first call, 1.6 s of CPU in every rank's start
+    (docs/benchmarks.md, "a --local job's start"). transformers builds its models on meta the
+    same way (``no_init_weights``)."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
 def build_chunks(plan, pp_rank: int, tp: TensorParallel, device: torch.device,
                  seed: int | None = None) -> tuple[list[TensorParallelTransformer], ParamTable]:
     """The chunks of pipeline rank ``pp_rank`` (the whole model without pipelining) and their
@@ -198,7 +219,7 @@ def build_chunks(plan, pp_rank: int, tp: TensorParallel, device: torch.device,
     `init_parameters`' values, else left uninitialised (to be loaded; on meta: shapes only)."""
     chunks, table = [], ParamTable((), tp.rank, tp.size)
     for spec in rank_chunks(plan, pp_rank):
-        with torch.device("meta"):
+        with torch.device("meta"), _without_default_init():
             plain = Transformer(plan.model, layer_ids=list(spec.layer_ids),
                                 has_embedding=spec.has_embedding, has_head=spec.has_head)
         chunk, chunk_table = parallelize(plain, tp, plan.layout.recompute)

@@ -38,8 +38,16 @@ CLI around it. The launcher has checked every input already; through the CLI eac
 loaded every command module and repeated those checks (the plan, the run directory, the resume
 checkpoint's manifest): ~0.06 s of CPU per worker here, beside ~2.5 s for torch."""
 
-WORKER_PRELOAD = ("torch", "torch._dynamo", "mscale.train.worker", "mscale.train.loop")
-"""What the fork server imports before it forks the workers (distributed/forkserver.py)."""
+WORKER_PRELOAD = ("torch", "mscale.train.worker", "mscale.train.loop")
+"""What the fork server imports before it forks the workers (distributed/forkserver.py); plus
+``torch._dynamo`` when the plan recomputes activations (`preload_for`)."""
+
+
+def preload_for(plan: Plan) -> tuple[str, ...]:
+    """`WORKER_PRELOAD`, and ``torch._dynamo`` under recompute: torch's non-reentrant
+    activation checkpointing imports it on first use (~1.5 s of CPU), once in the server instead
+    of once per worker; without recompute no rank imports it."""
+    return WORKER_PRELOAD + (("torch._dynamo",) if plan.layout.recompute != "none" else ())
 
 
 def startup_phases(options: TrainOptions) -> list[tuple[str, str]]:
@@ -164,7 +172,7 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,
-                                          preload=WORKER_PRELOAD,
+                                          preload=preload_for(plan),
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names())
     if result.failed_rank is not None:
