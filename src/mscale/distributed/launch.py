@@ -45,8 +45,9 @@ CLI_ENTRY = ("import sys, torch, mscale.cli.main as cli; "
 and the CLI imported, the ``imported`` phase marked, then the command. Every worker imports
 torch anyway; importing it first makes the marker mean "the expensive part is done"."""
 
-CLI_PRELOAD = ("torch", "mscale.cli.main", "mscale.preflight.runner")
-"""What the fork server imports for `CLI_ENTRY` workers (distributed/forkserver.py)."""
+CLI_PRELOAD = ("torch", "mscale.cli.main")
+"""What the fork server imports for `CLI_ENTRY` workers (distributed/forkserver.py); a command
+adds its own modules (preflight/local.py)."""
 
 CLI_PHASES: tuple[tuple[str, str], ...] = (("imported", "imported"),)
 """The phases a `CLI_ENTRY` worker marks, as (marker, label), in order."""

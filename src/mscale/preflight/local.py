@@ -17,7 +17,7 @@ import time
 
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
-from mscale.distributed.launch import run_local_workers
+from mscale.distributed.launch import CLI_PRELOAD, run_local_workers
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render, say_written
 from mscale.preflight.options import OPTIONS_ENV, PreflightOptions
@@ -61,6 +61,7 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
           f"{lo.dp}); worker logs in {logs}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
                                logs, worker_env(opts, logs), rank0_to_stderr=True,
+                               preload=CLI_PRELOAD + ("mscale.preflight.runner",),
                                rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
     if report is None or (result.failed_rank is not None and report.status == "UNKNOWN"):
