@@ -212,6 +212,14 @@ def _without_default_init():
             setattr(nn.init, name, fn)
 
 
+def _materialize(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module.to_empty(device=device)`` without its ``torch.empty_like``: on a meta tensor that
+    runs a ``torch._refs`` function whose first call imports sympy and torch's symbolic shapes,
+    2 s of CPU in every rank's start (docs/benchmarks.md, "a --local job's start"). Every
+    tensor here is contiguous, so a plain ``torch.empty`` of its shape is the same layout."""
+    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 def build_chunks(plan, pp_rank: int, tp: TensorParallel, device: torch.device,
                  seed: int | None = None) -> tuple[list[TensorParallelTransformer], ParamTable]:
     """The chunks of pipeline rank ``pp_rank`` (the whole model without pipelining) and their
@@ -223,7 +231,7 @@ def build_chunks(plan, pp_rank: int, tp: TensorParallel, device: torch.device,
             plain = Transformer(plan.model, layer_ids=list(spec.layer_ids),
                                 has_embedding=spec.has_embedding, has_head=spec.has_head)
         chunk, chunk_table = parallelize(plain, tp, plan.layout.recompute)
-        chunks.append(chunk.to_empty(device=device))
+        chunks.append(_materialize(chunk, device))
         table = table + chunk_table
     if seed is not None:
         init_parameters([p for c in chunks for p in c.parameters()], table, seed,
