@@ -124,3 +124,26 @@ def test_a_module_the_step_does_not_know_is_refused_not_replicated_silently():
     model.layers["0"].attn.extra = torch.nn.Linear(4, 4, bias=True)
     with pytest.raises(TypeError, match=r"layers\.0\.attn\.extra\.weight \(Linear\)"):
         parallelize(model, SINGLE)
+
+
+def test_building_a_rank_imports_neither_dynamo_nor_sympy():
+    """Every rank builds its chunks at start: nn.Embedding's default ``normal_`` and
+    ``Module.to_empty`` on meta would import torch._dynamo and sympy, 1.5-2 s of CPU per rank
+    (docs/benchmarks.md, "a --local job's start"). In a fresh interpreter, as a rank starts."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys, torch\n"
+            "from mscale.parallel.parallelize import build_chunks\n"
+            "from mscale.parallel.tensor import TensorParallel\n"
+            "from tests.distributed.pipeline_plan import tiny_plan\n"
+            "chunks, _ = build_chunks(tiny_plan(1, 2, 1), 0, TensorParallel.single(),\n"
+            "                         torch.device('cpu'), seed=1)\n"
+            "assert all(p.isfinite().all() for c in chunks for p in c.parameters())\n"
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]", p.stdout
