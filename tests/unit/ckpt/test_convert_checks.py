@@ -101,7 +101,9 @@ def test_a_plan_of_another_model_is_refused(run, tmp_path, cli):
 
 @pytest.mark.timeout(60)  # a FIFO config.json must not block
 @pytest.mark.parametrize("kind", ["utf-16", "binary", "deep", "empty", "FIFO"])
-def test_hf_config_json_that_is_not_utf8_json_is_named(run, tmp_path, cli, good, kind):
+def test_hf_config_json_that_is_not_utf8_json_is_named(run, tmp_path, cli, good, kind,
+                                                       monkeypatch):
+    monkeypatch.setattr("mscale.config.files.PIPE_WAIT_S", 0.2)  # the FIFO: give up sooner
     hf = tmp_path / "hf"
     assert cli("ckpt", "convert", str(run), str(hf), "--to-hf")[0] == 0
     config = hf / "config.json"
