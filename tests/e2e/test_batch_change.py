@@ -17,7 +17,7 @@ TRAIN = ["--local", "4", "--ckpt-interval", "2", "--timeout", "20"]
 
 
 def test_batch_change_needs_the_flag_and_continues_the_data(tmp_path):
-    plan = Path(small_plan(tmp_path))  # tp2 dp2, micro-batch 2, global batch 16
+    plan = Path(small_plan(tmp_path, micro_batch=2))  # tp2 dp2, global batch 16, then 24
     run = tmp_path / "run"
     first = mscale("train", str(plan), *TRAIN, "--steps", "4", "--run-dir", str(run))
     assert first.returncode == 0, first.stdout + first.stderr

@@ -106,9 +106,12 @@ def test_healthy_run_raises_nothing(tmp_path):
 
 
 def pipeline_plan(tmp_path: Path) -> str:
-    """tp 2 × pp 2 with 7 of 8 layers on the first stage; wide enough that compute, not the
-    CPUs' scheduling noise, sets the pace."""
-    path = small_plan(tmp_path, tp=2, pp=2, dp=1)
+    """pp 2 × dp 2 with 7 of 8 layers on the first stage; wide enough that compute, not the
+    CPUs' scheduling noise, sets the pace. No TP, and 8 micro-batches of 1: the stages' compute
+    is what differs, and without TP's collectives a step takes ~1 s on two cores (tp 2 × pp 2
+    took ~3 s; 2 or 4 micro-batches of a larger size left the bubble, not the split, as the
+    cost, and the imbalance unreported)."""
+    path = small_plan(tmp_path, tp=1, pp=2, dp=2, micro_batch=1, sequence_parallel=False)
     data = yaml.safe_load(Path(path).read_text())
     data["model"].update(layers=8, hidden=256, ffn_hidden=1024)
     data["layout"]["stage_layers"] = [7, 1]
