@@ -13,6 +13,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PLANS = REPO / "plans"
 
+# Off a terminal the CLI takes its width from COLUMNS (cli/output.py), and the tests check its
+# default width (160, tables whole). pytest-xdist's workers start with COLUMNS=80 (as do some
+# shells that export it): drop it before any test imports the CLI or starts the binary.
+os.environ.pop("COLUMNS", None)
+
 
 def in_ci() -> bool:
     """``CI`` is set (and not ``0``/``false``/``no``): a test that cannot run here must fail,

@@ -13,7 +13,7 @@ from tests.distributed.ckpt_cases import assemble, live_logits, memory_roundtrip
 from tests.distributed.harness import run_distributed
 from tests.unit.ckpt.test_hf import reference_llama
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.timing]  # durations of the copy and the write compared
 
 CASE = dict(tp=2, dp=2, zero=1, sp=True)
 

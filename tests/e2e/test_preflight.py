@@ -19,7 +19,7 @@ from tests.conftest import PLANS, REPO
 from tests.e2e.conftest import JOB_NAME
 from tests.e2e.train_run import HANG_GUARD_S, MSCALE, mscale
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timing]
 
 PLAN = str(PLANS / "cpu-tiny.yaml")
 

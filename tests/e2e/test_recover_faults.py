@@ -172,6 +172,7 @@ def test_enospc_on_the_checkpoint_filesystem(plan, reference, tmp_path):
     check_recovered(run, p, reference, resumed=max(s for s in committed_before_fault(run)))
 
 
+@pytest.mark.timing
 def test_slowed_rank_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_path):
     """watch (in supervise) finds rank 1 slow, has the job checkpoint, quarantines node1;
     supervise halts the job at the next step boundary and relaunches it on node2 alone,
@@ -202,6 +203,7 @@ def test_slowed_rank_checkpoint_then_exclude_zero_steps_lost(plan, reference, tm
     assert detect["evidence"]["failure_source"] == "quarantine.json: node1"
 
 
+@pytest.mark.timing
 def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_path):
     """Rank 3's socket writes are paced to 2 MB/s from step 3 on by an LD_PRELOAD shim (no flag
     of train: tests/faults/slowlink.c). watch (in supervise) names node2 as a slow link, the job

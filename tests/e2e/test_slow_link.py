@@ -18,7 +18,7 @@ from tests.conftest import REPO
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 from tests.faults import slowlink
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timing]
 
 SLOW_RANK, SLOW_NODE = 3, "node2"  # tp2 x dp2 on node[1-2]: ranks 2 and 3 are node2
 ONSET_STEP = 9  # after the 5 warm-up steps and a few clean ones

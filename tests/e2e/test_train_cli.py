@@ -71,6 +71,7 @@ def test_nan_stops_every_rank_before_the_update(tmp_path):
     assert len(nan) == 1 and nan[0]["step"] == 2 and nan[0]["severity"] == "critical"
 
 
+@pytest.mark.timing
 def test_straggler_shows_highest_compute_lowest_wait(tmp_path):
     run = tmp_path / "run"
     p = mscale("train", small_plan(tmp_path, zero_stage=0), "--local", "4", "--steps", "4",

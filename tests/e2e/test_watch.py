@@ -23,7 +23,7 @@ from mscale.watch.findings import HARDWARE_CAUSES
 from tests.conftest import REPO
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timing]
 
 
 def start_train(plan: str, run: Path, steps: int, *extra: str) -> subprocess.Popen:

@@ -16,6 +16,8 @@ import pytest
 
 from tests.faults import slowlink
 
+pytestmark = pytest.mark.timing  # unpaced sends must stay under a wall-clock ceiling
+
 BPS = 10_000_000
 NBYTES = 2_000_000
 COST_S = NBYTES / BPS                # 0.2 s: what NBYTES cost on the slow link
