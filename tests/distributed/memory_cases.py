@@ -92,6 +92,9 @@ class LiveBytes:
         self.peak = self.live
 
 
+_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
 def _matmul_in_fp32(func, args: tuple, kwargs: dict):
     """``func(*args, **kwargs)``; a bf16 matrix product computed in fp32 and rounded to bf16.
 
@@ -106,9 +109,6 @@ def _matmul_in_fp32(func, args: tuple, kwargs: dict):
         wide = [a.float() if isinstance(a, torch.Tensor) else a for a in args]
         return func(*wide, **kwargs).to(torch.bfloat16)
     return func(*args, **kwargs)
-
-
-_MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
 
 
 def measure(rank: int, world: int, case: dict, steps: int = 2) -> dict:

@@ -25,8 +25,9 @@ def small_plan(tmp_path: Path, **layout) -> str:
     cores. Layout keys (``micro_batch`` included) override."""
     data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
     data["cluster"]["hostlist"] = "node[1-2]"
-    data["training"]["micro_batch"] = layout.get("micro_batch", 8)
-    data["layout"].update({"pp": 1, "micro_batch": 8, **layout})
+    layout = {"pp": 1, "micro_batch": 8, **layout}
+    data["training"]["micro_batch"] = layout["micro_batch"]
+    data["layout"].update(layout)
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(data))
     return str(path)

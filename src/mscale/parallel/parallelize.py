@@ -215,7 +215,7 @@ def _without_default_init():
 def _materialize(module: nn.Module, device: torch.device) -> nn.Module:
     """``module.to_empty(device=device)`` without its ``torch.empty_like``: on a meta tensor that
     runs a ``torch._refs`` function whose first call imports sympy and torch's symbolic shapes,
-    2 s of CPU in every rank's start (docs/benchmarks.md, "a --local job's start"). Every
+    1.4-1.7 s in every rank's start (docs/benchmarks.md, "a --local job's start"). Every
     tensor here is contiguous, so a plain ``torch.empty`` of its shape is the same layout."""
     return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
 
