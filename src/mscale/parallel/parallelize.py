@@ -11,7 +11,8 @@ collective skipped, so every layout takes one code path.
 
 `build_chunks` does this for the chunks a pipeline rank holds: the plain model is built on the
 meta device (no memory), parallelized there, and only the rank's shards are allocated on its
-device and initialised (`init_parameters`: each shard's slice of `model.params.global_init`).
+device and initialised (`init_parameters`: each shard's slice of `model.params.global_init`,
+drawing only the tiles of it that the shard overlaps).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from mscale.distributed.collectives import all_gather_into
 from mscale.errors import MscaleError
-from mscale.model.params import global_init
+from mscale.model.params import fill_init
 from mscale.model.transformer import RMSNorm, Transformer, mask_padding, rms_norm
 from mscale.parallel.pipeline.stages import rank_chunks
 from mscale.parallel.spec import ParamSpec, ParamTable
@@ -186,11 +187,11 @@ def check_tp(cfg, tp: TensorParallel, recompute: str) -> None:
 def init_parameters(params: list[torch.Tensor], table: ParamTable, seed: int,
                     num_layers: int) -> None:
     """Set every parameter to its TP slice of `global_init` (seed, global name): the values a
-    single process would hold. Costs one full-size CPU tensor per parameter, at start-up."""
+    single process would hold. Only the tiles of the global tensor that the slice overlaps are
+    drawn (`fill_init`), one at a time, and copied into the parameter on its device."""
     for p, spec in zip(params, table, strict=True):
-        full = global_init(spec.name, spec.global_shape, seed, num_layers,
-                           gain=not spec.weight_decay)
-        p.copy_(full[table.local_slice(spec)])
+        fill_init(p, spec.name, spec.global_shape, table.local_slice(spec), seed, num_layers,
+                  gain=not spec.weight_decay)
 
 
 @contextlib.contextmanager
