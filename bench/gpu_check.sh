@@ -4,7 +4,8 @@
 #   device: bash bench/gpu_check.sh            (writes $OUT/gpu-check.txt and metrics)
 # 1. the engine on CUDA with the mixed cpu:gloo,cuda:nccl default group (world 1: one GPU cannot
 #    host two NCCL ranks), bf16 autocast, a ~0.9B LLaMA-class model; its MFU against the
-#    989 TFLOP/s dense peak, median over steps 6..N, and its per-step time split.
+#    989 TFLOP/s dense peak, median over steps 6..N, and its per-step time split; with the
+#    blocks compiled (training.compile's CUDA default), then again eager for the ratio.
 # 2. event timers: StepTimer on CUDA against the wall clock around a step of known matmuls (the
 #    split must match, and the host must leave each region before the device finishes it).
 # 3. the loss stays on the device: no synchronizing CUDA call inside a step's micro-batches
@@ -36,6 +37,20 @@ print(f"steps {recs[0]['step']}..{recs[-1]['step']}: median MFU {mfu:.3f}, {tps:
 med = {k: statistics.median(r[k][0] for r in recs)
        for k in ("step_time", "compute_time", "comm_wait", "data_time", "bubble_time")}
 print("median split (event timers), ms: " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in med.items()))
+PY
+echo "== 1b. the same run eager (training.compile: false): compiled / eager tokens/s" | tee -a "$REPORT"
+python3 - "$OUT/plan-eager.yaml" <<'PY'
+import sys, yaml
+plan = yaml.safe_load(open("plans/gpu-1b-h200.yaml"))
+plan["training"]["compile"] = False
+yaml.safe_dump(plan, open(sys.argv[1], "w"))
+PY
+mscale train "$OUT/plan-eager.yaml" --local 1 --steps "${STEPS:-30}" --run-dir "$OUT/run-eager" \
+  --log-interval 5 2>&1 | tail -n 3 | tee -a "$REPORT"
+python3 - "$OUT/run/metrics.jsonl" "$OUT/run-eager/metrics.jsonl" <<'PY' | tee -a "$REPORT"
+import json, statistics, sys
+tps = [statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(f))[5:]) for f in sys.argv[1:]]
+print(f"compiled {tps[0]:,.0f} tokens/s, eager {tps[1]:,.0f}: ratio {tps[0] / tps[1]:.3f}")
 PY
 failed=0
 

@@ -82,6 +82,9 @@ def _compare(rank, world, tp_size, cases):
         else:
             stages = [_parallel(cfg, tp, recompute, seed)]
         mods = [m for m, _ in stages]
+        if case.get("compile"):  # regional compilation: capture only, fullgraph (no break)
+            from mscale.parallel.compile import compile_blocks
+            compile_blocks(mods, backend="aot_eager", fullgraph=True)
         table = stages[0][1] if len(stages) == 1 else stages[0][1] + stages[1][1]
         params = [p for m in mods for p in m.parameters()]
         # Each DP replica gets its own batch; the reference sees the same one.
@@ -133,6 +136,8 @@ TP2_CASES = [
     dict(sp=True, split=True, model=dict(layers=3)),
     dict(sp=False, split=True, recompute="selective"),
     dict(sp=True, bf16=True, model=dict(parallel_block=True)),
+    dict(sp=True, compile=True, recompute="selective", model=dict(sliding_window=5)),
+    dict(sp=False, compile=True, recompute="full", model=dict(parallel_block=True)),
 ]
 
 

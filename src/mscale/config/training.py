@@ -159,6 +159,11 @@ class TrainingConfig(StrictModel):
     scalars under RUN/tensorboard (rank 0)."""
     checkpoint_interval: int | None = Field(default=None, gt=0, le=MAX_STEPS)
     """Steps between checkpoints. None: the plan's recommendation."""
+    compile: bool | None = None
+    """``torch.compile`` each block's attention, MLP and norms (one compiled graph per region,
+    reused by every layer; the tensor-parallel collectives stay between them, uncompiled): fused
+    norms, activations and rotary, fewer kernel launches. None: on with CUDA devices, off on
+    CPUs (inductor's CPU code takes minutes to build and gains little there)."""
     stack: Stack | None = None
     """Training software whose overlaps and kernels the planner prices (docs/plan.md, "Stack
     profiles"): ``mscale`` (this engine; the default), ``megascale``, ``megatron-lm`` (as in the

@@ -75,7 +75,9 @@ def apply_rotary(x: torch.Tensor, theta: float,
                  scaling: tuple[float, float, float, int] | None = None) -> torch.Tensor:
     """Rotate ``x`` ``[s, b, heads, d]`` by its position (rotate-half / GPT-NeoX pairing), so that
     the dot product of a query and a key depends only on their distance."""
-    cos, sin = rotary_tables(x.shape[0], x.shape[-1], theta, x.device, scaling)
+    # under torch.compile the tables are traced, not cached (dynamo would bypass the cache anyway)
+    tables = rotary_tables.__wrapped__ if torch.compiler.is_compiling() else rotary_tables
+    cos, sin = tables(x.shape[0], x.shape[-1], theta, x.device, scaling)
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).type_as(x)
 
@@ -108,7 +110,10 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     s = q.shape[2]
     if window is None or window >= s:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
-    mask = sliding_window_mask(s, window, q.device)
+    masks = sliding_window_mask
+    if torch.compiler.is_compiling():  # traced, not cached (as apply_rotary's tables)
+        masks = sliding_window_mask.__wrapped__
+    mask = masks(s, window, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **extra)
 
 

@@ -32,6 +32,7 @@ import torch
 
 from mscale.distributed.collectives import COMM_CLOCK
 from mscale.parallel.buckets import BufferLayout
+from mscale.parallel.compile import is_compiled
 
 
 class ParamGather:
@@ -147,8 +148,7 @@ class ParamGather:
         index = {id(self.params[s.index]): s.bucket for s in self.layout.slots}
         covered: set[int] = set()
         for root in modules:
-            for sub in root.modules():
-                own = [p for p in sub._parameters.values() if p is not None]
+            for sub, own in _hook_owners(root):
                 covered.update(id(p) for p in own)
                 buckets = sorted({index[id(p)] for p in own if id(p) in index}, reverse=True)
                 if buckets:
@@ -222,3 +222,25 @@ class ParamGather:
         for h in self._hooks:
             h.remove()
         self._hooks, self._roots, self._seen = [], {}, set()
+
+
+def _hook_owners(root: torch.nn.Module) -> list[tuple[torch.nn.Module, list[torch.Tensor]]]:
+    """Every module under ``root`` with the parameters its pre-hook waits for: its own, except
+    that a module compiled in place (parallel/compile.py) gets no hook of its own, which its
+    compiled graph would have to trace, and its parameters go to the nearest uncompiled
+    ancestor's hook."""
+    out, seen = [], set()
+
+    def visit(module: torch.nn.Module) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        own = [p for p in module._parameters.values() if p is not None]
+        out.append((module, own))
+        for child in module.children():
+            if is_compiled(child):
+                own.extend(child.parameters())
+            else:
+                visit(child)
+    visit(root)
+    return out

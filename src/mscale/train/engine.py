@@ -107,6 +107,7 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: 
     """The engine of this rank, complete. ``attempt`` and ``skips`` are what rank 0 read from
     the run directory under its lock (train/loop.py): the test hooks act in attempt 1 only, and
     the loader passes over the recorded data windows."""
+    from mscale.parallel.compile import compile_blocks, wants_compile
     from mscale.parallel.parallelize import build_chunks
     from mscale.parallel.tensor import TensorParallel
 
@@ -125,6 +126,8 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: 
     t0 = time.perf_counter()
     tp = TensorParallel.from_groups(groups, sequence_parallel=layout.sequence_parallel)
     chunks, table = build_chunks(plan, groups.pp_rank, tp, device, seed=training.seed)
+    if wants_compile(training.compile, device):
+        compile_blocks(chunks)  # compiles at the first forward; before the ZeRO hooks go on
     params = [p for c in chunks for p in c.parameters()]
     timings["build_model_s"] = time.perf_counter() - t0
 
