@@ -31,7 +31,8 @@ PLAN = REPO / "plans" / "gpt-175b-h800-12288.yaml"
 
 
 def rank_chunks(layers: int | None):
-    """Stage 0, TP rank 0 of the 175B model at tp8·pp8 (vpp 1), parameters on the CPU, uninitialised."""
+    """Stage 0, TP rank 0 of the 175B model at tp8·pp8 (vpp 1), parameters on the CPU,
+    uninitialised."""
     from mscale.config.plan import load_plan
     from mscale.parallel.parallelize import build_chunks
     from mscale.parallel.tensor import TensorParallel
