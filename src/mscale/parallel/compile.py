@@ -13,10 +13,11 @@ inputs), which keeps compile time independent of depth (torchtitan compiles per 
 same reason). ``nn.Module.compile`` compiles a module in place: parameter and state-dict names do
 not change, so checkpoints, the `ParamTable` and the optimizer see the same model.
 
-Sequence-parallel norms stay eager: their gain goes through an autograd function whose backward
-all-reduces, which a graph may not hold. Hooks of `ParamGather.attach_modules` go on the nearest
-uncompiled module (`is_compiled` tells it which), since a hook inside a compiled region
-would be traced into it.
+A sequence-parallel norm's gain goes through an autograd function whose backward all-reduces,
+which a graph may not hold: there only the normalisation is compiled (`SequenceParallelNorm.
+normalize`), the module stays eager. Hooks of `ParamGather.attach_modules` go on the nearest
+uncompiled module (`is_compiled` tells it which), since a hook inside a compiled region would
+be traced into it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mscale.model.transformer import RMSNorm
+from mscale.model.transformer import RMSNorm, rms_norm
 
 REGIONS = ("attn", "mlp", "norm", "attn_norm", "mlp_norm")
 """The block children compiled, by name (a parallel block has ``norm``, a sequential one
@@ -38,17 +39,21 @@ def wants_compile(setting: bool | None, device: torch.device) -> bool:
 
 def compile_blocks(chunks: list[nn.Module], backend: str = "inductor",
                    fullgraph: bool = False) -> list[nn.Module]:
-    """Compile the regions of every block of every chunk, in place; returns the compiled
-    modules. ``backend``/``fullgraph`` are `torch.compile`'s (tests use ``aot_eager`` and
+    """Compile the regions of every block of every chunk, in place; returns the modules
+    (compiled, or a sequence-parallel norm whose normalisation is). ``backend``/``fullgraph`` are `torch.compile`'s (tests use ``aot_eager`` and
     ``fullgraph=True`` on CPU: the same capture, no code generation)."""
     out = []
     for chunk in chunks:
         for block in chunk.layers.values():
             for name in REGIONS:
                 region = getattr(block, name, None)
-                if region is None or (isinstance(region, RMSNorm) and type(region) is not RMSNorm):
-                    continue  # absent, or a sequence-parallel norm (module docstring)
-                region.compile(backend=backend, fullgraph=fullgraph)
+                if region is None:
+                    continue
+                if isinstance(region, RMSNorm) and type(region) is not RMSNorm:  # SP norm
+                    region.normalize = torch.compile(rms_norm, backend=backend,
+                                                     fullgraph=fullgraph)
+                else:
+                    region.compile(backend=backend, fullgraph=fullgraph)
                 out.append(region)
     return out
 

@@ -58,12 +58,16 @@ class SequenceParallelNorm(RMSNorm):
     `copy_to_tp` all-reduces that gradient in backward, and every TP rank ends with the same
     complete gradient for the replicated gain."""
 
+    normalize = staticmethod(rms_norm)
+    """The norm itself; `parallel.compile.compile_blocks` swaps in a compiled one (the gain's
+    all-reducing autograd function stays outside the graph)."""
+
     def __init__(self, plain: RMSNorm, tp: TensorParallel):
         nn.Module.__init__(self)  # not RMSNorm's: the gain is the plain norm's own parameter
         self.eps, self.tp, self.weight = plain.eps, tp, plain.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, copy_to_tp(self.weight, self.tp), self.eps)
+        return self.normalize(x, copy_to_tp(self.weight, self.tp), self.eps)
 
 
 class TensorParallelBlock(nn.Module):
