@@ -5,7 +5,10 @@
 # 1. the engine on CUDA with the mixed cpu:gloo,cuda:nccl default group (world 1: one GPU cannot
 #    host two NCCL ranks), bf16 autocast, a ~0.9B LLaMA-class model; its MFU against the
 #    989 TFLOP/s dense peak, median over steps 6..N, and its per-step time split; with the
-#    blocks compiled (training.compile's CUDA default), then again eager for the ratio.
+#    blocks compiled (training.compile's CUDA default); 1b: again eager, for the ratio;
+#    1c: a plain PyTorch loop of the same model, compiled, fused AdamW (bench/reference_loop.py),
+#    and mscale's tokens/s over its; 1d: SDPA's kernel is a fused one (flash/cuDNN), named from
+#    the profiler (PASS/FAIL); 1e: the ~3B plan, compiled, its MFU.
 # 2. event timers: StepTimer on CUDA against the wall clock around a step of known matmuls (the
 #    split must match, and the host must leave each region before the device finishes it).
 # 3. the loss stays on the device: no synchronizing CUDA call inside a step's micro-batches
@@ -15,7 +18,9 @@
 #    skipped with a message otherwise): equal to flat, same issue order on every rank.
 # 5. checkpoints on the GPU (bench/gpu_ckpt_check.py): the snapshot's copy ordered on the rank's
 #    own device, a bit-exact save/load round trip, the async save's blocking ratio.
-# Each of 2-5 prints PASS/FAIL/SKIP; the script exits 1 if any failed. ~2 min on one H200.
+# Each of 1d and 2-5 prints PASS/FAIL/SKIP; the script exits 1 if any failed. ~7-8 min on one
+# H200 (three 30-step runs of the 1B plan and a 20-step one of the 3B, three compiling first).
+# Keep every run's metrics.jsonl as bench/data/h200_<what>_metrics.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -52,7 +57,44 @@ import json, statistics, sys
 tps = [statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(f))[5:]) for f in sys.argv[1:]]
 print(f"compiled {tps[0]:,.0f} tokens/s, eager {tps[1]:,.0f}: ratio {tps[0] / tps[1]:.3f}")
 PY
+echo "== 1c. a plain PyTorch loop of the same model (torch.compile, fused AdamW): mscale / reference" | tee -a "$REPORT"
+python3 bench/reference_loop.py plans/gpu-1b-h200.yaml --steps "${STEPS:-30}" > "$OUT/reference.json"
+python3 - "$OUT/run/metrics.jsonl" "$OUT/reference.json" <<'PY' | tee -a "$REPORT"
+import json, statistics, sys
+ours = statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(sys.argv[1]))[5:])
+ref = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+print(f"mscale {ours:,.0f} tokens/s, plain compiled PyTorch {ref['tokens_per_s']:,.0f}: "
+      f"ratio {ours / ref['tokens_per_s']:.3f} (goal >= 1.0)")
+PY
+echo "== 1e. the ~3B plan (plans/gpu-3b-h200.yaml), compiled" | tee -a "$REPORT"
+mscale train plans/gpu-3b-h200.yaml --local 1 --steps "${STEPS_3B:-20}" --run-dir "$OUT/run-3b" \
+  --log-interval 5 2>&1 | tail -n 3 | tee -a "$REPORT"
+python3 - "$OUT/run-3b/metrics.jsonl" <<'PY' | tee -a "$REPORT"
+import json, statistics, sys
+recs = [json.loads(l) for l in open(sys.argv[1])][5:]
+print(f"3B: median MFU {statistics.median(r['mfu'] for r in recs):.3f}, median step "
+      f"{statistics.median(r['step_time'][0] for r in recs):.3f} s (plan predicts 1.147 s)")
+PY
 failed=0
+echo "== 1d. SDPA runs a fused attention kernel (flash or cuDNN), forward and backward" | tee -a "$REPORT"
+python3 - <<'PY' 2>&1 | tee -a "$REPORT" || failed=1
+import re, torch
+from torch.profiler import ProfilerActivity, profile
+from mscale.model.transformer import attention_core
+# the 1B plan's attention: micro-batch 4, 16 query heads over 8 KV heads, 2048 tokens, d 128
+q = torch.randn(4, 16, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+k, v = (torch.randn(4, 8, 2048, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(2))
+attention_core(q, k, v, None).sum().backward()  # warm-up
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    attention_core(q, k, v, None).sum().backward()
+    torch.cuda.synchronize()
+names = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+fused = [n for n in names if re.search(r"flash|cudnn|fmha", n, re.IGNORECASE)]
+print("attention kernels:", "; ".join(fused) or "none fused among: " + "; ".join(names[:12]))
+print(("PASS" if fused else "FAIL") + ": SDPA used a fused (flash/cuDNN) kernel")
+raise SystemExit(0 if fused else 1)
+PY
 
 echo "== 2. event timers against the wall clock" | tee -a "$REPORT"
 python3 - <<'PY' 2>&1 | tee -a "$REPORT" || failed=1
