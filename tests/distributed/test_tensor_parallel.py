@@ -138,6 +138,7 @@ TP2_CASES = [
     dict(sp=True, bf16=True, model=dict(parallel_block=True)),
     dict(sp=True, compile=True, recompute="selective", model=dict(sliding_window=5)),
     dict(sp=False, compile=True, recompute="full", model=dict(parallel_block=True)),
+    dict(sp=True, compile=True, split=True, model=dict(layers=3)),  # two pipeline stages
 ]
 
 
