@@ -310,7 +310,11 @@ def test_a_rank_stopped_inside_a_checkpoint_write_fails_the_job_within_the_timeo
     hang = records(run / "events.jsonl")[-1]
     assert hang["kind"] == "hang" and hang["ranks"] == [1], hang
     assert hang["evidence"]["stopped_at_failure"] == [1]
-    assert sorted(hang["evidence"]["timed_out"]) == [0, 2, 3]
+    # the ranks waiting for rank 1 in the commit's collective: each times out, unless the launcher
+    # stops it first once one has (which ones get there first depends on the machine's load:
+    # [0, 2] was seen beside another 8-process job)
+    timed_out = hang["evidence"]["timed_out"]
+    assert hang["evidence"]["first_failed_rank"] in timed_out and set(timed_out) <= {0, 2, 3}
     assert not (run / "ckpt" / "step-000003" / "COMMITTED").exists()
     log = (run / "logs" / "rank1.log").read_text()
     assert "--inject-ckpt-hang: this rank SIGSTOPs itself" in log
