@@ -163,7 +163,8 @@ class TrainingConfig(StrictModel):
     """``torch.compile`` each block's attention, MLP and norms (one compiled graph per region,
     reused by every layer; the tensor-parallel collectives stay between them, uncompiled): fused
     norms, activations and rotary, fewer kernel launches. None: on with CUDA devices, off on
-    CPUs (inductor's CPU code takes minutes to build and gains little there)."""
+    CPUs (there the first step spends ~18 s building C++ and the steps gain little or lose;
+    docs/benchmarks.md, "compiled blocks")."""
     stack: Stack | None = None
     """Training software whose overlaps and kernels the planner prices (docs/plan.md, "Stack
     profiles"): ``mscale`` (this engine; the default), ``megascale``, ``megatron-lm`` (as in the

@@ -56,7 +56,7 @@ def _tile_edges(shape: tuple[int, ...]) -> tuple[int, ...]:
     raise ValueError(f"initial values are defined for vectors and matrices, not shape {shape}")
 
 
-def _whole(region: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
+def _bounds(region: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[int, int]]:
     """(start, stop) per dimension of a region given as slices (None = the whole dimension)."""
     out = []
     for s, n in zip(region, shape, strict=True):
@@ -73,7 +73,7 @@ def fill_init(out: torch.Tensor, name: str, shape: tuple[int, ...],
     """Write the initial values of global tensor ``name`` (full ``shape``) that fall in
     ``region`` into ``out`` (the region's shape; any device and dtype): ones for a norm
     ``gain``, else each overlapped tile's N(0, std) draw, on the CPU in fp32, copied over."""
-    bounds = _whole(region, shape)
+    bounds = _bounds(region, shape)
     if tuple(out.shape) != tuple(b - a for a, b in bounds):
         raise ValueError(f"{name}: out has shape {tuple(out.shape)}, region {bounds}")
     if gain:

@@ -40,8 +40,9 @@ def wants_compile(setting: bool | None, device: torch.device) -> bool:
 def compile_blocks(chunks: list[nn.Module], backend: str = "inductor",
                    fullgraph: bool = False) -> list[nn.Module]:
     """Compile the regions of every block of every chunk, in place; returns the modules
-    (compiled, or a sequence-parallel norm whose normalisation is). ``backend``/``fullgraph`` are `torch.compile`'s (tests use ``aot_eager`` and
-    ``fullgraph=True`` on CPU: the same capture, no code generation)."""
+    (compiled, or a sequence-parallel norm whose normalisation is). ``backend`` and
+    ``fullgraph`` are `torch.compile`'s (tests use ``aot_eager`` and ``fullgraph=True`` on CPU:
+    the same capture, no code generation)."""
     out = []
     for chunk in chunks:
         for block in chunk.layers.values():
