@@ -19,7 +19,8 @@ def _built(rank, world, case):
         blocks = [b for c in engine.chunks for b in c.layers.values()]
         regions = [getattr(b, n) for b in blocks for n in ("attn", "mlp", "attn_norm", "mlp_norm")]
         hooked = {id(m) for c in engine.chunks for m in c.modules() if m._forward_pre_hooks}
-        return dict(compiled=sum(is_compiled(r) for r in regions), regions=len(regions),
+        return dict(flag=engine.compiled, compiled=sum(is_compiled(r) for r in regions),
+                    regions=len(regions),
                     hooked_compiled=sum(id(m) in hooked for r in regions for m in r.modules()),
                     hooked_blocks=sum(id(b) in hooked for b in blocks), blocks=len(blocks))
     finally:
@@ -30,5 +31,5 @@ def _built(rank, world, case):
 def test_compiled_regions_carry_no_zero_hook():
     case = dict(dp=2, zero=1, training=dict(compile=True))  # ZeRO-1 at DP 2: deferred gathers
     for got in run_distributed(_built, 2, case):
-        assert got["compiled"] == got["regions"] == 4 * got["blocks"], got
+        assert got["flag"] and got["compiled"] == got["regions"] == 4 * got["blocks"], got
         assert got["hooked_compiled"] == 0 and got["hooked_blocks"] == got["blocks"], got

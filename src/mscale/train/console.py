@@ -43,7 +43,12 @@ def resume_line(path: str, step: int, steps: int) -> str:
 
 @dataclass
 class Summary:
-    """Figures for the closing line, accumulated from rank 0's metrics records."""
+    """Figures for the closing line, accumulated from rank 0's metrics records.
+
+    Speed (tokens/s, MFU) is the steady state: the attempt's first step is left out when more
+    followed, since it builds kernels (torch.compile, cuBLAS autotuning) and warms the allocator;
+    a compiled GPU run spends a minute there, which would halve a short run's average. The line
+    names that step's time when it stood out."""
 
     first_step: int
     records: int = 0
@@ -53,26 +58,41 @@ class Summary:
     mfu: list[float] = field(default_factory=list)
     eval_loss: float | None = None
     """The last held-out loss of this attempt."""
+    warmup: tuple[int, float, float | None] | None = None
+    """(tokens, seconds, MFU) of the attempt's first step, kept apart from the sums above."""
 
     def add(self, rec: MetricsRecord) -> None:
         self.records += 1
         if rec.eval_loss is not None:
             self.eval_loss = rec.eval_loss
         self.last = rec
+        seconds = max(rec.step_time) if rec.step_time else 0.0
+        if self.warmup is None:
+            self.warmup = (rec.tokens, seconds, rec.mfu)
+            return
         self.tokens += rec.tokens
-        self.seconds += max(rec.step_time) if rec.step_time else 0.0
+        self.seconds += seconds
         if rec.mfu is not None:
             self.mfu.append(rec.mfu)
+
+    def _speed(self) -> tuple[int, float, list[float]]:
+        """(tokens, seconds, MFUs) of the steady steps, or of the first when it was alone."""
+        if self.records == 1 and self.warmup is not None:
+            tokens, seconds, mfu = self.warmup
+            return tokens, seconds, [] if mfu is None else [mfu]
+        return self.tokens, self.seconds, self.mfu
 
     def as_dict(self) -> dict:
         """The figures as a JSON-ready dict (``mscale train --json``)."""
         last = self.last
+        tokens, seconds, mfu = self._speed()
         return {"first_step": self.first_step, "last_step": last.step if last else self.first_step,
                 "steps_this_attempt": self.records,
                 "final_loss": last.loss if last else None,
                 "eval_loss": self.eval_loss,
-                "tokens_per_s": self.tokens / self.seconds if self.seconds else None,
-                "mfu": sum(self.mfu) / len(self.mfu) if self.mfu else None}
+                "tokens_per_s": tokens / seconds if seconds else None,
+                "mfu": sum(mfu) / len(mfu) if mfu else None,
+                "first_step_s": self.warmup[1] if self.warmup else None}
 
     def line(self, checkpoint: str | None, run_dir: str) -> str:
         d = self.as_dict()
@@ -85,6 +105,10 @@ class Summary:
                 core += f", eval loss {d['eval_loss']:.4f}"
             if d["mfu"] is not None:
                 core += f", MFU {100 * d['mfu']:.1f}%"
+            steady = self.seconds / (self.records - 1) if self.records > 1 else None
+            if steady and d["first_step_s"] > 2 * steady:
+                core += (f" (step {self.first_step + 1} left out: {d['first_step_s']:.1f} s, "
+                         "building kernels)")
         ckpt = f"last checkpoint {checkpoint}" if checkpoint else "no checkpoint"
         return f"{core}; {ckpt}; run directory {run_dir}"
 

@@ -70,6 +70,8 @@ class Engine:
     """Held-out batches (`train.evaluate`), when the training file asks for an eval loss."""
     timings: dict[str, float] = field(default_factory=dict)
     """Start-up phases in seconds (process-group init, group build, model build)."""
+    compiled: bool = False
+    """The blocks run compiled (``training.compile``): the first step builds their kernels."""
 
     @property
     def micro_batches(self) -> int:
@@ -126,7 +128,8 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: 
     t0 = time.perf_counter()
     tp = TensorParallel.from_groups(groups, sequence_parallel=layout.sequence_parallel)
     chunks, table = build_chunks(plan, groups.pp_rank, tp, device, seed=training.seed)
-    if wants_compile(training.compile, device):
+    compiled = wants_compile(training.compile, device)
+    if compiled:
         compile_blocks(chunks)  # compiles at the first forward; before the ZeRO hooks go on
     params = [p for c in chunks for p in c.parameters()]
     timings["build_model_s"] = time.perf_counter() - t0
@@ -161,4 +164,4 @@ def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: 
                   param_buffer=param_buffer, optimizer=optimizer,
                   clipper=AdaptiveClipper.from_config(training), loader=loader,
                   get_batch=get_batch, faults=faults, precision=precision, pipeline=pipeline,
-                  eval_loader=eval_loader, timings=timings)
+                  eval_loader=eval_loader, timings=timings, compiled=compiled)

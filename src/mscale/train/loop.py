@@ -108,6 +108,10 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
                      "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
                      "launcher": engine.env.launcher,
                      "launch": launch_record(engine.options.launch, plan)})
+    if engine.compiled:  # else the first step is a silent minute on a GPU
+        _say(engine, "the blocks are compiled (training.compile): the first step builds their "
+             "kernels and takes longer than the rest; `compile: false` in the training file "
+             "runs them eager")
     if s.attempt > 1 and engine.options.faults.armed:  # the engine installed none (faults.py)
         _say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
              "directory and they fire in attempt 1 only")
@@ -240,7 +244,11 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
     for step in range(first, steps):
         every = opts.trace_every
         timer.start_step(trace=trace_next or bool(every and (step + 1) % every == 0))
+        t0 = time.perf_counter()
         result = train_step(engine, step, timer, before_update=ckpt.before_update)
+        if step == first and engine.compiled:
+            _say(engine, f"step {step + 1} built the compiled kernels in "
+                 f"{time.perf_counter() - t0:.1f} s")
         if not result.finite:
             _event(s, kind="nan", severity="critical", step=step + 1,
                    message="non-finite gradient norm: stopped before the optimizer step",

@@ -15,3 +15,39 @@ def test_a_resume_from_a_later_step_and_a_fresh_start():
     assert resume_text("R/ckpt/step-00000010", 10, 40).startswith("resumed from R/ckpt/step-")
     assert "nothing to train" in resume_text("R/ckpt/step-00000040", 40, 40)
     assert resume_text(None, 0, 40) is None  # nothing loaded: a fresh run says nothing
+
+
+def _record(step: int, seconds: float, mfu: float):
+    from mscale.config.records import MetricsRecord
+
+    return MetricsRecord(step=step, time=0.0, loss=2.0, grad_norm=1.0, clip_threshold=1.0,
+                         lr=1e-4, tokens=1000, tokens_per_s=1000 / seconds, mfu=mfu,
+                         step_time=[seconds], compute_time=[seconds], comm_wait=[0.0],
+                         data_time=[0.0], bubble_time=[0.0])
+
+
+def test_the_summary_speed_leaves_out_the_first_step_that_built_kernels():
+    """A compiled run's first step compiles for a minute: the closing figures are the steady
+    state after it, and the line says which step was left out and why."""
+    from mscale.train.console import Summary
+
+    s = Summary(first_step=10)
+    for step, seconds, mfu in [(11, 60.0, 0.01), (12, 0.5, 0.4), (13, 0.5, 0.5)]:
+        s.add(_record(step, seconds, mfu))
+    d = s.as_dict()
+    assert d["tokens_per_s"] == 2000 and d["mfu"] == 0.45 and d["first_step_s"] == 60.0
+    line = s.line(None, "R")
+    assert line.startswith("steps 11-13, final loss 2.0000, 2,000 tokens/s, MFU 45.0% "
+                           "(step 11 left out: 60.0 s, building kernels)")
+
+
+def test_a_summary_of_one_step_or_of_even_steps_says_no_warm_up():
+    from mscale.train.console import Summary
+
+    one = Summary(first_step=0)
+    one.add(_record(1, 2.0, 0.3))
+    assert one.as_dict()["tokens_per_s"] == 500 and one.as_dict()["mfu"] == 0.3
+    even = Summary(first_step=0)
+    for step in (1, 2, 3):
+        even.add(_record(step, 1.0, 0.3))
+    assert "left out" not in even.line(None, "R") and "left out" not in one.line(None, "R")
