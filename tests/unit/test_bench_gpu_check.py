@@ -1,0 +1,77 @@
+"""bench/gpu_check.py and bench/gpu_checks.py: the script a session lent a GPU runs first.
+
+It runs rarely and for minutes, so what can be checked here is: the plans its checks write are
+valid plans, its prediction is the planner's own, its medians leave the warm-up out, and the
+driver skips what the budget cannot hold (the whole rehearsal on
+the CPU, `bench/gpu_check.py --rehearse`, takes ~2 minutes and is run by hand before a GPU run).
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mscale.config.plan import load_plan
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def checks():
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("gpu_checks")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_the_plans_a_check_writes_are_valid_and_say_what_changed(checks, tmp_path):
+    ctx = checks.Context(out=tmp_path, work=tmp_path)
+    assert checks.plan_file(ctx, "plans/gpu-1b-h200.yaml").name == "gpu-1b-h200.yaml"  # as is
+    eager = load_plan(str(checks.plan_file(ctx, "plans/gpu-1b-h200.yaml", compile=False,
+                                           tag="-eager")))
+    assert eager.training.compile is False and eager.model.layers == 16
+    short = load_plan(str(checks.plan_file(ctx, "plans/gpu-3b-h200.yaml", layers=4)))
+    assert short.model.layers == 4 and short.model.hidden == 3072
+    assert "estimate" not in yaml.safe_load((tmp_path / "gpu-3b-h200.yaml").read_text())
+    tiny = load_plan(str(checks.plan_file(checks.Context(tmp_path, tmp_path, rehearse=True),
+                                          "plans/gpu-1b-h200.yaml")))
+    assert tiny.model.hidden == checks.TINY_MODEL["hidden"] and tiny.training.compile is True
+
+
+def test_the_prediction_is_the_planners_for_the_plan_as_written(checks):
+    """plans/gpu-3b-h200.yaml was written by `mscale plan`: its estimate is the same number."""
+    path = BENCH.parent / "plans" / "gpu-3b-h200.yaml"
+    want = yaml.safe_load(path.read_text())["estimate"]["step_time_s"]
+    assert checks.predicted_step_s(path) == pytest.approx(want, rel=1e-3)
+
+
+def test_medians_leave_the_warm_up_steps_out(checks):
+    recs = [dict(step=i + 1, mfu=0.01 if i < checks.WARMUP else 0.5, tokens_per_s=1.0,
+                 step_time=[9.0 if i < checks.WARMUP else 1.0], compute_time=[1.0],
+                 comm_wait=[0.0], data_time=[0.0], bubble_time=[0.0]) for i in range(9)]
+    m = checks.medians(recs)
+    assert m["mfu"] == 0.5 and m["step_time"] == 1.0 and m["steps"] == "6..9"
+
+
+def test_the_driver_skips_what_the_budget_cannot_hold(tmp_path):
+    """A budget of 30 s holds none of the GPU checks but the 20-second ones; nothing runs long."""
+    p = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--rehearse", "--out",
+                        str(tmp_path), "--budget", "30", "--only", "train-1b", "hier-dp"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "== train-1b: SKIP, 30 s of the budget left and it takes ~150 s" in p.stdout
+    assert "hier-dp SKIP" in p.stdout  # 120 s > budget as well
+    assert (tmp_path / "gpu-check.txt").read_text().count("== summary:") == 1
+
+
+def test_an_unknown_check_is_refused_before_anything_runs(tmp_path):
+    p = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--rehearse", "--out",
+                        str(tmp_path), "--only", "nope"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "unknown check(s) ['nope']" in p.stderr
