@@ -5,8 +5,8 @@
 #   device: bash bench/gpu_check.sh             (run tool: carry [".whl"], timeout_s 600)
 # Installs mscale there, then bench/gpu_check.py runs each check in its own process, most needed
 # first, within BUDGET_S seconds (default 480): the 1B plan compiled (MFU, split, the planner's
-# prediction), no host sync in the micro-batches, the GPU checkpoint round trip, a plain compiled
-# PyTorch loop of the same model (mscale / reference), the ~3B plan, the 1B eager (compiled /
+# prediction), the ~3B plan, a plain compiled PyTorch loop of the 1B model (mscale / reference),
+# no host sync in the micro-batches, the GPU checkpoint round trip, the 1B eager (compiled /
 # eager, losses agree), SDPA's fused kernel, event timers, hierarchical DP (4 GPUs).
 # $OUT gets gpu-check.txt, gpu-ckpt-check.txt and each run's metrics (h200_<what>_metrics.jsonl:
 # commit them under bench/data/); run directories stay in /tmp. Exit 1 if a check failed.
