@@ -114,11 +114,18 @@ def _pointer_name(data: bytes, url: str) -> str:
 
 
 def resolve(path: str) -> str:
-    """A checkpoint directory from what a user may pass: the directory itself, a ``latest``
-    pointer file, a run's ``ckpt`` directory, or a run directory (its latest checkpoint)."""
+    """A checkpoint directory from what a user may pass: the directory itself (or its
+    manifest.json), a ``latest`` pointer file, a run's ``ckpt`` directory, or a run directory
+    (its latest checkpoint). Any other file is bad input, not a damaged pointer: only a file
+    called ``latest`` is read as one."""
     fs, p = fs_and_path(path)
-    if fs.exists(p) and not fs.isdir(p):  # a pointer (read_pointer refuses FIFOs and the like)
-        return join(parent(path), read_pointer(path))
+    if fs.exists(p) and not fs.isdir(p):
+        if basename(p) == MANIFEST:
+            return parent(path)
+        if basename(p) != LATEST:
+            raise MscaleError("is a file, not a checkpoint", file=path,
+                              fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")
+        return join(parent(path), read_pointer(path))  # refuses FIFOs and the like
     if not fs.isdir(p):
         raise MscaleError("no such checkpoint or run directory", file=path,
                           fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")

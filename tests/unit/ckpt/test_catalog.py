@@ -42,10 +42,28 @@ def test_resolve_accepts_run_ckpt_latest_and_dir(tmp_path, tensors):
     root = tmp_path / "run" / "ckpt"
     _make(str(root), [3], tensors)
     want = str(root / "step-000003")
-    for given in (tmp_path / "run", root / "latest", root / "step-000003", root):
+    for given in (tmp_path / "run", root / "latest", root / "step-000003", root,
+                  root / "step-000003" / "manifest.json"):
         assert catalog.resolve(str(given)).rstrip("/") == want
     with pytest.raises(MscaleError):
         catalog.resolve(str(tmp_path / "none"))
+
+
+def test_resolve_refuses_a_file_that_is_not_a_pointer_as_bad_input(tmp_path):
+    """`mscale ckpt verify RUN/plan.yaml` is a wrong argument (exit 3), not a damaged `latest`
+    pointer (exit 2) whose fix would be to rewrite the user's plan file."""
+    from mscale.errors import EXIT_BAD_INPUT
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: cpu-tiny\n")
+    with pytest.raises(MscaleError) as e:
+        catalog.resolve(str(plan))
+    assert e.value.code == EXIT_BAD_INPUT and "is a file, not a checkpoint" in str(e.value)
+    assert "rewrite" not in str(e.value.fix)
+    (tmp_path / "latest").write_text("name: cpu-tiny\n")  # a real pointer, damaged: exit 2
+    with pytest.raises(MscaleError) as e:
+        catalog.resolve(str(tmp_path / "latest"))
+    assert e.value.code != EXIT_BAD_INPUT and "rewrite" in str(e.value.fix)
 
 
 def test_choose_resume_tidies(tmp_path, tensors):
