@@ -107,8 +107,8 @@ class Summary:
                 core += f", MFU {100 * d['mfu']:.1f}%"
             steady = self.seconds / (self.records - 1) if self.records > 1 else None
             if steady and d["first_step_s"] > 2 * steady:
-                core += (f" (step {self.first_step + 1} left out: {d['first_step_s']:.1f} s, "
-                         "building kernels)")
+                core += (f" (step {self.first_step + 1} left out: {d['first_step_s']:.1f} s "
+                         "of warm-up)")
         ckpt = f"last checkpoint {checkpoint}" if checkpoint else "no checkpoint"
         return f"{core}; {ckpt}; run directory {run_dir}"
 

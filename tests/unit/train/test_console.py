@@ -38,7 +38,7 @@ def test_the_summary_speed_leaves_out_the_first_step_that_built_kernels():
     assert d["tokens_per_s"] == 2000 and d["mfu"] == 0.45 and d["first_step_s"] == 60.0
     line = s.line(None, "R")
     assert line.startswith("steps 11-13, final loss 2.0000, 2,000 tokens/s, MFU 45.0% "
-                           "(step 11 left out: 60.0 s, building kernels)")
+                           "(step 11 left out: 60.0 s of warm-up)")
 
 
 def test_a_summary_of_one_step_or_of_even_steps_says_no_warm_up():
