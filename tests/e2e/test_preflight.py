@@ -49,6 +49,14 @@ def test_a_slowed_rank_is_flagged_and_only_its_node_is_excluded(tmp_path):
     # every file written is named, on stderr (stdout is the --json document alone)
     assert f"wrote preflight report: {run / 'preflight.json'}" in p.stderr, p.stderr
     assert f"wrote Prometheus textfile: {tmp_path / 'pf.prom'}" in p.stderr, p.stderr
+    # the workers' logs are in the run directory, in their own folder of logs/ (not a /tmp
+    # directory left behind; not over a training attempt's logs/rank<N>.log)
+    logs = run / "logs" / "preflight"
+    assert f"worker logs in {logs}\n" in p.stderr, p.stderr
+    assert [x.name for x in (run / "logs").iterdir()] == ["preflight"]
+    assert {f"rank{r}.{kind}" for r in range(8) for kind in ("log", "startup", "pid")} == \
+        {x.name for x in logs.iterdir()}
+    assert "preflight [1/5]" in (logs / "rank0.log").read_text()  # rank 0's lines, teed
 
 
 def test_a_healthy_job_flags_nothing_run_after_run(tmp_path):

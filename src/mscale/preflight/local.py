@@ -7,12 +7,23 @@ with its Nagios code. If a worker dies before rank 0 could write a report, the l
 knows who died first, writes one that names that rank's node. While the workers start, stderr
 shows how many have imported torch and the CLI (distributed/launch.py `StartupView`); rank 0's
 own phase lines follow.
+
+The workers' stdout and stderr go to ``RUN_DIR/logs/preflight/rank<N>.log`` (with train's
+launcher's ``rank<N>.startup`` and ``rank<N>.pid`` beside them; `log_dir_for`), rewritten by the
+next preflight into the same run directory, as train rewrites ``logs/rank<N>.log``. Not
+``logs/`` itself: a preflight run after a failed training attempt (recover re-checks nodes with
+a preflight.json newer than the failure) must not overwrite the attempt's rank logs that
+``mscale recover`` reads. A remote run directory (an fsspec URL) cannot hold a process's stdout:
+the logs then go to a local temporary directory, removed when the preflight passes, kept and
+named on stderr when it does not (`launch_local`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from mscale.config.plan import Plan
@@ -50,15 +61,43 @@ def _fresh_report(run_dir: str, since: float) -> PreflightReport | None:
     return report if report.time >= since else None
 
 
+LOGS_SUBDIR = "preflight"
+"""The folder of ``RUN_DIR/logs`` that holds preflight's worker logs (module docstring)."""
+
+
+def log_dir_for(run_dir: str) -> tuple[str, bool]:
+    """Where the workers' logs go, and whether that is a temporary directory: a local run
+    directory (a path or a ``file://`` URL, as train's `mscale.train.launch.log_dir_for`) keeps
+    them in ``RUN_DIR/logs/preflight``; any other URL gets a new local temporary directory."""
+    if "://" not in run_dir or run_dir.startswith("file://"):
+        return os.path.join(run_dir.removeprefix("file://"), "logs", LOGS_SUBDIR), False
+    return tempfile.mkdtemp(prefix="mscale-preflight-logs-"), True
+
+
 def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int) -> int:
     """Run the preflight job on ``nprocs`` local processes; returns the report's exit code."""
-    import tempfile
+    logs, temporary = log_dir_for(opts.run_dir)
+    passed = False
+    try:
+        code, worker_failed = _run(plan_path, plan, opts, nprocs, logs, temporary)
+        passed = code == 0 and not worker_failed
+        return code
+    finally:
+        if temporary:
+            if passed:
+                shutil.rmtree(logs, ignore_errors=True)
+            else:
+                print(f"preflight: worker logs kept in {logs}", file=sys.stderr, flush=True)
 
-    logs = tempfile.mkdtemp(prefix="mscale-preflight-logs-")
+
+def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: str,
+         temporary: bool) -> tuple[int, bool]:
+    """Start the workers and print the report: (exit code, whether a worker ended abnormally)."""
     started = time.time()
     lo = plan.layout  # stdout carries the report: the launcher's lines go to stderr, as rank 0's
+    where = f"{logs} (temporary: removed if the preflight passes)" if temporary else logs
     print(f"preflight: starting {nprocs} workers on this machine (tp {lo.tp} x pp {lo.pp} x dp "
-          f"{lo.dp}); worker logs in {logs}", file=sys.stderr, flush=True)
+          f"{lo.dp}); worker logs in {where}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
                                logs, worker_env(opts, logs), rank0_to_stderr=True,
                                preload=CLI_PRELOAD + ("mscale.preflight.runner",),
@@ -69,7 +108,7 @@ def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int
         publish(report, opts, quiet=True)
     render(report, opts.as_json)
     say_written(opts)
-    return judge.exit_code(report.status)
+    return judge.exit_code(report.status), result.failed_rank is not None
 
 
 def _launcher_report(plan: Plan, opts: PreflightOptions, nprocs: int, result, logs: str):
