@@ -84,7 +84,7 @@ def global_grads(seed: int = 7) -> list[torch.Tensor]:
 class Reference:
     """The single-process optimizer: torch AdamW (no decay where ParamSpec says so) or LAMB."""
 
-    def __init__(self, params, cfg: TrainingConfig):
+    def __init__(self, params, cfg: TrainingConfig, fused: bool = False):
         self.params, self.cfg, self.state, self.steps = params, cfg, {}, 0
         self.opt = None
         if cfg.optimizer == "adamw":  # no decay on norms and biases, as ParamSpec says
@@ -92,7 +92,8 @@ class Reference:
                       {"params": [p for p, s in zip(params, SHAPES) if not s[3]],
                        "weight_decay": 0.0}]
             self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                                         eps=cfg.eps, weight_decay=cfg.weight_decay)
+                                         eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                         fused=fused)
 
     def step(self) -> float:
         """Clip, update, clear the gradients; returns the norm before clipping."""
@@ -107,11 +108,11 @@ class Reference:
         return norm
 
 
-def reference_run(cfg: TrainingConfig, steps: int, seed: int = 0):
+def reference_run(cfg: TrainingConfig, steps: int, seed: int = 0, fused: bool = False):
     """Whole global batch, one process: torch AdamW or the LAMB above, torch's norm clipping.
     Returns (per-step loss, per-step grad norm, final parameters)."""
     params = make_params(seed)
-    ref = Reference(params, cfg)
+    ref = Reference(params, cfg, fused=fused)
     losses, norms = [], []
     for step in range(steps):
         x, y = batch(step)

@@ -60,10 +60,13 @@ class DistributedOptimizer:
     """AdamW or LAMB over the owned shard of a `GradBuffer`."""
 
     def __init__(self, params: list[torch.nn.Parameter], table: ParamTable, grads: GradBuffer,
-                 param_buffer: ParamGather, training, groups=None):
+                 param_buffer: ParamGather, training, groups=None, fused: bool | None = None):
         """``table``: what each parameter is (TP split, weight decay); ``grads`` and
         ``param_buffer``: the two buffers `data.data_parallel` built over ``params``;
-        ``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay)."""
+        ``training``: a TrainingConfig (optimizer, beta1, beta2, eps, weight_decay);
+        ``fused``: AdamW through torch's fused kernel (`optim.fused_adamw_`); None: on CUDA
+        devices, where the optimizer is memory-bound, and not on CPUs, where the single-tensor
+        path keeps runs bit-identical to ``torch.optim.AdamW()``'s default."""
         params = list(params)
         same = len(grads.params) == len(params) and all(a is b for a, b in zip(grads.params, params))
         if not same or len(table) != len(params):
@@ -95,6 +98,10 @@ class DistributedOptimizer:
                 view.copy_(flat[pc.param_lo:pc.param_hi])
         decays = [table[pc.param_index].weight_decay for pc in self.pieces]
         self._decay = [i for i, d in enumerate(decays) if d]
+        self._plain = [i for i, d in enumerate(decays) if not d]
+        self.fused = self.device.type == "cuda" if fused is None else fused
+        self._step_t = torch.zeros((), dtype=torch.float32, device=self.device)
+        """The step count on the device, for the fused kernel (filled, never read back)."""
 
     def _set_groups(self, groups) -> None:
         def live(g, size):
@@ -178,10 +185,20 @@ class DistributedOptimizer:
         return [views[i] for i in self._decay]
 
     def _adamw(self, grad: torch.Tensor, lr: float) -> None:
+        if self.fused:
+            return self._fused_adamw(grad, lr)
         if self.weight_decay and self._decay:
             torch._foreach_mul_(self._decay_views(self.master), 1 - lr * self.weight_decay)
         optim.adam_update_(self.master, grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
                            lr=lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps)
+
+    def _fused_adamw(self, grad: torch.Tensor, lr: float) -> None:
+        """Two fused launches: the pieces with weight decay, and those without."""
+        self._step_t.fill_(self.step_count)  # a kernel with a host scalar: no sync
+        views = [self._views(t) for t in (self.master, grad, self.exp_avg, self.exp_avg_sq)]
+        for wd, idx in ((self.weight_decay, self._decay), (0.0, self._plain)):
+            optim.fused_adamw_(*([v[i] for i in idx] for v in views), self._step_t, lr=lr,
+                               beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=wd)
 
     def _lamb(self, grad: torch.Tensor, lr: float) -> None:
         update = optim.lamb_direction(grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
