@@ -10,10 +10,11 @@ The job is alive while ``lock.json`` is held by a live holder (runs/lock.py) and
 follows its latest ``start``. A metrics file alone has neither; it counts as alive while watch
 follows it live (hangs are judged), never with ``--once``.
 
-Until the first record comes, a live watch says what it waits for (a run to appear in an empty
-directory, the run's first step) at its first look and every few seconds: a watch pointed at a
-wrong path must not follow it forever in silence. ``--once`` refuses a directory no job has
-written to (`require_run`).
+Until the first record comes, a live watch says what it waits for (a path that does not exist
+yet, a run to appear in an empty directory, the run's first step) at its first look and every
+few seconds: a watch pointed at a wrong path must not follow it forever in silence, and one
+started before the scheduler has placed the job must not fail. ``--once`` refuses a path that
+does not exist and a directory no job has written to (`require_run`).
 
 The parts are passed in (the feed, the judge, the actor, the outputs), so this loop is tested
 with small fakes and its pieces with real traces.
@@ -57,21 +58,31 @@ class Target:
         """The plan's URL if the file exists now."""
         return _existing(self.plan) if self.plan else None
 
+    def exists(self) -> bool:
+        """Whether the path named exists now (a directory, a file, or a JSONL file's
+        object-store form): a live watch may be started before the job has created it."""
+        fs, path = fs_and_path(self.url)
+        return fs.isdir(path) or _exists(self.url)
+
     def is_run(self) -> bool:
         """Whether a job has been here: a run directory holding any of `NOT_A_RUN` (`train`
-        writes them from its start), or a metrics file (it exists: `resolve_target` checked).
-        An empty or unrelated directory is not."""
+        writes them from its start), or a metrics file that exists. An empty, unrelated or
+        missing directory is not."""
         if self.run is None:
-            return True
+            return _exists(self.metrics)
         return any(_exists(u) for u in (self.run.plan, self.run.lock, self.metrics))
 
     def waiting_for(self) -> str:
-        """What a live watch that has seen no record yet is waiting for, in one line."""
+        """What a live watch that has seen no record yet is waiting for, in one line. It names
+        the path, so a typo in it shows."""
+        if self.run is None:
+            yet = "" if self.exists() else ": no such file yet"
+            return f"waiting for the first record in {self.metrics}{yet}"
+        if not self.exists():
+            return f"waiting for a run in {self.url}: no such directory yet"
         if not self.is_run():
             return f"waiting for a run in {self.url}: no {NOT_A_RUN} yet"
-        if self.run is not None:
-            return f"waiting for the run's first step: no record in {self.metrics} yet"
-        return f"waiting for the first record in {self.metrics}"
+        return f"waiting for the run's first step: no record in {self.metrics} yet"
 
 
 NOT_A_RUN = "plan.yaml, lock.json or metrics.jsonl"
@@ -79,8 +90,15 @@ NOT_A_RUN = "plan.yaml, lock.json or metrics.jsonl"
 
 
 def require_run(target: Target) -> None:
-    """``--once`` judges what is there: a directory no job has written to has nothing, and is
-    more likely a wrong path than a run about to start (a live watch waits for it instead)."""
+    """``--once`` judges what is there: a path that does not exist, or a directory no job has
+    written to, has nothing, and is more likely a wrong path than a run about to start (a live
+    watch waits for it instead)."""
+    if not target.exists():
+        what = "metrics file" if target.run is None else "run directory or metrics file"
+        raise MscaleError(f"no such {what}", file=target.url,
+                          fix="check the path: pass the --run-dir of an `mscale train` run or a "
+                              "metrics .jsonl file; without --once, watch waits for it to "
+                              "appear (a job still queued)")
     if not target.is_run():
         raise MscaleError(f"not a run directory: no {NOT_A_RUN}", file=target.url,
                           fix="pass the --run-dir of an `mscale train` run or a metrics .jsonl "
@@ -88,19 +106,23 @@ def require_run(target: Target) -> None:
 
 
 def resolve_target(url: str) -> Target:
-    """A run directory, a run's ``metrics.jsonl`` (treated as its run), or any ``.jsonl``."""
+    """A run directory, a run's ``metrics.jsonl`` (treated as its run), or any ``.jsonl``.
+
+    A path that does not exist yet is resolved too, by its name (``.jsonl``: a metrics file
+    alone, its plan read once one is written beside it; anything else: a run directory): a live
+    watch waits for it, ``--once`` refuses it (`require_run`)."""
     fs, path = fs_and_path(url)
-    if fs.isdir(path):
+    is_dir = fs.isdir(path)
+    if not is_dir and not url.endswith(".jsonl") and fs.exists(path):
+        raise MscaleError("not a run directory or a metrics .jsonl file", file=url,
+                          fix="pass a run directory (train --run-dir) or a metrics .jsonl file")
+    if is_dir or not url.endswith(".jsonl"):
         run = RunDir(url.rstrip("/"))
         return Target(url, run.metrics, run, run.plan)
-    if not url.endswith(".jsonl"):
-        raise MscaleError("no such run directory or metrics file", file=url,
-                          fix="pass a run directory (train --run-dir) or a metrics .jsonl file")
     parent = RunDir(url.rsplit("/", 1)[0] if "/" in url else ".")
+    if not _exists(url):
+        return Target(url, url, None, parent.plan)
     plan = _existing(parent.plan)
-    if not fs.isfile(path) and not fs.isdir(path + ".d"):
-        raise MscaleError("no such metrics file", file=url,
-                          fix="check the path; a run directory can be passed instead")
     if url.rsplit("/", 1)[-1] == "metrics.jsonl" and plan:
         return Target(url, url, parent, plan)
     return Target(url, url, None, plan)
@@ -309,6 +331,12 @@ class Follower:
         self.note(f"{self.target.waiting_for()} ({now - since:.0f} s)")
         return now
 
+    def _note_stopped_early(self) -> None:
+        """Ctrl-C before any run appeared: the exit code says nothing was wrong, which is true
+        of nothing judged; this line says why there was nothing to judge."""
+        if self.note is not None and not self.records and not self.target.is_run():
+            self.note(f"stopped before any run appeared in {self.target.url}")
+
     def open_findings(self) -> list[Finding]:
         return list(self.watcher.open_findings()) if self.watcher is not None else []
 
@@ -336,7 +364,7 @@ class Follower:
                 self._read_events()
                 self.actor.tick(self.job.alive())
         except KeyboardInterrupt:
-            pass
+            self._note_stopped_early()
         if not self.live and not self.records:
             raise MscaleError("no metrics records to judge", file=self.target.metrics,
                               fix="point watch at a run that has written steps, or follow it "

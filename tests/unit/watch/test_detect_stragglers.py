@@ -1,5 +1,7 @@
-"""Straggler attribution on simulated jobs: each cause found, named, priced, and only hardware
-ever names a node for quarantine."""
+"""Straggler attribution on simulated jobs: each cause found, named, priced, dated by its onset,
+and only hardware ever names a node for quarantine."""
+
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -32,11 +34,19 @@ def findings(world, tp, pp, rpn, inject, steps=150, seed=3):
     return Watcher(t.layout).feed(t.window())
 
 
-@pytest.mark.parametrize("cause,target", [
-    ("slow_device", 9), ("slow_node", 2), ("slow_link", 30), ("slow_data", 40),
-    ("stage_imbalance", 1), ("data_imbalance", None), ("job_wide", None)])
+@lru_cache(maxsize=None)
+def injected_at_40(cause, target):
+    """The findings of a 64-rank job with ``cause`` from step 40 (shared by two tests)."""
+    return tuple(findings(64, 2, 4, 8, [Injection(cause, 40, target)]))
+
+
+EACH_CAUSE = [("slow_device", 9), ("slow_node", 2), ("slow_link", 30), ("slow_data", 40),
+              ("stage_imbalance", 1), ("data_imbalance", None), ("job_wide", None)]
+
+
+@pytest.mark.parametrize("cause,target", EACH_CAUSE)
 def test_only_hardware_causes_can_quarantine(cause, target):
-    (f,) = findings(64, 2, 4, 8, [Injection(cause, 40, target)])
+    (f,) = injected_at_40(cause, target)
     assert f.cause == cause and f.hardware == (cause in HARDWARE_CAUSES)
     if cause in ("stage_imbalance", "data_imbalance", "job_wide"):
         assert f.nodes == [] and f.ranks == []
@@ -44,6 +54,27 @@ def test_only_hardware_causes_can_quarantine(cause, target):
     if cause in HARDWARE_CAUSES:
         assert "checkpoint" in f.advice and f.nodes[0] in f.advice
     assert f.evidence["rule"] and f.evidence["decided_by"]
+
+
+@pytest.mark.parametrize("cause,target", EACH_CAUSE)
+def test_a_finding_is_dated_by_its_onset_not_its_window(cause, target):
+    """Every windowed rule finds a problem some steps after it began, over a window that reaches
+    back before it: the finding's first step (printed, recorded, put in the quarantine entry) is
+    when it began, never a step where all was well."""
+    (f,) = injected_at_40(cause, target)
+    # the window that found it began 2-8 steps before step 40 (its start was the first step)
+    assert 40 <= f.first_step <= 41 < f.evidence["detected_at"], (f.first_step, f.evidence)
+
+
+def test_the_reviewers_trace_is_dated_from_step_10():
+    """``python -m mscale.watch.sim --world 1024 --tp 8 --pp 4 --steps 30 --inject
+    slow_device:10:3``: rank 3 slow from step 10 was printed as 'step 6' (the window's first
+    row); it is named 3-4 steps after it starts (docs/watch.md)."""
+    t = generate(1024, tp=8, pp=4, ranks_per_node=8, steps=30, seed=0,
+                 inject=[Injection("slow_device", 10, 3)])
+    (f,) = Watcher(t.layout).feed(t.window())
+    assert f.ranks == [3] and f.first_step == 10
+    assert 3 <= f.evidence["detected_at"] - f.first_step <= 4
 
 
 def test_slow_device_evidence_shows_the_split():
@@ -70,9 +101,11 @@ def test_a_node_that_is_a_whole_stage():
     (f,) = findings(16, 2, 2, 8, [Injection("slow_node", 80, 1)])
     assert f.cause == "slow_node" and f.nodes == ["node1"] and f.hardware
     assert f.evidence["baseline_excess_s"] < 0.1 < f.evidence["excess_s"]
+    assert 80 <= f.first_step <= 81  # dated by when the stage changed
     (f,) = findings(16, 2, 2, 8, [Injection("stage_imbalance", 1, 1)])
     assert f.cause == "stage_imbalance" and not f.hardware and f.evidence["stage"] == 1
     assert f.evidence["changed_since_baseline"] is False
+    assert f.first_step == 6  # uneven from the first judged row (after 5 of warm-up) on
 
 
 def test_imbalance_with_few_replicas_is_not_blamed_on_a_node():

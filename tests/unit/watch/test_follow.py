@@ -16,7 +16,9 @@ from mscale.runs.atomic import append_line
 from mscale.runs.rundir import RunDir
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.findings import Finding
-from mscale.watch.follow import (EventFeed, Follower, JobState, layout_source, resolve_target)
+from mscale.watch.follow import (EventFeed, Follower, JobState, layout_source, require_run,
+                                 resolve_target)
+from mscale.watch.stream import MetricsFeed, records_to_window
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
 from tests.conftest import PLANS
@@ -184,10 +186,36 @@ def test_resolve_target(tmp_path):
     other = tmp_path / "trace.jsonl"
     other.write_text("")
     assert resolve_target(str(other)).run is None
-    for bad in (tmp_path / "missing", tmp_path / "missing.jsonl"):
-        with pytest.raises(MscaleError) as e:
-            resolve_target(str(bad))
-        assert e.value.file == str(bad)
+    not_a_target = tmp_path / "notes.txt"
+    not_a_target.write_text("")
+    with pytest.raises(MscaleError) as e:
+        resolve_target(str(not_a_target))
+    assert e.value.file == str(not_a_target) and "not a run directory" in str(e.value)
+
+
+def test_a_path_that_does_not_exist_yet_is_resolved_by_its_name(tmp_path):
+    """A live watch started before the job was scheduled: the run directory (or metrics file)
+    it names does not exist yet. It resolves, so a live watch can wait for it."""
+    later = tmp_path / "runs" / "live"
+    t = resolve_target(str(later))
+    assert t.run == RunDir(str(later)) and t.metrics == f"{later}/metrics.jsonl"
+    assert not t.exists() and not t.is_run()
+    f = resolve_target(str(tmp_path / "later.jsonl"))
+    assert f.run is None and not f.exists() and not f.is_run()
+    assert f.plan == f"{tmp_path}/plan.yaml"  # read once a job writes it (plan_now)
+
+
+@pytest.mark.parametrize("name,what", [("missing", "no such run directory or metrics file"),
+                                       ("missing.jsonl", "no such metrics file")])
+def test_once_refuses_a_path_that_does_not_exist(tmp_path, name, what):
+    """--once judges what is there: nothing, at a path that does not exist, is an error naming
+    the path and the fix, not a wait."""
+    bad = tmp_path / name
+    with pytest.raises(MscaleError) as e:
+        require_run(resolve_target(str(bad)))
+    assert e.value.file == str(bad) and e.value.message == what
+    assert "check the path" in e.value.fix and "without --once" in e.value.fix
+    assert not bad.exists()
 
 
 def test_layout_from_plan_flags_or_flat(tmp_path):
@@ -283,9 +311,101 @@ def test_a_metrics_file_not_yet_written_to_is_waited_for_too(tmp_path):
     assert notes == [f"waiting for the first record in {path} (0 s)"]
 
 
-def test_once_refuses_a_directory_no_run_has_written_to(tmp_path):
-    from mscale.watch.follow import require_run
+def _real_follower(target, clock, notes):
+    """A live follower with the real feeds and a real actor (allowed to act): what the CLI
+    builds, but with an injected clock, so no test waits for real."""
+    return Follower(target=target, layout_for=layout_source(target), make_watcher=Judge,
+                    feed=MetricsFeed(target.metrics),
+                    events=EventFeed(target.run.events) if target.run else None,
+                    to_window=records_to_window, actor=Actor(target.run, ActionConfig()),
+                    outputs=Out(), live=True, clock=clock, note=notes.append)
 
+
+def test_a_live_watch_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path):
+    """Started before the scheduler placed the job: it says what it waits for, naming the path
+    (a typo shows), every note_every_s, through the directory appearing and the job starting,
+    and creates nothing where the job will write."""
+    later = tmp_path / "runs" / "live"
+    now = [100.0]
+    notes: list[str] = []
+    f = _real_follower(resolve_target(str(later)), lambda: now[0], notes)
+    naps = []
+
+    def sleep(s):
+        naps.append(s)
+        now[0] += 2.0
+        if len(naps) < 4:
+            assert not (tmp_path / "runs").exists()  # watch made nothing of the path
+        if len(naps) == 4:  # the job is scheduled: its directory appears
+            later.mkdir(parents=True)
+        if len(naps) == 7:  # train writes plan.yaml first
+            (later / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+        if len(naps) == 10:
+            raise KeyboardInterrupt
+
+    f.run(interval=2.0, sleep=sleep)
+    assert notes == [
+        f"waiting for a run in {later}: no such directory yet (0 s)",
+        f"waiting for a run in {later}: no such directory yet (6 s)",
+        f"waiting for a run in {later}: no plan.yaml, lock.json or metrics.jsonl yet (12 s)",
+        f"waiting for the run's first step: no record in {later}/metrics.jsonl yet (18 s)",
+    ]  # a run had appeared when Ctrl-C came: no 'stopped before' line
+    assert sorted(p.name for p in later.iterdir()) == ["plan.yaml"]
+
+
+@pytest.mark.parametrize("made", [None, "dir"])
+def test_ctrl_c_before_any_run_appeared_says_so(tmp_path, made):
+    """Nothing judged, and the one line says why: no run ever appeared at that path (none there,
+    or an empty directory)."""
+    later = tmp_path / "runs" / "live"
+    if made:
+        later.mkdir(parents=True)
+    notes: list[str] = []
+    f = _real_follower(resolve_target(str(later)), lambda: 0.0, notes)
+
+    def sleep(s):
+        raise KeyboardInterrupt
+
+    f.run(interval=1.0, sleep=sleep)
+    assert notes[-1] == f"stopped before any run appeared in {later}" and len(notes) == 2
+    assert f.records == 0 and f.findings == []
+
+
+def test_a_metrics_file_that_does_not_exist_yet_is_waited_for(tmp_path):
+    path = tmp_path / "later.jsonl"
+    notes: list[str] = []
+    f = _real_follower(resolve_target(str(path)), lambda: 0.0, notes)
+
+    def sleep(s):
+        raise KeyboardInterrupt
+
+    f.run(interval=1.0, sleep=sleep)
+    assert notes == [f"waiting for the first record in {path}: no such file yet (0 s)",
+                     f"stopped before any run appeared in {path}"]
+
+
+def test_the_cli_waits_live_and_exits_0_on_ctrl_c_before_any_run(cli, tmp_path, monkeypatch):
+    """`mscale watch runs/live` before the job exists: a wait (not exit 3), and Ctrl-C ends it
+    with the line and the exit code of nothing judged (docs/watch.md); the path stays unmade."""
+    later = tmp_path / "runs" / "live"
+    polls = []
+    real = Follower.poll
+
+    def poll(self):
+        polls.append(1)
+        if len(polls) == 3:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(Follower, "poll", poll)
+    code, out, err = cli("watch", str(later), "--interval", "0.05")
+    assert (code, out) == (0, ""), err
+    assert err.splitlines() == [f"waiting for a run in {later}: no such directory yet (0 s)",
+                                f"stopped before any run appeared in {later}"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_once_refuses_a_directory_no_run_has_written_to(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(MscaleError) as e:

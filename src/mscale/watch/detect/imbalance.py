@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mscale.watch.config import WatchConfig
+from mscale.watch.detect.onset import onset_step
 from mscale.watch.detect.rows import Recent
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf
@@ -52,7 +53,15 @@ def judge_imbalance(w: Recent, g: Grid, cfg: WatchConfig, whatif: WhatIf) -> Fin
                    message=f"the slowest data-parallel replica changes from step to step "
                            f"({mean:.3g} s above its peers in {count} of {len(w)} steps); "
                            f"the job is {pct:.0f}% slower because of it",
-                   first_step=int(w.steps[0]), last_step=int(w.steps[-1]), slowdown_pct=pct,
+                   first_step=_onset(w, slow, cfg), last_step=int(w.steps[-1]),
+                   slowdown_pct=pct,
                    evidence=evidence,
                    advice="rebalance the data across replicas (length-aware packing or "
                           "bucketing of sequences); no node is at fault")
+
+
+def _onset(w: Recent, slow: np.ndarray, cfg: WatchConfig) -> int:
+    """The first step of the stretch of rows with a clearly slow replica (detect/onset.py). An
+    imbalance shows in only some of its rows (``imbalance_frac`` of them at the bar), so the
+    level between a healthy window (next to none) and an imbalanced one is half that share."""
+    return onset_step(w.steps, slow, level=cfg.imbalance_frac / 2)

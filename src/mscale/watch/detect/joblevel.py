@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from mscale.watch.config import WatchConfig
+from mscale.watch.detect.onset import onset_step
 from mscale.watch.detect.rows import Recent, median
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid
@@ -67,17 +68,20 @@ class JobLevel:
         # most steps with one clearly slow replica is not every rank slower (imbalance.py)
         lopsided = np.mean(w.top_excess > w.top_threshold) >= self.cfg.imbalance_frac
         if rest > base["step"] * (1 + rel) and not lopsided:
-            return [self._job_wide(base, now, explained, rest, steps)]
+            # dated by the rows that were over the bar themselves, not by the window's start
+            onset = onset_step(w.steps, w.step_time - explained > base["step"] * (1 + rel))
+            return [self._job_wide(base, now, explained, rest, steps, onset)]
         tps, btps = now["tokens_per_s"], base["tokens_per_s"]
         if (not stragglers and not lopsided and math.isfinite(tps) and math.isfinite(btps)
                 and btps > 0
                 and tps < btps * (1 - self.cfg.throughput_rel)):
             pct = 100.0 * (btps / tps - 1) if tps > 0 else math.inf
+            low = w.tokens_per_s < btps * (1 - self.cfg.throughput_rel)  # NaN rows: not low
             return [Finding(
                 kind="throughput", severity="warning", slowdown_pct=pct,
                 message=f"throughput {tps:.4g} tokens/s is {1 - tps / btps:.0%} below this "
                         f"run's baseline of {btps:.4g}, and no straggler explains it",
-                first_step=steps[0], last_step=steps[1],
+                first_step=onset_step(w.steps, low), last_step=steps[1],
                 evidence={"rule": "windowed tokens/s below the run's own baseline",
                           "tokens_per_s": tps, "baseline_tokens_per_s": btps,
                           "threshold_rel": self.cfg.throughput_rel, "window_steps": steps,
@@ -87,7 +91,9 @@ class JobLevel:
         return []
 
     def _job_wide(self, base: dict, now: dict, explained: float, rest: float,
-                  steps: list[int]) -> Finding:
+                  steps: list[int], onset: int) -> Finding:
+        """``steps``: the window's first and last step; ``onset``: the first step of the rows
+        that were slow themselves (the finding's first step)."""
         grew = {k: now[k] - base[k] for k in ("busy", "wait", "data")}
         part = max(grew, key=grew.get)
         where = {"busy": "compute on every rank (clocks, thermals, a co-tenant)",
@@ -98,7 +104,7 @@ class JobLevel:
             kind="straggler", severity="warning", cause="job_wide", slowdown_pct=pct,
             message=f"the whole job is {pct:.0f}% slower than its baseline "
                     f"({rest:.3g} s against {base['step']:.3g} s per step), mostly in {where}",
-            first_step=steps[0], last_step=steps[1],
+            first_step=onset, last_step=steps[1],
             evidence={"rule": "windowed step time above the run's baseline beyond what open "
                               "rank/node/stage findings explain",
                       "step_s": now["step"], "baseline_step_s": base["step"],

@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from mscale.watch.config import WatchConfig
+from mscale.watch.detect.onset import onset_step
 from mscale.watch.detect.rows import median, robust_sigma
 from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid, WhatIf, model_step
@@ -131,6 +132,11 @@ def _leave_one_out_median(v: np.ndarray, stages: int) -> np.ndarray:
     return ((stat(lo) + stat(hi)) / 2).reshape(rows, n)
 
 
+def _row_excess(v: np.ndarray, stages: int) -> np.ndarray:
+    """``[rows, groups]``: each group's value minus its stage's other groups', row by row."""
+    return v - _leave_one_out_median(v, stages)
+
+
 class LinkRules:
     """Judges the link rows (module docstring)."""
 
@@ -174,6 +180,14 @@ class LinkRules:
         grid, m = whatif.grid, whatif.micro_batches
         return dp + max(0.0, float(median(model_step(slowed, grid, m) - model_step(own, grid, m))))
 
+    def onset(self, steps: np.ndarray, rows: dict[str, np.ndarray], slow: list[dict]) -> int:
+        """The first step of the stretch in which most of the slow groups were over their bar
+        (detect/onset.py): the window reaches back before the link degraded."""
+        excess = {kind: _row_excess(v, self.g.pp) for kind, v in rows.items()}
+        over = np.mean([excess[s["kind"]][:, s["group"]] > s["threshold_s"] for s in slow],
+                       axis=0)
+        return onset_step(steps, over >= 0.5)
+
     def judge(self, link_rows: LinkRows, own: np.ndarray | None = None,
               whatif: WhatIf | None = None) -> list[Finding]:
         """Findings over the last ``persist_steps`` rows (none before there are that many).
@@ -214,7 +228,8 @@ class LinkRules:
                    f"{worst['ranks']} is {worst['excess_s']:.3g} s a step slower than its "
                    f"peers{more}); the job is {pct:.0f}% slower because of it")
         return [Finding(kind="straggler", severity="warning", message=message, cause="slow_link",
-                        ranks=g.node_ranks(node), nodes=[name], first_step=int(steps[0]),
+                        ranks=g.node_ranks(node), nodes=[name],
+                        first_step=self.onset(steps, rows, slow),
                         last_step=int(steps[-1]), slowdown_pct=pct, evidence=evidence,
                         advice=f"checkpoint, then take {name} out of the job (quarantine) and "
                                f"check its NIC and cabling (mscale preflight on it)")]

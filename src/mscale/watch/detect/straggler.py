@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from mscale.watch.config import WatchConfig
+from mscale.watch.detect.onset import onset_step
 from mscale.watch.detect.rows import Recent, median, robust_sigma
 from mscale.watch.detect.split import fastest_split, split_gain_pct
 from mscale.watch.findings import Finding
@@ -102,21 +103,24 @@ class StragglerRules:
     def _excess(self, x: np.ndarray, eligible: np.ndarray, peers: str, step_s: float):
         """Windowed excess of each rank over a typical peer, in two passes: flag against all
         peers, then measure against the peers outside flagged ranks and outside nodes whose
-        median rank looks slow (a slow node may be half of a stage)."""
+        median rank looks slow (a slow node may be half of a stage). Also the per-row excess
+        ``[n, world]`` the windowed one is the median of (the onset is read off it)."""
         g, exclude = self.g, None
         for _ in range(2):
             typ = _typical(x, g, exclude, peers)
-            ex = _over_rows(x - typ)
+            per_row = x - typ
+            ex = _over_rows(per_row)
             slow, bar, sig = _outliers(ex, eligible, self.cfg, step_s)
             exclude = slow | (_node_median(ex, g) > bar / 2)[g.node]
-        return ex, slow, bar, sig, typ
+        return ex, slow, bar, sig, typ, per_row
 
     def judge(self, w: Recent, whatif: WhatIf, base_stage: np.ndarray | None) -> list[Finding]:
         g, cfg = self.g, self.cfg
         step_s = float(median(w.step_time))
         everyone = np.ones(g.world, bool)
-        c_ex, slow_c, bar_c, sig_c, typ_c = self._excess(w.compute, everyone, "stage", step_s)
-        d_ex, slow_d, bar_d, sig_d, typ_d = self._excess(w.data, g.reader, "dp", step_s)
+        c_ex, slow_c, bar_c, sig_c, typ_c, rows_c = self._excess(w.compute, everyone, "stage",
+                                                                 step_s)
+        d_ex, slow_d, bar_d, sig_d, typ_d, rows_d = self._excess(w.data, g.reader, "dp", step_s)
         busy = slow_c | slow_d
         whole_c, _ = _by_node(slow_c, everyone, g, cfg)
         busy = busy | np.isin(g.node, whole_c)
@@ -125,24 +129,31 @@ class StragglerRules:
         found: list[Finding] = []
         common = {"window_steps": [int(w.steps[0]), int(w.steps[-1])], "step_s": step_s}
         ctx = (waits_less, w, whatif, typ_c, typ_d, common)
-        for cause, mask, ex, bar, sig, elig in (
-                ("slow_device", slow_c, c_ex, bar_c, sig_c, everyone),
-                ("slow_data", slow_d, d_ex, bar_d, sig_d, g.reader)):
+        for cause, mask, ex, bar, sig, elig, rows in (
+                ("slow_device", slow_c, c_ex, bar_c, sig_c, everyone, rows_c),
+                ("slow_data", slow_d, d_ex, bar_d, sig_d, g.reader, rows_d)):
             nodes, ranks = _by_node(mask, elig, g, cfg)
             for node in nodes:
                 members = np.flatnonzero(mask & (g.node == node))
-                found.append(self._finding(cause, members, int(node), ex, bar, sig, ctx))
+                found.append(self._finding(cause, members, int(node), (ex, rows), bar, sig, ctx))
             for r in ranks[np.argsort(-ex[ranks])][: cfg.max_findings]:
-                found.append(self._finding(cause, np.array([r]), None, ex, bar, sig, ctx))
+                found.append(self._finding(cause, np.array([r]), None, (ex, rows), bar, sig,
+                                           ctx))
         found = [f for f in found if (f.slowdown_pct or 0.0) >= cfg.min_slowdown_pct]
         found.sort(key=lambda f: -(f.slowdown_pct or 0.0))
         stage = self._stage(w, whatif, typ_c, base_stage, common)
         return found[: cfg.max_findings] + ([stage] if stage else [])
 
-    def _finding(self, cause: str, members: np.ndarray, node: int | None, ex: np.ndarray,
-                 bar: float, sig: float, ctx) -> Finding:
+    def _finding(self, cause: str, members: np.ndarray, node: int | None,
+                 excess_rows: tuple[np.ndarray, np.ndarray], bar: float, sig: float,
+                 ctx) -> Finding:
+        """``excess_rows``: each rank's windowed excess ``[world]`` and per-row one
+        ``[n, world]``. Dated by its onset: the rows where the members' mean excess passed the
+        bar (detect/onset.py), not the window's first row, which lies before the fault."""
         g = self.g
+        ex, rows = excess_rows
         waits_less, w, whatif, typ_c, typ_d, common = ctx
+        first = onset_step(w.steps, np.mean(rows[:, members], axis=1) > bar)
         pct, saved = whatif.slowdown(
             w.own, whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d), w.step_time)
         if cause == "slow_device" and node is not None:
@@ -167,7 +178,7 @@ class StragglerRules:
         message = f"{where}: {_SAYS[cause]}, {excess:.3g} s above its peers per step; " \
                   f"the job is {pct:.0f}% slower because of it"
         return Finding(kind="straggler", severity="warning", message=message, cause=cause,
-                       ranks=ranks, nodes=nodes, first_step=int(w.steps[0]),
+                       ranks=ranks, nodes=nodes, first_step=first,
                        last_step=int(w.steps[-1]), slowdown_pct=pct, evidence=evidence,
                        advice=_ADVICE[cause].format(node=nodes[0]))
 
@@ -193,7 +204,8 @@ class StragglerRules:
         evidence = {**common, "stage": s, "stage_compute_s": [float(x) for x in sc],
                     "excess_s": float(excess[s]), "baseline_excess_s": was, "saved_s": saved,
                     "micro_batches": whatif.micro_batches}
-        same = dict(kind="straggler", severity="warning", first_step=int(w.steps[0]),
+        same = dict(kind="straggler", severity="warning",
+                    first_step=_stage_onset(w.steps, typ_c, s, excess[s], was, changed),
                     last_step=int(w.steps[-1]), slowdown_pct=pct, evidence=evidence)
         if changed and len(nodes) == 1:
             node = g.name(int(nodes[0]))
@@ -234,6 +246,20 @@ class StragglerRules:
                        message=f"pipeline stage {s} of {g.pp} computes {excess[s]:.3g} s more "
                                f"per step than the others; the job is {pct:.0f}% slower "
                                f"{than}", **same)
+
+
+def _stage_onset(steps: np.ndarray, stage_typ: np.ndarray, s: int, excess: float,
+                 was: float | None, changed: bool) -> int:
+    """The first step of the stretch in which stage ``s`` computed more than the other stages.
+    ``stage_typ``: ``[n, pp]`` each stage's typical compute per row. A row counts when the
+    stage's excess in it is past the middle between its old level (the baseline's, when the
+    stage changed since; none otherwise) and its windowed level: an imbalance the plan made is
+    there in every row, so it is dated by the window's start, and a stage that became slow by
+    the rows since it did."""
+    others = median(np.delete(stage_typ, s, axis=1), axis=1)
+    old = max(was, 0.0) if changed and was is not None else 0.0
+    return onset_step(steps, stage_typ[:, s] - others > (old + excess) / 2)
+
 
 _RULES = {
     "slow_device": "one rank's compute persistently above its stage peers, its wait the lowest",
