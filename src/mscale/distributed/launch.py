@@ -77,6 +77,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def worker_log_dir(run_dir: str, *parts: str) -> tuple[str, bool]:
+    """Where local workers' stdout and stderr go, and whether that is a temporary directory:
+    ``RUN_DIR/<parts...>`` for a local run directory (a path or a ``file://`` URL); for any other
+    URL a new local temporary directory, since an object store cannot be a process's stdout (the
+    caller removes it when the job succeeded and names it when it did not)."""
+    if "://" not in run_dir or run_dir.startswith("file://"):
+        return os.path.join(run_dir.removeprefix("file://"), *parts), False
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="mscale-logs-"), True
+
+
 def phase_file(log_dir: str, rank: int) -> str:
     """The start-up marker file of ``rank`` (next to its log)."""
     return os.path.join(log_dir, f"rank{rank}.startup")

@@ -23,12 +23,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 import time
 
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
-from mscale.distributed.launch import CLI_PRELOAD, run_local_workers
+from mscale.distributed.launch import CLI_PRELOAD, run_local_workers, worker_log_dir
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render, say_written
 from mscale.preflight.options import OPTIONS_ENV, PreflightOptions
@@ -67,11 +66,9 @@ LOGS_SUBDIR = "preflight"
 
 def log_dir_for(run_dir: str) -> tuple[str, bool]:
     """Where the workers' logs go, and whether that is a temporary directory: a local run
-    directory (a path or a ``file://`` URL, as train's `mscale.train.launch.log_dir_for`) keeps
-    them in ``RUN_DIR/logs/preflight``; any other URL gets a new local temporary directory."""
-    if "://" not in run_dir or run_dir.startswith("file://"):
-        return os.path.join(run_dir.removeprefix("file://"), "logs", LOGS_SUBDIR), False
-    return tempfile.mkdtemp(prefix="mscale-preflight-logs-"), True
+    directory keeps them in ``RUN_DIR/logs/preflight``; any other URL gets a new local temporary
+    directory (`mscale.distributed.launch.worker_log_dir`, as train's launcher)."""
+    return worker_log_dir(run_dir, "logs", LOGS_SUBDIR)
 
 
 def launch_local(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int) -> int:

@@ -27,7 +27,7 @@ from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
-from mscale.distributed.launch import JobResult, run_local_workers
+from mscale.distributed.launch import JobResult, run_local_workers, worker_log_dir
 from mscale.train.options import TrainOptions
 
 OPTIONS_ENV = "MSCALE_TRAIN_OPTIONS"
@@ -131,16 +131,6 @@ def _check_same_run(plan: Plan, run_dir: str, allow_batch_change: bool) -> None:
                           allow_batch_change=allow_batch_change)
 
 
-def log_dir_for(run_dir: str) -> str:
-    """Workers' stdout goes to local files: RUN/logs for a local run directory, else a local
-    temporary directory (an object store cannot be a process's stdout)."""
-    if "://" not in run_dir or run_dir.startswith("file://"):
-        return os.path.join(run_dir.removeprefix("file://"), "logs")
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="mscale-logs-")
-
-
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
                as_json: bool = False) -> int:
     """Run the job on ``nprocs`` local processes; returns its contract exit code."""
@@ -158,10 +148,32 @@ def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
 
 
 def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env) -> int:
+    logs, temporary = worker_log_dir(options.run_dir, "logs")
+    code = None
+    try:
+        code = _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs)
+        return code
+    finally:
+        _tidy_logs(logs, temporary, passed=code == 0)
+
+
+def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
+    """A remote run directory's workers logged to a local temporary directory: removed after a
+    job that ended well, named (on stderr) after one that did not, for the operator to read."""
+    if not temporary:
+        return
+    if passed:
+        import shutil
+
+        shutil.rmtree(logs, ignore_errors=True)
+    else:
+        print(f"worker logs kept in {logs}", file=sys.stderr, flush=True)
+
+
+def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs) -> int:
     from mscale.train.console import layout_text
     from mscale.train.job_watch import record_failure, summary_document
 
-    logs = log_dir_for(options.run_dir)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
     per_node = plan.cluster.gpus_per_node

@@ -46,7 +46,7 @@ def test_a_remote_run_directory_gets_a_local_temporary_directory(tmpdir_here):
     logs, temporary = local.log_dir_for("memory://pf/run")
     assert temporary and os.path.isdir(logs)
     assert os.path.dirname(logs) == str(tmpdir_here)
-    assert os.path.basename(logs).startswith("mscale-preflight-logs-")
+    assert os.path.basename(logs).startswith("mscale-logs-")
 
 
 def _job(plan, status: str, failed_rank: int | None = None):
@@ -93,7 +93,7 @@ def test_local_workers_log_into_the_run_directory_and_a_second_preflight_rewrite
     assert seen["env"]["MSCALE_PREFLIGHT_LOGS"] == str(logs)
     assert sorted(os.listdir(logs)) == [f"rank{r}.log" for r in range(8)]
     assert f"worker logs in {logs}\n" in capsys.readouterr().err
-    assert list(tmpdir_here.iterdir()) == []  # the old code left /tmp/mscale-preflight-logs-*
+    assert list(tmpdir_here.iterdir()) == []  # the old code left /tmp/mscale-preflight-logs-* behind
     # train's logs are recover's evidence: a preflight never writes over them
     assert (run / "logs" / "rank3.log").read_text() == "a failed training attempt's log\n"
     # a second preflight into the same run directory: the same files, rewritten (as train does)

@@ -1,0 +1,32 @@
+"""Where `mscale train --local`'s worker logs go (train/launch.py, distributed/launch.py
+`worker_log_dir`): RUN_DIR/logs for a local run directory; for a remote one a local temporary
+directory, removed after a job that ended well and named after one that did not (it used to be
+left in /tmp after every run)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from mscale.distributed.launch import worker_log_dir
+from mscale.train import launch
+
+
+def test_a_local_run_directory_keeps_its_logs(tmp_path):
+    for run_dir in ("runs/r", "/abs/runs/r", "file:///abs/runs/r"):
+        assert worker_log_dir(run_dir, "logs") == (os.path.join(
+            run_dir.removeprefix("file://"), "logs"), False)
+
+
+def test_a_remote_run_directory_logs_to_a_temporary_one_tidied_by_the_outcome(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kept, temporary = worker_log_dir("memory://bucket/run", "logs")
+    assert temporary and os.path.dirname(kept) == str(tmp_path)
+    launch._tidy_logs(kept, temporary, passed=False)
+    assert os.path.isdir(kept) and f"worker logs kept in {kept}" in capsys.readouterr().err
+    gone, _ = worker_log_dir("s3://bucket/run", "logs")
+    launch._tidy_logs(gone, True, passed=True)
+    assert not os.path.exists(gone) and os.listdir(tmp_path) == [os.path.basename(kept)]
+    launch._tidy_logs(str(tmp_path), False, passed=True)  # a run directory's own: never removed
+    assert os.path.isdir(tmp_path)
