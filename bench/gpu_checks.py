@@ -11,6 +11,7 @@ event timers against the wall clock, the GPU checkpoint round trip, hierarchical
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -197,7 +198,7 @@ def check_ckpt(ctx: Context) -> bool:
     """bench/gpu_ckpt_check.py: its own PASS/FAIL lines."""
     cmd = [sys.executable, "bench/gpu_ckpt_check.py", "--dir", str(ctx.work)]
     proc = subprocess.run(cmd + (["--cpu"] if ctx.rehearse else []), cwd=REPO, text=True,
-                          env={**__import__("os").environ, "OUT": str(ctx.out)})
+                          env={**os.environ, "OUT": str(ctx.out)})
     return proc.returncode == 0
 
 

@@ -271,6 +271,22 @@ def _waiting_follower(target, batches, clock, notes, every=5.0):
                     clock=clock, note=notes.append, note_every_s=every)
 
 
+def _scripted_sleep(now: list[float], stop_at: int, at: dict):
+    """A sleep for `Follower.run` that advances the injected clock 2 s per nap, runs
+    ``at[n]`` on the n-th nap (the job appearing, step by step) and ends with Ctrl-C on nap
+    ``stop_at``."""
+    naps = []
+
+    def sleep(s):
+        naps.append(s)
+        now[0] += 2.0
+        at.get(len(naps), lambda: None)()
+        if len(naps) == stop_at:
+            raise KeyboardInterrupt
+
+    return sleep
+
+
 def test_a_live_watch_of_an_empty_directory_says_what_it_waits_for(tmp_path):
     """Never silent: at the first look and then every note_every_s (by the injected clock, no
     real waiting), one line; it changes once the run appears, and stops once records come."""
@@ -280,16 +296,8 @@ def test_a_live_watch_of_an_empty_directory_says_what_it_waits_for(tmp_path):
     notes: list[str] = []
     f = _waiting_follower(resolve_target(str(empty)), [[]] * 7 + [recs(1, world=8)],
                           lambda: now[0], notes)
-    naps = []
-
-    def sleep(s):
-        naps.append(s)
-        now[0] += 2.0
-        if len(naps) == 4:  # the job starts: train writes plan.yaml first
-            (empty / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
-        if len(naps) == 9:
-            raise KeyboardInterrupt
-
+    sleep = _scripted_sleep(now, stop_at=9, at={  # the job starts: train writes plan.yaml first
+        4: lambda: (empty / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())})
     f.run(interval=2.0, sleep=sleep)
     assert notes == [
         f"waiting for a run in {empty}: no plan.yaml, lock.json or metrics.jsonl yet (0 s)",
@@ -329,20 +337,13 @@ def test_a_live_watch_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path
     now = [100.0]
     notes: list[str] = []
     f = _real_follower(resolve_target(str(later)), lambda: now[0], notes)
-    naps = []
+    def untouched():
+        assert not (tmp_path / "runs").exists()  # watch made nothing of the path
 
-    def sleep(s):
-        naps.append(s)
-        now[0] += 2.0
-        if len(naps) < 4:
-            assert not (tmp_path / "runs").exists()  # watch made nothing of the path
-        if len(naps) == 4:  # the job is scheduled: its directory appears
-            later.mkdir(parents=True)
-        if len(naps) == 7:  # train writes plan.yaml first
-            (later / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
-        if len(naps) == 10:
-            raise KeyboardInterrupt
-
+    sleep = _scripted_sleep(now, stop_at=10, at={
+        1: untouched, 2: untouched, 3: untouched,
+        4: lambda: later.mkdir(parents=True),  # the job is scheduled: its directory appears
+        7: lambda: (later / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())})
     f.run(interval=2.0, sleep=sleep)
     assert notes == [
         f"waiting for a run in {later}: no such directory yet (0 s)",
