@@ -17,6 +17,7 @@ from mscale.planner.planfile import make_plan
 from mscale.planner.report import (Row, distinct, json_document, layout_table, losses_table,
                                    memory_table, rejects_table)
 from mscale.planner.search import describe
+from mscale.planner.stacks import STACKS
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.targets import check_output
 
@@ -64,9 +65,9 @@ def plan_cmd(
                                      callback=_finite,
                                      help="Aggregate checkpoint write bandwidth, GB/s."),
     stack: Optional[str] = typer.Option(None, "--stack", help="Price this training stack "
-                                        "(mscale, megascale, megatron-lm, megatron-core, "
-                                        "megatron-deepspeed, llama3); default: training.stack, "
-                                        "else mscale."),
+                                        f"({', '.join(STACKS)}); default: training.stack, "
+                                        "else mscale (mscale-eager when training.compile is "
+                                        "false)."),
     calibrate: Optional[list[str]] = typer.Option(None, "--calibrate", help="A preflight.json "
                                                   "and/or a run's metrics.jsonl (with the layout "
                                                   "it ran given): measured rates replace "

@@ -14,8 +14,8 @@ from mscale.config.base import FieldError, StrictModel
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp32"]
-Stack = Literal["mscale", "megascale", "megatron-lm", "megatron-core", "megatron-deepspeed",
-                "llama3"]
+Stack = Literal["mscale", "mscale-eager", "megascale", "megatron-lm", "megatron-core",
+                "megatron-deepspeed", "llama3"]
 """Stack profile names (planner/stacks.py defines each; a test keeps the two lists equal)."""
 ZeroStage = Annotated[int, Field(ge=0, le=2)]
 """0, 1 or 2 (an int, not a Literal: pydantic's Literal[0, 1, 2] would accept ``true`` as 1)."""
@@ -167,8 +167,9 @@ class TrainingConfig(StrictModel):
     docs/benchmarks.md, "compiled blocks")."""
     stack: Stack | None = None
     """Training software whose overlaps and kernels the planner prices (docs/plan.md, "Stack
-    profiles"): ``mscale`` (this engine; the default), ``megascale``, ``megatron-lm`` (as in the
-    2021-22 papers), ``megatron-core`` (current defaults), ``megatron-deepspeed``, ``llama3``."""
+    profiles"): ``mscale`` (this engine; the default; priced as ``mscale-eager`` when
+    ``compile`` is false), ``megascale``, ``megatron-lm`` (as in the 2021-22 papers),
+    ``megatron-core`` (current defaults), ``megatron-deepspeed``, ``llama3``."""
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingConfig":

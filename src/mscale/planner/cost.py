@@ -46,7 +46,15 @@ class Problem:
 
     @cached_property
     def stack_profile(self) -> StackProfile:
-        return stack_profile(self.stack or getattr(self.training, "stack", None))
+        return stack_profile(self.stack or getattr(self.training, "stack", None),
+                             compiled=self.compiled)
+
+    @cached_property
+    def compiled(self) -> bool:
+        """Whether the engine compiles its blocks: ``training.compile``, or by default on GPUs
+        and not on CPUs (the engine's rule: parallel/compile.py wants_compile)."""
+        switch = getattr(self.training, "compile", None)
+        return self.cluster.gpu.name.lower() != "cpu" if switch is None else switch
 
     @cached_property
     def device(self) -> Device:

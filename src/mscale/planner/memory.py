@@ -241,7 +241,7 @@ def rank_memory(pb, c: dict, micro) -> dict:
     weights and Megatron's accounting, e.g. ``megascale``) is priced by `megatron_memory`.
     """
     profile = getattr(pb, "stack_profile", None)
-    if profile is not None and profile.name != "mscale":
+    if profile is not None and not profile.this_engine:
         return megatron_memory(pb, c, micro)
     pp = np.asarray(c["pp"])
     single = pp == 1

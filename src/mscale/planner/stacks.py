@@ -38,6 +38,9 @@ class StackProfile:
     names one)."""
     hierarchical_dp: bool = True
     """Whether the stack can reduce gradients hierarchically (inside the node, then across)."""
+    this_engine: bool = False
+    """Memory priced as this project's engine allocates (planner/memory.py); other stacks use
+    Megatron's accounting."""
 
 
 STACKS: dict[str, StackProfile] = {
@@ -79,22 +82,38 @@ STACKS: dict[str, StackProfile] = {
             "described, so none is assumed."),
     "mscale": StackProfile(
         "mscale", tp_overlap=0.0, dp_overlap=True, pp_overlap=0.9, flash_attention=True,
+        fused_norms=True,
+        doc="This project's engine as it runs on GPUs (src/mscale/parallel/README.md): TP/SP "
+            "collectives are synchronous autograd functions (none hidden); each bucket's "
+            "reduction starts during the last backward and the ZeRO parameter all-gather is "
+            "prefetched per bucket by the next forward (overlap_param_gather); pipeline "
+            "sends/receives are batched isend/irecv posted ahead of compute (p2p.py); attention "
+            "through torch SDPA (a flash kernel on GPUs); each block's norms, SwiGLU and rotary "
+            "compiled by torch.compile (training.compile, on by default with CUDA), so norms run "
+            "as fused single-pass kernels.",
+        this_engine=True),
+    "mscale-eager": StackProfile(
+        "mscale-eager", tp_overlap=0.0, dp_overlap=True, pp_overlap=0.9, flash_attention=True,
         fused_norms=False,
-        doc="This project's engine (src/mscale/parallel/README.md): TP/SP collectives are "
-            "synchronous autograd functions (none hidden); each bucket's reduction starts during "
-            "the last backward and the ZeRO parameter all-gather is prefetched per bucket by the "
-            "next forward (overlap_param_gather); pipeline sends/receives are batched isend/irecv "
-            "posted ahead of compute (p2p.py); attention through torch SDPA (a flash kernel on "
-            "GPUs); RMSNorm and SwiGLU as eager torch ops (the measured unfused rates)."),
+        doc="This engine with ``training.compile: false``: as ``mscale``, but RMSNorm and "
+            "SwiGLU run as eager torch ops (the measured unfused rates). The planner prices a "
+            "training file that turns compilation off with this profile.",
+        this_engine=True),
 }
 DEFAULT_STACK = "mscale"
 """A training file describes a run of this engine unless it says otherwise."""
 
 
-def stack_profile(name: str | None) -> StackProfile:
-    """The profile called ``name`` (None: DEFAULT_STACK); MscaleError naming the choices."""
+def stack_profile(name: str | None, compiled: bool | None = None) -> StackProfile:
+    """The profile called ``name`` (None: DEFAULT_STACK); MscaleError naming the choices.
+
+    ``compiled`` is the training file's ``compile``: False turns this engine's default profile
+    into ``mscale-eager``, because the engine then runs its norms unfused. Other stacks are
+    priced as their sources describe them, whatever the switch says."""
     key = DEFAULT_STACK if name is None else name
     if key not in STACKS:
         raise MscaleError(f"unknown stack {name!r}", field="training.stack",
                           fix=f"use one of: {', '.join(STACKS)}")
+    if key == "mscale" and compiled is False:
+        key = "mscale-eager"
     return STACKS[key]

@@ -91,6 +91,27 @@ def test_stacks_price_their_overlaps():
     assert costs["megascale"].mfu > costs["megatron-core"].mfu > costs["megatron-lm"].mfu
 
 
+def test_this_engine_is_priced_compiled_unless_the_training_file_turns_it_off():
+    """The engine compiles its blocks on GPUs by default (fused norms); `compile: false`, or a
+    CPU cluster where compilation is off by default, is priced as the eager engine. Another
+    stack's profile does not follow the switch."""
+    model = ModelConfig(layers=16, hidden=2048, heads=16, vocab=32000, seq_len=2048)
+    lo = LayoutConfig(micro_batch=4)
+
+    def cost(gpu="H200", stack=None, **training):
+        pb = Problem(model, TrainingConfig(global_batch=16, **training),
+                     ClusterConfig(nodes=1, gpus_per_node=1, gpu=gpu), stack=stack)
+        return pb.stack_profile.name, evaluate(pb, lo)
+
+    (name, compiled), (eager_name, eager) = cost(), cost(compile=False)
+    assert (name, eager_name) == ("mscale", "mscale-eager")
+    assert cost(compile=True)[0] == "mscale" and cost(gpu="cpu")[0] == "mscale-eager"
+    assert cost(stack="mscale-eager")[1].step_time == eager.step_time
+    assert eager.step_time > compiled.step_time  # only the norms' rate differs
+    assert eager.mem_total == compiled.mem_total  # both priced as this engine allocates
+    assert cost(stack="megascale", compile=False)[0] == "megascale"
+
+
 def test_unknown_stack_is_refused_with_the_choices():
     from mscale.errors import MscaleError
     pb = Problem(ModelConfig(layers=2, hidden=64, heads=4, vocab=256, seq_len=64),
