@@ -39,7 +39,7 @@ def adam_update_(master: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor
 def fused_adamw_(params: list[torch.Tensor], grads: list[torch.Tensor],
                  exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                  step: torch.Tensor, *, lr: float, beta1: float, beta2: float, eps: float,
-                 weight_decay: float) -> None:
+                 weight_decay: float, grad_scale: torch.Tensor | None = None) -> None:
     """AdamW over lists of tensors (views of the flat shards) in fused kernels: the op behind
     ``torch.optim.AdamW(fused=True)``, decoupled weight decay included. ``step`` is a 0-dim
     float tensor on the device holding the step count after this step (no host sync).
@@ -47,11 +47,14 @@ def fused_adamw_(params: list[torch.Tensor], grads: list[torch.Tensor],
     Why: `adam_update_` is about ten elementwise passes over the shard (each a kernel reading and
     writing shard-sized tensors); the fused kernel reads parameter, gradient and both moments and
     writes three of them once: ~7 shard-sized transfers instead of ~20, which on a GPU is the
-    optimizer's whole cost (memory-bound). Its rounding differs from the single-tensor path's."""
+    optimizer's whole cost (memory-bound). Its rounding differs from the single-tensor path's.
+    ``grad_scale`` (0-dim, on the device): the kernel divides each gradient by it first (and
+    writes the quotient back), which is how gradient clipping is applied without a pass of its
+    own."""
     if params:
         torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, [], [step] * len(params),
                             lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
-                            amsgrad=False, maximize=False)
+                            amsgrad=False, maximize=False, grad_scale=grad_scale)
 
 
 def lamb_direction(grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,

@@ -102,6 +102,8 @@ class DistributedOptimizer:
         self.fused = self.device.type == "cuda" if fused is None else fused
         self._step_t = torch.zeros((), dtype=torch.float32, device=self.device)
         """The step count on the device, for the fused kernel (filled, never read back)."""
+        self._grad_scale_t = torch.ones((), dtype=torch.float32, device=self.device)
+        """1 / clip factor on the device, the fused kernel's gradient divisor."""
 
     def _set_groups(self, groups) -> None:
         def live(g, size):
@@ -171,10 +173,13 @@ class DistributedOptimizer:
         grad = self.grads.owned_grad
         waited = 0.0
         if not self.found_non_finite:
-            if clip_coef != 1.0:
-                grad.mul_(clip_coef)
             self.step_count += 1
-            (self._adamw if self.kind == "adamw" else self._lamb)(grad, lr)
+            if self.fused and self.kind == "adamw":
+                self._fused_adamw(grad, lr, clip_coef)  # the kernel scales the gradient
+            else:
+                if clip_coef != 1.0:
+                    grad.mul_(clip_coef)
+                (self._adamw if self.kind == "adamw" else self._lamb)(grad, lr)
             waited = self.gather.write(self.master)
         self.grads.zero_grad()
         self._norm = None
@@ -185,20 +190,23 @@ class DistributedOptimizer:
         return [views[i] for i in self._decay]
 
     def _adamw(self, grad: torch.Tensor, lr: float) -> None:
-        if self.fused:
-            return self._fused_adamw(grad, lr)
         if self.weight_decay and self._decay:
             torch._foreach_mul_(self._decay_views(self.master), 1 - lr * self.weight_decay)
         optim.adam_update_(self.master, grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
                            lr=lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps)
 
-    def _fused_adamw(self, grad: torch.Tensor, lr: float) -> None:
-        """Two fused launches: the pieces with weight decay, and those without."""
-        self._step_t.fill_(self.step_count)  # a kernel with a host scalar: no sync
+    def _fused_adamw(self, grad: torch.Tensor, lr: float, clip_coef: float) -> None:
+        """Two fused launches: the pieces with weight decay, and those without. The clip
+        factor rides in as the kernel's gradient divisor, saving a pass over the gradient."""
+        self._step_t.fill_(self.step_count)  # kernels with a host scalar: no sync
+        scale = None
+        if clip_coef != 1.0:
+            scale = self._grad_scale_t.fill_(1.0 / clip_coef)
         views = [self._views(t) for t in (self.master, grad, self.exp_avg, self.exp_avg_sq)]
         for wd, idx in ((self.weight_decay, self._decay), (0.0, self._plain)):
             optim.fused_adamw_(*([v[i] for i in idx] for v in views), self._step_t, lr=lr,
-                               beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=wd)
+                               beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=wd,
+                               grad_scale=scale)
 
     def _lamb(self, grad: torch.Tensor, lr: float) -> None:
         update = optim.lamb_direction(grad, self.exp_avg, self.exp_avg_sq, step=self.step_count,
