@@ -76,6 +76,11 @@ def drive(checks, ctx, args, report: Path) -> int:
         say(f"gpu_check {'(rehearsal on the CPU)' if ctx.rehearse else ''} at "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}; budget {args.budget:.0f} s; "
             f"checks: {', '.join(c.name for c in checks)}")
+        missing = missing_requirements()
+        if missing:  # found in a second here, not as a crash minutes into a run
+            say(f"FAIL: not installed here, though pyproject.toml requires them: "
+                f"{', '.join(missing)} (add them to scripts/gpu-wheels.sh)")
+            results.append(("requirements", "FAIL", 0.0))
         for check in checks:
             left = args.budget - (time.monotonic() - t0)
             if left < check.seconds:
@@ -89,6 +94,32 @@ def drive(checks, ctx, args, report: Path) -> int:
         say("== summary: " + "; ".join(f"{n} {s} ({t:.0f} s)" for n, s, t in results)
             + f"; {time.monotonic() - t0:.0f} s in all")
     return 1 if any(s == "FAIL" for _, s, _ in results) else 0
+
+
+def missing_requirements(version=None) -> list[str]:
+    """The project's requirements (pyproject.toml) this interpreter lacks or has too old.
+    The GPU image brings its own packages and takes the rest as carried wheels; a name missing
+    from both crashed all three training checks of a lease once the engine began to use it.
+    ``version``: name → installed version or None (default: importlib.metadata)."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    def installed(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    version = version or installed
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    out = []
+    for req in map(Requirement, deps):
+        have = version(req.name)
+        if have is None or not req.specifier.contains(have, prereleases=True):
+            out.append(str(req) + ("" if have is None else f" (have {have})"))
+    return out
 
 
 def run_child(check, ctx, args, say, timeout: float) -> tuple[str, float]:

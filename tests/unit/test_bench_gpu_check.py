@@ -75,3 +75,15 @@ def test_an_unknown_check_is_refused_before_anything_runs(tmp_path):
                         str(tmp_path), "--only", "nope"], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and "unknown check(s) ['nope']" in p.stderr
+
+
+def test_missing_requirements_are_named_before_any_check(checks):
+    """The device image lacked tensorboardX, which every training check needs: the driver names
+    such a package first. Here (pip install -e .) nothing is missing."""
+    driver = importlib.import_module("gpu_check")
+    assert driver.missing_requirements() == []
+    have = {"tensorboardx": None, "torch": "2.3.1"}
+    missing = driver.missing_requirements(lambda name: have.get(name.lower(), "9999.1"))
+    assert any(m.startswith("tensorboardX") for m in missing)
+    assert any(m.startswith("torch") and "(have 2.3.1)" in m for m in missing)
+    assert len(missing) == 2

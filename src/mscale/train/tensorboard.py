@@ -85,3 +85,7 @@ def open_log(run_root: str, attempt: int, warn=print) -> tuple[ScalarLog | None,
         return ScalarLog(folder(root, attempt), warn), None
     except OSError as e:  # the folder cannot be made (a full disk, read-only): not a reason to stop
         return None, f"TensorBoard scalars are not written: {e} (metrics.jsonl has every figure)"
+    except ImportError as e:  # a broken install (it is a dependency): a view, not worth a job
+        return None, (f"TensorBoard scalars are not written: {e.name or e} is not installed "
+                      "(pip install tensorboardX, or training.tensorboard: false; metrics.jsonl "
+                      "has every figure)")

@@ -42,3 +42,12 @@ def test_a_write_that_fails_turns_the_log_off_with_one_line(tmp_path):
 def test_a_remote_run_directory_writes_none_and_says_so():
     log, why_not = tensorboard.open_log("memory://bucket/run", 1)
     assert log is None and "not local" in why_not
+
+
+def test_a_missing_tensorboardx_writes_none_and_says_how_to_fix_it(tmp_path, monkeypatch):
+    """A broken install (the GPU image lacked tensorboardX) must not cost the job: one line."""
+    import sys
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # import raises ImportError
+    log, why_not = tensorboard.open_log(str(tmp_path), 1)
+    assert log is None
+    assert "tensorboardX is not installed" in why_not and "tensorboard: false" in why_not
