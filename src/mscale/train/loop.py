@@ -34,6 +34,7 @@ from mscale.topology.placement import placement_for
 from mscale.train.console import Summary, resume_text, start_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
+from mscale.train.resumed import resume_notes
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
@@ -145,6 +146,10 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     resumed = resume_text(ckpt.resumed_from, first, steps)
     if resumed:
         _say(engine, resumed)
+        for note in resume_notes(ckpt.resumed_state, plan.training, ckpt.fingerprint,
+                                 engine.options.ckpt.resume, ckpt.resumed_from):
+            _say(engine, note)
+            _event(s, kind="info", severity="warning", step=first, message=note)
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
     control.install_signal_handlers()
