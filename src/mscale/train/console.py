@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mscale.config.plan import Plan
+from mscale.ckpt.listing import format_bytes
 from mscale.config.records import MetricsRecord
 
 
@@ -39,6 +40,23 @@ def resume_line(path: str, step: int, steps: int) -> str:
         return f"resumed from {path} (step {step}); continuing to step {steps}"
     return (f"resumed from {path} (step {step}): already at step {steps}, nothing to train "
             "(raise --steps, or use a new --run-dir to start over)")
+
+
+def checkpoint_line(kind: str, message: str, evidence: dict) -> str | None:
+    """The console line of a checkpoint event (None for other events): a commit with its size
+    and what it cost the training, a failure as the event says it (what happens next
+    included). A failed save used to reach only events.jsonl."""
+    if kind == "checkpoint_failed":
+        return f"WARNING {message}"
+    if kind != "checkpoint":
+        return None
+    size = evidence.get("stored_bytes")
+    took, blocked = evidence.get("total_s"), evidence.get("blocking_s_max")
+    parts = [format_bytes(size) if size is not None else None,
+             f"{took:.1f} s in the background" if took is not None else None,
+             f"training blocked {blocked:.2f} s" if blocked is not None else None]
+    return message + "".join(f"; {p}" if i else f": {p}"
+                             for i, p in enumerate(p for p in parts if p))
 
 
 @dataclass

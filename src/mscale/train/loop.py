@@ -31,7 +31,8 @@ from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
-from mscale.train.console import Summary, resume_text, start_line, stop_line
+from mscale.train.console import (Summary, checkpoint_line, resume_text, start_line,
+                                  stop_line)
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
 from mscale.train.resumed import resume_notes
@@ -128,10 +129,20 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
 def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
     return Checkpointer(engine.live_rank(), s.run.ckpt, engine.options.ckpt,
-                        emit=lambda **kw: _event(s, **kw),
+                        emit=lambda **kw: _checkpoint_event(engine, s, kw),
                         data_fingerprint=source_fingerprint(engine.loader.source),
                         data_position=engine.loader.consumed_before,
                         write_hooks=engine.faults.write_hooks)
+
+
+def _checkpoint_event(engine: Engine, s: RunSession, fields: dict) -> None:
+    """The checkpointer's events (rank 0, maybe from its writer thread), commits and failures
+    also on the console."""
+    _event(s, **fields)
+    line = checkpoint_line(fields.get("kind", ""), fields.get("message", ""),
+                           fields.get("evidence") or {})
+    if line:
+        _say(engine, line)
 
 
 def _run(engine: Engine, s: RunSession, start: Start) -> int:

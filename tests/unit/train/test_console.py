@@ -51,3 +51,21 @@ def test_a_summary_of_one_step_or_of_even_steps_says_no_warm_up():
     for step in (1, 2, 3):
         even.add(_record(step, 1.0, 0.3))
     assert "left out" not in even.line(None, "R") and "left out" not in one.line(None, "R")
+
+
+def test_checkpoint_events_reach_the_console():
+    """A commit says its size and cost; a failed save, which used to reach only events.jsonl,
+    says what failed and what happens next; other events print nothing."""
+    from mscale.train.console import checkpoint_line
+
+    line = checkpoint_line("checkpoint", "checkpoint step-000010 committed (interval)",
+                           {"stored_bytes": 3.2e9, "total_s": 41.0, "blocking_s_max": 0.31})
+    assert line == ("checkpoint step-000010 committed (interval): 3.2 GB; 41.0 s in the "
+                    "background; training blocked 0.31 s")
+    failed = checkpoint_line("checkpoint_failed", "checkpoint step-000010 failed on 2 rank(s): "
+                             "OSError: No space left; training continues, latest stays "
+                             "step-000005", {})
+    assert failed.startswith("WARNING checkpoint step-000010 failed") and "latest stays" in failed
+    assert checkpoint_line("info", "resumed from x", {}) is None
+    assert checkpoint_line("checkpoint", "checkpoint step-000001 committed (final)", {}) == \
+        "checkpoint step-000001 committed (final)"
