@@ -69,3 +69,20 @@ def test_bad_input_is_one_line_and_exit_3(tmp_path):
     assert lines[0].startswith(f"error: {tmp_path / 't.json'}: --tokenizer: not a valid"), p.stderr
     assert len(lines) == 2 and lines[1].startswith("  fix: ")
     assert not (tmp_path / "out").exists()
+
+
+def test_skip_bad_goes_on_past_a_bad_record_and_exits_1(tmp_path):
+    src = corpus(tmp_path / "src")
+    (src / "part-2.jsonl").write_text('{"text": "kept"}\n{"body": "no text field"}\n')
+    tok = tmp_path / "tokenizer.json"
+    train_tokenizer([str(src / "part-0.jsonl")], 300, str(tok))
+    out = tmp_path / "tokens"
+    p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out))
+    assert p.returncode == 3 and f"error: {src / 'part-2.jsonl'}:2: text: no field" in p.stderr
+    p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out),
+               "--skip-bad")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"skipped {src / 'part-2.jsonl'}:2: no field 'text'" in p.stderr
+    assert "WARNING 1 unreadable record(s) or file(s) skipped" in p.stdout
+    assert "202 documents" in p.stdout  # 201 of the clean corpus, and "kept"
+    assert json.loads((out / "manifest.json").read_text())["skipped_count"] == 1

@@ -133,6 +133,10 @@ def prepare_cmd(
                                       "<|endoftext|>, </s>, <eos>, ...)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out folder (a "
                                "token folder), once the new one is complete."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip an unreadable .jsonl line or "
+                                  "file (not UTF-8, not JSON, no text field or column) with a "
+                                  "line saying so, listed in the manifest; exit 1 when any was "
+                                  "skipped. Default: the first one stops prepare (exit 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Tokenize text into Megatron-format token shards with a manifest of checksums, in parallel
@@ -156,7 +160,8 @@ def prepare_cmd(
         with _interruptible():
             m = prepare(inputs, tokenizer, out, text_field=text_field, column=column,
                         workers=workers, shard_tokens=shard_tokens, eod=eod, text_exts=text_ext,
-                        force=force, progress=line, on_start=on_start)
+                        force=force, progress=line, on_start=on_start,
+                        on_skip=_skip_reporter(line) if skip_bad else None)
     except KeyboardInterrupt:
         line.close()
         line.say(f"prepare: interrupted; nothing was written to {out}"
@@ -174,6 +179,31 @@ def prepare_cmd(
                   f"{_n(m['tokens'] / seconds)} tokens/s"
                   + (f"; {skipped:,} empty document(s) skipped" if skipped else ""),
                   soft_wrap=True, markup=False)
+    bad = m.get("skipped_count", 0)
+    if bad:
+        console.print(f"WARNING {bad:,} unreadable record(s) or file(s) skipped (--skip-bad); "
+                      f"listed in {out}/manifest.json under \"skipped\"", soft_wrap=True,
+                      markup=False)
+        raise typer.Exit(1)
+
+
+SKIPS_SHOWN = 20
+"""Skipped records named on the console; the manifest lists more."""
+
+
+def _skip_reporter(line: "ProgressLine"):
+    """``--skip-bad``: a line per skipped record, the first SKIPS_SHOWN, then one saying more."""
+    seen = [0]
+
+    def report(e) -> None:
+        seen[0] += 1
+        if seen[0] <= SKIPS_SHOWN:
+            line.say(f"skipped {e.file}: {e.message}")
+        elif seen[0] == SKIPS_SHOWN + 1:
+            line.say(f"skipped more (the manifest lists them); only the first {SKIPS_SHOWN} "
+                     "are shown")
+
+    return report
 
 
 @data_app.command("tokenizer")

@@ -20,7 +20,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -193,7 +193,7 @@ def _lines(f, chunk: int = 1 << 20) -> Iterator[bytes]:
         yield rest
 
 
-def _read_jsonl(src: Source, field: str) -> Iterator[tuple[str, int]]:
+def _read_jsonl(src: Source, field: str, on_bad=None) -> Iterator[tuple[str, int]]:
     offset = 0
     with _open(src) as f:
         for lineno, raw in enumerate(_lines(f), 1):
@@ -201,45 +201,60 @@ def _read_jsonl(src: Source, field: str) -> Iterator[tuple[str, int]]:
             if not raw.strip():
                 yield None, len(raw)  # a blank line: no document
                 continue
-            where = f"{src.url}:{lineno}"
             try:
-                obj = json.loads(_decode(raw, src.url, start, lineno))
-            except json.JSONDecodeError as e:
-                raise MscaleError(f"not JSON ({e.msg}, column {e.colno})", file=where,
-                                  fix="each line of a .jsonl file must be one JSON object"
-                                  ) from None
-            if not isinstance(obj, dict):
-                raise MscaleError(f"a JSON {type(obj).__name__}, not an object", file=where,
-                                  fix="each line of a .jsonl file must be one JSON object")
-            if field not in obj:
-                keys = ", ".join(list(obj)[:10]) or "none"
-                raise MscaleError(f"no field {field!r} (its fields: {keys})", file=where,
-                                  field=field, fix="name the text field with --text-field")
-            text = obj[field]
-            if text is None:
-                text = ""
-            if not isinstance(text, str):
-                raise MscaleError(f"field {field!r} is a {type(text).__name__}, not a string",
-                                  file=where, field=field,
-                                  fix="name the text field with --text-field")
-            if _SURROGATE_ESCAPE.search(raw):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise MscaleError("a lone UTF-16 surrogate escape (\\ud800-\\udfff) is not "
-                                      "text", file=where, field=field,
-                                      fix="repair or drop this line") from None
+                text = _jsonl_text(raw, f"{src.url}:{lineno}", src.url, start, lineno, field)
+            except MscaleError as e:
+                if on_bad is None:
+                    raise
+                on_bad(e)
+                yield None, len(raw)  # a skipped line: no document, its bytes read
+                continue
             yield text, len(raw)
 
 
-def _read_parquet(src: Source, column: str) -> Iterator[tuple[str, int]]:
+def _jsonl_text(raw: bytes, where: str, url: str, start: int, lineno: int, field: str) -> str:
+    """The text of one .jsonl line; MscaleError naming the line when it has none."""
+    try:
+        obj = json.loads(_decode(raw, url, start, lineno))
+    except json.JSONDecodeError as e:
+        raise MscaleError(f"not JSON ({e.msg}, column {e.colno})", file=where,
+                          fix="each line of a .jsonl file must be one JSON object") from None
+    if not isinstance(obj, dict):
+        raise MscaleError(f"a JSON {type(obj).__name__}, not an object", file=where,
+                          fix="each line of a .jsonl file must be one JSON object")
+    if field not in obj:
+        keys = ", ".join(list(obj)[:10]) or "none"
+        raise MscaleError(f"no field {field!r} (its fields: {keys})", file=where,
+                          field=field, fix="name the text field with --text-field")
+    text = obj[field]
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise MscaleError(f"field {field!r} is a {type(text).__name__}, not a string",
+                          file=where, field=field, fix="name the text field with --text-field")
+    if _SURROGATE_ESCAPE.search(raw):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MscaleError("a lone UTF-16 surrogate escape (\\ud800-\\udfff) is not "
+                              "text", file=where, field=field,
+                              fix="repair or drop this line") from None
+    return text
+
+
+def _pyarrow(url: str):
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise MscaleError("reading .parquet needs pyarrow, which is not installed", file=src.url,
+        raise MscaleError("reading .parquet needs pyarrow, which is not installed", file=url,
                           fix="install pyarrow (pip install pyarrow), or convert to .jsonl"
                           ) from None
+    return pa, pq
+
+
+def _read_parquet(src: Source, column: str) -> Iterator[tuple[str, int]]:
+    pa, pq = _pyarrow(src.url)
     with _open(src) as f:
         try:
             pf = pq.ParquetFile(f)
@@ -264,14 +279,28 @@ def _read_parquet(src: Source, column: str) -> Iterator[tuple[str, int]]:
                 first = False
 
 
-def iter_documents(sources: list[Source], *, text_field: str = "text",
-                   column: str = "text") -> Iterator[tuple[str | None, int]]:
+def iter_documents(sources: list[Source], *, text_field: str = "text", column: str = "text",
+                   on_bad: Callable[[MscaleError], None] | None = None
+                   ) -> Iterator[tuple[str | None, int]]:
     """(text, bytes read) of every document, in input order: empty documents included (as "")
-    so that callers count them, blank .jsonl lines as None (no document, bytes only)."""
+    so that callers count them, blank .jsonl lines as None (no document, bytes only).
+
+    ``on_bad``: an unreadable record (a .jsonl line) or file (a .txt that is not UTF-8, a
+    .parquet without the text column) is handed to it and skipped, where by default its
+    MscaleError stops the read (a corpus scraped from many places has a few). A file that fails
+    part-way keeps the documents read before the failure. A missing pyarrow is never skipped: it
+    would skip every .parquet file."""
+    if on_bad is not None and any(src.kind == "parquet" for src in sources):
+        _pyarrow(next(src.url for src in sources if src.kind == "parquet"))
     for src in sources:
-        if src.kind == "text":
-            yield from _read_text(src)
-        elif src.kind == "jsonl":
-            yield from _read_jsonl(src, text_field)
-        else:
-            yield from _read_parquet(src, column)
+        try:
+            if src.kind == "text":
+                yield from _read_text(src)
+            elif src.kind == "jsonl":
+                yield from _read_jsonl(src, text_field, on_bad)
+            else:
+                yield from _read_parquet(src, column)
+        except MscaleError as e:
+            if on_bad is None:
+                raise
+            on_bad(e)

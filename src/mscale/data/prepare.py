@@ -183,6 +183,10 @@ def default_workers() -> int:
 
 # --- output ---------------------------------------------------------------------------------
 
+SKIPPED_LISTED = 1000
+"""Skipped records the manifest names (``skipped_count`` counts them all)."""
+
+
 def _check_out(out: str, force: bool) -> str:
     """The local folder to create; an existing one only with ``force`` and only if it is a token
     folder (or empty): --force never deletes a folder of something else."""
@@ -247,11 +251,14 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
             column: str = "text", workers: int | None = None, shard_tokens: int = SHARD_TOKENS,
             eod: str | None = None, text_exts: Iterable[str] = (), force: bool = False,
             progress: Progress | None = None,
-            on_start: Callable[[dict], None] | None = None) -> dict:
+            on_start: Callable[[dict], None] | None = None,
+            on_skip: Callable[[MscaleError], None] | None = None) -> dict:
     """Tokenize ``inputs`` with ``tokenizer`` into shards under ``out``; returns the manifest.
 
     ``on_start`` gets what was resolved before any work (files, bytes, workers, vocabulary, EOD,
-    dtype); ``progress`` is called after every batch written.
+    dtype); ``progress`` is called after every batch written. ``on_skip`` (``--skip-bad``):
+    unreadable records and files are skipped, each handed to it and listed in the manifest
+    (``skipped``, the first SKIPPED_LISTED; ``skipped_count``), instead of stopping the run.
     """
     if shard_tokens < 1:
         raise MscaleError(f"--shard-tokens {shard_tokens} must be at least 1",
@@ -278,10 +285,17 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)  # ours from an earlier call in this process
     os.makedirs(tmp)
+    skipped: list[MscaleError] = []
+
+    def skip(e: MscaleError) -> None:
+        skipped.append(e)
+        on_skip(e)
+
     try:
-        shards, documents, tokens, empty = _write_shards(
-            iter_documents(sources, text_field=text_field, column=column), tmp, workers,
-            tok_json, eod, dtype, shard_tokens, progress)
+        docs = iter_documents(sources, text_field=text_field, column=column,
+                              on_bad=skip if on_skip is not None else None)
+        shards, documents, tokens, empty = _write_shards(docs, tmp, workers, tok_json, eod, dtype,
+                                                         shard_tokens, progress)
         if documents == 0:
             raise MscaleError(f"empty corpus: {len(sources)} file(s), no document with text"
                               + (f" ({empty} empty)" if empty else ""), file=", ".join(inputs),
@@ -291,6 +305,10 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
                     "dtype": dtype, "tokens": tokens, "documents": documents,
                     "inputs": [str(i) for i in inputs], "files": len(sources),
                     "empty_documents_skipped": empty, "shards": shards}
+        if on_skip is not None:
+            manifest["skipped_count"] = len(skipped)
+            manifest["skipped"] = [{"where": e.file, "why": e.message}
+                                   for e in skipped[:SKIPPED_LISTED]]
         _write_json(os.path.join(tmp, MANIFEST), manifest)
         fsync_dir(tmp)
         _commit(tmp, path)

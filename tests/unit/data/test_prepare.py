@@ -326,3 +326,49 @@ def test_the_cli_progress_line_is_plain_every_2_s_off_a_terminal():
     line.close()
     assert stream.getvalue() == ("prepare: 20 documents, 500,000 tokens, 2.0 MB of 4.0 MB (50%), "
                                  "250,000 tokens/s, 2 s\n")
+
+
+def test_skip_bad_skips_each_unreadable_record_and_lists_it(tokenizer, tmp_path, monkeypatch):
+    """--skip-bad: a bad .jsonl line, a non-UTF-8 .txt and a .parquet without the column are
+    skipped (the rest of their files kept), each reported and listed; the shards hold exactly
+    what a clean corpus of the good records gives."""
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    dirty = tmp_path / "dirty"
+    dirty.mkdir()
+    good = [text(i) for i in range(4)]
+    write_jsonl(dirty / "a.jsonl", [{"text": good[0]}, '{"text": "cut', {"body": "x"},
+                                    {"text": good[1]}])
+    (dirty / "b.txt").write_bytes("café".encode("latin-1"))
+    (dirty / "c.txt").write_text(good[2])
+    pq.write_table(pa.table({"n": [1, 2]}), dirty / "d.parquet")
+    write_jsonl(dirty / "e.jsonl", [{"text": good[3]}])
+    seen = []
+    m = prepare([str(dirty)], tokenizer, str(tmp_path / "out"), workers=1, on_skip=seen.append)
+    where = [e.file for e in seen]
+    assert where == [f"{dirty / 'a.jsonl'}:2", f"{dirty / 'a.jsonl'}:3", str(dirty / "b.txt"),
+                     str(dirty / "d.parquet")]
+    assert m["skipped_count"] == 4 and [s["where"] for s in m["skipped"]] == where
+    assert "no column 'text'" in m["skipped"][3]["why"]
+    assert decoded(tmp_path / "out", tokenizer) == good
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    write_jsonl(clean / "a.jsonl", [{"text": g} for g in good])
+    prepare([str(clean / "a.jsonl")], tokenizer, str(tmp_path / "ref"), workers=1)
+    assert [d.tolist() for d in docs_of(tmp_path / "out")] == \
+        [d.tolist() for d in docs_of(tmp_path / "ref")]
+    # without it the first bad record stops prepare, as before
+    bad(tokenizer, tmp_path / "clean", [str(dirty)], "not JSON")
+
+
+def test_skip_bad_never_skips_a_missing_pyarrow(tokenizer, tmp_path, monkeypatch):
+    """Skipping it would silently drop every .parquet file."""
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    (tmp_path / "a.txt").write_text("fine")
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
+    seen = []
+    with pytest.raises(MscaleError, match="needs pyarrow"):
+        prepare([str(tmp_path)], tokenizer, str(tmp_path / "out"), workers=1,
+                on_skip=seen.append)
+    assert seen == []
