@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Collection
 from typing import Any, Callable
 
@@ -80,7 +81,24 @@ def gpu_health(node: str, nvml: Any | None = None,
             pass
     top_gen = max((g["pcie_gen"] for g in gpus if g.get("pcie_gen") is not None), default=None)
     ours = set(ignore_pids) | {os.getpid()}
+    if _other_pid_namespace(gpus, ours):
+        ours = None
     return [_judge(node, i, g, top_gen, ours) for i, g in enumerate(gpus)]
+
+
+def _other_pid_namespace(gpus: list[dict[str, Any]], ours: set[int]) -> bool:
+    """True when NVML's process ids are not this PID namespace's: this process holds a CUDA
+    context, so NVML lists it, yet none of the ids it lists is ours. NVML reports host ids, so
+    inside a container with its own PID namespace (Docker, Kubernetes) every rank of this job
+    would look like a leftover process (NVIDIA/nvidia-docker#1483): the leftover check is then
+    not possible, and is said to be skipped rather than failing every healthy node."""
+    torch = sys.modules.get("torch")  # preflight's ranks imported it; never imported here
+    try:
+        held = torch is not None and torch.cuda.is_initialized()
+    except Exception:  # noqa: BLE001 - a broken CUDA runtime: no evidence either way
+        held = False
+    listed = {getattr(p, "pid", None) for g in gpus for p in g["processes"]}
+    return held and bool(listed) and not listed & ours
 
 
 def _query(nvml: Any, error: type, h: Any) -> dict[str, Any]:
@@ -108,7 +126,8 @@ def _query(nvml: Any, error: type, h: Any) -> dict[str, Any]:
 
 
 def _judge(node: str, index: int, g: dict[str, Any], top_gen: int | None,
-           ours: set[int]) -> CheckResult:
+           ours: set[int] | None) -> CheckResult:
+    """``ours``: this job's process ids; None when NVML's ids cannot be compared with them."""
     findings: list[tuple[Status, str]] = []
     if g["ecc_uncorrected"]:
         findings.append(("CRITICAL", f"{g['ecc_uncorrected']} uncorrected ECC errors"))
@@ -132,7 +151,8 @@ def _judge(node: str, index: int, g: dict[str, Any], top_gen: int | None,
     if gen is not None and top_gen and gen < top_gen and not reasons & IDLE:
         findings.append(("WARNING", f"PCIe gen {gen} while the node's other GPUs run gen "
                          f"{top_gen}"))
-    foreign = [p for p in g["processes"] if getattr(p, "pid", None) not in ours]
+    foreign = [] if ours is None else [p for p in g["processes"]
+                                       if getattr(p, "pid", None) not in ours]
     if foreign:
         held = sum(getattr(p, "usedGpuMemory", 0) or 0 for p in foreign)
         findings.append(("CRITICAL", f"{len(foreign)} leftover process(es) "
@@ -141,11 +161,16 @@ def _judge(node: str, index: int, g: dict[str, Any], top_gen: int | None,
     status = max((s for s, _ in findings), key=STATUS_CODE.__getitem__, default="OK")
     evidence = {k: v for k, v in g.items() if k != "processes"}
     evidence["foreign_pids"] = [p.pid for p in foreign]
+    if ours is None:
+        evidence["leftover_check"] = ("skipped: NVML reports host process ids, which this PID "
+                                      "namespace (a container) cannot match with its own")
     return CheckResult(check="gpu_health", entity_kind="node", entity=f"{node}:gpu{index}",
                        node=node, value=float(len(findings)), unit="problems",
                        expected="0 uncorrected ECC, no failed remap, no hardware slowdown, "
                                 "full PCIe width, no leftover process",
-                       status=status, message="; ".join(m for _, m in findings) or "healthy",
+                       status=status, message=("; ".join(m for _, m in findings) or "healthy")
+                       + ("" if ours is not None else " (leftover processes not checked: NVML's "
+                          "process ids are the host's, not this container's)"),
                        evidence=_plain(evidence))
 
 

@@ -92,3 +92,25 @@ def test_missing_binding_is_unknown(monkeypatch):
     monkeypatch.setattr(gh.importlib, "import_module", no_pynvml)
     (r,) = gh.gpu_health("n1")
     assert r.status == "UNKNOWN" and "nvidia-ml-py" in r.message
+
+
+def test_in_a_container_pid_namespace_the_job_is_not_a_leftover(monkeypatch):
+    """NVML reports host process ids (NVIDIA/nvidia-docker#1483): inside a container none of
+    them is one of this job's, although this process holds a context. Every healthy node would
+    be CRITICAL; the leftover check is said to be skipped instead. The other checks still
+    judge, and outside a namespace (our own id listed) a stranger is still CRITICAL."""
+    import os
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(
+        cuda=SimpleNamespace(is_initialized=lambda: True)))
+    host_ids = [SimpleNamespace(pid=900001, usedGpuMemory=1 << 30)]
+    ok, bad = gh.gpu_health("n1", fake_nvml({"ComputeRunningProcesses": host_ids},
+                                            {"ComputeRunningProcesses": host_ids,
+                                             "TotalEccErrors": 1}))
+    assert ok.status == "OK" and "leftover processes not checked" in ok.message
+    assert bad.status == "CRITICAL" and "uncorrected ECC" in bad.message
+    assert "skipped" in ok.evidence["leftover_check"]
+    mine = [SimpleNamespace(pid=os.getpid(), usedGpuMemory=1 << 30)]
+    r, = gh.gpu_health("n1", fake_nvml({"ComputeRunningProcesses": mine + host_ids}))
+    assert r.status == "CRITICAL" and "leftover" in r.message
