@@ -245,6 +245,13 @@ def expand(spec: str, retry: Retry | None = None) -> list[str]:
 
     found = sorted(name(p) for p in retry.call(spec, "list", find))
     if not found:
+        folders = (sorted(name(p) for p in fs.glob(path)) if any(c in spec for c in _GLOB_CHARS)
+                   else [])
+        if folders:  # a glob matches files only: `data/cod*` meant the folder data/code
+            raise MscaleError(f"no file matches, only folder(s): {', '.join(folders[:3])}"
+                              + (" ..." if len(folders) > 3 else ""), file=spec,
+                              fix=f"name the folder itself ({folders[0]}), or glob the files "
+                                  "inside it")
         raise MscaleError("no file matches", file=spec,
                           fix="check the path, folder or glob pattern")
     return found

@@ -166,6 +166,9 @@ def test_expand_local(tmp_path):
     assert e.value.file == str(tmp_path / "*.json")
     with pytest.raises(MscaleError, match="no file matches"):
         expand(str(tmp_path / "missing"))
+    with pytest.raises(MscaleError, match="only folder") as e:  # `data/cod*` for data/code
+        expand(str(tmp_path / "su*"))
+    assert e.value.fix.startswith(f"name the folder itself ({tmp_path / 'sub'})")
 
 
 def test_expand_keeps_the_protocol(remote):
