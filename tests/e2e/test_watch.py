@@ -5,7 +5,9 @@
   is quarantined;
 - a healthy run raises nothing, live or once;
 - a slow data loader (``--inject-data-delay``) and an uneven pipeline split (``stage_layers``)
-  are attributed to their causes and nobody is quarantined.
+  are attributed to their causes and nobody is quarantined;
+- a rank killed mid-run (``--inject-crash``) ends a live watch with the reason and exit 2, as
+  ``--once`` does, and the same command relaunched to a finish is healthy again.
 """
 
 from __future__ import annotations
@@ -141,3 +143,27 @@ def test_imbalance_attributed_to_its_cause_without_quarantine(tmp_path, case):
     assert not any((run / "control").iterdir())
     [event] = watch_events(run)
     assert event["evidence"]["cause"] == case and event["evidence"]["action"] == "recorded"
+
+
+def test_a_killed_rank_is_critical_live_and_once_until_a_relaunch_finishes(tmp_path):
+    run, plan = tmp_path / "run", small_plan(tmp_path)
+    line = "CRITICAL job stopped: rank 3 on node2 killed by SIGKILL (exit 3)"
+    job = start_train(plan, run, 10, "--ckpt-interval", "2", "--inject-crash", "3:6")
+    live = watch_live(run)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode == 3, out
+    assert live.returncode == 2 and live.stdout.splitlines()[-1] == line, live.stdout + live.stderr
+    once = mscale("watch", str(run), "--once", "--no-act")
+    assert once.returncode == 2 and line in once.stdout.splitlines(), once.stdout + once.stderr
+    doc = json.loads(mscale("watch", str(run), "--once", "--no-act", "--json").stdout)
+    assert doc["exit_code"] == 2 and doc["summary"]["worst"] == "critical"
+    assert doc["summary"]["job"]["exit_code"] == 3
+
+    # the same command resumes from the newest checkpoint (the fault hooks act in attempt 1 only)
+    again = mscale("train", plan, "--local", "4", "--steps", "10", "--ckpt-interval", "2",
+                   "--run-dir", str(run), timeout=180)
+    assert again.returncode == 0, again.stdout + again.stderr
+    once = mscale("watch", str(run), "--once", "--no-act", "--json")
+    doc = json.loads(once.stdout)
+    assert once.returncode == doc["exit_code"] == 0, once.stdout + once.stderr
+    assert doc["summary"]["job"]["state"] == "finished" and doc["summary"]["job"]["attempt"] == 2

@@ -40,9 +40,11 @@ def watch_cmd(
                                     "the requested checkpoint before a sick node is "
                                     "quarantined anyway."),
 ) -> None:
-    """Find stragglers (with their cause), gradient spikes, NaN, divergence, slowdowns and hangs.
+    """Find stragglers (with their cause), gradient spikes, NaN, divergence, slowdowns and hangs,
+    and say how the job's newest attempt ended.
 
-    Exit 0 healthy, 1 warnings, 2 critical, 3 bad input.
+    Exit 0 healthy, 1 warnings (a stop on request), 2 critical (also a job that crashed, was
+    killed or hung), 3 bad input.
     """
     from mscale.runs.targets import check_output
     from mscale.watch.actions import ActionConfig, Actor
@@ -74,7 +76,7 @@ def watch_cmd(
         target=where, layout_for=layout_for, make_watcher=make_watcher,
         feed=MetricsFeed(where.metrics), events=EventFeed(where.run.events) if where.run else None,
         to_window=records_to_window, actor=actor, outputs=outputs, live=not once, clock=time.time,
-        note=outputs.note)
+        note=outputs.note, report_end=True)
     try:
         follower.run(interval)
     except BaseException:

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
 
-Kind = Literal["straggler", "grad_spike", "nan", "divergence", "throughput", "hang"]
+Kind = Literal["straggler", "grad_spike", "nan", "divergence", "throughput", "hang", "stop"]
+"""``stop``: the job's newest attempt ended other than by finishing (watch/ending.py)."""
 
 Cause = Literal[
     "slow_device",      # one rank persistently high on compute; its peers' wait grows
@@ -18,6 +19,12 @@ Cause = Literal[
     "data_imbalance",   # the slow rank changes step to step inside a DP group: rebalance data
     "job_wide",         # every rank slower than the run's own baseline (network, storage)
     "none",             # not a straggler finding
+    # a ``stop`` finding: how the job's newest attempt ended (watch/ending.py)
+    "on_request",       # halt or signal: a checkpoint saved, exit 1
+    "nan",              # a non-finite gradient norm stopped every rank, exit 2
+    "aborted",          # rank 0 could not go on (a full disk), exit 3
+    "crashed",          # a rank failed or was killed, exit 3
+    "hang",             # ranks stopped answering, exit 3
 ]
 
 HARDWARE_CAUSES = ("slow_device", "slow_node", "slow_link")

@@ -10,6 +10,12 @@ The job is alive while ``lock.json`` is held by a live holder (runs/lock.py) and
 follows its latest ``start``. A metrics file alone has neither; it counts as alive while watch
 follows it live (hangs are judged), never with ``--once``.
 
+How the newest attempt ended is judged too (``report_end``, the CLI): once the job's latest
+lifecycle event is a ``stop`` or ``hang`` and every record before it is judged, an end other than
+a clean finish (a killed rank, a crash, a hang, a NaN stop, a halt) becomes one finding of kind
+``stop`` carrying the event's reason (watch/ending.py). A ``start`` after it (a relaunch) withdraws
+it: the newest attempt is what the verdict is about.
+
 Until the first record comes, a live watch says what it waits for (a path that does not exist
 yet, a run to appear in an empty directory, the run's first step) at its first look and every
 few seconds: a watch pointed at a wrong path must not follow it forever in silence, and one
@@ -32,9 +38,12 @@ from mscale.runs.atomic import fs_and_path, read_jsonl
 from mscale.runs.lock import RunLock, stale_reason
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
+from mscale.watch import ending
 from mscale.watch.actions import Actor
+from mscale.watch.ending import JobEnd
 from mscale.watch.findings import Finding
 from mscale.watch.history import History
+from mscale.watch.judge import SEVERITY
 from mscale.watch.layout import JobLayout
 from mscale.watch.window import Window
 
@@ -186,16 +195,26 @@ class JobState:
         self.follows_live = follows_live
         self.last: str | None = None
         """The latest lifecycle event kind of ``train``."""
+        self.event: dict | None = None
+        """That event itself: a stop's severity, exit code and reason say how the job ended."""
+        self.started: dict | None = None
+        """The latest ``start`` (the attempt's number and run id)."""
         self._lock = RunLock(run.root, "watch") if run is not None else None
 
     def observe(self, events: list[dict]) -> None:
         for ev in events:
             if ev.get("source", "train") == "train" and ev.get("kind") in LIFECYCLE:
-                self.last = ev["kind"]
+                self.last, self.event = ev["kind"], ev
+                if ev["kind"] == "start":
+                    self.started = ev
 
     @property
     def stopped(self) -> bool:
         return self.last in ("stop", "hang")
+
+    def end(self) -> JobEnd | None:
+        """How the newest attempt ended; None while it runs (or before any lifecycle event)."""
+        return ending.job_end(self.event, self.started) if self.stopped else None
 
     def alive(self) -> bool:
         if self._lock is None:
@@ -264,6 +283,13 @@ class Follower:
     None: say nothing (recover's supervisor follows attempts it started itself)."""
     note_every_s: float = 5.0
     """Seconds between two such lines (by ``clock``): a watch is never silent for longer."""
+    report_end: bool = False
+    """Judge how the job's newest attempt ended (module docstring): the CLI. recover's supervisor
+    judges the ends of the attempts it runs itself, and leaves it off."""
+    ended: Finding | None = None
+    """The ``stop`` finding of the newest attempt's abnormal end, while it stands."""
+    job_end: JobEnd | None = None
+    """How the newest attempt ended (a clean finish too), once judged."""
 
     def __post_init__(self) -> None:
         self.job = JobState(self.target.run, self.live, self.clock)
@@ -285,10 +311,35 @@ class Follower:
         if alive and self.watcher is not None:
             new += self.watcher.check_hang(self.clock(), self.feed.last_record_time)
         self.findings += new
-        self.actor.handle(new, alive)
+        self.actor.handle(new, alive)  # the job's own stop is its record: not handed to the actor
         self.actor.tick(alive)
+        new += self._judge_end()
         self.outputs.poll(self, window, new)
         return len(records)
+
+    def _judge_end(self) -> list[Finding]:
+        """The newest attempt's end as a finding, once, after every record before it was judged
+        (module docstring); returns it when it is new."""
+        if not self.report_end:
+            return []
+        event = self.job.event if self.job.stopped else None
+        if event is None:  # running, or relaunched since: an earlier end no longer stands
+            if self.ended is not None:
+                self.findings.remove(self.ended)
+            self.ended = self.job_end = None
+            return []
+        if self.job_end is not None and self.job_end.event is event:
+            return []
+        if not getattr(self.feed, "caught_up", True):
+            return []
+        if self.ended is not None:
+            self.findings.remove(self.ended)
+        self.job_end = self.job.end()
+        self.ended = self.job_end.finding(getattr(self.watcher, "last_step", None))
+        if self.ended is None:
+            return []
+        self.findings.append(self.ended)
+        return [self.ended]
 
     def _read_events(self) -> None:
         if self.events is None:
@@ -338,12 +389,22 @@ class Follower:
             self.note(f"stopped before any run appeared in {self.target.url}")
 
     def open_findings(self) -> list[Finding]:
-        return list(self.watcher.open_findings()) if self.watcher is not None else []
+        """The judge's open findings, and the job's abnormal end while it stands."""
+        found = list(self.watcher.open_findings()) if self.watcher is not None else []
+        return found + ([self.ended] if self.ended is not None else [])
 
     def summary(self) -> dict:
         base = dict(self.watcher.summary()) if self.watcher is not None else {}
-        return {**base, "records": self.records, "restarts": self.restarts,
-                "findings_total": len(self.findings)}
+        out = {**base, "records": self.records, "restarts": self.restarts,
+               "findings_total": len(self.findings)}
+        if self.report_end:
+            out["job"] = self.job_end.as_dict() if self.job_end is not None else None
+        if self.ended is not None:  # the verdict counts the job's end like any finding
+            for key in ("worst", "worst_open"):
+                out[key] = max(out.get(key, "ok"), self.ended.severity, key=SEVERITY.get)
+            out["emitted"] = {**out.get("emitted", {}), "stop": 1}
+            out["open"] = out.get("open", 0) + 1
+        return out
 
     def run(self, interval: float, sleep: Callable[[float], None] = time.sleep) -> None:
         """Live: poll until the job's stop is seen and judged (or Ctrl-C). Once: one pass,
@@ -365,7 +426,7 @@ class Follower:
                 self.actor.tick(self.job.alive())
         except KeyboardInterrupt:
             self._note_stopped_early()
-        if not self.live and not self.records:
+        if not self.live and not self.records and self.ended is None:
             raise MscaleError("no metrics records to judge", file=self.target.metrics,
                               fix="point watch at a run that has written steps, or follow it "
                                   "live (without --once)")

@@ -51,7 +51,7 @@ class Outputs:
         self._follower = follower
         if self.options.jsonl:
             sinks.write_jsonl(self.stream, new)
-        if follower.history is not None:
+        if follower.history is not None or new:  # a job may end before its first record
             self.view.update(follower.history, window, new, follower.open_findings())
         if self.options.prometheus:
             sinks.write_prometheus(self.options.prometheus, sinks.prometheus_text(
@@ -72,7 +72,7 @@ class Outputs:
     def finish(self, follower) -> int:
         """Close the view, write the document and the report; return the exit code."""
         code = sinks.exit_code(follower.findings)
-        if follower.history is not None:
+        if follower.history is not None or getattr(follower, "ended", None) is not None:
             self.view.update(follower.history, None, [], follower.open_findings(), final=True)
         self.view.close()
         summary = follower.summary()

@@ -44,7 +44,11 @@ def sparkline(values: np.ndarray, width: int = 40) -> str:
 
 
 def finding_line(f: Finding) -> str:
-    """One plain line per finding (also the live view's alert rows)."""
+    """One plain line per finding (also the live view's alert rows). The job's own end is about
+    the job, not a rank or a step: ``CRITICAL job stopped: rank 5 on node3 killed by SIGKILL
+    (exit 3)``."""
+    if f.kind == "stop":
+        return f"{f.severity.upper()} {f.message}"
     where = ""
     if f.ranks:
         where += f" rank{'s' if len(f.ranks) > 1 else ''} {_few(f.ranks)}"
@@ -60,10 +64,10 @@ def _few(items, limit: int = 6) -> str:
     return ",".join(items[:limit]) + (f",+{len(items) - limit}" if len(items) > limit else "")
 
 
-def status_line(history: History, open_count: int) -> str:
-    x = history.latest
+def status_line(history: History | None, open_count: int) -> str:
+    x = history.latest if history is not None else {}
     if not x:
-        return "waiting for metrics records"
+        return "no metrics records yet"
     parts = [f"step {x['step']}", f"loss {x['loss']:.4g}", f"grad-norm {x['grad_norm']:.3g}",
              f"step-time {x['step_time']:.3g}s"]
     if np.isfinite(x.get("eval_loss", np.nan)):
@@ -82,15 +86,23 @@ class PlainView:
         self.stream, self.every, self.clock = stream, status_every_s, clock
         self._last = self._step = None
 
-    def update(self, history: History, window: Window | None, new: list[Finding],
+    def update(self, history: History | None, window: Window | None, new: list[Finding],
                open_findings: list[Finding], final: bool = False) -> None:
+        """``history`` is None when a job ended before its first record (its end is the one
+        finding there is). The job's end (a ``stop`` finding) is the last word: the status line
+        of the steps before it comes first."""
+        ends = [f for f in new if f.kind == "stop"]
         for f in new:
-            self.stream.write(finding_line(f) + "\n")
-        now, step = self.clock(), history.latest.get("step")
+            if f.kind != "stop":
+                self.stream.write(finding_line(f) + "\n")
+        latest = history.latest if history is not None else {}
+        now, step = self.clock(), latest.get("step")
         due = self._last is None or now - self._last >= self.every
-        if history.latest and (step != self._step if final else due):
+        if latest and (step != self._step if final or ends else due):
             self.stream.write(status_line(history, len(open_findings)) + "\n")
             self._last, self._step = now, step
+        for f in ends:
+            self.stream.write(finding_line(f) + "\n")
         self.stream.flush()
 
     def close(self) -> None:
@@ -108,7 +120,7 @@ class LiveView:
         self.live = Live(console=self.console, auto_refresh=False, transient=False)
         self.live.start()
 
-    def update(self, history: History, window: Window | None, new: list[Finding],
+    def update(self, history: History | None, window: Window | None, new: list[Finding],
                open_findings: list[Finding], final: bool = False) -> None:
         if window is not None and len(window):
             compute = window.per_rank("compute_time")
@@ -116,10 +128,10 @@ class LiveView:
                 self.recent.append(row - np.median(row))
         self.live.update(self._render(history, open_findings), refresh=True)
 
-    def _render(self, history: History, open_findings: list[Finding]):
+    def _render(self, history: History | None, open_findings: list[Finding]):
         parts = [Text(status_line(history, len(open_findings)), style="bold")]
-        steps, loss = history.scalar("loss")
-        _, gnorm = history.scalar("grad_norm")
+        steps, loss = history.scalar("loss") if history is not None else ((), ())
+        _, gnorm = history.scalar("grad_norm") if history is not None else ((), ())
         if len(steps):
             parts += [Text(f"loss      {sparkline(loss)}"), Text(f"grad-norm {sparkline(gnorm)}")]
         if self.recent:

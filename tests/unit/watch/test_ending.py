@@ -1,0 +1,368 @@
+"""How the job's newest attempt ended (watch/ending.py), end to end through ``mscale watch``.
+
+The stop and hang events are written by train's own writers wherever they can be called without a
+job (the ``--local`` launcher's `record_failure`, a failed rank's `report_failure` under srun);
+rank 0's own stop at a finish or an agreed stop is written in the shape `train/loop.py: _finish`
+gives it. Each case checks the one line an operator reads and the exit code a CI job reads, with
+``--once`` and live.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from mscale.config.records import Event
+from mscale.distributed.launch import JobResult
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import load_checked_plan
+from mscale.train.failure import report_failure, write_error_file
+from mscale.train.job_watch import record_failure
+from mscale.watch.actions import ActionConfig, Actor
+from mscale.watch.ending import MAX_REASON, job_end
+from mscale.watch.follow import EventFeed, Follower, layout_source, resolve_target
+from mscale.watch.sim import simulate
+from mscale.watch.stream import MetricsFeed, records_to_window
+
+from tests.conftest import PLANS
+
+KILLED = "CRITICAL job stopped: rank 5 on node3 killed by SIGKILL (exit 3)"
+WORLD = 8
+
+
+def records(first: int, last: int, seed: int = 1) -> list[dict]:
+    """Healthy records of the cpu-tiny layout (tp 2 × pp 2 × dp 2, two ranks a node)."""
+    recs = simulate(WORLD, tp=2, pp=2, ranks_per_node=2, steps=last, seed=seed)
+    return [r for r in recs if r["step"] >= first]
+
+
+def append_metrics(rd: RunDir, recs: list[dict]) -> None:
+    with open(rd.metrics, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def event(rd: RunDir, **fields) -> None:
+    rd.append_record(rd.events, Event(source="train", **fields))
+
+
+def start(rd: RunDir, attempt: int) -> None:
+    event(rd, kind="start", message=f"training cpu-tiny on {WORLD} processes (local)",
+          evidence={"run_id": f"local-{attempt}", "attempt": attempt, "launcher": "local"})
+
+
+def own_stop(rd: RunDir, code: int, step: int, reason: str | None = None,
+             detail: str | None = None, attempt: int = 1) -> None:
+    """Rank 0's stop at the end of the loop (train/loop.py: _finish)."""
+    figures = {"code": code, "last_checkpoint": None, "run_id": f"local-{attempt}",
+               "attempt": attempt}
+    if reason:
+        figures["reason"] = reason
+        if detail:
+            figures["detail"] = detail
+    event(rd, kind="stop", severity="info" if code == 0 else "warning", step=step,
+          message=f"training process exited with code {code}" + (f" ({reason})" if reason
+                                                                  else ""),
+          evidence=figures)
+
+
+def launcher_failure(rd: RunDir, rank: int, returncode: int, attempt: int = 1,
+                     stopped: tuple[int, ...] = ()) -> None:
+    """The --local launcher's stop/hang event (train/job_watch.py: record_failure)."""
+    codes = [3] * WORLD
+    codes[rank] = returncode
+    result = JobResult(code=3, returncodes=codes, failed_rank=rank,
+                       alive_at_failure=[r for r in range(WORLD) if r != rank],
+                       stopped_at_failure=list(stopped))
+    record_failure(rd, load_checked_plan(str(PLANS / "cpu-tiny.yaml")), result,
+                   f"local-{attempt}", rd.path("logs"))
+
+
+@pytest.fixture
+def rd(tmp_path) -> RunDir:
+    """A run directory of the cpu-tiny plan whose attempt 1 wrote 15 healthy steps."""
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
+    start(run, 1)
+    append_metrics(run, records(1, 15))
+    return run
+
+
+def once(cli, rd: RunDir, *args: str) -> tuple[int, list[str], str]:
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", *args)
+    return code, out.splitlines(), err
+
+
+def verdict(cli, rd: RunDir) -> dict:
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
+    doc = json.loads(out)
+    assert doc["exit_code"] == code, err
+    return doc
+
+
+def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
+    launcher_failure(rd, 5, -9)
+    code, lines, err = once(cli, rd)
+    assert code == 2, err
+    assert lines == [lines[0], KILLED]  # the end is the last word, after the status line
+    assert lines[0].startswith("step 15 | loss") and lines[0].endswith("open alerts 1")
+    doc = verdict(cli, rd)
+    assert doc["exit_code"] == 2 and doc["summary"]["worst"] == "critical"
+    assert doc["summary"]["worst_open"] == "critical"
+    job = doc["summary"]["job"]
+    assert (job["state"], job["exit_code"], job["ranks"], job["nodes"], job["attempt"]) == (
+        "crashed", 3, [5], ["node3"], 1)
+    [stop] = [f for f in doc["findings"] if f["kind"] == "stop"]
+    assert stop in doc["open"] and stop["message"] == KILLED.removeprefix("CRITICAL ")
+    assert stop["severity"] == "critical" and "mscale recover" in stop["advice"]
+    assert stop["last_step"] == 15
+
+
+def test_the_job_end_is_not_recorded_again_as_a_watch_event(cli, rd):
+    """The launcher's stop is the record; acting watch adds none of its own about it."""
+    launcher_failure(rd, 5, -9)
+    before = open(rd.events).read()
+    code, out, err = cli("watch", rd.root, "--once")
+    assert code == 2 and KILLED in out.splitlines(), out + err
+    assert open(rd.events).read() == before
+
+
+def test_a_rank_that_raised_names_its_error_kind(cli, rd):
+    write_error_file(rd, 3, "node2", RuntimeError("boom"))
+    launcher_failure(rd, 3, 3)
+    code, lines, err = once(cli, rd)
+    assert code == 2, err
+    assert lines[-1] == ("CRITICAL job stopped: rank 3 on node2 exited with code 3 "
+                        "(crash: RuntimeError: boom) (exit 3)")
+
+
+def test_a_hang_the_launcher_saw_is_critical(cli, rd):
+    write_error_file(rd, 0, "node1", RuntimeError("collective operation timed out"))
+    launcher_failure(rd, 0, 3, stopped=(3,))
+    code, lines, err = once(cli, rd)
+    assert code == 2, err
+    assert lines[-1] == ("CRITICAL job stopped: hang — rank(s) 3 on node2 stopped answering "
+                        "(process stopped); rank 0 and others timed out waiting for them "
+                        "(exit 3)")
+    assert verdict(cli, rd)["summary"]["job"]["state"] == "hang"
+
+
+def test_rank_0s_own_failure_under_srun_is_critical(cli, rd, monkeypatch, capsys):
+    monkeypatch.delenv("MSCALE_LAUNCHER", raising=False)
+    assert report_failure(rd, 0, "node1", RuntimeError("boom")) == 3
+    capsys.readouterr()
+    code, lines, err = once(cli, rd)
+    assert code == 2, err
+    assert lines[-1] == (f"CRITICAL job stopped: error (rank 0 on node1, crash): RuntimeError: "
+                        f"boom; details in {rd.path('logs', 'rank0.error.json')} (exit 3)")
+
+
+@pytest.mark.parametrize("code, reason, detail, line, exit_code", [
+    (2, "nan", "loss nan",
+     "CRITICAL job stopped: non-finite gradient norm at step 16 (loss nan) (exit 2)", 2),
+    (3, "abort", "the disk is full",
+     "CRITICAL job stopped: aborted after step 15: the disk is full (exit 3)", 2),
+    (1, "halt", "a checkpoint is saved before the stop; the same command resumes",
+     "WARNING job stopped: halt requested through control/halt after step 15 (exit 1)", 1),
+    (1, "signal", "a checkpoint is saved before the stop; the same command resumes",
+     "WARNING job stopped: a signal (SIGTERM/SIGUSR1) asked it to halt after step 15 (exit 1)",
+     1),
+])
+def test_rank_0s_own_stop_by_its_reason(cli, rd, code, reason, detail, line, exit_code):
+    own_stop(rd, code, 15, reason, detail)
+    got, lines, err = once(cli, rd)
+    assert got == exit_code, err
+    assert lines[-1] == line
+    doc = verdict(cli, rd)
+    assert doc["exit_code"] == exit_code and doc["summary"]["job"]["exit_code"] == code
+    assert doc["summary"]["worst"] == ("warning" if exit_code == 1 else "critical")
+
+
+def test_a_clean_finish_stays_healthy(cli, rd):
+    own_stop(rd, 0, 15)
+    code, lines, err = once(cli, rd)
+    assert code == 0, err
+    assert lines == [lines[0]] and lines[0].endswith("open alerts 0")
+    doc = verdict(cli, rd)
+    assert doc["findings"] == [] and doc["summary"]["worst"] == "ok"
+    assert doc["summary"]["job"]["state"] == "finished"
+    assert doc["summary"]["job"]["exit_code"] == 0
+
+
+def test_a_crash_relaunched_to_a_clean_finish_is_ok(cli, rd):
+    """recover relaunched from the step-10 checkpoint: the newest attempt is what counts."""
+    launcher_failure(rd, 5, -9)
+    start(rd, 2)
+    append_metrics(rd, records(11, 30, seed=2))
+    own_stop(rd, 0, 30, attempt=2)
+    code, lines, err = once(cli, rd)
+    assert code == 0, err
+    assert not [x for x in lines if "job stopped" in x]
+    assert lines[-1].startswith("step 30 | loss") and lines[-1].endswith("open alerts 0")
+    doc = verdict(cli, rd)
+    assert doc["exit_code"] == 0 and doc["summary"]["worst"] == "ok"
+    assert doc["summary"]["job"]["attempt"] == 2 and doc["summary"]["restarts"] == 1
+
+
+def test_a_relaunch_still_running_is_not_judged_by_the_crash_before_it(cli, rd):
+    launcher_failure(rd, 5, -9)
+    start(rd, 2)
+    append_metrics(rd, records(11, 20, seed=2))
+    code, lines, err = once(cli, rd)
+    assert code == 0 and not [x for x in lines if "job stopped" in x], err
+    assert verdict(cli, rd)["summary"]["job"] is None
+
+
+def test_a_relaunch_that_crashed_again_names_the_newest_crash(cli, rd):
+    launcher_failure(rd, 5, -9)
+    start(rd, 2)
+    append_metrics(rd, records(11, 20, seed=2))
+    launcher_failure(rd, 2, -11, attempt=2)
+    code, lines, err = once(cli, rd)
+    assert code == 2, err
+    assert [x for x in lines if "job stopped" in x] == [
+        "CRITICAL job stopped: rank 2 on node2 killed by SIGSEGV (exit 3)"]
+    assert verdict(cli, rd)["summary"]["job"]["attempt"] == 2
+
+
+def test_a_job_that_failed_before_its_first_step_is_reported_not_refused(cli, tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
+    start(run, 1)
+    launcher_failure(run, 5, -9)
+    code, lines, err = once(cli, run)
+    assert (code, lines) == (2, [KILLED]), err
+    doc = verdict(cli, run)
+    assert doc["exit_code"] == 2 and doc["summary"]["job"]["state"] == "crashed"
+
+
+def test_no_records_and_no_stop_is_still_nothing_to_judge(cli, tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
+    start(run, 1)
+    code, out, err = cli("watch", run.root, "--once", "--no-act")
+    assert code == 3 and "no metrics records to judge" in err
+
+
+def _stop_after(monkeypatch, polls: int, write) -> None:
+    """Run ``write`` (the job's end) once the live watch has looked ``polls`` times."""
+    real, seen = Follower.poll, []
+
+    def poll(self):
+        seen.append(1)
+        if len(seen) == polls:
+            write()
+        return real(self)
+
+    monkeypatch.setattr(Follower, "poll", poll)
+
+
+def test_a_live_watch_says_the_job_stopped_and_why(cli, rd, monkeypatch):
+    _stop_after(monkeypatch, 3, lambda: launcher_failure(rd, 5, -9))
+    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
+    assert code == 2, out + err
+    lines = out.splitlines()  # the status line came at the first look; the end is the last word
+    assert lines[-1] == KILLED and lines[0].startswith("step 15 | loss"), out
+
+
+def test_a_live_watch_json_and_jsonl_carry_the_end(cli, rd, monkeypatch):
+    _stop_after(monkeypatch, 2, lambda: own_stop(rd, 2, 15, "nan", "loss nan"))
+    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05", "--jsonl")
+    [stop] = [json.loads(x) for x in out.splitlines()]
+    assert code == 2 and stop["kind"] == "stop" and stop["cause"] == "nan", err
+    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05", "--json")
+    doc = json.loads(out)
+    assert code == doc["exit_code"] == 2 and doc["summary"]["worst"] == "critical"
+
+
+def test_a_live_watch_of_a_clean_finish_exits_0(cli, rd, monkeypatch):
+    _stop_after(monkeypatch, 2, lambda: own_stop(rd, 0, 15))
+    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
+    assert code == 0 and "job stopped" not in out, out + err
+    assert out.splitlines()[-1].endswith("open alerts 0")
+
+
+def test_the_prometheus_severity_counts_the_end(cli, rd, tmp_path):
+    launcher_failure(rd, 5, -9)
+    prom = tmp_path / "watch.prom"
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--prometheus", str(prom))
+    text = prom.read_text()
+    assert code == 2 and f'mscale_watch_severity{{run="{rd.root}"}} 2.0' in text, text
+    assert 'kind="stop"' in text
+
+
+def follower(rd: RunDir, report_end: bool) -> Follower:
+    target = resolve_target(rd.root)
+    return Follower(target=target, layout_for=layout_source(target),
+                    make_watcher=lambda layout: _Quiet(), feed=MetricsFeed(rd.metrics),
+                    events=EventFeed(rd.events), to_window=records_to_window,
+                    actor=Actor(rd, ActionConfig(act=False)), outputs=_Nothing(), live=True,
+                    report_end=report_end)
+
+
+class _Quiet:
+    last_step = None
+
+    def feed(self, window):
+        self.last_step = int(window.steps[-1])
+        return []
+
+    def check_hang(self, now, last):
+        return []
+
+    def open_findings(self):
+        return []
+
+    def summary(self):
+        return {"worst": "ok", "worst_open": "ok", "emitted": {}, "open": 0}
+
+
+class _Nothing:
+    def poll(self, follower, window, new):
+        pass
+
+
+def test_a_start_after_the_end_withdraws_it(rd):
+    f = follower(rd, report_end=True)
+    launcher_failure(rd, 5, -9)
+    f.poll()
+    assert f.ended is not None and f.findings == [f.ended] and f.open_findings() == [f.ended]
+    start(rd, 2)
+    f.poll()
+    assert f.ended is None and f.findings == [] and f.summary()["job"] is None
+
+
+def test_recovers_supervisor_leaves_the_end_to_itself(rd):
+    """supervise builds followers without report_end: the old attempt's stop is no finding."""
+    f = follower(rd, report_end=False)
+    launcher_failure(rd, 5, -9)
+    f.poll()
+    assert f.ended is None and f.findings == [] and "job" not in f.summary()
+
+
+def test_an_event_without_severity_or_code_is_a_finish():
+    """Another writer's bare stop (or an old one) says nothing went wrong."""
+    end = job_end({"source": "train", "kind": "stop", "step": 60})
+    assert (end.cause, end.severity, end.finding()) == ("finished", "ok", None)
+
+
+def test_any_other_failed_stop_is_critical_with_its_own_words():
+    """A stop of a reason watch does not know (a worker whose launcher died writes one) is still
+    judged by its code; its message, less a leading "stopped: ", is the reason."""
+    end = job_end({"source": "train", "kind": "stop", "severity": "critical",
+                   "message": "stopped: the --local launcher was killed; this worker stopped "
+                              "itself",
+                   "evidence": {"kind": "launcher_died", "reason": "launcher_died", "code": 3}})
+    assert (end.cause, end.severity, end.exit_code) == ("crashed", "critical", 3)
+    assert end.finding().message == ("job stopped: the --local launcher was killed; this "
+                                     "worker stopped itself (exit 3)")
+
+
+def test_a_long_reason_stays_one_short_line():
+    end = job_end({"source": "train", "kind": "stop", "severity": "critical",
+                   "message": "error (rank 0 on node1, crash): " + "x\n" * 400})
+    assert "\n" not in end.reason and len(end.reason) == MAX_REASON and end.reason[-1] == "…"
