@@ -32,6 +32,8 @@ from mscale.config.plan import Plan
 from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.lock import holder_text, live_holder
+from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
 
 Source = Callable[[Item], torch.Tensor]
@@ -222,6 +224,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
     that fails later removes the directory it created."""
     check_level(level)
     check_output(dst, "dir", "DEST")
+    check_not_live(dst)
     _check_empty(dst)
     if is_hf_dir(src):
         if to_hf or not plan:
@@ -241,6 +244,52 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
     _check_step_name(dst, manifest.step)
     m = _cleanup_on_error(dst, lambda: reshard(ckpt, manifest, dst, target, level))
     return _summary(ckpt, dst, "mscale", m)
+
+
+def _ancestors(dst: str) -> list[str]:
+    """The directories above ``dst``, nearest first (a local path made absolute; a URL's up to
+    its bucket or root)."""
+    if "://" not in dst:
+        out, d = [], os.path.dirname(os.path.abspath(dst))
+        while True:
+            out.append(d)
+            up = os.path.dirname(d)
+            if up == d:
+                return out
+            d = up
+    scheme, rest = dst.split("://", 1)
+    parts = [p for p in rest.split("/") if p]
+    return [f"{scheme}://" + "/".join(parts[:i]) for i in range(len(parts) - 1, 0, -1)]
+
+
+def _shown(d: str, dst: str) -> str:
+    """``d`` as the user would write it: relative when DEST was given relative."""
+    if "://" in dst or os.path.isabs(dst):
+        return d
+    rel = os.path.relpath(d)
+    return d if rel.startswith("..") else rel
+
+
+def check_not_live(dst: str) -> None:
+    """Refuse a DEST inside a run directory whose lock a live job holds (`runs.lock`'s rule):
+    that job's ``ckpt/latest`` would move to weights it never trained, its retention could
+    delete them, and its next resume would load them. One line, exit 3. A ``lock.json`` that is
+    not a lock record (another tool's) says nothing about a run and is passed over."""
+    for d in _ancestors(dst):
+        fs, path = fs_and_path(RunDir(d).lock)
+        if not fs.isfile(path):
+            continue
+        try:
+            rec = live_holder(d)
+        except MscaleError:  # not a lock record: some other tool's lock.json, not a run's
+            continue
+        if rec is not None:
+            d = _shown(d, dst)
+            halt = RunDir(d).path("control", "halt")
+            raise MscaleError(
+                f"{d} is in use by a running job ({holder_text(rec)}): ckpt convert does not "
+                f"write into a live run; stop the job first (touch {halt}) or write "
+                f"{catalog.basename(dst)} outside {d}", code=EXIT_BAD_INPUT)
 
 
 def check_level(level: int) -> None:

@@ -6,7 +6,8 @@ and ``mscale recover supervise -- CMD ...`` (added by `mscale.cli.recover_superv
 a first word that is not a subcommand, or that is an existing run directory and is not followed by
 ``--``, goes to ``diagnose`` (``mscale recover diagnose RUN`` names it explicitly; ``./supervise``
 also reaches a run directory called ``supervise``).
-Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input (or a relaunch that failed).
+Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input (or a relaunch that failed, or
+a run directory a live job holds: `mscale.recover.liveness`).
 """
 
 from __future__ import annotations
@@ -60,13 +61,23 @@ def recover_cmd(
                                     "with preflight; the evidence alone decides."),
     verify: Verify = typer.Option("quick", "--verify", help="Checkpoint verification: quick "
                                   "(manifest, commit marker, sizes) or full (every chunk's crc)."),
+    wait: float = typer.Option(0.0, "--wait", min=0.0, metavar="SECONDS", help="Wait up to "
+                               "this long for a job still holding the run directory to let it "
+                               "go (one that died on another host holds it until its lease "
+                               "runs out); default: refuse a run in use at once (exit 3)."),
 ) -> None:
-    """Diagnose the run's failure and print the relaunch plan (the default command)."""
-    from mscale.recover.decide import RecoverOptions, apply_plan, launch, plan_recovery
+    """Diagnose the run's failure and print the relaunch plan (the default command). A run a
+    live job holds (its lock.json) is refused with one line, exit 3, nothing written."""
+    from mscale.recover.decide import (RecoverOptions, apply_plan, check_run_dir, launch,
+                                       plan_recovery)
+    from mscale.recover.liveness import wait_until_free
     from mscale.recover.report import render
 
     opts = RecoverOptions(execute=execute, allow_batch_change=allow_batch_change,
                           recheck=not no_recheck, verify=verify)
+    if wait > 0:
+        check_run_dir(run_dir)
+        wait_until_free(run_dir, wait)  # still held after it: plan_recovery refuses
     plan = plan_recovery(run_dir, opts)
     code, decision, rc = plan.exit_code, None, None
     if execute:

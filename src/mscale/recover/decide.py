@@ -23,6 +23,7 @@ from mscale.hostlist import collect_hostlist
 from mscale.recover import stages
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
+from mscale.recover.liveness import refuse_if_live
 from mscale.recover.recheck import Rechecker, failure_time
 from mscale.recover.relaunch import Change, Launch, recorded_launch, relaunch
 from mscale.runs.atomic import fs_and_path, write_json_atomic
@@ -90,9 +91,12 @@ def ranks_per_node(plan: Plan) -> int:
 
 
 def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryPlan:
-    """Decide how to recover the run's last failure; reads only (see the module docstring)."""
+    """Decide how to recover the run's last failure; reads only (see the module docstring).
+    A run a live job holds is refused (`recover.liveness.RunInUse`, exit 3) before anything is
+    read: its files are mid-write."""
     opts = opts or RecoverOptions()
     run = check_run_dir(run_dir)
+    refuse_if_live(run_dir)
     diagnosis = stages.diagnose(run_dir)
     choice = stages.choose_checkpoint(run, diagnosis, verify=opts.verify)
     launch = recorded_launch(run)
@@ -208,7 +212,9 @@ def _next_decision(run: RunDir) -> str:
 
 def apply_plan(plan: RecoveryPlan) -> str:
     """Write what the relaunch needs; returns the decision document's URL. An unrecoverable
-    plan writes only its decision and event (what was refused and why)."""
+    plan writes only its decision and event (what was refused and why). A run a live job holds
+    now (started since the plan was made) is refused before anything is written."""
+    refuse_if_live(plan.run_dir)
     run = RunDir(plan.run_dir)
     if plan.verdict != "unrecoverable":
         _write_replan(run, plan)

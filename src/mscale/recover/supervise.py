@@ -37,6 +37,7 @@ from typing import Callable
 from mscale.config.records import Quarantine
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_WARNING, MscaleError
 from mscale.recover.decision import RecoveryPlan
+from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog, read_events
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
@@ -198,7 +199,10 @@ class Supervisor:
         self.phases = PhaseLog(self.run, self.clock)
 
     def run_all(self) -> int:
-        """Supervise until the job ends trained, stops on request, or cannot be recovered."""
+        """Supervise until the job ends trained, stops on request, or cannot be recovered.
+        A run directory a live job holds is refused before anything starts or is written
+        (`recover.liveness.RunInUse`, exit 3): the job would only meet its lock."""
+        refuse_if_live(self.run.root)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._loop()
@@ -272,6 +276,16 @@ class Supervisor:
             _say(f"could not remove supervise's halt request {path} ({type(e).__name__}: {e}); "
                  "the relaunched job halts at its first step unless it is removed")
 
+    def _await_lock(self) -> None:
+        """The job's launcher exited; its lock may outlive it a moment (a holder on this host
+        not yet reaped) or, held from another host, until its lease runs out. Wait that long for
+        it to go, so the diagnosis and the relaunch do not trip over the job's own lock; a lock
+        still live after it is another job's: `RunInUse`, nothing written."""
+        rec = wait_until_free(self.run.root, -1, clock=self.clock, sleep=self.sleep,
+                              poll_s=self.opts.interval_s)
+        if rec is not None:
+            raise RunInUse(in_use_line(self.run.root, rec), code=EXIT_BAD_INPUT)
+
     def _stop_if_quarantined(self, before: dict[str, float]) -> tuple[float, str] | None:
         now = self.clock()
         new = {n: t for n, t in quarantined(self.run, now).items() if n not in before}
@@ -290,6 +304,7 @@ class Supervisor:
     def _recover(self, command: list[str], code: int, stopped_for: tuple[float, str] | None,
                  launched: float) -> list[str] | int:
         """Diagnose, decide and apply; the next command, or the exit code to stop with."""
+        self._await_lock()
         rec = self.phases.failed(launched, at=stopped_for, known_at=self.exit_seen)
         why = stopped_for[1] if stopped_for else f"the job exited {code}"
         _say(f"{why}; recovering (detected in {rec.seconds('detect'):.1f} s)")
@@ -303,6 +318,8 @@ class Supervisor:
             return EXIT_CRITICAL
         try:
             plan = self.planner(self.run.root, command, self.opts)
+        except RunInUse:  # another job took the run since: nothing of ours is written
+            raise
         except MscaleError as e:
             _say(f"could not plan the recovery: {str(e).splitlines()[0]}")
             self._save_state("could not plan")

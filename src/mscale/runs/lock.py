@@ -139,6 +139,23 @@ def stale_reason(rec: LockRecord, now: float, host: str | None = None) -> str | 
     return None
 
 
+def live_holder(run_dir: str, now: float | None = None) -> LockRecord | None:
+    """The lock record of the job holding ``run_dir`` while that job may be alive (the rule of
+    `stale_reason`, the one `RunLock.acquire` applies); None when the directory is not locked or
+    its holder is gone. For tools that must not act on a run a job is using (recover, ckpt
+    convert into a run). An unreadable lock file raises the MscaleError `RunLock` raises."""
+    rec = RunLock(run_dir, "reader").holder()
+    if rec is None or stale_reason(rec, time.time() if now is None else now) is not None:
+        return None
+    return rec
+
+
+def holder_text(rec: LockRecord, now: float | None = None) -> str:
+    """``pid 4242 on host-a, heartbeat 2 s ago``: who holds a lock, for one-line refusals."""
+    age = max(0.0, (time.time() if now is None else now) - rec.heartbeat)
+    return f"pid {rec.pid} on {rec.host}, heartbeat {age:.0f} s ago"
+
+
 def _when(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -174,3 +174,27 @@ def test_without_hard_links_creation_is_still_exclusive(tmp_path, monkeypatch):
     with pytest.raises(MscaleError, match="first"):
         RunLock(run, "second").acquire()
     assert sorted(os.listdir(run)) == ["lock.json"]  # no temp files left behind
+
+
+def test_live_holder_is_the_acquire_rule_read_only(tmp_path):
+    """`live_holder` answers what `acquire` would: a held lock's record while its holder may be
+    alive, None once it is stale (dead pid; another host's lapsed lease) or absent; it writes
+    nothing and takes nothing over."""
+    from mscale.runs.lock import holder_text, live_holder
+
+    run = str(tmp_path / "run")
+    assert live_holder(run) is None
+    lock = RunLock(run, "job-a").acquire()
+    rec = live_holder(run)
+    assert rec is not None and rec.run_id == "job-a" and rec.pid == os.getpid()
+    assert holder_text(rec, rec.heartbeat + 2.4) == \
+        f"pid {os.getpid()} on {socket.gethostname()}, heartbeat 2 s ago"
+    lock.release()
+    assert live_holder(run) is None
+    _plant(run, pid=_dead_pid())
+    before = (tmp_path / "run" / "lock.json").read_bytes()
+    assert live_holder(run) is None
+    assert (tmp_path / "run" / "lock.json").read_bytes() == before  # left for a taker
+    _plant(run, host="elsewhere", pid=4242, heartbeat=time.time() - 5, lease_s=60.0)
+    assert live_holder(run).host == "elsewhere"
+    assert live_holder(run, now=time.time() + 120) is None
