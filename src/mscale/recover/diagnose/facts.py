@@ -23,7 +23,8 @@ _ANY_TEXT_RULE = re.compile("|".join(f"(?:{r.pattern.pattern})" for r in TEXT_RU
                             re.IGNORECASE)
 _CONSOLE_ERROR = re.compile(r"^error \(rank \d+ on ")
 """The one line a failing worker prints (train/worker.py), which its error file also holds."""
-_OWN_LINE = re.compile(r"^(training \S+: |step \d+/\d+ |starting \d+ workers|resumed from |done: )")
+_OWN_LINE = re.compile(r"^(training \S+: |step \d+/\d+ |starting \d+ workers|resumed from |done: |"
+                       r"checkpoint step-\d+ committed )")
 """train's own progress lines (they quote paths such as the run directory, never a failure)."""
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
