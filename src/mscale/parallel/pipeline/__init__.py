@@ -4,11 +4,14 @@
   schedules deadlock-free and reproduces the bubble formulas.
 - `stages`: which blocks, embedding and head each rank's chunks hold (`rank_chunks`, as data;
   `parallel.parallelize.build_chunks` builds the modules).
+- `posting`: what each rank posts to the PP group and when, as data, with a replay of all ranks'
+  batches under NCCL's rules (one stream per communicator, order matching) that proves the
+  order cannot hang.
 - `p2p`: activation and gradient transfer between neighbouring stages.
-- `runner`: executes a rank's schedule for one training step.
+- `runner`: executes a rank's schedule for one training step, posting its plan.
 
-The runner is imported on first use: `schedule` is pure Python, and watch replays it
-(watch/replay.py) without loading torch.
+The runner is imported on first use: `schedule` and `posting` are pure Python, and watch
+replays the schedule (watch/replay.py) without loading torch.
 """
 
 __all__ = ["ChunkSpec", "rank_chunks", "run_pipeline_step"]

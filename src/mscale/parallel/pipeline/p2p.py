@@ -1,10 +1,12 @@
 """Activation and gradient transfer between neighbouring pipeline stages.
 
-Every transfer is asynchronous (``batch_isend_irecv``): receives are posted ahead of the compute
-that precedes their use, and sends are left in flight while the rank computes on, so transfers
-overlap compute wherever the schedule allows (MegaScale's PP overlap). A send's tensor is held
-only until the send completes (`reap` drops finished ones), so an activation is freed as soon as
-its backward has run and its gradient has left.
+Every transfer is asynchronous (``batch_isend_irecv``), and what goes into each batch, and when,
+is the caller's posting plan (`posting.posting_plan` for training, `posting.forward_only_plan` for
+eval): this link posts exactly the batches it is given, in the order it is given them, and never
+posts anything on its own, because under NCCL the order of batches on the PP communicator is what
+decides whether the ranks hang (posting.py, docs/pipeline.md). Sends are left in flight while the
+rank computes on; a send's tensor is held only until the send completes (`reap` drops finished
+ones), so an activation is freed as soon as its backward has run and its gradient has left.
 
 No shape handshake: every tensor crossing a stage boundary is the residual stream of one
 micro-batch, ``[s, b, h]`` (``[s/tp, b, h]`` under sequence parallelism), in fp32 (the residual
@@ -12,9 +14,9 @@ stream stays fp32 under bf16 autocast: the embedding output is fp32 and each blo
 output to it), so both sides know the shape from the config alone.
 
 Peers are addressed by global rank through ``pp_ranks`` (stage order) on the PP group; every
-message has a tag unique within a step, and the schedule guarantees that each link's messages
-are consumed in the order they are sent (tests/unit/parallel/test_pipeline_schedule.py), so the
-pairing is right whether the transport matches by tag (gloo) or by order (NCCL).
+message has a tag unique within a step, and the plans pair each link's sends and receives in the
+same order (`posting.replay_nccl` checks it), so the pairing is right whether the transport
+matches by tag (gloo) or by order (NCCL).
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class StageLink:
         return self.pp_ranks[owner(vstage, self.pp)[0]]
 
     def post(self, sends: list[tuple[Message, torch.Tensor]], recvs: list[Message]) -> None:
-        """Start sends and receives in one batch; already-posted receives are skipped."""
+        """Start sends and receives in one batch, in this order (nothing posted when both are
+        empty)."""
         ops, new = [], []
         for msg, t in sends:
             if t.shape != self.shape or t.dtype != self.dtype:
@@ -59,7 +62,7 @@ class StageLink:
             new.append((None, t))
         for msg in recvs:
             if msg in self._recvs:
-                continue
+                raise RuntimeError(f"receive of {msg} posted twice: the posting plan is wrong")
             buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
             ops.append(dist.P2POp(dist.irecv, buf, self._peer(msg.src), self.group, msg.tag(self.stages)))
             new.append((msg, buf))
@@ -75,10 +78,12 @@ class StageLink:
                 self._recvs[msg] = (work, t)
 
     def wait(self, msg: Message) -> torch.Tensor:
-        """Block until ``msg`` has arrived (posting its receive first if nobody did) and hand over
-        its buffer."""
+        """Block until ``msg`` has arrived and hand over its buffer. Its receive must have been
+        posted: posting it here would put a batch on the stream that no plan accounts for.
+        Under NCCL this waits for the receive's whole batch (one coalesced work)."""
         if msg not in self._recvs:
-            self.post([], [msg])
+            raise RuntimeError(f"waiting for {msg}, whose receive was never posted: the posting "
+                               "plan is wrong")
         work, buf = self._recvs.pop(msg)
         work.wait()
         return buf

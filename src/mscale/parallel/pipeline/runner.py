@@ -2,9 +2,20 @@
 
 The schedule (schedule.py) fixes the order of forwards and backwards; this module runs it:
 inputs come from the data loader (first virtual stage: tokens; last: labels) or from the
-previous stage (`StageLink`), outputs go to the next. Per action ``k`` the receive for action
-``k+1`` is already in flight and the one for ``k+2`` is posted right after ``k``'s compute,
-batched with ``k``'s send, so a transfer overlaps at least one action's compute.
+previous stage (`StageLink`), outputs go to the next.
+
+What is posted to the PP group, and when, is `posting.posting_plan`: before the first action
+and right after each action's compute, the plan's ``batch_isend_irecv`` batches, in order, and
+nothing else. That order is what NCCL needs (docs/pipeline.md, "Transfers and overlap"): every
+batch on the PP communicator runs on one NCCL stream in issue order and completes only when all
+its operations have met their peers', so a receive posted early blocks every later batch of the
+rank, the sends included. 1F1B sends each output together with the receive of the next action
+(Megatron-LM's ``send_forward_recv_backward`` / ``send_backward_recv_forward``); interleaved
+1F1B pairs by direction, an activation's send with the receive of the next forward, a
+gradient's send with the receive of the next backward, so each transfer overlaps the compute of
+the action between (Megatron-LM's ``overlap_p2p_comm``). `posting.replay_nccl` replays the same
+plan of every rank under NCCL's rules and proves it cannot hang (tests/unit/parallel/
+test_pipeline_posting.py); gloo, which completes each operation on its own, runs it too.
 
 Data parallelism: every backward runs inside ``grads.no_sync()`` except the backward of the
 last micro-batch on each chunk (a chunk sees its micro-batches in order, so that is its final
@@ -14,8 +25,9 @@ last chunk first, which is also the order in which chunks finish under interleav
 
 Timing, per rank: a wait for a receive is ``bubble`` while the pipeline fills (up to and
 including this rank's first backward) or drains (after its last forward): nothing else could run
-then. A wait in the steady state, or for sends at the end of the step, is ``comm_wait``: a slow
-link or a slow neighbour. Compute is the rest (StepTimer).
+then. A wait in the steady state, posting a batch, or waiting for sends at the end of the step
+is ``comm_wait``: a slow link or a slow neighbour. Under NCCL a wait also covers the sends
+batched with the receive (one coalesced work per batch). Compute is the rest (StepTimer).
 """
 
 from __future__ import annotations
@@ -28,10 +40,11 @@ import torch
 
 from mscale.errors import MscaleError
 from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
+from mscale.parallel.pipeline.posting import posting_plan
 from mscale.parallel.precision import Precision
 from mscale.distributed.init import to_device
-from mscale.parallel.pipeline.schedule import (Action, check_micro_batches, needs, phases,
-                                               produces, schedule, virtual_stage)
+from mscale.parallel.pipeline.schedule import (Action, Message, check_micro_batches, needs,
+                                               phases, produces, schedule, virtual_stage)
 
 if TYPE_CHECKING:  # the buffer is built by the engine; the runner only enters its no_sync
     from mscale.parallel.data import GradBuffer
@@ -90,8 +103,12 @@ class PipelineStep:
                               fix="raise global_batch or lower micro_batch (see mscale plan)")
         self.last_stage = self.pp * self.vpp - 1
         self.actions = schedule(self.pp, self.vpp, self.m, self.rank)
+        self.plan = posting_plan(self.pp, self.vpp, self.m, self.rank)
+        """What to post before action 0 (``plan[0]``) and after action k (``plan[k + 1]``)."""
         self.first_b, self.last_f = phases(self.actions)
         self.link = stage.link
+        self.outbox: dict[Message, torch.Tensor] = {}
+        """Outputs computed and not yet handed to a batch (the plan sends each right away)."""
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         """(micro, chunk) → (input that needs its gradient, output to run backward from)."""
         self.loss_sum: torch.Tensor | None = None
@@ -101,21 +118,30 @@ class PipelineStep:
         return needs(self.actions[k], self.rank, self.pp, self.vpp) if k < len(self.actions) else None
 
     def run(self) -> torch.Tensor | None:
-        self.link.post([], [n for n in (self._need(0), self._need(1)) if n is not None])
+        self._post(0)
         for k, action in enumerate(self.actions):
             with self.timer.work("forward" if action.forward else "backward", action.micro,
                                  action.chunk):
                 out = self._forward(k, action) if action.forward else self._backward(k, action)
             sent = produces(action, self.rank, self.pp, self.vpp)
-            nxt = self._need(k + 2)
-            # posting is pipeline communication: gloo writes a small send inline, so a slow
-            # link shows here (as pp wait), not as compute of this rank
-            with self.timer.region("comm_wait", link="pp"):
-                self.link.post([(sent, out)] if sent else [], [nxt] if nxt else [])
-                self.link.reap()
+            if sent is not None:
+                self.outbox[sent] = out
+            self._post(k + 1)
         with self.timer.region("comm_wait", link="pp"):
             self.link.drain()
+        if self.outbox:
+            raise RuntimeError(f"outputs never sent: {sorted(self.outbox, key=repr)}")
         return None if self.loss_sum is None else self.loss_sum / self.m
+
+    def _post(self, i: int) -> None:
+        """Post the plan's batches for point ``i``, in order, and release finished sends.
+        Posting is pipeline communication: gloo writes a small send inline, so a slow link
+        shows here (as pp wait), not as compute of this rank."""
+        with self.timer.region("comm_wait", link="pp"):
+            for batch in self.plan[i]:
+                self.link.post([(msg, self.outbox.pop(msg)) for msg in batch.sends],
+                               list(batch.recvs))
+            self.link.reap()
 
     def _receive(self, k: int) -> torch.Tensor:
         """Wait for action k's input; the wait counts as bubble in warm-up and cool-down."""
