@@ -25,7 +25,8 @@ param_gather.py, zero.py, model/transformer.py, pipeline/runner.py), not Megatro
   block, fp32 residual stream and norms, flash-style attention (no s×s tensor on a GPU).
 - **Pipeline**: micro-batches in flight per rank from the engine's own schedule
   (`in_flight_chunks`, checked against parallel/pipeline/schedule.py by a test), plus each
-  in-flight chunk's output held for its backward and the receives posted ahead.
+  in-flight chunk's output held for its backward and the receives posted ahead (one under 1F1B,
+  two under interleaving: parallel/pipeline/posting.py).
 - **Host**: the checkpoint's pinned arena (ckpt/snapshot.py) is host memory, reported apart.
 
 Every function works on numbers and numpy arrays alike, so the search evaluates all layouts at
@@ -275,7 +276,10 @@ def _rank_peak(pb, c: dict, micro, rank, layers, embedding, head) -> dict:
     cuda = pb.cluster.gpu.name != "cpu"
     saved = block_saved_bytes(m_, mb, tp, sp, rec, prec, cuda) * layers * worth
     stream = FP32 * n_h / sp_split(tp, sp)  # one micro-batch's residual stream on this rank
-    boundary = np.where(pp > 1, (chunks - np.where(head, 1, 0) + 2) * stream, 0.0)
+    # receives in flight (parallel/pipeline/posting.py): 1F1B posts the next action's only;
+    # interleaving may hold the next forward's and the next backward's
+    ahead = np.where(np.asarray(vpp) > 1, 2, 1)
+    boundary = np.where(pp > 1, (chunks - np.where(head, 1, 0) + ahead) * stream, 0.0)
     block_copy = 2.0 * flops.layer_matrix_params(m_) / tp if bf16 else 0.0 * tp
     recompute = np.where(rec == 2, block_saved_bytes(m_, mb, tp, sp, 0, prec, cuda) + block_copy,
                          0.0)
