@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence, TextIO
 
 from mscale.distributed import forkserver
+from mscale.distributed.lifeline import LIFELINE_ENV, LOG_FILE_ENV, Lifeline
+from mscale.distributed.stdio import guard_std_streams
 from mscale.errors import EXIT_BAD_INPUT
 
 if TYPE_CHECKING:
@@ -40,10 +42,12 @@ PHASE_FILE_ENV = "MSCALE_PHASE_FILE"
 
 CLI_ENTRY = ("import sys, torch, mscale.cli.main as cli; "
              "from mscale.distributed.launch import mark_phase; "
+             "from mscale.distributed.lifeline import watch_launcher; watch_launcher(); "
              "mark_phase('imported'); sys.argv[0] = 'mscale'; cli.main()")
 """``python -c`` code of a worker that runs an ``mscale`` command (its arguments follow): torch
-and the CLI imported, the ``imported`` phase marked, then the command. Every worker imports
-torch anyway; importing it first makes the marker mean "the expensive part is done"."""
+and the CLI imported, the launcher watched (distributed/lifeline.py: the worker stops if the
+launcher is gone), the ``imported`` phase marked, then the command. Every worker imports torch
+anyway; importing it first makes the marker mean "the expensive part is done"."""
 
 CLI_PRELOAD = ("torch", "mscale.cli.main")
 """What the fork server imports for `CLI_ENTRY` workers (distributed/forkserver.py); a command
@@ -241,11 +245,29 @@ def _columns(stream) -> int:
 
 
 def _tee(pipe, write: Callable[[str], None], log) -> None:
-    """Copy rank 0's output to the console and to its log file, line by line."""
+    """Copy rank 0's output to the console and to its log file, line by line, until rank 0 ends.
+
+    Neither copy may stop the draining: a tee that died would leave rank 0 blocked on a full
+    pipe. The console is best-effort (distributed/stdio.py: a closed terminal only loses its
+    view); a log write that fails is reported once on the console and the draining goes on."""
+    log_ok = True
     for line in iter(pipe.readline, b""):
-        log.write(line)
-        log.flush()
-        write(line.decode(errors="replace"))
+        if log_ok:
+            try:
+                log.write(line)
+                log.flush()
+            except (OSError, ValueError) as e:
+                log_ok = False
+                _best_effort(write, f"warning: rank 0's log could not be written ({e}); its "
+                             "output goes on to the console only\n")
+        _best_effort(write, line.decode(errors="replace"))
+
+
+def _best_effort(write: Callable[[str], None], text: str) -> None:
+    try:
+        write(text)
+    except (OSError, ValueError):  # the console is closed: the log has the line
+        pass
 
 
 NODE_ENV = "MSCALE_NODE"
@@ -262,6 +284,11 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
     local processes and watch them to the end. The processes are forks of one server that
     imported ``preload`` (torch, the entry's modules) once (distributed/forkserver.py).
 
+    SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session; left alone when ignored, as
+    under ``nohup``) are passed to the workers as SIGTERM. The workers get the launcher's
+    lifeline (distributed/lifeline.py): an entry that calls ``watch_launcher()`` stops if the
+    launcher dies. The console is best-effort while the job runs (distributed/stdio.py).
+
     ``rank0_ends_job``: once rank 0 has exited 0 (it wrote the job's result, as preflight's
     does), the workers still running are stopped: a hung one would otherwise hold the launcher.
     ``phases``: the start-up phases the workers mark, shown until all of them reached the last.
@@ -270,11 +297,76 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
     such as a fault injected into one node, can select a node's processes by it.
     """
     os.makedirs(log_dir, exist_ok=True)
+    lifeline = Lifeline(backlog=nprocs + 8)
+    restore_streams = guard_std_streams()
+    try:
+        return _run_workers(lifeline, nprocs, gpus_per_node, worker_args, log_dir, extra_env,
+                            rank0_to_stderr, rank0_ends_job, entry, phases, node_names, preload)
+    finally:
+        restore_streams()
+        lifeline.close()
+
+
+def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_args: list[str],
+                 log_dir: str, extra_env: dict[str, str], rank0_to_stderr: bool,
+                 rank0_ends_job: bool, entry: str, phases: Sequence[tuple[str, str]],
+                 node_names: Sequence[str], preload: Sequence[str]) -> JobResult:
     port = free_port()
     threads = str(max(1, (os.cpu_count() or 1) // nprocs))
     out = sys.stderr if rank0_to_stderr else sys.stdout
     view = StartupView(nprocs, phases, out, lambda r: read_phases(phase_file(log_dir, r)))
-    procs, logs, tees = [], [], []
+    procs: list = []
+    logs: list = []
+    tees: list[threading.Thread] = []
+
+    def forward(signum, frame):  # noqa: ARG001
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    def on_poll(codes: list[int | None]) -> None:
+        lifeline.accept()  # the workers' connections, held open until the launcher ends
+        if any(c is not None for c in codes):
+            view.close()  # a worker ended: what follows is about that, not the start
+        else:
+            view.poll()
+
+    signals = forwarded_signals()
+    old = {s: signal.signal(s, forward) for s in signals}
+    try:
+        # A closed terminal sends SIGHUP to its whole foreground process group: the fork server
+        # and multiprocessing's resource tracker, started here, would die of it (the workers'
+        # exit codes are read through the server; the tracker's loss spills tracebacks into
+        # every log). Started while this thread blocks SIGHUP, they and the workers forked from
+        # the server keep it blocked (a mask survives fork and exec; a handler does not). The
+        # launcher itself has its handler: a hangup during the start is forwarded, not lost.
+        shielded = {signal.SIGHUP} & set(signals) if hasattr(signal, "pthread_sigmask") \
+            else set()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, shielded) if shielded else None
+        try:
+            _start(procs, logs, tees, view, lifeline, nprocs, gpus_per_node, worker_args,
+                   log_dir, extra_env, entry, node_names, preload, port, threads)
+        finally:
+            if mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        return _watch(procs, rank0_ends_job, on_poll)
+    finally:
+        view.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+        for t in tees:
+            t.join(timeout=5)
+        for log in logs:
+            log.close()
+
+
+def _start(procs: list, logs: list, tees: list, view: StartupView, lifeline: Lifeline,
+           nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
+           extra_env: dict[str, str], entry: str, node_names: Sequence[str],
+           preload: Sequence[str], port: int, threads: str) -> None:
+    """Start the workers, each appended to ``procs`` (its log to ``logs``, rank 0's tee to
+    ``tees``) as it starts: a failure half-way leaves the started ones to the caller (whose
+    lifeline, closed, stops them)."""
     for rank in range(nprocs):
         markers = phase_file(log_dir, rank)
         with open(markers, "w", encoding="utf-8") as f:  # a previous attempt's markers go
@@ -285,10 +377,11 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
                    GROUP_RANK=str(rank // gpus_per_node), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), MSCALE_LAUNCHER="local",
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads),
-                   **{PHASE_FILE_ENV: markers})
+                   **{PHASE_FILE_ENV: markers, LIFELINE_ENV: lifeline.address,
+                      LOG_FILE_ENV: os.path.abspath(os.path.join(log_dir, f"rank{rank}.log"))})
         if rank // gpus_per_node < len(node_names):
             env[NODE_ENV] = node_names[rank // gpus_per_node]
-        log = open(os.path.join(log_dir, f"rank{rank}.log"), "wb")
+        log = open(env[LOG_FILE_ENV], "wb")
         logs.append(log)
         if rank == 0:  # its output goes to the console too: through a pipe the launcher tees
             read_end, write_end = os.pipe()
@@ -304,28 +397,15 @@ def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], l
         with open(pid_file(log_dir, rank), "w", encoding="utf-8") as f:
             f.write(f"{procs[-1].pid}\n")
 
-    def forward(signum, frame):  # noqa: ARG001
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
 
-    def on_poll(codes: list[int | None]) -> None:
-        if any(c is not None for c in codes):
-            view.close()  # a worker ended: what follows is about that, not the start
-        else:
-            view.poll()
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return _watch(procs, rank0_ends_job, on_poll)
-    finally:
-        view.close()
-        for s, h in old.items():
-            signal.signal(s, h)
-        for t in tees:
-            t.join(timeout=5)
-        for log in logs:
-            log.close()
+def forwarded_signals() -> tuple[int, ...]:
+    """The signals a launcher passes on to its workers as SIGTERM ("checkpoint, then stop"):
+    SIGINT, SIGTERM, and SIGHUP unless it is ignored (``nohup``: the operator asked the job to
+    survive the hangup)."""
+    sigs = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        sigs.append(signal.SIGHUP)
+    return tuple(sigs)
 
 
 def _abnormal(code: int | None) -> bool:

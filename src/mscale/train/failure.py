@@ -8,7 +8,15 @@ time. The kinds are the decisions recover makes from them:
 - ``disk_full``: the run directory's filesystem is full: free space, then resume;
 - ``timeout``: a collective did not complete within ``--timeout`` — this rank waited for a peer
   that is hung, stopped or dead; the peer that did *not* time out is the suspect;
-- ``network``: the job could not rendezvous or lost a connection (a peer died);
+- ``network``: the job could not rendezvous or lost a connection (a peer died): gloo's
+  ``Connection closed by peer``, a reset, a broken pipe *between ranks*;
+- ``console``: the process's own stdout/stderr was closed under it (a ``BrokenPipeError`` from
+  Python's I/O: the terminal or the process reading it went away). Not the node, not the
+  network. Workers write their console best-effort (distributed/stdio.py), so this is only left
+  by a write that bypassed it;
+- ``launcher_died``: the ``--local`` launcher is gone (killed, crashed) and this worker stopped
+  itself, as every worker does (distributed/lifeline.py): nobody supervised the job any more.
+  Not a fault of the node, the network or the job: relaunch from the latest checkpoint;
 - ``crash``: anything else (a bug, an OOM): the traceback says which.
 """
 
@@ -35,6 +43,8 @@ _NETWORK = re.compile(r"connection (reset|closed|refused)|broken pipe|socket|ren
 
 def classify(exc: BaseException) -> str:
     """The failure kind of an exception (module docstring)."""
+    if console_closed(exc):
+        return "console"
     if isinstance(exc, DiskFullError):
         return "disk_full"
     if isinstance(exc, MscaleError):
@@ -47,6 +57,14 @@ def classify(exc: BaseException) -> str:
     if _NETWORK.search(text):
         return "network"
     return "crash"
+
+
+def console_closed(exc: BaseException) -> bool:
+    """A ``BrokenPipeError`` raised by Python's own I/O: in a training process that is a write to
+    its stdout or stderr whose reader went away. Connections between ranks live in gloo/NCCL,
+    whose failures are ``RuntimeError``s carrying the text (``Connection closed by peer``,
+    ``Broken pipe``): those stay ``network``."""
+    return type(exc) is BrokenPipeError and exc.filename is None
 
 
 def one_line(exc: BaseException) -> str:
@@ -94,6 +112,40 @@ def read_error_files(run: RunDir) -> dict[int, dict]:
         if isinstance(rec, dict):
             out[int(m.group(1))] = rec
     return out
+
+
+def launcher_gone_message(why: str) -> str:
+    """What a worker whose ``--local`` launcher is gone says (its log line, error file, event)."""
+    return (f"the --local launcher {why}; this worker stopped itself, as every worker does "
+            "when its launcher is gone: no fault of this node or of the job, the same command "
+            "(or mscale recover) resumes from the latest checkpoint")
+
+
+def launcher_gone_line(run: RunDir, rank: int, node: str, why: str) -> str:
+    """The one line in the rank's log (the error file's path in it)."""
+    return (f"error (rank {rank} on {node}, launcher_died): {launcher_gone_message(why)}; "
+            f"details in {error_file(run, rank)}")
+
+
+def record_launcher_gone(run: RunDir, rank: int, node: str, why: str) -> str | None:
+    """This rank's error file of kind ``launcher_died`` and, on rank 0, a ``stop`` event: the
+    launcher that would have written the job's end is gone. Returns the error file's path, or
+    None when it could not be written. No traceback: nothing in this process failed."""
+    message = launcher_gone_message(why)
+    record = {"rank": rank, "node": node, "time": time.time(), "kind": "launcher_died",
+              "exception": None, "message": message, "traceback": ""}
+    path: str | None = error_file(run, rank)
+    try:
+        write_text_atomic(path, json.dumps(record, indent=1) + "\n")
+    except Exception:  # noqa: BLE001 - the log line already says it
+        path = None
+    if rank == 0:
+        evidence = {"kind": "launcher_died", "reason": "launcher_died", "code": EXIT_BAD_INPUT,
+                    "run_id": run_id_from_env(), "error_file": f"logs/rank{rank}.error.json"}
+        run.append_record(run.events, Event(
+            source="train", kind="stop", severity="critical", message=f"stopped: {message}",
+            evidence=evidence))
+    return path
 
 
 class ReportedFailure(Exception):

@@ -7,8 +7,11 @@ travel as one serialised `TrainOptions` (MSCALE_TRAIN_OPTIONS), never re-parsed.
 start, the console shows how many reached each phase (`startup_phases`, distributed/launch.py).
 Ranks are grouped into "nodes" of the plan's gpus_per_node, so node checks and hierarchical
 groups behave as on a cluster. If any worker fails, the others are stopped (SIGTERM, then SIGKILL
-after a grace period): a dead rank must never leave its peers hanging. SIGINT/SIGTERM to the
-launcher are forwarded as SIGTERM, which workers treat as "halt at the next step boundary".
+after a grace period): a dead rank must never leave its peers hanging. SIGINT, SIGTERM and
+SIGHUP (a closed terminal or ssh session) to the launcher are forwarded as SIGTERM, which workers
+treat as "halt at the next step boundary". Workers never outlive the launcher: killed, it leaves
+them to stop themselves (distributed/lifeline.py, train/worker.py). Its console is best-effort
+(distributed/stdio.py): a closed terminal loses the view, never the job or its exit code.
 
 When a worker fails, the launcher knows what no worker can: which rank failed *first*, how
 (exit code or signal), and which ranks were still alive (a SIGSTOPped or deadlocked rank never
@@ -134,16 +137,19 @@ def _check_same_run(plan: Plan, run_dir: str, allow_batch_change: bool) -> None:
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
                as_json: bool = False) -> int:
     """Run the job on ``nprocs`` local processes; returns its contract exit code."""
+    from mscale.distributed.stdio import guard_std_streams
     from mscale.runs.lock import LOCK_HELD_ENV, RunLock, new_run_id
 
     run = RunDir(options.run_dir)
     run_id = f"local-{new_run_id()}"
     lock = RunLock(run.root, run_id).acquire()  # held for the workers; refused if in use
     lock.start_heartbeat()
+    restore_streams = guard_std_streams()  # through the closing line and the --json document
     try:
         return _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id,
                                {LOCK_HELD_ENV: run_id})
     finally:
+        restore_streams()
         lock.release()
 
 

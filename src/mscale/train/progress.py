@@ -1,4 +1,8 @@
-"""Progress display on rank 0: a rich progress bar on a terminal, plain lines otherwise."""
+"""Progress display on rank 0: a rich progress bar on a terminal, plain lines otherwise.
+
+Best-effort: once its stream is gone (a closed terminal, a reader that went away) the display
+goes quiet and training goes on (distributed/stdio.py); metrics.jsonl has every step anyway.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import sys
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mscale.config.records import MetricsRecord
+from mscale.distributed.stdio import BestEffortStream
 
 
 class ProgressReporter:
@@ -14,7 +19,9 @@ class ProgressReporter:
 
     def __init__(self, steps: int, enabled: bool, log_interval: int = 1, stream=None):
         self.steps, self.enabled, self.log_interval = steps, enabled, max(1, log_interval)
-        self.stream = stream or sys.stdout
+        stream = stream or sys.stdout
+        self.stream = stream if isinstance(stream, BestEffortStream) else \
+            BestEffortStream(stream, "the console")
         self.tty = self.stream.isatty()
         self._bar: Progress | None = None
         self._task = None

@@ -4,6 +4,16 @@ This is the worker's edge: whatever happens inside, the process ends with a cont
 (0 done, 1 stopped on request, 2 NaN/Inf, 3 bad input or crashed), and a failure leaves one line
 on stderr and ``logs/rank<N>.error.json`` (train/failure.py) for `recover`. It never exits 1 for
 a crash: 1 means "stopped early on request", which recover treats as resumable without repair.
+
+Two things around the job are not allowed to end it, or to outlive it:
+
+- the console: ``sys.stdout``/``sys.stderr`` are best-effort (distributed/stdio.py), so a
+  closed terminal or a gone reader costs the view, not the run;
+- the ``--local`` launcher: a worker watches it (distributed/lifeline.py) and, when it is gone,
+  stops at once with one line in its log, an error file of kind ``launcher_died`` and (rank 0)
+  a ``stop`` event, then exits 3. A collective that fails because a peer already stopped that
+  way is the same story, not a network fault: the edge waits a moment for its own watch to
+  confirm it (`LAUNCHER_CONFIRM_S`).
 """
 
 from __future__ import annotations
@@ -19,8 +29,16 @@ from mscale.config.plan import Plan
 from mscale.errors import EXIT_BAD_INPUT
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, node_name, read_launch_env
-from mscale.train.failure import ReportedFailure, report_failure
+from mscale.train.failure import ReportedFailure, classify, report_failure
 from mscale.train.options import TrainOptions
+
+LAUNCHER_CONFIRM_S = 2.0
+"""How long a failing ``--local`` worker whose failure looks like a lost peer (network, timeout,
+console) waits for its launcher watch before reporting the failure as its own: the launcher's
+death wakes every worker's watch at once, but a peer that stopped a moment earlier breaks this
+worker's collective first."""
+
+LOST_PEER_KINDS = ("network", "timeout", "console")
 
 
 def default_threads(local_world_size: int, cpus: int | None = None) -> int:
@@ -40,14 +58,19 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
     """
     from mscale.distributed.init import shutdown_and_exit
     from mscale.distributed.launch import mark_phase
+    from mscale.distributed.lifeline import watch_launcher
+    from mscale.distributed.stdio import guard_std_streams
     from mscale.train.loop import train
 
+    guard_std_streams()  # the console is a view: a closed one never stops training
     mark_phase("imported")  # torch and the engine's modules: most of a worker's start-up
     env = env or read_launch_env(command="train", world=plan.layout.world_size)
     run = RunDir(options.run_dir)
     # the node as the launcher and the plan name it (node3 under --local), not this host's name:
     # the launcher's failure line, watch, quarantine and recover all use that name
     rank, node = env.rank, node_name(env, plan)
+    # --local only (None under torchrun/srun): stop as soon as the launcher is gone
+    watch = watch_launcher(lambda why: launcher_gone(run, rank, node, why))
     try:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(default_threads(env.local_world_size))
@@ -59,11 +82,43 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
         # blocking it in this thread alone let another thread (lock heartbeat, data read-ahead,
         # gloo) take the signal and die with it; the launcher still SIGKILLs after its grace.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if launcher_took_it(watch, exc):
+            _wait_for_exit()  # the watch's thread is reporting the launcher's death, then exits
         code = exc.code if isinstance(exc, ReportedFailure) else report_failure(run, rank, node,
                                                                                  exc)
         shutdown_and_exit(code, barrier=False)
     # a clean exit synchronises all ranks; after a failure peers may be gone, so no barrier
     shutdown_and_exit(code, barrier=code in (0, 1, 2))
+
+
+def launcher_took_it(watch, exc: BaseException) -> bool:
+    """Whether ``exc`` is this worker's share of its launcher's death: a lost peer (network,
+    timeout, console) while the launcher watch says, within `LAUNCHER_CONFIRM_S`, that the
+    launcher is gone. Then the watch's own report stands, not a network fault of this rank."""
+    if watch is None or isinstance(exc, ReportedFailure):
+        return False
+    return classify(exc) in LOST_PEER_KINDS and watch.wait_gone(LAUNCHER_CONFIRM_S)
+
+
+def launcher_gone(run: RunDir, rank: int, node: str, why: str) -> None:
+    """The ``--local`` launcher is gone (`watch_launcher`'s thread): say so in this rank's log,
+    leave the error file (and on rank 0 the stop event) that recover reads, exit 3. Never
+    returns."""
+    from mscale.distributed.lifeline import stop_worker
+    from mscale.train.failure import launcher_gone_line, record_launcher_gone
+
+    stop_worker(launcher_gone_line(run, rank, node, why),
+                report=lambda: record_launcher_gone(run, rank, node, why))
+
+
+def _wait_for_exit() -> None:
+    """Leave the process to the thread that is ending it (`launcher_gone`), with a bound."""
+    import time
+
+    from mscale.distributed.lifeline import EXIT_CODE, REPORT_DEADLINE_S
+
+    time.sleep(REPORT_DEADLINE_S + 5)
+    os._exit(EXIT_CODE)
 
 
 def local_main(argv: list[str] | None = None) -> None:

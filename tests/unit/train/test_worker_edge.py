@@ -28,6 +28,8 @@ from mscale.train.worker import default_threads
     (OSError(errno.ENOSPC, "No space left on device"), "disk_full"),
     (RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete"), "timeout"),
     (RuntimeError("Connection closed by peer [127.0.0.1]:1234"), "network"),
+    (RuntimeError("[pair.cc:598] Write error [127.0.0.1]:1234: Broken pipe"), "network"),
+    (BrokenPipeError(errno.EPIPE, "Broken pipe"), "console"),  # its stdout/stderr, not a peer
     (ZeroDivisionError("division by zero"), "crash"),
 ])
 def test_failures_are_classified_for_recover(exc, kind):
