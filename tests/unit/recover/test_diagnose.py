@@ -348,3 +348,23 @@ def test_a_node_whose_ranks_vanished_under_srun(tmp_path):
     d = diagnose(run.path)
     assert (d.cls, d.suspect_ranks, d.suspect_nodes, d.exit_code) == \
         ("network", [4, 5], ["node3"], 3)
+
+
+def test_a_dead_launcher_blames_no_node_and_a_closed_console_is_software(run, tmp_path):
+    """train --local's workers stop themselves when their launcher dies (launcher_died on every
+    rank, a peer's collective broken by the first to stop): nothing of a node or the network.
+    A rank whose stdout/stderr reader went away (kind console) is not a network fault, though
+    its traceback says 'Broken pipe'."""
+    started(run)
+    for rank in range(4):
+        run.error_file(rank, 6, "launcher_died", "the --local launcher is gone (killed)")
+    run.error_file(2, 6, "network", "RuntimeError: Connection closed by peer")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("preemption", "preempted", True)
+    assert d.suspect_nodes == [] and d.suspect_ranks == []
+
+    other = Run(tmp_path / "console")
+    started(other)
+    other.error_file(0, 5, "console", "BrokenPipeError: [Errno 32] Broken pipe")
+    d = diagnose(other.path)
+    assert (d.cls, d.symptom) == ("software", "crash") and d.suspect_nodes == []

@@ -17,7 +17,7 @@ from mscale.recover.diagnose.hang import hung_ranks
 from mscale.recover.diagnose.rules import NOTHING, Rule
 from mscale.recover.diagnose.evidence import RunEvidence, collect, evidence_of
 
-_KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|crash): ")
+_KIND_PREFIX = re.compile(r"^(bad_input|disk_full|timeout|network|console|launcher_died|crash): ")
 MAX_EVIDENCE = 20
 """Evidence lines kept, most telling first."""
 SHAPE_CHARS = 200
@@ -62,8 +62,9 @@ def _suspects(ev: RunEvidence, hits: list[Hit], rule: Rule) -> tuple[list[int], 
     """The suspect ranks and how they were found."""
     if rule.symptom == "hang":
         return hung_ranks(ev, hits)
-    if rule.cls in NO_SUSPECTS or rule is NOTHING or rule.symptom == "disk_full":
-        return [], ""  # a full filesystem is shared: no node is to blame
+    if rule.cls in NO_SUSPECTS or rule is NOTHING or rule.symptom == "disk_full" \
+            or rule.key == "console":
+        return [], ""  # a full filesystem is shared, a closed terminal is nobody's node
     if rule.weight <= CONSEQUENCE:  # peers lost a rank: the one that said nothing is suspect
         silent, how = hung_ranks(ev, hits)
         if silent and (ev.world is None or len(silent) < ev.world):

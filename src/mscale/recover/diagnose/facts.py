@@ -227,7 +227,8 @@ def _error_file(f: Findings, rank: int, rec: dict) -> None:
     line = f"{kind}: {message}"
     if kind == "crash" and _user_raised(exc_line or message, frames):
         f.add("user_frame", source, f"{line} (in {frames[-1]})", rank, when)
-    elif kind in ("bad_input", "disk_full", "timeout", "network", "crash"):
+    elif kind in ("bad_input", "disk_full", "timeout", "network", "console", "launcher_died",
+                  "crash"):
         f.add(kind, source, line, rank, when)
     for text in {message, exc_line or ""} - {""}:
         f.text(source, text, rank, when)
