@@ -12,11 +12,27 @@ import pytest
 from mscale.distributed import forkserver
 from mscale.distributed.launch import pid_file, run_local_workers
 
-ENTRY = ("import os, signal, sys\n"
-         "rank = int(os.environ['RANK'])\n"
+ENTRY = ("import os, signal, sys, time\n"
+         # the launcher stops the others after the first failure: ignored here, so the codes
+         # under test are the workers' own however the three are scheduled
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "rank, sync = int(os.environ['RANK']), os.environ['SYNC']\n"
          "print(f'rank {rank} of {os.environ[\"WORLD_SIZE\"]} args {sys.argv[1:]} "
          "node {os.environ.get(\"MSCALE_NODE\")}', flush=True)\n"
+         "open(os.path.join(sync, f'pid{rank}'), 'w').write(str(os.getpid()))\n"
+         "def until(done):\n"
+         "    end = time.time() + 60\n"
+         "    while not done() and time.time() < end:\n"
+         "        time.sleep(0.01)\n"
+         "def gone(pid):\n"
+         "    try:\n"
+         "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'\n"
+         "    except FileNotFoundError:\n"
+         "        return True\n"
+         "until(lambda: all(os.path.exists(os.path.join(sync, f'pid{r}')) for r in range(3)))\n"
          "if rank == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+         "if rank == 1:  # after rank 2's death, so that the launcher sees the signal first\n"
+         "    until(lambda: gone(int(open(os.path.join(sync, 'pid2')).read())))\n"
          "sys.exit(3 if rank == 1 else 0)\n")
 
 
@@ -24,7 +40,9 @@ ENTRY = ("import os, signal, sys\n"
 def test_each_worker_has_its_own_environment_log_and_exit(tmp_path, capsys, monkeypatch, fork):
     monkeypatch.setattr(forkserver, "FORK_WORKERS", fork)
     logs = str(tmp_path / "logs")
-    result = run_local_workers(3, 1, ["a", "b"], logs, {"EXTRA": "1"}, entry=ENTRY,
+    (tmp_path / "sync").mkdir()
+    result = run_local_workers(3, 1, ["a", "b"], logs, {"SYNC": str(tmp_path / "sync")},
+                               entry=ENTRY,
                                phases=(), node_names=("n1", "n2", "n3"), preload=())
     assert result.returncodes == [0, 3, -signal.SIGKILL]
     assert result.failed_rank == 2  # a signal beats an exit code
