@@ -7,10 +7,12 @@ checkpoint reshards on load). `check_plan_change` tells the two apart:
 - refused (`MscaleError`, exit 3): any field of ``model`` except its free-form ``name`` (so
   ``seq_len`` too), and the training settings that define what the weights and the optimizer state
   mean: ``global_batch``, ``seed``, ``optimizer`` and the data source ``data`` (kind, path,
-  dtype; a moved token file can keep its old path through a link). ``global_batch`` alone may
-  change when the caller allows it (``train --allow-batch-change``, which `mscale recover` passes
-  when too few nodes remain for the old batch): the data then continues from the samples the
-  checkpoint has consumed (`ckpt.manifest.TrainState.samples`), not from step · new batch.
+  dtype; a moved token file can keep its old path through a link). ``global_batch`` may change
+  when the caller allows it (``train --allow-batch-change``, which `mscale recover` passes when
+  too few nodes remain for the old batch): the data then continues from the samples the
+  checkpoint has consumed (`ckpt.manifest.TrainState.samples`), not from step · new batch. So may
+  ``data`` (``train --allow-data-change``: a curriculum step, new blend weights or sources): the
+  run continues at the same global sample of the new mixture (docs/data.md).
 - accepted and described: the layout, the cluster, the placement, the plan's name and every other
   training setting (steps, learning-rate schedule, clipping, precision, buckets, checkpoint
   interval, ...), which runs legitimately change on a restart.
@@ -39,6 +41,7 @@ IDENTITY = ("model.", "training.global_batch", "training.seed", "training.optimi
 """Dotted field prefixes that a run directory's plan may never change (global_batch: unless
 allowed)."""
 BATCH = "training.global_batch"
+DATA = "training.data."
 _FREE = ("model.name",)
 _IGNORED_TOP = ("estimate", "checkpoint")
 _RELAYOUT = ("layout.", "cluster.", "placement.")
@@ -111,19 +114,22 @@ def _short(value: Any) -> str:
 
 
 def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
-                      allow_batch_change: bool = False) -> PlanChange:
+                      allow_batch_change: bool = False,
+                      allow_data_change: bool = False) -> PlanChange:
     """Compare the run directory's plan ``old`` with ``new`` (module docstring for which fields
     refuse); raise MscaleError naming the refused fields, else describe the change.
 
     ``source`` names the old plan's file in the error. Placements are compared only when both
     plans carry one; without one a plan's placement follows from its layout, which is compared.
-    ``allow_batch_change`` accepts a new ``training.global_batch``.
+    ``allow_batch_change`` accepts a new ``training.global_batch``, ``allow_data_change`` a new
+    ``training.data``.
     """
     placement = old.placement is not None and new.placement is not None
     a, b = _comparable(old, placement), _comparable(new, placement)
     differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     free = _FREE + ((BATCH,) if allow_batch_change else ())
-    refused = [k for k in differ if k.startswith(IDENTITY) and k not in free]
+    refused = [k for k in differ if k.startswith(IDENTITY) and k not in free
+               and not (allow_data_change and k.startswith(DATA))]
     if refused == [BATCH]:
         raise MscaleError(
             f"the plan changes the run's global batch ({_short(a.get(BATCH))} -> "
@@ -137,7 +143,9 @@ def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
             f"this run directory belongs to another model or training recipe ({shown}{more}); "
             "its checkpoints would be meaningless for the new plan", file=source, field=refused[0],
             fix="use a new --run-dir for a new model or recipe, or keep the run's plan (its "
-                "layout, cluster and schedule may change)")
+                "layout, cluster and schedule may change)"
+                + ("; a change of training.data on purpose (new blend weights or sources): "
+                   "--allow-data-change" if all(k.startswith(DATA) for k in refused) else ""))
     return PlanChange(kind="changed" if differ else "same", fields=tuple(differ),
                       old_layout=describe_layout(old), new_layout=describe_layout(new))
 
@@ -152,14 +160,15 @@ def plan_history(run: RunDir) -> list[str]:
     return [f"{run.plans}/{name}" for _, name in sorted(found)]
 
 
-def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False) -> PlanChange:
+def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False,
+                allow_data_change: bool = False) -> PlanChange:
     """Make ``plan`` the run's plan: check it against ``RUN/plan.yaml`` (raising if refused), add
     it to ``RUN/plans/`` and write ``RUN/plan.yaml`` atomically. Nothing is written when the plan
     is the same, and the previous plan.yaml is in the history before it is replaced (a run
     directory from before the history existed gets its plan.yaml archived as the first entry).
 
     Pass the resolved plan (placement filled in); call it on one process, holding the run lock.
-    ``allow_batch_change`` as for `check_plan_change`.
+    ``allow_batch_change`` and ``allow_data_change`` as for `check_plan_change`.
     """
     fs, path = fs_and_path(run.plan)
     old = load_model(Plan, run.plan) if fs.isfile(path) else None
@@ -167,7 +176,8 @@ def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False) ->
         change = PlanChange(kind="new", new_layout=describe_layout(plan))
     else:
         change = check_plan_change(old, plan, source=run.plan,
-                                   allow_batch_change=allow_batch_change)
+                                   allow_batch_change=allow_batch_change,
+                                   allow_data_change=allow_data_change)
         if change.kind == "same":
             return change
     history = plan_history(run)

@@ -91,7 +91,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     if data.kind == "tokens":  # every source opened, its index checked, the splits cut
         build_splits(data, plan.model.seq_len, plan.training.seed,
                      plan.model.real_vocab or plan.model.vocab)
-    _check_same_run(plan, options.run_dir, options.allow_batch_change)
+    _check_same_run(plan, options)
     from mscale.ckpt.resume import check_resume
 
     try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
@@ -121,17 +121,18 @@ def _check_hook_ranks(options: TrainOptions, world: int) -> None:
                               field=flag, fix=f"name a rank below {world}")
 
 
-def _check_same_run(plan: Plan, run_dir: str, allow_batch_change: bool) -> None:
+def _check_same_run(plan: Plan, options: TrainOptions) -> None:
     """Refuse now, not in the workers, a plan of another model or recipe than the run's."""
     from mscale.config.base import load_model
     from mscale.runs.atomic import fs_and_path
     from mscale.runs.history import check_plan_change
 
-    run = RunDir(run_dir)
+    run = RunDir(options.run_dir)
     fs, path = fs_and_path(run.plan)
     if fs.isfile(path):
         check_plan_change(load_model(Plan, run.plan), plan, source=run.plan,
-                          allow_batch_change=allow_batch_change)
+                          allow_batch_change=options.allow_batch_change,
+                          allow_data_change=options.allow_data_change)
 
 
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,

@@ -63,7 +63,7 @@ def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
     joined_s = time.perf_counter() - t0
     mark_phase("rendezvous")  # a --local launcher's console shows it apart from the build
     session = open_session(RunDir(options.run_dir), env)
-    start = claim_start(session, plan, env, options.allow_batch_change)
+    start = claim_start(session, plan, env, options.allow_batch_change, options.allow_data_change)
     engine = build_engine(plan, env, options, attempt=session.attempt, skips=start.skips)
     engine.timings["init_process_group_s"] = joined_s + engine.timings.get(
         "init_process_group_s", 0.0)
@@ -158,7 +158,8 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     if resumed:
         _say(engine, resumed)
         for note in resume_notes(ckpt.resumed_state, plan.training, ckpt.fingerprint,
-                                 engine.options.ckpt.resume, ckpt.resumed_from):
+                                 engine.options.ckpt.resume, ckpt.resumed_from,
+                                 data_change=engine.options.allow_data_change):
             _say(engine, note)
             _event(s, kind="info", severity="warning", step=first, message=note)
     mark_phase("ready")

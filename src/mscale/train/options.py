@@ -89,6 +89,10 @@ class TrainOptions(StrictModel):
     allow_batch_change: bool = Field(False, json_schema_extra=flag("--allow-batch-change"))
     """Accept a plan whose global batch differs from the run directory's; the data continues
     from the samples already consumed."""
+    allow_data_change: bool = Field(False, json_schema_extra=flag("--allow-data-change"))
+    """Accept a plan whose training.data differs from the run directory's (a curriculum step:
+    new blend weights or sources), and data that changed under the checkpoint; the run continues
+    at the same global sample of the new data, and says so (docs/data.md)."""
     json_summary: bool = Field(False, json_schema_extra=flag("--json"))
     """Print one JSON summary document at the end on stdout (console lines go to stderr)."""
     gc_interval: int = Field(50, ge=1, json_schema_extra=NOT_A_FLAG)

@@ -7,8 +7,9 @@ step, under whatever data and schedule the resuming run has. Both can change wit
   or new blend weights, makes the same position mean other samples; the checkpoint records a
   checksum of the first sample (`data.source_fingerprint`). A run directory resuming its own
   checkpoint (``--resume auto``, what recover and supervise relaunch) refuses a change: that is a
-  crash-restart, and it must train on what it trained on. Naming the checkpoint (``--resume
-  PATH``) is the operator saying the change is meant: then it is one line and an event.
+  crash-restart, and it must train on what it trained on. ``--allow-data-change``, or naming
+  the checkpoint (``--resume PATH``), is the operator saying the change is meant: then it is one
+  line and an event.
 - **the learning rate**: the schedule is a function of ``training.steps``; resuming with another
   ``--steps`` stretches or squeezes the cosine, so the rate jumps (a 20-step run extended to 40
   restarts from ~6× its last rate). Meant or not, the operator sees the jump before it trains.
@@ -24,18 +25,20 @@ from mscale.train.schedule import learning_rate
 
 
 def resume_notes(state, training: TrainingConfig, fingerprint: int | None, mode: str,
-                 checkpoint: str) -> list[str]:
+                 checkpoint: str, data_change: bool = False) -> list[str]:
     """Lines to print for a resume from ``state`` (a manifest's TrainState); MscaleError when
-    the data changed under a ``--resume auto`` restart. ``mode``: the ``--resume`` option."""
+    the data changed under a ``--resume auto`` restart. ``mode``: the ``--resume`` option;
+    ``data_change``: ``--allow-data-change`` (the change is meant, as with a named checkpoint)."""
     notes = []
     saved = state.data_fingerprint
     if saved is not None and fingerprint is not None and saved != fingerprint:
         what = (f"the training data differ from what {checkpoint} trained on (first sample's "
                 f"checksum {saved}, now {fingerprint})")
-        if mode == "auto":
+        if mode == "auto" and not data_change:
             raise MscaleError(what, field="training.data",
                               fix="restore the data that run trained on; to go on with the new "
-                                  f"data on purpose, name the checkpoint: --resume {checkpoint}")
+                                  "data on purpose, pass --allow-data-change (or name the "
+                                  f"checkpoint: --resume {checkpoint})")
         notes.append(f"{what}: continuing at global sample {state.samples} of the new data, "
                      "so samples may repeat or be skipped (docs/data.md)")
     if state.lr is not None and state.step > 0:

@@ -77,7 +77,8 @@ class RunSession:
     it; the others learn it from `share_start` (0 until then)."""
     lock: RunLock | None = None
 
-    def claim(self, plan, allow_batch_change: bool = False) -> PlanChange:
+    def claim(self, plan, allow_batch_change: bool = False,
+              allow_data_change: bool = False) -> PlanChange:
         """Rank 0: lock the run directory (unless the launcher holds it), record the plan in its
         history (refusing another model or recipe; a new global batch only when allowed), and
         number this attempt."""
@@ -85,7 +86,8 @@ class RunSession:
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
             self.lock.start_heartbeat()
-        change = record_plan(self.run, plan, allow_batch_change=allow_batch_change)
+        change = record_plan(self.run, plan, allow_batch_change=allow_batch_change,
+                             allow_data_change=allow_data_change)
         self.attempt = next_attempt(self.run.root)
         return change
 
@@ -139,7 +141,8 @@ class Start:
     """RUN/data_skip.json: data windows the loader passes over (train/data.py)."""
 
 
-def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = False) -> Start:
+def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = False,
+                allow_data_change: bool = False) -> Start:
     """Rank 0 takes the run directory (lock, plan history, attempt number, data skips) before
     the engine is built, which needs the attempt and the skips; every rank learns whether it
     could, so a refused start ends all of them at once instead of leaving the others waiting in
@@ -147,7 +150,8 @@ def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = 
     node = node_name(env, plan)
     claimed = agree_on_rank0(lambda: (s.claim(plan.model_copy(
         update={"placement": plan.placement or placement_record(plan)}),
-        allow_batch_change=allow_batch_change), read_data_skips(s.run)), env.rank,
+        allow_batch_change=allow_batch_change, allow_data_change=allow_data_change),
+        read_data_skips(s.run)), env.rank,
         report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
     change, skips = claimed or (None, None)
     s.attempt, skips = share_start(s.attempt, skips, env.rank)

@@ -71,6 +71,20 @@ def test_a_new_global_batch_needs_permission():
                           allow_batch_change=True)
 
 
+def test_a_new_data_mixture_needs_permission():
+    """A curriculum step (new sources or weights) is refused by default, naming the flag;
+    allowed, it is a change like any other, and only the data: a new seed is still refused."""
+    data = {"data": {"kind": "tokens", "path": "t.bin"}}
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(), _plan(training=data), source="RUN/plan.yaml")
+    assert "--allow-data-change" in info.value.fix
+    change = check_plan_change(_plan(), _plan(training=data), allow_data_change=True)
+    assert change.kind == "changed" and all(f.startswith("training.data.") for f in change.fields)
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(), _plan(training={**data, "seed": 7}), allow_data_change=True)
+    assert info.value.field == "training.seed" and "--allow-data-change" not in info.value.fix
+
+
 def test_renaming_the_model_is_not_a_new_model():
     change = check_plan_change(_plan(), _plan(model={"name": "tiny-v2"}))
     assert change.kind == "changed" and change.fields == ("model.name",) and not change.relayout

@@ -28,6 +28,9 @@ def test_changed_data_refuse_an_automatic_restart_naming_the_way_to_mean_it():
     assert "differ from what runs/r/ckpt/step-000010 trained on" in str(e.value)
     assert "1234, now 999" in str(e.value)
     assert e.value.field == "training.data" and f"--resume {CKPT}" in e.value.fix
+    assert "--allow-data-change" in e.value.fix
+    notes = resume_notes(_state(), CFG, 999, "auto", CKPT, data_change=True)
+    assert len(notes) == 1 and "of the new data" in notes[0]
 
 
 def test_changed_data_under_a_named_checkpoint_are_one_line():
