@@ -86,3 +86,6 @@ def test_skip_bad_goes_on_past_a_bad_record_and_exits_1(tmp_path):
     assert "WARNING 1 unreadable record(s) or file(s) skipped" in p.stdout
     assert "202 documents" in p.stdout  # 201 of the clean corpus, and "kept"
     assert json.loads((out / "manifest.json").read_text())["skipped_count"] == 1
+    p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out),
+               "--skip-bad", "--force", "--json")
+    assert p.returncode == 1 and json.loads(p.stdout)["skipped_count"] == 1, p.stdout + p.stderr

@@ -281,7 +281,7 @@ def check_not_live(dst: str) -> None:
             continue
         try:
             rec = live_holder(d)
-        except MscaleError:  # not a lock record: some other tool's lock.json, not a run's
+        except (MscaleError, OSError):  # not a run's lock (another tool's, or unreadable)
             continue
         if rec is not None:
             d = _shown(d, dst)

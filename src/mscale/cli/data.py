@@ -172,6 +172,8 @@ def prepare_cmd(
     seconds = max(time.monotonic() - t0, 1e-9)
     if as_json:
         print_json(m)
+        if m.get("skipped_count", 0):
+            raise typer.Exit(1)  # as without --json: something was skipped
         return
     skipped = m.get("empty_documents_skipped", 0)
     console.print(f"wrote {out}: {len(m['shards'])} shard(s), {m['documents']:,} documents, "

@@ -319,7 +319,10 @@ def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_arg
     logs: list = []
     tees: list[threading.Thread] = []
 
+    asked: list[int] = []  # signals received, for the workers started after them
+
     def forward(signum, frame):  # noqa: ARG001
+        asked.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -349,6 +352,8 @@ def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_arg
         finally:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if asked:  # a stop asked for while workers were still starting reaches them all
+            forward(asked[-1], None)
         return _watch(procs, rank0_ends_job, on_poll)
     finally:
         view.close()

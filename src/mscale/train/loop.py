@@ -35,7 +35,7 @@ from mscale.train.console import (Summary, checkpoint_line, resume_text, start_l
                                   stop_line)
 from mscale.train.control import Control
 from mscale.train.data import source_fingerprint
-from mscale.train.resumed import resume_notes
+from mscale.train.resumed import is_own, resume_notes
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
@@ -158,7 +158,7 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     if resumed:
         _say(engine, resumed)
         for note in resume_notes(ckpt.resumed_state, plan.training, ckpt.fingerprint,
-                                 engine.options.ckpt.resume, ckpt.resumed_from,
+                                 is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
                                  data_change=engine.options.allow_data_change):
             _say(engine, note)
             _event(s, kind="info", severity="warning", step=first, message=note)

@@ -11,6 +11,7 @@ metrics.jsonl stays the record of truth; this is a view of it.
 from __future__ import annotations
 
 import os
+import time
 
 from mscale.config.records import MetricsRecord
 
@@ -31,37 +32,53 @@ class ScalarLog:
 
     A view must never stop the job: a write that fails (a full disk, a lost mount) turns the log
     off with one line through ``warn``, and training goes on; metrics.jsonl, whose journal
-    handles a full disk as a stop agreed by every rank, still has every figure."""
+    handles a full disk as a stop agreed by every rank, still has every figure.
+
+    Written in the caller's thread with tensorboardX's plain event writer, not its
+    ``SummaryWriter``: that one writes from a background thread, which on a full disk died with a
+    traceback on rank 0's console, where no guard of ours could catch it. A few hundred bytes per
+    step cost nothing to write inline; the file is flushed every ``FLUSH_S`` and at the end."""
+
+    FLUSH_S = 10.0
 
     def __init__(self, path: str, warn=print):
-        from tensorboardX import SummaryWriter  # imports torch: only a worker builds this
+        from tensorboardX.event_file_writer import EventsWriter  # imports no torch
 
         self.path, self.warn = path, warn
-        self._writer = SummaryWriter(logdir=path, flush_secs=10)
+        os.makedirs(path, exist_ok=True)
+        self._writer = EventsWriter(os.path.join(path, "events"))
+        self._flushed = time.monotonic()
 
     def record(self, rec: MetricsRecord) -> None:
         self._guarded(self._record, rec)
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         """One value outside a metrics record (the held-out loss before the first step)."""
-        self._guarded(lambda: self._writer.add_scalar(tag, value, step))
+        self._guarded(self._write, {tag: value}, step, time.time())
 
     def close(self) -> None:
         self._guarded(lambda: self._writer.close())
+        self._writer = None
 
     def _record(self, rec: MetricsRecord) -> None:
-        w, step = self._writer, rec.step
-        for tag, name in SCALARS.items():
-            value = getattr(rec, name)
-            if value is not None:
-                w.add_scalar(tag, value, step, walltime=rec.time)
+        values = {tag: getattr(rec, name) for tag, name in SCALARS.items()}
         for tag, name in TIMES.items():
-            values = getattr(rec, name)
-            if values:
-                w.add_scalar(tag, sum(values) / len(values), step, walltime=rec.time)
+            per_rank = getattr(rec, name)
+            values[tag] = sum(per_rank) / len(per_rank) if per_rank else None
         if rec.eval_loss is not None:
-            w.add_scalar("eval/loss", rec.eval_loss, step, walltime=rec.time)
-            w.add_scalar("eval/perplexity", rec.eval_perplexity, step, walltime=rec.time)
+            values["eval/loss"], values["eval/perplexity"] = rec.eval_loss, rec.eval_perplexity
+        self._write(values, rec.step, rec.time)
+
+    def _write(self, values: dict[str, float | None], step: int, walltime: float) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v))
+                                 for tag, v in values.items() if v is not None])
+        self._writer.write_event(Event(wall_time=walltime, step=step, summary=summary))
+        if time.monotonic() - self._flushed > self.FLUSH_S:
+            self._writer.flush()
+            self._flushed = time.monotonic()
 
     def _guarded(self, fn, *args) -> None:
         if self._writer is None:
@@ -86,6 +103,6 @@ def open_log(run_root: str, attempt: int, warn=print) -> tuple[ScalarLog | None,
     except OSError as e:  # the folder cannot be made (a full disk, read-only): not a reason to stop
         return None, f"TensorBoard scalars are not written: {e} (metrics.jsonl has every figure)"
     except ImportError as e:  # a broken install (it is a dependency): a view, not worth a job
-        return None, (f"TensorBoard scalars are not written: {e.name or e} is not installed "
-                      "(pip install tensorboardX, or training.tensorboard: false; metrics.jsonl "
+        return None, (f"TensorBoard scalars are not written: tensorboardX is not installed ({e}; "
+                      "pip install tensorboardX, or training.tensorboard: false; metrics.jsonl "
                       "has every figure)")

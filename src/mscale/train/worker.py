@@ -92,11 +92,15 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
 
 
 def launcher_took_it(watch, exc: BaseException) -> bool:
-    """Whether ``exc`` is this worker's share of its launcher's death: a lost peer (network,
-    timeout, console) while the launcher watch says, within `LAUNCHER_CONFIRM_S`, that the
-    launcher is gone. Then the watch's own report stands, not a network fault of this rank."""
+    """Whether ``exc`` is this worker's share of its launcher's death: any failure once the
+    launcher watch has fired (its thread is already reporting; a second report from here would
+    race it and could cut off rank 0's stop event), or a lost peer (network, timeout, console)
+    while the watch says, within `LAUNCHER_CONFIRM_S`, that the launcher is gone. Then the
+    watch's own report stands, not a network fault or crash of this rank."""
     if watch is None or isinstance(exc, ReportedFailure):
         return False
+    if watch.gone.is_set():
+        return True
     return classify(exc) in LOST_PEER_KINDS and watch.wait_gone(LAUNCHER_CONFIRM_S)
 
 

@@ -24,14 +24,12 @@ ENTRY = ("import os, signal, sys, time\n"
          "    end = time.time() + 60\n"
          "    while not done() and time.time() < end:\n"
          "        time.sleep(0.01)\n"
+         # reaped, not merely a zombie: the server reports statuses in reaping order
          "def gone(pid):\n"
-         "    try:\n"
-         "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'\n"
-         "    except FileNotFoundError:\n"
-         "        return True\n"
+         "    return not os.path.exists(f'/proc/{pid}')\n"
          "until(lambda: all(os.path.exists(os.path.join(sync, f'pid{r}')) for r in range(3)))\n"
          "if rank == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
-         "if rank == 1:  # after rank 2's death, so that the launcher sees the signal first\n"
+         "if rank == 1:  # after rank 2 is reaped, so that the launcher sees the signal first\n"
          "    until(lambda: gone(int(open(os.path.join(sync, 'pid2')).read())))\n"
          "sys.exit(3 if rank == 1 else 0)\n")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -188,7 +189,7 @@ def test_another_hosts_lock_is_live_until_its_lease_runs_out(cli, run, faked, ag
     code, out, err = cli("recover", str(run))
     if live:
         assert code == 3 and in_use(err, run, 4242, "gpu-node-17"), err
-        assert "heartbeat 1 s ago" in err
+        assert re.search(r"heartbeat \d+ s ago", err)  # 1 s, more on a loaded machine
     else:
         assert code == 0, out + err
     assert tree(run) == before
@@ -271,4 +272,5 @@ def test_the_line_is_one_line_for_any_holder(run):
     with pytest.raises(MscaleError) as e:
         liveness.refuse_if_live(str(run))
     assert str(e.value) == e.value.message and "\n" not in e.value.message
-    assert f"(pid {os.getpid()} on {HOST}, heartbeat 0 s ago)" in e.value.message
+    assert re.search(rf"\(pid {os.getpid()} on {re.escape(HOST)}, heartbeat \d+ s ago\)",
+                     e.value.message)

@@ -19,33 +19,32 @@ def _state(**kw):
 
 
 def test_the_same_data_and_schedule_say_nothing():
-    assert resume_notes(_state(), CFG, 1234, "auto", CKPT) == []
+    assert resume_notes(_state(), CFG, 1234, True, CKPT) == []
 
 
-def test_changed_data_refuse_an_automatic_restart_naming_the_way_to_mean_it():
+def test_changed_data_refuse_a_restart_naming_the_way_to_mean_it():
     with pytest.raises(MscaleError) as e:
-        resume_notes(_state(), CFG, 999, "auto", CKPT)
+        resume_notes(_state(), CFG, 999, True, CKPT)
     assert "differ from what runs/r/ckpt/step-000010 trained on" in str(e.value)
     assert "1234, now 999" in str(e.value)
-    assert e.value.field == "training.data" and f"--resume {CKPT}" in e.value.fix
-    assert "--allow-data-change" in e.value.fix
-    notes = resume_notes(_state(), CFG, 999, "auto", CKPT, data_change=True)
+    assert e.value.field == "training.data" and "--allow-data-change" in e.value.fix
+    notes = resume_notes(_state(), CFG, 999, True, CKPT, data_change=True)
     assert len(notes) == 1 and "of the new data" in notes[0]
 
 
-def test_changed_data_under_a_named_checkpoint_are_one_line():
-    notes = resume_notes(_state(), CFG, 999, CKPT, CKPT)
+def test_changed_data_from_another_runs_checkpoint_are_one_line():
+    notes = resume_notes(_state(), CFG, 999, False, CKPT)
     assert len(notes) == 1 and "continuing at global sample 160 of the new data" in notes[0]
 
 
 def test_a_checkpoint_without_a_fingerprint_is_not_judged():
     """HF imports and manifests from before the field carry none."""
-    assert resume_notes(_state(data_fingerprint=None), CFG, 999, "auto", CKPT) == []
+    assert resume_notes(_state(data_fingerprint=None), CFG, 999, True, CKPT) == []
 
 
 def test_more_steps_make_the_learning_rate_jump_and_say_so():
     longer = CFG.model_copy(update={"steps": 40})
-    notes = resume_notes(_state(), longer, 1234, "auto", CKPT)
+    notes = resume_notes(_state(), longer, 1234, True, CKPT)
     assert len(notes) == 1 and "the learning rate jumps: step 10 trained at" in notes[0]
     assert f"{learning_rate(longer, 10):.3g} next" in notes[0] and "(40 steps)" in notes[0]
 
@@ -53,4 +52,15 @@ def test_more_steps_make_the_learning_rate_jump_and_say_so():
 def test_a_constant_schedule_past_warm_up_does_not_jump():
     flat = CFG.model_copy(update={"lr_schedule": "constant"})
     state = _state(lr=learning_rate(flat, 9))
-    assert resume_notes(state, flat.model_copy(update={"steps": 40}), 1234, "auto", CKPT) == []
+    assert resume_notes(state, flat.model_copy(update={"steps": 40}), 1234, True, CKPT) == []
+
+
+def test_a_checkpoint_of_the_runs_own_ckpt_folder_is_a_restart(tmp_path):
+    """recover's rollback names one (--resume RUN/ckpt/step-N): still this run's restart."""
+    from mscale.train.resumed import is_own
+    root = str(tmp_path / "run" / "ckpt")
+    assert is_own(f"{root}/step-000010", root) and is_own(f"file://{root}/step-000010", root)
+    assert not is_own(str(tmp_path / "other" / "ckpt" / "step-000010"), root)
+    assert not is_own(str(tmp_path / "run" / "ckpt2" / "step-000010"), root)
+    assert is_own("s3://b/run/ckpt/step-000001", "s3://b/run/ckpt")
+    assert not is_own("s3://b/run2/ckpt/step-000001", "s3://b/run/ckpt")

@@ -31,7 +31,9 @@ The orders (`posting_plan`), each the pattern of a widely run implementation:
   Megatron-LM's ``send_forward_recv_backward`` after a forward against the next rank's
   ``send_backward_recv_forward`` after its backward (torch.distributed.pipelining
   ``Schedule1F1B``: ``fwd_send_bwd_recv`` / ``bwd_send_fwd_recv``): each batch on one rank
-  meets exactly one batch of each neighbour, at the same action index.
+  meets at most one batch of each neighbour, at the same action index in the steady state (in
+  warm-up and cool-down, where a link carries one direction, the receiver's batch after its
+  action k − 1).
 - Interleaved 1F1B (vpp > 1): a forward posts one batch, its activation send with the receive
   of the rank's next forward; a backward one batch, its gradient send with the receive of the
   next backward; after the last warm-up forward, a batch with the receive of the first
