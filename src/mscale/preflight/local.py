@@ -5,7 +5,7 @@ The workers are the same ``mscale preflight`` command with torchrun-style variab
 the plan's gpus_per_node. Rank 0 writes ``preflight.json``; this process prints it and exits
 with its Nagios code. If a worker dies before rank 0 could write a report, the launcher, which
 knows who died first, writes one that names that rank's node. While the workers start, stderr
-shows how many have imported torch and the CLI (distributed/launch.py `StartupView`); rank 0's
+shows how many have imported torch and the CLI (distributed/startup.py `StartupView`); rank 0's
 own phase lines follow.
 
 The workers' stdout and stderr go to ``RUN_DIR/logs/preflight/rank<N>.log`` (with train's

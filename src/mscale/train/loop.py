@@ -24,7 +24,7 @@ from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.distributed.init import init_distributed
-from mscale.distributed.launch import mark_phase
+from mscale.distributed.startup import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.atomic import write_text_atomic

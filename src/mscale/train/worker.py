@@ -57,7 +57,7 @@ def run_worker(plan: Plan, options: TrainOptions, env: LaunchEnv | None = None) 
     bad input (exit 3), not a failure of "rank -1 on <host>" with an error file.
     """
     from mscale.distributed.init import shutdown_and_exit
-    from mscale.distributed.launch import mark_phase
+    from mscale.distributed.startup import mark_phase
     from mscale.distributed.lifeline import watch_launcher
     from mscale.distributed.stdio import guard_std_streams
     from mscale.train.loop import train

@@ -1,4 +1,4 @@
-"""Start-up progress of ``--local`` workers (distributed/launch.py): the phase markers each worker
+"""Start-up progress of ``--local`` workers (distributed/startup.py): the phase markers each worker
 appends, how the launcher reads them, and what the console shows on a terminal and elsewhere.
 No processes and no waiting: the clock is injected."""
 
@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import io
 
-from mscale.distributed.launch import (PHASE_FILE_ENV, StartupView, _watch, mark_phase,
-                                       phase_file, progress_text, reached, read_phases)
+from mscale.distributed.launch import _watch
+from mscale.distributed.startup import (PHASE_FILE_ENV, StartupView, mark_phase, phase_file,
+                                        progress_text, reached, read_phases)
 
 PHASES = [("imported", "imported"), ("rendezvous", "rendezvous"), ("built", "model built"),
           ("ready", "ready")]
