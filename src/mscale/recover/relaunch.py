@@ -30,7 +30,7 @@ Runner = Callable[[list[str]], tuple[int, str]]
 """Runs a command and returns (exit code, stdout); injected by tests in place of scontrol."""
 
 _FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
-                        "--debug", "-h", "--help"}
+                        "--allow-data-change", "--debug", "-h", "--help"}
 """``mscale train`` options that take no value; every other ``--option`` takes one."""
 
 
