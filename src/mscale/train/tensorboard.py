@@ -43,7 +43,10 @@ class ScalarLog:
 
     def __init__(self, path: str, warn=print):
         from tensorboardX.event_file_writer import EventsWriter  # imports no torch
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
 
+        self._event, self._summary = Event, Summary  # imported once, used every step
         self.path, self.warn = path, warn
         os.makedirs(path, exist_ok=True)
         self._writer = EventsWriter(os.path.join(path, "events"))
@@ -70,12 +73,9 @@ class ScalarLog:
         self._write(values, rec.step, rec.time)
 
     def _write(self, values: dict[str, float | None], step: int, walltime: float) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=float(v))
-                                 for tag, v in values.items() if v is not None])
-        self._writer.write_event(Event(wall_time=walltime, step=step, summary=summary))
+        summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=float(v))
+                                       for tag, v in values.items() if v is not None])
+        self._writer.write_event(self._event(wall_time=walltime, step=step, summary=summary))
         if time.monotonic() - self._flushed > self.FLUSH_S:
             self._writer.flush()
             self._flushed = time.monotonic()

@@ -21,6 +21,15 @@ def make_run(root: Path, steps=(5,), **layout) -> Path:
     return root
 
 
+def run_with_plan(root: Path) -> Path:
+    """ROOT/plan.yaml (dp 2) and ROOT/run with checkpoints at steps 2 and 5 (latest: 5), the
+    run `ckpt convert` tests convert from; returns ROOT/run."""
+    from mscale.config.base import dump_yaml
+
+    (root / "plan.yaml").write_text(dump_yaml(plan(dp=2)))
+    return make_run(root / "run", steps=(2, 5), dp=2)
+
+
 def copy_run(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst

@@ -14,14 +14,12 @@ from mscale.ckpt.convert import convert
 from mscale.config.base import dump_yaml
 from mscale.errors import MscaleError
 from tests.unit.ckpt.helpers import plan
-from tests.unit.ckpt.hostile import copy_run, make_run, no_crash
+from tests.unit.ckpt.hostile import copy_run, no_crash, run_with_plan
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    root = tmp_path_factory.mktemp("good")
-    (root / "plan.yaml").write_text(dump_yaml(plan(dp=2)))
-    return make_run(root / "run", steps=(2, 5), dp=2)
+    return run_with_plan(tmp_path_factory.mktemp("good"))
 
 
 @pytest.fixture

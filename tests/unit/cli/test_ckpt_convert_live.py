@@ -15,19 +15,15 @@ import time
 import pytest
 
 from mscale.ckpt import catalog
-from mscale.config.base import dump_yaml
 from mscale.runs.lock import RunLock
 
-from tests.unit.ckpt.helpers import plan
-from tests.unit.ckpt.hostile import copy_run, make_run
+from tests.unit.ckpt.hostile import copy_run, run_with_plan
 from tests.unit.recover.test_live_run import start_holder
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    root = tmp_path_factory.mktemp("good")
-    (root / "plan.yaml").write_text(dump_yaml(plan(dp=2)))
-    return make_run(root / "run", steps=(2, 5), dp=2)
+    return run_with_plan(tmp_path_factory.mktemp("good"))
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ still fits and its estimate is today's price of that layout (they had drifted: o
 layout needed 240 GB per GPU once the memory model priced this engine)."""
 
 import pytest
-import yaml
 
+from mscale.config.base import parse_yaml, validate
 from mscale.config.plan import Plan
 from mscale.planner.cost import Problem, evaluate
 
@@ -19,9 +19,9 @@ def test_there_are_written_example_plans():
 
 @pytest.mark.parametrize("path", WRITTEN, ids=lambda p: p.stem)
 def test_an_example_plan_is_priced_as_the_planner_prices_it_today(path):
-    doc = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    doc = parse_yaml(path.read_text(), str(path))  # the loader plans are read with
     doc.pop("placement", None)  # 12,288 ranks' map: not what is checked here, slow to validate
-    plan = Plan.model_validate(doc)
+    plan = validate(Plan, doc, str(path))
     cost = evaluate(Problem(plan.model, plan.training, plan.cluster), plan.layout)
     assert bool(cost.fits), f"{path.name}: its layout no longer fits; regenerate it"
     assert plan.estimate["step_time_s"] == pytest.approx(cost.step_time, rel=1e-3), (
