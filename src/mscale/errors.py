@@ -2,7 +2,8 @@
 
 Exit codes follow the Nagios plugin convention that health checks already use (docs/references.md):
 0 OK, 1 warning / degraded, 2 critical (a check failed, the job must not run), 3 bad input or
-could not run. The CLI turns an `MscaleError` into one message naming the file, the field and the
+could not run. 130 (128 + SIGINT, the shell's own code) is an operator's interruption that left no
+checkpoint behind: a second Ctrl-C, or one during start-up. The CLI turns an `MscaleError` into one message naming the file, the field and the
 fix, with no traceback (``--debug`` shows one).
 """
 
@@ -14,6 +15,7 @@ EXIT_OK = 0
 EXIT_WARNING = 1
 EXIT_CRITICAL = 2
 EXIT_BAD_INPUT = 3
+EXIT_INTERRUPTED = 130
 
 
 @dataclass

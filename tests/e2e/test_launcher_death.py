@@ -6,6 +6,8 @@
 - SIGHUP to the launcher: a stop request like SIGTERM (checkpoint, then exit 1).
 - A closed session: the console's reader goes away (training goes on, rank 0's log keeps
   growing), then the hangup reaches the whole process group: a checkpoint and exit 1.
+- Ctrl-C (SIGINT to the whole process group, launcher and workers alike): a checkpoint and exit
+  1, said as the operator's stop; not "rank N exited 130" as it was.
 
 Every wait polls a file or a process state against a deadline; none sleeps on the clock.
 """
@@ -160,3 +162,21 @@ def test_a_closed_session_trains_on_without_its_console_then_stops_on_the_hangup
     rank0 = (job.run / "logs" / "rank0.log").read_text()
     assert f"step {closed_at + 5}/100000" in rank0  # its log kept every line
     assert "Traceback" not in rank0
+
+
+def test_ctrl_c_checkpoints_and_stops_as_the_operators_request(tmp_path):
+    console = tmp_path / "console.txt"
+    with open(console, "w") as out:
+        job = Job(tmp_path, stdout=out)
+    try:
+        job.wait_for_steps(3)
+        os.killpg(job.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert job.proc.wait(timeout=STOP_DEADLINE_S) == 1, console.read_text()[-2000:]
+    finally:
+        job.kill_all()
+    _assert_clean_stop(job)
+    assert records(job.run / "events.jsonl")[-1]["evidence"]["signal"] == "SIGINT"
+    text = console.read_text()
+    assert "stop requested (SIGINT): every worker saves a checkpoint" in text
+    assert "a stop signal (SIGINT) asked the job to halt" in text
+    assert "Traceback" not in text and "interrupted" not in text

@@ -26,6 +26,7 @@ from mscale.distributed import forkserver
 from mscale.distributed.lifeline import LIFELINE_ENV, LOG_FILE_ENV, Lifeline
 from mscale.distributed.startup import PHASE_FILE_ENV, StartupView, phase_file, read_phases
 from mscale.distributed.stdio import guard_std_streams
+from mscale.distributed.stops import Notice, StopRequests, forwarded_signals, generic_notice
 from mscale.errors import EXIT_BAD_INPUT
 
 if TYPE_CHECKING:
@@ -65,6 +66,11 @@ class JobResult:
     """Workers still running when the first failure was seen."""
     stopped_at_failure: list[int] = field(default_factory=list)
     """Of those, the ones whose process was stopped (SIGSTOP): certainly hung."""
+    stop_signal: str | None = None
+    """The first stop signal the launcher received (``SIGINT``): the operator asked the job to
+    stop, so workers that ended abnormally after it were stopped, not failing."""
+    forced: bool = False
+    """A second Ctrl-C killed the workers, without a checkpoint."""
 
 
 def free_port() -> int:
@@ -124,68 +130,77 @@ NODE_ENV = "MSCALE_NODE"
 """A local worker's pretend node name (`run_local_workers`)."""
 
 
+@dataclass
+class LocalJob:
+    """One ``--local`` job: what each worker runs and how the launcher shows and watches it."""
+
+    nprocs: int
+    gpus_per_node: int
+    worker_args: list[str]
+    """Arguments after ``python -c ENTRY`` (for `CLI_ENTRY`: the ``mscale`` command line)."""
+    log_dir: str
+    extra_env: dict[str, str]
+    rank0_to_stderr: bool = False
+    """Rank 0's output goes to stderr (the command's stdout is a document, e.g. ``--json``)."""
+    rank0_ends_job: bool = False
+    """Once rank 0 has exited 0 (it wrote the job's result, as preflight's does), the workers
+    still running are stopped: a hung one would otherwise hold the launcher."""
+    entry: str = CLI_ENTRY
+    phases: Sequence[tuple[str, str]] = CLI_PHASES
+    """The start-up phases the workers mark, shown until all of them reached the last."""
+    node_names: Sequence[str] = ()
+    """The pretend node of each group of ``gpus_per_node`` ranks, given to its workers as
+    ``MSCALE_NODE`` (what ``SLURMD_NODENAME`` is under SLURM): tools outside mscale, such as a
+    fault injected into one node, can select a node's processes by it."""
+    preload: Sequence[str] = CLI_PRELOAD
+    stop_notice: Notice = generic_notice
+    """The console line for the operator's first stop signal (distributed/stops.py)."""
+
+
 def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
-                      extra_env: dict[str, str], rank0_to_stderr: bool = False,
-                      rank0_ends_job: bool = False, entry: str = CLI_ENTRY,
-                      phases: Sequence[tuple[str, str]] = CLI_PHASES,
-                      node_names: Sequence[str] = (),
-                      preload: Sequence[str] = CLI_PRELOAD) -> JobResult:
+                      extra_env: dict[str, str], **settings) -> JobResult:
     """Run ``python -c ENTRY <worker_args>`` (by default ``mscale <worker_args>``) on ``nprocs``
-    local processes and watch them to the end. The processes are forks of one server that
-    imported ``preload`` (torch, the entry's modules) once (distributed/forkserver.py).
+    local processes and watch them to the end; ``settings``: the other fields of `LocalJob`.
+    The processes are forks of one server that imported ``preload`` (torch, the entry's
+    modules) once (distributed/forkserver.py).
 
-    SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session; left alone when ignored, as
-    under ``nohup``) are passed to the workers as SIGTERM. The workers get the launcher's
-    lifeline (distributed/lifeline.py): an entry that calls ``watch_launcher()`` stops if the
-    launcher dies. The console is best-effort while the job runs (distributed/stdio.py).
-
-    ``rank0_ends_job``: once rank 0 has exited 0 (it wrote the job's result, as preflight's
-    does), the workers still running are stopped: a hung one would otherwise hold the launcher.
-    ``phases``: the start-up phases the workers mark, shown until all of them reached the last.
-    ``node_names``: the pretend node of each group of ``gpus_per_node`` ranks, given to its
-    workers as ``MSCALE_NODE`` (what ``SLURMD_NODENAME`` is under SLURM): tools outside mscale,
-    such as a fault injected into one node, can select a node's processes by it.
+    The operator's stop signals are distributed/stops.py: the first (SIGINT, SIGTERM, SIGHUP
+    unless ignored) is passed to the workers as SIGTERM, a second Ctrl-C kills them. The workers
+    get the launcher's lifeline (distributed/lifeline.py): an entry that calls
+    ``watch_launcher()`` stops if the launcher dies. The console is best-effort while the job
+    runs (distributed/stdio.py).
     """
+    job = LocalJob(nprocs, gpus_per_node, worker_args, log_dir, extra_env, **settings)
     os.makedirs(log_dir, exist_ok=True)
     lifeline = Lifeline(backlog=nprocs + 8)
     restore_streams = guard_std_streams()
     try:
-        return _run_workers(lifeline, nprocs, gpus_per_node, worker_args, log_dir, extra_env,
-                            rank0_to_stderr, rank0_ends_job, entry, phases, node_names, preload)
+        return _run_workers(job, lifeline)
     finally:
         restore_streams()
         lifeline.close()
 
 
-def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_args: list[str],
-                 log_dir: str, extra_env: dict[str, str], rank0_to_stderr: bool,
-                 rank0_ends_job: bool, entry: str, phases: Sequence[tuple[str, str]],
-                 node_names: Sequence[str], preload: Sequence[str]) -> JobResult:
-    port = free_port()
-    threads = str(max(1, (os.cpu_count() or 1) // nprocs))
-    out = sys.stderr if rank0_to_stderr else sys.stdout
-    view = StartupView(nprocs, phases, out, lambda r: read_phases(phase_file(log_dir, r)))
+def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
+    out = sys.stderr if job.rank0_to_stderr else sys.stdout
+    view = StartupView(job.nprocs, job.phases, out,
+                       lambda r: read_phases(phase_file(job.log_dir, r)))
     procs: list = []
     logs: list = []
     tees: list[threading.Thread] = []
-
-    asked: list[int] = []  # signals received, for the workers started after them
-
-    def forward(signum, frame):  # noqa: ARG001
-        asked.append(signum)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+    stops = StopRequests(procs, job.stop_notice)
 
     def on_poll(codes: list[int | None]) -> None:
         lifeline.accept()  # the workers' connections, held open until the launcher ends
+        for note in stops.take_notes():
+            view.line(note + "\n")
         if any(c is not None for c in codes):
             view.close()  # a worker ended: what follows is about that, not the start
         else:
             view.poll()
 
     signals = forwarded_signals()
-    old = {s: signal.signal(s, forward) for s in signals}
+    old = {s: signal.signal(s, stops.handler) for s in signals}
     try:
         # A closed terminal sends SIGHUP to its whole foreground process group: the fork server
         # and multiprocessing's resource tracker, started here, would die of it (the workers'
@@ -197,14 +212,17 @@ def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_arg
             else set()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, shielded) if shielded else None
         try:
-            _start(procs, logs, tees, view, lifeline, nprocs, gpus_per_node, worker_args,
-                   log_dir, extra_env, entry, node_names, preload, port, threads)
+            _start(job, procs, logs, tees, view, lifeline)
         finally:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if asked:  # a stop asked for while workers were still starting reaches them all
-            forward(asked[-1], None)
-        return _watch(procs, rank0_ends_job, on_poll)
+        stops.resend()  # a stop asked for while workers were still starting reaches them all
+        result = _watch(procs, job.rank0_ends_job, on_poll)
+        view.close()
+        for note in stops.take_notes():  # a kill ends the watching before its next poll
+            view.line(note + "\n")
+        result.stop_signal, result.forced = stops.first_name, stops.forced
+        return result
     finally:
         view.close()
         for s, h in old.items():
@@ -215,32 +233,23 @@ def _run_workers(lifeline: Lifeline, nprocs: int, gpus_per_node: int, worker_arg
             log.close()
 
 
-def _start(procs: list, logs: list, tees: list, view: StartupView, lifeline: Lifeline,
-           nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
-           extra_env: dict[str, str], entry: str, node_names: Sequence[str],
-           preload: Sequence[str], port: int, threads: str) -> None:
+def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView,
+           lifeline: Lifeline) -> None:
     """Start the workers, each appended to ``procs`` (its log to ``logs``, rank 0's tee to
     ``tees``) as it starts: a failure half-way leaves the started ones to the caller (whose
     lifeline, closed, stops them)."""
-    for rank in range(nprocs):
-        markers = phase_file(log_dir, rank)
-        with open(markers, "w", encoding="utf-8") as f:  # a previous attempt's markers go
+    port = free_port()
+    threads = str(max(1, (os.cpu_count() or 1) // job.nprocs))
+    for rank in range(job.nprocs):
+        env = _worker_env(job, rank, port, threads, lifeline.address)
+        with open(env[PHASE_FILE_ENV], "w", encoding="utf-8") as f:  # a previous attempt's go
             f.write(f"spawned {time.time():.3f}\n")
-        env = dict(os.environ, **extra_env, RANK=str(rank), WORLD_SIZE=str(nprocs),
-                   LOCAL_RANK=str(rank % gpus_per_node),
-                   LOCAL_WORLD_SIZE=str(min(gpus_per_node, nprocs)),
-                   GROUP_RANK=str(rank // gpus_per_node), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), MSCALE_LAUNCHER="local",
-                   OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads),
-                   **{PHASE_FILE_ENV: markers, LIFELINE_ENV: lifeline.address,
-                      LOG_FILE_ENV: os.path.abspath(os.path.join(log_dir, f"rank{rank}.log"))})
-        if rank // gpus_per_node < len(node_names):
-            env[NODE_ENV] = node_names[rank // gpus_per_node]
         log = open(env[LOG_FILE_ENV], "wb")
         logs.append(log)
         if rank == 0:  # its output goes to the console too: through a pipe the launcher tees
             read_end, write_end = os.pipe()
-            procs.append(forkserver.start(entry, worker_args, env, write_end, preload))
+            procs.append(forkserver.start(job.entry, job.worker_args, env, write_end,
+                                          job.preload))
             os.close(write_end)
             pipe = os.fdopen(read_end, "rb")
             logs.append(pipe)  # closed with the logs
@@ -248,19 +257,27 @@ def _start(procs: list, logs: list, tees: list, view: StartupView, lifeline: Lif
             t.start()
             tees.append(t)
         else:
-            procs.append(forkserver.start(entry, worker_args, env, log.fileno(), preload))
-        with open(pid_file(log_dir, rank), "w", encoding="utf-8") as f:
+            procs.append(forkserver.start(job.entry, job.worker_args, env, log.fileno(),
+                                          job.preload))
+        with open(pid_file(job.log_dir, rank), "w", encoding="utf-8") as f:
             f.write(f"{procs[-1].pid}\n")
 
 
-def forwarded_signals() -> tuple[int, ...]:
-    """The signals a launcher passes on to its workers as SIGTERM ("checkpoint, then stop"):
-    SIGINT, SIGTERM, and SIGHUP unless it is ignored (``nohup``: the operator asked the job to
-    survive the hangup)."""
-    sigs = [signal.SIGINT, signal.SIGTERM]
-    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
-        sigs.append(signal.SIGHUP)
-    return tuple(sigs)
+def _worker_env(job: LocalJob, rank: int, port: int, threads: str,
+                lifeline: str) -> dict[str, str]:
+    """Worker ``rank``'s environment: torch.distributed's rendezvous variables, as torchrun sets
+    them, and the launcher's own (phase markers, lifeline, log file, pretend node)."""
+    per_node = job.gpus_per_node
+    env = dict(os.environ, **job.extra_env, RANK=str(rank), WORLD_SIZE=str(job.nprocs),
+               LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(min(per_node, job.nprocs)),
+               GROUP_RANK=str(rank // per_node), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), MSCALE_LAUNCHER="local",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", threads),
+               **{PHASE_FILE_ENV: phase_file(job.log_dir, rank), LIFELINE_ENV: lifeline,
+                  LOG_FILE_ENV: os.path.abspath(os.path.join(job.log_dir, f"rank{rank}.log"))})
+    if rank // per_node < len(job.node_names):
+        env[NODE_ENV] = job.node_names[rank // per_node]
+    return env
 
 
 def _abnormal(code: int | None) -> bool:

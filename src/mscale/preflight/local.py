@@ -4,7 +4,8 @@ The workers are the same ``mscale preflight`` command with torchrun-style variab
 (`mscale.distributed.launch.run_local_workers`, train's launcher), ranks grouped into "nodes" of
 the plan's gpus_per_node. Rank 0 writes ``preflight.json``; this process prints it and exits
 with its Nagios code. If a worker dies before rank 0 could write a report, the launcher, which
-knows who died first, writes one that names that rank's node. While the workers start, stderr
+knows who died first, writes one that names that rank's node, unless the operator stopped the job
+(Ctrl-C: no verdict, exit 130). While the workers start, stderr
 shows how many have imported torch and the CLI (distributed/startup.py `StartupView`); rank 0's
 own phase lines follow.
 
@@ -28,6 +29,7 @@ import time
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.distributed.launch import CLI_PRELOAD, run_local_workers, worker_log_dir
+from mscale.errors import EXIT_INTERRUPTED
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render, say_written
 from mscale.preflight.options import OPTIONS_ENV, PreflightOptions
@@ -100,7 +102,13 @@ def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: 
                                preload=CLI_PRELOAD + ("mscale.preflight.runner",),
                                rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
-    if report is None or (result.failed_rank is not None and report.status == "UNKNOWN"):
+    unfinished = report is None or (result.failed_rank is not None and report.status == "UNKNOWN")
+    if unfinished and result.stop_signal is not None:
+        # the operator stopped it: the workers that ended are no evidence against their nodes
+        print(f"preflight: interrupted ({result.stop_signal}) before it finished: no verdict, "
+              "no report written", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED, True
+    if unfinished:
         report = _launcher_report(plan, opts, nprocs, result, logs)
         publish(report, opts, quiet=True)
     render(report, opts.as_json)

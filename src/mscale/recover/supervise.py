@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from mscale.config.records import Quarantine
-from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_WARNING, MscaleError
+from mscale.errors import (EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_WARNING,
+                           MscaleError)
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog, read_events
@@ -223,7 +224,8 @@ class Supervisor:
             if self.signalled is not None:
                 _say(f"stopped by signal {signal.Signals(self.signalled).name}; "
                      f"the job exited {code}")
-                return code if 0 <= code <= 3 else EXIT_BAD_INPUT  # a signal's -N is no status
+                # a signal's -N is no status; 130 is the job's own "interrupted"
+                return code if 0 <= code <= 3 or code == EXIT_INTERRUPTED else EXIT_BAD_INPUT
             if code == 0:
                 self._save_state("finished")
                 return 0

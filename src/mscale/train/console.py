@@ -131,12 +131,15 @@ class Summary:
         return f"{core}; {ckpt}; run directory {run_dir}"
 
 
-def stop_line(reason: str, step: int, events: str | None, detail: str = "") -> str:
-    """One line for a stop that is not a clean finish (reason: nan, halt, signal, abort)."""
+def stop_line(reason: str, step: int, events: str | None, detail: str = "",
+              signal_name: str | None = None) -> str:
+    """One line for a stop that is not a clean finish (reason: nan, halt, signal, abort).
+    ``signal_name``: the stop signal this rank saw (another rank may have seen it alone)."""
+    which = f" ({signal_name})" if signal_name else ""
     text = {
         "nan": f"stopped at step {step}: non-finite gradient norm, the optimizer step was not taken",
         "halt": f"stopped at step {step}: halt requested through control/halt",
-        "signal": f"stopped at step {step}: a signal (SIGTERM/SIGUSR1) asked the job to halt",
+        "signal": f"stopped at step {step}: a stop signal{which} asked the job to halt",
     }.get(reason, f"stopped at step {step}")
     sep = "; " if reason in _KNOWN else ": "
     where = f"; evidence in {events}" if events else ""

@@ -1,8 +1,12 @@
 """Requests to a running job, from files and signals, agreed by all ranks at each step boundary.
 
 Operators (and `watch`/`recover`) drop an entry in ``RUN_DIR/control/``: ``checkpoint`` (save
-now), ``halt`` (save, then stop cleanly) or ``trace`` (record the next step's timeline); a file or a directory of that name counts alike. SIGTERM and SIGUSR1 (SLURM's pre-timeout warning,
-``--signal=B:USR1@120``) mean halt. Only rank 0 reads the directory (12,288 ranks polling a shared
+now), ``halt`` (save, then stop cleanly) or ``trace`` (record the next step's timeline); a file or a
+directory of that name counts alike. SIGTERM, SIGUSR1 (SLURM's pre-timeout warning,
+``--signal=B:USR1@120``), SIGINT (Ctrl-C; torchrun passes its own on) and SIGHUP (a closed
+terminal; torchrun passes it on too) mean halt; a second SIGINT interrupts at once, without a
+checkpoint, as a second Ctrl-C does in most tools. A signal the process was started with ignored
+(``nohup``, a ``--local`` worker's SIGHUP: its launcher decides) stays ignored. Only rank 0 reads the directory (12,288 ranks polling a shared
 filesystem every step would be a denial of service); any rank may receive a signal. One MAX
 all-reduce of a small flag vector per step makes every rank take the same decision at the same
 step, so no rank can miss it and leave its peers hanging in a collective.
@@ -19,6 +23,9 @@ import torch.distributed as dist
 from mscale.runs.atomic import fs_and_path
 
 REQUESTS = ("checkpoint", "halt", "trace")
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGUSR1", "SIGINT", "SIGHUP")
+                     if hasattr(signal, n))
+"""The signals that ask a training job to save a checkpoint and stop."""
 
 
 @dataclass
@@ -28,7 +35,7 @@ class Decision:
     checkpoint: bool = False
     halt: bool = False
     signal: bool = False
-    """A rank received SIGTERM/SIGUSR1 (halt implied)."""
+    """A rank received a stop signal (`STOP_SIGNALS`; halt implied)."""
     abort: bool = False
     """A rank cannot go on (rank 0: the disk is full, the run directory's lock was lost): every
     rank stops here, without a checkpoint."""
@@ -46,15 +53,28 @@ class Control:
     def __init__(self, control_dir: str | None, rank: int):
         self.control_dir, self.rank = control_dir, rank
         self._signalled = False
-        self.last_signal: int | None = None
+        self._interrupted = False  # a SIGINT came: the next one interrupts at once
+        self.first_signal: int | None = None
 
     def install_signal_handlers(self) -> None:
-        """Turn SIGTERM/SIGUSR1 into a flag checked at the next step boundary."""
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
+        """Turn the stop signals into a flag checked at the next step boundary. Left alone: a
+        signal ignored when the job started (the operator or the launcher chose that)."""
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        self._signalled, self.last_signal = True, signum
+        if signum == signal.SIGINT and self._interrupted:
+            raise KeyboardInterrupt  # Ctrl-C twice: stop now; the last checkpoint stays valid
+        self._interrupted = self._interrupted or signum == signal.SIGINT
+        self._signalled = True
+        self.first_signal = self.first_signal or signum
+
+    @property
+    def signal_name(self) -> str | None:
+        """The first stop signal this rank received (``SIGINT``; under ``--local`` a Ctrl-C
+        comes before the launcher's SIGTERM), None if it received none."""
+        return signal.Signals(self.first_signal).name if self.first_signal else None
 
     def _read_requests(self) -> list[str]:
         """Names of pending request files; each is consumed (deleted) when read."""

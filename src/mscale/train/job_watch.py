@@ -11,11 +11,12 @@ import signal
 from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.distributed.launch import JobResult
+from mscale.errors import EXIT_INTERRUPTED
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import read_error_files
 
-__all__ = ["JobResult", "record_failure", "summary_document"]
+__all__ = ["JobResult", "record_failure", "record_interruption", "summary_document"]
 
 
 def _how(code: int | None) -> str:
@@ -68,6 +69,31 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
     except Exception as e:  # noqa: BLE001 - the console line must still be printed
         where = f"the stop event could not be written ({e})"
     return f"{line}; {where}; worker logs in {logs}"
+
+
+def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) -> str:
+    """The operator stopped the job (`JobResult.stop_signal`) and some workers ended before they
+    could save a checkpoint: a second Ctrl-C, or a stop during start-up. Nobody failed, so no
+    rank or node is named: the ``stop`` event says ``interrupted``, which recover reads as a
+    stop on request. Returns the console line."""
+    from mscale.ckpt import catalog
+
+    how = ("a second Ctrl-C stopped the workers at once, without a checkpoint" if result.forced
+           else f"the workers ended on {result.stop_signal} before they could save a checkpoint")
+    latest = catalog.read_latest(run.ckpt)
+    last = (f"the last checkpoint is {catalog.join(run.ckpt, latest)}; the same command resumes "
+            "from it") if latest else "no checkpoint was saved yet"
+    line = f"interrupted: {how}; {last}"
+    evidence = {"run_id": run_id, "reason": "interrupted", "signal": result.stop_signal,
+                "forced": result.forced, "code": EXIT_INTERRUPTED,
+                "returncodes": result.returncodes, "logs": logs}
+    try:
+        run.append_record(run.events, Event(source="train", kind="stop", severity="warning",
+                                            message=line, evidence=evidence))
+        where = f"evidence in {run.events}"
+    except Exception as e:  # noqa: BLE001 - the console line must still be printed
+        where = f"the stop event could not be written ({e})"
+    return f"{line}; {where}"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -9,14 +9,17 @@ Ranks are grouped into "nodes" of the plan's gpus_per_node, so node checks and h
 groups behave as on a cluster. If any worker fails, the others are stopped (SIGTERM, then SIGKILL
 after a grace period): a dead rank must never leave its peers hanging. SIGINT, SIGTERM and
 SIGHUP (a closed terminal or ssh session) to the launcher are forwarded as SIGTERM, which workers
-treat as "halt at the next step boundary". Workers never outlive the launcher: killed, it leaves
+treat as "halt at the next step boundary"; a second Ctrl-C stops them at once, without a
+checkpoint (distributed/stops.py; exit 130, a ``stop`` event that says ``interrupted`` and names
+no node: the operator stopped the job, nothing failed). Workers never outlive the launcher: killed, it leaves
 them to stop themselves (distributed/lifeline.py, train/worker.py). Its console is best-effort
 (distributed/stdio.py): a closed terminal loses the view, never the job or its exit code.
 
 When a worker fails, the launcher knows what no worker can: which rank failed *first*, how
 (exit code or signal), and which ranks were still alive (a SIGSTOPped or deadlocked rank never
 times out itself — its peers do). It writes that into a ``stop`` event and maps the job's end to
-a contract exit code (0–3); `mscale.distributed.launch` does the watching.
+a contract exit code (0–3, or 130 for an interruption); `mscale.distributed.launch` does the
+watching.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 
 from mscale.config.plan import Plan
 from mscale.topology.placement import load_checked_plan
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
 from mscale.distributed.launch import JobResult, run_local_workers, worker_log_dir
@@ -164,6 +167,12 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
         _tidy_logs(logs, temporary, passed=code == 0)
 
 
+def stop_notice(name: str) -> str:
+    """The launcher's line when the operator first asks the job to stop."""
+    return (f"stop requested ({name}): every worker saves a checkpoint at the next step "
+            "boundary, then stops; Ctrl-C again to stop now, without one")
+
+
 def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
     """A remote run directory's workers logged to a local temporary directory: removed after a
     job that ended well, named (on stderr) after one that did not, for the operator to read."""
@@ -179,7 +188,7 @@ def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
 
 def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs) -> int:
     from mscale.train.console import layout_text
-    from mscale.train.job_watch import record_failure, summary_document
+    from mscale.train.job_watch import record_failure, record_interruption, summary_document
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
@@ -193,8 +202,12 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,
                                           preload=preload_for(plan),
                                           phases=startup_phases(options),
-                                          node_names=plan.cluster.node_names())
-    if result.failed_rank is not None:
+                                          node_names=plan.cluster.node_names(),
+                                          stop_notice=stop_notice)
+    if result.stop_signal is not None and result.failed_rank is not None:
+        say(record_interruption(run, result, run_id, logs))
+        result.code = EXIT_INTERRUPTED
+    elif result.failed_rank is not None:
         say(record_failure(run, plan, result, run_id, logs))
     if as_json:
         print(json.dumps(summary_document(run, run_id, result), indent=2, default=str), flush=True)

@@ -174,7 +174,7 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     fatal = from_rank0(ckpt.fatal, engine.env.rank)  # the final save may have hit a full disk
     if fatal and code == EXIT_OK:
         code, stop = EXIT_BAD_INPUT, ("abort", steps, fatal)
-    figures = _finish(engine, s, code, stop, summary)
+    figures = _finish(engine, s, code, stop, summary, control.signal_name)
     s.release()
     if engine.options.json_summary and engine.env.rank == 0:
         print(json.dumps({"run_dir": s.run.root, **figures}, indent=2, default=str), flush=True)
@@ -338,8 +338,10 @@ def _write_trace(engine: Engine, s: RunSession, step: int, events) -> None:
            message=f"timeline of step {step} written: {path}", evidence={"trace": path})
 
 
-def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) -> dict:
-    """The stop event and the operator's closing line."""
+def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary,
+            signal_name: str | None) -> dict:
+    """The stop event and the operator's closing line. ``signal_name``: the stop signal this
+    rank received, if any."""
     latest = catalog.read_latest(s.run.ckpt) if engine.env.rank == 0 else None
     latest_path = catalog.join(s.run.ckpt, latest) if latest else None
     figures = {**summary.as_dict(), "code": code, "last_checkpoint": latest_path,
@@ -349,7 +351,10 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary) ->
         figures["reason"] = reason
         if detail:  # e.g. "the disk is full": under srun this event may be the only record
             figures["detail"] = detail
-        _say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail))
+        if reason == "signal" and signal_name:
+            figures["signal"] = signal_name
+        _say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail,
+                               signal_name if reason == "signal" else None))
     else:
         _say(engine, "done: " + summary.line(latest_path, s.run.root))
     _event(s, kind="stop", severity="info" if code == EXIT_OK else "warning",

@@ -16,6 +16,8 @@ What the event carries, by writer:
 - the ``--local`` launcher when a worker failed: severity ``critical``, no code (the job exits 3),
   ``evidence.first_failed_rank``, ``how`` (``killed by SIGKILL``, ``exited with code 3``),
   ``kind`` (the error file's class), and a ``hang`` event instead when ranks stopped answering;
+- the ``--local`` launcher when the operator stopped the job before a checkpoint (a second
+  Ctrl-C): severity ``warning``, ``evidence.reason`` ``interrupted``, code 130;
 - rank 0 under srun or torchrun when it failed: severity ``critical``, its error line as the
   message, exit 3.
 
@@ -37,19 +39,22 @@ whole of it is in the event and the rank's error file)."""
 
 _STOPPED = {
     "halt": "halt requested through control/halt",
-    "signal": "a signal (SIGTERM/SIGUSR1) asked it to halt",
+    "signal": "a stop signal asked it to halt",
     "nan": "non-finite gradient norm",
     "abort": "aborted",
 }
 """``evidence.reason`` of rank 0's own stop (train/loop.py) in words."""
 
-_CAUSE = {"halt": "on_request", "signal": "on_request", "nan": "nan", "abort": "aborted"}
+_CAUSE = {"halt": "on_request", "signal": "on_request", "nan": "nan", "abort": "aborted",
+          "interrupted": "interrupted"}
 
 ADVICE = {
     "on_request": "a checkpoint was saved at the stop: the same `mscale train` command resumes "
                   "from it",
     "nan": "`mscale recover RUN` rolls back to a checkpoint before the bad step (the `nan` event "
            "in events.jsonl has the numbers)",
+    "interrupted": "the operator stopped the job without a checkpoint: the same `mscale train` "
+                   "command resumes from the last one",
     "aborted": "the reason says why (a full disk: free space); `mscale recover RUN` prints the "
                "relaunch from the newest checkpoint",
     "crashed": "`mscale recover RUN` names the cause from the logs, error files and events and "
@@ -64,15 +69,15 @@ class JobEnd:
     """The end of one attempt: how (``cause``), how bad, and the job's own exit code."""
 
     cause: str
-    """``finished``, ``on_request`` (halt, signal), ``nan``, ``aborted``, ``crashed`` (a rank
-    failed or was killed), ``hang``."""
+    """``finished``, ``on_request`` (halt, signal), ``interrupted`` (by the operator, without a
+    checkpoint), ``nan``, ``aborted``, ``crashed`` (a rank failed or was killed), ``hang``."""
     severity: str
     """``ok`` for a clean finish, else ``warning`` (a stop on request) or ``critical``."""
     reason: str
     """One line: what ended it, where."""
     exit_code: int | None
-    """The job's exit code by train's contract (0 done, 1 stopped on request, 2 NaN, 3 failed);
-    None when the event does not say."""
+    """The job's exit code by train's contract (0 done, 1 stopped on request, 2 NaN, 3 failed,
+    130 interrupted); None when the event does not say."""
     step: int | None = None
     ranks: list[int] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
@@ -129,7 +134,8 @@ def job_end(event: dict, start: dict | None = None) -> JobEnd:
             code = EXIT_BAD_INPUT  # the launcher's or a failed rank 0's stop: the job exits 3
         if code == EXIT_OK or (code is None and severity not in ("warning", "critical")):
             cause, sev = "finished", "ok"
-        elif code == EXIT_WARNING or (code is None and severity == "warning"):
+        elif why == "interrupted" or code == EXIT_WARNING or (code is None
+                                                             and severity == "warning"):
             cause, sev = _CAUSE.get(why, "on_request"), "warning"
         else:
             cause = _CAUSE.get(why) or ("nan" if code == EXIT_CRITICAL else "crashed")
@@ -152,6 +158,8 @@ def _reason(event: dict, evidence: dict, why: str | None, step: int | None) -> s
         at = "" if step is None else (f" at step {step + 1}" if why == "nan"
                                       else f" after step {step}")
         text = _STOPPED[why] + at
+        if why == "signal" and isinstance(evidence.get("signal"), str):
+            text = text.replace("stop signal", f"stop signal ({evidence['signal']})", 1)
         detail = " ".join(str(evidence.get("detail") or "").split())
         if detail and why != "halt" and why != "signal":
             text += f": {detail}" if why == "abort" else f" ({detail})"

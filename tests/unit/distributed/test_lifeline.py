@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mscale.distributed import lifeline
-from mscale.distributed.launch import forwarded_signals, pid_file
+from mscale.distributed.launch import pid_file
 from mscale.distributed.lifeline import (LIFELINE_ENV, LOG_FILE_ENV, LauncherWatch, Lifeline,
                                          say_in_log, watch_launcher)
 from tests.conftest import REPO
@@ -138,17 +138,6 @@ def test_the_line_goes_into_the_workers_log_file(tmp_path):
     log.write_bytes(b"step 1\n")
     say_in_log("error: the launcher is gone\n", environ={LOG_FILE_ENV: str(log)})
     assert log.read_text() == "step 1\nerror: the launcher is gone\n"
-
-
-def test_nohup_keeps_sighup_ignored():
-    before = signal.getsignal(signal.SIGHUP)
-    try:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        assert signal.SIGHUP not in forwarded_signals()
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        assert signal.SIGHUP in forwarded_signals()
-    finally:
-        signal.signal(signal.SIGHUP, before)
 
 
 # -- a real launcher (run_local_workers) and its workers, forked and spawned -----------------

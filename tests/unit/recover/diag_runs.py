@@ -71,10 +71,13 @@ class Run:
                    evidence=evidence)
         return run_id
 
-    def finish(self, t: float, code: int, step: int, run_id: str, reason: str | None = None):
+    def finish(self, t: float, code: int, step: int, run_id: str, reason: str | None = None,
+               signal: str | None = None):
         evidence = {"code": code, "last_step": step, "run_id": run_id}
         if reason:
             evidence["reason"] = reason
+        if signal:
+            evidence["signal"] = signal
         return self.event("stop", t, step=step, severity="info" if code == 0 else "warning",
                           message=f"training process exited with code {code}"
                                   + (f" ({reason})" if reason else ""), evidence=evidence)

@@ -45,6 +45,27 @@ def test_a_sigterm_stop_is_a_preemption(run):
     assert (d.cls, d.symptom, d.transient) == ("preemption", "preempted", True)
 
 
+def test_a_ctrl_c_stop_is_the_operators_request_not_a_preemption(run):
+    rid = started(run)
+    run.finish(6, 1, 3, rid, reason="signal", signal="SIGINT")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.exit_code) == ("none", "stopped", 1)
+
+
+def test_an_interruption_blames_no_node_whatever_the_dying_ranks_wrote(run):
+    """A second Ctrl-C under --local: the launcher's ``interrupted`` stop; a rank that saw its
+    peer vanish first wrote a network error file, which is no evidence against its node."""
+    rid = started(run)
+    run.error_file(1, 5, "network", "RuntimeError: Connection closed by peer")
+    run.event("stop", 6, severity="warning", message="interrupted: a second Ctrl-C stopped the "
+              "workers at once, without a checkpoint; no checkpoint was saved yet",
+              evidence={"run_id": rid, "reason": "interrupted", "signal": "SIGINT",
+                        "forced": True, "code": 130, "returncodes": [-9, -9, -9, -9]})
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.exit_code) == ("none", "stopped", 130)
+    assert d.suspect_nodes == [] and d.suspect_ranks == []
+
+
 @pytest.mark.parametrize("line", [
     "slurmstepd: error: *** JOB 1234 ON node1 CANCELLED AT 2026-11-30T14:00:01 DUE TO "
     "PREEMPTION ***",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mscale.config.training import TrainingConfig
-from mscale.train.control import Control
+from mscale.train.control import STOP_SIGNALS, Control
 from mscale.train.schedule import learning_rate
 from mscale.distributed.collectives import COMM_CLOCK, CudaClock, HostClock
 from mscale.train.timers import StepTimer
@@ -43,6 +43,38 @@ def test_signal_becomes_halt_decision(tmp_path):
     finally:
         signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _restore(signals):
+    for sig in signals:
+        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+
+
+def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once():
+    c = Control(None, rank=0)
+    c.install_signal_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # under --local the launcher's SIGTERM comes too
+        os.kill(os.getpid(), signal.SIGINT)
+        assert c.poll().stop and c.signal_name == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        _restore(STOP_SIGNALS)
+
+
+def test_sighup_is_a_halt_and_an_ignored_signal_stays_ignored():
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, or a --local worker's launcher
+    c = Control(None, rank=0)
+    c.install_signal_handlers()
+    try:
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        c.install_signal_handlers()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert c.poll().stop and c.signal_name == "SIGHUP"
+    finally:
+        _restore(STOP_SIGNALS)
 
 
 class FakeNow:

@@ -19,7 +19,7 @@ from mscale.distributed.launch import JobResult
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
 from mscale.train.failure import report_failure, write_error_file
-from mscale.train.job_watch import record_failure
+from mscale.train.job_watch import record_failure, record_interruption
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.ending import MAX_REASON, job_end
 from mscale.watch.follow import EventFeed, Follower, layout_source, resolve_target
@@ -53,7 +53,7 @@ def start(rd: RunDir, attempt: int) -> None:
 
 
 def own_stop(rd: RunDir, code: int, step: int, reason: str | None = None,
-             detail: str | None = None, attempt: int = 1) -> None:
+             detail: str | None = None, attempt: int = 1, signal: str | None = None) -> None:
     """Rank 0's stop at the end of the loop (train/loop.py: _finish)."""
     figures = {"code": code, "last_checkpoint": None, "run_id": f"local-{attempt}",
                "attempt": attempt}
@@ -61,6 +61,8 @@ def own_stop(rd: RunDir, code: int, step: int, reason: str | None = None,
         figures["reason"] = reason
         if detail:
             figures["detail"] = detail
+    if signal:
+        figures["signal"] = signal
     event(rd, kind="stop", severity="info" if code == 0 else "warning", step=step,
           message=f"training process exited with code {code}" + (f" ({reason})" if reason
                                                                   else ""),
@@ -167,8 +169,7 @@ def test_rank_0s_own_failure_under_srun_is_critical(cli, rd, monkeypatch, capsys
     (1, "halt", "a checkpoint is saved before the stop; the same command resumes",
      "WARNING job stopped: halt requested through control/halt after step 15 (exit 1)", 1),
     (1, "signal", "a checkpoint is saved before the stop; the same command resumes",
-     "WARNING job stopped: a signal (SIGTERM/SIGUSR1) asked it to halt after step 15 (exit 1)",
-     1),
+     "WARNING job stopped: a stop signal asked it to halt after step 15 (exit 1)", 1),
 ])
 def test_rank_0s_own_stop_by_its_reason(cli, rd, code, reason, detail, line, exit_code):
     own_stop(rd, code, 15, reason, detail)
@@ -178,6 +179,32 @@ def test_rank_0s_own_stop_by_its_reason(cli, rd, code, reason, detail, line, exi
     doc = verdict(cli, rd)
     assert doc["exit_code"] == exit_code and doc["summary"]["job"]["exit_code"] == code
     assert doc["summary"]["worst"] == ("warning" if exit_code == 1 else "critical")
+
+
+def test_a_stop_signal_is_named_when_rank_0_received_it(cli, rd):
+    own_stop(rd, 1, 15, "signal", "a checkpoint is saved before the stop; the same command "
+             "resumes", signal="SIGINT")
+    code, lines, _ = once(cli, rd)
+    assert code == 1
+    assert lines[-1] == ("WARNING job stopped: a stop signal (SIGINT) asked it to halt after "
+                         "step 15 (exit 1)")
+
+
+def test_an_interruption_without_a_checkpoint_is_a_warning_that_names_no_node(cli, rd):
+    """A second Ctrl-C under --local (train/job_watch.py: record_interruption): the operator
+    stopped the job; the killed workers are not a failure."""
+    result = JobResult(code=3, returncodes=[-9] * WORLD, failed_rank=0,
+                       alive_at_failure=list(range(1, WORLD)), stop_signal="SIGINT",
+                       forced=True)
+    line = record_interruption(rd, result, "local-1", rd.path("logs"))
+    assert line.startswith("interrupted: a second Ctrl-C stopped the workers at once, without "
+                           "a checkpoint; no checkpoint was saved yet; evidence in ")
+    code, lines, _ = once(cli, rd)
+    assert code == 1
+    assert lines[-1].startswith("WARNING job stopped: interrupted: a second Ctrl-C")
+    assert lines[-1].endswith("(exit 130)")
+    job = verdict(cli, rd)["summary"]["job"]
+    assert job["state"] == "interrupted" and job["nodes"] == [] and job["ranks"] == []
 
 
 def test_a_clean_finish_stays_healthy(cli, rd):

@@ -170,10 +170,13 @@ def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:
             f.add("exit_nonzero", "events.jsonl", digest, rank=rank, time=when)
         return
     code = evd.get("code")
-    if code == 0:
+    if evd.get("reason") == "interrupted":  # the --local launcher: the operator's Ctrl-C
+        f.add("interrupted", "events.jsonl", digest, time=when, step=e.get("step"))
+    elif code == 0:
         f.add("finished", "events.jsonl", digest, time=when, step=e.get("step"))
-    elif code == 1:
-        key = "signalled" if evd.get("reason") == "signal" else "halted"
+    elif code == 1:  # a Ctrl-C is the operator's request, as control/halt is
+        key = "signalled" if evd.get("reason") == "signal" and evd.get("signal") != "SIGINT" \
+            else "halted"
         f.add(key, "events.jsonl", digest, time=when, step=e.get("step"))
     elif code not in (2, None) and not f.ev.error_files:
         f.add("exit_nonzero", "events.jsonl", digest, rank=(e.get("ranks") or [None])[0],

@@ -117,6 +117,8 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
     _f("nan", "numerics", "nan", True, 65, "the loss or gradients became NaN/Inf"),
     _f("divergence", "numerics", "divergence", False, 65, "the loss diverged"),
     _f("hang", "unknown", "hang", False, 50, "a rank stopped answering (hang)"),
+    _f("interrupted", "none", "stopped", False, 45,
+       "the operator interrupted the job (Ctrl-C twice, or a stop during start-up)"),
     _f("launcher_died", "preemption", "preempted", True, 42,
        "the --local launcher died (killed or crashed) and its workers stopped themselves"),
     _f("killed", "unknown", "signal", True, 40, "a rank was killed by a signal"),
@@ -132,7 +134,7 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
     _f("timeout", "network", "timeout", True, 15, "a collective timed out"),
     _f("network", "network", "crash", True, 15, "a connection between ranks was lost"),
     _f("signalled", "preemption", "preempted", True, 12,
-       "the job was stopped by a signal (SIGTERM/SIGUSR1: the scheduler)"),
+       "the job was stopped by a signal (SIGTERM/SIGUSR1: the scheduler; SIGINT/SIGHUP)"),
     _f("halted", "none", "stopped", False, 10, "the job was stopped on request"),
     _f("exit_nonzero", "unknown", "crash", False, 5, "a rank exited with an error"),
 )}

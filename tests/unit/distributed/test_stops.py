@@ -1,0 +1,115 @@
+"""The operator's stop signals to a ``--local`` launcher (distributed/stops.py): the first asks
+the workers to stop (SIGTERM), a second Ctrl-C kills them; and a real launcher whose workers
+ignore the request (one stuck in a long save) is still stopped by the second Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from mscale.distributed.launch import pid_file
+from mscale.distributed.stops import StopRequests, forwarded_signals
+from tests.conftest import REPO
+from tests.unit.distributed.test_lifeline import DEADLINE_S, _cleanup, _gone, _wait_until
+
+
+class FakeWorker:
+    def __init__(self, running: bool = True):
+        self.code = None if running else 0
+        self.got: list[int] = []
+
+    def poll(self):
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.got.append(sig)
+
+    def kill(self) -> None:
+        self.got.append(signal.SIGKILL)
+
+
+def test_the_first_stop_is_passed_on_as_sigterm_and_said_once():
+    procs = [FakeWorker(), FakeWorker(running=False)]
+    stops = StopRequests(procs, notice=lambda name: f"asked by {name}")
+    stops.handler(signal.SIGINT, None)
+    assert procs[0].got == [signal.SIGTERM] and procs[1].got == []  # an ended one is left
+    assert stops.first_name == "SIGINT" and not stops.forced
+    assert stops.take_notes() == ["asked by SIGINT"] and stops.take_notes() == []
+
+
+def test_a_second_ctrl_c_kills_but_a_repeated_sigterm_only_asks_again():
+    procs = [FakeWorker()]
+    stops = StopRequests(procs)
+    stops.handler(signal.SIGTERM, None)
+    stops.handler(signal.SIGTERM, None)
+    assert procs[0].got == [signal.SIGTERM, signal.SIGTERM] and not stops.forced
+    stops.handler(signal.SIGINT, None)
+    assert stops.forced and procs[0].got[-1] == signal.SIGKILL
+    assert stops.first_name == "SIGTERM"
+    assert len(stops.take_notes()) == 2
+
+
+def test_a_stop_asked_before_any_worker_started_reaches_them_when_resent():
+    procs: list[FakeWorker] = []
+    stops = StopRequests(procs)
+    stops.resend()  # nobody asked: nothing sent
+    stops.handler(signal.SIGINT, None)
+    procs.append(FakeWorker())
+    stops.resend()
+    assert procs[0].got == [signal.SIGTERM]
+
+
+def test_nohup_keeps_sighup_ignored():
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        assert signal.SIGHUP not in forwarded_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert signal.SIGHUP in forwarded_signals()
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+STUCK_WORKER = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stuck in a long save: the request waits
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print('ready', flush=True)
+time.sleep(120)
+"""
+
+LAUNCHER = """
+import json, sys
+from mscale.distributed.launch import run_local_workers
+result = run_local_workers(2, 1, [], sys.argv[1], {}, entry=sys.argv[2], phases=(), preload=())
+print('result', json.dumps([result.returncodes, result.stop_signal, result.forced]), flush=True)
+"""
+
+
+def test_a_second_ctrl_c_stops_workers_that_ignore_the_request(tmp_path):
+    logs, console = tmp_path / "logs", tmp_path / "console.txt"
+    with open(console, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(logs), STUCK_WORKER],
+                                cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    pids: list[int] = []
+    try:
+        _wait_until(lambda: all((logs / f"rank{r}.log").exists() and "ready" in
+                                (logs / f"rank{r}.log").read_text() for r in range(2)),
+                    "both workers ready")
+        pids = [int(Path(pid_file(str(logs), r)).read_text()) for r in range(2)]
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+        _wait_until(lambda: "stop requested (SIGINT)" in console.read_text(), "the notice")
+        assert proc.poll() is None and not any(_gone(p) for p in pids)  # asked, not forced
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=DEADLINE_S)
+    finally:
+        _cleanup(proc, pids)
+    text = console.read_text()
+    assert "second Ctrl-C: stopping the workers now" in text
+    result = json.loads(text.split("result ", 1)[1].splitlines()[0])
+    assert result == [[-signal.SIGKILL, -signal.SIGKILL], "SIGINT", True]
