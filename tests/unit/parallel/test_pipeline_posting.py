@@ -2,13 +2,12 @@
 
 NCCL runs every batch of the PP communicator on one stream, in issue order, each batch finishing
 only when all its operations have met their peers', and pairs messages by order; gloo does
-neither, so only this replay, not the gloo tests, can show that an order hangs on GPUs.
+neither, so only this replay, not the gloo tests, can show that an order hangs on GPUs. That the
+runner and the eval pass post these plans, in the host order the replay assumes, is
+test_pipeline_events.py.
 """
 
-import contextlib
-
 import pytest
-import torch
 
 from mscale.parallel.pipeline.posting import (Batch, PostingError, forward_only_actions,
                                               forward_only_plan, posting_plan, replay_nccl)
@@ -137,77 +136,3 @@ def test_interleaved_transfers_hide_behind_compute(pp, vpp, m, latency):
     kw = dict(t_f=1.0 / vpp, t_b=2.0 / vpp, latency=latency)
     assert _step(replay_nccl(pp, vpp, m, **kw)) == pytest.approx(_step(simulate(pp, vpp, m, **kw)))
 
-
-# --- the runner posts exactly the plan ---------------------------------------------------------
-
-SHAPE = (2, 1, 3)
-
-
-class RecordingLink:
-    def __init__(self):
-        self.posted: list[Batch] = []
-        self.pending: set[Message] = set()
-
-    def post(self, sends, recvs):
-        assert all(t.shape == SHAPE for _, t in sends)
-        if sends or recvs:
-            self.posted.append(Batch(tuple(m for m, _ in sends), tuple(recvs)))
-        self.pending.update(recvs)
-
-    def wait(self, msg):
-        self.pending.remove(msg)  # posted before it is waited for
-        return torch.ones(SHAPE)
-
-    def reap(self):
-        pass
-
-    def drain(self):
-        assert not self.pending
-
-
-class Chunk(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(SHAPE[-1]))
-
-    def forward(self, x, labels=None):
-        h = x * self.w if x.is_floating_point() else self.w.expand(SHAPE) * 1.0
-        return h.sum() if labels is not None else h
-
-
-def _tokens():
-    return (torch.zeros(SHAPE[:2], dtype=torch.long),) * 2
-
-
-def _stage(pp, vpp, m, rank):
-    from mscale.parallel.pipeline.runner import PipelineStage
-
-    null = contextlib.nullcontext
-    anything = type("Anything", (), {"no_sync": lambda self: null(),
-                                     "autocast": lambda self: null(),
-                                     "cast_scope": lambda self: null()})()
-    return PipelineStage(chunks=[Chunk() for _ in range(vpp)], pp=pp, vpp=vpp, pp_rank=rank,
-                         micro_batches=m, device=torch.device("cpu"), link=RecordingLink(),
-                         get_batch=lambda step, micro: _tokens(),
-                         grads=anything, precision=anything)
-
-
-class Timer:
-    def work(self, *a, **k):
-        return contextlib.nullcontext()
-
-    region = work
-
-
-@pytest.mark.parametrize("pp,vpp,m", [(2, 1, 3), (4, 1, 4), (3, 2, 6), (2, 3, 4)])
-def test_runner_posts_the_plan_the_replay_proves(pp, vpp, m):
-    from mscale.parallel.pipeline.forward_only import run_pipeline_forward
-    from mscale.parallel.pipeline.runner import PipelineStep
-
-    for rank in range(pp):
-        stage = _stage(pp, vpp, m, rank)
-        PipelineStep(stage, 0, Timer()).run()
-        assert stage.link.posted == [b for entry in posting_plan(pp, vpp, m, rank) for b in entry]
-        stage = _stage(pp, vpp, m, rank)
-        run_pipeline_forward(stage, lambda micro: _tokens(), m)
-        assert stage.link.posted == [b for e in forward_only_plan(pp, vpp, m, rank) for b in e]

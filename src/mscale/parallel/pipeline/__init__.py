@@ -7,7 +7,8 @@
 - `posting`: what each rank posts to the PP group and when, as data, with a replay of all ranks'
   batches under NCCL's rules (one stream per communicator, order matching) that proves the
   order cannot hang.
-- `p2p`: activation and gradient transfer between neighbouring stages.
+- `p2p`: activation and gradient transfer between neighbouring stages, and `PlanWalker`, which
+  posts a rank's plan on it (for the runner and the eval pass).
 - `runner`: executes a rank's schedule for one training step, posting its plan.
 
 The runner is imported on first use: `schedule` and `posting` are pure Python, and watch

@@ -1,12 +1,13 @@
 """Activation and gradient transfer between neighbouring pipeline stages.
 
-Every transfer is asynchronous (``batch_isend_irecv``), and what goes into each batch, and when,
-is the caller's posting plan (`posting.posting_plan` for training, `posting.forward_only_plan` for
-eval): this link posts exactly the batches it is given, in the order it is given them, and never
-posts anything on its own, because under NCCL the order of batches on the PP communicator is what
-decides whether the ranks hang (posting.py, docs/pipeline.md). Sends are left in flight while the
-rank computes on; a send's tensor is held only until the send completes (`reap` drops finished
-ones), so an activation is freed as soon as its backward has run and its gradient has left.
+Every transfer is asynchronous (``batch_isend_irecv``), and what goes into each batch, and when, is
+the caller's posting plan (`posting.posting_plan` for training, `posting.forward_only_plan` for
+eval), walked by `PlanWalker`: the link posts exactly the batches it is given, in the order it is
+given them, and never posts anything on its own, because under NCCL the order of batches on the PP
+communicator is what decides whether the ranks hang (posting.py, docs/pipeline.md). Sends are left
+in flight while the rank computes on; a send's tensor is held only until the send completes (`reap`
+drops finished ones), so an activation is freed as soon as its backward has run and its gradient
+has left.
 
 No shape handshake: every tensor crossing a stage boundary is the residual stream of one
 micro-batch, ``[s, b, h]`` (``[s/tp, b, h]`` under sequence parallelism), in fp32 (the residual
@@ -24,6 +25,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from collections.abc import Sequence
+
+from mscale.parallel.pipeline.posting import Batch, PostingError, describe
 from mscale.parallel.pipeline.schedule import Message, owner
 
 
@@ -99,3 +103,52 @@ class StageLink:
         self._sends = []
         if self._recvs:
             raise RuntimeError(f"receives posted but never used: {sorted(self._recvs, key=repr)}")
+
+
+class PlanWalker:
+    """Posts one rank's posting plan on its link, entry by entry, and hands each action its input.
+
+    The host order is the one `posting.replay_nccl` proves: ``plan[0]`` before the first action,
+    then per action k its input (`wait`) and, once its output is computed, ``plan[k + 1]``
+    (`post_next`). The walker posts only the plan's batches, so an action may only wait for a
+    receive the plan has already posted: anything else would need a batch no replay accounted
+    for, and is refused instead. Used by the training step (runner.py) and the eval pass
+    (forward_only.py); the caller times the calls (pipeline communication, see runner.py).
+    """
+
+    def __init__(self, link: StageLink, plan: Sequence[Sequence[Batch]]):
+        self.link, self.plan = link, plan
+        self.entry = 0
+        """The next plan entry to post."""
+        self.outbox: dict[Message, torch.Tensor] = {}
+        """Outputs computed and not yet handed to a batch (the plans send each right away)."""
+        self.expected: set[Message] = set()
+        """Receives the plan has posted and no action has waited for yet."""
+
+    def post_next(self, sent: Message | None = None, out: torch.Tensor | None = None) -> None:
+        """Post the next plan entry's batches, in order; ``sent`` is the output ``out`` of the
+        action just run, if it leaves this rank. Finished sends are released after."""
+        if sent is not None:
+            self.outbox[sent] = out
+        for batch in self.plan[self.entry]:
+            self.link.post([(msg, self.outbox.pop(msg)) for msg in batch.sends],
+                           list(batch.recvs))
+            self.expected.update(batch.recvs)
+        self.entry += 1
+        self.link.reap()
+
+    def wait(self, msg: Message) -> torch.Tensor:
+        """Block until ``msg``, whose receive the plan has posted, has arrived; its buffer."""
+        if msg not in self.expected:
+            raise PostingError(f"waiting for {describe(msg)} before the plan posted its receive "
+                               f"(entries 0..{self.entry - 1} posted): the posting plan is wrong")
+        self.expected.remove(msg)
+        return self.link.wait(msg)
+
+    def finish(self) -> None:
+        """Wait for every send: the step ends with the whole plan posted and nothing in flight."""
+        if self.entry != len(self.plan):
+            raise PostingError(f"{len(self.plan) - self.entry} plan entries never posted")
+        self.link.drain()
+        if self.outbox:
+            raise RuntimeError(f"outputs never sent: {sorted(self.outbox, key=repr)}")

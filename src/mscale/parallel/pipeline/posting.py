@@ -2,10 +2,11 @@
 batches, as data, with a replay of all ranks' batches under NCCL's rules.
 
 Pure Python, like `schedule`: the runner (runner.py) and the eval pass (forward_only.py) post
-exactly the batches `posting_plan` / `forward_only_plan` list, and `replay_nccl` proves those same
-lists deadlock-free, so the engine and the proof cannot drift (tests/unit/parallel/
-test_pipeline_posting.py checks every (pp, vpp, m) up to pp 8, vpp 4, m 16, and that the runner
-posts what the plan says).
+exactly the batches `posting_plan` / `forward_only_plan` list (through `p2p.PlanWalker`), and
+`replay_nccl` proves those same lists deadlock-free, so the engine and the proof cannot drift
+(tests/unit/parallel/test_pipeline_posting.py checks every (pp, vpp, m) up to pp 8, vpp 4, m 16;
+test_pipeline_events.py that the runner and the eval pass post, wait and compute in exactly the
+order the replay assumes).
 
 Why the order matters (docs/pipeline.md, "Transfers and overlap"). Every ``batch_isend_irecv``
 on NCCL is one ``ncclGroupStart``/``ncclGroupEnd`` group on the PP group's communicator

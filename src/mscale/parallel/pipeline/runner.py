@@ -4,18 +4,20 @@ The schedule (schedule.py) fixes the order of forwards and backwards; this modul
 inputs come from the data loader (first virtual stage: tokens; last: labels) or from the
 previous stage (`StageLink`), outputs go to the next.
 
-What is posted to the PP group, and when, is `posting.posting_plan`: before the first action
-and right after each action's compute, the plan's ``batch_isend_irecv`` batches, in order, and
-nothing else. That order is what NCCL needs (docs/pipeline.md, "Transfers and overlap"): every
-batch on the PP communicator runs on one NCCL stream in issue order and completes only when all
-its operations have met their peers', so a receive posted early blocks every later batch of the
-rank, the sends included. 1F1B sends each output together with the receive of the next action
-(Megatron-LM's ``send_forward_recv_backward`` / ``send_backward_recv_forward``); interleaved
-1F1B pairs by direction, an activation's send with the receive of the next forward, a
-gradient's send with the receive of the next backward, so each transfer overlaps the compute of
-the action between (Megatron-LM's ``overlap_p2p_comm``). `posting.replay_nccl` replays the same
-plan of every rank under NCCL's rules and proves it cannot hang (tests/unit/parallel/
-test_pipeline_posting.py); gloo, which completes each operation on its own, runs it too.
+What is posted to the PP group, and when, is `posting.posting_plan`: before the first action and
+right after each action's compute, the plan's ``batch_isend_irecv`` batches, in order, and nothing
+else (`p2p.PlanWalker` walks the plan, here and in the eval pass). That order is what NCCL needs
+(docs/pipeline.md, "Transfers and overlap"): every batch on the PP communicator runs on one NCCL
+stream in issue order and completes only when all its operations have met their peers', so a
+receive posted early blocks every later batch of the rank, the sends included. 1F1B sends each
+output together with the receive of the next action (Megatron-LM's ``send_forward_recv_backward`` /
+``send_backward_recv_forward``); interleaved 1F1B pairs by direction, an activation's send with the
+receive of the next forward, a gradient's send with the receive of the next backward, so each
+transfer overlaps the compute of the action between (Megatron-LM's ``overlap_p2p_comm``).
+`posting.replay_nccl` replays the same plan of every rank under NCCL's rules and proves it cannot
+hang (tests/unit/parallel/test_pipeline_posting.py; test_pipeline_events.py checks that this
+module posts and waits exactly where the plan says); gloo, which completes each operation on its
+own, runs it too.
 
 Data parallelism: every backward runs inside ``grads.no_sync()`` except the backward of the
 last micro-batch on each chunk (a chunk sees its micro-batches in order, so that is its final
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from mscale.errors import MscaleError
-from mscale.parallel.pipeline.p2p import StageLink, boundary_shape
+from mscale.parallel.pipeline.p2p import PlanWalker, StageLink, boundary_shape
 from mscale.parallel.pipeline.posting import posting_plan
 from mscale.parallel.precision import Precision
 from mscale.distributed.init import to_device
@@ -103,12 +105,9 @@ class PipelineStep:
                               fix="raise global_batch or lower micro_batch (see mscale plan)")
         self.last_stage = self.pp * self.vpp - 1
         self.actions = schedule(self.pp, self.vpp, self.m, self.rank)
-        self.plan = posting_plan(self.pp, self.vpp, self.m, self.rank)
-        """What to post before action 0 (``plan[0]``) and after action k (``plan[k + 1]``)."""
+        self.posting = PlanWalker(stage.link, posting_plan(self.pp, self.vpp, self.m, self.rank))
+        """Posts ``plan[0]`` before action 0 and ``plan[k + 1]`` after action k."""
         self.first_b, self.last_f = phases(self.actions)
-        self.link = stage.link
-        self.outbox: dict[Message, torch.Tensor] = {}
-        """Outputs computed and not yet handed to a batch (the plan sends each right away)."""
         self.saved: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         """(micro, chunk) → (input that needs its gradient, output to run backward from)."""
         self.loss_sum: torch.Tensor | None = None
@@ -118,36 +117,28 @@ class PipelineStep:
         return needs(self.actions[k], self.rank, self.pp, self.vpp) if k < len(self.actions) else None
 
     def run(self) -> torch.Tensor | None:
-        self._post(0)
+        self._post()
         for k, action in enumerate(self.actions):
             with self.timer.work("forward" if action.forward else "backward", action.micro,
                                  action.chunk):
                 out = self._forward(k, action) if action.forward else self._backward(k, action)
-            sent = produces(action, self.rank, self.pp, self.vpp)
-            if sent is not None:
-                self.outbox[sent] = out
-            self._post(k + 1)
+            self._post(produces(action, self.rank, self.pp, self.vpp), out)
         with self.timer.region("comm_wait", link="pp"):
-            self.link.drain()
-        if self.outbox:
-            raise RuntimeError(f"outputs never sent: {sorted(self.outbox, key=repr)}")
+            self.posting.finish()
         return None if self.loss_sum is None else self.loss_sum / self.m
 
-    def _post(self, i: int) -> None:
-        """Post the plan's batches for point ``i``, in order, and release finished sends.
-        Posting is pipeline communication: gloo writes a small send inline, so a slow link
-        shows here (as pp wait), not as compute of this rank."""
+    def _post(self, sent: Message | None = None, out: torch.Tensor | None = None) -> None:
+        """Post the plan's next entry (with ``sent``, the output just computed). Posting is
+        pipeline communication: gloo writes a small send inline, so a slow link shows here (as
+        pp wait), not as compute of this rank."""
         with self.timer.region("comm_wait", link="pp"):
-            for batch in self.plan[i]:
-                self.link.post([(msg, self.outbox.pop(msg)) for msg in batch.sends],
-                               list(batch.recvs))
-            self.link.reap()
+            self.posting.post_next(sent, out)
 
     def _receive(self, k: int) -> torch.Tensor:
         """Wait for action k's input; the wait counts as bubble in warm-up and cool-down."""
         region = "bubble" if k <= self.first_b or k > self.last_f else "comm_wait"
         with self.timer.region(region, link="pp"):
-            return self.link.wait(self._need(k))
+            return self.posting.wait(self._need(k))
 
     def _batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         with self.timer.region("data"):
