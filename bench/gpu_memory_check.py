@@ -5,13 +5,18 @@ The CPU suite compares the planner with the engine's live tensor bytes on gloo
 flash attention's saved tensors and the layout of its output, cuBLAS workspaces, the caching
 allocator's rounding. One process on one GPU (world 1: one GPU cannot host two NCCL ranks) runs
 the real engine for two steps per case; the peak after the engine is built is compared with
-`planner.memory.rank_memory` for the same plan. PASS within −5%..+10% of the measured peak.
+`planner.memory.rank_memory` for the same plan, priced for the stack the run used: ``mscale``
+when the engine compiled its blocks (the default on CUDA), ``mscale-eager`` when it did not
+(``--eager``, i.e. ``training.compile: false``, or the CPU), as `gpu_checks.predicted_step_s`
+prices a plan's step time. Each line names that stack. PASS within −5%..+10% of the measured peak.
 
-Measured on one H200 (torch CUDA build of the device image; 0.5B LLaMA-class model, 8 blocks,
-h 2048, s 2048, micro-batch 2, global batch 8): all 8 cases PASS, −0.2% (full recompute) to
-+1.9% (micro-batch 4); bf16 13.63 GiB measured / 13.81 planned; selective recompute 13.630
-against none's 13.632 GiB (flash attention leaves it nothing to save); fp32 18.45 / 18.50 once
-the fp32 attention probabilities are counted (they were the −21% of the first run).
+Measured on one H200 before the engine compiled by default, i.e. eager (torch CUDA build of the
+device image; 0.5B LLaMA-class model, 8 blocks, h 2048, s 2048, micro-batch 2, global batch 8;
+not rerun compiled yet, though the planner prices both stacks' memory alike): all 8 cases PASS,
+−0.2% (full recompute) to +1.9% (micro-batch 4); bf16 13.63 GiB measured / 13.81 planned;
+selective recompute 13.630 against none's 13.632 GiB (flash attention leaves it nothing to
+save); fp32 18.45 / 18.50 once the fp32 attention probabilities are counted (they were the −21%
+of the first run).
 
 Last, the shared bf16 weight copies (`cast_check`): four micro-batch forwards held before their
 backwards, one autocast context per forward against the engine's step-long `weight_cast_scope`.
@@ -21,6 +26,7 @@ zero1 none, selective, full and mb 4 rerun with the engine sharing the copies: +
 +1.9%, as before (world 1 holds one micro-batch at a time).
 
     python3 bench/gpu_memory_check.py          # on the GPU machine; a table and PASS/FAIL lines
+    python3 bench/gpu_memory_check.py --eager  # the same with training.compile: false
     python3 bench/gpu_memory_check.py --cpu    # the same cases on a tiny model, live bytes
 
 The report also goes to $OUT/gpu-memory-check.txt when OUT is set.
@@ -53,8 +59,9 @@ CASES = [("zero1 none", {"zero": 1}, {}, {}),
          ("window 512", {"zero": 1}, {"sliding_window": 512}, {})]
 
 
-def run_case(case: dict, port: int, cpu: bool) -> float:
-    """Peak bytes of two training steps of the engine built for ``case`` (world 1)."""
+def run_case(case: dict, port: int, cpu: bool) -> tuple[float, bool]:
+    """Peak bytes of two training steps of the engine built for ``case`` (world 1), and whether
+    the engine compiled its blocks."""
     import torch
 
     from mscale.topology.env import LaunchEnv
@@ -87,7 +94,38 @@ def run_case(case: dict, port: int, cpu: bool) -> float:
             torch.cuda.synchronize()
         peak = live.peak if cpu else torch.cuda.max_memory_allocated()
     engine.grads.close()
-    return float(peak)
+    return float(peak), engine.compiled
+
+
+def planner_figures(case: dict, gpu: str | None, compiled: bool) -> tuple[dict, str]:
+    """The planner's bytes for ``case`` as the run built it, and the stack that priced them.
+
+    ``training.compile`` is set to what the engine did (`Engine.compiled`), so the `Problem`
+    (the plan's model, training and cluster, as `gpu_checks.predicted_step_s` builds it) prices
+    the default stack as ``mscale`` when the blocks ran compiled and ``mscale-eager`` when not;
+    a case whose training names another stack keeps it. ``gpu``: the GPU preset whose cluster
+    prices it (None: the case's CPU cluster); the stack does not depend on it once compile is
+    set."""
+    from mscale.planner.cost import Problem
+    from tests.distributed.engine_cases import make_plan
+    from tests.distributed.memory_cases import planned
+
+    run = {**case, "training": {**case["training"], "compile": compiled}}
+    plan = make_plan(run)
+    stack = Problem(plan.model, plan.training, plan.cluster).stack_profile.name
+    return planned(run, gpu), stack
+
+
+def case_line(name: str, peak: float, plan: dict, stack: str) -> tuple[bool, str]:
+    """PASS when the planner's total is within −UNDER..+OVER of the measured peak; the line
+    names the stack it priced and the planner's parts."""
+    ratio = plan["mem_total"] / peak - 1
+    ok = -UNDER <= ratio <= OVER
+    parts = ", ".join(f"{k[4:]} {plan[k] / 2**30:.2f}" for k in
+                      ("mem_weights", "mem_gradients", "mem_optimizer", "mem_activations",
+                       "mem_weight_copies", "mem_logits"))
+    return ok, (f"{'PASS' if ok else 'FAIL'} {name}: measured {peak / 2**30:.3f} GiB, planned "
+                f"{plan['mem_total'] / 2**30:.3f} GiB for stack {stack} ({ratio:+.1%}); {parts}")
 
 
 def cast_check(cpu: bool, m: int = 4) -> tuple[bool, str]:
@@ -163,12 +201,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="tiny model on the CPU (live bytes)")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--eager", action="store_true",
+                    help="training.compile: false (default: the engine's, compiled on CUDA)")
     args = ap.parse_args()
     import torch
     import torch.distributed as dist
 
     from mscale.distributed.spawn import free_port
-    from tests.distributed.memory_cases import planned
 
     cpu = args.cpu or not torch.cuda.is_available()
     size = "cpu" if cpu else "gpu"
@@ -178,23 +217,19 @@ def main() -> int:
     for name, layout, model, training in (c for c in CASES if c[0] in chosen):
         case = {**layout, "gpn": 1, "model": {"name": "m", **MODELS[size], **model},
                 "training": {"global_batch": 8, "precision": "bf16", "bucket_mb": 25.0,
-                             "steps": 2, **training}}
+                             "steps": 2, **({"compile": False} if args.eager else {}),
+                             **training}}
         try:
-            peak = run_case(case, port, cpu)
+            peak, compiled = run_case(case, port, cpu)
         except Exception as e:  # one case's failure is a FAIL line, not the end of the check
             lines.append(f"FAIL {name}: {type(e).__name__}: {e}")
             failed += 1
             continue
-        plan = planned(case, None if cpu else "H200")
-        ratio = plan["mem_total"] / peak - 1
-        ok = -UNDER <= ratio <= OVER
+        ok, line = case_line(name, peak, *planner_figures(case, None if cpu else "H200",
+                                                          compiled))
         failed += not ok
-        parts = ", ".join(f"{k[4:]} {plan[k] / 2**30:.2f}" for k in
-                          ("mem_weights", "mem_gradients", "mem_optimizer", "mem_activations",
-                           "mem_weight_copies", "mem_logits"))
-        lines.append(f"{'PASS' if ok else 'FAIL'} {name}: measured {peak / 2**30:.3f} GiB, "
-                     f"planned {plan['mem_total'] / 2**30:.3f} GiB ({ratio:+.1%}); {parts}")
-        print(lines[-1], flush=True)
+        lines.append(line)
+        print(line, flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     ok, line = cast_check(cpu)

@@ -79,11 +79,13 @@ def test_skip_bad_goes_on_past_a_bad_record_and_exits_1(tmp_path):
     out = tmp_path / "tokens"
     p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out))
     assert p.returncode == 3 and f"error: {src / 'part-2.jsonl'}:2: text: no field" in p.stderr
+    assert "or pass --skip-bad" in p.stderr.splitlines()[-1]  # the fix line names the option
     p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out),
                "--skip-bad")
     assert p.returncode == 1, p.stdout + p.stderr
     assert f"skipped {src / 'part-2.jsonl'}:2: no field 'text'" in p.stderr
-    assert "WARNING 1 unreadable record(s) or file(s) skipped" in p.stdout
+    assert (f"WARNING 1 unreadable record(s) or file(s) skipped (--skip-bad), first "
+            f"{src / 'part-2.jsonl'}:2; listed in") in p.stdout
     assert "202 documents" in p.stdout  # 201 of the clean corpus, and "kept"
     assert json.loads((out / "manifest.json").read_text())["skipped_count"] == 1
     p = mscale("data", "prepare", str(src), "--tokenizer", str(tok), "--out", str(out),

@@ -1,9 +1,10 @@
 """``mscale data``: tokenize corpora into shards, train a small tokenizer, inspect and verify token
 data (docs/data.md).
 
-Thin: parse, call mscale.data, print, choose the exit code. 0 OK, 2 verify found a checksum
-mismatch (the shard is named), 3 bad input. Progress goes to stderr (one line redrawn on a
-terminal, a plain line every few seconds elsewhere) so that ``--json`` leaves stdout one document.
+Thin: parse, call mscale.data, print, choose the exit code. 0 OK, 1 ``--skip-bad`` skipped
+something (prepare, tokenizer), 2 verify found a checksum mismatch (the shard is named), 3 bad
+input. Progress goes to stderr (one line redrawn on a terminal, a plain line every few seconds
+elsewhere) so that ``--json`` leaves stdout one document.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
-from mscale.errors import EXIT_CRITICAL
+from mscale.errors import EXIT_CRITICAL, EXIT_WARNING
 
 data_app = typer.Typer(help="Tokenize corpora into shards, train a tokenizer, inspect and verify "
                             "token data.", no_args_is_help=True)
@@ -161,7 +162,8 @@ def prepare_cmd(
             m = prepare(inputs, tokenizer, out, text_field=text_field, column=column,
                         workers=workers, shard_tokens=shard_tokens, eod=eod, text_exts=text_ext,
                         force=force, progress=line, on_start=on_start,
-                        on_skip=_skip_reporter(line) if skip_bad else None)
+                        on_skip=_skip_reporter(line, "the manifest lists them")
+                        if skip_bad else None)
     except KeyboardInterrupt:
         line.close()
         line.say(f"prepare: interrupted; nothing was written to {out}"
@@ -173,7 +175,7 @@ def prepare_cmd(
     if as_json:
         print_json(m)
         if m.get("skipped_count", 0):
-            raise typer.Exit(1)  # as without --json: something was skipped
+            raise typer.Exit(EXIT_WARNING)  # as without --json: something was skipped
         return
     skipped = m.get("empty_documents_skipped", 0)
     console.print(f"wrote {out}: {len(m['shards'])} shard(s), {m['documents']:,} documents, "
@@ -181,20 +183,18 @@ def prepare_cmd(
                   f"{_n(m['tokens'] / seconds)} tokens/s"
                   + (f"; {skipped:,} empty document(s) skipped" if skipped else ""),
                   soft_wrap=True, markup=False)
-    bad = m.get("skipped_count", 0)
-    if bad:
-        console.print(f"WARNING {bad:,} unreadable record(s) or file(s) skipped (--skip-bad); "
-                      f"listed in {out}/manifest.json under \"skipped\"", soft_wrap=True,
-                      markup=False)
-        raise typer.Exit(1)
+    _warn_skipped(m, f"listed in {out}/manifest.json under \"skipped\"")
 
 
 SKIPS_SHOWN = 20
-"""Skipped records named on the console; the manifest lists more."""
+"""Skipped records named on the console, a line each; the manifest (or --json) lists more."""
+SKIPS_NAMED = 3
+"""Skipped records named again in the closing WARNING line, so that the last line says where."""
 
 
-def _skip_reporter(line: "ProgressLine"):
-    """``--skip-bad``: a line per skipped record, the first SKIPS_SHOWN, then one saying more."""
+def _skip_reporter(line: "ProgressLine", listed: str):
+    """``--skip-bad``: a line per skipped record, the first SKIPS_SHOWN, then one saying more
+    and where they are ``listed``."""
     seen = [0]
 
     def report(e) -> None:
@@ -202,10 +202,22 @@ def _skip_reporter(line: "ProgressLine"):
         if seen[0] <= SKIPS_SHOWN:
             line.say(f"skipped {e.file}: {e.message}")
         elif seen[0] == SKIPS_SHOWN + 1:
-            line.say(f"skipped more (the manifest lists them); only the first {SKIPS_SHOWN} "
-                     "are shown")
+            line.say(f"skipped more ({listed}); only the first {SKIPS_SHOWN} are shown")
 
     return report
+
+
+def _warn_skipped(result: dict, listed: str) -> None:
+    """The closing WARNING line and exit 1 when ``--skip-bad`` skipped anything (``result``: a
+    manifest or the tokenizer's report); nothing without --skip-bad or when nothing was."""
+    bad = result.get("skipped_count", 0)
+    if not bad:
+        return
+    first = ", ".join(str(s["where"]) for s in result["skipped"][:SKIPS_NAMED])
+    console.print(f"WARNING {bad:,} unreadable record(s) or file(s) skipped (--skip-bad), "
+                  f"first {first}{', ...' if bad > SKIPS_NAMED else ''}; {listed}",
+                  soft_wrap=True, markup=False)
+    raise typer.Exit(EXIT_WARNING)
 
 
 @data_app.command("tokenizer")
@@ -219,6 +231,10 @@ def tokenizer_cmd(
     text_ext: List[str] = typer.Option([], "--text-ext", help="Also read this extension as "
                                        "plain text (repeatable)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing --out."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="As `data prepare --skip-bad`: skip "
+                                  "an unreadable .jsonl line or file with a line saying so "
+                                  "(--json lists them); exit 1 when any was skipped. Default: "
+                                  "the first one stops (exit 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Train a byte-level BPE tokenizer (GPT-2's scheme, <|endoftext|> = 0) locally: for demos
@@ -230,16 +246,21 @@ def tokenizer_cmd(
     try:
         r = train_tokenizer(inputs, vocab, out, text_field=text_field, column=column,
                             text_exts=text_ext, force=force,
-                            progress=lambda docs, nbytes: line(docs, None, nbytes))
+                            progress=lambda docs, nbytes: line(docs, None, nbytes),
+                            on_skip=_skip_reporter(line, "--json lists them")
+                            if skip_bad else None)
     finally:
         line.close()
     r["seconds"] = round(time.monotonic() - t0, 3)
     if as_json:
         print_json(r)
+        if r.get("skipped_count", 0):
+            raise typer.Exit(EXIT_WARNING)  # as prepare --json: something was skipped
         return
     console.print(f"wrote {r['out']}: byte-level BPE, vocab {r['vocab_size']:,}, <|endoftext|> = "
                   f"{r['eod_id']}, trained on {r['documents']:,} documents ({_mb(r['bytes'])}) "
                   f"in {r['seconds']:.1f} s", soft_wrap=True, markup=False)
+    _warn_skipped(r, "--json lists them")
 
 
 def _describe(spec: str, dtype: str | None) -> dict:

@@ -16,6 +16,7 @@ Text must be UTF-8: anything else is refused naming the file, the line and the b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -287,10 +288,10 @@ def iter_documents(sources: list[Source], *, text_field: str = "text", column: s
 
     ``on_bad``: an unreadable record (a .jsonl line) or file (a .txt that is not UTF-8, a
     .parquet without the text column) is handed to it and skipped, where by default its
-    MscaleError stops the read (a corpus scraped from many places has a few). A file that fails
-    part-way keeps the documents read before the failure. A missing pyarrow is never skipped: it
-    would skip every .parquet file."""
-    if on_bad is not None and any(src.kind == "parquet" for src in sources):
+    MscaleError stops the read, its fix naming ``--skip-bad`` (a corpus scraped from many places
+    has a few). A file that fails part-way keeps the documents read before the failure. A
+    missing pyarrow is never skipped (it would skip every .parquet file): it is checked first."""
+    if any(src.kind == "parquet" for src in sources):
         _pyarrow(next(src.url for src in sources if src.kind == "parquet"))
     for src in sources:
         try:
@@ -302,5 +303,40 @@ def iter_documents(sources: list[Source], *, text_field: str = "text", column: s
                 yield from _read_parquet(src, column)
         except MscaleError as e:
             if on_bad is None:
-                raise
+                raise _suggest_skip(e) from None
             on_bad(e)
+
+
+def _suggest_skip(e: MscaleError) -> MscaleError:
+    """``e`` with its fix naming --skip-bad too: a skippable error is the one place a user
+    learns the option exists."""
+    hint = f"pass {SKIP_FLAG} to skip what cannot be read and go on"
+    return dataclasses.replace(e, fix=f"{e.fix}; or {hint}" if e.fix else hint)
+
+
+SKIP_FLAG = "--skip-bad"
+"""The option of `mscale data prepare` and `mscale data tokenizer` that passes ``on_bad``."""
+SKIPPED_LISTED = 1000
+"""Skipped records a manifest or a JSON report names (``skipped_count`` counts them all)."""
+
+
+class Skipped:
+    """What ``--skip-bad`` skipped: an ``on_bad`` that counts every error, keeps the first
+    SKIPPED_LISTED (a corpus where every line is bad must not hold millions of them) and hands
+    each to ``report`` (the command's ``skipped FILE:LINE: why`` lines)."""
+
+    def __init__(self, report: Callable[[MscaleError], None] | None = None) -> None:
+        self.report = report
+        self.count = 0
+        self.listed: list[dict] = []
+
+    def __call__(self, e: MscaleError) -> None:
+        self.count += 1
+        if len(self.listed) < SKIPPED_LISTED:
+            self.listed.append({"where": e.file, "why": e.message})
+        if self.report is not None:
+            self.report(e)
+
+    def record(self) -> dict:
+        """The ``skipped_count`` and ``skipped`` fields of a manifest or a JSON report."""
+        return {"skipped_count": self.count, "skipped": list(self.listed)}

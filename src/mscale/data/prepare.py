@@ -34,7 +34,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from mscale.data.corpus import expand_inputs, iter_documents
+from mscale.data.corpus import Skipped, expand_inputs, iter_documents
 from mscale.data.indexed import IndexedWriter
 from mscale.data.manifest import FORMAT, MANIFEST, VERSION
 from mscale.data.storage import fsync_dir
@@ -183,10 +183,6 @@ def default_workers() -> int:
 
 # --- output ---------------------------------------------------------------------------------
 
-SKIPPED_LISTED = 1000
-"""Skipped records the manifest names (``skipped_count`` counts them all)."""
-
-
 def _check_out(out: str, force: bool) -> str:
     """The local folder to create; an existing one only with ``force`` and only if it is a token
     folder (or empty): --force never deletes a folder of something else."""
@@ -258,7 +254,8 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
     ``on_start`` gets what was resolved before any work (files, bytes, workers, vocabulary, EOD,
     dtype); ``progress`` is called after every batch written. ``on_skip`` (``--skip-bad``):
     unreadable records and files are skipped, each handed to it and listed in the manifest
-    (``skipped``, the first SKIPPED_LISTED; ``skipped_count``), instead of stopping the run.
+    (``skipped``, the first `corpus.SKIPPED_LISTED`; ``skipped_count``), instead of stopping
+    the run.
     """
     if shard_tokens < 1:
         raise MscaleError(f"--shard-tokens {shard_tokens} must be at least 1",
@@ -285,15 +282,9 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)  # ours from an earlier call in this process
     os.makedirs(tmp)
-    skipped: list[MscaleError] = []
-
-    def skip(e: MscaleError) -> None:
-        skipped.append(e)
-        on_skip(e)
-
+    skipped = Skipped(on_skip) if on_skip is not None else None
     try:
-        docs = iter_documents(sources, text_field=text_field, column=column,
-                              on_bad=skip if on_skip is not None else None)
+        docs = iter_documents(sources, text_field=text_field, column=column, on_bad=skipped)
         shards, documents, tokens, empty = _write_shards(docs, tmp, workers, tok_json, eod, dtype,
                                                          shard_tokens, progress)
         if documents == 0:
@@ -305,10 +296,8 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
                     "dtype": dtype, "tokens": tokens, "documents": documents,
                     "inputs": [str(i) for i in inputs], "files": len(sources),
                     "empty_documents_skipped": empty, "shards": shards}
-        if on_skip is not None:
-            manifest["skipped_count"] = len(skipped)
-            manifest["skipped"] = [{"where": e.file, "why": e.message}
-                                   for e in skipped[:SKIPPED_LISTED]]
+        if skipped is not None:
+            manifest.update(skipped.record())
         _write_json(os.path.join(tmp, MANIFEST), manifest)
         fsync_dir(tmp)
         _commit(tmp, path)

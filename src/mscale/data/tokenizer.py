@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from mscale.data.corpus import expand_inputs, iter_documents
+from mscale.data.corpus import Skipped, expand_inputs, iter_documents
 from mscale.errors import MscaleError
 
 if TYPE_CHECKING:  # tokenizers is imported where it is used: `mscale data inspect` needs none
@@ -167,26 +167,24 @@ def train_bpe(texts: Iterable[str], vocab: int) -> "Tokenizer":
 
 def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: str = "text",
                     column: str = "text", text_exts: Iterable[str] = (), force: bool = False,
-                    progress=None) -> dict:
+                    progress=None, on_skip: Callable[[MscaleError], None] | None = None) -> dict:
     """Train a byte-level BPE on the documents of ``files`` (files, folders, globs: what
     `mscale.data.corpus` reads, as `prepare` does) and save it to ``out`` atomically.
 
+    ``on_skip`` (``--skip-bad``): unreadable records and files are skipped, each handed to it,
+    as `prepare` does; the result then also has ``skipped_count`` and ``skipped`` (the first
+    `corpus.SKIPPED_LISTED`, ``{"where", "why"}``), as its manifest does.
+
     Returns ``{"out", "vocab_size", "eod_id", "documents", "bytes", "sha256"}``.
     """
-    out = str(out)
-    if out.endswith(os.sep) or os.path.isdir(out):
-        out = os.path.join(out, TOKENIZER_JSON)
-    if "://" in out and not out.startswith("file://"):
-        raise MscaleError("a tokenizer is written to a local file", file=out, field="--out",
-                          fix="pass a local path, e.g. --out tokenizer.json")
-    if os.path.lexists(out.removeprefix("file://")) and not force:
-        raise MscaleError("the tokenizer file already exists", file=out, field="--out",
-                          fix="choose another --out, or pass --force to overwrite it")
+    out = _check_out(str(out), force)
     sources = expand_inputs(files, text_exts=text_exts)
+    skipped = Skipped(on_skip) if on_skip is not None else None
     counts = {"documents": 0, "bytes": 0}
 
     def texts():
-        for text, nbytes in iter_documents(sources, text_field=text_field, column=column):
+        for text, nbytes in iter_documents(sources, text_field=text_field, column=column,
+                                           on_bad=skipped):
             counts["bytes"] += nbytes
             if not text:
                 continue
@@ -197,15 +195,31 @@ def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: 
 
     tok = train_bpe(texts(), vocab_size)
     if counts["documents"] == 0:
-        raise MscaleError("no documents to train on (every input is empty)",
+        why = (f"every input is empty or skipped ({skipped.count:,} unreadable)"
+               if skipped is not None and skipped.count else "every input is empty")
+        raise MscaleError(f"no documents to train on ({why})",
                           file=", ".join(files), fix="pass files that hold text")
     text = tok.to_str(pretty=False)
     data = text.encode("utf-8")
-    path = out.removeprefix("file://")
-    _write_atomic(path, data)
-    return {"out": path, "vocab_size": vocab_of(tok), "eod_id": tok.token_to_id(SPECIAL),
-            "documents": counts["documents"], "bytes": counts["bytes"],
-            "sha256": hashlib.sha256(data).hexdigest()}
+    _write_atomic(out, data)
+    result = {"out": out, "vocab_size": vocab_of(tok), "eod_id": tok.token_to_id(SPECIAL),
+              "documents": counts["documents"], "bytes": counts["bytes"],
+              "sha256": hashlib.sha256(data).hexdigest()}
+    return {**result, **skipped.record()} if skipped is not None else result
+
+
+def _check_out(out: str, force: bool) -> str:
+    """The local file to write: a folder gets ``tokenizer.json`` inside; a URL or an existing
+    file (without ``force``) is refused."""
+    if out.endswith(os.sep) or os.path.isdir(out):
+        out = os.path.join(out, TOKENIZER_JSON)
+    if "://" in out and not out.startswith("file://"):
+        raise MscaleError("a tokenizer is written to a local file", file=out, field="--out",
+                          fix="pass a local path, e.g. --out tokenizer.json")
+    if os.path.lexists(out.removeprefix("file://")) and not force:
+        raise MscaleError("the tokenizer file already exists", file=out, field="--out",
+                          fix="choose another --out, or pass --force to overwrite it")
+    return out.removeprefix("file://")
 
 
 def _write_atomic(path: str, data: bytes) -> None:

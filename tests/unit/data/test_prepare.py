@@ -121,6 +121,7 @@ def test_parquet_without_pyarrow_says_install_it(tokenizer, tmp_path, monkeypatc
     with pytest.raises(MscaleError, match="needs pyarrow") as e:
         prepare([str(path)], tokenizer, str(tmp_path / "out"), workers=1)
     assert "install pyarrow" in e.value.fix and not (tmp_path / "out").exists()
+    assert "--skip-bad" not in e.value.fix  # it would not help: never skipped
 
 
 def test_output_is_byte_identical_for_one_and_two_workers(tokenizer, tmp_path, monkeypatch):

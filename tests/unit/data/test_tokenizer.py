@@ -126,3 +126,52 @@ def test_no_eod_token_is_an_error_naming_the_option(tmp_path):
     with pytest.raises(MscaleError, match="end-of-document") as e:
         eod_id(tok)
     assert e.value.field == "--eod" and "--eod TOKEN" in e.value.fix
+
+
+def _dirty(folder) -> list[str]:
+    """A clean .jsonl's documents, and beside it the same with unreadable lines between them and a
+    .txt that is not UTF-8; returns the documents."""
+    docs = [text(i, 60) for i in range(6)]
+    (folder / "clean").mkdir()
+    (folder / "clean" / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n"
+                                                      for d in docs))
+    lines = [json.dumps({"text": d}) for d in docs]
+    lines[2:2] = ['{"text": "cut', json.dumps({"body": "x"}), json.dumps({"text": 5})]
+    (folder / "dirty").mkdir()
+    (folder / "dirty" / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "dirty" / "b.txt").write_bytes("café".encode("latin-1"))
+    return docs
+
+
+def test_skip_bad_trains_on_what_is_readable_and_lists_what_is_not(tmp_path):
+    """--skip-bad as prepare's: every unreadable record and file is reported and listed, and the
+    tokenizer is the one the clean corpus gives, byte for byte."""
+    _dirty(tmp_path)
+    dirty = tmp_path / "dirty"
+    seen = []
+    r = train_tokenizer([str(dirty)], 300, str(tmp_path / "d.json"), on_skip=seen.append)
+    where = [f"{dirty / 'a.jsonl'}:{n}" for n in (3, 4, 5)] + [str(dirty / "b.txt")]
+    assert [e.file for e in seen] == where
+    assert r["skipped_count"] == 4 and [s["where"] for s in r["skipped"]] == where
+    assert "not a string" in r["skipped"][2]["why"] and "not UTF-8" in r["skipped"][3]["why"]
+    clean = train_tokenizer([str(tmp_path / "clean")], 300, str(tmp_path / "c.json"))
+    assert r["documents"] == clean["documents"] == 6 and r["sha256"] == clean["sha256"]
+    assert "skipped_count" not in clean  # without --skip-bad the report is as before
+
+
+def test_without_skip_bad_the_first_bad_record_stops_and_names_the_option(tmp_path):
+    _dirty(tmp_path)
+    out = tmp_path / "t.json"
+    with pytest.raises(MscaleError, match="not JSON") as e:
+        train_tokenizer([str(tmp_path / "dirty")], 300, str(out))
+    assert e.value.file == f"{tmp_path / 'dirty' / 'a.jsonl'}:3"
+    assert "--skip-bad" in e.value.fix and "one JSON object" in e.value.fix
+    assert not out.exists()
+
+
+def test_skip_bad_with_nothing_readable_left_says_so(tmp_path):
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(MscaleError, match=r"empty or skipped \(1 unreadable\)"):
+        train_tokenizer([str(tmp_path / "b.txt")], 300, str(tmp_path / "t.json"),
+                        on_skip=lambda e: None)
+    assert not (tmp_path / "t.json").exists()

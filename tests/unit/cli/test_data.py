@@ -1,0 +1,78 @@
+"""`mscale data` in-process: `tokenizer --skip-bad` as `prepare --skip-bad` (exit 1, the skipped
+records named, --json too), the first bad record's one-line exit 3 naming --skip-bad without it,
+and a chained URL refused in one line. The real binary: tests/e2e/test_data_cli.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def dirty(tmp_path):
+    """Two good documents, three unreadable .jsonl lines and a .txt that is not UTF-8."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text('{"text": "the slowest rank waits"}\n'
+                                              '{"text": "cut\n{"body": "x"}\n{"text": 5}\n'
+                                              '{"text": "a checkpoint lands"}\n')
+    (tmp_path / "src" / "b.txt").write_bytes("café".encode("latin-1"))
+    return tmp_path / "src"
+
+
+def test_tokenizer_skip_bad_names_what_it_skipped_and_exits_1(cli, dirty, tmp_path):
+    out = tmp_path / "t.json"
+    code, stdout, err = cli("data", "tokenizer", str(dirty), "--vocab", "280", "-o", str(out),
+                            "--skip-bad")
+    assert code == 1 and out.exists(), stdout + err
+    a = dirty / "a.jsonl"
+    assert f"skipped {a}:2: not JSON" in err and f"skipped {dirty / 'b.txt'}: not UTF-8" in err
+    assert "trained on 2 documents" in stdout
+    last = stdout.splitlines()[-1]
+    assert last == (f"WARNING 4 unreadable record(s) or file(s) skipped (--skip-bad), first "
+                    f"{a}:2, {a}:3, {a}:4, ...; --json lists them")
+
+
+def test_tokenizer_skip_bad_with_json_is_one_document_and_exits_1(cli, dirty, tmp_path):
+    code, stdout, _ = cli("data", "tokenizer", str(dirty), "--vocab", "280", "-o",
+                          str(tmp_path / "t.json"), "--skip-bad", "--json")
+    doc = json.loads(stdout)
+    assert code == 1 and doc["skipped_count"] == 4 and doc["documents"] == 2
+    assert doc["skipped"][3] == {"where": str(dirty / "b.txt"),
+                                 "why": "not UTF-8: byte offset 3 (0xe9)"}
+
+
+def test_without_skip_bad_the_first_bad_record_is_one_line_exit_3(cli, dirty, tmp_path):
+    out = tmp_path / "t.json"
+    code, stdout, err = cli("data", "tokenizer", str(dirty), "--vocab", "280", "-o", str(out))
+    assert code == 3 and stdout == "" and not out.exists()
+    error, fix = err.splitlines()
+    assert error.startswith(f"error: {dirty / 'a.jsonl'}:2: not JSON")
+    assert fix.startswith("  fix: ") and "--skip-bad" in fix
+
+
+def test_prepare_names_the_first_skipped_in_its_closing_line(cli, dirty, tmp_path):
+    tok = tmp_path / "t.json"
+    assert cli("data", "tokenizer", str(dirty), "--vocab", "280", "-o", str(tok),
+               "--skip-bad")[0] == 1
+    code, stdout, _ = cli("data", "prepare", str(dirty / "b.txt"), str(dirty / "a.jsonl"),
+                          "--tokenizer", str(tok), "--out", str(tmp_path / "out"),
+                          "--workers", "1", "--skip-bad")
+    assert code == 1
+    assert stdout.splitlines()[-1] == (
+        f"WARNING 4 unreadable record(s) or file(s) skipped (--skip-bad), first "
+        f"{dirty / 'b.txt'}, {dirty / 'a.jsonl'}:2, {dirty / 'a.jsonl'}:3, ...; listed in "
+        f"{tmp_path / 'out'}/manifest.json under \"skipped\"")
+
+
+@pytest.mark.parametrize("args", [
+    ("tokenizer", "dir::file://{src}", "--vocab", "280", "-o", "{tmp}/o"),  # an input
+    ("prepare", "{src}", "--tokenizer", "{tmp}/none.json", "--out", "simplecache::file://{tmp}/o"),
+])
+def test_a_chained_url_is_refused_in_one_line(cli, dirty, tmp_path, args):
+    code, _, err = cli("data", *(a.format(src=dirty, tmp=tmp_path) for a in args))
+    assert code == 3 and "Traceback" not in err
+    error, fix = err.splitlines()
+    assert error.endswith("::file://" + str(dirty if "tokenizer" in args else tmp_path / "o")
+                          + ": chained fsspec URLs ('::') are not supported")
+    assert "without PROTOCOL:: in front" in fix and not (tmp_path / "o").exists()
