@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+from multiprocessing import resource_tracker
 from multiprocessing.reduction import DupFd
 from typing import Sequence
 
@@ -63,6 +64,7 @@ def _run(entry: str, argv: list[str], env: dict[str, str], out: int) -> None:
         # the OpenMP runtime read the variable when the server loaded it, not here
         torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the server's shield (`start`)
     sys.argv = ["-c", *argv]
     exec(compile(entry, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - our code
 
@@ -102,5 +104,18 @@ def start(entry: str, argv: Sequence[str], env: dict[str, str], out_fd: int,
     ctx.set_forkserver_preload([__name__, *preload])
     process = ctx.Process(target=_run, args=(entry, list(argv), dict(env), _Fd(out_fd)),
                           daemon=False)
-    process.start()
+    # The server, started by the first call, forks from this thread and keeps its signal mask:
+    # with SIGTERM blocked it outlives a SIGTERM to the whole process group (`timeout`,
+    # `kill -TERM -- -PGID`), which the workers handle and the launcher forwards. Had it died,
+    # every worker's exit code, read through it, would be 255: a clean halt read as a failure.
+    # (It ignores SIGINT itself; each worker unblocks SIGTERM in `_run`.) A SIGTERM to this
+    # thread meanwhile stays pending, then is handled. The resource tracker is started first:
+    # starting it unblocks SIGINT and SIGTERM in this thread (multiprocessing.resource_tracker),
+    # which would undo the shield before the server is started.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return Worker(process)

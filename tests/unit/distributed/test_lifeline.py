@@ -208,17 +208,21 @@ def test_workers_stop_when_their_launcher_is_sigkilled(tmp_path, fork):
         _cleanup(proc, pids)
 
 
-@pytest.mark.parametrize("group", [False, True], ids=["launcher", "process-group"])
-def test_sighup_is_a_stop_request_like_sigterm(tmp_path, group):
-    """SIGHUP to the launcher, or to its whole process group as a closed terminal sends it: the
-    workers are asked to stop (SIGTERM) and end with 1, read through a fork server that the
-    hangup did not kill (it would report 255)."""
+@pytest.mark.parametrize("sig, group", [(signal.SIGHUP, False), (signal.SIGHUP, True),
+                                        (signal.SIGTERM, True)],
+                         ids=["sighup-launcher", "sighup-group", "sigterm-group"])
+def test_a_stop_signal_to_the_launcher_or_its_group_ends_the_workers_with_1(tmp_path, sig,
+                                                                           group):
+    """SIGHUP to the launcher, or to its whole process group as a closed terminal sends it, and
+    SIGTERM to the group (`timeout`, `kill -TERM -- -PGID`): the workers are asked to stop
+    (SIGTERM) and end with 1, read through a fork server that the signal did not kill (it
+    would report 255)."""
     proc, pids, logs = _launch(tmp_path, fork=True)
     try:
         if group:
-            os.killpg(proc.pid, signal.SIGHUP)
+            os.killpg(proc.pid, sig)
         else:
-            proc.send_signal(signal.SIGHUP)
+            proc.send_signal(sig)
         out, _ = proc.communicate(timeout=DEADLINE_S)
         assert proc.returncode == 1, out
         assert "codes [1, 1]" in out
