@@ -53,7 +53,9 @@ anywhere, so a URL holding one has no other meaning to give it."""
 
 
 def chained_url_error(text: str) -> MscaleError:
-    return MscaleError("chained fsspec URLs ('::') are not supported", file=text,
+    return MscaleError("chained fsspec URLs ('::') are not supported; fsspec reads '::' "
+                       "anywhere in a URL as a chain, an IPv6 address's included", file=text,
                        fix="name the storage itself, without PROTOCOL:: in front (a local path, "
-                           "file:///data, s3://bucket/data); to cache remote data, copy it to a "
-                           "local folder first; a local name with '::' in it must be renamed")
+                           "file:///data, s3://bucket/data, a host name instead of an IPv6 "
+                           "address); to cache remote data, copy it to a local folder first; a "
+                           "local name with '::' in it must be renamed")

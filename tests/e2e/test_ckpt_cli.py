@@ -58,6 +58,7 @@ def test_stop_and_resume_is_bit_identical(straight, tmp_path):
     p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "6")
     assert p.returncode == 1, p.stdout + p.stderr
     assert sorted(losses(run)) == [1] and not (run / "control" / "halt").exists()
+    assert "control/halt was made before this attempt started" in p.stdout  # no surprise stop
     train(plan, str(run), "--steps", "6")
     assert losses(run) == losses(ref) and len(losses(ref)) == 6
     assert eval_losses(run) == eval_losses(ref) and sorted(eval_losses(ref)) == [3, 6]

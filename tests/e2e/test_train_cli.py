@@ -62,13 +62,16 @@ def test_embedded_demo_runs_3d_and_leaves_a_run_directory(tmp_path):
 
 
 def test_nan_stops_every_rank_before_the_update(tmp_path):
+    """tp 2 · pp 2: rank 0, which prints the stop, holds no loss (the last stage does)."""
     run = tmp_path / "run"
-    p = mscale("train", small_plan(tmp_path), "--local", "4", "--steps", "5",
+    p = mscale("train", small_plan(tmp_path, pp=2, dp=1), "--local", "4", "--steps", "5",
                "--inject-nan", "2", "--run-dir", str(run))
     assert p.returncode == 2, p.stdout + p.stderr
     assert [m["step"] for m in records(run / "metrics.jsonl")] == [1]
     nan = [e for e in records(run / "events.jsonl") if e["kind"] == "nan"]
     assert len(nan) == 1 and nan[0]["step"] == 2 and nan[0]["severity"] == "critical"
+    loss = float(nan[0]["evidence"]["loss"])  # a number (NaN included), never "None"
+    assert f"non-finite gradient norm, the optimizer step was not taken; loss {loss}" in p.stdout
 
 
 @pytest.mark.timing

@@ -1,7 +1,7 @@
 """Entry point of the ``mscale`` console script: runs the CLI and owns the exit codes.
 
 Exit codes (errors.py): 0 OK, 1 warning / stopped early on request, 2 critical, 3 bad input or
-could not run. Every failure is reported here, once, for every command:
+could not run, 130 interrupted (Ctrl-C) before a command could stop in order. Every failure is reported here, once, for every command:
 
 - an MscaleError: its file, field, message and fix, with its own code;
 - a usage error (click exits 2): reported like an MscaleError naming the option, exit 3, so

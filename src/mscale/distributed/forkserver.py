@@ -66,7 +66,10 @@ def _run(entry: str, argv: list[str], env: dict[str, str], out: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the server's shield (`start`)
     sys.argv = ["-c", *argv]
-    exec(compile(entry, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - our code
+    try:
+        exec(compile(entry, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - ours
+    except KeyboardInterrupt:  # a Ctrl-C before the entry's own handling: 130, as a shell says
+        raise SystemExit(130) from None  # (multiprocessing's bootstrap would exit 1: "halted")
 
 
 class Worker:

@@ -66,9 +66,12 @@ class JobResult:
     """Workers still running when the first failure was seen."""
     stopped_at_failure: list[int] = field(default_factory=list)
     """Of those, the ones whose process was stopped (SIGSTOP): certainly hung."""
+    failed_at: float | None = None
+    """When the watch saw the first abnormal end (``time.monotonic``)."""
     stop_signal: str | None = None
-    """The first stop signal the launcher received (``SIGINT``): the operator asked the job to
-    stop, so workers that ended abnormally after it were stopped, not failing."""
+    """The first stop signal the launcher received (``SIGINT``), when it came before any
+    worker ended abnormally: the operator asked the job to stop. Whether an abnormal end after
+    it was the stop's doing is the caller's judgement (its codes, its error files)."""
     forced: bool = False
     """A second Ctrl-C killed the workers, without a checkpoint."""
 
@@ -192,6 +195,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
 
     def on_poll(codes: list[int | None]) -> None:
         lifeline.accept()  # the workers' connections, held open until the launcher ends
+        stops.deliver()
         for note in stops.take_notes():
             view.line(note + "\n")
         if any(c is not None for c in codes):
@@ -216,12 +220,14 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
         finally:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        stops.resend()  # a stop asked for while workers were still starting reaches them all
+        stops.deliver()  # a stop asked for while workers were still starting reaches them all
         result = _watch(procs, job.rank0_ends_job, on_poll)
         view.close()
         for note in stops.take_notes():  # a kill ends the watching before its next poll
             view.line(note + "\n")
-        result.stop_signal, result.forced = stops.first_name, stops.forced
+        if stops.first is not None and (result.failed_at is None
+                                        or stops.first_at < result.failed_at):
+            result.stop_signal, result.forced = stops.first_name, stops.forced
         return result
     finally:
         view.close()
@@ -321,7 +327,7 @@ def _watch(procs: list[forkserver.Worker | subprocess.Popen], rank0_ends_job: bo
         elif deadline is None and any(c not in (None, 0) for c in codes):
             bad = [r for r, c in enumerate(codes) if _abnormal(c)]
             if bad:
-                result.failed_rank = _first_failed(codes)
+                result.failed_rank, result.failed_at = _first_failed(codes), time.monotonic()
                 result.alive_at_failure = [r for r, c in enumerate(codes) if c is None]
                 result.stopped_at_failure = [r for r in result.alive_at_failure
                                              if _is_stopped(procs[r].pid)]
@@ -337,7 +343,7 @@ def _watch(procs: list[forkserver.Worker | subprocess.Popen], rank0_ends_job: bo
     result.returncodes = codes
     if result.failed_rank is None and not ended_by_rank0 and any(_abnormal(c) for c in codes):
         # every worker ended between two polls (a loaded machine): the same rule decides
-        result.failed_rank = _first_failed(codes)
+        result.failed_rank, result.failed_at = _first_failed(codes), time.monotonic()
     if result.failed_rank is not None:
         result.code = EXIT_BAD_INPUT
     else:

@@ -6,7 +6,8 @@ checkpoint at the next step boundary, then stop" (train/control.py). A terminal'
 reaches the workers themselves (they share its process group); training reads that SIGINT the
 same way, so one Ctrl-C is one orderly stop.
 
-A second Ctrl-C means *now*, as in most tools: the workers are killed at once. A checkpoint being
+A second Ctrl-C (more than `REPEAT_S` after the first) means *now*, as in most tools: the
+workers are killed at once. A checkpoint being
 written is then never committed and the previous one stays valid (ckpt/commit.py). The stop is
 said on the console once, from the launcher's watching loop: a signal handler may interrupt a
 console write, so it only records.
@@ -15,6 +16,7 @@ console write, so it only records.
 from __future__ import annotations
 
 import signal
+import time
 from typing import Callable, Sequence
 
 Notice = Callable[[str], str]
@@ -36,19 +38,46 @@ def forwarded_signals() -> tuple[int, ...]:
     return tuple(sigs)
 
 
+REPEAT_S = 1.0
+"""A SIGINT this soon after the first stop signal is the same request, not a second Ctrl-C:
+wrappers pass a terminal's SIGINT on to a group that got it already (GNU ``timeout`` does), so
+one press can arrive two or three times within milliseconds."""
+
+
+STOPPED_CODES = (130, -signal.SIGINT, -signal.SIGTERM) + (
+    (-signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+"""How a worker ends when a stop signal ends it before it could stop in order: 130 (a
+KeyboardInterrupt, `forkserver` and train's edge both exit so), or killed by the signal itself
+(start-up, before a handler was installed)."""
+
+
+def ended_by_stop(code: int | None, forced: bool) -> bool:
+    """Whether a worker's exit ``code`` is what the operator's stop does to a worker (or a
+    normal end: 0, 1 halted, 2 NaN); SIGKILL only when a second Ctrl-C forced it."""
+    if code is None or code in (0, 1, 2) or code in STOPPED_CODES:
+        return True
+    return forced and code == -signal.SIGKILL
+
+
 class StopRequests:
     """The stop signals a launcher received, and their effect on its workers.
 
-    ``procs``: the launcher's list of workers, appended to as they start; a stop asked for while
-    some were still starting reaches them through `resend` once all have started."""
+    The handler only records (it may run in the middle of the watching loop's own poll of a
+    worker); `deliver`, called from that loop and once every worker has started, signals them.
+    ``procs``: the launcher's list of workers, appended to as they start."""
 
-    def __init__(self, procs: Sequence, notice: Notice = generic_notice):
+    def __init__(self, procs: Sequence, notice: Notice = generic_notice,
+                 clock: Callable[[], float] = time.monotonic):
         self.procs = procs
         self.notice = notice
+        self.clock = clock
         self.first: int | None = None
         """The first stop signal received; None while nobody asked."""
+        self.first_at: float | None = None
+        """When it came (``clock``)."""
         self.forced = False
-        """A second Ctrl-C killed the workers (no checkpoint)."""
+        """A second Ctrl-C: the workers are killed (no checkpoint)."""
+        self._delivered: str | None = None
         self._pending: list[str] = []
 
     @property
@@ -56,22 +85,24 @@ class StopRequests:
         return signal.Signals(self.first).name if self.first is not None else None
 
     def handler(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if self.first is not None and signum == signal.SIGINT and not self.forced:
+        now = self.clock()
+        if self.first is None:
+            self.first, self.first_at = signum, now
+            self._pending.append(self.notice(signal.Signals(signum).name))
+        elif signum == signal.SIGINT and not self.forced and now - self.first_at > REPEAT_S:
             self.forced = True
             self._pending.append("second Ctrl-C: stopping the workers now, without a "
                                  "checkpoint (the last committed one stays valid)")
-        elif self.first is None:
-            self.first = signum
-            self._pending.append(self.notice(signal.Signals(signum).name))
-        self.resend()
 
-    def resend(self) -> None:
-        """Tell every running worker what was asked: SIGTERM, or SIGKILL once forced."""
-        if self.first is None:
+    def deliver(self) -> None:
+        """Tell every running worker what was asked, once: SIGTERM, then SIGKILL if forced."""
+        want = "kill" if self.forced else "term" if self.first is not None else None
+        if want is None or want == self._delivered:
             return
+        self._delivered = want
         for p in list(self.procs):
             if p.poll() is None:
-                p.kill() if self.forced else p.send_signal(signal.SIGTERM)
+                p.kill() if want == "kill" else p.send_signal(signal.SIGTERM)
 
     def take_notes(self) -> list[str]:
         """The lines to print, each once (called from the watching loop, not a handler)."""

@@ -29,6 +29,7 @@ import time
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.distributed.launch import CLI_PRELOAD, run_local_workers, worker_log_dir
+from mscale.distributed.stops import ended_by_stop
 from mscale.errors import EXIT_INTERRUPTED
 from mscale.preflight import judge
 from mscale.preflight.report import finish, publish, render, say_written
@@ -103,7 +104,9 @@ def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: 
                                rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
     unfinished = report is None or (result.failed_rank is not None and report.status == "UNKNOWN")
-    if unfinished and result.stop_signal is not None:
+    stopped = result.stop_signal is not None and all(
+        ended_by_stop(c, result.forced) for c in result.returncodes)
+    if unfinished and stopped:
         # the operator stopped it: the workers that ended are no evidence against their nodes
         print(f"preflight: interrupted ({result.stop_signal}) before it finished: no verdict, "
               "no report written", file=sys.stderr, flush=True)

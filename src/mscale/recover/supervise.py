@@ -229,6 +229,11 @@ class Supervisor:
             if code == 0:
                 self._save_state("finished")
                 return 0
+            if code == EXIT_INTERRUPTED:  # somebody stopped it on purpose, not through us
+                _say("the job was interrupted (a second Ctrl-C to it, or a stop before its "
+                     "first step): not restarting")
+                self._save_state("halted")
+                return code
             if code == EXIT_WARNING and stopped_for is None and halted_on_request(
                     self.run, self.launched_wall):
                 _say("the job halted on request (control/halt or a signal): not restarting")

@@ -38,8 +38,10 @@ def resume_text(resumed_from: str | None, step: int, steps: int) -> str | None:
 def resume_line(path: str, step: int, steps: int) -> str:
     if step < steps:
         return f"resumed from {path} (step {step}); continuing to step {steps}"
-    return (f"resumed from {path} (step {step}): already at step {steps}, nothing to train "
-            "(raise --steps, or use a new --run-dir to start over)")
+    reached = f"at step {steps}" if step == steps else f"past step {steps}"
+    return (f"resumed from {path} (step {step}): training.steps is {steps} and the run is "
+            f"already {reached}, nothing to train (raise --steps, or use a new --run-dir to "
+            "start over)")
 
 
 def checkpoint_line(kind: str, message: str, evidence: dict) -> str | None:

@@ -4,10 +4,14 @@ Operators (and `watch`/`recover`) drop an entry in ``RUN_DIR/control/``: ``check
 now), ``halt`` (save, then stop cleanly) or ``trace`` (record the next step's timeline); a file or a
 directory of that name counts alike. SIGTERM, SIGUSR1 (SLURM's pre-timeout warning,
 ``--signal=B:USR1@120``), SIGINT (Ctrl-C; torchrun passes its own on) and SIGHUP (a closed
-terminal; torchrun passes it on too) mean halt; a second SIGINT interrupts at once, without a
-checkpoint, as a second Ctrl-C does in most tools. A signal the process was started with ignored
-(``nohup``, a ``--local`` worker's SIGHUP: its launcher decides) stays ignored. Only rank 0 reads the directory (12,288 ranks polling a shared
-filesystem every step would be a denial of service); any rank may receive a signal. One MAX
+terminal; torchrun passes it on too) mean halt; a second SIGINT (not a repeat of the first within
+`stops.REPEAT_S`) interrupts at once, without a checkpoint, as a second Ctrl-C does in most
+tools. Under torchrun the agent SIGKILLs its workers ``--shutdown-timeout`` (30 s) after passing
+the signal on: a save that takes longer is lost (docs/train.md). A signal the process was started
+with ignored (``nohup``, a ``--local`` worker's SIGHUP: its launcher decides) stays ignored.
+
+Only rank 0 reads the directory (12,288 ranks polling a shared filesystem every step would be a
+denial of service); any rank may receive a signal. One MAX
 all-reduce of a small flag vector per step makes every rank take the same decision at the same
 step, so no rank can miss it and leave its peers hanging in a collective.
 """
@@ -15,11 +19,13 @@ step, so no rank can miss it and leave its peers hanging in a collective.
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from mscale.distributed.stops import REPEAT_S
 from mscale.runs.atomic import fs_and_path
 
 REQUESTS = ("checkpoint", "halt", "trace")
@@ -53,7 +59,7 @@ class Control:
     def __init__(self, control_dir: str | None, rank: int):
         self.control_dir, self.rank = control_dir, rank
         self._signalled = False
-        self._interrupted = False  # a SIGINT came: the next one interrupts at once
+        self._interrupted_at: float | None = None  # a later SIGINT interrupts at once
         self.first_signal: int | None = None
 
     def install_signal_handlers(self) -> None:
@@ -64,9 +70,12 @@ class Control:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
-        if signum == signal.SIGINT and self._interrupted:
+        now = time.monotonic()
+        if signum == signal.SIGINT and self._interrupted_at is not None \
+                and now - self._interrupted_at > REPEAT_S:
             raise KeyboardInterrupt  # Ctrl-C twice: stop now; the last checkpoint stays valid
-        self._interrupted = self._interrupted or signum == signal.SIGINT
+        if signum == signal.SIGINT and self._interrupted_at is None:
+            self._interrupted_at = now
         self._signalled = True
         self.first_signal = self.first_signal or signum
 
@@ -76,20 +85,32 @@ class Control:
         comes before the launcher's SIGTERM), None if it received none."""
         return signal.Signals(self.first_signal).name if self.first_signal else None
 
+    def waiting(self) -> list[tuple[str, float]]:
+        """Rank 0, before the first step: the requests already there, with their times, left in
+        place. One dropped for an earlier attempt that ended first is honoured at this one's
+        first step boundary (an operator's halt must not be lost to a crash); the console says
+        so before the start, so that a stale one is no surprise."""
+        _, found = self._requests()
+        return [(name, _seconds(info.get("mtime") or info.get("created") or 0.0))
+                for name, info in found]
+
     def _read_requests(self) -> list[str]:
         """Names of pending request files; each is consumed (deleted) when read."""
+        fs, found = self._requests()
+        for _, info in found:
+            self._consume(fs, info["name"])
+        return [name for name, _ in found]
+
+    def _requests(self) -> tuple[object, list[tuple[str, dict]]]:
+        """Rank 0: the filesystem and the request entries of the control directory."""
         if self.rank != 0 or not self.control_dir:
-            return []
+            return None, []
         fs, root = fs_and_path(self.control_dir)
         if not fs.exists(root):
-            return []
-        found = []
-        for path in fs.ls(root, detail=False):
-            name = path.rstrip("/").rsplit("/", 1)[-1]
-            if name in REQUESTS:
-                found.append(name)
-                self._consume(fs, path)
-        return found
+            return fs, []
+        entries = ((info["name"].rstrip("/").rsplit("/", 1)[-1], info)
+                   for info in fs.ls(root, detail=True))
+        return fs, [(name, info) for name, info in entries if name in REQUESTS]
 
     @staticmethod
     def _consume(fs, path: str) -> None:
@@ -110,3 +131,8 @@ class Control:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
         return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
                         abort=bool(flags[3]), trace=bool(flags[4]))
+
+
+def _seconds(when) -> float:
+    """An fsspec ``mtime``/``created`` as seconds since the epoch (a number or a datetime)."""
+    return float(when.timestamp() if hasattr(when, "timestamp") else when)

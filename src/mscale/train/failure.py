@@ -31,7 +31,8 @@ import time
 import traceback
 
 from mscale.config.records import Event
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.distributed.lifeline import say_in_log
+from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
 from mscale.runs.lock import run_id_from_env
 from mscale.runs.rundir import RunDir
@@ -73,6 +74,21 @@ def one_line(exc: BaseException) -> str:
         return str(exc).replace("\n  fix:", "; fix:")
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first[:300]}"
+
+
+AFTERMATH = ("network", "timeout")
+"""Kinds that are mostly another rank's failure seen from here (a peer died, a peer hung).
+Under ``--local`` such a line goes to the rank's log only: rank 0's would otherwise reach the
+console before the launcher's line, which names the rank that failed first (and this one's
+kind and message, if it was the first)."""
+
+_SOURCE_PREFIX = re.compile(r"^(\w+: )\[[^\]\s]+:\d+\] ")
+"""gloo's ``[/__w/pytorch/.../pair.cc:553] `` before its message: noise on a console."""
+
+
+def _console_text(exc: BaseException) -> str:
+    """`one_line` without a C++ source location (the error file keeps the message whole)."""
+    return _SOURCE_PREFIX.sub(r"\1", one_line(exc))
 
 
 def error_file(run: RunDir, rank: int) -> str:
@@ -161,23 +177,43 @@ class ReportedFailure(Exception):
 
 def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
     """One line on stderr, the error file, and the exit code for ``exc``."""
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt):  # a second Ctrl-C (train/control.py)
         sys.stderr.write(f"rank {rank}: interrupted\n")
-        return 130
+        if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does
+            _interrupted_event(run)
+        return EXIT_INTERRUPTED
     if isinstance(exc, SystemExit) and isinstance(exc.code, int):
         return exc.code
     kind = classify(exc)
     path = write_error_file(run, rank, node, exc) if rank >= 0 else None
     where = f"; details in {path}" if path else ""
-    line = f"error (rank {rank} on {node}, {kind}): {one_line(exc)}{where}"
+    line = f"error (rank {rank} on {node}, {kind}): {_console_text(exc)}{where}"
     if os.environ.get("MSCALE_DEBUG"):  # `mscale --debug train ...`
         traceback.print_exception(exc, file=sys.stderr)
-    sys.stderr.write(line + "\n")
+    if kind in AFTERMATH and os.environ.get("MSCALE_LAUNCHER") == "local":
+        say_in_log(line + "\n")  # the launcher's line names the first failure; this follows it
+    else:
+        sys.stderr.write(line + "\n")
     if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
         _stop_event(run, rank, node, kind, line)
     # 3 for every failure: a damaged checkpoint's MscaleError carries verify's 2, which for
     # train would read as "NaN stop"
     return EXIT_BAD_INPUT
+
+
+def _interrupted_event(run: RunDir) -> None:
+    """Under srun/torchrun: rank 0's record of an operator's interruption (the same ``stop``
+    event as the --local launcher's, train/job_watch.py), so watch and recover read a stop,
+    not a crash."""
+    evidence = {"reason": "interrupted", "signal": "SIGINT", "code": EXIT_INTERRUPTED}
+    if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
+        evidence["run_id"] = run_id_from_env()
+    try:
+        run.append_record(run.events, Event(
+            source="train", kind="stop", severity="warning", evidence=evidence,
+            message="interrupted: a second SIGINT stopped rank 0 at once, without a checkpoint"))
+    except Exception:  # noqa: BLE001 - the line above already says what happened
+        sys.stderr.write(f"rank 0: the stop event could not be written to {run.events}\n")
 
 
 def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:

@@ -11,12 +11,14 @@ import signal
 from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.distributed.launch import JobResult
-from mscale.errors import EXIT_INTERRUPTED
+from mscale.distributed.stops import ended_by_stop
+from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
-from mscale.train.failure import read_error_files
+from mscale.train.failure import AFTERMATH, read_error_files
 
-__all__ = ["JobResult", "record_failure", "record_interruption", "summary_document"]
+__all__ = ["JobResult", "record_failure", "record_interruption", "stopped_by_operator",
+           "summary_document"]
 
 
 def _how(code: int | None) -> str:
@@ -69,6 +71,23 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
     except Exception as e:  # noqa: BLE001 - the console line must still be printed
         where = f"the stop event could not be written ({e})"
     return f"{line}; {where}; worker logs in {logs}"
+
+
+def stopped_by_operator(result: JobResult, errors: dict[int, dict]) -> bool:
+    """Whether the job's abnormal ends are the operator's stop (`JobResult.stop_signal`, which
+    came before any of them) and nothing else: every worker's code is what a stop does
+    (`stops.ended_by_stop`), or 3 with an error file of a kind a stopped peer leaves behind (a
+    lost connection, a timeout). A crash, an OOM kill, a bad input in the same minutes is a
+    failure, reported as one."""
+    if result.stop_signal is None or result.failed_rank is None:
+        return False
+    for rank, code in enumerate(result.returncodes):
+        if ended_by_stop(code, result.forced):
+            continue
+        if code == EXIT_BAD_INPUT and errors.get(rank, {}).get("kind") in AFTERMATH:
+            continue
+        return False
+    return True
 
 
 def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) -> str:

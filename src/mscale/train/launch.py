@@ -169,8 +169,9 @@ def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env)
 
 def stop_notice(name: str) -> str:
     """The launcher's line when the operator first asks the job to stop."""
-    return (f"stop requested ({name}): every worker saves a checkpoint at the next step "
-            "boundary, then stops; Ctrl-C again to stop now, without one")
+    return (f"stop requested ({name}): every worker saves a checkpoint at its next step "
+            "boundary (none before the first step), then stops; Ctrl-C again to stop now, "
+            "without one")
 
 
 def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
@@ -188,7 +189,9 @@ def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
 
 def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs) -> int:
     from mscale.train.console import layout_text
-    from mscale.train.job_watch import record_failure, record_interruption, summary_document
+    from mscale.train.failure import read_error_files
+    from mscale.train.job_watch import (record_failure, record_interruption, stopped_by_operator,
+                                        summary_document)
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
@@ -204,7 +207,7 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names(),
                                           stop_notice=stop_notice)
-    if result.stop_signal is not None and result.failed_rank is not None:
+    if stopped_by_operator(result, read_error_files(run)):
         say(record_interruption(run, result, run_id, logs))
         result.code = EXIT_INTERRUPTED
     elif result.failed_rank is not None:

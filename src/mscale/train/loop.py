@@ -2,22 +2,18 @@
 
 Exit codes of a training process (docs/train.md):
   0  finished every step
-  1  stopped early at a step boundary on request (control/halt, SIGTERM, SIGUSR1)
+  1  stopped early at a step boundary on request (control/halt, SIGTERM, SIGUSR1, SIGINT, SIGHUP)
   2  stopped before the optimizer step because the loss or gradients were NaN/Inf
   3  bad input, or crashed (the traceback is in RUN_DIR/logs/rank<N>.error.json)
+  130  interrupted without a checkpoint: a second Ctrl-C, or a stop before the first step
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Callable
-
-import torch
 
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
@@ -45,7 +41,7 @@ from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
 from mscale.train.session import (RunSession, Start, claim_start, from_rank0, launch_record,
                                   open_session)
-from mscale.train.step import run_micro_batches
+from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
 
 
@@ -98,9 +94,11 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
     if change is not None and change.kind == "changed":
+        layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
+                  change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
         _say(engine, f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
-             f"{' ...' if len(change.fields) > 6 else ''}); layout {change.old_layout} -> "
-             f"{change.new_layout}; previous plans kept in {s.run.plans}")
+             f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
+             f"{s.run.plans}")
         _event(s, kind="info", message="plan changed on restart",
                evidence={"fields": list(change.fields), "old_layout": change.old_layout,
                          "new_layout": change.new_layout, "history": change.history})
@@ -155,6 +153,9 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     steps = plan.training.steps
     resumed = resume_text(ckpt.resumed_from, first, steps)
+    if resumed is None and s.attempt > 1 and engine.options.ckpt.resume == "auto":
+        _say(engine, f"no checkpoint in {s.run.ckpt} to resume from: attempt {s.attempt} "
+             "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
     if resumed:
         _say(engine, resumed)
         for note in resume_notes(ckpt.resumed_state, plan.training, ckpt.fingerprint,
@@ -164,6 +165,11 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
             _event(s, kind="info", severity="warning", step=first, message=note)
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
+    for name, when in control.waiting():
+        since = time.strftime("%H:%M:%S", time.localtime(when)) if when else "before the start"
+        _say(engine, f"{s.run.control}/{name} was made before this attempt started (at "
+             f"{since}): it {_WAITING[name]} at the first step boundary (if it was meant for an "
+             "earlier attempt, remove it and start again)")
     control.install_signal_handlers()
     gc.disable()  # collected on every rank at the same steps, so no rank stalls the others
     summary = Summary(first_step=first)
@@ -267,10 +273,11 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             _say(engine, f"step {step + 1} built the compiled kernels in "
                  f"{time.perf_counter() - t0:.1f} s")
         if not result.finite:
+            loss = job_loss(engine, result)
             _event(s, kind="nan", severity="critical", step=step + 1,
                    message="non-finite gradient norm: stopped before the optimizer step",
-                   evidence={"grad_norm": str(result.grad_norm), "loss": str(result.loss)})
-            return EXIT_CRITICAL, ("nan", step + 1, f"loss {result.loss}")
+                   evidence={"grad_norm": str(result.grad_norm), "loss": str(loss)})
+            return EXIT_CRITICAL, ("nan", step + 1, f"loss {loss}")
         flags = {"checkpoint": True} if saving else {}
         if opts.gc_interval and (step + 1) % opts.gc_interval == 0:
             gc.collect()
@@ -323,6 +330,11 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
     return EXIT_OK, None
 
 
+_WAITING = {"halt": "saves a checkpoint and stops", "checkpoint": "saves a checkpoint",
+            "trace": "records a timeline"}
+"""What a request left waiting before the start does (`Control.waiting`), in words."""
+
+
 def _write_trace(engine: Engine, s: RunSession, step: int, events) -> None:
     """Collective: gather this step's timeline to rank 0, which writes it (train/trace.py)."""
     plan, env = engine.plan, engine.env
@@ -362,52 +374,6 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary,
            message=f"training process exited with code {code}"
            + (f" ({stop[0]})" if stop else ""), evidence=figures)
     return figures
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step produced on this rank."""
-
-    device_loss: torch.Tensor | None
-    """This rank's mean loss over the step's micro-batches (None off the last stage), still on
-    the device: the metrics gather reads it once per step."""
-    grad_norm: float
-    """Global gradient norm before clipping (identical on every rank)."""
-    threshold: float
-    """Clipping threshold in force."""
-    lr: float
-    """Learning rate used."""
-    finite: bool
-    """False when the norm was NaN/Inf: the optimizer step was not taken."""
-
-    @property
-    def loss(self) -> float | None:
-        """The mean loss as a number (waits for the device: not on the per-step path)."""
-        return None if self.device_loss is None else float(self.device_loss)
-
-
-def train_step(engine: Engine, step: int, timer: StepTimer,
-               before_update: Callable[[], None] = lambda: None) -> StepResult:
-    """One optimizer step: micro-batches, DP reduction, norm, NaN stop, clipping, update.
-
-    ``before_update`` runs just before the optimizer changes the state: a checkpoint whose host
-    copy overlaps this step's forward/backward waits there until the copy is done
-    (`Checkpointer.before_update`, docs/ckpt.md). DP communication the step waits for is
-    ``comm_wait``: the reduction's wait as a region (on a GPU, how long the stream waited), the
-    optimizer's parameter all-gather through COMM_CLOCK."""
-    engine.faults.begin_step(step)
-    loss = run_micro_batches(engine, step, timer)
-    with timer.region("comm_wait", link="dp"):
-        engine.grads.finish()
-    norm = engine.optimizer.grad_norm()
-    threshold = engine.clipper.threshold()
-    lr = learning_rate(engine.plan.training, step)
-    if not math.isfinite(norm):
-        return StepResult(loss, norm, threshold, lr, finite=False)
-    before_update()
-    engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6)))
-    engine.clipper.update(norm)
-    return StepResult(loss, norm, threshold, lr, finite=True)
 
 
 def _decision_message(decision) -> str:

@@ -42,7 +42,7 @@ def resume_notes(state, training: TrainingConfig, fingerprint: int | None, own: 
                                   "--allow-data-change to go on with the new data on purpose")
         notes.append(f"{what}: continuing at global sample {state.samples} of the new data, "
                      "so samples may repeat or be skipped (docs/data.md)")
-    if state.lr is not None and state.step > 0:
+    if state.lr is not None and 0 < state.step < training.steps:  # past the end: nothing trains
         had = state.lr
         planned = learning_rate(training, state.step - 1)
         if not math.isclose(had, planned, rel_tol=1e-6, abs_tol=1e-12):

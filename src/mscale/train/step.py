@@ -1,4 +1,5 @@
-"""Forward and backward over one step's micro-batches.
+"""One optimizer step (`train_step`): forward and backward over its micro-batches, the DP
+reduction, the norm, the NaN stop, clipping and the update.
 
 Without pipelining this is gradient accumulation: every micro-batch but the last runs with the
 DP reduction held back, and on the last one each gradient bucket starts its reduction as soon as
@@ -9,11 +10,15 @@ schedule (parallel/pipeline/runner.py) owns the order of forwards and backwards.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.distributed as dist
 
 from mscale.distributed.init import to_device
+from mscale.train.schedule import learning_rate
 from mscale.train.timers import StepTimer
 
 if TYPE_CHECKING:  # the engine imports nothing from here; only the type is named
@@ -66,3 +71,62 @@ def add_loss(total: torch.Tensor | None, loss: torch.Tensor) -> torch.Tensor:
     """``total + loss`` on the loss's device, in float64 (no host sync)."""
     value = loss.detach().double()
     return value if total is None else total + value
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step produced on this rank."""
+
+    device_loss: torch.Tensor | None
+    """This rank's mean loss over the step's micro-batches (None off the last stage), still on
+    the device: the metrics gather reads it once per step."""
+    grad_norm: float
+    """Global gradient norm before clipping (identical on every rank)."""
+    threshold: float
+    """Clipping threshold in force."""
+    lr: float
+    """Learning rate used."""
+    finite: bool
+    """False when the norm was NaN/Inf: the optimizer step was not taken."""
+
+    @property
+    def loss(self) -> float | None:
+        """The mean loss as a number (waits for the device: not on the per-step path)."""
+        return None if self.device_loss is None else float(self.device_loss)
+
+
+def train_step(engine: Engine, step: int, timer: StepTimer,
+               before_update: Callable[[], None] = lambda: None) -> StepResult:
+    """One optimizer step: micro-batches, DP reduction, norm, NaN stop, clipping, update.
+
+    ``before_update`` runs just before the optimizer changes the state: a checkpoint whose host
+    copy overlaps this step's forward/backward waits there until the copy is done
+    (`Checkpointer.before_update`, docs/ckpt.md). DP communication the step waits for is
+    ``comm_wait``: the reduction's wait as a region (on a GPU, how long the stream waited), the
+    optimizer's parameter all-gather through COMM_CLOCK."""
+    engine.faults.begin_step(step)
+    loss = run_micro_batches(engine, step, timer)
+    with timer.region("comm_wait", link="dp"):
+        engine.grads.finish()
+    norm = engine.optimizer.grad_norm()
+    threshold = engine.clipper.threshold()
+    lr = learning_rate(engine.plan.training, step)
+    if not math.isfinite(norm):
+        return StepResult(loss, norm, threshold, lr, finite=False)
+    before_update()
+    engine.optimizer.step(lr, clip_coef=min(1.0, threshold / (norm + 1e-6)))
+    engine.clipper.update(norm)
+    return StepResult(loss, norm, threshold, lr, finite=True)
+
+
+def job_loss(engine: Engine, result: StepResult) -> float:
+    """Collective: the step's loss, averaged over the data-parallel ranks, on every rank (it is
+    computed on the last pipeline stage only). NaN and Inf survive the sum, as they must: the
+    NaN stop's line reports them."""
+    g = engine.groups
+    mine = g.is_last_stage and g.tp_rank == 0 and result.device_loss is not None
+    share = (result.device_loss.detach().to(torch.float64).reshape(()) / g.dp_size if mine
+             else torch.zeros((), dtype=torch.float64, device=engine.device))
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(share)
+    return float(share)

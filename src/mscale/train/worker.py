@@ -1,7 +1,8 @@
 """One process of a training job, from the launcher's environment to its exit code.
 
 This is the worker's edge: whatever happens inside, the process ends with a contract exit code
-(0 done, 1 stopped on request, 2 NaN/Inf, 3 bad input or crashed), and a failure leaves one line
+(0 done, 1 stopped on request, 2 NaN/Inf, 3 bad input or crashed, 130 interrupted by a second
+Ctrl-C), and a failure leaves one line
 on stderr and ``logs/rank<N>.error.json`` (train/failure.py) for `recover`. It never exits 1 for
 a crash: 1 means "stopped early on request", which recover treats as resumable without repair.
 

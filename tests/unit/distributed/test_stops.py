@@ -9,10 +9,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from mscale.distributed.launch import pid_file
-from mscale.distributed.stops import StopRequests, forwarded_signals
+from mscale.distributed.stops import REPEAT_S, StopRequests, ended_by_stop, forwarded_signals
 from tests.conftest import REPO
 from tests.unit.distributed.test_lifeline import DEADLINE_S, _cleanup, _gone, _wait_until
 
@@ -32,35 +33,56 @@ class FakeWorker:
         self.got.append(signal.SIGKILL)
 
 
-def test_the_first_stop_is_passed_on_as_sigterm_and_said_once():
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_first_stop_is_passed_on_as_sigterm_once_and_said_once():
     procs = [FakeWorker(), FakeWorker(running=False)]
     stops = StopRequests(procs, notice=lambda name: f"asked by {name}")
     stops.handler(signal.SIGINT, None)
+    assert procs[0].got == []  # the handler only records: the watching loop delivers
+    stops.deliver()
+    stops.deliver()
     assert procs[0].got == [signal.SIGTERM] and procs[1].got == []  # an ended one is left
     assert stops.first_name == "SIGINT" and not stops.forced
     assert stops.take_notes() == ["asked by SIGINT"] and stops.take_notes() == []
 
 
-def test_a_second_ctrl_c_kills_but_a_repeated_sigterm_only_asks_again():
-    procs = [FakeWorker()]
-    stops = StopRequests(procs)
-    stops.handler(signal.SIGTERM, None)
-    stops.handler(signal.SIGTERM, None)
-    assert procs[0].got == [signal.SIGTERM, signal.SIGTERM] and not stops.forced
+def test_a_second_ctrl_c_kills_but_a_repeat_within_a_second_is_the_same_press():
+    procs, clock = [FakeWorker()], Clock()
+    stops = StopRequests(procs, clock=clock)
     stops.handler(signal.SIGINT, None)
-    assert stops.forced and procs[0].got[-1] == signal.SIGKILL
-    assert stops.first_name == "SIGTERM"
+    clock.t += REPEAT_S / 2
+    stops.handler(signal.SIGINT, None)  # GNU timeout passing the terminal's SIGINT on again
+    stops.handler(signal.SIGTERM, None)
+    stops.deliver()
+    assert procs[0].got == [signal.SIGTERM] and not stops.forced
+    clock.t += REPEAT_S
+    stops.handler(signal.SIGINT, None)
+    stops.deliver()
+    assert stops.forced and procs[0].got == [signal.SIGTERM, signal.SIGKILL]
     assert len(stops.take_notes()) == 2
 
 
-def test_a_stop_asked_before_any_worker_started_reaches_them_when_resent():
+def test_a_stop_asked_before_any_worker_started_reaches_them_when_delivered():
     procs: list[FakeWorker] = []
     stops = StopRequests(procs)
-    stops.resend()  # nobody asked: nothing sent
+    stops.deliver()  # nobody asked: nothing sent
     stops.handler(signal.SIGINT, None)
     procs.append(FakeWorker())
-    stops.resend()
+    stops.deliver()
     assert procs[0].got == [signal.SIGTERM]
+
+
+def test_what_a_stop_explains():
+    assert all(ended_by_stop(c, forced=False) for c in (None, 0, 1, 2, 130, -2, -15, -1))
+    assert not ended_by_stop(-9, forced=False) and ended_by_stop(-9, forced=True)
+    assert not any(ended_by_stop(c, forced=True) for c in (3, -11, 255))
 
 
 def test_nohup_keeps_sighup_ignored():
@@ -104,6 +126,8 @@ def test_a_second_ctrl_c_stops_workers_that_ignore_the_request(tmp_path):
         pids = [int(Path(pid_file(str(logs), r)).read_text()) for r in range(2)]
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
         _wait_until(lambda: "stop requested (SIGINT)" in console.read_text(), "the notice")
+        os.killpg(proc.pid, signal.SIGINT)  # a repeat of the same press: still only asked
+        time.sleep(REPEAT_S + 0.2)
         assert proc.poll() is None and not any(_gone(p) for p in pids)  # asked, not forced
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=DEADLINE_S)
@@ -113,3 +137,13 @@ def test_a_second_ctrl_c_stops_workers_that_ignore_the_request(tmp_path):
     assert "second Ctrl-C: stopping the workers now" in text
     result = json.loads(text.split("result ", 1)[1].splitlines()[0])
     assert result == [[-signal.SIGKILL, -signal.SIGKILL], "SIGINT", True]
+
+
+def test_a_ctrl_c_before_the_entry_handles_it_is_130_not_1(tmp_path):
+    """A forked worker interrupted before its command's own handling: multiprocessing's
+    bootstrap would exit 1, which reads as "halted on request, checkpoint saved"."""
+    p = subprocess.run([sys.executable, "-c", LAUNCHER, str(tmp_path / "logs"),
+                        "raise KeyboardInterrupt"], cwd=REPO, capture_output=True, text=True,
+                       timeout=DEADLINE_S)
+    result = json.loads(p.stdout.split("result ", 1)[1].splitlines()[0])
+    assert result[0] == [130, 130], p.stdout + p.stderr

@@ -13,7 +13,11 @@ def test_a_resume_from_an_hf_import_at_step_0_is_said():
 
 def test_a_resume_from_a_later_step_and_a_fresh_start():
     assert resume_text("R/ckpt/step-00000010", 10, 40).startswith("resumed from R/ckpt/step-")
-    assert "nothing to train" in resume_text("R/ckpt/step-00000040", 40, 40)
+    assert "is 40 and the run is already at step 40, nothing to train" in \
+        resume_text("R/ckpt/step-00000040", 40, 40)
+    assert resume_text("R/ckpt/step-00000060", 60, 40).startswith(
+        "resumed from R/ckpt/step-00000060 (step 60): training.steps is 40 and the run is "
+        "already past step 40, nothing to train")
     assert resume_text(None, 0, 40) is None  # nothing loaded: a fresh run says nothing
 
 

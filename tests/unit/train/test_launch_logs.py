@@ -30,3 +30,4 @@ def test_a_remote_run_directory_logs_to_a_temporary_one_tidied_by_the_outcome(
     assert not os.path.exists(gone) and os.listdir(tmp_path) == [os.path.basename(kept)]
     launch._tidy_logs(str(tmp_path), False, passed=True)  # a run directory's own: never removed
     assert os.path.isdir(tmp_path)
+

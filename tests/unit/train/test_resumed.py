@@ -49,6 +49,12 @@ def test_more_steps_make_the_learning_rate_jump_and_say_so():
     assert f"{learning_rate(longer, 10):.3g} next" in notes[0] and "(40 steps)" in notes[0]
 
 
+def test_fewer_steps_than_the_checkpoint_has_say_nothing_of_the_learning_rate():
+    """Nothing trains (the resume line says so): no jump to warn of."""
+    shorter = CFG.model_copy(update={"steps": 8})
+    assert resume_notes(_state(), shorter, 1234, True, CKPT) == []
+
+
 def test_a_constant_schedule_past_warm_up_does_not_jump():
     flat = CFG.model_copy(update={"lr_schedule": "constant"})
     state = _state(lr=learning_rate(flat, 9))

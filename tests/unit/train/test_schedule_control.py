@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mscale.config.training import TrainingConfig
+from mscale.train import control
 from mscale.train.control import STOP_SIGNALS, Control
 from mscale.train.schedule import learning_rate
 from mscale.distributed.collectives import COMM_CLOCK, CudaClock, HostClock
@@ -34,6 +35,17 @@ def test_control_files_are_consumed_once(tmp_path):
     assert not Control(str(ctl), rank=1).poll().checkpoint  # only rank 0 reads
 
 
+def test_requests_waiting_before_the_start_are_named_and_left_for_the_first_poll(tmp_path):
+    ctl = tmp_path / "control"
+    (ctl / "halt").mkdir(parents=True)
+    (ctl / "unrelated").write_text("")
+    c = Control(str(ctl), rank=0)
+    waiting = c.waiting()
+    assert [name for name, _ in waiting] == ["halt"] and waiting[0][1] > 0
+    assert Control(str(ctl), rank=1).waiting() == []  # only rank 0 reads
+    assert c.poll().halt and c.waiting() == []
+
+
 def test_signal_becomes_halt_decision(tmp_path):
     c = Control(None, rank=0)
     c.install_signal_handlers()
@@ -50,13 +62,17 @@ def _restore(signals):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
 
 
-def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once():
+def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
     c = Control(None, rank=0)
     c.install_signal_handlers()
     try:
-        os.kill(os.getpid(), signal.SIGTERM)  # under --local the launcher's SIGTERM comes too
         os.kill(os.getpid(), signal.SIGINT)
-        assert c.poll().stop and c.signal_name == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGTERM)  # under --local the launcher's SIGTERM follows
+        os.kill(os.getpid(), signal.SIGINT)  # the same press, passed on again by a wrapper
+        assert c.poll().stop and c.signal_name == "SIGINT"
+        now[0] += 2.0
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     finally:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 
 import pytest
 
 from mscale.config.training import TrainingConfig
+from mscale.distributed.lifeline import LOG_FILE_ENV
 from mscale.errors import MscaleError
 from mscale.runs.atomic import DiskFullError
 from mscale.runs.rundir import RunDir
 from mscale.train.console import Summary, stop_line
 from mscale.train.control import Control
-from mscale.train.failure import classify, read_error_files, write_error_file
+from mscale.train.failure import classify, read_error_files, report_failure, write_error_file
 from mscale.train.job_watch import JobResult, _how
 from mscale.train.loop import with_steps
 from mscale.train.schedule import learning_rate
-from mscale.train.failure import report_failure
 from mscale.train.worker import default_threads
 
 
@@ -47,6 +48,45 @@ def test_a_crash_is_exit_3_with_an_error_file_never_1(tmp_path, capsys):
     assert err.count("\n") == 1 and "rank 5 on node3, crash" in err and "rank5.error.json" in err
     rec = read_error_files(run)[5]
     assert rec["kind"] == "crash" and rec["node"] == "node3" and "KeyError" in rec["traceback"]
+
+
+GLOO_CLOSED = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc"
+                           ":553] Connection closed by peer [127.0.0.1]:40321")
+
+
+def test_a_lost_peer_under_local_goes_to_the_log_not_before_the_launchers_line(
+        tmp_path, capsys, monkeypatch):
+    """rank 0's console is the launcher's: its 'network' line used to come first there, before
+    the launcher's line naming the rank that really failed."""
+    log = tmp_path / "rank0.log"
+    monkeypatch.setenv("MSCALE_LAUNCHER", "local")
+    monkeypatch.setenv(LOG_FILE_ENV, str(log))
+    assert report_failure(RunDir(str(tmp_path)), 0, "node1", GLOO_CLOSED) == 3
+    assert capsys.readouterr().err == ""
+    assert log.read_text().startswith("error (rank 0 on node1, network): RuntimeError: "
+                                      "Connection closed by peer")  # no C++ source location
+    assert "pair.cc:553" in read_error_files(RunDir(str(tmp_path)))[0]["message"]  # kept whole
+
+
+def test_a_lost_peer_under_srun_is_said_on_stderr(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MSCALE_LAUNCHER", raising=False)
+    report_failure(RunDir(str(tmp_path)), 3, "node2", GLOO_CLOSED)
+    assert "error (rank 3 on node2, network): RuntimeError: Connection" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("launcher", ["srun", "local"])
+def test_a_second_ctrl_c_is_130_and_rank_0_records_it_where_no_launcher_does(
+        tmp_path, capsys, monkeypatch, launcher):
+    monkeypatch.setenv("MSCALE_LAUNCHER", launcher)
+    run = RunDir(str(tmp_path))
+    assert report_failure(run, 0, "node1", KeyboardInterrupt()) == 130
+    assert capsys.readouterr().err == "rank 0: interrupted\n"
+    events = [json.loads(x) for x in open(run.events)] if os.path.exists(run.events) else []
+    if launcher == "local":  # the launcher writes its own, with every rank's code
+        assert events == []
+    else:
+        assert [(e["kind"], e["evidence"]["reason"], e["evidence"]["code"]) for e in events] \
+            == [("stop", "interrupted", 130)]
 
 
 def test_a_damaged_checkpoint_is_3_for_train_not_the_nan_code(tmp_path, capsys):

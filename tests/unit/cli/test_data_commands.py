@@ -74,5 +74,6 @@ def test_a_chained_url_is_refused_in_one_line(cli, dirty, tmp_path, args):
     assert code == 3 and "Traceback" not in err
     error, fix = err.splitlines()
     assert error.endswith("::file://" + str(dirty if "tokenizer" in args else tmp_path / "o")
-                          + ": chained fsspec URLs ('::') are not supported")
+                          + ": chained fsspec URLs ('::') are not supported; fsspec reads "
+                          "'::' anywhere in a URL as a chain, an IPv6 address's included")
     assert "without PROTOCOL:: in front" in fix and not (tmp_path / "o").exists()

@@ -1,0 +1,26 @@
+"""Whether the operator's stop explains a --local job's abnormal ends
+(train/job_watch.py `stopped_by_operator`): an interruption names no node; anything a stop does
+not explain stays a failure."""
+
+from __future__ import annotations
+
+from mscale.distributed.launch import JobResult
+from mscale.train.job_watch import stopped_by_operator
+
+
+def _stopped(codes, forced=False, stop="SIGINT"):
+    failed = next((r for r, c in enumerate(codes) if c not in (None, 0, 1, 2)), None)
+    return JobResult(code=3, returncodes=codes, failed_rank=failed, stop_signal=stop,
+                     forced=forced)
+
+
+def test_a_stop_explains_interrupted_and_killed_workers_and_their_lost_peers():
+    assert stopped_by_operator(_stopped([130, -15, 3]), {2: {"kind": "network"}})
+    assert stopped_by_operator(_stopped([-9, -9], forced=True), {})
+
+
+def test_a_crash_or_an_oom_kill_near_a_stop_stays_a_failure():
+    assert not stopped_by_operator(_stopped([130, 3]), {1: {"kind": "crash"}})
+    assert not stopped_by_operator(_stopped([130, -11]), {})  # a segfault
+    assert not stopped_by_operator(_stopped([1, -9]), {})  # killed, and nobody forced it
+    assert not stopped_by_operator(_stopped([130, -15], stop=None), {})  # failed before the stop
