@@ -48,11 +48,11 @@ def check_manifest(m: Manifest, plan, source: str) -> None:
     ranks: set[int] = set()
     for i, shard in enumerate(m.shards):
         if shard.rank >= world or shard.rank in ranks:
-            raise _bad(source, f"shards.{i}.rank", f"rank {shard.rank} is outside the {world} "
+            raise _bad(source, f"shards[{i}].rank", f"rank {shard.rank} is outside the {world} "
                        "ranks of the layout or written twice")
         ranks.add(shard.rank)
         for j, s in enumerate(shard.slices):
-            _check_slice(m, s, shard.bytes, source, f"shards.{i}.slices.{j}")
+            _check_slice(m, s, shard.bytes, source, f"shards[{i}].slices[{j}]")
 
 
 def raw_lengths(nbytes: int, chunk_bytes: int) -> list[int]:
@@ -81,11 +81,11 @@ def _check_slice(m: Manifest, s: SliceInfo, file_bytes: int, source: str, where:
     for k, ((stored, crc), raw) in enumerate(zip(s.chunks, raw_lengths(nbytes, m.chunk_bytes))):
         limit = max_stored(raw, m.codec)
         if not (stored == raw if m.codec == "raw" else 0 < stored <= limit):
-            raise _bad(source, f"{where}.chunks.{k}", f"{stored} bytes stored for {raw} raw "
+            raise _bad(source, f"{where}.chunks[{k}]", f"{stored} bytes stored for {raw} raw "
                        f"bytes; a {m.codec} chunk of that size takes "
                        + (f"exactly {raw}" if m.codec == "raw" else f"1 to {limit}"))
         if crc > U32:
-            raise _bad(source, f"{where}.chunks.{k}", f"crc32 {crc} does not fit in 32 bits")
+            raise _bad(source, f"{where}.chunks[{k}]", f"crc32 {crc} does not fit in 32 bits")
     if s.offset + s.stored_bytes > file_bytes:
         raise _bad(source, f"{where}.offset", f"its chunks end at byte "
                    f"{s.offset + s.stored_bytes}, beyond the shard's {file_bytes} bytes")

@@ -21,8 +21,8 @@ from mscale.config.files import MAX_CONFIG_BYTES, decode_text, read_bytes, read_
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 __all__ = ["MAX_CONFIG_BYTES", "FieldError", "StrictModel", "decode_text", "dump_yaml",
-           "json_depth", "load_model", "parse_json", "parse_yaml", "read_bytes", "read_text",
-           "validate", "validation_to_error"]
+           "field_path", "json_depth", "load_model", "parse_json", "parse_yaml", "read_bytes",
+           "read_text", "validate", "validation_to_error"]
 
 try:  # the C loader is ~10x faster on 12,288-rank plans; same safety as SafeLoader
     _SafeLoader: type = yaml.CSafeLoader
@@ -64,9 +64,11 @@ class FieldError(ValueError):
     """Raised by a model validator to blame one field (relative to the model), so the error
     names ``cluster.nodes`` instead of ``cluster`` and the message need not repeat the field."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, fix: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.fix = fix
+        """What to change, when more specific than the generic `FIX`."""
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -282,7 +284,7 @@ def validation_to_error(err: ValidationError, source: str | None, prefix: str = 
 
 def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
     """(dotted field, message without the field, fix) of one pydantic error."""
-    loc = [str(p) for p in item["loc"]]
+    loc = list(item["loc"])
     kind, msg = item["type"], item["msg"]
     error = (item.get("ctx") or {}).get("error")
     if isinstance(error, FieldError):
@@ -294,11 +296,25 @@ def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
         msg = "unknown field (a typo?)"
     elif kind == "missing":
         msg = "required field is missing"
-    field = f"{prefix}{'.'.join(loc)}" if loc else prefix.rstrip(".") or "(top level)"
+    field = field_path(prefix.rstrip("."), *loc) or "(top level)"
     value = item.get("input")
     if kind not in ("missing", "extra_forbidden", "value_error") and _scalar(value):
         msg += f", got {_show(value)}"
-    return field, msg, _fix(kind, value)
+    fix = error.fix if isinstance(error, FieldError) and error.fix else _fix(kind, value)
+    return field, msg, fix
+
+
+def field_path(*parts: str | int) -> str:
+    """The one spelling of a field's path in every error: names joined by dots, list items by
+    index in brackets (``training.data.sources[1].path``), as `_node_path` locates a YAML node.
+    Empty parts are skipped; a part may itself be a path (``eval.interval``)."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int) and not isinstance(p, bool):
+            out += f"[{p}]"
+        elif p != "":
+            out += f".{p}" if out else str(p)
+    return out
 
 
 def _scalar(value: Any) -> bool:

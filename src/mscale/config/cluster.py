@@ -49,7 +49,9 @@ class ClusterConfig(StrictModel):
     nic_gbit_per_s: float = Field(default=200, gt=0, le=MAX_RATE)
     """Line rate of one NIC in Gb/s per direction (HDR 200, NDR 400)."""
     nodes_per_pod: int | None = Field(default=None, gt=0, le=MAX_GPUS)
-    """Nodes below one spine/pod with non-blocking bandwidth. Default: the whole cluster is one pod."""
+    """Nodes below one spine/pod with non-blocking bandwidth, counted from the first node; the
+    last pod may be partial (nodes need not be a multiple of it). Default: the whole cluster is
+    one pod."""
     inter_pod_gbit_per_s: float | None = Field(default=None, gt=0, le=MAX_RATE)
     """Per-NIC Gb/s available when traffic leaves the pod. Default: ``nic_gbit_per_s`` (non-blocking)."""
 

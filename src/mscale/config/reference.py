@@ -70,8 +70,8 @@ disagree. Every config, plan and HF `config.json` is read the same strict way:
 - files are UTF-8 text of at most {mib} MiB; YAML aliases may not expand a file beyond twice its
   size plus {slack} values; a pipe that stays silent is given up after a few seconds.
 
-An error names the file, the field (dotted, as in the tables below) and a fix, and exits with
-code 3.
+An error names the file, the field (dotted, as in the tables below; a list item by its index:
+`data.sources[1].path` is a row `data.sources[].path`) and a fix, and exits with code 3.
 """
 
 
@@ -88,8 +88,15 @@ def _rows(schema: type[BaseModel], prefix: str, top: type[BaseModel]) -> list[st
         rows.append(f"| `{dotted}` | {kind} | {_bounds(info)} | "
                     f"{_default(info)} | {_cell(info.description)} |")
         if nested is not None and not elsewhere:
-            rows += _rows(nested, f"{dotted}.", top)
+            item = "[]" if _holds_list(info.annotation) else ""
+            rows += _rows(nested, f"{dotted}{item}.", top)
     return rows
+
+
+def _holds_list(annotation: Any) -> bool:
+    """Whether a field holds a list (optionally): its items' fields are listed as ``name[].x``,
+    as an error names item i's ``name[i].x`` (`config.base.field_path`)."""
+    return any(typing.get_origin(a) is list for a in (annotation, *typing.get_args(annotation)))
 
 
 def _nested_model(annotation: Any) -> type[BaseModel] | None:

@@ -26,6 +26,8 @@ MAX_MICRO_BATCH = 1 << 16
 """Largest micro-batch in sequences."""
 MAX_STEPS = 10**9
 """Most optimizer steps (and warm-up or checkpoint-interval steps) a run may ask for."""
+DEFAULT_WARMUP = 10
+"""Warm-up steps when the file gives none (a shorter run warms up over all its steps)."""
 
 
 class DataSource(StrictModel):
@@ -128,8 +130,9 @@ class TrainingConfig(StrictModel):
     """Peak learning rate."""
     min_lr: float = Field(default=3e-5, ge=0, le=10)
     """Floor of the cosine decay; at most ``lr``."""
-    warmup_steps: int = Field(default=10, ge=0, le=MAX_STEPS)
-    """Linear warm-up steps."""
+    warmup_steps: int = Field(default=DEFAULT_WARMUP, ge=0, le=MAX_STEPS)
+    """Linear warm-up steps; at most ``steps``. Left out: 10, or ``steps`` when the run is
+    shorter."""
     lr_schedule: Literal["cosine", "constant"] = "cosine"
     """Shape after warm-up."""
     weight_decay: float = Field(default=0.1, ge=0, le=10)
@@ -174,7 +177,16 @@ class TrainingConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingConfig":
         if self.min_lr > self.lr:
-            raise FieldError("min_lr", f"{self.min_lr:g} is above lr ({self.lr:g})")
+            raise FieldError("min_lr", f"{self.min_lr:g} is above lr ({self.lr:g}): the decay "
+                             "would go upwards", fix="set min_lr at most lr (often lr/10)")
+        if self.warmup_steps > self.steps:
+            if "warmup_steps" not in self.model_fields_set:  # the default, on a short run
+                object.__setattr__(self, "warmup_steps", self.steps)
+            else:
+                raise FieldError("warmup_steps", f"{self.warmup_steps} is more than steps "
+                                 f"({self.steps}): the learning rate would never reach lr, nor "
+                                 "decay", fix="set warmup_steps at most steps (commonly 1-10% "
+                                 "of them), or raise steps")
         if self.micro_batch is not None and self.micro_batch > self.global_batch:
             raise FieldError("micro_batch", f"{self.micro_batch} is larger than global_batch "
                              f"({self.global_batch})")

@@ -19,10 +19,14 @@ def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> Ms
     budget = pb.budget_bytes / 1e9
     if result.closest is None:  # no structurally valid layout at all
         reasons = "; ".join(f"{r} ({n}×, e.g. {ex})" for r, n, ex in result.rejects.rows()[:3])
+        mb = pb.training.micro_batch
+        per = f"GPU count × micro_batch = {pb.cluster.world_size * mb}" if mb else "GPU count"
         return MscaleError(f"no valid layout for {pb.cluster.world_size} GPUs: {reasons}",
                            file=files.get("training"), field="global_batch",
-                           fix="make global_batch a multiple of the data-parallel sizes "
-                               "(e.g. a multiple of the GPU count), or change the node count")
+                           fix=f"make global_batch a multiple of dp·micro_batch for some dp "
+                               f"dividing the GPUs (e.g. a multiple of the {per})"
+                               + (", or drop micro_batch" if mb else "")
+                               + ", or change the node count")
     lo = result.layout(result.closest)
     need = result.cost(result.closest).mem_total / 1e9
     fixes = []

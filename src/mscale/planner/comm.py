@@ -28,19 +28,31 @@ class Links:
     """Leaving the pod (oversubscribed spines)."""
     gpus_per_node: int
     pod_gpus: int
+    """GPUs of one pod, at most the job's (`Links.of`): pods start at rank 0, every
+    ``pod_gpus`` ranks; the last may be partial (nodes need not be a multiple of the pod)."""
 
     @classmethod
     def of(cls, c: ClusterConfig) -> "Links":
         e = LINK_EFFICIENCY * 1e9
         return cls(fast=c.domain_gb_per_s * e, nic=c.node_gb_per_s / c.gpus_per_node * e,
                    inter_pod=c.inter_pod_node_gb_per_s / c.gpus_per_node * e,
-                   gpus_per_node=c.gpus_per_node, pod_gpus=c.pod_nodes * c.gpus_per_node)
+                   gpus_per_node=c.gpus_per_node,
+                   pod_gpus=min(c.pod_nodes, c.num_nodes) * c.gpus_per_node)
+
+    def in_pod(self, span_gpus):
+        """Whether every group of ``span_gpus`` consecutive ranks (groups tile the ranks from 0,
+        as DP groups do in tp-dp-pp order) lies inside one pod: the span divides the pod. A
+        span that does not has a group across the first pod boundary below the job's end, and
+        a ring runs at its slowest hop (pods of 3 nodes, DP groups of 2: nodes 2-3 cross). A
+        partial last pod needs nothing more: spans divide the job and the pod, so its remainder
+        too."""
+        return self.pod_gpus % np.asarray(span_gpus) == 0
 
     def span_bandwidth(self, span_gpus):
         """Bandwidth of a ring over ``span_gpus`` consecutive ranks: its slowest tier."""
         span_gpus = np.asarray(span_gpus)
         return np.where(span_gpus <= self.gpus_per_node, self.fast,
-                        np.where(span_gpus <= self.pod_gpus, self.nic, self.inter_pod))
+                        np.where(self.in_pod(span_gpus), self.nic, self.inter_pod))
 
 
 def ring_half(nbytes, n, bandwidth):
@@ -62,7 +74,7 @@ def dp_half(nbytes, dp, tp, links: Links, hierarchical):
     k = np.clip(links.gpus_per_node // tp, 1, None)
     k = np.minimum(k, dp)
     nodes = np.maximum(dp // k, 1)
-    inter_bw = np.where(span <= links.pod_gpus, links.nic, links.inter_pod)
+    inter_bw = np.where(links.in_pod(span), links.nic, links.inter_pod)
     hier = ring_half(nbytes, k, links.fast) + ring_half(nbytes / k, nodes, inter_bw)
     return np.where(np.asarray(hierarchical, dtype=bool) & (k > 1) & (nodes > 1), hier, flat)
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from mscale.config.layout import LayoutConfig
 from mscale.planner.cost import LayoutCost, Problem
-from mscale.planner.search import Rejects, SearchResult, describe
+from mscale.planner.search import ZERO_AT_DP1, Rejects, SearchResult, describe
 
 LOSS_COLUMNS = ("kernels", "recompute", "imbalance", "bubble", "tp", "pp", "dp")
 EQUAL_COST_RTOL = 1e-12
@@ -138,7 +138,15 @@ def layout_table(pb: Problem, rows: list[Row]) -> Table:
         cells = [r.label, describe(r.layout), mem, f"{c.step_time:.3g}", _si(c.tokens_per_s),
                  _pct(c.mfu)]
         t.add_row(*cells, *([r.variant_note] if folded else []))
+    t.caption, t.caption_justify = zero_note(rows) or None, "left"
     return t
+
+
+def zero_note(rows: list[Row]) -> str:
+    """Why a row says z1 or z2 at dp1 (`search.ZERO_AT_DP1`); empty when none does."""
+    stages = sorted({lo.zero_stage for r in rows for lo in (r.layout, *r.variants)
+                     if lo.dp == 1 and lo.zero_stage > 0})
+    return ZERO_AT_DP1.format(z="/".join(map(str, stages))) if stages else ""
 
 
 def losses_table(rows: list[Row]) -> Table:

@@ -20,6 +20,10 @@ from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays, r
 from mscale.planner.memory import RECOMPUTE_CODES
 
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
+ZERO_AT_DP1 = ("z{z} at dp1: one replica, nothing to shard: runs and is priced as ZeRO 0 "
+               "(training.zero_stage is kept; it shards wherever dp > 1)")
+"""The note shown under the ranking when a listed layout has ZeRO > 0 at dp 1 (only a training
+file's zero_stage puts one there: the search drops it otherwise, ZeRO 0 being the same)."""
 UNEVEN_CHUNK_BLOCKS = (1, 2, 3, 4, 5, 6, 8)
 """Largest virtual-stage sizes (blocks) tried for uneven interleaving: published interleaved
 runs use 1-4 blocks per virtual stage (MegaScale: 530B with 1; Korthikanti et al.: 175B with 4,
@@ -222,10 +226,15 @@ def expand(pb: Problem, sk: list[tuple[int, int, int, int, int, int]]) -> dict[s
     arr = {k: b[:, i] for i, k in enumerate(names)}
     arr.update(sp=o[:, 0].astype(bool), rec=o[:, 1], zero=o[:, 2], hier=o[:, 3].astype(bool))
     # drop options that change nothing: SP without TP, ZeRO without DP, hierarchical without
-    # several DP members per node or several nodes
+    # several DP members per node or several nodes. Each is dropped only where its equivalent
+    # (SP off, ZeRO 0, flat) is searched too: a training file's zero_stage 1 or 2 is kept at
+    # dp 1, where the engine runs it as ZeRO 0 (nothing to shard over; parallel/buckets.py
+    # BufferMode.of) and the cost model prices it so (`ZERO_AT_DP1`), instead of leaving no
+    # layout at all on a cluster where only dp 1 is possible.
     k = np.minimum(np.maximum(gpn // arr["tp"], 1), arr["dp"])
     keep = ~(arr["sp"] & (arr["tp"] == 1))
-    keep &= ~((arr["zero"] > 0) & (arr["dp"] == 1))
+    if 0 in zeros:
+        keep &= ~((arr["zero"] > 0) & (arr["dp"] == 1))
     keep &= ~(arr["hier"] & ((k == 1) | (arr["dp"] // k <= 1)))
     if pb.model.seq_len:
         keep &= ~(arr["sp"] & (pb.model.seq_len % arr["tp"] != 0))
@@ -239,6 +248,12 @@ def search(pb: Problem) -> SearchResult:
     if not sk:
         return SearchResult(pb, {}, {}, rejects)
     arr = expand(pb, sk)
+    if not len(arr["tp"]):  # cannot happen (expand keeps an equivalent of what it drops); if
+        # it did, no_fit_error's "no valid layout" path says so, never argmin of nothing
+        tp, pp, _, dp, mb, _ = sk[0]
+        rejects.add("every option set dropped as redundant (a planner bug)",
+                    f"tp={tp} pp={pp} dp={dp} mb={mb}", n=len(sk))
+        return SearchResult(pb, {}, {}, rejects)
     costs = evaluate_arrays(pb, arr)
     fits = costs["fits"]
     examined = len(fits)

@@ -6,7 +6,8 @@ builds its process groups from it, so all three agree by construction.
 Order "tp-dp-pp" (fastest first), as Megatron-LM and MegaScale do:
 - TP neighbours are consecutive ranks, so a TP group sits inside one node (NVLink);
 - DP groups come next, so a DP group covers a contiguous run of nodes and stays inside a pod when
-  it fits (MegaScale builds DP groups before PP groups to keep DP traffic off inter-pod links);
+  its size divides the pod's (groups tile the ranks from 0, pods too; MegaScale builds DP groups
+  before PP groups to keep DP traffic off inter-pod links);
 - pipeline stages are outermost: PP carries the least traffic (activations of one micro-batch),
   so it is the dimension that may cross pods.
 """

@@ -283,3 +283,54 @@ def test_model_validator_errors_name_the_field_not_the_model(tmp_path):
 def test_a_file_that_is_not_a_mapping(tmp_path, text, kind):
     err = refused(TrainingConfig, tmp_path, text)
     assert f"found a {kind}" in err.message
+
+
+# -- 6. contradictions between fields (user trial) ------------------------------------------------
+@pytest.mark.parametrize("extra, field, fix", [
+    ("steps: 10\nwarmup_steps: 20", "warmup_steps", "at most steps"),
+    ("lr: 1.0e-4\nmin_lr: 1.0e-3", "min_lr", "at most lr"),
+])
+def test_training_contradictions_name_the_field_and_the_fix(tmp_path, extra, field, fix):
+    err = refused(TrainingConfig, tmp_path, TRAINING + extra + "\n")
+    assert err.field == field and fix in err.fix
+
+
+def test_warmup_as_long_as_the_run_is_allowed_and_the_default_fits_a_short_run(tmp_path):
+    f = tmp_path / "t.yaml"
+    f.write_text(TRAINING + "steps: 10\nwarmup_steps: 10\n")
+    assert load_model(TrainingConfig, f).warmup_steps == 10
+    short = TrainingConfig(global_batch=16, steps=4)  # warmup_steps left out: 10, cut to the run
+    assert short.warmup_steps == 4
+    assert TrainingConfig(global_batch=16, steps=40).warmup_steps == 10
+    with pytest.raises(ValueError, match="more than steps"):  # assignment is checked too
+        TrainingConfig(global_batch=16, steps=40, warmup_steps=20).steps = 10
+
+
+def test_a_plan_names_training_warmup_steps(tmp_path):
+    text = (PLANS / "cpu-tiny.yaml").read_text().replace("warmup_steps: 4", "warmup_steps: 400")
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(MscaleError) as e:
+        load_plan(str(f))
+    assert e.value.field == "training.warmup_steps" and e.value.code == EXIT_BAD_INPUT
+
+
+@pytest.mark.parametrize("item, field", [
+    ("{path: /b, weight: -1}", "data.sources[1].weight"),
+    ("{path: ''}", "data.sources[1].path"),
+    ("{path: /b, wieght: 1}", "data.sources[1].wieght"),
+])
+def test_list_items_are_named_by_index_in_brackets(tmp_path, item, field):
+    """One spelling for list items, pydantic's errors as the YAML loader's: ``sources[1]``."""
+    err = refused(TrainingConfig, tmp_path, TRAINING + f"data:\n  sources:\n    - {{path: /a}}\n"
+                                                       f"    - {item}\n")
+    assert err.field == field
+
+
+def test_field_path_spelling():
+    from mscale.config.base import field_path
+
+    assert field_path("training", "data", "sources", 1, "path") == "training.data.sources[1].path"
+    assert field_path("", "stage_layers", 0) == "stage_layers[0]"
+    assert field_path("layout", "eval.interval") == "layout.eval.interval"
+    assert field_path() == ""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mscale.config.reference import SECTIONS, _nested_model, generate
+from mscale.config.reference import SECTIONS, _holds_list, _nested_model, generate
 
 from tests.conftest import REPO
 
@@ -25,8 +25,15 @@ def test_every_documented_field_has_a_docstring_and_a_row():
             assert f"| `{prefix}{name}` |" in doc
             nested = _nested_model(info.annotation)
             if nested is not None and nested not in {s for _, s, _ in SECTIONS}:
-                walk(nested, f"{prefix}{name}.")
+                walk(nested, f"{prefix}{name}{'[]' if _holds_list(info.annotation) else ''}.")
 
     for _, schema, _ in SECTIONS:
         walk(schema, "")
     assert not missing, f"fields without a docstring: {missing}"
+
+
+def test_list_items_are_spelled_as_errors_spell_them():
+    """An error names ``data.sources[1].path`` (config.base.field_path); its row is
+    ``data.sources[].path``, never ``data.sources.path``."""
+    doc = generate()
+    assert "| `data.sources[].path` |" in doc and "`data.sources.path`" not in doc

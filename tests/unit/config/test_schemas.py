@@ -132,3 +132,10 @@ def test_read_text_reads_non_seekable_local_files(tmp_path):
     t.join(timeout=5)
     with pytest.raises(MscaleError, match="file not found"):
         read_text(tmp_path / "missing.yaml")
+
+
+def test_a_partial_last_pod_is_a_valid_cluster():
+    """Real clusters end in a partial pod (plan validation's Llama 3 runs: 1,024 and 2,048 nodes in
+    pods of 384); the planner prices it (tests/unit/planner/test_comm.py)."""
+    c = ClusterConfig(nodes=4, nodes_per_pod=3, gpu="A100")
+    assert c.pod_nodes == 3 and c.num_nodes == 4

@@ -52,3 +52,29 @@ def test_pp_exposed_by_hand():
 def test_deeper_interleaving_exposes_more_transfers():
     one = [float(pp_exposed(80e6, 8, 8, v, 32, 1536, LINKS, 0.010)) for v in (1, 2, 6, 12)]
     assert one[1] < one[2] < one[3]
+
+
+def test_a_dp_ring_is_inside_a_pod_only_when_its_span_divides_the_pod():
+    """Pods of 3 nodes (24 GPUs), DP groups of consecutive ranks from 0: groups of 16 GPUs put
+    nodes 2-3 in one ring across the boundary (its slowest hop: the inter-pod share); groups of
+    8 or 24 stay in. A partial last pod (4 nodes, pods of 3) needs nothing more."""
+    from mscale.config import ClusterConfig
+    from mscale.planner.comm import dp_half
+
+    links = Links.of(ClusterConfig(nodes=4, nodes_per_pod=3, gpu="A100",
+                                   inter_pod_gbit_per_s=50))
+    assert links.pod_gpus == 24
+    assert [bool(links.in_pod(s)) for s in (8, 16, 24, 32)] == [True, False, True, False]
+    assert float(links.span_bandwidth(16)) == links.inter_pod < links.nic
+    assert float(links.span_bandwidth(24)) == links.nic
+    # hierarchical: the cross-node part of a 2-node group crossing pods runs inter-pod too
+    flat_one_pod = Links.of(ClusterConfig(nodes=4, nodes_per_pod=4, gpu="A100",
+                                          inter_pod_gbit_per_s=50))
+    assert float(dp_half(1e9, 2, 8, links, True)) > float(dp_half(1e9, 2, 8, flat_one_pod, True))
+
+
+def test_a_pod_larger_than_the_job_is_one_pod():
+    from mscale.config import ClusterConfig
+
+    links = Links.of(ClusterConfig(nodes=4, nodes_per_pod=6, gpu="A100"))
+    assert links.pod_gpus == 32 and bool(links.in_pod(32))  # 4 of 6 nodes: no pod boundary

@@ -77,3 +77,68 @@ def test_megascale_175b_search_finds_layouts_beating_its_own():
     assert mine.fits
     assert best.step_time <= mine.step_time
     assert r.cost(0).step_time <= best.step_time * (1 + MODEL_ERROR)
+
+
+# -- ZeRO at dp 1, and searches that find nothing (user trial) -----------------------------------
+ONE_CPU = ClusterConfig(nodes=1, gpus_per_node=1, gpu="cpu")
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_training_zero_stage_is_kept_at_dp1_and_priced_as_zero_0(zero):
+    """cpu-demo says zero_stage 1; on one GPU there is nothing to shard: the layout keeps z1
+    (the engine runs it replicated, parallel/buckets.py) at ZeRO 0's price, instead of the
+    search finding nothing and failing on argmin of an empty array."""
+    pb = Problem(cpu_problem().model, cpu_problem(zero_stage=zero).training, ONE_CPU)
+    r = search(pb)
+    assert r.count >= 1 and r.layout(0).dp == 1 and r.layout(0).zero_stage == zero
+    z0 = evaluate(pb, r.layout(0).model_copy(update={"zero_stage": 0}))
+    assert (r.cost(0).step_time, r.cost(0).mem_total) == (z0.step_time, z0.mem_total)
+
+
+def test_without_a_zero_stage_dp1_layouts_are_listed_once_as_z0():
+    pb = Problem(cpu_problem().model, cpu_problem(zero_stage=None).training, ONE_CPU)
+    r = search(pb)
+    assert {r.layout(i).zero_stage for i in range(r.count)} == {0}
+
+
+def test_zero_at_dp1_is_explained_under_the_table():
+    from mscale.planner.report import distinct, layout_table, zero_note
+
+    pb = Problem(cpu_problem().model, cpu_problem().training, ONE_CPU)
+    rows = distinct(search(pb), 5)
+    assert "z1 at dp1" in zero_note(rows) and "ZeRO 0" in zero_note(rows)
+    assert layout_table(pb, rows).caption == zero_note(rows)
+    assert zero_note(distinct(search(cpu_problem(zero_stage=0)), 5)) == ""
+
+
+def test_an_a100_node_where_only_dp1_is_possible_plans_with_zero_1():
+    pb = Problem(load_model(ModelConfig, PLANS / "models" / "llama-1b.yaml"),
+                 TrainingConfig(global_batch=1, zero_stage=1),
+                 ClusterConfig(nodes=1, gpu="A100"))
+    r = search(pb)
+    assert r.count and {r.layout(i).dp for i in range(r.count)} == {1}
+
+
+def test_an_empty_expansion_is_a_no_valid_layout_error_not_an_argmin(monkeypatch):
+    """Whatever leaves no candidate, search() returns the rejections and no_fit_error says why:
+    the same path as a global batch that no dp·micro_batch divides."""
+    import mscale.planner.search as search_mod
+    from mscale.planner.advice import no_fit_error
+
+    real = search_mod.expand
+    monkeypatch.setattr(search_mod, "expand",
+                        lambda pb, sk: {k: v[:0] for k, v in real(pb, sk).items()})
+    r = search(cpu_problem())
+    assert (r.count, r.closest, r.examined) == (0, None, 0)
+    err = no_fit_error(r.problem, r, {"training": "t.yaml"})
+    assert "no valid layout" in err.message and "dropped" in err.message and err.code == 3
+
+
+def test_a_global_batch_nothing_divides_names_the_field_and_a_fix():
+    from mscale.planner.advice import no_fit_error
+
+    pb = cpu_problem(global_batch=3, micro_batch=2)
+    r = search(pb)
+    err = no_fit_error(pb, r, {"training": "t.yaml"})
+    assert (err.file, err.field) == ("t.yaml", "global_batch")
+    assert "not divisible by dp·micro_batch" in err.message and "= 16" in err.fix
