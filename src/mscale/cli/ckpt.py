@@ -118,7 +118,11 @@ def convert_cmd(
     from mscale.ckpt.convert import convert
     from mscale.ckpt.listing import format_bytes
 
-    if bool(plan) == to_hf:
+    if plan and to_hf:
+        raise MscaleError("--plan and --to-hf both given: one convert writes one format",
+                          field="--plan/--to-hf", fix="run one convert per output: --plan PLAN "
+                          "for an mscale checkpoint at that layout, --to-hf for safetensors")
+    if not plan and not to_hf:
         raise MscaleError("say what to write: --plan PLAN (an mscale checkpoint at that layout) "
                           "or --to-hf", field="--plan/--to-hf",
                           fix="e.g. mscale ckpt convert runs/r1 out --plan plans/other.yaml")

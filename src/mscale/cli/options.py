@@ -65,19 +65,25 @@ def flags(model: type[BaseModel], path: tuple[str, ...] = ()) -> list[Flag]:
 
 
 def _bounds(info) -> dict:
+    """typer's range of a field: ``ge``/``le`` only. A strict ``gt`` cannot be said by typer's
+    range (it would show ``x>=0`` for a field that refuses 0): `_help` says it instead."""
     out = {}
     for m in info.metadata:
-        lo = getattr(m, "ge", None)
-        lo = getattr(m, "gt", None) if lo is None else lo
-        if lo is not None:
-            out["min"] = lo
+        if getattr(m, "ge", None) is not None:
+            out["min"] = m.ge
         if getattr(m, "le", None) is not None:
             out["max"] = m.le
     return out
 
 
+def _above(info):
+    return next((m.gt for m in info.metadata if getattr(m, "gt", None) is not None), None)
+
+
 def _help(f: Flag) -> str:
     text = " ".join((f.info.description or "").split())
+    if _above(f.info) is not None:
+        text += f" Above {_above(f.info):g}."
     return f"{text} [{f.extra['metavar']}, repeatable]" if f.kind is dict else text
 
 

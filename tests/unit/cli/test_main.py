@@ -112,3 +112,12 @@ def test_usage_error_without_json_is_the_same_one_line_and_fix(cli):
     assert code == 3 and out == ""
     assert err.startswith("error: --top: ") and err.endswith("\n  fix: see `mscale plan --help`\n")
     assert err.count("\n") == 2 and "Usage:" not in err
+
+
+@pytest.mark.parametrize("flags, says", [
+    ((), "say what to write"),
+    (("--to-hf", "--plan", "p.yaml"), "--plan and --to-hf both given"),
+])
+def test_ckpt_convert_names_what_is_wrong_with_its_output_flags(cli, tmp_path, flags, says):
+    code, _, err = cli("ckpt", "convert", str(tmp_path / "src"), str(tmp_path / "dst"), *flags)
+    assert code == 3 and says in err.splitlines()[0] and "Traceback" not in err
