@@ -135,18 +135,39 @@ def test_nan_at_step_k_rolls_back_before_it(plan, reference, tmp_path):
     check_recovered(run, p, reference, resumed=max(good))
 
 
-def test_latest_checkpoint_corrupted_then_a_crash(plan, reference, tmp_path):
-    """Step 6 is committed, then one of its shards is cut short, then rank 2 dies in step 9:
-    the recovery must pass over step 6 (it fails verification) and resume from step 3."""
+def flip_an_optimizer_byte(ckpt: Path) -> None:
+    """Flip one byte inside the first chunk of an optimizer tensor (every resume reads those;
+    under ZeRO 1 nobody reads the model tensors): the size stays, so only a full verify or the
+    load itself sees it."""
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    shard, s = next((sh, s) for sh in manifest["shards"] for s in sh["slices"]
+                    if s["tensor"].startswith("optim."))
+    with open(ckpt / shard["path"], "r+b") as f:
+        f.seek(s["offset"] + s["chunks"][0][0] // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_latest_checkpoint_corrupted_then_a_crash(plan, reference, tmp_path, damage):
+    """Step 6 is committed, then one of its shards is damaged, then rank 2 dies in step 9: the
+    recovery must pass over step 6 and resume from step 3. Cut short, the shard fails quick
+    verification; with one byte flipped it passes it, the relaunch from step 6 fails reading it
+    (exit 3, bad_input naming the chunk), and the next recovery rolls back past it: a damaged
+    checkpoint, not bad input, and no node kept out."""
     run = tmp_path / "run"
     proc = subprocess.Popen(supervise_cmd(plan, run, "--inject-crash", "2:9"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         wait_for_checkpoint(proc, run, 6)
-        shard = max((f for f in (run / "ckpt" / "step-000006").rglob("*")
-                     if f.is_file() and f.name not in ("manifest.json", "COMMITTED")),
-                    key=lambda f: f.stat().st_size)
-        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+        if damage == "flipped":
+            flip_an_optimizer_byte(run / "ckpt" / "step-000006")
+        else:
+            shard = max((f for f in (run / "ckpt" / "step-000006").rglob("*")
+                         if f.is_file() and f.name not in ("manifest.json", "COMMITTED")),
+                        key=lambda f: f.stat().st_size)
+            shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
         out, err = proc.communicate(timeout=150)
     finally:
         proc.kill() if proc.poll() is None else None
@@ -154,6 +175,14 @@ def test_latest_checkpoint_corrupted_then_a_crash(plan, reference, tmp_path):
     check_recovered(run, p, reference, resumed=3)
     assert any(d.name.startswith("abandoned-step-000006") or d.name == "step-000006"
                for d in (run / "ckpt").iterdir())
+    if damage == "flipped":
+        decisions = [json.loads(f.read_text()) for f in sorted((run / "recover").glob(
+            "decision-*.json"))]
+        last = decisions[-1]
+        assert last["diagnosis"]["symptom"] == "damaged_checkpoint", last["diagnosis"]
+        assert last["verdict"] == "degraded" and last["exclusions"]["nodes"] == []
+        assert last["checkpoint"]["rejected"][0]["why"].startswith(
+            "the relaunch failed reading it: "), last["checkpoint"]
 
 
 def test_kill_during_a_checkpoint_write(plan, reference, tmp_path):

@@ -15,11 +15,17 @@ and never chosen.
 Verification is ``quick`` by default (manifest, marker, structure, every shard present with its
 recorded size: seconds even for a large model) and ``full`` on request (every chunk's crc32:
 reads the whole checkpoint). The load itself checks every chunk it reads, so a bit flip that
-``quick`` cannot see still stops the relaunch with a named file instead of a silent resume.
+``quick`` cannot see still stops the relaunch with a named file instead of a silent resume; the
+diagnosis of that failure (symptom ``damaged_checkpoint``) names the checkpoint, and it is passed
+over like one that fails verification, whatever ``verify`` says of it: "the relaunch failed
+reading it: <what the load said>". So ``quick`` and ``full`` choose alike after such a failure.
+A damaged checkpoint the failure names outside this run (a ``--resume`` of another run's) is
+nothing to pass over here: `names_damaged` tells the verdict so.
 """
 
 from __future__ import annotations
 
+import os
 from typing import get_args
 
 from mscale.ckpt import catalog
@@ -30,6 +36,8 @@ from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 
 VERIFY_MODES = get_args(Verify)
+FAILED_READING = "the relaunch failed reading it"
+"""How a checkpoint the last attempt failed reading is passed over (then what the read said)."""
 
 
 def choose_checkpoint(run: RunDir, diagnosis: Diagnosis,
@@ -41,11 +49,15 @@ def choose_checkpoint(run: RunDir, diagnosis: Diagnosis,
     found = catalog.entries(run.ckpt, sizes=False)
     latest, latest_problem = _latest(run)
     bad = diagnosis.bad_step
+    damaged = names_damaged(run, diagnosis)
     rejected: list[dict] = []
     if latest_problem:
         rejected.append({"name": catalog.LATEST, "why": latest_problem})
     for e in reversed(found):
-        why = _why_not(run, e, bad, verify)
+        if e.committed and e.name == damaged:  # the load's own words, before verify's
+            why = f"{FAILED_READING}: {diagnosis.damaged_error or 'damaged'}"
+        else:
+            why = _why_not(run, e, bad, verify)
         if why is not None:
             rejected.append({"name": e.name, "why": why})
             continue
@@ -60,6 +72,31 @@ def choose_checkpoint(run: RunDir, diagnosis: Diagnosis,
     # whether the run may start over from step 0 is the verdict's call (decide.py), not said here
     return CheckpointChoice(path=None, step=None, reason=f"{none} is usable{before}",
                             rejected=rejected, is_latest=False)
+
+
+def names_damaged(run: RunDir, diagnosis: Diagnosis) -> str | None:
+    """The name (``step-NNNNNN``) of this run's checkpoint that the diagnosis says the last
+    attempt failed reading, or None: no such failure, or a checkpoint of another directory."""
+    path = diagnosis.damaged_checkpoint
+    if not path:
+        return None
+    name = catalog.basename(path)
+    return name if _same_dir(catalog.parent(path), run.ckpt, run.root) else None
+
+
+def _same_dir(named: str, ckpt: str, root: str) -> bool:
+    """Whether ``named`` (the parent of a checkpoint a failure named) is the run's ``ckpt``
+    directory. Local paths are compared resolved; when the named one does not exist on this
+    machine (the run directory was moved, or is mounted elsewhere here), its last two parts
+    ``RUN/ckpt`` are compared with the run's."""
+    if "://" in named or "://" in ckpt:  # a URL: as train spelt it, from the same --run-dir
+        return named.rstrip("/") == ckpt.rstrip("/")
+    if os.path.realpath(named) == os.path.realpath(ckpt):
+        return True
+    if os.path.isdir(named):
+        return False
+    return (catalog.basename(named) == catalog.basename(ckpt)
+            and catalog.basename(catalog.parent(named)) == catalog.basename(os.path.abspath(root)))
 
 
 def _latest(run: RunDir) -> tuple[str | None, str | None]:

@@ -21,6 +21,7 @@ from mscale.config.records import DataSkip, Event
 from mscale.errors import MscaleError
 from mscale.hostlist import collect_hostlist
 from mscale.recover import stages
+from mscale.recover.checkpoints import names_damaged
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
@@ -123,6 +124,11 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     resume=None if choice.is_latest else _absolute(choice.path),
                     allow_batch_change=bool(rp and rp.batch_changed))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
+    if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
+        foreign = (f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
+                   f"one of this run's checkpoints ({diagnosis.damaged_error}): resume from "
+                   "another one (--resume), then run recover again")
+        refusal = f"{refusal}; {foreign}" if refusal else foreign
     verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
     reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
     finished = diagnosis.symptom == "finished"
@@ -173,6 +179,10 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back
         reasons.append("the filesystem was full: free space (or keep fewer checkpoints) before "
                        "the relaunch, or it fails again at its next checkpoint")
+    if diagnosis.symptom == "damaged_checkpoint":  # no node to exclude: the bytes are wrong
+        reasons.append(f"{diagnosis.damaged_checkpoint} is damaged on disk: the storage's "
+                       "fault, not a node's (check the filesystem; `mscale ckpt verify` reads "
+                       "every chunk of a checkpoint)")
     return "degraded" if degraded else "relaunchable"
 
 

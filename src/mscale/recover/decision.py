@@ -19,8 +19,11 @@ FailureClass = Literal["gpu", "network", "storage", "software", "preemption", "u
 ``none``: the run did not fail (finished, or stopped on request)."""
 
 Symptom = Literal["crash", "signal", "hang", "timeout", "oom", "nan", "divergence", "straggler",
-                  "disk_full", "bad_input", "preempted", "stopped", "finished", "unknown"]
-"""How the failure showed itself; the class is the cause behind it."""
+                  "disk_full", "bad_input", "damaged_checkpoint", "preempted", "stopped",
+                  "finished", "unknown"]
+"""How the failure showed itself; the class is the cause behind it. ``damaged_checkpoint``: the
+resume read a checkpoint whose files are damaged (a chunk's checksum, a missing or cut shard):
+the storage's fault, not the input's nor a node's; an older checkpoint gets past it."""
 
 Verify = Literal["quick", "full"]
 """How a checkpoint is verified before recover trusts it: ``quick`` (manifest, commit marker,
@@ -74,6 +77,12 @@ class Diagnosis:
     """The job's exit code when recorded (launcher stop event), else None."""
     transient: bool = False
     """A plain relaunch is likely to work (preemption, a one-off NaN, a network flap)."""
+    damaged_checkpoint: str | None = None
+    """The checkpoint directory the attempt failed reading (symptom ``damaged_checkpoint``), as
+    the failure named it, made absolute against the launch's working directory; the checkpoint
+    choice passes it over like one that fails verification."""
+    damaged_error: str | None = None
+    """What the read said of it (the error's message without its fix)."""
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -101,6 +101,8 @@ def write_error_file(run: RunDir, rank: int, node: str, exc: BaseException) -> s
     record = {"rank": rank, "node": node, "time": time.time(), "kind": classify(exc),
               "exception": type(exc).__name__, "message": one_line(exc),
               "traceback": "".join(traceback.format_exception(exc))}
+    if isinstance(exc, MscaleError):  # where the bad input is: recover reads the file named
+        record.update(file=exc.file, field=exc.field)  # (a damaged checkpoint: a rollback)
     path = error_file(run, rank)
     try:
         write_text_atomic(path, json.dumps(record, indent=1) + "\n")

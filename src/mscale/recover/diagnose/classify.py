@@ -9,6 +9,7 @@ kept once. Nothing here raises on a damaged run directory.
 from __future__ import annotations
 
 import math
+import os
 import re
 
 from mscale.recover.decision import Diagnosis, Evidence
@@ -29,6 +30,11 @@ CONSEQUENCE = 15
 """Rules of this weight or less record what a peer saw when another rank went away."""
 NO_SUSPECTS = ("none", "preemption", "numerics")
 """Classes that blame no rank or node (the node-failure line of SLURM excepted)."""
+NO_NODE = ("disk_full", "damaged_checkpoint")
+"""Storage symptoms that blame no rank or node: the run directory's filesystem is shared, every
+node would meet the same full disk; a damaged checkpoint file has wrong bytes on disk (a
+checksum, a size), which any node reading it would meet alike: the rank that read it is not
+the culprit (a read *error*, ``Input/output error``, is not this symptom)."""
 
 
 def diagnose(run_dir: str) -> Diagnosis:
@@ -48,6 +54,9 @@ def decide(ev: RunEvidence, hits: list[Hit]) -> Diagnosis:
                   exit_code=_exit_code(ev, hits), transient=rule.transient)
     if rule.cls == "numerics":
         d.bad_step = _bad_step(hits, winner)
+    if rule.key == "ckpt_damaged" and winner.checkpoint:
+        d.damaged_checkpoint = _absolute(winner.checkpoint, ev.attempt.launch.get("cwd"))
+        d.damaged_error = winner.checkpoint_error
     d.evidence = _evidence(ev, hits, rule, how)
     d.summary = _summary(d, rule, ev)
     return d
@@ -62,9 +71,9 @@ def _suspects(ev: RunEvidence, hits: list[Hit], rule: Rule) -> tuple[list[int], 
     """The suspect ranks and how they were found."""
     if rule.symptom == "hang":
         return hung_ranks(ev, hits)
-    if rule.cls in NO_SUSPECTS or rule is NOTHING or rule.symptom == "disk_full" \
+    if rule.cls in NO_SUSPECTS or rule is NOTHING or rule.symptom in NO_NODE \
             or rule.key == "console":
-        return [], ""  # a full filesystem is shared, a closed terminal is nobody's node
+        return [], ""  # a full disk, a damaged file: shared storage; a closed terminal: nobody's
     if rule.weight <= CONSEQUENCE:  # peers lost a rank: the one that said nothing is suspect
         silent, how = hung_ranks(ev, hits)
         if silent and (ev.world is None or len(silent) < ev.world):
@@ -87,7 +96,7 @@ def _nodes(ev: RunEvidence, hits: list[Hit], rule: Rule, ranks: list[int]) -> li
     said = {h.evidence.rank: h.evidence.node for h in hits
             if h.rule.key == rule.key and h.evidence.node and h.evidence.rank is not None}
     nodes = [n for r in ranks if (n := said.get(r) or ev.node_of(r))]
-    if rule.cls not in NO_SUSPECTS and rule.symptom != "hang":  # lines that name a node only
+    if rule.cls not in NO_SUSPECTS and rule.symptom not in ("hang", *NO_NODE):  # a node only
         nodes += [h.evidence.node for h in hits if h.rule.key == rule.key
                   and h.evidence.rank is None and h.evidence.node]
     if rule.key == "slurm_node_fail":
@@ -181,8 +190,18 @@ def _context(ev: RunEvidence) -> list[Evidence]:
     return out
 
 
+def _absolute(path: str, cwd: object) -> str:
+    """A checkpoint path as the failed job wrote it, made absolute against the job's working
+    directory (its recorded launch) when it is a relative local path."""
+    if "://" in path or os.path.isabs(path) or not isinstance(cwd, str) or not cwd:
+        return path
+    return os.path.normpath(os.path.join(cwd, path))
+
+
 def _summary(d: Diagnosis, rule: Rule, ev: RunEvidence) -> str:
     what = rule.what[0].upper() + rule.what[1:]
+    if d.damaged_checkpoint:
+        what += f" ({d.damaged_checkpoint})"
     parts = [what]
     if d.suspect_ranks:
         where = f" on {', '.join(d.suspect_nodes)}" if d.suspect_nodes else ""

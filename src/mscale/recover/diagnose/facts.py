@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from mscale.recover.decision import Evidence
-from mscale.recover.diagnose.rules import (FACT_RULES, SPIKE_GAP_STEPS, TEXT_RULES, XID_APPLICATION,
-                                       XID_NUMBER, Rule)
+from mscale.recover.diagnose.rules import (CKPT_DAMAGE, CKPT_DIR, FACT_RULES, SPIKE_GAP_STEPS,
+                                           TEXT_RULES, XID_APPLICATION, XID_NUMBER, Rule)
 from mscale.recover.diagnose.evidence import RunEvidence
 
 MAX_LOG_SCANS = 64
@@ -51,6 +51,10 @@ class Hit:
     """Reading order (ties of weight and time go to the first read)."""
     ranks: tuple[int, ...] = ()
     """Ranks it names (a hang event's hung ranks), beyond ``evidence.rank``."""
+    checkpoint: str | None = None
+    """The checkpoint directory a ``ckpt_damaged`` finding names, as the error wrote it."""
+    checkpoint_error: str | None = None
+    """What the read said of that checkpoint (the message without its fix)."""
 
 
 class Findings:
@@ -228,13 +232,32 @@ def _error_file(f: Findings, rank: int, rec: dict) -> None:
     kind = rec.get("kind")
     exc_line, frames = last_exception(str(rec.get("traceback", "")).splitlines())
     line = f"{kind}: {message}"
+    damaged = damaged_checkpoint(rec.get("file"), message) if kind == "bad_input" else None
     if kind == "crash" and _user_raised(exc_line or message, frames):
         f.add("user_frame", source, f"{line} (in {frames[-1]})", rank, when)
+    elif damaged is not None:
+        hit = f.add("ckpt_damaged", source, line, rank, when)
+        hit.checkpoint, hit.checkpoint_error = damaged
     elif kind in ("bad_input", "disk_full", "timeout", "network", "console", "launcher_died",
                   "crash"):
         f.add(kind, source, line, rank, when)
     for text in {message, exc_line or ""} - {""}:
         f.text(source, text, rank, when)
+
+
+def damaged_checkpoint(file: object, message: str) -> tuple[str, str] | None:
+    """``(checkpoint directory, what was wrong)`` when a ``bad_input`` error is a damaged
+    checkpoint file the resume read (`rules.CKPT_DAMAGE`), else None. The directory is taken
+    from the error's ``file`` when the record has one (the `MscaleError`'s own field), else from
+    the message, which train writes as ``FILE: FIELD: MESSAGE; fix: FIX``."""
+    if not CKPT_DAMAGE.search(message):
+        return None
+    for where in (file, message):
+        if isinstance(where, str) and (m := CKPT_DIR.search(where)):
+            path = m.group("dir")
+            what = message.split("; fix: ", 1)[0].replace(f"{path}/", "", 1)
+            return path, " ".join(what.split())[:300]
+    return None
 
 
 def _time(rec: dict) -> float:

@@ -110,6 +110,8 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
     _f("finished", "none", "finished", False, 200, "the run finished every step"),
     _f("bad_input", "user_code", "bad_input", False, 90,
        "bad input (a plan, a checkpoint, a data file)"),
+    _f("ckpt_damaged", "storage", "damaged_checkpoint", False, 90,
+       "the checkpoint the job was resuming from is damaged"),
     _f("user_frame", "user_code", "crash", False, 90, "an error raised in user code"),
     _f("disk_full", "storage", "disk_full", False, 80, "the filesystem is full"),
     _f("xid_application", "software", "crash", False, 60,
@@ -152,3 +154,23 @@ XID_NUMBER = re.compile(r"NVRM: Xid\b(?:\s*\([^)]*\))?[\s:,]*(\d+)")
 SPIKE_GAP_STEPS = 20
 """Gradient spikes at most this many steps apart belong to one episode; two or more in an
 episode make "repeated spikes", which a rollback treats like a divergence."""
+
+CKPT_DAMAGE = re.compile(
+    r"checksum mismatch|zstd frame does not decode|decodes to \d+ bytes, expected|"
+    r"file ends (\d+ bytes )?early|\d+ bytes stored, \d+ expected|"
+    r"stored chunk sizes do not match|file has \d+ bytes, the manifest says|"
+    r"slices cover \d+ of \d+ elements|not a regular file|damaged or was altered|"
+    r"does not match the commit marker|: missing(;|$)", re.IGNORECASE)
+"""What the checkpoint package says of a damaged checkpoint file as a resume reads it
+(ckpt/format.py's chunk errors, catalog.open_shard, load.py, the manifest checks' fix
+``untrusted.DAMAGED``): the bytes on disk are wrong, whoever reads them. Together with a path
+inside a checkpoint directory (`CKPT_DIR`), an error file of kind ``bad_input`` saying it is
+the ``ckpt_damaged`` fact, not bad input: a rollback to an older checkpoint gets past it. What is
+wrong with the checkpoint *for this job* (a tensor it lacks, a shape of another model, not
+committed) says none of these and stays ``bad_input``; so does a read error (``Input/output
+error``), which may be the reading node's mount rather than the file."""
+
+CKPT_DIR = re.compile(r"(?:^|(?<=[\s'\"(=]))(?P<dir>(?:[^\s'\"()]*/)?step-\d{6,})"
+                      r"(?=[/'\":;,\s)]|$)")
+"""A checkpoint directory (``…/step-NNNNNN``, `mscale.ckpt.catalog.STEP_DIR`) in a message or a
+path: the first one named is the checkpoint the failure is about."""
