@@ -124,6 +124,16 @@ def test_an_unrecoverable_plan_stops_with_its_exit_code(tmp_path, capfd):
     assert (run / "attempts").read_text().count("x") == 1
 
 
+def test_an_interrupted_job_is_not_restarted(tmp_path, capfd):
+    """Exit 130: the operator stopped the job itself (a second Ctrl-C to it), not a failure."""
+    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 130})
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 130 and planner.calls == [] and sup.restarts == []
+    assert "the job was interrupted" in capfd.readouterr().err
+    assert json.loads((run / "recover" / "supervise.json").read_text())["status"] == "halted"
+
+
 def test_a_halt_on_request_is_not_restarted(tmp_path):
     cmd, _ = job(tmp_path, {"first": 1, "last": 2, "code": 1})
     planner = FakePlanner()
