@@ -49,6 +49,13 @@ def two_process_plan(tmp_path: Path) -> str:
     return str(path)
 
 
+def _as_from_a_terminal() -> None:
+    """The job's signals as a terminal leaves them: the test runner may run under nohup
+    (SIGHUP ignored, and inherited) or with SIGINT ignored (a background job of a shell)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Job:
     """``mscale train PLAN --local 2`` in its own session (its process group is the job's)."""
 
@@ -57,7 +64,8 @@ class Job:
         self.proc = subprocess.Popen(
             [MSCALE, "train", two_process_plan(tmp_path), "--local", "2", "--run-dir",
              str(self.run), "--steps", "100000", "--log-interval", "1"],
-            cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=REPO, stdout=stdout, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_as_from_a_terminal)
         self.workers: list[int] = []
 
     def steps(self) -> int:

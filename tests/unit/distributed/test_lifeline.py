@@ -158,7 +158,8 @@ sys.exit(1 if asked else 4)
 1 ("stopped on request"), as a training worker's halt does."""
 
 LOCAL_LAUNCHER = """
-import json, sys
+import json, signal, sys
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as from a terminal: the runner may run under nohup
 from mscale.distributed.launch import run_local_workers
 result = run_local_workers(2, 1, [], sys.argv[1], {}, entry=sys.argv[2], phases=(),
                            preload=())

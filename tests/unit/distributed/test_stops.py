@@ -145,5 +145,6 @@ def test_a_ctrl_c_before_the_entry_handles_it_is_130_not_1(tmp_path):
     p = subprocess.run([sys.executable, "-c", LAUNCHER, str(tmp_path / "logs"),
                         "raise KeyboardInterrupt"], cwd=REPO, capture_output=True, text=True,
                        timeout=DEADLINE_S)
-    result = json.loads(p.stdout.split("result ", 1)[1].splitlines()[0])
-    assert result[0] == [130, 130], p.stdout + p.stderr
+    codes = json.loads(p.stdout.split("result ", 1)[1].splitlines()[0])[0]
+    # the first to end is 130; the launcher may stop the other (SIGTERM) before it ends alike
+    assert 130 in codes and set(codes) <= {130, -signal.SIGTERM}, p.stdout + p.stderr

@@ -46,51 +46,49 @@ def test_requests_waiting_before_the_start_are_named_and_left_for_the_first_poll
     assert c.poll().halt and c.waiting() == []
 
 
-def test_signal_becomes_halt_decision(tmp_path):
+def test_signal_becomes_halt_decision(tmp_path, terminal_signals):
     c = Control(None, rank=0)
     c.install_signal_handlers()
-    try:
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert c.poll().stop
-    finally:
-        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert c.poll().stop
 
 
-def _restore(signals):
-    for sig in signals:
-        signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
+@pytest.fixture
+def terminal_signals():
+    """The stop signals as a process started from a terminal has them (a test runner may have
+    SIGHUP ignored, under nohup, or SIGINT changed by an earlier test), restored after."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
-def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once(monkeypatch):
+def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once(monkeypatch,
+                                                                   terminal_signals):
     now = [100.0]
     monkeypatch.setattr(control.time, "monotonic", lambda: now[0])
     c = Control(None, rank=0)
     c.install_signal_handlers()
-    try:
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)  # under --local the launcher's SIGTERM follows
+    os.kill(os.getpid(), signal.SIGINT)  # the same press, passed on again by a wrapper
+    assert c.poll().stop and c.signal_name == "SIGINT"
+    now[0] += 2.0
+    with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGTERM)  # under --local the launcher's SIGTERM follows
-        os.kill(os.getpid(), signal.SIGINT)  # the same press, passed on again by a wrapper
-        assert c.poll().stop and c.signal_name == "SIGINT"
-        now[0] += 2.0
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-    finally:
-        _restore(STOP_SIGNALS)
 
 
-def test_sighup_is_a_halt_and_an_ignored_signal_stays_ignored():
+def test_sighup_is_a_halt_and_an_ignored_signal_stays_ignored(terminal_signals):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup, or a --local worker's launcher
     c = Control(None, rank=0)
     c.install_signal_handlers()
-    try:
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        c.install_signal_handlers()
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert c.poll().stop and c.signal_name == "SIGHUP"
-    finally:
-        _restore(STOP_SIGNALS)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    c.install_signal_handlers()
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert c.poll().stop and c.signal_name == "SIGHUP"
 
 
 class FakeNow:
