@@ -32,11 +32,15 @@ class RecordingLink:
     """`p2p.StageLink`'s contract without a transport: logs each batch it posts (nothing for an
     empty one) and each wait, and refuses what the real link refuses."""
 
-    def __init__(self, log: list):
-        self.log, self.pending = log, set()
+    def __init__(self, log: list, pp: int = 1):
+        self.log, self.pending, self.pp = log, set(), pp
 
     def post(self, sends, recvs):
         assert all(t.shape == SHAPE and t.dtype == torch.float32 for _, t in sends)
+        for msg, t in sends:  # an activation is the output of its micro-batch and chunk
+            if msg.kind == "act":
+                assert int(t.flatten()[0]) == _stamp(msg.micro, msg.src // self.pp), \
+                    f"{msg} sent another output"
         assert not self.pending & set(recvs), "a receive posted twice"
         if sends or recvs:
             self.log.append(("post", Batch(tuple(m for m, _ in sends), tuple(recvs))))
@@ -66,12 +70,21 @@ class Chunk(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.ones(SHAPE[-1]))
 
     def forward(self, x, labels=None):
-        micro = int(x.flatten()[0])
+        micro = int(x.flatten()[0]) % STAMP
         self.log.append(("F", micro, self.chunk))
-        h = (x if x.is_floating_point() else x[..., None].float()) * self.w
+        x = x if x.is_floating_point() else x[..., None].float()
+        h = x * self.w + (_stamp(micro, self.chunk) - x.detach())  # the value: its stamp
         if h.requires_grad:  # training: the backward of this chunk starts at h
             h.register_hook(lambda _: self.log.append(("B", micro, self.chunk)))
         return h.sum() if labels is not None else h
+
+
+STAMP = 1000
+"""An output's value is ``_stamp(micro, chunk)``: a send of another output is seen."""
+
+
+def _stamp(micro: int, chunk: int) -> int:
+    return micro + STAMP * (chunk + 1)
 
 
 def _tokens(micro: int):
@@ -88,7 +101,7 @@ class _Null:
 def _stage(pp: int, vpp: int, m: int, rank: int, log: list) -> PipelineStage:
     return PipelineStage(chunks=[Chunk(c, log) for c in range(vpp)], pp=pp, vpp=vpp,
                          pp_rank=rank, micro_batches=m, device=torch.device("cpu"),
-                         link=RecordingLink(log), get_batch=lambda step, micro: _tokens(micro),
+                         link=RecordingLink(log, pp), get_batch=lambda step, micro: _tokens(micro),
                          grads=_Null(), precision=_Null())
 
 
