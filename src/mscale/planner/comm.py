@@ -48,10 +48,16 @@ class Links:
         too."""
         return self.pod_gpus % np.asarray(span_gpus) == 0
 
+    def in_node(self, span_gpus):
+        """Whether every group of ``span_gpus`` consecutive ranks (tiling the ranks from 0) lies
+        inside one node: the span divides the node. Smaller is not enough: groups of 3 on
+        8-GPU nodes put ranks 6-8 across two nodes, and a ring runs at its slowest hop."""
+        return self.gpus_per_node % np.asarray(span_gpus) == 0
+
     def span_bandwidth(self, span_gpus):
         """Bandwidth of a ring over ``span_gpus`` consecutive ranks: its slowest tier."""
         span_gpus = np.asarray(span_gpus)
-        return np.where(span_gpus <= self.gpus_per_node, self.fast,
+        return np.where(self.in_node(span_gpus), self.fast,
                         np.where(self.in_pod(span_gpus), self.nic, self.inter_pod))
 
 
@@ -140,11 +146,12 @@ def pp_exposed(act_bytes, tp, pp, vpp, m, span_gpus, links: Links, t_fwd_chunk,
       exposed (fitted to the schedule simulation: within 0–13% above it; 1F1B's critical count
       already covers its steady state, linear in d).
 
-    ``span_gpus`` is how many consecutive ranks one stage covers (tp·dp): neighbours farther apart
-    than a node talk over the network.
+    ``span_gpus`` is how many consecutive ranks one stage covers (tp·dp): every micro-batch
+    crosses every stage boundary, so the transfers run on NVLink only when the whole pipeline
+    (span·pp ranks) is one node; otherwise some boundary is a network hop, and it paces them.
     """
     pp = np.asarray(pp)
-    bw = np.where(np.asarray(span_gpus) < links.gpus_per_node, links.fast,
+    bw = np.where(np.asarray(span_gpus) * pp <= links.gpus_per_node, links.fast,
                   np.where(np.asarray(span_gpus) * pp <= links.pod_gpus, links.nic, links.inter_pod))
     one = act_bytes / tp / bw + P2P_LATENCY_S
     crit = pp_critical_transfers(pp, vpp, m)

@@ -78,3 +78,22 @@ def test_a_pod_larger_than_the_job_is_one_pod():
 
     links = Links.of(ClusterConfig(nodes=4, nodes_per_pod=6, gpu="A100"))
     assert links.pod_gpus == 32 and bool(links.in_pod(32))  # 4 of 6 nodes: no pod boundary
+
+
+def test_a_ring_is_inside_a_node_only_when_its_span_divides_the_node():
+    """Groups tile the ranks from 0: groups of 3 on 8-GPU nodes put ranks 6-8 across two."""
+    links = Links(fast=100e9, nic=10e9, inter_pod=5e9, gpus_per_node=8, pod_gpus=1536)
+    assert links.span_bandwidth(4) == links.fast and links.span_bandwidth(8) == links.fast
+    assert links.span_bandwidth(3) == links.nic and links.span_bandwidth(6) == links.nic
+
+
+def test_pipeline_transfers_use_nvlink_only_when_the_whole_pipeline_is_one_node():
+    """Stages of 4 ranks on 8-GPU nodes: pp 2 is one node; at pp 4 the boundary between stages
+    1 and 2 crosses nodes, and every micro-batch passes it."""
+    def one_transfer(pp):
+        # overlap 1: only the critical transfers are exposed, each one transfer time
+        return pp_exposed(4e6, 1, pp, 1, 4, 4, LINKS, 1.0, overlap=1.0) / \
+            pp_critical_transfers(pp, 1, 4)
+
+    assert one_transfer(2) == pytest.approx(4e6 / LINKS.fast + P2P_LATENCY_S)
+    assert one_transfer(4) == pytest.approx(4e6 / LINKS.nic + P2P_LATENCY_S)
