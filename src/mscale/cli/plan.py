@@ -12,6 +12,8 @@ from mscale.cli.app import app
 from mscale.cli.output import console, print_json
 from mscale.config.base import dump_yaml
 from mscale.planner.choose import Choice, choose, load_parts
+from mscale.ckpt.listing import format_bytes
+from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM
 from mscale.planner.goodput import GoodputInputs
 from mscale.planner.planfile import make_plan
 from mscale.planner.report import (Row, distinct, json_document, layout_table, losses_table,
@@ -92,10 +94,11 @@ def plan_cmd(
         print_json(json_document(choice.result, top, choice.given, plan.model_dump(
             mode="json", exclude_none=True, exclude={"placement"}), explain))
         return
-    _print_human(choice, top, plan, output, explain)
+    _print_human(choice, top, plan, output, explain, write_gbps)
 
 
-def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bool) -> None:
+def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bool,
+                 write_gbps: float) -> None:
     result, given, pb = choice.result, choice.given, choice.problem
     console.print(f"stack: {pb.stack_profile.name}"
                   + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
@@ -119,10 +122,14 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
         console.print(result.preferred_note, markup=False)
     console.print(memory_table(choice.cost))
     ck = plan.checkpoint
+    size = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM
     console.print(f"checkpoint every {ck.interval_steps} steps ({ck.interval_s:.0f} s; "
                   f"{plan.estimate['checkpoint_interval_note']}): job MTBF {ck.mtbf_h:.1f} h, "
                   f"blocking cost {ck.checkpoint_cost_s:.2f} s, restart {ck.restart_s:.0f} s → "
-                  f"effective training {100 * ck.effective_training:.1f}%")
+                  f"effective training {100 * ck.effective_training:.1f}%; assumes "
+                  f"{format_bytes(size)} per checkpoint ({CHECKPOINT_BYTES_PER_PARAM} B/param) "
+                  f"written at {write_gbps:g} GB/s (--ckpt-write-gbps; `mscale preflight` "
+                  "measures your storage)", soft_wrap=True)
     if explain:
         console.print(rejects_table(result.rejects, result.examined))
     if output:
