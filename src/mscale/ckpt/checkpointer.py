@@ -68,7 +68,7 @@ class Checkpointer:
     """One per training process; see the module docstring for the rules."""
 
     def __init__(self, live: LiveRank, run_ckpt: str, options: CkptOptions, emit: Emit,
-                 data_fingerprint: int | None = None,
+                 data_fingerprint: int | None = None, data_sources: list[dict] | None = None,
                  data_position: Callable[[int], int] | None = None,
                  write_hooks: Callable[[int], WriteHooks | None] = lambda step: None):
         """``write_hooks(step)``: what the writer of the save of ``step`` calls before its copy
@@ -96,7 +96,7 @@ class Checkpointer:
         """That checkpoint's train state: where the loader counts the data from."""
         self.data_position = data_position
         """Samples consumed before a step (the loader's `consumed_before`); None: step · batch."""
-        self.fingerprint = data_fingerprint
+        self.fingerprint, self.data_sources = data_fingerprint, data_sources
         self.gate: CopyGate | None = None
         self.fatal: str | None = None
         """Rank 0: why the job must stop (a save failed on a full disk); None while it may go
@@ -169,7 +169,7 @@ class Checkpointer:
                           counts_skips=self.data_position is not None,
                           optimizer=live.optimizer.kind, optimizer_step=live.optimizer.step_count,
                           lr=lr, clip=live.clipper.state_dict(), data_fingerprint=self.fingerprint,
-                          rng_world=self.world)
+                          data_sources=self.data_sources, rng_world=self.world)
 
     def poll(self) -> None:
         """Collective, every step boundary: commit the in-flight save once every rank is done."""

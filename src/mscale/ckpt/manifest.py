@@ -181,6 +181,25 @@ class ClipState(_Record):
     count: int = Field(ge=0, le=MAX_STEP)
 
 
+class DataSourceRecord(_Record):
+    """`TrainState.data_sources`: one token source as the checkpoint's run read it
+    (train/data.py `identities`)."""
+
+    path: str = Field(min_length=1, max_length=4096)
+    """As the training file names it."""
+    role: Literal["train", "eval"]
+    """A training source (its held-out end included), or a held-out source given apart."""
+    weight: float = Field(gt=0, le=1e6)
+    """Its blend weight."""
+    kind: Literal["manifest", "edges"]
+    """How ``digest`` was taken: a prepared folder's manifest (its shards' sha256s), or the
+    first and last MiB of tokens of another source with its size."""
+    digest: str = Field(pattern=r"^[0-9a-f]{16}$")
+    tokens: int = Field(ge=0, le=MAX_BYTES)
+    documents: int | None = Field(default=None, ge=0, le=MAX_BYTES)
+    """None for a source without document boundaries (a flat file)."""
+
+
 class TrainState(_Record):
     """Everything besides tensors that a resumed run needs to continue exactly."""
 
@@ -205,6 +224,10 @@ class TrainState(_Record):
     """crc32 of sample 0, to notice that the data changed under a resumed run."""
     rng_world: int | None = Field(default=None, ge=1, le=MAX_WORLD)
     """World size whose per-rank RNG states are stored (restored only at the same layout)."""
+    data_sources: list[DataSourceRecord] | None = Field(default=None, max_length=8192)
+    """Every token source's identity, to name the one that changed under a resumed run; None
+    for synthetic data and checkpoints written before it (those fall back to
+    ``data_fingerprint``)."""
 
 
 class LayoutRecord(_Record):

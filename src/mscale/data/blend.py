@@ -37,6 +37,7 @@ class BlendedSamples:
 
     def __init__(self, parts: list[Part], weights: list[float], seed: int, shuffle: bool):
         self.parts, self.seq_len = parts, parts[0].packed.seq_len
+        self.weights = list(weights)
         self.mixture = Mixture([p.packed.count for p in parts], weights, seed, shuffle)
 
     @property

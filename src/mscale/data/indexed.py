@@ -31,7 +31,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from mscale.data.manifest import (MANIFEST, REPREPARE, TOKEN_DTYPES, check_shard, load_manifest,
-                                  verify_checksums)
+                                  manifest_digest, verify_checksums)
 from mscale.data.storage import Blob, expand, fsync_dir, join, kind, open_blob
 from mscale.errors import MscaleError
 from mscale.urls import fs_and_path
@@ -48,6 +48,9 @@ DTYPE_CODES: dict[int, np.dtype] = {
 """Megatron-LM's ``DType`` enum: code → numpy dtype (little-endian on disk)."""
 _CODE_OF = {dt: code for code, dt in DTYPE_CODES.items()}
 _INT32_MAX = 2**31 - 1
+IDENTITY_EDGE_BYTES = 1 << 20
+"""A source without a manifest is identified by its size and a checksum of this many bytes of
+tokens at its start and at its end (`TokenDataset.identity`)."""
 
 
 def storage_dtype(dtype: np.dtype | str) -> np.dtype:
@@ -297,6 +300,33 @@ class TokenDataset:
         if self.num_tokens == 0:
             raise _bad("the dataset holds no tokens", url, "tokens",
                        "name a dataset with data in it")
+        self.manifest_digest: str | None = None
+        """`manifest.manifest_digest` of a prepared folder; None for other sources."""
+
+    @property
+    def documents(self) -> int | None:
+        """Documents in the source; None without document boundaries (a flat file)."""
+        return None if self.doc_offsets is None else len(self.doc_offsets) - 1
+
+    def identity(self) -> dict:
+        """What this source holds, cheaply, so a resumed run can tell that it changed under it:
+        ``kind`` (``manifest`` or ``edges``), ``digest`` (16 hex digits), ``tokens`` and
+        ``documents``. A prepared folder: its manifest's digest (the shards' recorded sha256s; no
+        shard is read). Any other source (a Megatron prefix or glob, a flat file): a sha256 of
+        its token and document counts and of its first and last `IDENTITY_EDGE_BYTES` of tokens:
+        two reads, whatever its size. A change confined to the middle of such a file with the
+        same size is not seen (docs/data.md); size and modification time alone would say nothing
+        of a file copied over with the same length."""
+        if self.manifest_digest is not None:
+            kind_, digest = "manifest", self.manifest_digest
+        else:
+            edge = max(1, IDENTITY_EDGE_BYTES // self.dtype.itemsize)
+            h = hashlib.sha256(f"{self.num_tokens}:{self.documents}:".encode())
+            h.update(self.read(0, min(edge, self.num_tokens)).tobytes())
+            h.update(self.read(max(0, self.num_tokens - edge), self.num_tokens).tobytes())
+            kind_, digest = "edges", h.hexdigest()[:16]
+        return {"kind": kind_, "digest": digest, "tokens": self.num_tokens,
+                "documents": self.documents}
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` as int64, across shard boundaries."""
@@ -335,7 +365,9 @@ def _open_manifest(folder: str, spec: str, dtype: np.dtype | None) -> TokenDatas
                     documents=len(shard.doc_offsets) - 1, bin_bytes=shard.blob.size)
         return shard
     shards = _parallel(open_one, list(enumerate(m["shards"])))
-    return TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
+    ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
+    ds.manifest_digest = manifest_digest(m)
+    return ds
 
 
 def _parallel(fn, args: list[tuple]) -> list:

@@ -13,6 +13,7 @@ folder (``..``, an absolute path, a separator) is refused. Checksums are not com
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -77,6 +78,25 @@ def load_manifest(folder: str) -> dict:
             raise _refuse(f"{key} is {m[key]} but the shards sum to {total}", url,
                           f"manifest.{key}")
     return m
+
+
+IDENTITY_KEYS = ("tokenizer_sha256", "dtype", "vocab_size", "eod_id", "tokens", "documents")
+SHARD_IDENTITY_KEYS = ("prefix", "tokens", "documents", "bin_bytes", "bin_sha256", "idx_sha256")
+
+
+def manifest_digest(m: dict) -> str:
+    """What a prepared folder holds, in 16 hex digits: a sha256 over the manifest's tokenizer
+    checksum, dtype, counts and every shard's name, counts and sha256s (a checked manifest, `load_manifest`).
+
+    No file is read beyond the manifest: the shards' own sha256s, recorded by prepare, stand for
+    their contents. Fields that do not change the tokens (the input and tokenizer paths) are
+    left out, so preparing the same text with the same tokenizer again gives the same digest,
+    and any other text or tokenizer another (recorded by train in each checkpoint, so a resume
+    notices a folder re-prepared under it: train/resumed.py)."""
+    core = {k: m.get(k) for k in IDENTITY_KEYS}
+    core["shards"] = [{k: s.get(k) for k in SHARD_IDENTITY_KEYS} for s in m["shards"]]
+    text = json.dumps(core, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _check_shard_entry(s: object, url: str, field: str) -> None:

@@ -113,6 +113,30 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+_SOURCE_LISTS = ("training.data.sources", "training.data.eval_sources")
+
+
+def _describe(key: str, old: Any, new: Any) -> str:
+    """One refused field's change: a blend's sources by what differs (a source added or removed,
+    a weight from what to what), any other field as old -> new (shortened)."""
+    if key in _SOURCE_LISTS and isinstance(old or [], list) and isinstance(new or [], list):
+        return f"{key}: {describe_sources(old or [], new or [])}"
+    return f"{key}: {_short(old)} -> {_short(new)}"
+
+
+def describe_sources(old: list[dict], new: list[dict]) -> str:
+    """What differs between two lists of ``{path, weight}`` (a blend's sources), in words."""
+    def weights(sources):
+        return {s.get("path"): s.get("weight", 1.0) for s in sources}
+    a, b = weights(old), weights(new)
+    parts = [f"{p} weight {a[p]:g} -> {b[p]:g}" for p in a if p in b and a[p] != b[p]]
+    parts += [f"{p} added (weight {b[p]:g})" for p in b if p not in a]
+    parts += [f"{p} removed (weight {a[p]:g})" for p in a if p not in b]
+    if not parts and list(a) != list(b):
+        parts = [f"order {', '.join(map(str, a))} -> {', '.join(map(str, b))}"]
+    return "; ".join(parts) or f"{_short(old)} -> {_short(new)}"
+
+
 def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
                       allow_batch_change: bool = False,
                       allow_data_change: bool = False) -> PlanChange:
@@ -137,7 +161,7 @@ def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
             fix="keep the run's global batch, or pass --allow-batch-change to continue the data "
                 "from the samples already consumed with the new batch")
     if refused:
-        shown = "; ".join(f"{k}: {_short(a.get(k))} -> {_short(b.get(k))}" for k in refused[:3])
+        shown = "; ".join(_describe(k, a.get(k), b.get(k)) for k in refused[:3])
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         raise MscaleError(
             f"this run directory belongs to another model or training recipe ({shown}{more}); "

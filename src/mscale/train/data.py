@@ -36,8 +36,10 @@ class DatasetTokens:
     """Real token data (docs/data.md): one split of the training file's sources, blended,
     shuffled and packed by `mscale.data.blend`, as int64 tensors."""
 
-    def __init__(self, samples: BlendedSamples):
+    def __init__(self, samples: BlendedSamples, held_out: BlendedSamples | None = None):
         self.samples, self.seq_len = samples, samples.seq_len
+        self.held_out = held_out
+        """The held-out split's samples (`source_fingerprint` records its sources too)."""
         remote = any("://" in url and not url.startswith("file://") for url in samples.sources)
         self.read_threads = READ_THREADS if remote else 1
         """Reads in flight ahead of the step: a remote store's reads wait on its latency and
@@ -88,7 +90,8 @@ def make_sources(cfg: DataConfig, seed: int, seq_len: int, vocab: int):
     """(training source, held-out source or None) of a training file's ``data`` section."""
     if cfg.kind == "tokens":
         train, held = build_splits(cfg, seq_len, seed, vocab)
-        return DatasetTokens(train), (DatasetTokens(held) if held is not None else None)
+        return (DatasetTokens(train, held),
+                DatasetTokens(held) if held is not None else None)
     held = SyntheticTokens(seed, seq_len, vocab)
     held.seed = seed ^ SYNTHETIC_EVAL_SALT  # same successor table, other samples
     return SyntheticTokens(seed, seq_len, vocab), held
@@ -270,7 +273,65 @@ class ReadAhead:
             self._cv.notify_all()
 
 
-def source_fingerprint(source) -> int:
-    """A short checksum of the first sample, recorded so that a resumed run can tell whether its
-    data changed under it."""
-    return zlib.crc32(source.sample(0).numpy().tobytes())
+@dataclass(frozen=True)
+class DataIdentity:
+    """What a checkpoint records of its data, and a resumed run compares (train/resumed.py)."""
+
+    checksum: int
+    """crc32 of sample 0 (``TrainState.data_fingerprint``, in every checkpoint)."""
+    sources: list[dict] | None = None
+    """One identity per source (`identities`; ``TrainState.data_sources``), None for synthetic
+    data."""
+
+
+def source_fingerprint(source) -> DataIdentity:
+    """What a resumed run compares to tell whether its data changed under it: a checksum of the
+    first sample, and every source's identity."""
+    samples = getattr(source, "samples", None)
+    sources = (identities(samples, getattr(source, "held_out", None))
+               if isinstance(samples, BlendedSamples) else None)
+    return DataIdentity(zlib.crc32(source.sample(0).numpy().tobytes()), sources)
+
+
+def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> list[dict]:
+    """One record per source, training sources first (``role`` train, their blend ``weight``),
+    then held-out sources given apart (``role`` eval): ``path`` as the training file names it
+    and `TokenDataset.identity` (a prepared folder's manifest digest; for other sources a
+    checksum of their first and last MiB with their size)."""
+    out, seen = [], set()
+    for role, split in (("train", train), ("eval", held)):
+        if split is None:
+            continue
+        for part, weight in zip(split.parts, split.weights):
+            if id(part.dataset) in seen:  # the held-out end of a training source
+                continue
+            seen.add(id(part.dataset))
+            out.append({"path": part.dataset.url, "role": role, "weight": float(weight),
+                        **part.dataset.identity()})
+    return out
+
+
+def describe_data(cfg: DataConfig) -> str:
+    """One line for the start of a run: what it trains on, e.g. ``data: blend of 2 sources:
+    src_a 25%, src_b 75%; held-out 5% of each``."""
+    if cfg.kind != "tokens":
+        return "data: synthetic (a seeded stream; held-out: the same chain, other draws)"
+    train = cfg.train_sources
+    total = sum(s.weight for s in train)
+    if len(train) == 1:
+        text = f"data: {train[0].path}"
+    else:
+        text = (f"data: blend of {len(train)} sources: "
+                + ", ".join(f"{s.path} {_percent(s.weight / total)}" for s in train))
+    if cfg.eval_sources:
+        text += "; held-out: " + ", ".join(s.path for s in cfg.eval_sources)
+    elif cfg.eval_fraction:
+        text += f"; held-out {_percent(cfg.eval_fraction)}" + (" of each" if len(train) > 1 else "")
+    else:
+        text += "; no held-out split"
+    return text
+
+
+def _percent(x: float) -> str:
+    p = 100 * x
+    return f"{p:.0f}%" if abs(p - round(p)) < 0.05 or p >= 10 else f"{p:.1f}%"

@@ -30,7 +30,7 @@ from mscale.topology.placement import placement_for
 from mscale.train.console import (Summary, checkpoint_line, resume_text, start_line,
                                   stop_line)
 from mscale.train.control import Control
-from mscale.train.data import source_fingerprint
+from mscale.train.data import DataIdentity, describe_data, source_fingerprint
 from mscale.train.resumed import is_own, resume_notes
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
@@ -93,6 +93,7 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
     plan, change = engine.plan, start.change
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
+    _say(engine, describe_data(plan.training.data))
     if change is not None and change.kind == "changed":
         layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
                   change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
@@ -126,9 +127,10 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
 
 def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
     """Checkpoint saving and resuming for this run (docs/ckpt.md)."""
+    data = source_fingerprint(engine.loader.source)
     return Checkpointer(engine.live_rank(), s.run.ckpt, engine.options.ckpt,
                         emit=lambda **kw: _checkpoint_event(engine, s, kw),
-                        data_fingerprint=source_fingerprint(engine.loader.source),
+                        data_fingerprint=data.checksum, data_sources=data.sources,
                         data_position=engine.loader.consumed_before,
                         write_hooks=engine.faults.write_hooks)
 
@@ -158,7 +160,8 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
              "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
     if resumed:
         _say(engine, resumed)
-        for note in resume_notes(ckpt.resumed_state, plan.training, ckpt.fingerprint,
+        for note in resume_notes(ckpt.resumed_state, plan.training,
+                                 DataIdentity(ckpt.fingerprint, ckpt.data_sources),
                                  is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
                                  data_change=engine.options.allow_data_change):
             _say(engine, note)

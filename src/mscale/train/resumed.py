@@ -4,13 +4,18 @@ A resume continues the data by position (global samples consumed) and the learni
 step, under whatever data and schedule the resuming run has. Both can change without any error:
 
 - **the data**: a data folder re-prepared at the same path (a new tokenizer, more documents),
-  or new blend weights, makes the same position mean other samples; the checkpoint records a
-  checksum of the first sample (`data.source_fingerprint`). A run directory resuming its own
+  or new blend weights, makes the same position mean other samples; the checkpoint records
+  every source's identity (`data.source_fingerprint`: a prepared folder's manifest digest, else
+  a checksum of a source's first and last MiB with its size; its weight and token and document
+  counts), and a resume names the source that changed and how (`data_differences`); a
+  checkpoint from before those records is compared by the checksum of the first sample it
+  recorded. A run directory resuming its own
   checkpoint (``--resume auto``, or one of its own ``ckpt/`` named: what recover and supervise
   relaunch, a rollback included) refuses a change: that is a crash-restart, and it must train on
   what it trained on. ``--allow-data-change``, or a new run directory started from another
   run's checkpoint (``--resume OTHER/ckpt/step-N``), is the operator saying the change is meant:
-  then it is one line and an event.
+  then it is one line and an event, and one more when there is a held-out split: it was re-cut
+  and re-blended, so held-out losses before and after are not comparable.
 - **the learning rate**: the schedule is a function of ``training.steps``; resuming with another
   ``--steps`` stretches or squeezes the cosine, so the rate jumps (a 20-step run extended to 40
   restarts from ~6× its last rate). Meant or not, the operator sees the jump before it trains.
@@ -23,25 +28,30 @@ import os
 
 from mscale.config.training import TrainingConfig
 from mscale.errors import MscaleError
+from mscale.train.data import DataIdentity
 from mscale.train.schedule import learning_rate
 
 
-def resume_notes(state, training: TrainingConfig, fingerprint: int | None, own: bool,
+def resume_notes(state, training: TrainingConfig, data: DataIdentity | None, own: bool,
                  checkpoint: str, data_change: bool = False) -> list[str]:
     """Lines to print for a resume from ``state`` (a manifest's TrainState); MscaleError when
-    the data changed under a restart. ``own``: the checkpoint is the run directory's own
+    the data changed under a restart. ``data``: `data.source_fingerprint` of the data now (its
+    ``sources`` compared with the checkpoint's ``data_sources`` when both have them, else the
+    first sample's checksum); ``own``: the checkpoint is the run directory's own
     (`is_own`); ``data_change``: ``--allow-data-change`` (the change is meant)."""
     notes = []
-    saved = state.data_fingerprint
-    if saved is not None and fingerprint is not None and saved != fingerprint:
-        what = (f"the training data differ from what {checkpoint} trained on (first sample's "
-                f"checksum {saved}, now {fingerprint})")
+    what = data_differences(state, data, checkpoint)
+    if what is not None:
         if own and not data_change:
             raise MscaleError(what, field="training.data",
                               fix="restore the data that run trained on, or pass "
                                   "--allow-data-change to go on with the new data on purpose")
         notes.append(f"{what}: continuing at global sample {state.samples} of the new data, "
                      "so samples may repeat or be skipped (docs/data.md)")
+        if training.data.kind == "tokens" and training.data.has_eval:
+            notes.append(f"the held-out split was re-cut and re-blended with the data: held-out "
+                         f"losses before step {state.step} and after it are not comparable "
+                         "(docs/data.md)")
     if state.lr is not None and 0 < state.step < training.steps:  # past the end: nothing trains
         had = state.lr
         planned = learning_rate(training, state.step - 1)
@@ -51,6 +61,57 @@ def resume_notes(state, training: TrainingConfig, fingerprint: int | None, own: 
                          f"{learning_rate(training, state.step):.3g} next (the schedule follows "
                          "training.steps; keep --steps to continue the same curve)")
     return notes
+
+
+def data_differences(state, data: DataIdentity | None, checkpoint: str) -> str | None:
+    """How the data now differ from what ``checkpoint`` (its TrainState ``state``) trained on,
+    or None: per source when both sides record sources (a source re-prepared or changed, with
+    its documents and tokens before -> after; a weight changed; a source added or removed),
+    else by the first sample's checksum (checkpoints from before ``data_sources``)."""
+    saved, now = getattr(state, "data_sources", None), data.sources if data else None
+    if saved is not None and now is not None:
+        changes = source_changes([_record(r) for r in saved], now)
+        if not changes:
+            return None
+        shown = "; ".join(changes[:4]) + (f"; and {len(changes) - 4} more" if len(changes) > 4
+                                          else "")
+        return f"the training data differ from what {checkpoint} trained on: {shown}"
+    old = state.data_fingerprint
+    if old is None or data is None or old == data.checksum:
+        return None
+    return (f"the training data differ from what {checkpoint} trained on (first sample's "
+            f"checksum {old}, now {data.checksum})")
+
+
+def source_changes(saved: list[dict], now: list[dict]) -> list[str]:
+    """What changed between two lists of source records (`data.identities`), one phrase each."""
+    before = {(r["role"], r["path"]): r for r in saved}
+    after = {(r["role"], r["path"]): r for r in now}
+    out = []
+    for key, a in before.items():
+        b = after.get(key)
+        name = a["path"] + (" (held-out)" if a["role"] == "eval" else "")
+        if b is None:
+            out.append(f"{name} was removed (weight {a['weight']:g})")
+            continue
+        if (a["kind"], a["digest"]) != (b["kind"], b["digest"]):
+            sizes = [f"{_count(a.get(k))} -> {_count(b.get(k))} {k}"
+                     for k in ("documents", "tokens") if a.get(k) != b.get(k)]
+            out.append(f"{name} was re-prepared or changed ("
+                       + (", ".join(sizes) if sizes else "the same size, other contents") + ")")
+        if a["weight"] != b["weight"]:
+            out.append(f"{name}'s weight changed from {a['weight']:g} to {b['weight']:g}")
+    out += [f"{b['path']}{' (held-out)' if b['role'] == 'eval' else ''} was added "
+            f"(weight {b['weight']:g})" for key, b in after.items() if key not in before]
+    return out
+
+
+def _record(r) -> dict:
+    return r if isinstance(r, dict) else r.model_dump()
+
+
+def _count(n) -> str:
+    return "?" if n is None else f"{n:,}"
 
 
 def is_own(checkpoint: str, ckpt_root: str) -> bool:

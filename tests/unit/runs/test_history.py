@@ -116,3 +116,17 @@ def test_a_run_directory_from_before_the_history_keeps_its_plan(tmp_path):
     names = [u.rsplit("/", 1)[-1] for u in plan_history(run)]
     assert names == ["plan-0001.yaml", "plan-0002.yaml"]
     assert (tmp_path / "run" / "plans" / "plan-0001.yaml").read_text() == old_text
+
+
+def test_a_refused_blend_change_shows_the_difference_not_a_truncated_list():
+    """The user's trial truncated both lists before they differed."""
+    old = {"data": {"kind": "tokens", "sources": [{"path": "src_a", "weight": 3.0},
+                                                  {"path": "src_b", "weight": 1.0}]}}
+    new = {"data": {"kind": "tokens", "sources": [{"path": "src_a", "weight": 3.0},
+                                                  {"path": "src_b", "weight": 2.0},
+                                                  {"path": "src_c", "weight": 1.0}]}}
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(training=old), _plan(training=new), source="RUN/plan.yaml")
+    assert ("training.data.sources: src_b weight 1 -> 2; src_c added (weight 1)"
+            in info.value.message) and "..." not in info.value.message
+    assert "--allow-data-change" in info.value.fix

@@ -6,6 +6,7 @@ from mscale.errors import MscaleError
 import torch
 
 from mscale.data.indexed import IndexedWriter
+from tests.unit.data.folders import prepared
 from mscale.train.data import (BatchPlan, DataLoader, DatasetTokens, ReadAhead, SyntheticTokens,
                                make_source, make_sources)
 
@@ -149,3 +150,56 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_naming_the_dat
     with pytest.raises(MscaleError, match="tokenizer has 300 tokens, the model embeds 256") as e:
         make_source(DataConfig(path=str(folder)), 0, 8, 256)
     assert e.value.file == str(folder) and e.value.field == "training.data.path"
+
+
+def test_a_source_re_prepared_at_its_path_is_named_on_resume_whatever_sample_zero_is(tmp_path):
+    """The user's trial: src_a re-prepared with fewer documents; the checkpoint's first sample
+    may come from src_b, but its per-source records name src_a."""
+    from mscale.ckpt.manifest import TrainState
+    from mscale.config.training import TrainingConfig
+    from mscale.train.data import source_fingerprint
+    from mscale.train.resumed import resume_notes
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 256, 40).tolist() for _ in range(12)]
+    prepared(tmp_path / "src_a", docs, vocab_size=256)
+    prepared(tmp_path / "src_b", docs[::-1], vocab_size=256)
+    cfg = DataConfig(sources=[{"path": str(tmp_path / "src_a")},
+                              {"path": str(tmp_path / "src_b"), "weight": 3.0}], eval_fraction=0.2)
+    before = source_fingerprint(make_source(cfg, 3, 8, 256))
+    assert [(s["path"], s["weight"], s["documents"]) for s in before.sources] == [
+        (str(tmp_path / "src_a"), 1.0, 12), (str(tmp_path / "src_b"), 3.0, 12)]
+    state = TrainState.model_validate(TrainState(  # as a checkpoint writes and reads it back
+        step=4, samples=64, data_fingerprint=before.checksum, data_sources=before.sources)
+        .model_dump(mode="json"))
+    training = TrainingConfig(global_batch=16, steps=8, data=cfg)
+    assert resume_notes(state, training, source_fingerprint(make_source(cfg, 3, 8, 256)),
+                        True, "ck") == []
+    prepared(tmp_path / "src_a", docs[:7], vocab_size=256)
+    after = source_fingerprint(make_source(cfg, 3, 8, 256))
+    with pytest.raises(MscaleError) as e:
+        resume_notes(state, training, after, True, "ck")
+    assert f"{tmp_path / 'src_a'} was re-prepared or changed (12 -> 7 documents, 480 -> 280 " \
+           "tokens)" in e.value.message
+
+
+def test_held_out_sources_given_apart_are_recorded_too(tmp_path):
+    from mscale.train.data import source_fingerprint
+
+    prepared(tmp_path / "a", [[1, 2, 3] * 10] * 4, vocab_size=256)
+    prepared(tmp_path / "held", [[4, 5, 6] * 10] * 4, vocab_size=256)
+    cfg = DataConfig(path=str(tmp_path / "a"), eval_sources=[{"path": str(tmp_path / "held")}])
+    roles = [(s["role"], s["path"]) for s in source_fingerprint(make_source(cfg, 0, 8, 256)).sources]
+    assert roles == [("train", str(tmp_path / "a")), ("eval", str(tmp_path / "held"))]
+
+
+def test_the_start_line_says_the_sources_their_shares_and_the_held_out_part():
+    from mscale.train.data import describe_data
+
+    blend = DataConfig(sources=[{"path": "src_a"}, {"path": "src_b", "weight": 3}],
+                       eval_fraction=0.05)
+    assert describe_data(blend) == "data: blend of 2 sources: src_a 25%, src_b 75%; held-out 5% of each"
+    assert describe_data(DataConfig(path="t.bin")) == "data: t.bin; no held-out split"
+    assert describe_data(DataConfig(path="a", eval_sources=[{"path": "h"}])) == \
+        "data: a; held-out: h"
+    assert describe_data(DataConfig()).startswith("data: synthetic")
