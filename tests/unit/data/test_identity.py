@@ -1,8 +1,6 @@
 """A source's identity (`TokenDataset.identity`): what a checkpoint records so that a resume
 notices a source re-prepared or rewritten under it."""
 
-import json
-
 import numpy as np
 
 from mscale.data.indexed import IDENTITY_EDGE_BYTES, open_dataset
