@@ -102,19 +102,22 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     choice = stages.choose_checkpoint(run, diagnosis, verify=opts.verify)
     launch = recorded_launch(run)
     plan, plan_url = _run_plan(run, launch)
+    finished = diagnosis.symptom == "finished"  # nothing to recover: no re-check, no re-plan
     checker = None
-    if opts.recheck:
+    if opts.recheck and not finished:
         checker = Rechecker(run, plan, launch.plan if launch and launch.plan else plan_url,
                             launch, since=failure_time(run))
     exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker)
     reasons: list[str] = []
-    refusal = None
+    refusal = rp = skip = None
     try:
-        rp = stages.replan(run, plan, exclusions, allow_batch_change=opts.allow_batch_change,
-                           write=False)
+        if not finished:
+            rp = stages.replan(run, plan, exclusions, allow_batch_change=opts.allow_batch_change,
+                               write=False)
     except MscaleError as e:
         rp, refusal = None, f"no layout fits the remaining nodes: {e.message}"
-    skip = stages.data_skip_for(diagnosis, choice)
+    if not finished:
+        skip = stages.data_skip_for(diagnosis, choice)
     if skip is not None:  # the window is that many steps of the failed run's batch
         skip = skip.model_copy(update={"global_batch": plan.training.global_batch})
     change = Change(world=rp.world if rp else plan.layout.world_size,
@@ -129,9 +132,11 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                    f"one of this run's checkpoints ({diagnosis.damaged_error}): resume from "
                    "another one (--resume), then run recover again")
         refusal = f"{refusal}; {foreign}" if refusal else foreign
-    verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
-    reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
-    finished = diagnosis.symptom == "finished"
+    if finished:  # exit 0 (docs/recover.md): a finished run is no failure, nor degraded
+        verdict, reasons = "relaunchable", ["the run finished: nothing to recover"]
+    else:
+        verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
+        reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
@@ -171,9 +176,7 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
         return "unrecoverable"
     degraded = _degradations(choice, exclusions, rp, skip)
     reasons += degraded
-    if diagnosis.symptom == "finished":
-        reasons.append("the run finished: nothing to recover")
-    elif not degraded:
+    if not degraded:
         at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"
         reasons.append(f"relaunch as before, from {at}")
     if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back

@@ -26,7 +26,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +45,9 @@ Srun = Callable[[list[str], float], tuple[int, str, str]]
 BAD_STATES = ("down", "drain", "fail", "not_responding", "no_respond", "maint", "reboot")
 """SLURM node states (``sinfo %T``) that mean the node cannot run the job; a trailing ``*``
 (not responding) counts too."""
+
+SINFO_TIMEOUT_S = 20.0
+"""Longest ``sinfo`` may take (SLURM's word on the job's nodes, before preflight)."""
 
 RECHECK_TIMEOUT_S = 300.0
 """Longest a SLURM re-check may take: start-up on every node plus a quick preflight (about ten
@@ -111,6 +116,12 @@ def _srun(argv: list[str], timeout: float) -> tuple[int, str, str]:
     return p.returncode, p.stdout, p.stderr
 
 
+def _progress(line: str) -> None:
+    """A re-check takes seconds to minutes: say so on stderr (``--json`` keeps stdout one
+    document)."""
+    print(f"recover: {line}", file=sys.stderr, flush=True)
+
+
 def _json_document(text: str) -> dict | None:
     """The JSON document rank 0 printed with ``--json`` (other ranks may print lines too)."""
     start = text.find("{")
@@ -139,6 +150,9 @@ class Rechecker:
     """What the operator should know (nodes not re-checked and why), one sentence each."""
     answers: dict[str, str | None] = field(default_factory=dict)
     """Every answer given so far."""
+    progress: Callable[[str], None] = _progress
+    """Told a line before and after each re-check that runs something (stderr by default)."""
+    clock: Callable[[], float] = time.monotonic
 
     def __call__(self, nodes: list[str]) -> dict[str, str | None]:
         todo = sorted(set(nodes))
@@ -163,7 +177,14 @@ class Rechecker:
         if shutil.which("srun") is None and self.srun is _srun:
             self.notes.append(f"{hosts} not re-checked: srun is not on PATH here")
             return {}
-        return self._srun_preflight(nodes, launch)
+        self.progress(f"re-checking {hosts} with preflight (up to "
+                      f"{2 * SINFO_TIMEOUT_S + self.timeout_s:.0f} s) …")
+        began = self.clock()
+        found = self._srun_preflight(nodes, launch)
+        said = "; ".join(f"{n}: {'healthy' if found[n] is None else found[n]}"
+                         for n in nodes if n in found) or "no answer (see the notes)"
+        self.progress(f"re-check of {hosts} done in {self.clock() - began:.1f} s: {said}")
+        return found
 
     def _srun_preflight(self, nodes: list[str], launch: Launch) -> dict[str, str | None]:
         world = self.plan.layout.world_size
@@ -212,7 +233,7 @@ class Rechecker:
     def _down(self, nodes: list[str]) -> dict[str, str]:
         """Nodes SLURM itself reports down, drained or not responding (``sinfo``), with why."""
         rc, out, _ = self.srun(["sinfo", "-h", "-N", "-n", collect_hostlist(nodes),
-                                "-o", "%N %T"], 20.0)
+                                "-o", "%N %T"], SINFO_TIMEOUT_S)
         if rc != 0:
             return {}
         states = dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)

@@ -332,6 +332,10 @@ class Supervisor:
             self._save_state("could not plan")
             raise
         self.phases.mark("diagnosed", plan_gist(plan))
+        if plan.diagnosis.symptom == "finished":  # its last record: every step trained
+            _say(f"the job exited {code} but the run finished every step: nothing to recover")
+            self._save_state("finished", plan)
+            return 0
         if plan.verdict == "unrecoverable" or not plan.command:
             reason = "; ".join(plan.reasons) or plan.diagnosis.summary or "no relaunch command"
             _say(f"unrecoverable: {reason}")

@@ -132,6 +132,26 @@ def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
     assert fakes.rechecked == {} and fakes.calls == [("replan", False, False)]
 
 
+def test_a_finished_run_exits_0_with_no_re_check_re_plan_or_command(run, fakes):
+    """A quarantine entry left from the run would re-plan a relaunch; a finished run needs
+    none: exit 0 (not 1, degraded), no re-plan file named, nothing re-checked."""
+    from mscale.recover.report import render
+
+    fakes.diagnosis = Diagnosis(cls="none", symptom="finished", summary="The run finished",
+                                failed_step=20, attempt=1, exit_code=0)
+    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "quarantined"})
+    fakes.replan = shrunk(run)
+    fakes.skip = DataSkip(after_step=10, skip_steps=2, reason="x")
+    plan = plan_recovery(str(run))
+    assert (plan.verdict, plan.exit_code, plan.command, plan.replan, plan.data_skip) == \
+        ("relaunchable", 0, [], None, None)
+    assert plan.reasons == ["the run finished: nothing to recover"]
+    assert fakes.rechecked is None and fakes.calls == []
+    text = render(plan, executed=False, decision=None)
+    assert "FINISHED, nothing to recover (exit 0)" in text
+    assert "re-plan" not in text and "plan-0" not in text
+
+
 def test_a_changed_batch_is_relaunched_with_trains_permission(run, fakes):
     fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
     fakes.replan = shrunk(run)
@@ -287,6 +307,29 @@ def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
     assert argv[:7] == ["srun", "--job-name=j-recheck", "--nodelist=node[1-4]", "--nodes=4",
                         "--ntasks=8", "--ntasks-per-node=2", "--immediate=60"]
     assert argv[7:10] == ["/venv/bin/mscale", "preflight", str(run / "plan.yaml")]
+
+
+def test_a_slurm_re_check_says_a_line_before_and_after_on_stderr_only(run, capsys):
+    """A re-check takes seconds to minutes: silence looks like a hang. stdout stays --json's."""
+    def srun(argv, timeout):
+        if argv[0] == "sinfo":
+            return 0, "".join(f"{n} idle\n" for n in NODES), ""
+        return 0, report(time.time()).model_dump_json(), ""
+
+    launch = Launch(argv=["mscale"], nodes=NODES, launcher="slurm", slurm={"job_id": "7"})
+    c = checker(run, launch, srun)
+    c(["node3"])
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert out == "" and len(lines) == 2, err
+    assert lines[0].startswith("recover: re-checking node3 with preflight (up to 340 s)")
+    assert lines[1].startswith("recover: re-check of node3 done in ") and "node3: preflight " \
+        "re-check failed" in lines[1]
+
+
+def test_a_local_run_is_not_re_checked_and_says_nothing(run, capsys):
+    checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))(["node3"])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("state, excluded", [("drained", True), ("idle*", True), ("idle", False)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -389,3 +390,121 @@ def test_a_dead_launcher_blames_no_node_and_a_closed_console_is_software(run, tm
     other.error_file(0, 5, "console", "BrokenPipeError: [Errno 32] Broken pipe")
     d = diagnose(other.path)
     assert (d.cls, d.symptom) == ("software", "crash") and d.suspect_nodes == []
+
+
+# -- srun --kill-on-bad-exit=1: the step's cancel is its teardown, not an operator's scancel ---
+
+
+def _stamp(t: float) -> str:
+    """slurmstepd's time of a cancel (the node's local time, whole seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(T0 + t))
+
+
+def _killed_under_srun(tmp_path) -> Run:
+    """The trial's run: 8 ranks on node[1-4] under ``srun --kill-on-bad-exit=1 --output
+    RUN/logs/…``; rank 4 (node3) SIGKILLed; its peers lose it; srun says so, cancels the step,
+    and the other tasks end with it."""
+    run = Run(tmp_path / "r1", nodes="node[1-4]", tp=2, dp=4)
+    run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 4), t=1.0)
+    for rank in (0, 5):
+        run.error_file(rank, 5 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
+    run.event("stop", 5.5, severity="critical", ranks=[0], nodes=["node1"],
+              message="error (rank 0 on node1, network): ...",
+              evidence={"kind": "network", "error_file": "logs/rank0.error.json"})
+    run.file("logs/slurm-25.out",
+             "step 3/100 loss 5.1\n"
+             "srun: error: node3: task 4: Killed\n"
+             "srun: launch/slurm: _step_signal: Terminating StepId=25.0\n"
+             f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {_stamp(6)} ***\n"
+             "srun: error: node1: tasks 0-1: Killed\n"
+             "srun: error: node3: task 5: Exited with exit code 3\n", t=7)
+    return run
+
+
+def test_kill_on_bad_exit_blames_the_killed_rank_not_a_scancel(tmp_path):
+    d = diagnose(_killed_under_srun(tmp_path).path)
+    assert (d.cls, d.symptom) == ("unknown", "signal"), d.summary
+    assert d.suspect_ranks == [4] and d.suspect_nodes == ["node3"]
+    assert "task 4: Killed" in d.evidence[0].text
+    assert "cancelled (scancel)" not in d.summary
+
+
+def test_kill_on_bad_exit_with_an_xid_is_the_gpu_and_excludes_its_node(tmp_path):
+    from mscale.recover.exclude import decide_exclusions
+    from mscale.runs.rundir import RunDir
+
+    run = _killed_under_srun(tmp_path)
+    run.log(4, "step 3/100 loss 5.1\nNVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen "
+            "off the bus.\n", t=5)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("gpu", "crash", False), d.summary
+    assert d.suspect_ranks == [4] and d.suspect_nodes == ["node3"]
+    assert decide_exclusions(RunDir(run.path), d).nodes == ["node3"]
+
+
+def test_a_step_cancel_after_a_failed_rank_with_no_srun_line_is_no_scancel(tmp_path):
+    """The step's cancel in a rank's own --output file, srun's own lines elsewhere: the error
+    files written before it say the job failed first."""
+    run = Run(tmp_path / "r1", nodes="node[1-4]", tp=2, dp=4)
+    run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 4), t=1.0)
+    for rank in (0, 1, 2, 3, 5, 6, 7):
+        run.error_file(rank, 5 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
+    run.log(1, f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {_stamp(6)} ***\n", t=6)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("network", "crash"), d.summary
+    assert d.suspect_ranks == [4] and d.suspect_nodes == ["node3"]
+
+
+def test_an_operators_step_scancel_is_still_a_stop(run):
+    """``scancel 25.0``: no task failed before the cancel; the tasks' SIGTERM stop and srun's
+    lines about them come after it."""
+    rid = run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 4), t=1.0)
+    run.finish(9, 1, 3, rid, reason="signal")
+    run.file("slurm-25.out", f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT "
+             f"{_stamp(6)} ***\nsrun: error: node1: tasks 0-1: Exited with exit code 1\n"
+             "srun: error: node2: tasks 2-3: Terminated\n", t=9)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("none", "stopped") and "scancel" in d.summary
+
+
+def test_an_operators_job_scancel_is_still_a_stop_whatever_the_step_says(run):
+    rid = run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 4), t=1.0)
+    run.finish(9, 1, 3, rid, reason="signal")
+    run.file("slurm-25.out", f"slurmstepd: error: *** JOB 25 ON node1 CANCELLED AT {_stamp(6)} "
+             f"***\nslurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {_stamp(6)} ***\n"
+             "srun: error: node1: tasks 0-3: Terminated\n", t=9)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("none", "stopped") and d.suspect_nodes == []
+
+
+def test_supervises_own_halt_under_slurm_is_the_slow_link_not_a_scancel(run):
+    """``recover supervise --watch -- srun --kill-on-bad-exit=1 …``: watch names a slow link,
+    supervise asks for a halt, the tasks exit 1 after the checkpoint, srun cancels the step."""
+    rid = run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 31), t=1.0)
+    run.event("straggler", 20, source="watch", step=30, severity="warning", ranks=[2, 3],
+              nodes=["node2"], message="the link to node2 is slow",
+              evidence={"cause": "slow_link", "action": "checkpoint requested"})
+    run.event("control", 24, step=30, message="halting on a control/halt request")
+    run.finish(25, 1, 30, rid, reason="halt")
+    run.file("slurm-25.out", "srun: error: node1: task 0: Exited with exit code 1\n"
+             f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {_stamp(26)} ***\n"
+             "srun: error: node2: tasks 2-3: Exited with exit code 1\n", t=27)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("network", "straggler"), d.summary
+    assert d.suspect_nodes == ["node2"] and "scancel" not in d.summary
+
+
+def test_a_step_of_a_job_cancelled_due_to_a_time_limit_is_the_time_limit(run):
+    run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.file("slurm-25.out", f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT "
+             f"{_stamp(6)} ***\nslurmstepd: error: *** JOB 25 ON node1 CANCELLED AT "
+             f"{_stamp(6)} DUE TO TIME LIMIT ***\n", t=7)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("preemption", "preempted")
+    assert all(not (h.source == "slurm-25.out" and "STEP" in h.text and h is d.evidence[0])
+               for h in d.evidence)

@@ -124,6 +124,25 @@ def test_an_unrecoverable_plan_stops_with_its_exit_code(tmp_path, capfd):
     assert (run / "attempts").read_text().count("x") == 1
 
 
+class FinishedPlanner(FakePlanner):
+    """What recover answers for a run whose last record is a finish (its exit code aside)."""
+
+    def __call__(self, run_dir, command, opts) -> RecoveryPlan:
+        plan = super().__call__(run_dir, command, opts)
+        plan.diagnosis = Diagnosis(cls="none", symptom="finished", summary="every step done")
+        return plan
+
+
+def test_a_job_that_exits_non_zero_after_finishing_is_not_restarted(tmp_path, capfd):
+    """A launcher or wrapper failing after the last step (a final barrier): nothing to redo."""
+    cmd, run = job(tmp_path, {"first": 1, "last": 4, "code": 3})
+    planner = FinishedPlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 0 and sup.restarts == [] and len(planner.calls) == 1
+    assert "the run finished every step: nothing to recover" in capfd.readouterr().err
+    assert json.loads((run / "recover" / "supervise.json").read_text())["status"] == "finished"
+
+
 def test_an_interrupted_job_is_not_restarted(tmp_path, capfd):
     """Exit 130: the operator stopped the job itself (a second Ctrl-C to it), not a failure."""
     cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 130})

@@ -47,6 +47,9 @@ TEXT_RULES: tuple[Rule, ...] = (
        "the job reached its SLURM time limit"),
     _t("slurm_node_fail", r"DUE TO NODE FAIL|NODE_FAIL|Node failure on", "preemption",
        "preempted", True, 100, "SLURM reported a node failure (NODE_FAIL)"),
+    # an operator's scancel; a STEP's cancel that follows a task failure (srun
+    # --kill-on-bad-exit) or belongs to a job cancelled DUE TO something is the step being torn
+    # down: facts.py turns it into the weak ``step_cancelled`` fact
     _t("slurm_cancelled", r"CANCELLED AT (?!.*DUE TO)", "none", "stopped", False, 95,
        "the job was cancelled (scancel)"),
     # user code and environment: relaunching cannot help
@@ -139,6 +142,8 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
        "the job was stopped by a signal (SIGTERM/SIGUSR1: the scheduler; SIGINT/SIGHUP)"),
     _f("halted", "none", "stopped", False, 10, "the job was stopped on request"),
     _f("exit_nonzero", "unknown", "crash", False, 5, "a rank exited with an error"),
+    _f("step_cancelled", "unknown", "crash", False, 2,
+       "SLURM tore the job step down after a task failed (srun --kill-on-bad-exit)"),
 )}
 """Fact rules: what the job's own records say (events, error-file kinds, the launcher's view)."""
 
