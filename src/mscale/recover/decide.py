@@ -101,7 +101,16 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     diagnosis = stages.diagnose(run_dir)
     choice = stages.choose_checkpoint(run, diagnosis, verify=opts.verify)
     launch = recorded_launch(run)
-    plan, plan_url = _run_plan(run, launch)
+    try:
+        plan, plan_url = _run_plan(run, launch)
+    except MscaleError as e:  # it stopped before its start: say why, there is nothing to redo
+        first = f" {diagnosis.evidence[0].source}: {diagnosis.evidence[0].text}" \
+            if diagnosis.evidence else ""
+        raise MscaleError(f"{e.message}: the job stopped before it started training. "
+                          f"{diagnosis.summary}{first}", file=run.root,
+                          fix="fix that cause and start the job again (nothing was trained "
+                              "and no checkpoint written, so there is nothing to recover)"
+                          ) from None
     finished = diagnosis.symptom == "finished"  # nothing to recover: no re-check, no re-plan
     checker = None
     if opts.recheck and not finished:

@@ -369,3 +369,22 @@ def test_a_suspect_re_checked_healthy_is_said_to_be_kept(run, fakes):
     plan = plan_recovery(str(run))
     assert fakes.rechecked == {"node2": None}
     assert "node2 re-checked healthy by preflight: kept" in plan.reasons
+
+
+def test_a_job_that_failed_before_recording_its_plan_is_told_why_not_only_that(tmp_path):
+    """A launch refused at its start (a layout for 8 processes started on 1) leaves an error
+    file and no plan.yaml: recover names the cause, and that there is nothing to recover."""
+    from tests.unit.recover.diag_runs import Run
+
+    run = Run(tmp_path / "run")
+    (tmp_path / "run" / "plan.yaml").unlink()
+    line = "layout: the launcher started 1 processes but the plan needs 8"
+    run.error_file(0, 1.0, "bad_input", f"{line}; fix: launch exactly 8 processes")
+    run.event("stop", 1.0, severity="critical", ranks=[0], nodes=["node1"],  # rank 0's own
+              message=f"error (rank 0 on node1, bad_input): {line}",
+              evidence={"kind": "bad_input", "error_file": "logs/rank0.error.json"})
+    with pytest.raises(MscaleError) as e:
+        plan_recovery(run.path, RecoverOptions(recheck=False))
+    assert "the job stopped before it started training" in e.value.message
+    assert "the launcher started 1 processes but the plan needs 8" in e.value.message
+    assert "nothing to recover" in e.value.fix
