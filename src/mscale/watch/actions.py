@@ -245,7 +245,7 @@ class Actor:
             write_json_atomic(self.run.quarantine, q.model_dump(mode="json"))
         self.log.append({"action": "quarantine", "time": now, "nodes": added,
                          "already": sorted(set(f.nodes) - set(added)),
-                         "checkpoint_confirmed": confirmed is not None,
+                         "checkpoint_confirmed": confirmed is not None, "how": how,
                          "finding_key": _key_list(f)})
         self._event("info", severity, f.last_step, f.ranks,
                     f.nodes, f"quarantined {', '.join(f.nodes)} {how}",

@@ -166,6 +166,7 @@ class Watcher:
         new, seen = [], set()
         for kind, findings in found.items():
             for f in findings:
+                self._grade(f)
                 seen.add(f.key)
                 known = self._open.get(f.key)
                 if known is None:
@@ -184,14 +185,31 @@ class Watcher:
                     del self._open[key]
         return new
 
-    @staticmethod
-    def _refresh(known: _Open, f: Finding) -> None:
+    def _grade(self, f: Finding) -> None:
+        """A slow link that costs at least ``critical_slowdown_pct`` is critical (config.py)."""
+        if f.cause == "slow_link" and (f.slowdown_pct or 0.0) >= self.cfg.critical_slowdown_pct \
+                and SEVERITY[f.severity] < SEVERITY["critical"]:
+            f.severity = "critical"
+            f.evidence["critical_slowdown_pct"] = self.cfg.critical_slowdown_pct
+
+    def _refresh(self, known: _Open, f: Finding) -> None:
+        """An open finding seen again: its figures, message and evidence follow the newest
+        window (a slow link's cost is measured again each row, detect/links.py), its severity
+        only rises (``escalated_at`` in its evidence says when), and it is not emitted again."""
         old = known.finding
         known.absent = 0
         f.evidence["detected_at"] = old.evidence.get("detected_at")
+        for k in ("escalated_at", "escalated_from"):
+            if k in old.evidence:
+                f.evidence[k] = old.evidence[k]
         old.last_step, old.slowdown_pct = f.last_step, f.slowdown_pct
         if old.kind not in ("nan", "grad_spike"):  # their message names the first bad step
             old.message, old.evidence, old.advice = f.message, f.evidence, f.advice
+        if SEVERITY[f.severity] > SEVERITY[old.severity]:
+            old.evidence.update(escalated_from=old.severity, escalated_at=f.last_step)
+            old.severity = f.severity
+            if SEVERITY[old.severity] > SEVERITY[self.worst]:
+                self.worst = old.severity
 
     # -- hang -------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import IO
 
 from mscale.watch import report, sinks, timeline
 from mscale.watch.findings import Finding
-from mscale.watch.view import make_view
+from mscale.watch.view import Actions, make_view
 from mscale.watch.window import Window
 
 
@@ -43,6 +43,8 @@ class Outputs:
         self._notes = notes
         self._follower = None
         self._prometheus_said = False
+        self._logged = 0
+        """Entries of the actor's log already put into words (`actions`)."""
         self.view = make_view(self.stream, options.as_json or options.jsonl,
                               lambda: self._follower.layout if self._follower else None,
                               options.status_every_s)
@@ -51,8 +53,10 @@ class Outputs:
         self._follower = follower
         if self.options.jsonl:
             sinks.write_jsonl(self.stream, new)
+        acts = self.actions(follower, new)
         if follower.history is not None or new:  # a job may end before its first record
-            self.view.update(follower.history, window, new, follower.open_findings())
+            self.view.update(follower.history, window, new, follower.open_findings(),
+                             actions=acts)
         if self.options.prometheus:
             sinks.write_prometheus(self.options.prometheus, sinks.prometheus_text(
                 follower.target.url, follower.history, follower.open_findings(),
@@ -61,6 +65,32 @@ class Outputs:
                 self._prometheus_said = True
                 again = " (rewritten at each look)" if getattr(follower, "live", False) else ""
                 self.note(f"wrote Prometheus textfile: {self.options.prometheus}{again}")
+
+    def actions(self, follower, new: list[Finding]) -> Actions:
+        """What the actor did since the last look, in words, each line under the new finding it
+        was for (view.py); for a finding watch would act on but may not, the command that
+        would."""
+        actor = getattr(follower, "actor", None)
+        log = list(getattr(actor, "log", []))
+        fresh, self._logged = log[self._logged:], len(log)
+        url = follower.target.url
+        out = Actions()
+        keys = {id(f): [f.kind, f.cause, list(f.ranks), list(f.nodes)] for f in new}
+        for entry in fresh:
+            text = action_text(entry, url)
+            if text is None:
+                continue
+            f = next((f for f in new if keys[id(f)] == entry.get("finding_key")), None)
+            if f is None:
+                out.later.append(text)
+            else:
+                out.of.setdefault(id(f), []).append(text)
+        acting = bool(getattr(actor, "acting", False))
+        for f in new:
+            if f.kind == "stop" or id(f) in out.of or not (f.hardware and f.nodes):
+                continue
+            out.of[id(f)] = [idle_text(f, url, acting, getattr(follower.target, "run", None))]
+        return out
 
     def note(self, line: str) -> None:
         """One line about watch itself (what it wrote, what it waits for), never on stdout's
@@ -73,7 +103,9 @@ class Outputs:
         """Close the view, write the document and the report; return the exit code."""
         code = sinks.exit_code(follower.findings)
         if follower.history is not None or getattr(follower, "ended", None) is not None:
-            self.view.update(follower.history, None, [], follower.open_findings(), final=True)
+            # actions taken after the last look (a quarantine that waited for its checkpoint)
+            self.view.update(follower.history, None, [], follower.open_findings(), final=True,
+                             actions=self.actions(follower, []))
         self.view.close()
         summary = follower.summary()
         if self.options.report:
@@ -89,3 +121,40 @@ class Outputs:
             self.stream.write(json.dumps(doc, indent=2, default=str) + "\n")
             self.stream.flush()
         return code
+
+
+def action_text(entry: dict, url: str) -> str | None:
+    """One entry of the actor's log (watch/actions.py) in words; None for the events it
+    records (every finding is one: saying so under each would be noise)."""
+    what = entry.get("action")
+    nodes = ", ".join((entry.get("finding_key") or [None] * 4)[3] or [])
+    if what == "control/checkpoint":
+        then = f"; {nodes} is quarantined once it is committed" if nodes else ""
+        return f"checkpoint requested (control/checkpoint){then}"
+    if what == "control/halt":
+        return "halt requested (control/halt)"
+    if what == "quarantine":
+        added, already = entry.get("nodes") or [], entry.get("already") or []
+        parts = []
+        if added:
+            how = entry.get("how") or ("after the requested checkpoint was committed"
+                                       if entry.get("checkpoint_confirmed")
+                                       else "without a confirmed checkpoint")
+            parts.append(f"{', '.join(added)} quarantined {how} (quarantine.json)")
+        if already:
+            parts.append(f"{', '.join(already)} already quarantined")
+        return "; ".join(parts) + (f"; to relaunch without it once the job has stopped: "
+                                   f"mscale recover {url} --execute (or run the job under "
+                                   f"mscale recover supervise, which does both)")
+    return None
+
+
+def idle_text(f: Finding, url: str, acting: bool, run) -> str:
+    """Under a hardware finding no action was taken for: why, and what would act on it."""
+    if run is None:
+        return ("none: a metrics file alone has no run directory to act on (watch the run "
+                "directory to checkpoint and quarantine)")
+    if acting:
+        return "none: an earlier watch already recorded it (events.jsonl)"
+    return (f"none (--no-act): run mscale watch {url} without --no-act to checkpoint and "
+            f"quarantine {', '.join(f.nodes)}, or run the job under mscale recover supervise")

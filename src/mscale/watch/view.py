@@ -5,6 +5,13 @@ nodes as a small heat map over the last steps (each cell: how far the rank's com
 above the median of all ranks at that step), and the open alerts. In a pipe, a log or CI, a
 redrawn screen is noise, so the same facts come as plain lines: one per new finding, and a
 status line every ``status_every_s`` seconds.
+
+Under each new finding, indented, what to do and what watch did: ``  advice: …`` (the finding's
+advice, once), then one ``  action: …`` line per action taken for it (``checkpoint requested
+(control/checkpoint)``) or, when watch may not act, the command that would. An action taken
+later (a quarantine once the requested checkpoint is committed) is its own ``action: …`` line
+when it happens, and an open finding whose severity rises (a slow link whose measured cost
+passes ``critical_slowdown_pct``) is said once more, as ``escalated to CRITICAL: …``.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import IO
 
 import numpy as np
@@ -59,6 +67,25 @@ def finding_line(f: Finding) -> str:
     return f"{steps}{f.severity.upper()} {f.kind}/{f.cause}{where}{slow}: {f.message}"
 
 
+_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass
+class Actions:
+    """What watch did since the view's last update, in words (outputs.py builds it from the
+    actor's log): lines for a finding new in this update, by the finding's identity, and lines
+    for findings said before (a quarantine that followed its checkpoint)."""
+
+    of: dict[int, list[str]] = field(default_factory=dict)
+    later: list[str] = field(default_factory=list)
+
+
+def under(f: Finding, actions: Actions) -> list[str]:
+    """The indented lines under a new finding: its advice, then what was done about it."""
+    lines = [f"advice: {f.advice}"] if f.advice else []
+    return lines + [f"action: {a}" for a in actions.of.get(id(f), [])]
+
+
 def _few(items, limit: int = 6) -> str:
     items = [str(i) for i in items]
     return ",".join(items[:limit]) + (f",+{len(items) - limit}" if len(items) > limit else "")
@@ -85,16 +112,32 @@ class PlainView:
     def __init__(self, stream: IO[str], status_every_s: float = 30.0, clock=time.monotonic):
         self.stream, self.every, self.clock = stream, status_every_s, clock
         self._last = self._step = None
+        self._said: dict[int, tuple[Finding, str]] = {}
+        """Each finding printed (by identity) and the severity it was printed with."""
 
     def update(self, history: History | None, window: Window | None, new: list[Finding],
-               open_findings: list[Finding], final: bool = False) -> None:
+               open_findings: list[Finding], final: bool = False,
+               actions: "Actions | None" = None) -> None:
         """``history`` is None when a job ended before its first record (its end is the one
         finding there is). The job's end (a ``stop`` finding) is the last word: the status line
-        of the steps before it comes first."""
+        of the steps before it comes first. ``actions``: what watch did since the last update
+        (module docstring)."""
+        actions = actions or Actions()
         ends = [f for f in new if f.kind == "stop"]
+        for f in open_findings:
+            said = self._said.get(id(f))
+            if said is not None and said[0] is f and _RANK[f.severity] > _RANK[said[1]]:
+                self.stream.write(f"escalated to {f.severity.upper()} at step {f.last_step}: "
+                                  f"{finding_line(f)}\n")
+                self._said[id(f)] = (f, f.severity)
         for f in new:
             if f.kind != "stop":
                 self.stream.write(finding_line(f) + "\n")
+                for line in under(f, actions):
+                    self.stream.write(f"  {line}\n")
+                self._said[id(f)] = (f, f.severity)
+        for line in actions.later:
+            self.stream.write(f"action: {line}\n")
         latest = history.latest if history is not None else {}
         now, step = self.clock(), latest.get("step")
         due = self._last is None or now - self._last >= self.every
@@ -117,11 +160,18 @@ class LiveView:
         self.layout_of = layout_of
         """A callable returning the current `JobLayout` (None until known)."""
         self.recent: deque[np.ndarray] = deque(maxlen=HEAT_STEPS)
+        self.done: deque[str] = deque(maxlen=5)
+        """The last actions taken, newest last."""
         self.live = Live(console=self.console, auto_refresh=False, transient=False)
         self.live.start()
 
     def update(self, history: History | None, window: Window | None, new: list[Finding],
-               open_findings: list[Finding], final: bool = False) -> None:
+               open_findings: list[Finding], final: bool = False,
+               actions: Actions | None = None) -> None:
+        if actions is not None:
+            for f in new:
+                self.done.extend(actions.of.get(id(f), []))
+            self.done.extend(actions.later)
         if window is not None and len(window):
             compute = window.per_rank("compute_time")
             for row in compute[-HEAT_STEPS:]:
@@ -139,9 +189,16 @@ class LiveView:
         alerts = Table(title="open alerts", show_header=False, box=None)
         for f in open_findings[:10]:
             alerts.add_row(Text(finding_line(f), style=_STYLE.get(f.severity, "")))
+            if f.advice:
+                alerts.add_row(Text(f"  advice: {f.advice}", style="dim"))
         if not open_findings:
             alerts.add_row(Text("none", style="green"))
-        return Group(*parts, alerts)
+        if not self.done:
+            return Group(*parts, alerts)
+        done = Table(title="actions taken", show_header=False, box=None)
+        for line in self.done:
+            done.add_row(Text(f"action: {line}"))
+        return Group(*parts, alerts, done)
 
     def _heat(self, excess: np.ndarray, layout: JobLayout | None) -> Table:
         """Rows: the slowest ranks, then the slowest nodes; cells: compute above the median."""

@@ -15,7 +15,7 @@ from mscale.watch import report, sinks
 from mscale.watch.findings import Finding
 from mscale.watch.history import Binned, History
 from mscale.watch.layout import JobLayout
-from mscale.watch.view import PlainView, finding_line, sparkline
+from mscale.watch.view import Actions, PlainView, finding_line, sparkline
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
 from tests.unit.watch.pages import network_references
@@ -147,9 +147,29 @@ def test_plain_view_lines():
     lines = out.getvalue().splitlines()
     assert lines[0] == ("step 5 WARNING straggler/slow_device rank 3 (node1) +31.5%: "
                         "rank 3 computes 50% longer")
+    assert lines[1] == "  advice: replace node1"  # once, under the finding
     assert re.match(r"step 5 \| loss 2 \| grad-norm 1 \| step-time 1s \| tokens/s 5000 \| "
-                    r"open alerts 1$", lines[1])
-    assert len(lines) == 3 and lines[2].endswith("open alerts 0")
+                    r"open alerts 1$", lines[2])
+    assert len(lines) == 4 and lines[3].endswith("open alerts 0")
+
+
+def test_plain_view_says_what_was_done_and_escalations():
+    out = io.StringIO()
+    view = PlainView(out, status_every_s=1e9)
+    f = finding(cause="slow_link")
+    view.update(None, None, [f], [f], actions=Actions(
+        of={id(f): ["checkpoint requested (control/checkpoint)"]}))
+    view.update(None, None, [], [f], actions=Actions(later=["node1 quarantined"]))
+    f.severity, f.slowdown_pct, f.last_step = "critical", 196.5, 30
+    view.update(None, None, [], [f])
+    view.update(None, None, [], [f])  # said once
+    assert out.getvalue().splitlines() == [
+        "step 5 WARNING straggler/slow_link rank 3 (node1) +31.5%: rank 3 computes 50% longer",
+        "  advice: replace node1",
+        "  action: checkpoint requested (control/checkpoint)",
+        "action: node1 quarantined",
+        "escalated to CRITICAL at step 30: step 5 CRITICAL straggler/slow_link rank 3 (node1) "
+        "+196.5%: rank 3 computes 50% longer"]
 
 
 @pytest.mark.parametrize("values,expected", [([1, 2, 3], "▁▅█"), ([2, 2], "▁▁"), ([], "")])

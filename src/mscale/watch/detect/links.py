@@ -102,11 +102,11 @@ class LinkRows:
             self.values[k][i] = group_values(self.g, k, per_kind[k])
         self.n += 1
 
-    def last(self, k: int) -> tuple[np.ndarray, float, dict[str, np.ndarray]]:
-        """The last ``k`` rows: their steps, their median step time, each kind's values."""
+    def last(self, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """The last ``k`` rows: their steps, their step times, each kind's values."""
         k = min(k, self.n, self.cap)
         idx = np.arange(self.n - k, self.n) % self.cap
-        return (self.steps[idx], float(median(self.step_time[idx])),
+        return (self.steps[idx], self.step_time[idx].copy(),
                 {kind: v[idx] for kind, v in self.values.items()})
 
 
@@ -188,6 +188,20 @@ class LinkRules:
                        axis=0)
         return onset_step(steps, over >= 0.5)
 
+    def cost(self, steps: np.ndarray, times: np.ndarray, rows: dict[str, np.ndarray],
+             slow: list[dict], onset: int) -> tuple[list[dict], float, int]:
+        """The slow groups with their excess measured on the rows from ``onset`` on (the
+        median there: every such row is slow), the median step time of those rows, and how many
+        rows that is. The window's rows before the onset were healthy: counting them would
+        price the link at a fraction of its cost (module docstring, 4)."""
+        after = steps >= onset
+        if not after.any():
+            after = np.ones(len(steps), bool)
+        excess = {kind: _row_excess(v[after], self.g.pp) for kind, v in rows.items()}
+        priced = [{**s, "excess_s": float(median(excess[s["kind"]][:, s["group"]])),
+                   "persist_excess_s": s["excess_s"]} for s in slow]
+        return priced, float(median(times[after])), int(after.sum())
+
     def judge(self, link_rows: LinkRows, own: np.ndarray | None = None,
               whatif: WhatIf | None = None) -> list[Finding]:
         """Findings over the last ``persist_steps`` rows (none before there are that many).
@@ -195,7 +209,8 @@ class LinkRules:
         model, for the saving (`_saving`)."""
         if link_rows.n < self.cfg.persist_steps or not link_rows.kinds:
             return []
-        steps, step_s, rows = link_rows.last(self.cfg.persist_steps)
+        steps, times, rows = link_rows.last(self.cfg.persist_steps)
+        step_s = float(median(times))
         slow = self.slow_groups(rows, step_s)
         if not slow:
             return []
@@ -209,6 +224,8 @@ class LinkRules:
                        for k in {s["kind"] for s in slow})
         if strength < self.cfg.min_excess_frac * step_s:
             return []
+        first = self.onset(steps, rows, slow)
+        slow, step_s, priced_rows = self.cost(steps, times, rows, slow, first)
         pct, saved = WhatIf.from_saving(self._saving(slow, own, whatif), step_s)
         if pct < self.cfg.min_slowdown_pct:
             return []
@@ -221,7 +238,9 @@ class LinkRules:
                     "rule": "every group slower than its peer groups of the same kind "
                             "(smallest member time: the transfer) shares this node",
                     "slow_groups": slow, "saved_s": saved, "ranks_in_slow_groups": on_node,
-                    "decided_by": f"{kinds}, over {len(steps)} judged steps"}
+                    "priced_steps": [first, int(steps[-1])], "priced_rows": priced_rows,
+                    "decided_by": f"{kinds}, over {len(steps)} judged steps (its cost over "
+                                  f"the {priced_rows} from step {first} on)"}
         worst = max(slow, key=lambda s: s["excess_s"])
         more = f" and {len(slow) - 1} more group(s), all through it" if len(slow) > 1 else ""
         message = (f"node {name}: slow link (its {worst['kind'].upper()} group of ranks "
@@ -229,7 +248,7 @@ class LinkRules:
                    f"peers{more}); the job is {pct:.0f}% slower because of it")
         return [Finding(kind="straggler", severity="warning", message=message, cause="slow_link",
                         ranks=g.node_ranks(node), nodes=[name],
-                        first_step=self.onset(steps, rows, slow),
+                        first_step=first,
                         last_step=int(steps[-1]), slowdown_pct=pct, evidence=evidence,
                         advice=f"checkpoint, then take {name} out of the job (quarantine) and "
                                f"check its NIC and cabling (mscale preflight on it)")]

@@ -237,8 +237,8 @@ class StragglerRules:
             same["slowdown_pct"] = pct
             than = f"than with stage_layers {best}"
             advice = (f"re-plan with stage_layers {best} (the best integer split of the "
-                      f"{sum(counts)} blocks; now {list(counts)}): `mscale plan`; no node is at "
-                      f"fault")
+                      f"{sum(counts)} blocks; now {list(counts)}): {_REPLAN.format(best)}; no "
+                      f"node is at fault")
         evidence.update(rule=_RULES["stage_imbalance"], changed_since_baseline=changed,
                         decided_by=f"stage {s} computes {excess[s]:.3g} s more than the median "
                                    f"of the other stages, on all of its ranks")
@@ -277,6 +277,14 @@ _ADVICE = {
     "slow_node": "checkpoint, then take {node} out of the job (quarantine) and resume",
     "slow_data": "look at the data source and the loader on {node} (storage, loader workers, "
                  "prefetch); no node needs to leave the job",
-    "stage_imbalance": "re-plan the pipeline split (give this stage fewer layers: "
-                       "`mscale plan`, stage_layers); no node is at fault",
+    "stage_imbalance": "re-plan the pipeline split (give this stage fewer layers): set "
+                       "layout.stage_layers in the plan file, then check and rewrite it with "
+                       "`mscale plan --cluster C --model M --training T --layout PLAN "
+                       "--keep-given -o PLAN` and relaunch with it; no node is at fault",
 }
+
+_REPLAN = ("set `layout.stage_layers: {}` in the plan file (mscale plan has no option for it), "
+           "check and rewrite it with `mscale plan --cluster C --model M --training T --layout "
+           "PLAN --keep-given -o PLAN` (the files the plan was made from), and relaunch with it")
+"""How a split is given: only in the layout YAML or plan; `--layout` with `--keep-given` prices
+that layout and writes it (docs/plan.md)."""
