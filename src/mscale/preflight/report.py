@@ -71,6 +71,9 @@ def _judged(check: str, kind_key: str, items: list[dict], value_key: str, unit: 
         msg = f"{kind_key} on {','.join(nodes)}"
         if status != "OK":
             msg += ": slower than its peers" if v.status != "OK" else ": below the link rate"
+        if it.get("cut_short"):
+            msg += (f" (cut short after a {it['bytes'] / 2**20:.3g} MiB probe: far below its "
+                    "peers, the full test could not change the verdict)")
         out.append(CheckResult(
             check=check, entity_kind="pair" if check == "p2p" else "group", entity=entity,
             ranks=it["ranks"], value=it[value_key], unit=unit,
@@ -302,11 +305,8 @@ def render(report: PreflightReport, as_json: bool) -> None:
             f"[{colour[r.status]}]{r.status}[/]")
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     console.print(table)
-    for r in report.results:
-        if r.status in ("WARNING", "CRITICAL"):
-            console.print(f"{r.status}: {r.check} {r.entity} ({r.node or 'no single node'}): "
-                          f"{r.message}",
-                          markup=False)
+    for line in failure_lines(report.results):
+        console.print(line, markup=False)
     j = report.judging
     if j:
         again = (f"; {j['rechecked']} suspect(s) measured again, {j['cleared']} cleared"
@@ -317,3 +317,51 @@ def render(report: PreflightReport, as_json: bool) -> None:
     console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
     if report.exclude:
         console.print(f"exclude: sbatch --exclude={report.exclude}")
+
+
+def failure_lines(results: list[CheckResult]) -> list[str]:
+    """One line per failure, except that the slow links (pairs, groups) blamed on the same node
+    share one line, naming them by check: a node with a degraded NIC is slow on every link it
+    is on, and twenty lines that each end "node3 is at fault" hide the one thing to do. The
+    table and the JSON keep every result."""
+    order: list[CheckResult | tuple[str, str]] = []  # a result, or a (status, node) of links
+    links: dict[tuple[str, str], list[CheckResult]] = {}
+    for r in results:
+        if r.status not in ("WARNING", "CRITICAL"):
+            continue
+        if not (r.node and r.entity_kind in ("pair", "group")):
+            order.append(r)
+            continue
+        key = (r.status, r.node)
+        if key not in links:
+            links[key] = []
+            order.append(key)
+        links[key].append(r)
+    lines = []
+    for item in order:
+        if isinstance(item, tuple) and len(links[item]) > 1:
+            lines.append(_node_line(*item, links[item]))
+            continue
+        r = links[item][0] if isinstance(item, tuple) else item
+        lines.append(f"{r.status}: {r.check} {r.entity} ({r.node or 'no single node'}): "
+                     f"{r.message}")
+    return lines
+
+
+def _node_line(status: str, node: str, links: list[CheckResult]) -> str:
+    """``CRITICAL: node3 is at fault: ... (15 links, ...): p2p 4-5, 4-6; allreduce tp[4,5]``."""
+    checks: dict[str, list[str]] = {}
+    for r in links:
+        checks.setdefault(r.check, []).append(r.entity)
+    named = "; ".join(f"{check} {', '.join(entities)}" for check, entities in checks.items())
+    fracs = [r.evidence["fraction_of_median"] for r in links
+             if r.evidence.get("fraction_of_median") is not None]
+    notes = [f"{len(links)} links"]
+    if fracs:
+        notes.append(f"down to {min(fracs):.2g} x their peers' median")
+    if all(r.evidence.get("rounds") for r in links):
+        notes.append("slow in both rounds")
+    if cut := sum(1 for r in links if r.evidence.get("cut_short")):
+        notes.append(f"{cut} cut short")
+    return (f"{status}: {node} is at fault, its rank(s) slow on every peer set "
+            f"({', '.join(notes)}): {named}")

@@ -24,7 +24,8 @@ from mscale.config.preflight import CheckResult
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.preflight.compute import Slowdown, gemm_tflops
 from mscale.preflight.options import PreflightOptions
-from mscale.preflight.network import measure_groups, measure_pairs
+from mscale.preflight.network import Pace, measure_groups, measure_pairs
+from mscale.preflight.progress import TICKER, LinkProgress
 from mscale.preflight.recheck import Suspects, suspects
 from mscale.topology.env import LaunchEnv, node_name
 from mscale.topology.placement import placement_for
@@ -103,10 +104,7 @@ PHASES = {"groups": "building the plan's TP/PP/DP groups",
 """The phases every rank goes through, in order, with what rank 0 tells the operator."""
 
 
-_STARTED = time.monotonic()
-
-
-def _phase(payload: dict, phase: str, rank: int) -> None:
+def _phase(payload: dict, phase: str, rank: int, detail: str = "") -> None:
     """Enter ``phase``: where this rank is if a collective fails, and on rank 0 one progress
     line on stderr (stdout carries the report or the JSON document)."""
     payload["phase"] = phase
@@ -114,9 +112,12 @@ def _phase(payload: dict, phase: str, rank: int) -> None:
         first_round = [p for p in PHASES if p != "recheck"]
         step = (f"{first_round.index(phase) + 1}/{len(first_round)}" if phase in first_round
                 else phase)
-        elapsed = time.monotonic() - _STARTED
-        print(f"preflight [{step}] {PHASES[phase]} ({elapsed:.1f} s)", file=sys.stderr,
-              flush=True)
+        TICKER.line(f"preflight [{step}] {PHASES[phase]}{detail}")
+
+
+def _progress(rank: int, label: str, noun: str) -> LinkProgress:
+    """Where a link phase reports how far it is: rank 0's stderr, throttled (`progress.py`)."""
+    return LinkProgress(label, noun, 0, TICKER if rank == 0 else None)
 
 
 @dataclass
@@ -126,6 +127,11 @@ class Measuring:
     device: torch.device
     groups: object
     slow: Slowdown
+    pace: Pace
+    """The links' figures so far, the same on every rank: a suspect measured again is
+    compared with the first round's peers, and cut short as soon as it is far below them."""
+    nodes: list[str]
+    """Each rank's node (for rank 0's progress lines)."""
 
 
 def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
@@ -145,6 +151,8 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
     here: list = [None] * env.world_size  # this job's processes hold GPU memory: not leftovers
     dist.all_gather_object(here, (node, os.getpid()))
     pids = [pid for n, pid in here if n == node]
+    nodes = [n for n, _ in here]
+    pace = Pace()
     _mark("start", env.rank)
     _phase(payload, "groups", env.rank)
     groups = build_groups(placement, env.rank, timeout)
@@ -157,10 +165,13 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
 
     ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
     _phase(payload, "p2p", env.rank)
-    payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow)
+    payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow, pace=pace,
+                                     progress=_progress(env.rank, "p2p", "pairs"), nodes=nodes)
     _mark("p2p", env.rank)
     _phase(payload, "collectives", env.rank)
-    payload["groups"] = measure_groups(groups, device, opts.level, slow)
+    payload["groups"] = measure_groups(groups, device, opts.level, slow, pace=pace,
+                                       progress=_progress(env.rank, "collectives", "groups"),
+                                       nodes=nodes)
     _mark("collectives", env.rank)
     _phase(payload, "host", env.rank)
     host = host_checks(plan, opts, env, node, ib_before, pids)
@@ -168,7 +179,7 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
     _mark("host", env.rank)
     if env.rank == 0:
         payload["clock_offsets"] = offsets
-    return Measuring(device, groups, slow)
+    return Measuring(device, groups, slow, pace, nodes)
 
 
 def measure_again(plan: Plan, opts: PreflightOptions, env: LaunchEnv, how: Measuring,
@@ -176,16 +187,23 @@ def measure_again(plan: Plan, opts: PreflightOptions, env: LaunchEnv, how: Measu
     """The second round (`recheck.py`): only the suspects, the same way as the first time."""
     placement = placement_for(plan)
     again: dict = {"rank": env.rank}
-    _phase(payload, "recheck", env.rank)
+    _phase(payload, "recheck", env.rank,
+           f": {'every GEMM, ' if suspects.gemm else ''}{len(suspects.pairs)} pair(s), "
+           f"{len(suspects.groups)} group(s)")
     if suspects.gemm:
         tflops, n, dtype = gemm_tflops(how.device, opts.level, how.slow)
         again["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
     if suspects.pairs:
         again["pairs"] = measure_pairs(env.rank, placement, how.device, opts.level, how.slow,
-                                       only=set(suspects.pairs))
+                                       only=set(suspects.pairs), pace=how.pace,
+                                       progress=_progress(env.rank, "recheck p2p", "pairs"),
+                                       nodes=how.nodes)
     if suspects.groups:
         again["groups"] = measure_groups(how.groups, how.device, opts.level, how.slow,
-                                         only=set(suspects.groups))
+                                         only=set(suspects.groups), pace=how.pace,
+                                         progress=_progress(env.rank, "recheck collectives",
+                                                            "groups"),
+                                         nodes=how.nodes)
     _mark("recheck", env.rank)
     return again
 

@@ -28,3 +28,56 @@ def test_textfile_round_trips_every_label_and_keeps_the_metric_names():
                                     ("unit", 'MB/"s'))): 12.5,
         ("mscale_preflight_job_status", ()): 2}
     assert 'entity="mem://a\\"b\\\\c\\nd"' in text  # escaped, one line per sample
+
+
+def test_the_slow_links_blamed_on_one_node_share_one_line_and_the_report_keeps_them_all(
+        tmp_path):
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.preflight.report import assemble, failure_lines
+
+    from tests.unit.preflight.test_judge import _opts, _payloads
+
+    plan = load_model(Plan, "plans/cpu-tiny.yaml")
+    report = assemble(plan, _opts(tmp_path), _payloads(5))
+    links = [r for r in report.results if r.status == "CRITICAL" and r.node == "node3"
+             and r.entity_kind in ("pair", "group")]
+    assert len(links) > 5  # every one of them stays in the report
+    lines = failure_lines(report.results)
+    node3 = [line for line in lines if "node3 is at fault" in line]
+    assert len(node3) == 1, lines
+    assert f"({len(links)} links" in node3[0]
+    for r in links:
+        assert r.entity in node3[0]
+    # a device's own failure keeps its own line, with its message
+    assert any(line.startswith("CRITICAL: gemm rank 5 (node3): ") for line in lines), lines
+    # one slow link alone keeps its own line
+    one = [r.model_copy() for r in links[:1]]
+    assert failure_lines(one) == [f"CRITICAL: {one[0].check} {one[0].entity} (node3): "
+                                  f"{one[0].message}"]
+
+
+def test_progress_lines_are_throttled_and_say_how_far_and_the_slowest_so_far():
+    import io
+
+    from mscale.preflight.progress import LinkProgress, Ticker
+
+    clock = [0.0]
+    out = io.StringIO()
+    ticker = Ticker(every_s=5.0, out=out, clock=lambda: clock[0])
+    progress = LinkProgress("p2p", "pairs", 24, ticker)
+    clock[0] = 1.0
+    progress.add([("tp pair 0<->1 on node1", 2.0, "GB/s", False)])
+    assert out.getvalue() == ""  # within the interval
+    clock[0] = 6.0
+    progress.add([("dp pair 4<->6 on node3<->node4", 0.004, "GB/s", True)])
+    assert out.getvalue() == ("preflight p2p: 2/24 pairs, slowest so far dp pair 4<->6 on "
+                              "node3<->node4 0.004 GB/s, 1 test(s) cut short (far below their "
+                              "peers) (6.0 s)\n")
+    ticker.line("preflight [4/5] collectives")  # a phase line: always, and resets the interval
+    clock[0] = 10.0
+    progress.add([("tp pair 2<->3 on node2", 2.0, "GB/s", False)])
+    assert out.getvalue().count("\n") == 2
+    progress.finish()  # 9 s since it started: a last line
+    assert out.getvalue().splitlines()[-1].startswith("preflight p2p: 3/24 pairs")
+    assert LinkProgress("x", "pairs", 1, None).add([("a", 1.0, "GB/s", False)]) is None
