@@ -79,7 +79,8 @@ class Target:
         missing directory is not."""
         if self.run is None:
             return _exists(self.metrics)
-        return any(_exists(u) for u in (self.run.plan, self.run.lock, self.metrics))
+        return any(_exists(u) for u in (self.run.plan, self.run.lock, self.metrics,
+                                        self.run.events))
 
     def waiting_for(self) -> str:
         """What a live watch that has seen no record yet is waiting for, in one line. It names
@@ -94,7 +95,7 @@ class Target:
         return f"waiting for the run's first step: no record in {self.metrics} yet"
 
 
-NOT_A_RUN = "plan.yaml, lock.json or metrics.jsonl"
+NOT_A_RUN = "plan.yaml, lock.json, metrics.jsonl or events.jsonl"
 """What `train` leaves in a run directory from its start: one of them makes a directory a run."""
 
 

@@ -97,7 +97,7 @@ def test_no_act_leaves_the_run_directory_alone(cli, run):
     (["{run}", "--hang-s", "0"], "--hang-s"),
     (["{run}", "--interval", "0"], "--interval"),
     (["{run}", "--tp", "3"], "tp"),
-    (["{empty}"], "not a run directory: no plan.yaml, lock.json or metrics.jsonl"),
+    (["{empty}"], "not a run directory: no plan.yaml, lock.json, metrics.jsonl or events.jsonl"),
     (["{started}"], "no metrics records"),
     (["{small}"], "the records have 4 ranks, the layout 8"),
 ])
@@ -124,8 +124,8 @@ def test_once_refuses_a_directory_that_is_not_a_run_naming_it_and_the_fix(cli, t
     code, out, err = cli("watch", str(empty), "--once")
     assert code == 3 and out == ""
     first, fix = err.splitlines()
-    assert first == (f"error: {empty}: not a run directory: no plan.yaml, lock.json or "
-                     "metrics.jsonl")
+    assert first == (f"error: {empty}: not a run directory: no plan.yaml, lock.json, "
+                     "metrics.jsonl or events.jsonl")
     assert fix.startswith("  fix: pass the --run-dir of an `mscale train` run")
 
 

@@ -15,6 +15,7 @@ import shutil
 import pytest
 
 from mscale.config.records import Event
+from mscale.errors import MscaleError
 from mscale.distributed.launch import JobResult
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
@@ -393,3 +394,13 @@ def test_a_long_reason_stays_one_short_line():
     end = job_end({"source": "train", "kind": "stop", "severity": "critical",
                    "message": "error (rank 0 on node1, crash): " + "x\n" * 400})
     assert "\n" not in end.reason and len(end.reason) == MAX_REASON and end.reason[-1] == "…"
+
+
+def test_a_job_that_stopped_before_writing_its_plan_is_judged_from_its_stop(cli, tmp_path):
+    """Under srun, a launch refused at its start leaves only rank 0's error and its stop event:
+    watch said "not a run directory"; it names the stop."""
+    run = RunDir(str(tmp_path / "run"))
+    report_failure(run, 0, "node1", MscaleError("the launcher started 1 processes but the plan "
+                                                "needs 8", field="layout"))
+    code, out, _ = cli("watch", run.root, "--once", "--no-act")
+    assert code == 2 and "CRITICAL job stopped: error (rank 0 on node1, bad_input)" in out

@@ -300,8 +300,8 @@ def test_a_live_watch_of_an_empty_directory_says_what_it_waits_for(tmp_path):
         4: lambda: (empty / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())})
     f.run(interval=2.0, sleep=sleep)
     assert notes == [
-        f"waiting for a run in {empty}: no plan.yaml, lock.json or metrics.jsonl yet (0 s)",
-        f"waiting for a run in {empty}: no plan.yaml, lock.json or metrics.jsonl yet (6 s)",
+        f"waiting for a run in {empty}: no plan.yaml, lock.json, metrics.jsonl or events.jsonl yet (0 s)",
+        f"waiting for a run in {empty}: no plan.yaml, lock.json, metrics.jsonl or events.jsonl yet (6 s)",
         f"waiting for the run's first step: no record in {empty}/metrics.jsonl yet (12 s)",
     ]  # looks at 0, 2, 4, ... s; the record of the 8th look (14 s) silences the rest
 
@@ -348,7 +348,7 @@ def test_a_live_watch_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path
     assert notes == [
         f"waiting for a run in {later}: no such directory yet (0 s)",
         f"waiting for a run in {later}: no such directory yet (6 s)",
-        f"waiting for a run in {later}: no plan.yaml, lock.json or metrics.jsonl yet (12 s)",
+        f"waiting for a run in {later}: no plan.yaml, lock.json, metrics.jsonl or events.jsonl yet (12 s)",
         f"waiting for the run's first step: no record in {later}/metrics.jsonl yet (18 s)",
     ]  # a run had appeared when Ctrl-C came: no 'stopped before' line
     assert sorted(p.name for p in later.iterdir()) == ["plan.yaml"]
@@ -411,7 +411,7 @@ def test_once_refuses_a_directory_no_run_has_written_to(tmp_path):
     empty.mkdir()
     with pytest.raises(MscaleError) as e:
         require_run(resolve_target(str(empty)))
-    assert e.value.file == str(empty) and "plan.yaml, lock.json or metrics.jsonl" in str(e.value)
+    assert e.value.file == str(empty) and "plan.yaml, lock.json, metrics.jsonl or events.jsonl" in str(e.value)
     assert "without --once" in e.value.fix
     for name in ("lock.json", "plan.yaml", "metrics.jsonl"):  # any one of them makes a run
         d = tmp_path / name.split(".")[0]
