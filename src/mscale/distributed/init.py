@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -66,13 +67,25 @@ def check_rendezvous_host(addr: str) -> None:
     (a user trial under srun: 3.5 minutes, ~90 warnings, then a C++ error naming no variable);
     under srun the host is the job's first node name unless ``MASTER_ADDR`` says otherwise, and
     that name need not resolve on every network (topology/env.py, docs/slurm.md)."""
-    try:
-        socket.getaddrinfo(addr, None)
-    except (socket.gaierror, UnicodeError) as e:
+    for attempt in range(RESOLVE_TRIES):
+        try:
+            socket.getaddrinfo(addr, None)
+            return
+        except socket.gaierror as e:
+            if e.errno == socket.EAI_AGAIN and attempt + 1 < RESOLVE_TRIES:
+                time.sleep(1.0)  # the resolver is busy (thousands of ranks at once): again
+                continue
+            why = e.strerror or str(e)
+        except UnicodeError as e:  # not a host name at all (a label over 63 characters, "a..b")
+            why = str(e) or "not a valid host name"
         raise MscaleError(f"the rendezvous host {addr!r} does not resolve on "
-                          f"{socket.gethostname()} ({e.strerror or e})", field="MASTER_ADDR",
+                          f"{socket.gethostname()} ({why})", field="MASTER_ADDR",
                           fix="export MASTER_ADDR to an address of rank 0's node that every "
-                              "node can reach (docs/slurm.md, 'Rendezvous')") from None
+                              "node can reach (docs/slurm.md, 'Rendezvous')")
+
+
+RESOLVE_TRIES = 5
+"""Tries of a name the resolver answers "try again" for, a second apart."""
 
 
 def shutdown_and_exit(code: int = 0, barrier: bool = True) -> None:

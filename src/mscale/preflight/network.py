@@ -103,9 +103,10 @@ class Pace:
     rounds (the second measures only suspects, and compares them with the first round's peers).
 
     Keyed by (measure, whether the link stays inside one node): "p2p", or a collective's name
-    (its algbw); inside a node NVLink is far faster than a NIC. A class with fewer than two
-    figures borrows every class's of the same measure; with none at all there is no expectation,
-    and `limit_s` is the budget."""
+    (its algbw). A class with fewer than two figures has no expectation yet, and `limit_s` is
+    the budget: it never borrows across the node boundary, where NVLink is ten times a NIC's
+    share (held to NVLink's pace, every healthy cross-node link of a GPU cluster would be cut
+    short and judged on its probe alone)."""
 
     seen: dict[tuple[str, bool], list[float]] = field(default_factory=dict)
 
@@ -115,10 +116,7 @@ class Pace:
 
     def expected(self, measure: str, local: bool) -> float | None:
         own = self.seen.get((measure, local), [])
-        if len(own) >= 2:
-            return statistics.median(own)
-        every = [x for (m, _), xs in self.seen.items() if m == measure for x in xs]
-        return statistics.median(every) if len(every) >= 2 else None
+        return statistics.median(own) if len(own) >= 2 else None
 
     def limit_s(self, measure: str, local: bool, work_bytes: int, level: str) -> float:
         """The deadline of one full-size transfer of ``work_bytes``: SLOW_FACTOR x the expected

@@ -103,7 +103,11 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     launch = recorded_launch(run)
     try:
         plan, plan_url = _run_plan(run, launch)
-    except MscaleError as e:  # it stopped before its start: say why, there is nothing to redo
+    except MscaleError as e:
+        never_started = choice.path is None and not fs_and_path(run.plan)[0].isfile(
+            fs_and_path(run.plan)[1])
+        if not never_started:  # a plan.yaml that does not load: its own error says why
+            raise
         first = f" {diagnosis.evidence[0].source}: {diagnosis.evidence[0].text}" \
             if diagnosis.evidence else ""
         raise MscaleError(f"{e.message}: the job stopped before it started training. "

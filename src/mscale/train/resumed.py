@@ -71,6 +71,10 @@ def data_differences(state, data: DataIdentity | None, checkpoint: str) -> str |
     saved, now = getattr(state, "data_sources", None), data.sources if data else None
     if saved is not None and now is not None:
         changes = source_changes([_record(r) for r in saved], now)
+        if not changes and state.data_fingerprint not in (None, data.checksum):
+            changes = ["every source is as it was, but the first sample differs: the split, "
+                       "the shuffle (seed) or seq_len changed, or a source's middle was "
+                       "rewritten at the same size"]
         if not changes:
             return None
         shown = "; ".join(changes[:4]) + (f"; and {len(changes) - 4} more" if len(changes) > 4

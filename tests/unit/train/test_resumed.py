@@ -96,7 +96,6 @@ def test_a_re_prepared_source_is_named_even_when_sample_zero_is_the_same():
     notes = resume_notes(state, TOKENS, now, True, CKPT, data_change=True)
     assert "src_a was re-prepared" in notes[0] and "of the new data" in notes[0]
     assert "held-out" in notes[1] and "not comparable" in notes[1]
-    assert resume_notes(state, TOKENS, DataIdentity(999, BLEND), True, CKPT) == []  # sources rule
 
 
 def test_weights_and_sources_added_or_removed_are_said_as_such():
@@ -117,3 +116,9 @@ def test_the_train_state_keeps_the_source_records():
     state = TrainState(step=1, samples=16, data_fingerprint=7, data_sources=BLEND)
     assert state.data_fingerprint == 7 and [r.path for r in state.data_sources] == ["src_a",
                                                                                      "src_b"]
+
+
+def test_the_same_sources_with_another_first_sample_still_say_the_data_changed():
+    """eval_fraction, the seed or seq_len changed: no source differs, the order does."""
+    with pytest.raises(MscaleError, match="every source is as it was, but the first sample"):
+        resume_notes(_state(data_sources=BLEND), TOKENS, DataIdentity(999, BLEND), True, CKPT)
