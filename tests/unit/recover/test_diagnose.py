@@ -508,3 +508,16 @@ def test_a_step_of_a_job_cancelled_due_to_a_time_limit_is_the_time_limit(run):
     assert (d.cls, d.symptom) == ("preemption", "preempted")
     assert all(not (h.source == "slurm-25.out" and "STEP" in h.text and h is d.evidence[0])
                for h in d.evidence)
+
+
+def test_a_job_scancel_after_an_earlier_steps_failure_is_still_the_operators(run):
+    """--open-mode=append keeps every step in one file: preflight's step exited 1 (its warnings),
+    training ran, then the operator cancelled the job."""
+    rid = run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.metrics(range(1, 4), t=1.0)
+    run.finish(9, 1, 3, rid, reason="signal")
+    run.file("slurm-25.out", "srun: error: node1: tasks 0-3: Exited with exit code 1\n"
+             f"slurmstepd: error: *** JOB 25 ON node1 CANCELLED AT {_stamp(6)} ***\n"
+             f"slurmstepd: error: *** STEP 25.1 ON node1 CANCELLED AT {_stamp(6)} ***\n", t=9)
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom) == ("none", "stopped") and "scancel" in d.summary

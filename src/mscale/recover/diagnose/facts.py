@@ -357,11 +357,11 @@ def _teardown(f: Findings, after_failure: set[int]) -> None:
     """A cancel line that is not the operator's scancel becomes the weak ``step_cancelled`` fact.
     With ``srun --kill-on-bad-exit`` (docs/recover.md) one task's failure makes srun cancel the
     step, and slurmstepd says ``*** STEP 25.0 ON node1 CANCELLED AT … ***`` as for a scancel.
-    It is the step torn down when a task failure precedes it in SLURM's output (any level), or,
-    for a STEP's cancel, when the attempt records a failed rank no later than the cancel (an error
+    A STEP's cancel is the step torn down when a task failure precedes it in SLURM's output, or
+    when the attempt records a failed rank no later than the cancel (an error
     file, the launcher's failed rank, train's own stop other than on a signal) or when SLURM
-    cancelled its job DUE TO something (that line decides). A JOB's cancel without DUE TO and
-    without a task failure before it stays the operator's scancel."""
+    cancelled its job DUE TO something (that line decides). A JOB's cancel without DUE TO stays
+    the operator's scancel, whatever an earlier step's tasks did."""
     cancels = [h for h in f.hits if h.rule.key == "slurm_cancelled"]
     if not cancels:
         return
@@ -370,8 +370,10 @@ def _teardown(f: Findings, after_failure: set[int]) -> None:
     for h in cancels:
         m = _CANCEL.search(h.evidence.text)
         step = m is not None and m.group(1).upper() == "STEP"
-        if h.seq in after_failure or (step and (m.group(2).split(".")[0] in due
-                                                or _failed_before(f.ev, _stamp(m.group(3))))):
+        # a JOB's cancel is never the teardown: kill-on-bad-exit cancels the step, not the job
+        # (with --open-mode=append an earlier step's failure may precede an operator's scancel)
+        if step and (h.seq in after_failure or m.group(2).split(".")[0] in due
+                     or _failed_before(f.ev, _stamp(m.group(3)))):
             h.rule = FACT_RULES["step_cancelled"]
 
 
