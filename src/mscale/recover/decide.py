@@ -104,8 +104,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     try:
         plan, plan_url = _run_plan(run, launch)
     except MscaleError as e:
-        never_started = choice.path is None and not fs_and_path(run.plan)[0].isfile(
-            fs_and_path(run.plan)[1])
+        fs, plan_file = fs_and_path(run.plan)
+        never_started = choice.path is None and not fs.isfile(plan_file)
         if not never_started:  # a plan.yaml that does not load: its own error says why
             raise
         first = f" {diagnosis.evidence[0].source}: {diagnosis.evidence[0].text}" \

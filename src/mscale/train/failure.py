@@ -207,26 +207,24 @@ def _interrupted_event(run: RunDir) -> None:
     """Under srun/torchrun: rank 0's record of an operator's interruption (the same ``stop``
     event as the --local launcher's, train/job_watch.py), so watch and recover read a stop,
     not a crash."""
-    evidence = {"reason": "interrupted", "signal": "SIGINT", "code": EXIT_INTERRUPTED}
-    if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
-        evidence["run_id"] = run_id_from_env()
-    try:
-        run.append_record(run.events, Event(
-            source="train", kind="stop", severity="warning", evidence=evidence,
-            message="interrupted: a second SIGINT stopped rank 0 at once, without a checkpoint"))
-    except Exception:  # noqa: BLE001 - the line above already says what happened
-        sys.stderr.write(f"rank 0: the stop event could not be written to {run.events}\n")
+    _own_stop(run, 0, kind="stop", severity="warning",
+              message="interrupted: a second SIGINT stopped rank 0 at once, without a checkpoint",
+              evidence={"reason": "interrupted", "signal": "SIGINT", "code": EXIT_INTERRUPTED})
 
 
 def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
     """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
-    evidence = {"kind": kind, "error_file": f"logs/rank{rank}.error.json"}
+    _own_stop(run, rank, kind="hang" if kind == "timeout" else "stop", severity="critical",
+              ranks=[rank], nodes=[node], message=line,
+              evidence={"kind": kind, "error_file": f"logs/rank{rank}.error.json"})
+
+
+def _own_stop(run: RunDir, rank: int, **fields) -> None:
+    """Append rank 0's own ``stop``/``hang`` event, with the launch's run id when there is one
+    (recover scopes evidence to one attempt by run id, also one that failed before `start`)."""
     if any(os.environ.get(k) for k in ("MSCALE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")):
-        # recover scopes evidence to one attempt by run id, also one that failed before `start`
-        evidence["run_id"] = run_id_from_env()
+        fields["evidence"]["run_id"] = run_id_from_env()
     try:
-        run.append_record(run.events, Event(
-            source="train", kind="hang" if kind == "timeout" else "stop", severity="critical",
-            ranks=[rank], nodes=[node], message=line, evidence=evidence))
+        run.append_record(run.events, Event(source="train", **fields))
     except Exception:  # noqa: BLE001 - the console line above already says what happened
         sys.stderr.write(f"rank {rank}: the stop event could not be written to {run.events}\n")

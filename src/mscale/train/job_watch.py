@@ -63,13 +63,9 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
                 "stopped_at_failure": result.stopped_at_failure, "timed_out": timed_out,
                 "error_files": {r: f"logs/rank{r}.error.json" for r in sorted(errors)},
                 "logs": logs}
-    try:
-        run.append_record(run.events, Event(
-            source="train", kind=event_kind, severity="critical", ranks=implicated,
-            nodes=sorted({node(r) for r in implicated}), message=line, evidence=evidence))
-        where = f"evidence in {run.events}"
-    except Exception as e:  # noqa: BLE001 - the console line must still be printed
-        where = f"the stop event could not be written ({e})"
+    where = _append(run, Event(source="train", kind=event_kind, severity="critical",
+                               ranks=implicated, nodes=sorted({node(r) for r in implicated}),
+                               message=line, evidence=evidence))
     return f"{line}; {where}; worker logs in {logs}"
 
 
@@ -106,13 +102,19 @@ def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) 
     evidence = {"run_id": run_id, "reason": "interrupted", "signal": result.stop_signal,
                 "forced": result.forced, "code": EXIT_INTERRUPTED,
                 "returncodes": result.returncodes, "logs": logs}
-    try:
-        run.append_record(run.events, Event(source="train", kind="stop", severity="warning",
-                                            message=line, evidence=evidence))
-        where = f"evidence in {run.events}"
-    except Exception as e:  # noqa: BLE001 - the console line must still be printed
-        where = f"the stop event could not be written ({e})"
+    where = _append(run, Event(source="train", kind="stop", severity="warning", message=line,
+                               evidence=evidence))
     return f"{line}; {where}"
+
+
+def _append(run: RunDir, event: Event) -> str:
+    """Append the launcher's stop event; where its evidence is, for the console line (printed
+    whether or not the event could be written)."""
+    try:
+        run.append_record(run.events, event)
+        return f"evidence in {run.events}"
+    except Exception as e:  # noqa: BLE001 - the console line must still be printed
+        return f"the stop event could not be written ({e})"
 
 
 def _ranks(ranks: list[int]) -> str:
