@@ -108,34 +108,51 @@ class Actor:
     def seed(self, events: list[dict]) -> None:
         """Remember the findings an earlier watch already recorded in ``events.jsonl``, so that a
         second ``watch --once`` over the same steps does not record them again."""
-        self._seen += [e["evidence"] for e in events if e.get("source") == "watch"
-                       and isinstance(e.get("evidence"), dict) and "finding_key" in e["evidence"]]
+        self._seen += [{**e["evidence"], "severity": e.get("severity")} for e in events
+                       if e.get("source") == "watch" and isinstance(e.get("evidence"), dict)
+                       and "finding_key" in e["evidence"]]
         if self.acting:
             self._quarantine()  # an unreadable quarantine.json fails now, not mid-run
 
-    def _recorded(self, f: Finding) -> bool:
-        """Recorded before: same key, and its steps overlap this finding's (the same episode)."""
+    def _recorded(self, f: Finding, severity: str | None = None) -> bool:
+        """Recorded before: same key, and its steps overlap this finding's (the same episode);
+        with ``severity``, recorded at that severity (an escalation)."""
         key = _key_list(f)
         lo, hi = f.first_step or 0, f.last_step or f.first_step or 0
         return any(ev.get("finding_key") == key and (ev.get("first_step") or 0) <= hi
                    and (ev.get("last_step") or ev.get("first_step") or 0) >= lo
+                   and (severity is None or ev.get("severity") == severity)
                    for ev in self._seen)
+
+    def _evidence(self, f: Finding) -> dict:
+        return {**finding_dict(f)["evidence"], "cause": f.cause,
+                "slowdown_pct": plain(f.slowdown_pct), "first_step": f.first_step,
+                "last_step": f.last_step, "advice": f.advice, "finding_key": _key_list(f)}
 
     def handle(self, findings: list[Finding], job_alive: bool) -> None:
         """Act on new findings, except those an earlier watch already recorded (they are still
         reported: only the run directory is spared a second copy)."""
         for f in [f for f in findings if not self._recorded(f)]:
-            evidence = {**finding_dict(f)["evidence"], "cause": f.cause,
-                        "slowdown_pct": plain(f.slowdown_pct), "first_step": f.first_step,
-                        "last_step": f.last_step, "advice": f.advice,
-                        "finding_key": _key_list(f)}
-            self._seen.append(evidence)
+            evidence = self._evidence(f)
+            self._seen.append({**evidence, "severity": f.severity})
             if not self.acting:
                 continue
             evidence["action"], then = self._steer(f, job_alive, evidence)
             self._event(f.kind, f.severity, f.last_step, f.ranks, f.nodes, f.message, evidence)
             if then is not None:  # after the finding's event, which explains it
                 then()
+
+    def escalate(self, findings: list[Finding]) -> None:
+        """Open findings whose severity rose (judge.py): one more event each, at the new
+        severity, so that the record says what the operator was told. What was done about the
+        finding when it opened stands: a hardware straggler is already on its way out."""
+        for f in [f for f in findings if not self._recorded(f, f.severity)]:
+            evidence = self._evidence(f)
+            self._seen.append({**evidence, "severity": f.severity})
+            if self.acting:
+                self._event(f.kind, f.severity, f.last_step, f.ranks, f.nodes,
+                            f"escalated to {f.severity}: {f.message}",
+                            {**evidence, "action": "none: escalation of an open finding"})
 
     def _steer(self, f: Finding, job_alive: bool,
                evidence: dict) -> tuple[str, Callable[[], None] | None]:

@@ -295,6 +295,8 @@ class Follower:
     def __post_init__(self) -> None:
         self.job = JobState(self.target.run, self.live, self.clock)
         self._seeded = False
+        self.rises: list[Finding] = []
+        """Open findings whose severity rose in the last pass (judge.py), said once more."""
 
     def poll(self) -> int:
         """One pass (module docstring); returns how many new metrics records it judged."""
@@ -302,10 +304,11 @@ class Follower:
         records = self.feed.poll()
         if getattr(self.feed, "restarted", False):
             self._restart()
-        window, new = None, []
+        window, new, self.rises = None, [], []
         if records:
             window = self._window(records)
             new += self.watcher.feed(window)
+            self.rises = self.watcher.escalated
             self.history.add(window)
             self.records += len(records)
         alive = self.job.alive()
@@ -313,6 +316,7 @@ class Follower:
             new += self.watcher.check_hang(self.clock(), self.feed.last_record_time)
         self.findings += new
         self.actor.handle(new, alive)  # the job's own stop is its record: not handed to the actor
+        self.actor.escalate(self.rises)
         self.actor.tick(alive)
         new += self._judge_end()
         self.outputs.poll(self, window, new)

@@ -66,6 +66,8 @@ class Watcher:
         """Findings emitted so far, by kind."""
         self.worst = "ok"
         """Worst severity of any finding emitted so far."""
+        self.escalated: list[Finding] = []
+        """Open findings whose severity rose during the last `feed` (recorded once more)."""
         self.last_step: int | None = None
         self.judged = 0
 
@@ -79,6 +81,7 @@ class Watcher:
                 f"{self.layout.tp}x{self.layout.pp}x{self.layout.dp} has {self.layout.world}",
                 field="--tp/--pp/--dp", fix="give the layout the job ran with (or its plan.yaml)")
         new: list[Finding] = []
+        self.escalated = []
         for i in range(len(window)):
             new += self._row(window, i)
         return new
@@ -208,6 +211,8 @@ class Watcher:
         if SEVERITY[f.severity] > SEVERITY[old.severity]:
             old.evidence.update(escalated_from=old.severity, escalated_at=f.last_step)
             old.severity = f.severity
+            if not any(o is old for o in self.escalated):
+                self.escalated.append(old)
             if SEVERITY[old.severity] > SEVERITY[self.worst]:
                 self.worst = old.severity
 

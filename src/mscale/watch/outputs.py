@@ -52,7 +52,7 @@ class Outputs:
     def poll(self, follower, window: Window | None, new: list[Finding]) -> None:
         self._follower = follower
         if self.options.jsonl:
-            sinks.write_jsonl(self.stream, new)
+            sinks.write_jsonl(self.stream, new + list(getattr(follower, "rises", [])))
         acts = self.actions(follower, new)
         if follower.history is not None or new:  # a job may end before its first record
             self.view.update(follower.history, window, new, follower.open_findings(),

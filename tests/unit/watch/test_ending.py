@@ -334,6 +334,7 @@ def follower(rd: RunDir, report_end: bool) -> Follower:
 
 class _Quiet:
     last_step = None
+    escalated: list = []
 
     def feed(self, window):
         self.last_step = int(window.steps[-1])

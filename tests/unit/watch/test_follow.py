@@ -41,6 +41,7 @@ class Feed:
 class Judge:
     def __init__(self, layout, emit=None):
         self.layout, self.emit, self.rows, self.hang_checks = layout, emit or {}, [], 0
+        self.escalated = []
 
     def feed(self, window):
         self.rows += window.steps.tolist()

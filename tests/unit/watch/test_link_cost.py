@@ -8,6 +8,7 @@ step 20 so that the job runs about 3x slower: the user trial's 0.32 s -> 0.98 s.
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 
@@ -92,15 +93,23 @@ def test_an_open_finding_escalates_in_place_without_being_emitted_again():
     assert w.summary()["worst"] == "critical"
 
 
-def _follow(tmp_path, act: bool) -> str:
+def escalating():
+    """Mild from ONSET, then past a 150% bar from step 40."""
+    return generate(**ARGS, inject=[Injection("slow_link", ONSET, RANK, magnitude=0.5),
+                                    Injection("slow_link", 40, RANK, magnitude=2.1)])
+
+
+def _follow(tmp_path, act: bool, trace=None, config=None, jsonl=False) -> str:
     rd = RunDir(str(tmp_path / "run"))
-    rd.create()
-    trace = slowed()
+    if not (tmp_path / "run").exists():
+        rd.create()
+    trace = trace or slowed()
     target = resolve_target(rd.root)
     out = io.StringIO()
-    outputs = Outputs(OutputOptions(), stream=out, notes=io.StringIO())
+    outputs = Outputs(OutputOptions(jsonl=jsonl), stream=out, notes=io.StringIO())
     records = trace.records()
-    f = Follower(target=target, layout_for=lambda world: trace.layout, make_watcher=Watcher,
+    f = Follower(target=target, layout_for=lambda world: trace.layout,
+                 make_watcher=lambda layout: Watcher(layout, config),
                  feed=_Feed([records[i:i + 5] for i in range(0, len(records), 5)]),
                  events=EventFeed(rd.events), to_window=records_to_window,
                  actor=Actor(target.run, ActionConfig(act=act)), outputs=outputs, live=False)
@@ -136,3 +145,27 @@ def test_without_acting_it_says_which_command_would(tmp_path):
     assert lines[i + 2].startswith("  action: none (--no-act): run mscale watch ")
     assert "without --no-act" in lines[i + 2] and "quarantine node2" in lines[i + 2]
     assert not (tmp_path / "run" / "quarantine.json").exists()
+
+
+def test_an_escalation_is_recorded_once_in_the_events_and_the_jsonl_stream(tmp_path):
+    """recover, dashboards and a log shipper read what the operator was told: the warning when
+    the finding opened, and its rise to critical, each once; a second watch over the same steps
+    records neither again."""
+    cfg = WatchConfig(critical_slowdown_pct=150.0)
+    lines = [json.loads(x) for x in _follow(tmp_path, True, escalating(), cfg, jsonl=True)
+             .splitlines()]
+    said = [(x["severity"], x["evidence"].get("escalated_from")) for x in lines
+            if x.get("cause") == "slow_link"]
+    assert said == [("warning", None), ("critical", "warning")]
+    events = tmp_path / "run" / "events.jsonl"
+
+    def recorded():
+        return [(e["severity"], e["message"].split(":")[0]) for e in map(
+            json.loads, events.read_text().splitlines())
+            if e["source"] == "watch" and e["evidence"].get("cause") == "slow_link"
+            and e["kind"] == "straggler"]
+    first = recorded()
+    assert [sev for sev, _ in first] == ["warning", "critical"]
+    assert first[1][1] == "escalated to critical"
+    _follow(tmp_path, True, escalating(), cfg)
+    assert recorded() == first
