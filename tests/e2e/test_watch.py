@@ -60,11 +60,14 @@ def test_straggler_caught_live_and_once_checkpoint_before_quarantine(tmp_path):
     job = start_train(small_plan(tmp_path), run, 40, "--inject-delay", "3:0.3")
     live = watch_live(run, "--jsonl")
     finish(job)
-    assert live.returncode == 1, live.stdout + live.stderr
     found = [json.loads(line) for line in live.stdout.splitlines()]
     slow = [f for f in found if f["kind"] == "straggler"]
     assert slow and all(f["ranks"] == [3] and f["nodes"] == ["node2"] for f in slow), found
     assert slow[0]["cause"] in HARDWARE_CAUSES and slow[0]["slowdown_pct"] > 10
+    # 0.3 s a step on a step of a few tenths: critical once it doubles the step (+100%)
+    critical = any(f["severity"] == "critical" for f in slow)
+    assert critical == any(f["slowdown_pct"] >= 100 for f in slow), slow
+    assert live.returncode == (2 if critical else 1), live.stdout + live.stderr
 
     # the order in events.jsonl: finding → the job takes the request → it commits the
     # checkpoint → only then the quarantine
@@ -87,11 +90,14 @@ def test_straggler_caught_live_and_once_checkpoint_before_quarantine(tmp_path):
     # after the run, --once judges the same steps the same way, and records nothing twice
     page = tmp_path / "watch.html"
     once = mscale("watch", str(run), "--once", "--json", "--report", str(page))
-    assert once.returncode == 1, once.stdout + once.stderr
+    assert once.returncode in (1, 2), once.stdout + once.stderr
     doc = json.loads(once.stdout)
     assert any(f["ranks"] == [3] and f["nodes"] == ["node2"] and f["cause"] in HARDWARE_CAUSES
                for f in doc["findings"]), doc["findings"]
-    assert len(watch_events(run)) == 2  # the live watch's finding and quarantine, no more
+    # the live watch's finding and quarantine (and an escalation, if it rose), no more
+    events = watch_events(run)
+    rises = [e for e in events if e["message"].startswith("escalated to")]
+    assert len(events) - len(rises) == 2 and len(rises) <= 1, events
     assert "node2" in page.read_text() and "<svg" in page.read_text()
 
 

@@ -55,15 +55,14 @@ class WatchConfig:
     critical path (its peers do not wait for it) costs nothing."""
 
     critical_slowdown_pct: float = 100.0
-    """What-if slowdown from which a slow link is ``critical`` rather than a ``warning``: at
-    +100% the job takes twice as long, half of every GPU-hour lost to one NIC or cable, as much
-    as a job down half of the time. Below it the job still makes most of its progress and is a
-    warning, as every other straggler is. Graded on the finding's current figure, measured
-    again each row, so an open finding whose cost grows past it escalates (and does not go back
-    down while open: the run did have it). Only the link is graded so: its cost is measured on
-    the steps after its onset (detect/links.py), while a slow device or node on a CPU test job
-    (a delay of the order of the step) would read as critical without being a fault of that
-    scale."""
+    """What-if slowdown from which a sick device, node or link is ``critical`` rather than a
+    ``warning``: at +100% the job takes twice as long, half of every GPU-hour lost to one GPU,
+    host or NIC, as much as a job down half of the time. Below it the job still makes most of
+    its progress and is a warning, as every other straggler is (imbalances are the plan's or
+    the data's, not a fault to act on at once). Graded on the finding's current figure, priced
+    on the rows since its onset (detect/straggler.py, detect/links.py) and measured again each
+    row, so an open finding whose cost grows past it escalates (and does not go back down while
+    open: the run did have it)."""
 
     node_fraction: float = 0.5
     """Share of a node's ranks that must be slow for the node (not each rank) to be named: a

@@ -189,8 +189,9 @@ class Watcher:
         return new
 
     def _grade(self, f: Finding) -> None:
-        """A slow link that costs at least ``critical_slowdown_pct`` is critical (config.py)."""
-        if f.cause == "slow_link" and (f.slowdown_pct or 0.0) >= self.cfg.critical_slowdown_pct \
+        """A sick device, node or link that costs at least ``critical_slowdown_pct`` is
+        critical (config.py); each is priced on the rows since its onset (detect/)."""
+        if f.hardware and (f.slowdown_pct or 0.0) >= self.cfg.critical_slowdown_pct \
                 and SEVERITY[f.severity] < SEVERITY["critical"]:
             f.severity = "critical"
             f.evidence["critical_slowdown_pct"] = self.cfg.critical_slowdown_pct

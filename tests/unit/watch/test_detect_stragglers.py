@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from mscale.watch.detect.evaluate import STRAGGLERS, Job, run_case
-from mscale.watch.findings import HARDWARE_CAUSES
+from mscale.watch.findings import HARDWARE_CAUSES, Finding
 from mscale.watch.judge import Watcher
 from mscale.watch.sim import Injection, generate
+from mscale.watch.window import Window
 
 JOB = Job(64, 2, 4)  # 8 nodes of 8, a stage is 2 nodes
 LATENCY = {"data_imbalance": 10, "job_wide": 10}
@@ -106,6 +107,44 @@ def test_a_node_that_is_a_whole_stage():
     assert f.cause == "stage_imbalance" and not f.hardware and f.evidence["stage"] == 1
     assert f.evidence["changed_since_baseline"] is False
     assert f.first_step == 6  # uneven from the first judged row (after 5 of warm-up) on
+
+
+def test_a_slow_node_that_is_half_of_a_small_stage_is_the_node():
+    """The demo's layout (tp 2 x pp 2 x dp 2, a node a TP group): the stage median lies between
+    the slow node and the healthy one, and the ranks' spread is the fault's own size, so the
+    bar was out of reach and the node read as an imbalanced stage and a job-wide slowdown."""
+    fs = findings(8, 2, 2, 2, [Injection("slow_node", 20, 2, magnitude=1.0)], steps=60)
+    assert [(f.cause, f.nodes, f.ranks) for f in fs] == [("slow_node", ["node2"], [4, 5])]
+    assert fs[0].first_step == 20
+
+
+def announced(inject, **kw) -> tuple[Finding, float]:
+    """The first straggler finding of a demo-shaped job, fed a row a look as a live watch is,
+    and the true slowdown (medians of the step time from ten steps after the onset)."""
+    args = dict(world=8, tp=2, pp=2, ranks_per_node=2, steps=40, seed=1, **kw)
+    trace, healthy = generate(**args, inject=inject), generate(**args)
+    after = slice(inject[0].step + 10, None)
+    truth = 100 * (np.median(trace.step_time[after].max(axis=1))
+                   / np.median(healthy.step_time[after].max(axis=1)) - 1)
+    w, win = Watcher(trace.layout), trace.window()
+    for i in range(len(win)):
+        new = w.feed(Window(win.steps[i:i + 1], win.ranks[i:i + 1], win.scalars[i:i + 1],
+                            win.extra[i:i + 1]))
+        if new:
+            return new[0], truth
+    raise AssertionError("nothing found")
+
+
+@pytest.mark.parametrize("cause,target", [("slow_device", 5), ("slow_node", 1)])
+def test_a_device_or_node_is_priced_from_its_onset_and_graded_critical(cause, target):
+    """Found three rows in, the window is still mostly healthy rows: priced on them the job
+    was announced at less than half of what it cost (68% for a 149% slowdown)."""
+    f, truth = announced([Injection(cause, 20, target, magnitude=2.0)])
+    assert f.cause == cause and truth > 100
+    assert f.slowdown_pct == pytest.approx(truth, rel=0.15)
+    assert f.severity == "critical" and f.evidence["priced_steps"][0] == f.first_step == 20
+    mild, truth = announced([Injection(cause, 20, target, magnitude=0.5)])
+    assert mild.severity == "warning" and mild.slowdown_pct == pytest.approx(truth, rel=0.15)
 
 
 def test_imbalance_with_few_replicas_is_not_blamed_on_a_node():

@@ -286,14 +286,20 @@ def scale(records: int = 1000, chunk: int = 50) -> None:
           f"{2 * chunk} records {rss[1]:.0f} MB, after {records} {rss[-1]:.0f} MB")
 
 
-QUICK = {"trials": (1, 1), "steps": (400, 250), "healthy": ((600, 1), (400, 1))}
-"""``--quick``, per job (64 ranks, 1024 ranks): trials per cause, steps per injected trace,
+JOBS = (Job(8, 2, 2, ranks_per_node=2), Job(64, 2, 4), Job(1024, 8, 8))
+"""The demo's layout (a node is a TP group, a stage two nodes: a slow node is half of its
+stage), a 64-rank job, and a 1,024-rank one."""
+
+QUICK = {"trials": (1, 1, 1), "steps": (400, 400, 250),
+         "healthy": ((600, 1), (600, 1), (400, 1))}
+"""``--quick``, per job (`JOBS`): trials per cause, steps per injected trace,
 healthy traces (steps, count). At 64 ranks a quick trial is the full run's first (same seed and
 length), so those rows are a subset of `FULL`'s; at 1024 ranks the injected traces are 250 steps
 (onset between steps 62 and 124), and the healthy traces are shorter (three checkpoint stalls and
 a dozen GC pauses at 64 ranks, two stalls at 1024). Measured: 25 s on a quiet two-core machine
 (38 s of CPU when it was shared); the full run is about twenty times the work."""
-FULL = {"trials": (20, 5), "steps": (400, 400), "healthy": ((5000, 4), (2000, 3))}
+FULL = {"trials": (20, 20, 5), "steps": (400, 400, 400),
+        "healthy": ((5000, 4), (5000, 4), (2000, 3))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -316,13 +322,12 @@ def _report(sizes: dict, tick: Tick) -> None:
     t0 = time.perf_counter()
     tick("one slow pipeline cell")
     print("\n".join(_cell_table()) + "\n", flush=True)
-    for job, trials, steps in zip((Job(64, 2, 4), Job(1024, 8, 8)), sizes["trials"],
-                                  sizes["steps"]):
+    for job, trials, steps in zip(JOBS, sizes["trials"], sizes["steps"]):
         print("\n".join(_table(job, trials, steps, tick)), flush=True)
         print(flush=True)
     print("False alarms on healthy traces:\n")
     print("| job | steps | traces | pauses flagged | findings |\n|---|---|---|---|---|", flush=True)
-    for job, (steps, n) in zip((Job(64, 2, 4), Job(1024, 8, 8)), sizes["healthy"]):
+    for job, (steps, n) in zip(JOBS, sizes["healthy"]):
         for flagged in (True, False):
             alarms = [len(healthy_alarms(
                 job, steps, seed, flagged, tick,

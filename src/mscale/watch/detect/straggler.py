@@ -106,12 +106,16 @@ class StragglerRules:
         median rank looks slow (a slow node may be half of a stage). Also the per-row excess
         ``[n, world]`` the windowed one is the median of (the onset is read off it)."""
         g, exclude = self.g, None
+        floor = self.cfg.min_excess_frac * step_s
         for _ in range(2):
             typ = _typical(x, g, exclude, peers)
             per_row = x - typ
             ex = _over_rows(per_row)
             slow, bar, sig = _outliers(ex, eligible, self.cfg, step_s)
-            exclude = slow | (_node_median(ex, g) > bar / 2)[g.node]
+            # half of the floor, not of the bar: when a slow node is half of a small stage (dp
+            # 2, a node a TP group) the stage median lies between the halves, every rank is a
+            # full excess away from it, and the spread (so the bar) is the fault's own size
+            exclude = slow | (_node_median(ex, g) > min(bar, floor) / 2)[g.node]
         return ex, slow, bar, sig, typ, per_row
 
     def judge(self, w: Recent, whatif: WhatIf, base_stage: np.ndarray | None) -> list[Finding]:
@@ -149,23 +153,30 @@ class StragglerRules:
                  ctx) -> Finding:
         """``excess_rows``: each rank's windowed excess ``[world]`` and per-row one
         ``[n, world]``. Dated by its onset: the rows where the members' mean excess passed the
-        bar (detect/onset.py), not the window's first row, which lies before the fault."""
+        bar (detect/onset.py), not the window's first row, which lies before the fault; its
+        excess and what-if cost are measured on the rows from the onset on (as a slow link's
+        are, detect/links.py), so a fault found a few rows in is not announced at a fraction
+        of what it costs."""
         g = self.g
         ex, rows = excess_rows
         waits_less, w, whatif, typ_c, typ_d, common = ctx
         first = onset_step(w.steps, np.mean(rows[:, members], axis=1) > bar)
-        pct, saved = whatif.slowdown(
-            w.own, whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d), w.step_time)
+        after = w.steps >= first  # priced on the rows since the onset: those before were healthy
+        fixed = whatif.typical_ranks(w.compute, w.data, members, typ_c, typ_d)
+        pct, saved = whatif.slowdown(w.own[after], fixed[after], w.step_time[after])
         if cause == "slow_device" and node is not None:
             cause = "slow_node"
-        excess = float(np.mean(ex[members]))
+        excess = float(np.mean(_over_rows(rows[after][:, members])))
         what = {"slow_device": "compute", "slow_node": "compute", "slow_data": "data time"}[cause]
         evidence = {**common, "rule": _RULES[cause], "excess_s": excess, "threshold_s": bar,
                     "z": excess / sig if sig > 0 else None, "saved_s": saved,
                     "wait_deficit_s": float(np.mean(waits_less[members])),
                     "stages": sorted({int(s) for s in g.stage[members]}),
-                    "decided_by": f"{what} {excess:+.3g} s against its peers' median "
-                                  f"(bar {bar:.3g} s) over {len(w)} judged steps"}
+                    "priced_steps": [first, int(w.steps[-1])], "priced_rows": int(after.sum()),
+                    "decided_by": f"{what} {float(np.mean(ex[members])):+.3g} s against its "
+                                  f"peers' median (bar {bar:.3g} s) over {len(w)} judged "
+                                  f"steps; priced on the {int(after.sum())} from step {first} "
+                                  f"on"}
         if node is not None:
             ranks = g.node_ranks(node)
             evidence["slow_ranks_on_node"] = [int(r) for r in members]
