@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 import threading
 from dataclasses import dataclass
 from typing import Callable, TypeVar
@@ -208,7 +209,10 @@ def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
                  "nodelist": env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"),
                  "nnodes": int(nnodes) if nnodes and nnodes.isdigit() else None}
     base = {"argv": None, "cwd": None, "plan": None, "local": 0, **(launch or {})}
-    return {**base, "nodes": [names[i] for i in used], "slurm": slurm}
+    # the node's offset from UTC: slurmstepd stamps its cancel lines in the node's local time,
+    # and recover, maybe on a login node elsewhere, compares them with Unix times
+    return {**base, "nodes": [names[i] for i in used], "slurm": slurm,
+            "utc_offset_s": time.localtime().tm_gmtoff}
 
 
 def open_session(run: RunDir, env: LaunchEnv) -> RunSession:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import errno
 import json
 import signal
@@ -232,7 +233,8 @@ def test_launch_record_names_nodes_in_order_and_slurm(tmp_path):
     plan = load_checked_plan(small_plan(tmp_path))
     launch = {"argv": ["mscale", "train"], "cwd": "/w", "plan": "/w/p.yaml", "local": 4}
     rec = launch_record(launch, plan, env={})
-    assert rec == {**launch, "nodes": ["node1", "node2"], "slurm": None}
+    assert rec == {**launch, "nodes": ["node1", "node2"], "slurm": None,
+                   "utc_offset_s": time.localtime().tm_gmtoff}
     rec = launch_record(launch, plan, env={"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "j",
                                            "SLURM_JOB_NODELIST": "node[1-2]",
                                            "SLURM_JOB_NUM_NODES": "2"})

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass
-from datetime import datetime
 
 from mscale.recover.decision import Evidence
 from mscale.recover.diagnose.rules import (CKPT_DAMAGE, CKPT_DIR, FACT_RULES, SPIKE_GAP_STEPS,
                                            TEXT_RULES, XID_APPLICATION, XID_NUMBER, Rule)
 from mscale.recover.diagnose.evidence import RunEvidence
+from mscale.recover.diagnose.slurm import slurm_output, teardown
 
 MAX_LOG_SCANS = 64
 """Rank logs searched at most: the failed and suspect ranks first, then rank order."""
@@ -28,14 +27,6 @@ _CONSOLE_ERROR = re.compile(r"^error \(rank \d+ on ")
 _OWN_LINE = re.compile(r"^(training \S+: |step \d+/\d+ |starting \d+ workers|resumed from |done: |"
                        r"checkpoint step-\d+ committed )")
 """train's own progress lines (they quote paths such as the run directory, never a failure)."""
-_SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
-_CANCEL = re.compile(r"\*\*\*\s*(JOB|STEP)\s+(\S+)\s+ON\s+\S+\s+CANCELLED AT\s+(\S+)(.*?)\*\*\*",
-                     re.IGNORECASE)
-"""slurmstepd's ``*** STEP 25.0 ON node1 CANCELLED AT 2026-11-30T14:00:01 ***`` (or ``JOB 25``,
-``… DUE TO TIME LIMIT ***``): the level, the job or step id, the time, what follows it."""
-CANCEL_SLACK_S = 2.0
-"""Seconds after a cancel's stamp (whole seconds, the node's local time) within which a record of
-a failed rank still counts as written before the cancel."""
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Warning)|"
                        r"[A-Za-z_][\w.]*Error)\b(:.*)?$")
@@ -102,8 +93,8 @@ def find(ev: RunEvidence) -> list[Hit]:
     _error_files(f)
     _elastic(f)
     _logs(f)
-    after_failure = _slurm(f)
-    _teardown(f, after_failure)
+    after_failure = slurm_output(f)
+    teardown(f, after_failure)
     return f.hits
 
 
@@ -314,99 +305,6 @@ def _logs(f: Findings) -> None:
         if exc_line and rank not in ev.error_files:  # an error file already says it
             key = "user_frame" if _user_raised(exc_line, frames) else "crash"
             f.add(key, info.source, exc_line, rank, info.mtime)
-
-
-def _slurm(f: Findings) -> set[int]:
-    """SLURM output: the text rules, and srun's task lines (`_srun_line`). Returns the reading
-    order (`Hit.seq`) of the cancel lines that follow one of srun's task-failure lines in their
-    file. A task line after a cancel line is the teardown's consequence (the step's other tasks
-    killed or terminated): it is kept as ``step_cancelled`` evidence, blaming nobody."""
-    after_failure: set[int] = set()
-    for info in f.ev.slurm:
-        failed = cancelled = False
-        for line in f.ev.lines(info):
-            first = len(f.hits)
-            f.text(info.source, line, None, info.mtime)
-            for h in f.hits[first:]:
-                if h.rule.key == "slurm_cancelled":
-                    cancelled = True
-                    if failed:
-                        after_failure.add(h.seq)
-            if m := _SRUN.search(line):
-                if cancelled:
-                    f.add("step_cancelled", info.source, line, None, info.mtime)
-                else:
-                    failed = _srun_line(f, info, line, m) or failed
-    return after_failure
-
-
-def _srun_line(f: Findings, info, line: str, m: re.Match) -> bool:
-    """``srun: error: node3: task 5: Killed`` names the rank and its node; True when it says a
-    task failed."""
-    tasks, what = m.group(2), m.group(3)
-    rank = int(re.split(r"[,\-]", tasks)[0])
-    key = ("killed" if "Killed" in what or "signal" in what.lower()
-           else "exit_nonzero" if "exit code" in what else None)
-    if key:
-        hit = f.add(key, info.source, line, rank, info.mtime)
-        hit.evidence.node = m.group(1)
-    return key is not None or "Out Of Memory" in what
-
-
-def _teardown(f: Findings, after_failure: set[int]) -> None:
-    """A cancel line that is not the operator's scancel becomes the weak ``step_cancelled`` fact.
-    With ``srun --kill-on-bad-exit`` (docs/recover.md) one task's failure makes srun cancel the
-    step, and slurmstepd says ``*** STEP 25.0 ON node1 CANCELLED AT … ***`` as for a scancel.
-    A STEP's cancel is the step torn down when a task failure precedes it in SLURM's output, or
-    when the attempt records a failed rank no later than the cancel (an error
-    file, the launcher's failed rank, train's own stop other than on a signal) or when SLURM
-    cancelled its job DUE TO something (that line decides). A JOB's cancel without DUE TO stays
-    the operator's scancel, whatever an earlier step's tasks did."""
-    cancels = [h for h in f.hits if h.rule.key == "slurm_cancelled"]
-    if not cancels:
-        return
-    due = {m.group(2).split(".")[0] for h in f.hits if h.rule.key.startswith("slurm_")
-           and (m := _CANCEL.search(h.evidence.text)) and "DUE TO" in m.group(4).upper()}
-    for h in cancels:
-        m = _CANCEL.search(h.evidence.text)
-        step = m is not None and m.group(1).upper() == "STEP"
-        # a JOB's cancel is never the teardown: kill-on-bad-exit cancels the step, not the job
-        # (with --open-mode=append an earlier step's failure may precede an operator's scancel)
-        if step and (h.seq in after_failure or m.group(2).split(".")[0] in due
-                     or _failed_before(f.ev, _stamp(m.group(3)))):
-            h.rule = FACT_RULES["step_cancelled"]
-
-
-def _stamp(text: str) -> float | None:
-    """A slurmstepd time (``2026-11-30T14:00:01``, local time) as Unix time; None if unreadable."""
-    try:
-        return time.mktime(datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").timetuple())
-    except (ValueError, OverflowError):
-        return None
-
-
-def _failed_before(ev: RunEvidence, at: float | None) -> bool:
-    """Whether the attempt records a failed rank no later than ``at`` (+ `CANCEL_SLACK_S`): an
-    error file, the launcher's first failed rank or hang, or train's own stop with an error
-    or on request (a halt, a NaN; not a signal, which a scancel sends)."""
-    def before(t: object) -> bool:
-        return at is None or not isinstance(t, (int, float)) or t <= at + CANCEL_SLACK_S
-
-    if any(before(rec.get("time")) for rec in ev.error_files.values() if isinstance(rec, dict)):
-        return True
-    if any(before(info.mtime) for info, _ in ev.elastic):
-        return True
-    for e in ev.attempt.events:
-        evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
-        if e.get("source", "train") != "train" or e.get("kind") not in ("stop", "hang") \
-                or not before(e.get("time")):
-            continue
-        if "first_failed_rank" in evd or e.get("kind") == "hang":
-            return True
-        if evd.get("code") not in (0, None) and evd.get("reason") not in ("signal",
-                                                                           "interrupted"):
-            return True
-    return False
 
 
 # -- tracebacks -----------------------------------------------------------------------------
