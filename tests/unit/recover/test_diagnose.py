@@ -446,12 +446,18 @@ def test_kill_on_bad_exit_with_an_xid_is_the_gpu_and_excludes_its_node(tmp_path)
 def test_a_step_cancel_after_a_failed_rank_with_no_srun_line_is_no_scancel(tmp_path):
     """The step's cancel in a rank's own --output file, srun's own lines elsewhere: the error
     files written before it say the job failed first."""
+    _failed_then_cancelled(tmp_path, _stamp(6))
+
+
+def _failed_then_cancelled(tmp_path, stamp: str, launch: dict | None = None) -> None:
+    """Every rank but 4 fails at T0 + 5 (rank 4's loss), the step is cancelled at ``stamp``:
+    diagnosed as the network failure, not a scancel."""
     run = Run(tmp_path / "r1", nodes="node[1-4]", tp=2, dp=4)
-    run.start(0.0, run_id="slurm-25", launcher="slurm")
+    run.start(0.0, run_id="slurm-25", launcher="slurm", launch=launch)
     run.metrics(range(1, 4), t=1.0)
     for rank in (0, 1, 2, 3, 5, 6, 7):
         run.error_file(rank, 5 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
-    run.log(1, f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {_stamp(6)} ***\n", t=6)
+    run.log(1, f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {stamp} ***\n", t=6)
     d = diagnose(run.path)
     assert (d.cls, d.symptom) == ("network", "crash"), d.summary
     assert d.suspect_ranks == [4] and d.suspect_nodes == ["node3"]
@@ -463,16 +469,8 @@ def test_a_cancel_is_read_in_the_nodes_time_zone_not_recovers(tmp_path):
     operator's scancel; the start event's recorded offset places it after them."""
     offset = time.localtime(T0).tm_gmtoff - 9 * 3600  # nine hours west of this machine
     node_time = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(T0 + 6 + offset))
-    run = Run(tmp_path / "r1", nodes="node[1-4]", tp=2, dp=4)
-    run.start(0.0, run_id="slurm-25", launcher="slurm",
-              launch={"nodes": ["node1", "node2", "node3", "node4"], "utc_offset_s": offset})
-    run.metrics(range(1, 4), t=1.0)
-    for rank in (0, 1, 2, 3, 5, 6, 7):
-        run.error_file(rank, 5 + rank / 100, "network", GLOO_RESET, node=f"node{rank // 2 + 1}")
-    run.log(1, f"slurmstepd: error: *** STEP 25.0 ON node1 CANCELLED AT {node_time} ***\n", t=6)
-    d = diagnose(run.path)
-    assert (d.cls, d.symptom) == ("network", "crash"), d.summary
-    assert d.suspect_ranks == [4] and d.suspect_nodes == ["node3"]
+    _failed_then_cancelled(tmp_path, node_time, launch={
+        "nodes": ["node1", "node2", "node3", "node4"], "utc_offset_s": offset})
 
 
 def test_an_operators_step_scancel_is_still_a_stop(run):
