@@ -131,9 +131,20 @@ def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingCon
     if model.num_kv_heads % layout.tp:
         raise bad("tp", f"tp={layout.tp} does not divide kv_heads={model.num_kv_heads}",
                   "choose tp dividing the key/value head count")
-    if model.ffn % layout.tp or model.vocab % layout.tp:
-        raise bad("tp", f"tp={layout.tp} must divide ffn ({model.ffn}) and vocab ({model.vocab})",
-                  "pad the vocabulary / MLP width to a multiple of tp, or pick a smaller tp")
+    if model.ffn % layout.tp:
+        raise bad("tp", f"tp={layout.tp} must divide ffn ({model.ffn})",
+                  "pad the MLP width (model.ffn_hidden) to a multiple of tp, or pick a smaller tp")
+    if model.vocab % layout.tp:
+        pad = -(-model.vocab // layout.tp) * layout.tp
+        raise bad("tp", f"tp={layout.tp} must divide vocab ({model.vocab})",
+                  f"pad the vocabulary: model.vocab: {pad} with model.real_vocab: "
+                  f"{model.real_vocab or model.vocab} (the padded logits are masked out), or pick "
+                  "a smaller tp")
+    if model.tie_embeddings and layout.pp > 1:
+        raise bad("pp", f"model.tie_embeddings with pp={layout.pp}: the embedding (first stage) "
+                  "and the head (last stage) would share one weight across stages, which the "
+                  "engine does not keep in step", "set pp: 1, or model.tie_embeddings: false "
+                  "(the head gets weights of its own)")
     if layout.sequence_parallel and layout.tp > 1 and model.seq_len % layout.tp:
         raise bad("sequence_parallel", f"seq_len={model.seq_len} not divisible by tp={layout.tp}",
                   "use a sequence length divisible by tp, or turn sequence_parallel off")

@@ -90,7 +90,9 @@ class ModelConfig(StrictModel):
     sliding_window: int | None = _count(MAX_SEQ, None)
     """Each token attends to at most this many previous tokens (MegaScale §3.1). None = full causal."""
     tie_embeddings: bool = False
-    """Share the input embedding and output projection."""
+    """Share the input embedding and output projection. Only with pp = 1: the engine keeps one
+    copy of the weight, so the planner searches no pipeline for a tied model and a given layout
+    with pp > 1 is refused."""
     norm_eps: float = Field(default=1e-5, gt=0, le=1.0)
     """RMSNorm epsilon."""
     rope_theta: float = Field(default=10000.0, gt=0, le=1e12)

@@ -163,6 +163,10 @@ def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, i
         for pp in divisors(world // tp):
             if pp > layers:
                 continue  # not a layout at all: fewer blocks than stages
+            if pp > 1 and pb.model.tie_embeddings:
+                rejects.add("tied embeddings need pp = 1 (the engine keeps one copy)",
+                            f"tp={tp} pp={pp}")
+                continue
             dp = world // (tp * pp)
             vs = interleavings(layers, pp)
             has_light = {v for v in [1, *vs] if light_counts(layers, pp, v) is not None}

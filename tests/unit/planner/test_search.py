@@ -4,6 +4,7 @@ import pytest
 
 from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig, check_layout
 from mscale.config.base import load_model
+from mscale.errors import MscaleError
 from mscale.planner.constants import MODEL_ERROR
 from mscale.planner.cost import Problem, evaluate
 from mscale.planner.search import search
@@ -38,6 +39,26 @@ def test_training_fields_restrict_the_search():
     assert {r.layout(i).micro_batch for i in range(r.count)} == {2}
     assert {r.layout(i).recompute for i in range(r.count)} == {"none"}
     assert {r.layout(i).zero_stage for i in range(r.count) if r.layout(i).dp > 1} == {1}
+
+
+def test_a_tied_model_is_planned_without_a_pipeline_and_a_given_split_refused():
+    """train keeps one copy of a tied embedding: the planner must not write a layout with the
+    embedding and the head on different stages (the run would fail after its allocation)."""
+    pb = cpu_problem(micro_batch=None)
+    pb = Problem(pb.model.model_copy(update={"tie_embeddings": True}), pb.training, pb.cluster)
+    r = search(pb)
+    assert r.count > 0 and {r.layout(i).pp for i in range(r.count)} == {1}
+    with pytest.raises(MscaleError) as e:
+        check_layout(LayoutConfig(tp=2, pp=2, dp=2), pb.model, pb.training, pb.cluster, "p.yaml")
+    assert e.value.field == "layout.pp" and "tie_embeddings: false" in e.value.fix
+
+
+def test_a_vocabulary_tp_does_not_divide_is_told_how_to_pad():
+    pb = cpu_problem()
+    model = pb.model.model_copy(update={"vocab": 255})
+    with pytest.raises(MscaleError) as e:
+        check_layout(LayoutConfig(tp=2, dp=4), model, pb.training, pb.cluster)
+    assert "model.vocab: 256 with model.real_vocab: 255" in e.value.fix
 
 
 def test_tp_must_divide_kv_heads_and_stay_in_the_node():
