@@ -94,6 +94,8 @@ class Checkpointer:
         """The checkpoint `resume` loaded (for the console's resume line)."""
         self.resumed_state: TrainState | None = None
         """That checkpoint's train state: where the loader counts the data from."""
+        self.resumed_model: dict | None = None
+        """That checkpoint's ``plan.model`` (train/resumed.py `model_note`)."""
         self.data_position = data_position
         """Samples consumed before a step (the loader's `consumed_before`); None: step · batch."""
         self.fingerprint, self.data_sources = data_fingerprint, data_sources
@@ -296,6 +298,7 @@ class Checkpointer:
         self.last_step = manifest.state.step
         self.resumed_from = point.path
         self.resumed_state = manifest.state
+        self.resumed_model = manifest.plan.get("model")
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "samples": manifest.state.samples,

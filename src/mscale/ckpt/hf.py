@@ -191,10 +191,13 @@ def hf_shape(name: str, shape: tuple[int, ...], cfg: ModelConfig) -> tuple[int, 
 
 def diff_model(hf_cfg: ModelConfig, plan_cfg: ModelConfig) -> list[str]:
     """The ModelConfig fields on which an imported model and a plan's disagree (``name`` never
-    counts; ``real_vocab`` counts only when the plan sets it, since the import records it)."""
+    counts). ``real_vocab`` is compared as the vocabulary the model really has (``real_vocab``,
+    else ``vocab``): a plan that leaves it unset for an unpadded model agrees, but a plan of
+    vocab 256 for a model of 255 padded to 256 does not: training it would leave the padding
+    logit unmasked, another model with no word said."""
     a, b = hf_cfg.model_dump(exclude={"name"}), plan_cfg.model_dump(exclude={"name"})
-    if plan_cfg.real_vocab is None:
-        del a["real_vocab"], b["real_vocab"]
+    a["real_vocab"] = hf_cfg.real_vocab or hf_cfg.vocab
+    b["real_vocab"] = plan_cfg.real_vocab or plan_cfg.vocab
     return [k for k in a if a[k] != b[k]]
 
 
@@ -208,7 +211,10 @@ def fit_to_plan(hf_cfg: ModelConfig, plan_cfg: ModelConfig, tp: int, source: str
     if diffs:
         a, b = cfg.model_dump(), plan_cfg.model_dump()
         detail = "; ".join(f"{k}: {a[k]!r} in config.json, {b[k]!r} in the plan" for k in diffs)
+        fix = "use a plan whose model: section matches the HF config"
+        if diffs == ["real_vocab"]:
+            fix = (f"set model.real_vocab: {hf_cfg.vocab} in the plan (the HF model's "
+                   f"vocabulary; model.vocab {cfg.vocab} pads it for tp {tp})")
         raise MscaleError(f"config.json describes a different model than the plan ({detail})",
-                          file=source, field=", ".join(f"model.{k}" for k in diffs),
-                          fix="use a plan whose model: section matches the HF config")
+                          file=source, field=", ".join(f"model.{k}" for k in diffs), fix=fix)
     return cfg.model_copy(update={"name": plan_cfg.name})

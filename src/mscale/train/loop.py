@@ -31,7 +31,7 @@ from mscale.train.console import (Summary, checkpoint_line, resume_text, start_l
                                   stop_line)
 from mscale.train.control import Control
 from mscale.train.data import DataIdentity, describe_data, source_fingerprint
-from mscale.train.resumed import is_own, resume_notes
+from mscale.train.resumed import is_own, model_note, resume_notes
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
@@ -172,10 +172,12 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
              "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
     if resumed:
         _say(engine, resumed)
-        for note in resume_notes(ckpt.resumed_state, plan.training,
-                                 DataIdentity(ckpt.fingerprint, ckpt.data_sources),
-                                 is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
-                                 data_change=engine.options.allow_data_change):
+        notes = resume_notes(ckpt.resumed_state, plan.training,
+                             DataIdentity(ckpt.fingerprint, ckpt.data_sources),
+                             is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
+                             data_change=engine.options.allow_data_change)
+        model = model_note(ckpt.resumed_model, plan.model, ckpt.resumed_from)
+        for note in notes + ([model] if model else []):
             _say(engine, note)
             _event(s, kind="info", severity="warning", step=first, message=note)
     mark_phase("ready")

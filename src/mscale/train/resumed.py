@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 
+from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
 from mscale.errors import MscaleError
 from mscale.train.data import DataIdentity
@@ -126,3 +127,25 @@ def is_own(checkpoint: str, ckpt_root: str) -> bool:
         return (p if "://" in p else os.path.abspath(p)).rstrip("/")
 
     return norm(checkpoint).startswith(norm(ckpt_root) + "/")
+
+
+def model_note(saved: dict | None, model: ModelConfig, checkpoint: str) -> str | None:
+    """A line when the plan's model differs from the one ``checkpoint`` was trained as (its
+    manifest's ``plan.model``) in a field that does not change a tensor's shape (those fail the
+    load): ``rope_theta`` for a context extension is meant, a changed ``norm_eps`` or
+    ``real_vocab`` rarely is, and neither may pass unsaid. A run directory resuming its own
+    checkpoint never gets here with another model: its plan check refuses that first."""
+    if not isinstance(saved, dict):
+        return None
+    try:
+        before = ModelConfig.model_validate(saved).model_dump(exclude={"name"})
+    except ValueError:
+        return None  # a manifest of another version: its loader already said what it could
+    now = model.model_dump(exclude={"name"})
+    changed = [f"{k} {before[k]!r} -> {now[k]!r}" for k in now if before.get(k) != now[k]]
+    if not changed:
+        return None
+    return (f"the model differs from the one {checkpoint} trained: {'; '.join(changed)} "
+            "(continuing with this plan's; if that is not meant, use the checkpoint's model: "
+            "section)")
+

@@ -99,8 +99,12 @@ def test_vocab_tp_does_not_divide_is_padded_and_masked(tmp_path, tied):
     ref = save_llama(tmp_path, vocab=99, tie_word_embeddings=tied)
     config, tensors = open_hf(str(tmp_path))
     imported = hf_config.model_from_hf_config(config, str(tmp_path / "config.json"))
-    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "rope_theta": 500000.0,
-                          "tie_embeddings": tied})
+    model = {**MODEL_OF, "vocab": 100, "rope_theta": 500000.0, "tie_embeddings": tied}
+    # a plan of 100 ids that does not say 99 are real would train the padding logit unmasked
+    with pytest.raises(MscaleError) as e:
+        hf.fit_to_plan(imported, plan(tp=2, model=model).model, 2, "config.json")
+    assert e.value.field == "model.real_vocab" and "real_vocab: 99" in e.value.fix
+    p = plan(tp=2, model={**model, "real_vocab": 99})
     cfg = hf.fit_to_plan(imported, p.model, 2, str(tmp_path / "config.json"))
     assert (cfg.vocab, cfg.real_vocab, cfg.name) == (100, 99, "llama")
     mine = load_into(cfg, lambda n: hf.pad_vocab_rows(n, tensors[hf.to_hf(n)], cfg))
@@ -229,8 +233,8 @@ def test_import_pads_for_tp_and_export_strips(tmp_path, tied):
     from mscale.ckpt import catalog
 
     ref = save_llama(tmp_path / "hf", vocab=99, tie_word_embeddings=tied)
-    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "rope_theta": 500000.0,
-                          "tie_embeddings": tied})
+    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "real_vocab": 99,
+                          "rope_theta": 500000.0, "tie_embeddings": tied})
     (tmp_path / "plan.yaml").write_text(dump_yaml(p))
     dst = str(tmp_path / "run" / "ckpt" / "step-000000")
     convert(str(tmp_path / "hf"), dst, plan=str(tmp_path / "plan.yaml"))
@@ -252,7 +256,8 @@ def test_import_pads_for_tp_and_export_strips(tmp_path, tied):
 
 def test_import_into_a_different_plan_names_the_fields(tmp_path):
     save_llama(tmp_path / "hf", vocab=99)
-    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "layers": 4, "rope_theta": 10000.0})
+    p = plan(tp=2, model={**MODEL_OF, "vocab": 100, "real_vocab": 99, "layers": 4,
+                          "rope_theta": 10000.0})
     (tmp_path / "plan.yaml").write_text(dump_yaml(p))
     with pytest.raises(MscaleError) as e:
         convert(str(tmp_path / "hf"), str(tmp_path / "c"), plan=str(tmp_path / "plan.yaml"))

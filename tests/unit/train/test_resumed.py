@@ -122,3 +122,17 @@ def test_the_same_sources_with_another_first_sample_still_say_the_data_changed()
     """eval_fraction, the seed or seq_len changed: no source differs, the order does."""
     with pytest.raises(MscaleError, match="every source is as it was, but the first sample"):
         resume_notes(_state(data_sources=BLEND), TOKENS, DataIdentity(999, BLEND), True, CKPT)
+
+
+def test_a_model_changed_in_a_field_that_keeps_shapes_is_said():
+    from mscale.config.model import ModelConfig
+    from mscale.train.resumed import model_note
+
+    saved = ModelConfig(layers=2, hidden=64, heads=4, vocab=256, seq_len=64)
+    now = saved.model_copy(update={"rope_theta": 500000.0, "norm_eps": 1e-6, "name": "other"})
+    note = model_note(saved.model_dump(mode="json"), now, CKPT)
+    assert note.startswith(f"the model differs from the one {CKPT} trained: ")
+    assert "rope_theta 10000.0 -> 500000.0" in note and "norm_eps 1e-05 -> 1e-06" in note
+    assert "name" not in note.split(": ", 1)[1]  # a new name is no change of model
+    assert model_note(saved.model_dump(mode="json"), saved, CKPT) is None
+    assert model_note(None, saved, CKPT) is None  # a manifest without a model section
