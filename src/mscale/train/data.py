@@ -311,6 +311,25 @@ def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> lis
     return out
 
 
+def held_out_repeats(source, reads: int) -> str | None:
+    """A line when an evaluation of ``reads`` held-out samples (``eval.batches`` global
+    batches) reads some source's held-out samples more than once: its loss is then a mean over
+    fewer distinct samples than the batches suggest, the repeated ones counted several times."""
+    held = getattr(source, "held_out", None)
+    if not isinstance(held, BlendedSamples) or reads <= 0:
+        return None
+    source, _ = held.mixture.locate(np.arange(reads, dtype=np.int64))
+    read = np.bincount(source, minlength=len(held.parts))
+    over = [f"{p.dataset.url}: {int(read[i]):,} reads of {p.packed.count:,} samples"
+            for i, p in enumerate(held.parts) if read[i] > p.packed.count]
+    if not over:
+        return None
+    return (f"each evaluation reads {reads:,} held-out samples, and some sources hold fewer "
+            f"than their share ({'; '.join(over)}): those are read more than once, and the "
+            "held-out loss weighs them more (raise eval_fraction, or lower "
+            "training.eval.batches)")
+
+
 def describe_data(cfg: DataConfig) -> str:
     """One line for the start of a run: what it trains on, e.g. ``data: blend of 2 sources:
     src_a 25%, src_b 75%; held-out 5% of each``."""

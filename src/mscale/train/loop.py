@@ -30,7 +30,8 @@ from mscale.topology.placement import placement_for
 from mscale.train.console import (Summary, checkpoint_line, resume_text, start_line,
                                   stop_line)
 from mscale.train.control import Control
-from mscale.train.data import DataIdentity, describe_data, source_fingerprint
+from mscale.train.data import (DataIdentity, describe_data, held_out_repeats,
+                               source_fingerprint)
 from mscale.train.resumed import is_own, model_note, resume_notes
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
@@ -94,6 +95,11 @@ def _announce(engine: Engine, s: RunSession, start: Start) -> None:
     _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
     _say(engine, describe_data(plan.training.data))
+    if engine.eval_loader is not None:
+        repeats = held_out_repeats(engine.loader.source,
+                                   plan.training.eval.batches * plan.training.global_batch)
+        if repeats:
+            _say(engine, repeats)
     if change is not None and change.kind == "changed":
         layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
                   change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
@@ -215,8 +221,13 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     scalars = _scalar_log(engine, s)
     if first == 0:  # the baseline every later held-out loss is compared with
         baseline = _evaluate_if_due(engine, 0)
+        if baseline is not None:  # no step record holds it: an event does (docs/data.md)
+            _event(s, kind="info", step=0, message=f"held-out loss before training: "
+                   f"{baseline.loss:.4f}", evidence={"eval_loss": baseline.loss,
+                                                     "eval_s": round(baseline.seconds, 4)})
         if baseline is not None and scalars is not None:
             scalars.scalar("eval/loss", baseline.loss, 0)
+            scalars.scalar("eval/perplexity", baseline.perplexity, 0)
     try:
         with progress:
             return _steps(engine, s, ckpt, control, first, summary, progress, scalars)

@@ -75,6 +75,21 @@ def test_a_blend_is_shuffled_weighted_and_its_held_out_part_never_trained_on(tmp
     assert not seen & held_rows
 
 
+def test_an_evaluation_larger_than_the_held_out_split_is_said(tmp_path):
+    from mscale.train.data import held_out_repeats
+
+    train, _ = make_sources(_blend(tmp_path), 3, 8, 256)
+    held = train.held_out
+    counts = {p.dataset.url: p.packed.count for p in held.parts}
+    a, b = str(tmp_path / "a"), str(tmp_path / "b.bin")
+    assert held_out_repeats(train, 30) is None  # a's share 20 of its 28, b's 10 of 74
+    note = held_out_repeats(train, 51)  # a's share 34 of its 28
+    assert note.startswith("each evaluation reads 51 held-out samples")
+    assert f"{a}: 34 reads of {counts[a]} samples" in note and b not in note
+    assert "eval_fraction" in note
+    assert held_out_repeats(make_sources(DataConfig(), 3, 8, 256)[0], 10**6) is None  # synthetic
+
+
 def test_samples_after_a_resume_equal_an_uninterrupted_runs(tmp_path):
     """Resume and batch change count on from the checkpoint's samples: the same global indices,
     hence the same tokens, as a run that never stopped (blended, shuffled data)."""
