@@ -54,7 +54,8 @@ import fsspec  # noqa: E402
 from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 from mscale.data import storage  # noqa: E402
-from mscale.data.indexed import IndexedWriter, open_dataset  # noqa: E402
+from mscale.data.datasets import open_dataset  # noqa: E402
+from mscale.data.indexed import IndexedWriter  # noqa: E402
 from mscale.data.prepare import prepare  # noqa: E402
 from mscale.data.tokenizer import train_tokenizer  # noqa: E402
 

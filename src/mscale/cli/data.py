@@ -264,7 +264,7 @@ def tokenizer_cmd(
 
 
 def _describe(spec: str, dtype: str | None) -> dict:
-    from mscale.data.indexed import open_dataset
+    from mscale.data.datasets import open_dataset
 
     ds = open_dataset(spec, dtype=dtype)
     if ds.vocab_size is not None:
@@ -299,7 +299,7 @@ def inspect_cmd(
 
     d = _describe(spec, dtype)
     if stats:
-        from mscale.data.indexed import open_dataset
+        from mscale.data.datasets import open_dataset
         from mscale.data.stats import unigram_entropy
 
         d["unigram_entropy"], d["unigram_tokens_counted"] = unigram_entropy(
@@ -331,7 +331,7 @@ def verify_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Hash every shard's .bin and .idx against the manifest. Exit 2 names the bad shard."""
-    from mscale.data.indexed import verify_dataset
+    from mscale.data.datasets import verify_dataset
 
     problems = verify_dataset(spec)
     d = _describe(spec, None)

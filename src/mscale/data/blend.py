@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mscale.config.training import DataConfig, DataSource
-from mscale.data.indexed import TokenDataset, open_dataset
+from mscale.data.datasets import open_dataset
+from mscale.data.indexed import TokenDataset
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
 from mscale.errors import MscaleError
 

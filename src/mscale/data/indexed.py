@@ -23,16 +23,13 @@ import hashlib
 import os
 import struct
 from array import array
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
 from types import TracebackType
 
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from mscale.data.manifest import (MANIFEST, REPREPARE, TOKEN_DTYPES, check_shard, load_manifest,
-                                  manifest_digest, verify_checksums)
-from mscale.data.storage import Blob, expand, fsync_dir, join, kind, open_blob
+from mscale.data.storage import Blob, fsync_dir, open_blob
 from mscale.errors import MscaleError
 from mscale.urls import fs_and_path
 
@@ -344,113 +341,3 @@ class TokenDataset:
                 out.append(self.shards[i].read(pos - base, end - base))
             pos = end
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-
-
-def _open_manifest(folder: str, spec: str, dtype: np.dtype | None) -> TokenDataset:
-    m = load_manifest(folder)
-    url = join(folder, MANIFEST)
-    if dtype is not None and dtype.itemsize != TOKEN_DTYPES[m["dtype"]].itemsize:
-        raise _bad(f"the manifest says {m['dtype']}, the dtype given is {dtype}", url,
-                   "manifest.dtype", "drop the dtype option; the manifest knows it")
-
-    def open_one(i: int, s: dict) -> Shard:
-        try:
-            shard = open_prefix(join(folder, s["prefix"]))
-        except MscaleError as e:
-            if e.message != "no such file":
-                raise
-            raise _bad(f"shard {s['prefix']!r} is missing ({e.file})", url,
-                       f"manifest.shards[{i}].prefix", REPREPARE) from None
-        check_shard(m, i, url, shard.dtype, tokens=shard.tokens,
-                    documents=len(shard.doc_offsets) - 1, bin_bytes=shard.blob.size)
-        return shard
-    shards = _parallel(open_one, list(enumerate(m["shards"])))
-    ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
-    ds.manifest_digest = manifest_digest(m)
-    return ds
-
-
-def _parallel(fn, args: list[tuple]) -> list:
-    """``[fn(*a) for a in args]`` on a few threads: opening a shard on an object store costs a
-    few round trips, and a corpus has thousands. The first failure (in order) is raised."""
-    if len(args) < 2:
-        return [fn(*a) for a in args]
-    with ThreadPoolExecutor(min(16, len(args))) as pool:
-        return list(pool.map(lambda a: fn(*a), args))
-
-
-def _resolve(url: str, listed: set[str]) -> tuple[str, str]:
-    """("prefix", PREFIX) for a Megatron .bin/.idx (or bare prefix), else ("flat", url)."""
-    if url.endswith(".idx"):
-        return "prefix", url[:-4]
-    if url.endswith(".bin") and (url[:-4] + ".idx" in listed or kind(url[:-4] + ".idx") == "file"):
-        return "prefix", url[:-4]
-    return "flat", url
-
-
-def _open_group(spec: str, files: list[str], dtype: np.dtype | None) -> list[Shard]:
-    """A folder or glob without manifest: Megatron prefixes (or only flat files), sorted."""
-    listed = set(files)
-    wanted = [f for f in files if f.endswith((".bin", ".idx"))]
-    if not wanted:
-        raise _bad("no .bin or .idx file here", spec, "spec",
-                   "name a folder with manifest.json, Megatron .bin/.idx pairs, or flat .bin files")
-    resolved = list(dict.fromkeys(_resolve(f, listed) for f in wanted))  # sorted, deduplicated
-    kinds = {k for k, _ in resolved}
-    if kinds == {"prefix", "flat"}:
-        flat = next(u for k, u in resolved if k == "flat")
-        raise _bad(f"mixes Megatron prefixes with a flat token file ({flat} has no .idx)", spec,
-                   "spec", "name the Megatron prefixes and the flat files as separate sources")
-    if kinds == {"flat"}:
-        return _parallel(open_flat, [(u, dtype or TOKEN_DTYPES["uint16"]) for _, u in resolved])
-    return _parallel(open_prefix, [(p,) for _, p in resolved])
-
-
-def open_dataset(spec: str, *, dtype: str | None = None) -> TokenDataset:
-    """Open a token source: a manifest folder, a Megatron prefix (or its .bin/.idx), a flat token
-    file (``dtype``, default uint16), or a folder/glob of Megatron prefixes, local or remote."""
-    want = None if dtype is None else np.dtype(dtype)
-    if want is not None and want.kind not in "iu":
-        raise _bad(f"token dtype {want} is not an integer type", spec, "dtype",
-                   "use uint16 or uint32")
-    what = "glob" if any(c in spec for c in "*?[") else kind(spec)
-    if what == "dir" and kind(join(spec, MANIFEST)) == "file":
-        return _open_manifest(spec.rstrip("/"), spec, want)
-    if what in ("glob", "dir"):
-        shards = _open_group(spec, expand(spec), want)
-    elif what == "file":
-        k, url = _resolve(spec, set())
-        flat = want or TOKEN_DTYPES["uint16"]
-        shards = [open_prefix(url) if k == "prefix" else open_flat(url, flat)]
-    elif kind(spec + ".idx") == "file":
-        shards = [open_prefix(spec)]
-    else:
-        raise _bad("no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)", spec,
-                   None, "check the path")
-    return _checked(spec, shards, want)
-
-
-def _checked(spec: str, shards: list[Shard], want: np.dtype | None) -> TokenDataset:
-    """One dtype across all shards, and the one asked for if any."""
-    first = shards[0]
-    for s in shards:
-        if s.dtype != first.dtype:
-            raise _bad(f"stores {s.dtype}, but {first.blob.url} stores {first.dtype}", s.blob.url,
-                       "idx.dtype", "tokenize every shard of one source with one dtype")
-        if want is not None and s.doc_offsets is not None and s.dtype.itemsize != want.itemsize:
-            raise _bad(f"the index says {s.dtype}, the dtype given is {want}", s.blob.url,
-                       "idx.dtype", "drop the dtype option; a Megatron index knows its dtype")
-    return TokenDataset(spec, shards)
-
-
-def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
-    """Problems found by hashing every shard's .bin and .idx against the manifest's sha256.
-
-    Structure is checked first by opening (an `MscaleError` as at open). A source without our
-    manifest has no checksums: opening it is the whole check, and no problem is returned.
-    """
-    open_dataset(spec)
-    if kind(spec) != "dir" or kind(join(spec, MANIFEST)) != "file":
-        return []
-    return verify_checksums(spec.rstrip("/"), chunk_bytes)
-

@@ -3,7 +3,8 @@ notices a source re-prepared or rewritten under it."""
 
 import numpy as np
 
-from mscale.data.indexed import IDENTITY_EDGE_BYTES, open_dataset
+from mscale.data.datasets import open_dataset
+from mscale.data.indexed import IDENTITY_EDGE_BYTES
 from tests.unit.data.folders import prepared
 
 

@@ -13,7 +13,8 @@ import fsspec
 import numpy as np
 import pytest
 
-from mscale.data.indexed import IndexedWriter, open_dataset, verify_dataset
+from mscale.data.datasets import open_dataset, verify_dataset
+from mscale.data.indexed import IndexedWriter
 from mscale.errors import MscaleError
 
 CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7,
@@ -330,3 +331,15 @@ def test_manifest_that_is_not_json(tmp_path):
     (tmp_path / "ds").mkdir()
     (tmp_path / "ds/manifest.json").write_text("{not json")
     refused(str(tmp_path / "ds"), "manifest", str(tmp_path / "ds/manifest.json"))
+
+
+def test_a_glob_of_extensionless_megatron_prefixes_opens_them(tmp_path):
+    """Megatron's --data-path names prefixes without .bin/.idx; a glob of them does too."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        with IndexedWriter(str(tmp_path / name / "shard-00000"), np.uint16) as w:
+            w.add_document(np.arange(10, dtype=np.uint16))
+    ds = open_dataset(str(tmp_path / "*" / "shard-00000"))
+    assert ds.num_tokens == 20 and ds.documents == 2
+    with pytest.raises(MscaleError, match="no file matches"):
+        open_dataset(str(tmp_path / "*" / "shard-00001"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mscale.data import prepare as prep
-from mscale.data.indexed import open_dataset, verify_dataset
+from mscale.data.datasets import open_dataset, verify_dataset
 from mscale.data.prepare import prepare
 from mscale.data.tokenizer import load_tokenizer, train_tokenizer
 from mscale.errors import MscaleError

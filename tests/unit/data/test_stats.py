@@ -3,7 +3,8 @@ import math
 import numpy as np
 
 from mscale.data import stats
-from mscale.data.indexed import IndexedWriter, open_dataset
+from mscale.data.datasets import open_dataset
+from mscale.data.indexed import IndexedWriter
 
 
 def _dataset(tmp_path, tokens):
