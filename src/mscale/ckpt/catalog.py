@@ -134,6 +134,10 @@ def resolve(path: str) -> str:
     for root in (join(path, "ckpt"), path):
         if fs.exists(fs_and_path(join(root, LATEST))[1]):
             return join(root, read_pointer(join(root, LATEST)))
+    if fs.exists(join(p, "config.json")):  # a HuggingFace model folder
+        raise MscaleError("a HuggingFace model folder, not an mscale checkpoint", file=path,
+                          fix=f"convert it first: mscale ckpt convert {path} DST --plan PLAN, "
+                              "then resume from DST (docs/ckpt.md)")
     raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest)", file=path,
                       fix="pass a step-NNNNNN checkpoint directory or a run directory that has one")
 

@@ -140,9 +140,11 @@ def check_vocab(ds: TokenDataset, vocab: int, where: str) -> None:
         raise MscaleError(f"the dataset's tokenizer has {ds.vocab_size} tokens, the model "
                           f"embeds {vocab}", file=ds.url, field=where,
                           fix="use the model's tokenizer for `mscale data prepare`, or raise "
-                              "model.vocab to the tokenizer's size")
+                              "model.vocab to the tokenizer's size (model.real_vocab, when the "
+                              "vocabulary is padded)")
     head = ds.read(0, min(ds.num_tokens, 1 << 20))
     top = int(head.max()) if head.size else 0
     if top >= vocab:
         raise MscaleError(f"token id {top} >= the model's vocab {vocab}", file=ds.url, field=where,
-                          fix="check the dtype of a flat file, or the tokenizer and model.vocab")
+                          fix="check the dtype of a flat file, or the tokenizer and model.vocab "
+                              "(model.real_vocab, when the vocabulary is padded)")

@@ -83,3 +83,11 @@ def test_choose_resume_tidies(tmp_path, tensors):
 def test_fresh_run_has_no_resume_point(tmp_path):
     assert choose_resume(str(tmp_path / "ckpt"), "auto") is None
     assert choose_resume(str(tmp_path / "ckpt"), "none") is None
+
+
+def test_a_huggingface_folder_is_told_to_be_converted_first(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(MscaleError) as e:
+        catalog.resolve(str(tmp_path))
+    assert "HuggingFace model folder" in str(e.value)
+    assert e.value.fix.startswith(f"convert it first: mscale ckpt convert {tmp_path} DST --plan")
