@@ -18,7 +18,6 @@ import time
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
 from mscale.config.plan import Plan
-from mscale.config.records import Event
 from mscale.distributed.init import init_distributed
 from mscale.distributed.startup import mark_phase
 from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
@@ -27,12 +26,10 @@ from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv
 from mscale.topology.placement import placement_for
-from mscale.train.console import (Summary, checkpoint_line, resume_text, start_line,
-                                  stop_line)
+from mscale.train.announce import announce, announce_resume, event, say
+from mscale.train.console import Summary, checkpoint_line, stop_line
 from mscale.train.control import Control
-from mscale.train.data import (DataIdentity, describe_data, held_out_repeats,
-                               source_fingerprint)
-from mscale.train.resumed import is_own, model_note, resume_notes
+from mscale.train.data import DataIdentity, source_fingerprint
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
@@ -41,7 +38,7 @@ from mscale.train.schedule import learning_rate
 from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
 from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start, from_rank0,
-                                  launch_record, open_session)
+                                  open_session)
 from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
 
@@ -78,59 +75,6 @@ def with_steps(training, steps: int):
     return training.model_copy(update={"steps": steps, "warmup_steps": min(warmup, steps)})
 
 
-def _event(s: RunSession, **fields) -> None:
-    s.journal.append(s.run.events, Event(source="train", **fields))
-
-
-def _say(engine: Engine, line: str) -> None:
-    """A console line from rank 0 (the operator's view; other ranks keep to their logs). With
-    ``--json`` stdout carries only the closing document, so the lines go to stderr."""
-    if engine.env.rank == 0:
-        print(line, flush=True, file=sys.stderr if engine.options.json_summary else sys.stdout)
-
-
-def _announce(engine: Engine, s: RunSession, start: Start) -> None:
-    """The start line, the start event, and what this attempt does differently."""
-    plan, change = engine.plan, start.change
-    _say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
-                            s.run_id, s.attempt, str(engine.device)))
-    _say(engine, describe_data(plan.training.data))
-    if engine.eval_loader is not None:
-        repeats = held_out_repeats(engine.loader.source,
-                                   plan.training.eval.batches * plan.training.global_batch)
-        if repeats:
-            _say(engine, repeats)
-    if change is not None and change.kind == "changed":
-        layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
-                  change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
-        _say(engine, f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
-             f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
-             f"{s.run.plans}")
-        _event(s, kind="info", message="plan changed on restart",
-               evidence={"fields": list(change.fields), "old_layout": change.old_layout,
-                         "new_layout": change.new_layout, "history": change.history})
-    _event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
-           f"processes ({engine.env.launcher})",
-           evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
-                     "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
-                     "launcher": engine.env.launcher,
-                     "launch": launch_record(engine.options.launch, plan)})
-    if engine.compiled:  # else the first step is a silent minute on a GPU
-        _say(engine, "the blocks are compiled (training.compile): the first step builds their "
-             "kernels and takes longer than the rest; `compile: false` in the training file "
-             "runs them eager")
-    if s.attempt > 1 and engine.options.faults.armed:  # the engine installed none (faults.py)
-        _say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
-             "directory and they fire in attempt 1 only")
-    skips = start.skips
-    if skips.entries:
-        text = "; ".join(f"after step {e.after_step}, the next {e.skip_steps} step(s)' samples"
-                         + (f" ({e.reason})" if e.reason else "") for e in skips.entries)
-        _say(engine, f"skipping data: {text}; from {s.run.data_skip}")
-        _event(s, kind="info", message=f"data skipped: {text}",
-               evidence={"data_skip": skips.model_dump(mode="json"), "file": s.run.data_skip})
-
-
 def _data_identity(engine: Engine) -> DataIdentity:
     """What the data is (train/data.py), read by rank 0 and told to every rank: a source that is
     not a prepared folder costs two 1 MiB reads, which 12,288 ranks would otherwise make 12,288
@@ -156,41 +100,28 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
 def _checkpoint_event(engine: Engine, s: RunSession, fields: dict) -> None:
     """The checkpointer's events (rank 0, maybe from its writer thread), commits and failures
     also on the console."""
-    _event(s, **fields)
+    event(s, **fields)
     line = checkpoint_line(fields.get("kind", ""), fields.get("message", ""),
                            fields.get("evidence") or {})
     if line:
-        _say(engine, line)
+        say(engine, line)
 
 
 def _run(engine: Engine, s: RunSession, start: Start) -> int:
     plan = engine.plan
-    _announce(engine, s, start)
+    announce(engine, s, start)
     ckpt = _checkpointer(engine, s)
     first = ckpt.resume()
     if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     steps = plan.training.steps
-    resumed = resume_text(ckpt.resumed_from, first, steps)
-    if resumed is None and s.attempt > 1 and engine.options.ckpt.resume == "auto":
-        _say(engine, f"no checkpoint in {s.run.ckpt} to resume from: attempt {s.attempt} "
-             "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
-    if resumed:
-        _say(engine, resumed)
-        notes = resume_notes(ckpt.resumed_state, plan.training,
-                             DataIdentity(ckpt.fingerprint, ckpt.data_sources),
-                             is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
-                             data_change=engine.options.allow_data_change)
-        model = model_note(ckpt.resumed_model, plan.model, ckpt.resumed_from)
-        for note in notes + ([model] if model else []):
-            _say(engine, note)
-            _event(s, kind="info", severity="warning", step=first, message=note)
+    announce_resume(engine, s, ckpt, first)
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
     for name, when in control.waiting():
         since = time.strftime("%H:%M:%S", time.localtime(when)) if when else "before the start"
-        _say(engine, f"{s.run.control}/{name} was made before this attempt started (at "
+        say(engine, f"{s.run.control}/{name} was made before this attempt started (at "
              f"{since}): it {_WAITING[name]} at the first step boundary (if it was meant for an "
              "earlier attempt, remove it and start again)")
     control.install_signal_handlers()
@@ -222,7 +153,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     if first == 0:  # the baseline every later held-out loss is compared with
         baseline = _evaluate_if_due(engine, 0)
         if baseline is not None:  # no step record holds it: an event does (docs/data.md)
-            _event(s, kind="info", step=0, message=f"held-out loss before training: "
+            event(s, kind="info", step=0, message=f"held-out loss before training: "
                    f"{baseline.loss:.4f}", evidence={"eval_loss": baseline.loss,
                                                      "eval_s": round(baseline.seconds, 4)})
         if baseline is not None and scalars is not None:
@@ -241,9 +172,9 @@ def _scalar_log(engine: Engine, s: RunSession):
     if engine.env.rank != 0 or not engine.plan.training.tensorboard:
         return None
     log, why_not = tensorboard.open_log(s.run.root, s.attempt,
-                                        warn=lambda line: _say(engine, line))
+                                        warn=lambda line: say(engine, line))
     if why_not:
-        _say(engine, why_not)
+        say(engine, why_not)
     return log
 
 
@@ -258,8 +189,8 @@ def _note_new_epochs(engine: Engine, s: RunSession, step: int, seen: dict[str, i
     for url, epoch in samples.latest_epochs(first, engine.plan.training.global_batch).items():
         if epoch > seen.setdefault(url, epoch):  # the first step of an attempt sets the bar
             message = f"data: {url} ran out and started epoch {epoch + 1} at step {step + 1}"
-            _say(engine, message)
-            _event(s, kind="info", step=step + 1, message=message,
+            say(engine, message)
+            event(s, kind="info", step=step + 1, message=message,
                    evidence={"source": url, "epoch": epoch + 1})
             seen[url] = epoch
 
@@ -273,7 +204,7 @@ def _evaluate_if_due(engine: Engine, step: int):
         return None
     result = evaluate(engine, engine.eval_loader, engine.plan.training.eval.batches)
     when = f"at step {step}" if step else "before training"
-    _say(engine, f"eval {when}: loss {result.loss:.4f}, perplexity "
+    say(engine, f"eval {when}: loss {result.loss:.4f}, perplexity "
          f"{result.perplexity:,.2f} ({engine.plan.training.eval.batches} held-out batches, "
          f"{result.seconds:.1f} s)")
     return result
@@ -298,11 +229,11 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
         t0 = time.perf_counter()
         result = train_step(engine, step, timer, before_update=ckpt.before_update)
         if step == first and engine.compiled:
-            _say(engine, f"step {step + 1} built the compiled kernels in "
+            say(engine, f"step {step + 1} built the compiled kernels in "
                  f"{time.perf_counter() - t0:.1f} s")
         if not result.finite:
             loss = job_loss(engine, result)
-            _event(s, kind="nan", severity="critical", step=step + 1,
+            event(s, kind="nan", severity="critical", step=step + 1,
                    message="non-finite gradient norm: stopped before the optimizer step",
                    evidence={"grad_norm": str(result.grad_norm), "loss": str(loss)})
             return EXIT_CRITICAL, ("nan", step + 1, f"loss {loss}")
@@ -339,7 +270,7 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
                                     "(its output says why)")
         if decision.checkpoint or decision.stop:
-            _event(s, kind="signal" if decision.signal else "control",
+            event(s, kind="signal" if decision.signal else "control",
                    step=step + 1, severity="warning" if decision.stop else "info",
                    message=_decision_message(decision),
                    evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
@@ -374,7 +305,7 @@ def _write_trace(engine: Engine, s: RunSession, step: int, events) -> None:
                                placement_for(plan).node)
     path = "/".join([s.run.trace, f"step-{step:06d}.json"])
     write_text_atomic(path, trace.dumps(trace.chrome_trace(rows, step, places)))
-    _event(s, kind="info", step=step, severity="info",
+    event(s, kind="info", step=step, severity="info",
            message=f"timeline of step {step} written: {path}", evidence={"trace": path})
 
 
@@ -393,11 +324,11 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary,
             figures["detail"] = detail
         if reason == "signal" and signal_name:
             figures["signal"] = signal_name
-        _say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail,
+        say(engine, stop_line(reason, step, None if reason == "abort" else s.run.events, detail,
                                signal_name if reason == "signal" else None))
     else:
-        _say(engine, "done: " + summary.line(latest_path, s.run.root))
-    _event(s, kind="stop", severity="info" if code == EXIT_OK else "warning",
+        say(engine, "done: " + summary.line(latest_path, s.run.root))
+    event(s, kind="stop", severity="info" if code == EXIT_OK else "warning",
            step=summary.last.step if summary.last else summary.first_step,
            message=f"training process exited with code {code}"
            + (f" ({stop[0]})" if stop else ""), evidence=figures)

@@ -1,0 +1,94 @@
+"""What a run says and records as it starts: the start line and ``start`` event, the data it
+reads, what this attempt does differently (a changed plan, skipped data, test hooks off), and
+what a resume found. Every line comes from rank 0 (`say`); every record goes through the run's
+journal (`event`)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from mscale.config.records import Event
+from mscale.train.console import resume_text, start_line
+from mscale.train.data import DataIdentity, describe_data, held_out_repeats
+from mscale.train.resumed import is_own, model_note, resume_notes
+from mscale.train.session import RunSession, Start, launch_record
+
+if TYPE_CHECKING:  # the engine and checkpointer are built by the loop; only their types here
+    from mscale.ckpt.checkpointer import Checkpointer
+    from mscale.train.engine import Engine
+
+
+def event(s: RunSession, **fields) -> None:
+    s.journal.append(s.run.events, Event(source="train", **fields))
+
+
+def say(engine: Engine, line: str) -> None:
+    """A console line from rank 0 (the operator's view; other ranks keep to their logs). With
+    ``--json`` stdout carries only the closing document, so the lines go to stderr."""
+    if engine.env.rank == 0:
+        print(line, flush=True, file=sys.stderr if engine.options.json_summary else sys.stdout)
+
+
+def announce(engine: Engine, s: RunSession, start: Start) -> None:
+    """The start line, the start event, and what this attempt does differently."""
+    plan, change = engine.plan, start.change
+    say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
+                            s.run_id, s.attempt, str(engine.device)))
+    say(engine, describe_data(plan.training.data))
+    if engine.eval_loader is not None:
+        repeats = held_out_repeats(engine.loader.source,
+                                   plan.training.eval.batches * plan.training.global_batch)
+        if repeats:
+            say(engine, repeats)
+    if change is not None and change.kind == "changed":
+        layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
+                  change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
+        say(engine, f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
+             f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
+             f"{s.run.plans}")
+        event(s, kind="info", message="plan changed on restart",
+               evidence={"fields": list(change.fields), "old_layout": change.old_layout,
+                         "new_layout": change.new_layout, "history": change.history})
+    event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
+           f"processes ({engine.env.launcher})",
+           evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
+                     "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
+                     "launcher": engine.env.launcher,
+                     "launch": launch_record(engine.options.launch, plan)})
+    if engine.compiled:  # else the first step is a silent minute on a GPU
+        say(engine, "the blocks are compiled (training.compile): the first step builds their "
+             "kernels and takes longer than the rest; `compile: false` in the training file "
+             "runs them eager")
+    if s.attempt > 1 and engine.options.faults.armed:  # the engine installed none (faults.py)
+        say(engine, f"test hooks (--inject-*) are off: this is attempt {s.attempt} of the run "
+             "directory and they fire in attempt 1 only")
+    skips = start.skips
+    if skips.entries:
+        text = "; ".join(f"after step {e.after_step}, the next {e.skip_steps} step(s)' samples"
+                         + (f" ({e.reason})" if e.reason else "") for e in skips.entries)
+        say(engine, f"skipping data: {text}; from {s.run.data_skip}")
+        event(s, kind="info", message=f"data skipped: {text}",
+               evidence={"data_skip": skips.model_dump(mode="json"), "file": s.run.data_skip})
+
+
+def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: int) -> None:
+    """What a resume (or its absence) says: the checkpoint and step, and every difference from
+    what that checkpoint trained (data, schedule, model) as a line and a warning event. A
+    changed source of the run directory's own checkpoint stops the run (train/resumed.py)."""
+    plan = engine.plan
+    resumed = resume_text(ckpt.resumed_from, first, plan.training.steps)
+    if resumed is None and s.attempt > 1 and engine.options.ckpt.resume == "auto":
+        say(engine, f"no checkpoint in {s.run.ckpt} to resume from: attempt {s.attempt} "
+            "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
+    if not resumed:
+        return
+    say(engine, resumed)
+    notes = resume_notes(ckpt.resumed_state, plan.training,
+                         DataIdentity(ckpt.fingerprint, ckpt.data_sources),
+                         is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,
+                         data_change=engine.options.allow_data_change)
+    model = model_note(ckpt.resumed_model, plan.model, ckpt.resumed_from)
+    for note in notes + ([model] if model else []):
+        say(engine, note)
+        event(s, kind="info", severity="warning", step=first, message=note)
