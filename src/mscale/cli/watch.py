@@ -49,8 +49,8 @@ def watch_cmd(
     from mscale.runs.targets import check_output
     from mscale.watch.actions import ActionConfig, Actor
     from mscale.watch.config import WatchConfig
-    from mscale.watch.follow import (EventFeed, Follower, layout_source, plan_hints,
-                                     require_run, resolve_target)
+    from mscale.watch.follow import EventFeed, Follower
+    from mscale.watch.target import layout_source, plan_hints, require_run, resolve_target
     from mscale.watch.judge import Watcher
     from mscale.watch.outputs import OutputOptions, Outputs
     from mscale.watch.stream import MetricsFeed, records_to_window

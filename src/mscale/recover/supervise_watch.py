@@ -18,7 +18,8 @@ from mscale.errors import MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.config import WatchConfig
-from mscale.watch.follow import EventFeed, Follower, Target, layout_source, plan_hints
+from mscale.watch.follow import EventFeed, Follower
+from mscale.watch.target import Target, layout_source, plan_hints
 from mscale.watch.judge import Watcher
 from mscale.watch.stream import MetricsFeed, records_to_window
 

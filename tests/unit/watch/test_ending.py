@@ -23,9 +23,10 @@ from mscale.train.failure import report_failure, write_error_file
 from mscale.train.job_watch import record_failure, record_interruption
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.ending import MAX_REASON, job_end
-from mscale.watch.follow import EventFeed, Follower, layout_source, resolve_target
+from mscale.watch.follow import EventFeed, Follower
 from mscale.watch.sim import simulate
 from mscale.watch.stream import MetricsFeed, records_to_window
+from mscale.watch.target import layout_source, resolve_target
 
 from tests.conftest import PLANS
 

@@ -16,9 +16,9 @@ from mscale.runs.atomic import append_line
 from mscale.runs.rundir import RunDir
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.findings import Finding
-from mscale.watch.follow import (EventFeed, Follower, JobState, layout_source, require_run,
-                                 resolve_target)
+from mscale.watch.follow import EventFeed, Follower, JobState
 from mscale.watch.stream import MetricsFeed, records_to_window
+from mscale.watch.target import layout_source, require_run, resolve_target
 from mscale.watch.window import PER_RANK, SCALARS, Window
 
 from tests.conftest import PLANS

@@ -15,11 +15,12 @@ import numpy as np
 from mscale.runs.rundir import RunDir
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.config import WatchConfig
-from mscale.watch.follow import EventFeed, Follower, resolve_target
+from mscale.watch.follow import EventFeed, Follower
 from mscale.watch.judge import Watcher
 from mscale.watch.outputs import OutputOptions, Outputs
 from mscale.watch.sim import Injection, generate
 from mscale.watch.stream import records_to_window
+from mscale.watch.target import resolve_target
 from mscale.watch.window import Window
 
 ARGS = dict(world=8, tp=2, pp=2, ranks_per_node=2, steps=60, seed=1)

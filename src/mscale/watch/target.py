@@ -1,0 +1,157 @@
+"""What ``mscale watch TARGET`` names, and how its ranks are laid out.
+
+A target is a run directory, a run's ``metrics.jsonl`` (that run), or a metrics ``.jsonl`` of
+another trainer. A path that does not exist yet is resolved by its name, so a live watch started
+before the scheduler has placed the job can wait for it; ``--once`` refuses it (`require_run`).
+The layout (rank → TP/PP/DP position and node) comes from flags when any is given, else from the
+run's plan, read again for each attempt (a relaunch may run another layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from mscale.errors import MscaleError
+from mscale.hostlist import expand_hostlist
+from mscale.runs.atomic import fs_and_path
+from mscale.runs.rundir import RunDir
+from mscale.topology.placement import load_checked_plan
+from mscale.watch.layout import JobLayout
+
+
+@dataclass(frozen=True)
+class Target:
+    """What ``mscale watch TARGET`` names: a run directory, or a metrics file."""
+
+    url: str
+    metrics: str
+    run: RunDir | None
+    """The run directory to act on and read events from; None for a metrics file alone."""
+    plan: str | None
+    """Where the run's ``plan.yaml`` is or will be (a job writes it after creating the run
+    directory, so a watch started at once may not find it yet): see `plan_now`."""
+
+    def plan_now(self) -> str | None:
+        """The plan's URL if the file exists now."""
+        return _existing(self.plan) if self.plan else None
+
+    def exists(self) -> bool:
+        """Whether the path named exists now (a directory, a file, or a JSONL file's
+        object-store form): a live watch may be started before the job has created it."""
+        fs, path = fs_and_path(self.url)
+        return fs.isdir(path) or _exists(self.url)
+
+    def is_run(self) -> bool:
+        """Whether a job has been here: a run directory holding any of `NOT_A_RUN` (`train`
+        writes them from its start), or a metrics file that exists. An empty, unrelated or
+        missing directory is not."""
+        if self.run is None:
+            return _exists(self.metrics)
+        return any(_exists(u) for u in (self.run.plan, self.run.lock, self.metrics,
+                                        self.run.events))
+
+    def waiting_for(self) -> str:
+        """What a live watch that has seen no record yet is waiting for, in one line. It names
+        the path, so a typo in it shows."""
+        if self.run is None:
+            yet = "" if self.exists() else ": no such file yet"
+            return f"waiting for the first record in {self.metrics}{yet}"
+        if not self.exists():
+            return f"waiting for a run in {self.url}: no such directory yet"
+        if not self.is_run():
+            return f"waiting for a run in {self.url}: no {NOT_A_RUN} yet"
+        return f"waiting for the run's first step: no record in {self.metrics} yet"
+
+
+NOT_A_RUN = "plan.yaml, lock.json, metrics.jsonl or events.jsonl"
+"""What `train` leaves in a run directory from its start: one of them makes a directory a run."""
+
+
+def require_run(target: Target) -> None:
+    """``--once`` judges what is there: a path that does not exist, or a directory no job has
+    written to, has nothing, and is more likely a wrong path than a run about to start (a live
+    watch waits for it instead)."""
+    if not target.exists():
+        what = "metrics file" if target.run is None else "run directory or metrics file"
+        raise MscaleError(f"no such {what}", file=target.url,
+                          fix="check the path: pass the --run-dir of an `mscale train` run or a "
+                              "metrics .jsonl file; without --once, watch waits for it to "
+                              "appear (a job still queued)")
+    if not target.is_run():
+        raise MscaleError(f"not a run directory: no {NOT_A_RUN}", file=target.url,
+                          fix="pass the --run-dir of an `mscale train` run or a metrics .jsonl "
+                              "file; without --once, watch waits for a run to start there")
+
+
+def resolve_target(url: str) -> Target:
+    """A run directory, a run's ``metrics.jsonl`` (treated as its run), or any ``.jsonl``.
+
+    A path that does not exist yet is resolved too, by its name (``.jsonl``: a metrics file
+    alone, its plan read once one is written beside it; anything else: a run directory): a live
+    watch waits for it, ``--once`` refuses it (`require_run`)."""
+    fs, path = fs_and_path(url)
+    is_dir = fs.isdir(path)
+    if not is_dir and not url.endswith(".jsonl") and fs.exists(path):
+        raise MscaleError("not a run directory or a metrics .jsonl file", file=url,
+                          fix="pass a run directory (train --run-dir) or a metrics .jsonl file")
+    if is_dir or not url.endswith(".jsonl"):
+        run = RunDir(url.rstrip("/"))
+        return Target(url, run.metrics, run, run.plan)
+    parent = RunDir(url.rsplit("/", 1)[0] if "/" in url else ".")
+    if not _exists(url):
+        return Target(url, url, None, parent.plan)
+    plan = _existing(parent.plan)
+    if url.rsplit("/", 1)[-1] == "metrics.jsonl" and plan:
+        return Target(url, url, parent, plan)
+    return Target(url, url, None, plan)
+
+
+def _existing(url: str) -> str | None:
+    fs, path = fs_and_path(url)
+    return url if fs.isfile(path) else None
+
+
+def _exists(url: str) -> bool:
+    """A file, or a JSONL file's object-store form (``<file>.d/``, runs/atomic.py)."""
+    fs, path = fs_and_path(url)
+    return fs.isfile(path) or fs.isdir(path + ".d")
+
+
+def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
+                  dp: int | None = None, ranks_per_node: int | None = None,
+                  hostlist: str | None = None) -> Callable[[int], JobLayout]:
+    """How to lay out a job of ``world`` ranks: flags when any is given, else the run's plan,
+    else every rank on its own (rank-level rules only; nodes and stages unknown)."""
+    def from_flags(world: int) -> JobLayout:
+        t, p = tp or 1, pp or 1
+        d = dp or max(1, world // (t * p))
+        nodes = len(expand_hostlist(hostlist)) if hostlist else 1
+        per_node = ranks_per_node or max(1, t * p * d // nodes)
+        return JobLayout.from_flags(t, p, d, per_node, hostlist)
+
+    if any(v is not None for v in (tp, pp, dp, ranks_per_node, hostlist)):
+        return from_flags
+    if target.plan_now():
+        load_checked_plan(target.plan_now())  # a bad plan fails now, before any work
+
+    def from_plan(world: int) -> JobLayout:
+        # read when the first records come, and again for each attempt: the plan may be
+        # written after watch starts, and a restarted job may run a new layout (runs/history.py)
+        plan = target.plan_now()
+        return JobLayout.from_plan(load_checked_plan(plan)) if plan else JobLayout.flat(world)
+
+    return from_plan
+
+
+def plan_hints(target: Target, flags_given: bool) -> dict:
+    """What the run's plan tells the judge: the step time it predicts (the hang time until the
+    run's own is known) and the micro-batches per step (the what-if pipeline model)."""
+    if not target.plan_now() or flags_given:
+        return {}
+    plan = load_checked_plan(target.plan_now())
+    hints = {"micro_batches": plan.layout.micro_batches(plan.training.global_batch)}
+    step_s = plan.estimate.get("step_time_s")
+    if isinstance(step_s, (int, float)) and step_s > 0:
+        hints["expected_step_s"] = float(step_s)
+    return hints
