@@ -64,8 +64,10 @@ def test_stop_and_resume_is_bit_identical(straight, tmp_path):
     assert eval_losses(run) == eval_losses(ref) and sorted(eval_losses(ref)) == [3, 6]
     assert list((ref / "tensorboard" / "attempt-001").glob("events.out.tfevents.*"))
     assert list((run / "tensorboard" / "attempt-002").glob("events.out.tfevents.*"))
-    resumed = [e for e in records(run / "events.jsonl") if e["kind"] == "info"]
-    assert "resumed from" in resumed[0]["message"] and resumed[0]["step"] == 1
+    info = [e for e in records(run / "events.jsonl") if e["kind"] == "info"]
+    before, resumed = info[0], [e for e in info if "resumed from" in e["message"]]
+    assert before["step"] == 0 and "held-out loss before training" in before["message"]
+    assert len(resumed) == 1 and resumed[0]["step"] == 1
     p = mscale("ckpt", "ls", str(run), "--json")
     doc = json.loads(p.stdout)
     assert p.returncode == 0 and doc["latest"] == "step-000006"

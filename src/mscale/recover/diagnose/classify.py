@@ -13,7 +13,8 @@ import os
 import re
 
 from mscale.recover.decision import Diagnosis, Evidence
-from mscale.recover.diagnose.facts import Hit, find
+from mscale.recover.diagnose.facts import find
+from mscale.recover.diagnose.findings import Hit
 from mscale.recover.diagnose.hang import hung_ranks
 from mscale.recover.diagnose.rules import NOTHING, Rule
 from mscale.recover.diagnose.evidence import RunEvidence, collect, evidence_of

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from mscale.recover.diagnose.facts import Hit
+from mscale.recover.diagnose.findings import Hit
 from mscale.recover.diagnose.evidence import RunEvidence
 
 QUIET_GAP_S = 1.0

@@ -11,13 +11,10 @@ from __future__ import annotations
 import re
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
 
 from mscale.recover.diagnose.evidence import RunEvidence
+from mscale.recover.diagnose.findings import Findings
 from mscale.recover.diagnose.rules import FACT_RULES
-
-if TYPE_CHECKING:  # facts.py imports this module
-    from mscale.recover.diagnose.facts import Findings
 
 _SRUN = re.compile(r"srun: error: (\S+): tasks? ([\d,\-]+): (.*)")
 _CANCEL = re.compile(r"\*\*\*\s*(JOB|STEP)\s+(\S+)\s+ON\s+\S+\s+CANCELLED AT\s+(\S+)(.*?)\*\*\*",
