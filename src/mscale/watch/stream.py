@@ -72,7 +72,9 @@ class MetricsFeed:
         self.found = False
         """The file (or its segments) existed at the last poll."""
         self.last_record_time: float | None = None
-        """Wall time (``clock``) at which a new record was last read."""
+        """When the newest record came: its own ``time`` on the first read (a file found already
+        silent is judged by when it was written, so ``watch --once`` sees a hang), the wall time
+        (``clock``) it was read at after that (no trust in the writer's clock once live)."""
         self._offset, self._ino, self._head, self._lines = 0, None, b"", 0
         self._seg_first: str | None = None
         self._seg_last = ""
@@ -85,7 +87,12 @@ class MetricsFeed:
         restarted, self._restart_next = self._restart_next, False
         fresh, replaced = self._read()
         if fresh:
-            self.last_record_time = self.clock()
+            now = self.clock()
+            if self.last_record_time is None:
+                written = [r["time"] for r in fresh[-1:] if isinstance(r.get("time"), (int, float))
+                           and not isinstance(r.get("time"), bool)]
+                now = min([now] + written)
+            self.last_record_time = now
         if replaced and self._held:  # the held records end the attempt the new file follows
             records, self._held, self._restart_next = self._held, fresh, True
         else:

@@ -4,7 +4,10 @@ plan, --json/--jsonl/--prometheus/--report, acting on a run directory, and bad i
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import time
 
 import pytest
 
@@ -88,6 +91,25 @@ def test_no_act_leaves_the_run_directory_alone(cli, run):
     code, _, _ = cli("watch", str(run), "--once", "--no-act")
     assert code == 1
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
+    """The job holds its lock (its heartbeat is fresh) but its last record is an hour old:
+    critical, exit 2, whether watch has never seen the file before or not."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
+    now = time.time()
+    records = simulate(8, tp=2, pp=2, ranks_per_node=2, steps=10, seed=1)
+    write(run / "metrics.jsonl", [{**r, "time": now - 3600 + r["step"]} for r in records])
+    write(run / "events.jsonl", [{"source": "train", "kind": "start", "time": now - 3700}])
+    (run / "lock.json").write_text(json.dumps({
+        "run_id": "r", "host": socket.gethostname(), "pid": os.getpid(), "since": now - 3700,
+        "heartbeat": now, "lease_s": 120.0, "token": "t"}))
+    code, out, err = cli("watch", str(run), "--once", "--no-act", "--json")
+    assert code == 2, out + err
+    [hang] = [f for f in json.loads(out)["findings"] if f["kind"] == "hang"]
+    assert hang["severity"] == "critical" and hang["evidence"]["idle_s"] > 3500
 
 
 @pytest.mark.parametrize("args,needle", [

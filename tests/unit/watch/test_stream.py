@@ -208,6 +208,21 @@ def test_last_record_time_is_when_a_record_was_last_read(run):
     now[0] = 130.0
     feed.poll()
     assert feed.last_record_time == 100.0
+    put(run, line(1) + line(2, time=5.0))  # once live, the writer's clock is not trusted
+    feed.poll()
+    assert feed.last_record_time == 130.0
+
+
+def test_records_found_on_the_first_read_count_from_when_they_were_written(run):
+    """`watch --once` on a job that stopped writing an hour ago must see that hour."""
+    put(run, line(1, time=40.0) + line(2, time=50.0))
+    feed = MetricsFeed(run, clock=lambda: 3650.0)
+    feed.poll()
+    assert feed.last_record_time == 50.0
+    put(run, line(1, time=9000.0))  # a writer's clock ahead of ours: never a time to come
+    ahead = MetricsFeed(run, clock=lambda: 3650.0)
+    ahead.poll()
+    assert ahead.last_record_time == 3650.0
 
 
 @pytest.mark.parametrize("data, says", [
