@@ -290,6 +290,39 @@ def test_inject_ckpt_enospc_stops_the_job_with_latest_intact_then_resumes(tmp_pa
     assert (ckpt / "latest").read_text().strip() == "step-000006"
 
 
+def test_a_failed_final_save_is_exit_3_and_recover_does_not_call_the_run_finished(tmp_path):
+    """A storage error that is not a full disk: training goes on after a failed save, but the
+    run's last save failing loses every step since ``latest`` with the process, so the job says
+    so and exits 3; recover resumes from ``latest``; the same command then finishes."""
+    run = tmp_path / "run"
+    args = ("--steps", "4", "--ckpt-interval", "2", "--inject-ckpt-eio", "4")
+    p = hooked(tmp_path, run, *args)
+    assert p.returncode == 3, p.stdout + p.stderr
+    line = ("stopped at step 4: checkpoint step-000004 failed on 4 rank(s): OSError: [Errno 5] "
+            "Input/output error")
+    assert line in p.stdout and "latest stays step-000002: the steps after it are not saved" \
+        in p.stdout and "Traceback" not in p.stdout + p.stderr, p.stdout
+    [stop] = [e for e in records(run / "events.jsonl") if e["kind"] == "stop"]  # rank 0's only
+    assert stop["evidence"]["code"] == 3 and stop["evidence"]["reason"] == "abort"
+    assert "failed: rank" not in p.stdout  # an agreed stop: the launcher blames no rank
+    r = mscale("recover", str(run), "--json")
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "relaunchable" and doc["diagnosis"]["cls"] == "storage", r.stdout
+    assert doc["checkpoint"]["step"] == 2 and doc["exclusions"]["nodes"] == [], r.stdout
+    p = hooked(tmp_path, run, *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (run / "ckpt" / "latest").read_text().strip() == "step-000004"
+
+
+def test_a_halt_whose_save_fails_says_so_and_is_exit_3(tmp_path):
+    run = tmp_path / "run"
+    (run / "control" / "halt").mkdir(parents=True)
+    p = hooked(tmp_path, run, "--steps", "4", "--inject-ckpt-eio", "1")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "stopped at step 1: checkpoint step-000001 failed" in p.stdout, p.stdout
+    assert "latest stays (none yet)" in p.stdout and "a checkpoint is saved" not in p.stdout
+
+
 def test_inject_nan_fires_in_attempt_1_only(tmp_path):
     run = tmp_path / "run"
     args = ("--steps", "3", "--inject-nan", "2", "--no-final-ckpt")

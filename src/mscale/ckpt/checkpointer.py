@@ -103,6 +103,9 @@ class Checkpointer:
         self.fatal: str | None = None
         """Rank 0: why the job must stop (a save failed on a full disk); None while it may go
         on. Set on the training or the writer thread, read by the loop at a step boundary."""
+        self.failed: dict[int, str] = {}
+        """Rank 0: the steps whose save failed, each with the failure's message; read after
+        `close` to tell whether the save that ended the run (final, or a halt's) was kept."""
 
     # ------------------------------------------------------------------ what a rank writes
     def _rng_items(self) -> list[Item]:
@@ -233,8 +236,9 @@ class Checkpointer:
                 catalog.remove(catalog.join(self.root, fl.name))
             latest = self._latest()
             then = self._then(fl, latest, disk_full(e))
+            self.failed[fl.step] = f"checkpoint {fl.name} written but not committed: {e}"
             self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
-                      message=f"checkpoint {fl.name} written but not committed: {e}; {then}",
+                      message=f"{self.failed[fl.step]}; {then}",
                       evidence={**evidence, "error": f"{type(e).__name__}: {e}",
                                 "latest": latest, "action": "attempt removed"})
             return
@@ -246,10 +250,11 @@ class Checkpointer:
         path = catalog.join(self.root, fl.name)
         latest = self._latest()
         then = self._then(fl, latest, any(r.get("disk_full") for r in failed))
+        self.failed[fl.step] = (f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
+                                f"{failed[0]['error']}")
         self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                   ranks=[r["rank"] for r in failed],
-                  message=f"checkpoint {fl.name} failed on {len(failed)} rank(s): "
-                          f"{failed[0]['error']}; {then}",
+                  message=f"{self.failed[fl.step]}; {then}",
                   evidence={"path": path, "reason": fl.reason, "latest": latest,
                             "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
                             "action": "attempt removed"})
@@ -263,6 +268,16 @@ class Checkpointer:
         self.fatal = (f"checkpoint {fl.name} failed: the disk is full; {keep}; free space on "
                       f"{self.root}, then resume")
         return f"the job stops at the next step boundary (a full disk), {keep}"
+
+    def unsaved_end(self, step: int) -> str | None:
+        """Rank 0, after `close`: why the save of ``step`` (the run's last) was not kept, or None
+        when it was kept or never made. The steps since ``latest`` are then lost with the
+        process, which the job's exit code must say (docs/train.md, "Exit codes")."""
+        if step not in self.failed:
+            return None
+        return (f"{self.failed[step]}; latest stays {self._latest() or '(none yet)'}: the steps "
+                "after it are not saved; fix the checkpoint storage, then the same command "
+                "resumes from it")
 
     def _latest(self) -> str | None:
         """What ``latest`` names, for a failure event (which must not fail in turn)."""

@@ -102,7 +102,8 @@ class FaultHooks:
         p = self.plan
         fault = ("kill" if p.ckpt_kill.get(self.rank) == step else
                  "hang" if p.ckpt_hang.get(self.rank) == step else
-                 "enospc" if p.ckpt_enospc_step == step else None)
+                 "enospc" if p.ckpt_enospc_step == step else
+                 "eio" if p.ckpt_eio_step == step else None)
         if not self.armed or not (fault or p.ckpt_chunk_delay_s or p.ckpt_copy_delay_s):
             return None
         return CheckpointFaults(fault, p.ckpt_chunk_delay_s, p.ckpt_copy_delay_s)
@@ -124,9 +125,10 @@ class CheckpointFaults:
         if self.fault is None or index != 0:
             return
         fh.flush()
-        if self.fault == "enospc":
-            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (test hook "
-                          "--inject-ckpt-enospc)", path)
+        if self.fault in ("enospc", "eio"):
+            code = errno.ENOSPC if self.fault == "enospc" else errno.EIO
+            raise OSError(code, f"{os.strerror(code)} (test hook --inject-ckpt-{self.fault})",
+                          path)
         kill = self.fault == "kill"
         sys.stderr.write(f"test hook --inject-ckpt-{self.fault}: this rank "
                          f"{'SIGKILLs' if kill else 'SIGSTOPs'} itself writing {path}\n")

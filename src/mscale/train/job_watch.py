@@ -17,7 +17,7 @@ from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import AFTERMATH, read_error_files
 
-__all__ = ["JobResult", "record_failure", "record_interruption", "stopped_by_operator",
+__all__ = ["JobResult", "agreed_stop", "record_failure", "record_interruption", "stopped_by_operator",
            "summary_document"]
 
 
@@ -84,6 +84,24 @@ def stopped_by_operator(result: JobResult, errors: dict[int, dict]) -> bool:
             continue
         return False
     return True
+
+
+def agreed_stop(run: RunDir, result: JobResult, run_id: str) -> bool:
+    """Whether every worker exited with the one code rank 0's own ``stop`` event of this run
+    records, none having written an error file: a stop the ranks agreed on at a step boundary (a
+    full disk, a failed final save), which rank 0 has already said and recorded. No rank failed
+    first, so the launcher names none (a node excluded for it would be the wrong one)."""
+    codes = set(result.returncodes)
+    if len(codes) != 1 or read_error_files(run):
+        return False
+    try:
+        events = read_jsonl(run.events)
+    except Exception:  # noqa: BLE001 - unreadable: the launcher reports what it saw
+        return False
+    own = [e.get("evidence") or {} for e in events if e.get("kind") == "stop"
+           and isinstance(e.get("evidence"), dict) and e["evidence"].get("run_id") == run_id
+           and "code" in e["evidence"]]
+    return bool(own) and own[-1]["code"] in codes
 
 
 def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) -> str:

@@ -190,8 +190,8 @@ def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
 def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs) -> int:
     from mscale.train.console import layout_text
     from mscale.train.failure import read_error_files
-    from mscale.train.job_watch import (record_failure, record_interruption, stopped_by_operator,
-                                        summary_document)
+    from mscale.train.job_watch import (agreed_stop, record_failure, record_interruption,
+                                        stopped_by_operator, summary_document)
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
@@ -210,6 +210,8 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
     if stopped_by_operator(result, read_error_files(run)):
         say(record_interruption(run, result, run_id, logs))
         result.code = EXIT_INTERRUPTED
+    elif result.failed_rank is not None and agreed_stop(run, result, run_id):
+        result.failed_rank = None  # rank 0's stop line and event already say why
     elif result.failed_rank is not None:
         say(record_failure(run, plan, result, run_id, logs))
     if as_json:

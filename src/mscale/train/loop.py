@@ -115,7 +115,6 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
-    steps = plan.training.steps
     announce_resume(engine, s, ckpt, first)
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
@@ -131,14 +130,25 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     engine.param_buffer.wait()  # parameter all-gathers of the last step
     engine.loader.close()
     ckpt.close()  # a save in flight is finished and committed before the process exits
-    fatal = from_rank0(ckpt.fatal, engine.env.rank)  # the final save may have hit a full disk
-    if fatal and code == EXIT_OK:
-        code, stop = EXIT_BAD_INPUT, ("abort", steps, fatal)
+    code, stop = _kept_at_the_end(engine, ckpt, code, stop)
     figures = _finish(engine, s, code, stop, summary, control.signal_name)
     s.release()
     if engine.options.json_summary and engine.env.rank == 0:
         print(json.dumps({"run_dir": s.run.root, **figures}, indent=2, default=str), flush=True)
     return code
+
+
+def _kept_at_the_end(engine: Engine, ckpt: Checkpointer, code: int, stop):
+    """Collective, after `Checkpointer.close`: a run whose last save (the final one, or a halt's)
+    failed stops with exit 3 and says so, since the steps since ``latest`` die with it; a full
+    disk found by the final save does too. Returns the (code, stop) to finish with."""
+    ended = stop[1] if stop else engine.plan.training.steps
+    why = ckpt.unsaved_end(ended) if engine.env.rank == 0 and code in (EXIT_OK, EXIT_WARNING) \
+        else None
+    why = from_rank0(why or (ckpt.fatal if code == EXIT_OK else None), engine.env.rank)
+    if not why:
+        return code, stop
+    return EXIT_BAD_INPUT, ("abort", ended, why)
 
 
 def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, first: int,

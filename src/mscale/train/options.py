@@ -42,6 +42,10 @@ class FaultPlan(StrictModel):
         "--inject-ckpt-enospc", hidden=True))
     """The save of this step fails on every rank with a real ``OSError(ENOSPC)`` after its first
     chunk is written (a full checkpoint filesystem)."""
+    ckpt_eio_step: int | None = Field(None, ge=1, json_schema_extra=flag(
+        "--inject-ckpt-eio", hidden=True))
+    """As --inject-ckpt-enospc with ``OSError(EIO)``: a storage error that is not a full disk
+    (training goes on; a failed final save still makes the exit 3)."""
     ckpt_kill: dict[int, int] = Field(default_factory=dict, json_schema_extra=flag(
         "--inject-ckpt-kill", hidden=True, metavar="RANK:STEP", bounds=(1, 10**9)))
     """The rank's writer SIGKILLs the process after the first chunk of that step's save."""

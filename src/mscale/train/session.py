@@ -96,7 +96,7 @@ class RunSession:
         """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost."""
         if self.journal.failure is not None:
             first = str(self.journal.failure).splitlines()[0]
-            return f"{first}; no checkpoint was attempted; free space, then resume"
+            return f"{first}; this stop saves no checkpoint; free space, then resume"
         if self.lock is not None and self.lock.lost is not None:
             return f"{str(self.lock.lost).splitlines()[0]}; stopping so two jobs do not interleave"
         return None
