@@ -175,3 +175,21 @@ def _reason(event: dict, evidence: dict, why: str | None, step: int | None) -> s
 
 def _ints(values) -> list[int]:
     return [int(v) for v in values or [] if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def checkpoint_failure(event: dict) -> Finding:
+    """A ``checkpoint_failed`` event of train's (ckpt/checkpointer.py) as a warning finding: the
+    job goes on (a full disk stops it, which its stop event says), but ``latest`` stays older
+    than it should, and a storage that failed once fails again."""
+    evidence = event.get("evidence") if isinstance(event.get("evidence"), dict) else {}
+    step = event.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else None
+    message = " ".join(str(event.get("message") or "a checkpoint failed").split())
+    return Finding(kind="checkpoint", severity="warning", message=message[:MAX_REASON],
+                   ranks=_ints(event.get("ranks")), first_step=step, last_step=step,
+                   evidence={"rule": "the job's own checkpoint_failed event (events.jsonl)",
+                             "latest": evidence.get("latest"), "path": evidence.get("path"),
+                             "errors": evidence.get("errors") or evidence.get("error")},
+                   advice="check the checkpoint storage (`mscale preflight` measures it); until "
+                          "a save commits again, a failure loses every step since latest")
+

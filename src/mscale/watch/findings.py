@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
 
-Kind = Literal["straggler", "grad_spike", "nan", "divergence", "throughput", "hang", "stop"]
-"""``stop``: the job's newest attempt ended other than by finishing (watch/ending.py)."""
+Kind = Literal["straggler", "grad_spike", "nan", "divergence", "throughput", "hang", "stop",
+               "checkpoint"]
+"""``stop``: the job's newest attempt ended other than by finishing; ``checkpoint``: one of its
+saves failed (both from the job's own events, watch/ending.py)."""
 
 Cause = Literal[
     "slow_device",      # one rank persistently high on compute; its peers' wait grows

@@ -153,6 +153,9 @@ class Follower:
     """The ``stop`` finding of the newest attempt's abnormal end, while it stands."""
     job_end: JobEnd | None = None
     """How the newest attempt ended (a clean finish too), once judged."""
+    failed_saves: list[Finding] = field(default_factory=list)
+    """The newest attempt's failed checkpoints (``report_end`` only), reported as the job's own
+    record, like its end: never recorded again by the actor."""
 
     def __post_init__(self) -> None:
         self.job = JobState(self.target.run, self.live, self.clock)
@@ -162,7 +165,7 @@ class Follower:
 
     def poll(self) -> int:
         """One pass (module docstring); returns how many new metrics records it judged."""
-        self._read_events()
+        saves = self._read_events()
         records = self.feed.poll()
         if getattr(self.feed, "restarted", False):
             self._restart()
@@ -180,6 +183,7 @@ class Follower:
         self.actor.handle(new, alive)  # the job's own stop is its record: not handed to the actor
         self.actor.escalate(self.rises)
         self.actor.tick(alive)
+        new += self._failed_saves(saves)
         new += self._judge_end()
         self.outputs.poll(self, window, new)
         return len(records)
@@ -208,15 +212,36 @@ class Follower:
         self.findings.append(self.ended)
         return [self.ended]
 
-    def _read_events(self) -> None:
+    def _read_events(self) -> list[dict]:
+        """Read the new events; returns the job's ``start`` and ``checkpoint_failed`` among them
+        (for `_failed_saves`)."""
         if self.events is None:
-            return
+            return []
         evs = self.events.poll()
         if not self._seeded:
             self.actor.seed(evs)
             self._seeded = True
         self.job.observe(evs)
         self.actor.observe(evs)
+        return [e for e in evs if e.get("source", "train") == "train"
+                and e.get("kind") in ("start", "checkpoint_failed")]
+
+    def _failed_saves(self, events: list[dict]) -> list[Finding]:
+        """The newest attempt's failed checkpoints as findings; a ``start`` withdraws the
+        earlier attempt's. Returns the new ones."""
+        if not self.report_end:
+            return []
+        new = []
+        for e in events:
+            if e["kind"] == "start":
+                gone = {id(f) for f in self.failed_saves}
+                self.findings = [f for f in self.findings if id(f) not in gone]
+                self.failed_saves, new = [], []
+            else:
+                new.append(ending.checkpoint_failure(e))
+                self.failed_saves.append(new[-1])
+        self.findings += new
+        return new
 
     def _window(self, records: list[dict]) -> Window:
         window = self.to_window(records, self.layout.world if self.layout else None)

@@ -93,6 +93,32 @@ def test_no_act_leaves_the_run_directory_alone(cli, run):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
+def test_a_failed_save_is_a_warning_until_a_relaunch_starts_a_new_attempt(cli, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
+    write(run / "metrics.jsonl", simulate(8, tp=2, pp=2, ranks_per_node=2, steps=10, seed=1))
+    failed = {"source": "train", "kind": "checkpoint_failed", "severity": "critical", "step": 4,
+              "ranks": [0, 1], "time": 3.0, "message": "checkpoint step-000004 failed on 2 "
+              "rank(s): OSError: [Errno 5] Input/output error; training continues, latest stays "
+              "step-000002", "evidence": {"latest": "step-000002"}}
+    lifecycle = [{"source": "train", "kind": "start", "time": 1.0}, failed,
+                 {"source": "train", "kind": "stop", "time": 9.0, "step": 10,
+                  "evidence": {"code": 0}}]
+    write(run / "events.jsonl", lifecycle)
+    code, out, err = cli("watch", str(run), "--once", "--json")
+    assert code == 1, out + err
+    [f] = json.loads(out)["findings"]
+    assert f["kind"] == "checkpoint" and f["severity"] == "warning" and f["ranks"] == [0, 1]
+    assert "Input/output error" in f["message"] and f["last_step"] == 4
+    assert (run / "events.jsonl").read_text().count('"watch"') == 0  # the job's own record
+    code, out, _ = cli("watch", str(run), "--once")
+    assert code == 1 and "checkpoint step-000004 failed" in out
+    write(run / "events.jsonl", lifecycle + lifecycle[:1] + lifecycle[2:])  # a clean relaunch
+    code, out, err = cli("watch", str(run), "--once", "--json")
+    assert code == 0 and json.loads(out)["findings"] == [], out + err
+
+
 def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
     """The job holds its lock (its heartbeat is fresh) but its last record is an hour old:
     critical, exit 2, whether watch has never seen the file before or not."""
