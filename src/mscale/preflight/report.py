@@ -18,6 +18,7 @@ from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import Quarantine
 from mscale.hostlist import collect_hostlist
 from mscale.preflight import judge, recheck
+from mscale.preflight.storage import blame_storage
 from mscale.runs.atomic import fs_and_path, write_bytes_atomic, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for
@@ -167,7 +168,9 @@ def finish(plan: Plan, opts, world: int, results: list[CheckResult],
            node_of: dict[int, str]) -> PreflightReport:
     """Blame links, collect the bad nodes and the exclude list, the job's status."""
     judge.blame_links(results, node_of)
-    bad = {r.node for r in results if r.status == "CRITICAL" and r.node}
+    blame_storage(results)
+    bad = {r.node for r in results if r.status == "CRITICAL" and r.node
+           and r.evidence.get("blamed") is not False}
     bad |= set(quarantined(opts.run_dir))
     return PreflightReport(level=opts.level, plan=opts.plan_path, world=world,
                            layout={"tp": plan.layout.tp, "pp": plan.layout.pp,

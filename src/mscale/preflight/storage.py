@@ -124,6 +124,29 @@ def storage_checks(url: str, plan: Plan, node: str, *, level: str = "quick",
     return out + ([free] if free is not None else [])
 
 
+STORAGE_CHECKS = ("storage_write", "storage_read", "free_space")
+
+
+def blame_storage(results: list[CheckResult]) -> None:
+    """Take the blame for a failed storage check off the nodes, in place, when it failed on half
+    of the nodes that ran it or more: the checkpoint store is shared, and a store too slow or
+    too full for the plan is the same store from every node, so excluding nodes for it would
+    only exclude the whole job (recover would then find no layout to relaunch). A check that
+    fails on fewer nodes than that stays on them: their mount, their link to the store. The
+    result keeps its ``node`` (where it was measured); ``evidence.blamed`` False says that it
+    puts no node in ``bad_nodes`` (report.py: `finish`)."""
+    for check in STORAGE_CHECKS:
+        ran = [r for r in results if r.check == check and r.entity_kind == "storage"]
+        failed = [r for r in ran if r.status == "CRITICAL"]
+        if not failed or 2 * len(failed) < len(ran):
+            continue
+        for r in failed:
+            r.evidence = {**r.evidence, "blamed": False, "failed_on": len(failed),
+                          "ran_on": len(ran)}
+            r.message += (f"; it fails on {len(failed)} of {len(ran)} node(s): the storage, "
+                          "not this node, so no node is excluded for it")
+
+
 def free_space(fs: fsspec.AbstractFileSystem, path: str, need: StorageNeed, node: str,
                url: str) -> CheckResult | None:
     """Room for one more checkpoint (a new save is written in full before the oldest kept one is

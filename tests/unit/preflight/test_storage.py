@@ -8,7 +8,10 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from mscale.config.plan import CheckpointAdvice, load_plan
+from mscale.config.preflight import CheckResult
 from mscale.errors import MscaleError
+from mscale.preflight.options import PreflightOptions
+from mscale.preflight.report import finish
 from mscale.preflight.storage import check_storage_url, storage_checks, storage_need
 from tests.conftest import PLANS
 
@@ -154,3 +157,24 @@ def test_a_lone_probe_removes_the_parents_it_created(tmp_path):
     with _probe_dir(fsspec.filesystem("file"), str(tmp_path / "run" / "ckpt")):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def _storage(node: str, status: str, check: str = "storage_write") -> CheckResult:
+    return CheckResult(check=check, entity_kind="storage", entity="/ckpt", node=node,
+                       status=status, message="write + fsync at 1 MB/s")
+
+
+def test_a_store_failing_on_most_nodes_blames_none_of_them(tmp_path):
+    """A shared store too slow or too full is the same store from every node: excluding the
+    nodes would exclude the job. One node failing alone is its own mount."""
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml"))
+    everywhere = [_storage(n, "CRITICAL") for n in ("node1", "node2")] + \
+        [_storage(n, "CRITICAL", "free_space") for n in ("node1", "node2")]
+    report = finish(plan, PreflightOptions(run_dir=str(tmp_path), plan_path="p.yaml"), 4, everywhere, {})
+    assert report.bad_nodes == [] and report.exclude == "" and report.status == "CRITICAL"
+    assert all(r.node and r.evidence["blamed"] is False and "no node is excluded" in r.message
+               for r in report.results)
+    one = [_storage("node1", "OK"), _storage("node2", "OK"), _storage("node3", "OK"),
+           _storage("node4", "CRITICAL")]
+    report = finish(plan, PreflightOptions(run_dir=str(tmp_path), plan_path="p.yaml"), 8, one, {})
+    assert report.bad_nodes == ["node4"] and "blamed" not in report.results[3].evidence
