@@ -284,6 +284,26 @@ def commit_never_reached(rank: int, world: int, root: str, case: dict, timeout_s
     return {"error": error, "elapsed": elapsed}
 
 
+def slow_write_outlasts_the_timeout(rank: int, world: int, root: str, case: dict,
+                                    timeout_s: float, slow_s: float) -> dict:
+    """Rank 1's write takes ``slow_s`` (> the job's timeout: its node's mount is slow), rank 0's
+    is quick; both then wait for the save (`Checkpointer.close`). Returns rank 0's events and
+    whether the save was committed."""
+    from mscale.ckpt import catalog
+    from mscale.train.faults import CheckpointFaults
+
+    events: list = []
+    engine = build(rank, world, case)
+    engine.options.timeout_s = timeout_s
+    slow = CheckpointFaults(None, copy_delay_s=slow_s) if rank == 1 else None
+    ck = checkpointer(engine, f"{root}/ckpt", events, hooks=slow)
+    steps(engine, 0, 1, ck, save_at=(1,))
+    ck.close()
+    engine.grads.close()
+    return {"events": events,
+            "latest": catalog.read_latest(f"{root}/ckpt") if rank == 0 else None}
+
+
 def layouts_agree(rank: int, world: int, cases: list[dict]) -> list[str | None]:
     """Per case: None when the layout derived from the plan alone (`for_plan`, what offline
     conversion writes) equals the live engine's (`from_live`: its parameters and its optimizer's

@@ -1,12 +1,14 @@
 """Checkpoint faults with the real engine on 2 gloo processes: a shard whose fsync fails is never
 committed (the save fails, `latest` stays), and a rank that never reaches the commit fails the
-job within the job's timeout."""
+job within the job's timeout, while one whose write is only slow keeps the others waiting past
+it."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed.ckpt_cases import commit_never_reached, fsync_fails
+from tests.distributed.ckpt_cases import (commit_never_reached, fsync_fails,
+                                          slow_write_outlasts_the_timeout)
 from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -36,3 +38,16 @@ def test_a_rank_that_never_commits_fails_the_job_within_the_timeout(tmp_path):
     # the job's timeout fired (gloo names it in ms), not gloo's 30-minute default; no upper
     # wall-clock bound: the harness's own timeout stops a job that waits longer
     assert "3000ms" in got["error"] and got["elapsed"] >= timeout_s * 0.8, got
+
+
+def test_a_write_slower_than_the_timeout_on_one_rank_is_waited_for(tmp_path):
+    """The ranks poll each other while one still writes, so the quick rank never sits in a
+    collective for the slow write's length; rank 0 says the wait goes on every timeout."""
+    per_rank = run_distributed(slow_write_outlasts_the_timeout, 2, str(tmp_path), CASE, 1.5,
+                               4.0, timeout_s=60)
+    events = per_rank[0]["events"]
+    assert per_rank[0]["latest"] == "step-000001", events
+    waits = [e for e in events if e["kind"] == "info"]
+    assert waits and all(e["evidence"]["still_writing"] == 1 for e in waits), events
+    assert "1 rank(s) still writing after" in waits[0]["message"]
+    assert [e["kind"] for e in events][-1] == "checkpoint"

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
@@ -62,6 +63,10 @@ class _InFlight:
 
 Emit = Callable[..., None]
 """``emit(kind=, severity=, step=, message=, evidence=)``: appends an event (rank 0 only)."""
+
+
+WAIT_POLL_S = 0.2
+"""Seconds between two polls of the ranks waiting for a save to be written (`wait`)."""
 
 
 class Checkpointer:
@@ -187,13 +192,30 @@ class Checkpointer:
             self._finish()
 
     def wait(self) -> None:
-        """Collective: block until the in-flight save is written and committed (or failed)."""
-        if self.inflight is None:
+        """Collective: block until the in-flight save is written and committed (or failed).
+
+        The ranks ask each other every `WAIT_POLL_S` whether any is still writing, and sleep in
+        between: a rank whose write is slow (one node's mount, a loaded store) keeps the others
+        waiting out of any collective, where --timeout would fail them, while a rank that stops
+        answering still fails a poll within --timeout. Rank 0 says so every --timeout seconds
+        the wait lasts."""
+        fl = self.inflight
+        if fl is None:
             return
-        try:
-            self.inflight.future.exception()  # blocks until the local write ends
-        finally:
-            commit.status(False, False, self.group)  # keep the poll/finish sequence aligned
+        f, t0, said = fl.future, time.monotonic(), 0
+        while True:
+            writing, _ = commit.status(not f.done(), f.done() and f.exception() is not None,
+                                       self.group)
+            if writing == 0:
+                break
+            futures.wait([f], timeout=WAIT_POLL_S) if not f.done() else time.sleep(WAIT_POLL_S)
+            waited = time.monotonic() - t0
+            if self.rank == 0 and waited >= (said + 1) * self.live.timeout_s:
+                said += 1
+                self.emit(kind="info", severity="warning", step=fl.step,
+                          message=f"checkpoint {fl.name}: {writing} rank(s) still writing after "
+                                  f"{waited:.0f} s; training waits for the write to end",
+                          evidence={"still_writing": writing, "waited_s": round(waited, 1)})
         self._finish()
         if self.commit_future is not None:
             self.commit_future.exception()

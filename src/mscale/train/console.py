@@ -48,7 +48,7 @@ def checkpoint_line(kind: str, message: str, evidence: dict) -> str | None:
     """The console line of a checkpoint event (None for other events): a commit with its size
     and what it cost the training, a failure as the event says it (what happens next
     included). A failed save used to reach only events.jsonl."""
-    if kind == "checkpoint_failed":
+    if kind == "checkpoint_failed" or (kind == "info" and "still_writing" in evidence):
         return f"WARNING {message}"
     if kind != "checkpoint":
         return None
