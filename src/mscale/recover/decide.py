@@ -20,7 +20,7 @@ from mscale.config.plan import Plan
 from mscale.config.records import DataSkip, Event
 from mscale.errors import MscaleError
 from mscale.hostlist import collect_hostlist
-from mscale.recover import stages
+from mscale.recover import room, stages
 from mscale.recover.checkpoints import names_damaged
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
@@ -140,6 +140,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     resume=None if choice.is_latest else _absolute(choice.path),
                     allow_batch_change=bool(rp and rp.batch_changed))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
+    if diagnosis.symptom == "disk_full" and (full := room.shortfall(run, choice.path)):
+        refusal = f"{refusal}; {full}" if refusal else full
     if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
         foreign = (f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
                    f"one of this run's checkpoints ({diagnosis.damaged_error}): resume from "

@@ -118,6 +118,23 @@ def test_a_full_disk_is_relaunched_with_a_word_to_free_space(run, fakes):
     assert plan.verdict == "relaunchable" and "free space" in plan.reasons[-1]
 
 
+def test_a_full_disk_still_full_is_refused_saying_how_much_to_free(run, fakes, monkeypatch):
+    """Relaunched into the same full filesystem, the job would fail at its next save (and a
+    supervisor would relaunch it again): refused until there is room for one checkpoint."""
+    fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "disk_full"
+    fakes.diagnosis.suspect_nodes = []
+    (run / "ckpt/step-000010").mkdir()
+    (run / "ckpt/step-000010/rank-00000.bin").write_bytes(b"x" * 5000)
+    usage = shutil.disk_usage(run)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "unrecoverable" and plan.command == []
+    [why] = [r for r in plan.reasons if "still full" in r]
+    assert "1.0 KB free" in why and "free at least 4.0 KB" in why and "run recover again" in why
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=10**9))
+    assert plan_recovery(str(run)).verdict == "relaunchable"
+
+
 def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
     fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
     fakes.replan = shrunk(run)
