@@ -138,7 +138,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     excluded=list(exclusions.nodes), plan_path=_absolute(rp.plan_path if rp
                                                                          else None),
                     resume=None if choice.is_latest else _absolute(choice.path),
-                    allow_batch_change=bool(rp and rp.batch_changed))
+                    allow_batch_change=bool(rp and rp.batch_changed),
+                    run_dir=_absolute(run_dir))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     if diagnosis.symptom == "disk_full" and (full := room.shortfall(run, choice.path)):
         refusal = f"{refusal}; {full}" if refusal else full

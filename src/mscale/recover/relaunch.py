@@ -70,6 +70,10 @@ class Change:
     """Checkpoint to resume from when it is not the latest, else None (``--resume auto``)."""
     allow_batch_change: bool = False
     """The new plan changes the global batch: train must be told it may (its flag)."""
+    run_dir: str | None = None
+    """The run directory recover diagnosed (absolute, or a URL): the relaunch's ``--run-dir``.
+    The recorded one may be relative to the job's directory, or the run may have been moved
+    since; either way the relaunch must resume *this* run, not start a fresh one elsewhere."""
 
     @property
     def unchanged(self) -> bool:
@@ -172,9 +176,9 @@ def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
 
 
 def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
-    """The ``mscale train`` part of a command with the new plan, ``--local N``, ``--resume`` and
-    ``--allow-batch-change`` (when the plan changes the batch); the launcher words before it are
-    left to the caller."""
+    """The ``mscale train`` part of a command with the new plan, ``--local N``, the diagnosed
+    ``--run-dir``, ``--resume`` and ``--allow-batch-change`` (when the plan changes the batch);
+    the launcher words before it are left to the caller."""
     t = _train_index(argv)
     if t is None:
         return list(argv)
@@ -187,6 +191,8 @@ def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
             args[p] = change.plan_path
     if local:
         args = set_option(args, "--local", str(change.world))
+    if change.run_dir is not None:
+        args = set_option(args, "--run-dir", change.run_dir)
     if change.resume is not None:
         args = set_option(args, "--resume", change.resume)
     if change.allow_batch_change and "--allow-batch-change" not in args:
@@ -350,7 +356,7 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
         head.append(f"--partition={info['Partition']}")
     if launch.cwd:
         head.append(f"--chdir={launch.cwd}")
-    logs = _local_run_dir(launch.argv, launch.cwd)
+    logs = _local_run_dir(rewrite_train(launch.argv, change, local=False), launch.cwd)
     if logs:  # where diagnose looks for SLURM's own lines, not the submitter's directory
         head.append(f"--output={logs}/logs/slurm-%j.out")
     # --kill-on-bad-exit: one failed task ends the step, so a stopped rank cannot hold the job

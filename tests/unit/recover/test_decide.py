@@ -135,6 +135,20 @@ def test_a_full_disk_still_full_is_refused_saying_how_much_to_free(run, fakes, m
     assert plan_recovery(str(run)).verdict == "relaunchable"
 
 
+def test_a_moved_run_is_relaunched_into_itself_not_where_it_was_started(run, fakes, tmp_path):
+    """The job was started as ``--run-dir old/run`` from another directory, then the run was
+    moved: the relaunch names the directory recover diagnosed, absolute, or it would train a
+    fresh run in the old place."""
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    launch = events[0]["evidence"]["launch"]
+    launch["argv"][launch["argv"].index("--run-dir") + 1] = "old/run"
+    launch["cwd"] = str(tmp_path / "gone")
+    write_events(run, events)
+    fakes.diagnosis.suspect_nodes, fakes.diagnosis.transient = [], True
+    plan = plan_recovery(os.path.relpath(run))
+    assert plan.command[plan.command.index("--run-dir") + 1] == str(run)
+
+
 def test_excluded_node_re_planned_is_degraded_with_every_reason(run, fakes):
     fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "SIGKILL on rank 5"})
     fakes.replan = shrunk(run)
