@@ -198,6 +198,10 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back
         reasons.append("the filesystem was full: free space (or keep fewer checkpoints) before "
                        "the relaunch, or it fails again at its next checkpoint")
+    if diagnosis.cls == "storage" and diagnosis.symptom == "crash":  # nor here: the filesystem
+        reasons.append("the storage failed (an I/O error, a read-only filesystem, a permission): "
+                       "check the filesystem of the run directory and its checkpoints before "
+                       "the relaunch, or it fails the same way")
     if diagnosis.symptom == "damaged_checkpoint":  # no node to exclude: the bytes are wrong
         reasons.append(f"{diagnosis.damaged_checkpoint} is damaged on disk: the storage's "
                        "fault, not a node's (check the filesystem; `mscale ckpt verify` reads "

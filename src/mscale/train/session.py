@@ -42,13 +42,26 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, DiskFullError)
 
 
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ESTALE)
+"""What else a run directory's filesystem says when it can no longer be written: remounted
+read-only, permissions changed under the job, an I/O error, a stale network handle."""
+
+
+def is_unwritable(exc: BaseException) -> bool:
+    """A failed append that is the filesystem's doing, not the code's: a full disk, or
+    `UNWRITABLE`. Rank 0 then stops every rank at the step boundary with one line, as for a
+    full disk, rather than crashing (a crash reads as a software fault on rank 0's node)."""
+    return is_disk_full(exc) or (isinstance(exc, OSError) and exc.errno in UNWRITABLE)
+
+
 class Journal:
     """Appends records for rank 0; other ranks' appends are no-ops."""
 
     def __init__(self, run: RunDir, enabled: bool):
         self.run, self.enabled = run, enabled
         self.failure: BaseException | None = None
-        """The first append that failed because the disk is full (then appends stop)."""
+        """The first append that failed because the filesystem could not take it (full,
+        read-only, no permission, an I/O error: `is_unwritable`); then appends stop."""
         self._lock = threading.Lock()  # the checkpoint writer thread emits events too
 
     def append(self, url: str, record: BaseModel) -> None:
@@ -57,8 +70,8 @@ class Journal:
         with self._lock:
             try:
                 self.run.append_record(url, record)
-            except Exception as exc:  # noqa: BLE001 - only a full disk is held back
-                if not is_disk_full(exc):
+            except Exception as exc:  # noqa: BLE001 - only the filesystem's failures are held
+                if not is_unwritable(exc):
                     raise
                 self.failure = exc
 
@@ -94,9 +107,12 @@ class RunSession:
 
     def trouble(self) -> str | None:
         """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost."""
-        if self.journal.failure is not None:
-            first = str(self.journal.failure).splitlines()[0]
-            return f"{first}; this stop saves no checkpoint; free space, then resume"
+        failure = self.journal.failure
+        if failure is not None:
+            first = str(failure).splitlines()[0]
+            fix = "free space" if is_disk_full(failure) else \
+                "make the run directory's filesystem writable again"
+            return f"{first}; this stop saves no checkpoint; {fix}, then resume"
         if self.lock is not None and self.lock.lost is not None:
             return f"{str(self.lock.lost).splitlines()[0]}; stopping so two jobs do not interleave"
         return None

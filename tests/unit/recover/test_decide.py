@@ -118,6 +118,13 @@ def test_a_full_disk_is_relaunched_with_a_word_to_free_space(run, fakes):
     assert plan.verdict == "relaunchable" and "free space" in plan.reasons[-1]
 
 
+def test_a_storage_failure_names_the_filesystem_to_check_and_keeps_every_node(run, fakes):
+    fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "crash"
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "relaunchable" and plan.exclusions.nodes == []
+    assert any("check the filesystem of the run directory" in r for r in plan.reasons)
+
+
 def test_a_full_disk_still_full_is_refused_saying_how_much_to_free(run, fakes, monkeypatch):
     """Relaunched into the same full filesystem, the job would fail at its next save (and a
     supervisor would relaunch it again): refused until there is room for one checkpoint."""

@@ -244,6 +244,17 @@ def test_storage_errors(run, msg, transient):
     assert (d.cls, d.symptom, d.transient) == ("storage", "crash", transient)
 
 
+def test_a_run_directory_gone_read_only_is_storage_not_a_crash_of_rank_0(run):
+    """The events file could not take a stop either: rank 0's console line is the record."""
+    started(run)
+    run.log(0, "step 3/40 loss 5.1\nstopped at step 4: [Errno 30] Read-only file system: "
+               "'/scratch/run/metrics.jsonl'; this stop saves no checkpoint; make the run "
+               "directory's filesystem writable again, then resume\n")
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("storage", "crash", False)
+    assert "read-only" in d.summary
+
+
 def test_bad_input_is_user_code(run):
     run.error_file(0, 5, "bad_input", "checkpoint has no manifest.json; fix: point --resume at "
                    "a committed checkpoint")

@@ -73,6 +73,10 @@ TEXT_RULES: tuple[Rule, ...] = (
        "an I/O error on the filesystem"),
     _t("stale_handle", r"Stale file handle|(?-i:\bESTALE\b)", "storage", "crash", True, 80,
        "a stale network-filesystem handle"),
+    _t("read_only", r"Read-only file system|(?-i:\bEROFS\b)", "storage", "crash", False, 80,
+       "the filesystem went read-only"),
+    _t("no_permission", r"\[Errno 13\] Permission denied|(?-i:\bEACCES\b)", "storage",
+       "crash", False, 55, "a file of the run could not be written: permission denied"),
     # memory
     _t("cuda_oom", r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|"
        r"CUBLAS_STATUS_ALLOC_FAILED",

@@ -1,0 +1,48 @@
+"""Rank 0's journal: what the run directory's filesystem refuses stops the job with one line;
+what the code gets wrong still raises."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from mscale.config.records import Event
+from mscale.runs.rundir import RunDir
+from mscale.train.session import Journal, RunSession
+
+
+def _journal(tmp_path, monkeypatch, exc: Exception) -> Journal:
+    run = RunDir(str(tmp_path))
+    run.create()
+
+    def refuse(self, url, record):
+        raise exc
+
+    monkeypatch.setattr(RunDir, "append_record", refuse)
+    return Journal(run, enabled=True)
+
+
+@pytest.mark.parametrize("code, fix", [
+    (errno.ENOSPC, "free space, then resume"),
+    (errno.EROFS, "make the run directory's filesystem writable again, then resume"),
+    (errno.EACCES, "make the run directory's filesystem writable again, then resume"),
+    (errno.EIO, "make the run directory's filesystem writable again, then resume"),
+])
+def test_a_filesystem_that_refuses_an_append_stops_the_job_with_the_fix(tmp_path, monkeypatch,
+                                                                          code, fix):
+    journal = _journal(tmp_path, monkeypatch, OSError(code, "refused", "metrics.jsonl"))
+    event = Event(source="train", kind="info", message="m")
+    journal.append(journal.run.events, event)
+    journal.append(journal.run.events, event)  # held back from now on: no second raise
+    assert journal.failure.errno == code
+    why = RunSession(journal.run, journal, "r").trouble()
+    assert why.startswith(f"[Errno {code}] refused") and why.endswith(
+        f"this stop saves no checkpoint; {fix}")
+
+
+def test_an_error_of_the_code_is_not_held_back(tmp_path, monkeypatch):
+    journal = _journal(tmp_path, monkeypatch, TypeError("not a record"))
+    with pytest.raises(TypeError):
+        journal.append(journal.run.events, Event(source="train", kind="info", message="m"))
+    assert journal.failure is None
