@@ -43,8 +43,22 @@ def check_output(url: str, kind: Kind, what: str) -> None:
         raise MscaleError(f"{what}: cannot create it because {parent} is a file, not a directory",
                           file=url, fix=f"choose a {kind} path whose parents are directories")
     if not os.access(parent, os.W_OK | os.X_OK):
+        _read_only(parent, url, what)
         raise MscaleError(f"{what}: no permission to create it in {parent}", file=url,
                           fix=f"choose a writable location for {what}, or fix the permissions")
+
+
+def _read_only(path: str, url: str, what: str) -> None:
+    """Raise the error of a read-only filesystem, which `os.access` reports as a refusal too: its
+    fix is a remount, not a permission."""
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return
+    if read_only:
+        raise MscaleError(f"{what}: {path} is on a read-only filesystem", file=url,
+                          fix=f"choose a location on a writable filesystem for {what}, or "
+                              "remount it read-write")
 
 
 def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
@@ -56,6 +70,7 @@ def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
             raise MscaleError(f"{what} names something that is not a regular file", file=url,
                               fix=f"give {what} a regular file path")
         if not os.access(path, os.W_OK):
+            _read_only(path, url, what)
             raise MscaleError(f"{what}: no permission to overwrite it", file=url,
                               fix="choose another path, or fix the file's permissions")
         return
@@ -63,5 +78,6 @@ def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
         raise MscaleError(f"{what} names a file, expected a directory", file=url,
                           fix=f"give {what} a new or existing directory")
     if not os.access(path, os.W_OK | os.X_OK):
+        _read_only(path, url, what)
         raise MscaleError(f"{what}: no permission to write in it", file=url,
                           fix=f"choose a writable directory for {what}, or fix the permissions")

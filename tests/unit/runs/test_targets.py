@@ -48,3 +48,19 @@ def test_unknown_protocol_is_bad_input(tmp_path, monkeypatch):
         with pytest.raises(MscaleError):
             fs_and_path(url)
     assert list(tmp_path.iterdir()) == []  # no local 'foo:' directory appeared
+
+
+@pytest.mark.parametrize("kind, make", [("dir", False), ("dir", True), ("file", True)])
+def test_a_read_only_filesystem_is_named_as_such_not_as_a_permission(tmp_path, monkeypatch,
+                                                                     kind, make):
+    """os.access refuses on a read-only mount as on a missing permission; the fixes differ."""
+    target = tmp_path / "out"
+    if make:
+        target.mkdir() if kind == "dir" else target.write_text("x")
+    real = os.statvfs(tmp_path)
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result(
+        tuple(real)[:8] + (real.f_flag | os.ST_RDONLY, real.f_namemax)))
+    with pytest.raises(MscaleError) as e:
+        check_output(str(target), kind, "--run-dir")
+    assert "read-only filesystem" in e.value.message and "remount" in e.value.fix
