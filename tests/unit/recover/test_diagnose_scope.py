@@ -266,3 +266,12 @@ def test_an_unreadable_events_file_is_a_problem_not_silence(run):
     d = diagnose(run.path)
     assert d.symptom == "nan"  # the readable segment still counts
     assert any(e.source == "events.jsonl" and "unreadable" in e.text for e in d.evidence)
+
+
+def test_a_run_stopped_before_its_first_step_has_no_metrics_and_that_is_no_problem(run):
+    """No metrics.jsonl is what a job that never finished a step leaves: not evidence of a
+    damaged run directory."""
+    run.start(0.0)
+    run.error_file(0, 1.0, "crash", "RuntimeError: boom")
+    d = diagnose(run.path)
+    assert not [e for e in d.evidence if e.source == "metrics.jsonl"], d.evidence

@@ -49,6 +49,11 @@ class Problem(Exception):
     """A file that exists but cannot be used; its message is one line of evidence."""
 
 
+class Missing(Problem):
+    """A file that is not there: for a record file no one has written yet (a run that stopped
+    before its first step has no metrics.jsonl), nothing to report."""
+
+
 def _mtime(info: dict) -> float | None:
     for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
         value = info.get(key)
@@ -106,6 +111,8 @@ def read_tail(url: str, limit: int = LOG_TAIL_BYTES) -> tuple[str, bool]:
             if size > limit:
                 f.seek(size - limit)
             raw = f.read(limit)
+    except FileNotFoundError as e:
+        raise Missing(f"missing: {e}") from None
     except (OSError, ValueError) as e:
         raise Problem(f"unreadable: {type(e).__name__}: {e}") from None
     text = raw.decode("utf-8", errors="replace")
@@ -155,6 +162,8 @@ def read_jsonl_tail(url: str, limit: int) -> tuple[list[dict], list[str]]:
             break
         try:
             text, cut = read_tail(part, budget)
+        except Missing:  # not written yet: no records, nothing wrong
+            continue
         except Problem as e:  # the other parts may still say how the run ended
             problems.append(f"{part.rsplit('/', 1)[-1]}: {e}")
             continue
