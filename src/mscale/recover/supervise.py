@@ -37,15 +37,14 @@ from typing import Callable
 from mscale.config.records import Quarantine
 from mscale.errors import (EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_WARNING,
                            MscaleError)
+from mscale.recover.attempt_end import halted_on_request, reached_the_job
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
-from mscale.recover.phases import PhaseLog, read_events
+from mscale.recover.phases import PhaseLog
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 
 
-CLOCK_SLACK_S = 10.0
-"""A record of the job may be dated this much before its launch (node clocks differ)."""
 
 
 @dataclass
@@ -71,20 +70,6 @@ class SuperviseOptions:
     """Seconds between looks at the job, its records and quarantine.json."""
     allow_batch_change: bool = False
     """Passed to the re-planner: change the global batch when no layout keeps it."""
-
-
-def halted_on_request(run: RunDir, since: float) -> bool:
-    """Whether train itself recorded a stop with code 1 (a halt or a signal) after ``since``:
-    exit 1 without that record is a launcher or a wrapper failing, recovered like any failure,
-    not a request to stop."""
-    for e in reversed(read_events(run)):
-        when = e.get("time")
-        if not isinstance(when, (int, float)) or when < since - CLOCK_SLACK_S:
-            return False
-        evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
-        if e.get("source", "train") == "train" and e.get("kind") == "stop" and "code" in evd:
-            return evd["code"] == EXIT_WARNING
-    return False
 
 
 def find_run_dir(command: list[str]) -> str:
@@ -229,6 +214,12 @@ class Supervisor:
             if code == 0:
                 self._save_state("finished")
                 return 0
+            if not reached_the_job(self.run, self.launched_wall):
+                _say(f"the command exited {code} before the job started (nothing in "
+                     f"{self.run.events} or the rank error files since the launch): its own "
+                     "output above says why; not restarting")
+                self._save_state("failed to start")
+                return code if 0 < code <= EXIT_BAD_INPUT else EXIT_BAD_INPUT
             if code == EXIT_INTERRUPTED:  # somebody stopped it on purpose, not through us
                 _say("the job was interrupted (a second Ctrl-C to it, or a stop before its "
                      "first step): not restarting")

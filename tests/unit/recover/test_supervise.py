@@ -289,3 +289,21 @@ def test_steps_written_while_the_start_is_read_still_end_the_catch_up(tmp_path, 
     got = {e["evidence"]["phase"]: e["evidence"] for e in events(tmp_path)
            if e["source"] == "recover"}
     assert got["catch_up"]["step"] == 4
+
+
+def test_a_command_that_fails_before_the_job_starts_is_not_relaunched(tmp_path, capfd):
+    """A typo in the plan's path exits 3 before any record: the run's older records (here a
+    finished attempt) say nothing of it, and a relaunch would fail the same way."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text(json.dumps(
+        {"source": "train", "kind": "stop", "time": time.time() - 600,
+         "evidence": {"code": 0}}) + "\n")
+    cmd = [sys.executable, "-c", "import sys; print('error: plans/cpu-tny.yaml: file not "
+           "found'); sys.exit(3)", "--run-dir", str(run)]
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 3 and planner.calls == [] and sup.restarts == []
+    assert "before the job started" in capfd.readouterr().err
+    assert json.loads((run / "recover" / "supervise.json").read_text())["status"] == \
+        "failed to start"
