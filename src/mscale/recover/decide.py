@@ -149,7 +149,7 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                    "another one (--resume), then run recover again")
         refusal = f"{refusal}; {foreign}" if refusal else foreign
     if finished:  # exit 0 (docs/recover.md): a finished run is no failure, nor degraded
-        verdict, reasons = "relaunchable", ["the run finished: nothing to recover"]
+        verdict, reasons = "finished", ["the run finished: nothing to recover"]
     else:
         verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
         reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
@@ -249,7 +249,7 @@ def apply_plan(plan: RecoveryPlan) -> str:
     now (started since the plan was made) is refused before anything is written."""
     refuse_if_live(plan.run_dir)
     run = RunDir(plan.run_dir)
-    if plan.verdict != "unrecoverable":
+    if plan.verdict not in ("unrecoverable", "finished"):
         _write_replan(run, plan)
         if plan.data_skip:
             stages.record_data_skip(run, DataSkip.model_validate(plan.data_skip))
@@ -258,7 +258,8 @@ def apply_plan(plan: RecoveryPlan) -> str:
                                   f"rollback target chosen by recover ({plan.checkpoint.reason})")
     url = _next_decision(run)
     write_json_atomic(url, plan.to_json())
-    severity = {"relaunchable": "info", "degraded": "warning", "unrecoverable": "critical"}
+    severity = {"relaunchable": "info", "degraded": "warning", "unrecoverable": "critical",
+                "finished": "info"}
     d = plan.diagnosis
     run.append_record(run.events, Event(
         source="recover", kind="recover", severity=severity[plan.verdict],

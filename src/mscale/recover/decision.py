@@ -29,9 +29,10 @@ Verify = Literal["quick", "full"]
 """How a checkpoint is verified before recover trusts it: ``quick`` (manifest, commit marker,
 sizes) or ``full`` (every chunk's crc); `mscale recover --verify`'s choices."""
 
-Verdict = Literal["relaunchable", "degraded", "unrecoverable"]
+Verdict = Literal["relaunchable", "degraded", "unrecoverable", "finished"]
 """0: relaunch as it was; 1: relaunch with less (fewer nodes, an older checkpoint, a skipped
-data window); 2: a human must act (bad input, user code, nothing to resume from)."""
+data window); 2: a human must act (bad input, user code, nothing to resume from); ``finished``
+(0): the run trained every step, nothing to relaunch (no command)."""
 
 
 @dataclass
@@ -173,7 +174,7 @@ class RecoveryPlan:
 
     @property
     def exit_code(self) -> int:
-        return {"relaunchable": 0, "degraded": 1, "unrecoverable": 2}[self.verdict]
+        return {"relaunchable": 0, "degraded": 1, "unrecoverable": 2, "finished": 0}[self.verdict]
 
     def to_json(self) -> dict:
         return {**asdict(self), "exit_code": self.exit_code}

@@ -90,7 +90,7 @@ def _decision_lines(plan: RecoveryPlan) -> list[str]:
 def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     """The readable report: verdict, diagnosis with evidence, checkpoint and the ones passed
     over, exclusions, re-plan with its cost, why, and the command."""
-    finished = plan.diagnosis.symptom == "finished"  # "relaunchable" would mislead a person
+    finished = plan.verdict == "finished"
     verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
     lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code})", ""]
     lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]

@@ -182,7 +182,7 @@ def test_a_finished_run_exits_0_with_no_re_check_re_plan_or_command(run, fakes):
     fakes.skip = DataSkip(after_step=10, skip_steps=2, reason="x")
     plan = plan_recovery(str(run))
     assert (plan.verdict, plan.exit_code, plan.command, plan.replan, plan.data_skip) == \
-        ("relaunchable", 0, [], None, None)
+        ("finished", 0, [], None, None)
     assert plan.reasons == ["the run finished: nothing to recover"]
     assert fakes.rechecked is None and fakes.calls == []
     text = render(plan, executed=False, decision=None)
