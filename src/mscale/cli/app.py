@@ -7,6 +7,8 @@ every command at once, so command modules need no help-formatting code of their 
 
 from __future__ import annotations
 
+import functools
+
 import typer
 
 from mscale import __version__
@@ -58,8 +60,25 @@ def register() -> typer.Typer:
     return app
 
 
+class Interrupted(Exception):
+    """A Ctrl-C that a command did not handle itself, on its way to `main.run`: typer would
+    turn the KeyboardInterrupt into a silent exit 130, with no line to say why it stopped."""
+
+
+def _interruptible(callback):
+    @functools.wraps(callback)
+    def wrapper(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as e:
+            raise Interrupted() from e
+
+    return wrapper
+
+
 def build():
-    """The click command tree of the whole CLI, with flags shown without a type.
+    """The click command tree of the whole CLI, with flags shown without a type, and every
+    command's unhandled Ctrl-C raised as `Interrupted`.
 
     typer labels every on/off flag (``--json``, ``--sp/--no-sp``, ``-h``) with ``<bool>``, which
     reads as if the flag took a value; an empty metavar makes the help show the flag alone.
@@ -76,5 +95,7 @@ def build():
         for param in cmd.get_params(ctx):  # includes the help option, created and cached here
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
+        if cmd.callback is not None:
+            cmd.callback = _interruptible(cmd.callback)
         todo += [(sub, ctx) for sub in getattr(cmd, "commands", {}).values()]
     return root

@@ -1,7 +1,8 @@
 """Entry point of the ``mscale`` console script: runs the CLI and owns the exit codes.
 
 Exit codes (errors.py): 0 OK, 1 warning / stopped early on request, 2 critical, 3 bad input or
-could not run, 130 interrupted (Ctrl-C) before a command could stop in order. Every failure is reported here, once, for every command:
+could not run, 130 interrupted (Ctrl-C) before a command could stop in order. Every failure is
+reported here, once, for every command:
 
 - an MscaleError: its file, field, message and fix, with its own code;
 - a usage error (click exits 2): reported like an MscaleError naming the option, exit 3, so
@@ -18,10 +19,13 @@ from __future__ import annotations
 import sys
 import traceback
 
-from typer._click.exceptions import NoArgsIsHelpError
-from typer.exceptions import Abort, Exit, TyperException
-
+# typer, click and the command modules are imported inside `run`, under its handling: a Ctrl-C
+# in the first fraction of a second, while they load, ends with one line and 130 like any other
+# interruption, not a KeyboardInterrupt traceback from the console script's own import.
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
+
+EXIT_INTERRUPTED = 130
+"""What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
 
 _END_OF_OPTIONS = "--"
 
@@ -38,7 +42,7 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in opts if a != "--debug"] + argv[len(opts):], True
 
 
-def _usage_error(e: TyperException) -> MscaleError:
+def _usage_error(e) -> MscaleError:
     """A click usage error as an MscaleError: the same one line and ``fix:`` as every other
     error (click's own form is a usage banner and no fix), or the same --json document."""
     ctx = getattr(e, "ctx", None)
@@ -58,7 +62,23 @@ def _internal_error(e: Exception) -> MscaleError:
 
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code instead of exiting (used by tests and `main`)."""
-    from mscale.cli.app import STATE, build
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # while the CLI loaded, or in a command with no handling of its own
+        sys.stderr.write(INTERRUPTED + "\n")
+        return EXIT_INTERRUPTED
+
+
+INTERRUPTED = "interrupted (Ctrl-C) before the command finished"
+"""The one line for a Ctrl-C that no command handled: a command that can stop in order (train
+saves a checkpoint) says more itself."""
+
+
+def _run(argv: list[str] | None) -> int:
+    from typer._click.exceptions import NoArgsIsHelpError
+    from typer.exceptions import Abort, Exit, TyperException
+
+    from mscale.cli.app import STATE, Interrupted, build
     from mscale.cli.output import configure_help, print_error
 
     argv, debug = _take_debug(list(sys.argv[1:] if argv is None else argv))
@@ -75,24 +95,31 @@ def run(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except Exit as e:
         return e.exit_code
-    except Abort:
-        sys.stderr.write("aborted\n")
-        return 130
+    except Interrupted:
+        sys.stderr.write(INTERRUPTED + "\n")
+        return EXIT_INTERRUPTED
+    except Abort as e:  # typer's form of an EOFError: an input ended early, no request to stop
+        return _unexpected(e.__cause__ or e, debug, as_json, print_error)
     except MscaleError as e:
         if debug:
             raise
         print_error(e, as_json)
         return e.code
     except Exception as e:  # noqa: BLE001 - the CLI's edge: no traceback reaches the user
-        if debug:
-            raise
-        err = _internal_error(e)
-        if as_json:
-            print_error(err, as_json=True)
-        else:
-            sys.stderr.write(f"error: {err.message} (run with --debug for the traceback)\n")
-        return err.code
+        return _unexpected(e, debug, as_json, print_error)
     return rv if isinstance(rv, int) else 0
+
+
+def _unexpected(e: Exception, debug: bool, as_json: bool, print_error) -> int:
+    """A bug or an unforeseen input: one line, exit 3 (``--debug``: the traceback)."""
+    if debug:
+        raise e
+    err = _internal_error(e)
+    if as_json:
+        print_error(err, as_json=True)
+    else:
+        sys.stderr.write(f"error: {err.message} (run with --debug for the traceback)\n")
+    return err.code
 
 
 def main() -> None:

@@ -47,6 +47,11 @@ class _Fd:
         return _detach, (DupFd(self.fd),)
 
 
+_SHIELD = {signal.SIGTERM, signal.SIGINT}
+"""Blocked while the server starts (`start`), so the server inherits the mask; each worker
+unblocks them (`_run`)."""
+
+
 def _detach(dup) -> int:
     return dup.detach()
 
@@ -64,7 +69,7 @@ def _run(entry: str, argv: list[str], env: dict[str, str], out: int) -> None:
         # the OpenMP runtime read the variable when the server loaded it, not here
         torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # the server's shield (`start`)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SHIELD)  # the server's shield (`start`)
     sys.argv = ["-c", *argv]
     try:
         exec(compile(entry, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - ours
@@ -111,12 +116,15 @@ def start(entry: str, argv: Sequence[str], env: dict[str, str], out_fd: int,
     # with SIGTERM blocked it outlives a SIGTERM to the whole process group (`timeout`,
     # `kill -TERM -- -PGID`), which the workers handle and the launcher forwards. Had it died,
     # every worker's exit code, read through it, would be 255: a clean halt read as a failure.
-    # (It ignores SIGINT itself; each worker unblocks SIGTERM in `_run`.) A SIGTERM to this
-    # thread meanwhile stays pending, then is handled. The resource tracker is started first:
-    # starting it unblocks SIGINT and SIGTERM in this thread (multiprocessing.resource_tracker),
-    # which would undo the shield before the server is started.
+    # SIGINT is blocked too: the server ignores it once serving, but a Ctrl-C while it still
+    # imports ``preload`` (a second or more) would end it in a KeyboardInterrupt traceback on
+    # the console and fail the start. Blocked, it waits, and the server's SIG_IGN discards it.
+    # Each worker unblocks both in `_run`. A signal to this thread meanwhile stays pending, then
+    # is handled. The resource tracker is started first: starting it unblocks SIGINT and SIGTERM
+    # in this thread (multiprocessing.resource_tracker), which would undo the shield before the
+    # server is started.
     resource_tracker.ensure_running()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SHIELD)
     try:
         process.start()
     finally:

@@ -73,6 +73,32 @@ def test_unexpected_exception_with_json(cli, monkeypatch):
     assert "--debug" in doc["fix"]
 
 
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, EOFError])
+def test_ctrl_c_is_one_line_and_130_and_an_eof_is_no_ctrl_c(cli, monkeypatch, raised):
+    """click turns both into an Abort; only the Ctrl-C is an interruption."""
+    import mscale.planner.choose
+
+    def search(*a, **k):
+        raise raised()
+
+    monkeypatch.setattr(mscale.planner.choose, "search", search)
+    code, out, err = cli("plan", *CPU)
+    if raised is KeyboardInterrupt:
+        assert (code, out, err) == (130, "", "interrupted (Ctrl-C) before the command finished\n")
+    else:
+        assert code == 3 and err.lstrip("\n").startswith("error: internal error: EOFError")
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(cli, monkeypatch):
+    import mscale.cli.app
+
+    def register():
+        raise KeyboardInterrupt  # where the command modules are imported
+
+    monkeypatch.setattr(mscale.cli.app, "register", register)
+    assert cli("plan", *CPU) == (130, "", "interrupted (Ctrl-C) before the command finished\n")
+
+
 def test_debug_reraises_before_or_after_the_command(cli, monkeypatch):
     _broken_search(monkeypatch)
     for args in (["--debug", "plan", *CPU], ["plan", "--debug", *CPU], ["plan", *CPU, "--debug"]):

@@ -61,3 +61,41 @@ def test_spawning_can_be_asked_for(monkeypatch):
     assert importlib.reload(forkserver).FORK_WORKERS is False
     monkeypatch.delenv("MSCALE_SPAWN_WORKERS")
     importlib.reload(forkserver)
+
+
+SLOW_PRELOAD = ("import os, time\n"
+                "open(os.environ['MARK'] + '.tmp', 'w').write(str(os.getpid()))\n"
+                "os.replace(os.environ['MARK'] + '.tmp', os.environ['MARK'])\n"
+                "time.sleep(1.5)\n")
+"""A module the server imports before it serves: it names the server's pid, then takes a while."""
+
+LAUNCH = ("import sys\n"
+          "from mscale.distributed.launch import run_local_workers\n"
+          "r = run_local_workers(1, 1, [], sys.argv[1], {}, entry='print(\"worker ran\")',\n"
+          "                      phases=(), node_names=('n1',), preload=('slowpreload',))\n"
+          "print('codes', r.returncodes)\n")
+
+
+def test_a_ctrl_c_while_the_server_imports_its_preload_neither_kills_it_nor_prints(tmp_path):
+    """A Ctrl-C reaches the whole foreground process group, the fork server included: in its
+    first second, while it imports torch, it would die in a KeyboardInterrupt traceback and fail
+    the start. Run in a fresh interpreter: this one's server, if started, has loaded already."""
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "slowpreload.py").write_text(SLOW_PRELOAD)
+    mark = tmp_path / "server.pid"
+    env = {**os.environ, "MARK": str(mark),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(tmp_path / "logs")], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not mark.exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.01)
+    os.kill(int(mark.read_text()), signal.SIGINT)  # as the terminal would, mid-import
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err
+    assert "codes [0]" in out and "Traceback" not in err + out
+    assert "worker ran" in (tmp_path / "logs" / "rank0.log").read_text()
