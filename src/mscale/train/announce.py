@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from mscale.config.records import Event
 from mscale.train.console import resume_text, start_line
 from mscale.train.data import DataIdentity, describe_data, held_out_repeats
+from mscale.train.off_gpu import off_gpu_line
 from mscale.train.resumed import is_own, model_note, resume_notes
 from mscale.train.session import RunSession, Start, launch_record
 
@@ -35,6 +36,11 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
     plan, change = engine.plan, start.change
     say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
+    off_gpu = off_gpu_line(plan, engine.device.type)
+    if off_gpu:
+        say(engine, off_gpu)
+        event(s, kind="info", message=off_gpu,
+               evidence={"planned_gpu": plan.cluster.gpu.name, "device": str(engine.device)})
     say(engine, describe_data(plan.training.data))
     if engine.eval_loader is not None:
         repeats = held_out_repeats(engine.loader.source,

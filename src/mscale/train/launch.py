@@ -34,6 +34,7 @@ from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
 from mscale.distributed.launch import JobResult, run_local_workers, worker_log_dir
+from mscale.train.off_gpu import check_fits_without_gpus
 from mscale.train.options import TrainOptions
 
 OPTIONS_ENV = "MSCALE_TRAIN_OPTIONS"
@@ -108,6 +109,8 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
         raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
                           file=plan_path, field="layout",
                           fix=f"use --local {world}, or plan for {local} processes")
+    if local:
+        check_fits_without_gpus(plan, plan_path, local)
     return plan
 
 
