@@ -20,7 +20,7 @@ from typing import IO
 
 from mscale.watch import report, sinks, timeline
 from mscale.watch.findings import Finding
-from mscale.watch.view import Actions, make_view
+from mscale.watch.view import Actions, finished_line, make_view
 from mscale.watch.window import Window
 
 
@@ -107,6 +107,11 @@ class Outputs:
             self.view.update(follower.history, None, [], follower.open_findings(), final=True,
                              actions=self.actions(follower, []))
         self.view.close()
+        end = getattr(follower, "job_end", None)
+        if end is not None and not end.abnormal and not (self.options.as_json
+                                                         or self.options.jsonl):
+            self.stream.write(finished_line(end, follower.open_findings(), code) + "\n")
+            self.stream.flush()
         summary = follower.summary()
         if self.options.report:
             run = follower.target.run

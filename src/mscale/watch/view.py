@@ -67,6 +67,22 @@ def finding_line(f: Finding) -> str:
     return f"{steps}{f.severity.upper()} {f.kind}/{f.cause}{where}{slow}: {f.message}"
 
 
+def finished_line(end, open_findings: list[Finding], code: int) -> str:
+    """The last word on a job that finished cleanly (an abnormal end's is its own ``stop``
+    finding): without it a finished run's watch ended on a status line that never said the job
+    was over. ``OK job finished at step 30 (attempt 2, exit 0); no open alerts``: the label is
+    watch's verdict, which open alerts from the steps before may raise."""
+    label = {0: "OK", 1: "WARNING"}.get(code, "CRITICAL")
+    kinds = sorted({f.kind for f in open_findings})
+    alerts = (f"{len(open_findings)} open alert{'s' if len(open_findings) > 1 else ''} "
+              f"({_few(kinds)})" if open_findings else "no open alerts")
+    at = "" if end.step is None else f" at step {end.step}"
+    of = [f"attempt {end.attempt}"] if end.attempt is not None else []
+    of += [] if end.exit_code is None else [f"exit {end.exit_code}"]
+    detail = f" ({', '.join(of)})" if of else ""
+    return f"{label} job finished{at}{detail}; {alerts}"
+
+
 _RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
@@ -100,10 +116,16 @@ def status_line(history: History | None, open_count: int) -> str:
     if np.isfinite(x.get("eval_loss", np.nan)):
         parts.insert(2, f"eval-loss {x['eval_loss']:.4g}")
     if np.isfinite(x.get("tokens_per_s", np.nan)):
-        parts.append(f"tokens/s {x['tokens_per_s']:.4g}")
+        parts.append(f"tokens/s {_rate(x['tokens_per_s'])}")
     if np.isfinite(x.get("mfu", np.nan)):
         parts.append(f"MFU {100 * x['mfu']:.1f}%")
     return " | ".join(parts + [f"open alerts {open_count}"])
+
+
+def _rate(v: float) -> str:
+    """``613,900`` as train's console prints it, not ``6.139e+05``; a small rate keeps its
+    digits (``3.25``)."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 class PlainView:

@@ -213,7 +213,8 @@ def test_a_clean_finish_stays_healthy(cli, rd):
     own_stop(rd, 0, 15)
     code, lines, err = once(cli, rd)
     assert code == 0, err
-    assert lines == [lines[0]] and lines[0].endswith("open alerts 0")
+    assert len(lines) == 2 and lines[0].endswith("open alerts 0")
+    assert lines[1] == "OK job finished at step 15 (attempt 1, exit 0); no open alerts"
     doc = verdict(cli, rd)
     assert doc["findings"] == [] and doc["summary"]["worst"] == "ok"
     assert doc["summary"]["job"]["state"] == "finished"
@@ -229,7 +230,8 @@ def test_a_crash_relaunched_to_a_clean_finish_is_ok(cli, rd):
     code, lines, err = once(cli, rd)
     assert code == 0, err
     assert not [x for x in lines if "job stopped" in x]
-    assert lines[-1].startswith("step 30 | loss") and lines[-1].endswith("open alerts 0")
+    assert lines[-2].startswith("step 30 | loss") and lines[-2].endswith("open alerts 0")
+    assert lines[-1] == "OK job finished at step 30 (attempt 2, exit 0); no open alerts"
     doc = verdict(cli, rd)
     assert doc["exit_code"] == 0 and doc["summary"]["worst"] == "ok"
     assert doc["summary"]["job"]["attempt"] == 2 and doc["summary"]["restarts"] == 1
@@ -312,7 +314,8 @@ def test_a_live_watch_of_a_clean_finish_exits_0(cli, rd, monkeypatch):
     _stop_after(monkeypatch, 2, lambda: own_stop(rd, 0, 15))
     code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
     assert code == 0 and "job stopped" not in out, out + err
-    assert out.splitlines()[-1].endswith("open alerts 0")
+    assert out.splitlines()[-2].endswith("open alerts 0")
+    assert out.splitlines()[-1].startswith("OK job finished at step 15")
 
 
 def test_the_prometheus_severity_counts_the_end(cli, rd, tmp_path):

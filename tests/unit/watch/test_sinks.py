@@ -148,7 +148,7 @@ def test_plain_view_lines():
     assert lines[0] == ("step 5 WARNING straggler/slow_device rank 3 (node1) +31.5%: "
                         "rank 3 computes 50% longer")
     assert lines[1] == "  advice: replace node1"  # once, under the finding
-    assert re.match(r"step 5 \| loss 2 \| grad-norm 1 \| step-time 1s \| tokens/s 5000 \| "
+    assert re.match(r"step 5 \| loss 2 \| grad-norm 1 \| step-time 1s \| tokens/s 5,000 \| "
                     r"open alerts 1$", lines[2])
     assert len(lines) == 4 and lines[3].endswith("open alerts 0")
 
@@ -180,3 +180,23 @@ def test_sparkline(values, expected):
 def test_finding_line_many_ranks():
     line = finding_line(finding(ranks=list(range(10)), nodes=["a", "b"], slowdown_pct=None))
     assert "ranks 0,1,2,3,4,5,+4 (a,b):" in line
+
+
+def test_a_clean_finish_is_said_last_with_the_verdict_and_its_open_alerts():
+    from mscale.watch.ending import JobEnd
+    from mscale.watch.view import finished_line
+
+    end = JobEnd(cause="finished", severity="ok", reason="", exit_code=0, step=30, attempt=2)
+    assert finished_line(end, [], 0) == ("OK job finished at step 30 (attempt 2, exit 0); "
+                                         "no open alerts")
+    assert finished_line(end, [finding(), finding()], 1) == (
+        "WARNING job finished at step 30 (attempt 2, exit 0); 2 open alerts (straggler)")
+    bare = JobEnd(cause="finished", severity="ok", reason="", exit_code=None)
+    assert finished_line(bare, [], 0) == "OK job finished; no open alerts"
+
+
+def test_rates_read_like_trains_console():
+    from mscale.watch.view import _rate
+
+    assert [_rate(v) for v in (613_912.4, 3375.2, 250.0, 3.254)] == [
+        "613,912", "3,375", "250", "3.25"]
