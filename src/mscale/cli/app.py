@@ -95,6 +95,8 @@ def build():
         for param in cmd.get_params(ctx):  # includes the help option, created and cached here
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
+            elif param.param_type_name == "argument" and param.metavar is None:
+                param.metavar = param.name.upper()  # typer adds "..." and its brackets
         if cmd.callback is not None:
             cmd.callback = _interruptible(cmd.callback)
         todo += [(sub, ctx) for sub in getattr(cmd, "commands", {}).values()]

@@ -286,7 +286,8 @@ def _describe(spec: str, dtype: str | None) -> dict:
 def inspect_cmd(
     spec: str = typer.Argument(..., help="A prepared folder (manifest.json), a Megatron prefix "
                                "or its .bin/.idx, a flat token file, or a folder/glob of them."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Token type of a flat file "
+    dtype: Optional[str] = typer.Option(None, "--dtype", metavar="uint16|uint32",
+                                        help="Token type of a flat file "
                                         "(uint16 or uint32; default uint16)."),
     stats: bool = typer.Option(False, "--stats", help="Also the unigram entropy (nats per "
                                "token): the loss of a model that ignores context, the bar a "

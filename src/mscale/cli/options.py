@@ -100,7 +100,9 @@ def parameter(f: Flag) -> inspect.Parameter:
     else:  # a Literal stays one, so typer lists and checks its choices
         literal = typing.get_origin(f.info.annotation) is typing.Literal
         annotation = f.info.annotation if literal else f.kind
-        option = typer.Option(default, f.flag, help=_help(f), hidden=hidden, **_bounds(f.info))
+        choices = f.extra.get("choices")  # a str field checked in `_parsed`: its words shown
+        option = typer.Option(default, f.flag, help=_help(f), hidden=hidden,
+                              metavar="|".join(choices) if choices else None, **_bounds(f.info))
     return inspect.Parameter(f.param, inspect.Parameter.KEYWORD_ONLY, default=option,
                              annotation=annotation)
 

@@ -52,9 +52,11 @@ def plan_cmd(
     vpp: Optional[int] = typer.Option(None, "--vpp", help="Given layout: virtual stages per rank."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Given layout."),
     sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Given layout: sequence parallel."),
-    recompute: Optional[str] = typer.Option(None, "--recompute", help="none|selective|full."),
+    recompute: Optional[str] = typer.Option(None, "--recompute", metavar="none|selective|full",
+                                            help="Given layout: activation recompute."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Given layout: ZeRO stage 0|1|2."),
-    dp_reduce: Optional[str] = typer.Option(None, "--dp-reduce", help="flat|hierarchical."),
+    dp_reduce: Optional[str] = typer.Option(None, "--dp-reduce", metavar="flat|hierarchical",
+                                            help="Given layout: how DP gradients are reduced."),
     keep_given: bool = typer.Option(False, "--keep-given", help="With -o, write the given layout "
                                     "instead of the best."),
     failure_rate: float = typer.Option(GoodputInputs.failures_per_1000_node_days, "--failure-rate",

@@ -2,6 +2,7 @@
 error, --json error documents, the catch-all, --debug anywhere, help that is not cut short."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -129,8 +130,21 @@ def test_help_off_a_terminal_is_full_width_and_flags_have_no_type(cli, args):
 
 def test_plan_help_shows_every_recompute_choice(cli):
     _, out, _ = cli("plan", "--help")
-    assert "none|selective|full." in out
+    assert re.search(r"--recompute +none\|selective\|full +Given layout", out)
     assert "unless --keep-given" in out
+
+
+@pytest.mark.parametrize("args, usage, row", [
+    (["train"], "mscale train [OPTIONS] [PLAN]", r"PLAN +<str> +Plan file"),
+    (["ckpt", "convert"], "mscale ckpt convert [OPTIONS] {SRC} {DST}", r"SRC +<str> +Checkpoint"),
+    (["train"], None, r"--trace-ranks +replica\|all +Whose events"),
+    (["data", "inspect"], None, r"--dtype +uint16\|uint32 +Token type"),
+])
+def test_help_names_arguments_in_capitals_and_lists_an_options_words(cli, args, usage, row):
+    """Not typer's ``{src}`` and a ``<str>`` where only some words are accepted."""
+    _, out, _ = cli(*args, "--help")
+    assert usage is None or usage in out
+    assert re.search(row, out), out
 
 
 def test_usage_error_without_json_is_the_same_one_line_and_fix(cli):
