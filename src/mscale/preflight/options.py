@@ -12,7 +12,8 @@ from pydantic import Field
 from mscale.config.base import NOT_A_FLAG, StrictModel, flag
 
 Level = Literal["quick", "full"]
-"""How long preflight measures: ``quick`` (about a minute) or ``full``; the CLI's choices."""
+"""How long preflight measures: ``quick`` (sized to end within about a minute at any scale;
+6 s for 8 processes on 2 CPU cores) or ``full``; the CLI's choices."""
 
 OPTIONS_ENV = "MSCALE_PREFLIGHT_OPTIONS"
 """Where the ``--local`` launcher hands each worker the options, serialised once."""
@@ -26,7 +27,8 @@ class PreflightOptions(StrictModel):
     plan_path: str | None = Field(None, json_schema_extra=NOT_A_FLAG)
     """The plan file, as given (named in errors)."""
     level: Level = Field("quick", json_schema_extra=flag("--level", choices=("quick", "full")))
-    """quick (about a minute) or full."""
+    """quick (within about a minute at any scale; 6 s for 8 CPU processes) or full (longer
+    transfers, more repetitions)."""
     timeout_s: float = Field(120.0, ge=1.0, json_schema_extra=flag("--timeout"))
     """Seconds before a hung collective names the ranks that did not answer."""
     as_json: bool = Field(False, json_schema_extra=flag("--json"))
