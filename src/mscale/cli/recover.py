@@ -38,6 +38,28 @@ class DefaultCommandGroup(TyperGroup):
         return super().parse_args(ctx, args)
 
 
+RELAUNCH_ENDS = {
+    1: "stopped early on request (a halt or a stop signal)",
+    2: "stopped on a NaN/Inf loss",
+    3: "failed",
+    130: "interrupted",
+}
+"""What train's own exit codes (docs/train.md, "Exit codes") say about the relaunched job."""
+
+
+def relaunch_exit_code(rc: int) -> int:
+    """The job's own code when it is one of train's, so that a halt on request (1) reads as
+    one, not as a failure of recover; 3 for anything else (a signal's -N, a launcher's 255)."""
+    return rc if rc in RELAUNCH_ENDS else EXIT_BAD_INPUT
+
+
+def relaunch_end_text(rc: int) -> str:
+    what = RELAUNCH_ENDS.get(rc)
+    if what is None:
+        what = f"killed by signal {-rc}" if rc < 0 else "ended abnormally"
+    return f"the relaunched job exited with code {rc}: {what}"
+
+
 recover_app = typer.Typer(
     cls=DefaultCommandGroup, no_args_is_help=True, add_completion=False,
     context_settings={"help_option_names": HELP_OPTION_NAMES},
@@ -88,9 +110,9 @@ def recover_cmd(
     if execute and plan.command:
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document
         if rc != 0:
-            code = EXIT_BAD_INPUT
+            code = relaunch_exit_code(rc)
             if not as_json:
-                sys.stderr.write(f"error: the relaunch exited with code {rc}\n")
+                sys.stderr.write(f"recover: {relaunch_end_text(rc)}\n")
     if as_json:
         from mscale.cli.output import print_json
 

@@ -150,6 +150,27 @@ def test_execute_writes_the_decision_and_runs_the_command(cli, run, state, capfd
     assert events[-1]["kind"] == "recover" and events[-1]["source"] == "recover"
 
 
+@pytest.mark.parametrize("rc, code, says", [
+    (1, 1, "exited with code 1: stopped early on request"),
+    (2, 2, "exited with code 2: stopped on a NaN/Inf loss"),
+    (3, 3, "exited with code 3: failed"),
+    (130, 130, "exited with code 130: interrupted"),
+    (255, 3, "exited with code 255: ended abnormally"),
+])
+def test_execute_ends_with_the_relaunched_jobs_own_code(cli, run, state, monkeypatch, rc, code,
+                                                        says):
+    """A relaunch halted on request is no failure of recover's (it was exit 3 for any code)."""
+    from mscale.recover import decide
+
+    monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
+    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: rc)
+    got, out, err = cli("recover", str(run), "--execute", "--no-recheck")
+    assert got == code and f"recover: the relaunched job {says}" in err, out + err
+    got, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
+    doc = json.loads(out)
+    assert got == doc["exit_code"] == code and doc["launch_exit_code"] == rc
+
+
 def test_the_group_still_routes_its_own_subcommands(cli):
     code, out, _ = cli("recover", "--help")
     assert code == 0 and "supervise" in out and "diagnose" in out
