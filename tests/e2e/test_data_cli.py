@@ -58,6 +58,12 @@ def test_tokenizer_prepare_inspect_verify(tmp_path):
     p = mscale("data", "verify", str(out))
     assert p.returncode == 2 and "shard-00001.bin" in p.stdout and "FAILED" in p.stdout, p.stdout
 
+    (out / "shard-00000.idx").unlink()  # a missing file is a failed check too, not bad input
+    p = mscale("data", "verify", str(out), "--json")
+    d = json.loads(p.stdout)
+    assert p.returncode == 2 and not d["ok"] and d["tokens"] is None, p.stdout + p.stderr
+    assert any("shard-00000.idx: missing" in x for x in d["problems"]), d
+
 
 def test_bad_input_is_one_line_and_exit_3(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')

@@ -142,13 +142,30 @@ def _checked(spec: str, shards: list[Shard], want: np.dtype | None) -> TokenData
 
 
 def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
-    """Problems found by hashing every shard's .bin and .idx against the manifest's sha256.
+    """Problems found in a source that exists: each shard's .bin and .idx hashed against the
+    manifest's sha256 (a missing one named), then the structure checked by opening it. A source
+    without our manifest has no checksums: opening it is the whole check.
 
-    Structure is checked first by opening (an `MscaleError` as at open). A source without our
-    manifest has no checksums: opening it is the whole check, and no problem is returned.
-    """
-    open_dataset(spec)
-    if kind(spec) != "dir" or kind(join(spec, MANIFEST)) != "file":
+    A damaged source is a failed check (problems: ``data verify`` exits 2), not bad input: only
+    a spec that names nothing (or a glob) raises, as at open (exit 3)."""
+    manifest = kind(spec) == "dir" and kind(join(spec, MANIFEST)) == "file"
+    if not manifest and not _names_something(spec):
+        open_dataset(spec)  # raises, naming what is missing
         return []
-    return verify_checksums(spec.rstrip("/"), chunk_bytes)
+    try:
+        problems = verify_checksums(spec.rstrip("/"), chunk_bytes) if manifest else []
+        if not problems:
+            open_dataset(spec)
+    except MscaleError as e:
+        where = ": ".join(x for x in (e.file, e.field) if x)
+        problems = [f"{where}: {e.message}" if where else e.message]
+    return problems
+
+
+def _names_something(spec: str) -> bool:
+    """A file, a folder or a Megatron prefix; a glob is opened as at training (a glob that
+    matches nothing is bad input)."""
+    if any(c in spec for c in "*?["):
+        return False
+    return kind(spec) is not None or kind(spec + ".idx") == "file"
 

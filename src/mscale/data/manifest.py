@@ -18,7 +18,7 @@ import json
 
 import numpy as np
 
-from mscale.data.storage import join, open_blob, sha256
+from mscale.data.storage import join, kind, open_blob, sha256
 from mscale.errors import MscaleError
 
 FORMAT = "mscale-tokens"
@@ -134,6 +134,9 @@ def verify_checksums(folder: str, chunk_bytes: int = 8 << 20) -> list[str]:
     for i, s in enumerate(load_manifest(folder)["shards"]):
         for ext in ("bin", "idx"):
             url = join(folder, f"{s['prefix']}.{ext}")
+            if kind(url) != "file":
+                problems.append(f"{url}: missing (manifest.shards[{i}].prefix)")
+                continue
             got = sha256(url, chunk_bytes)
             if got != s[f"{ext}_sha256"]:
                 problems.append(f"{url}: sha256 {got} != manifest.shards[{i}].{ext}_sha256 "

@@ -197,6 +197,38 @@ def test_verify_finds_a_changed_shard(tmp_path):
     assert "manifest.shards[1].bin_sha256" in problems[0]
 
 
+@pytest.mark.parametrize("damage, says", [
+    ("truncate", "shard-00001.bin: sha256"),
+    ("remove idx", "shard-00001.idx: missing (manifest.shards[1].prefix)"),
+    ("garbage manifest", "manifest.json: manifest: not valid JSON"),
+])
+def test_verify_names_a_damaged_shard_or_manifest_as_a_problem_not_bad_input(tmp_path, damage,
+                                                                             says):
+    """A truncated, missing or unreadable file is what verify exists to find (exit 2); it used
+    to fail at open, as bad input (exit 3)."""
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    if damage == "truncate":
+        with open(tmp_path / "ds/shard-00001.bin", "r+b") as f:
+            f.truncate(4)
+    elif damage == "remove idx":
+        (tmp_path / "ds/shard-00001.idx").unlink()
+    else:
+        (tmp_path / "ds/manifest.json").write_text("garbage")
+    [problem] = verify_dataset(str(tmp_path / "ds"))
+    assert says in problem
+
+
+def test_verify_checks_a_megatron_prefix_for_structure_and_refuses_a_missing_path(tmp_path):
+    reference_write(tmp_path / "a", DOCS)
+    assert verify_dataset(str(tmp_path / "a")) == []
+    with open(tmp_path / "a.bin", "r+b") as f:
+        f.truncate(4)
+    [problem] = verify_dataset(str(tmp_path / "a"))
+    assert "a.bin: bin.size" in problem
+    with pytest.raises(MscaleError, match="no such file"):
+        verify_dataset(str(tmp_path / "absent"))
+
+
 def test_folder_and_glob_of_prefixes(tmp_path):
     reference_write(tmp_path / "b", DOCS[2:])
     reference_write(tmp_path / "a", DOCS[:2])
