@@ -91,6 +91,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
 
     plan = load_checked_plan(plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
+    _check_not_a_checkpoint(options.run_dir)
     data = plan.training.data
     if data.kind == "tokens":  # every source opened, its index checked, the splits cut
         build_splits(data, plan.model.seq_len, plan.training.seed,
@@ -112,6 +113,20 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     if local:
         check_fits_without_gpus(plan, plan_path, local)
     return plan
+
+
+def _check_not_a_checkpoint(run_dir: str) -> None:
+    """A checkpoint is no run directory: `ckpt convert`'s HF import writes one wherever it is
+    told, and training "in" it started from scratch beside its files, the weights unread."""
+    from mscale.ckpt.manifest import COMMITTED, MANIFEST
+    from mscale.runs.atomic import fs_and_path
+
+    fs, path = fs_and_path(run_dir)
+    if fs.isfile(f"{path}/{MANIFEST}") and fs.isfile(f"{path}/{COMMITTED}"):
+        raise MscaleError(f"{run_dir} is a checkpoint ({MANIFEST}, {COMMITTED}), not a run "
+                          "directory: training there would start from scratch and leave it "
+                          "unread", field="--run-dir",
+                          fix=f"to train from it: --resume {run_dir} with a new --run-dir")
 
 
 def _check_hook_ranks(options: TrainOptions, world: int) -> None:

@@ -25,6 +25,21 @@ def test_train_without_a_launcher_is_a_plain_bad_input_error(cli, tmp_path, monk
     assert not (run / "logs").exists()  # no error file of a rank that never was
 
 
+def test_a_checkpoint_given_as_the_run_directory_is_refused_before_any_start(cli, tmp_path):
+    """An HF import (`ckpt convert HF DST --plan P`) is a checkpoint: training "in" it would
+    start from scratch beside its unread weights."""
+    ckpt = tmp_path / "imported"
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text("{}")
+    (ckpt / "COMMITTED").write_text("{}")
+    code, out, err = cli("train", str(PLANS / "cpu-tiny.yaml"), "--run-dir", str(ckpt),
+                         "--local", "8")
+    assert code == 3, out + err
+    assert err.startswith(f"error: --run-dir: {ckpt} is a checkpoint"), err
+    assert f"fix: to train from it: --resume {ckpt} with a new --run-dir" in err
+    assert sorted(p.name for p in ckpt.iterdir()) == ["COMMITTED", "manifest.json"]
+
+
 def test_a_workers_failure_names_the_plans_node_under_local(tmp_path, monkeypatch, capsys):
     """Under --local the launcher says `rank 3 on node2`; the worker's own line and error file
     say the same, not this machine's host name."""
