@@ -58,6 +58,8 @@ def test_kill_9_names_the_rank_node_and_signal(tmp_path):
     assert stop["kind"] == "stop" and stop["ranks"] == [2] and stop["nodes"] == ["node2"]
     assert stop["evidence"]["how"] == "killed by SIGKILL"
     assert "rank 2 on node2 killed by SIGKILL first" in out
+    # said as soon as it was seen, before the others had stopped and the closing line
+    assert "rank 2 on node2 killed by SIGKILL; stopping the other workers" in out
     assert "Traceback" not in out
 
 

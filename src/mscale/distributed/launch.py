@@ -193,6 +193,8 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     tees: list[threading.Thread] = []
     stops = StopRequests(procs, job.stop_notice)
 
+    said_failure = []
+
     def on_poll(codes: list[int | None]) -> None:
         lifeline.accept()  # the workers' connections, held open until the launcher ends
         stops.deliver()
@@ -200,6 +202,12 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             view.line(note + "\n")
         if any(c is not None for c in codes):
             view.close()  # a worker ended: what follows is about that, not the start
+            # a worker killed by a signal (SIGKILL, SIGSEGV) failed: no agreed stop (every rank
+            # exiting 3 at a full disk) ends that way; an operator's stop says its own line
+            if (not said_failure and stops.first is None and not job.rank0_ends_job
+                    and any(c is not None and c < 0 for c in codes)):
+                said_failure.append(True)
+                view.line(failure_seen_line(job, codes) + "\n")
         else:
             view.poll()
 
@@ -288,6 +296,29 @@ def _worker_env(job: LocalJob, rank: int, port: int, threads: str,
 
 def _abnormal(code: int | None) -> bool:
     return code is not None and code not in (0, 1, 2)
+
+
+def describe_exit(code: int | None) -> str:
+    """A worker's end in words: ``killed by SIGKILL``, ``exited with code 3``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def failure_seen_line(job: LocalJob, codes: list[int | None]) -> str:
+    """Said the moment a worker is seen killed: the others then take seconds to stop (each
+    writes what it saw of its peer's end) before the job's closing line, and the console was
+    silent meanwhile."""
+    rank = _first_failed(codes)
+    node = (f" on {job.node_names[rank // job.gpus_per_node]}"
+            if len(job.node_names) > rank // job.gpus_per_node else "")
+    return (f"rank {rank}{node} {describe_exit(codes[rank])}; stopping the other workers "
+            f"(they record what they saw first, up to {GRACE_S:.0f} s)")
 
 
 def _first_failed(codes: list[int | None]) -> int:

@@ -6,11 +6,9 @@ preflight); this module turns its `JobResult` into train's records.
 
 from __future__ import annotations
 
-import signal
-
 from mscale.config.plan import Plan
 from mscale.config.records import Event
-from mscale.distributed.launch import JobResult
+from mscale.distributed.launch import JobResult, describe_exit
 from mscale.distributed.stops import ended_by_stop
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from mscale.runs.atomic import read_jsonl
@@ -19,17 +17,6 @@ from mscale.train.failure import AFTERMATH, read_error_files
 
 __all__ = ["JobResult", "agreed_stop", "record_failure", "record_interruption", "stopped_by_operator",
            "summary_document"]
-
-
-def _how(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs: str) -> str:
@@ -47,7 +34,7 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
     timed_out = sorted(r for r, e in errors.items() if e.get("kind") == "timeout")
     hung = result.stopped_at_failure or ([r for r in result.alive_at_failure
                                           if r not in timed_out] if kind == "timeout" else [])
-    how = _how(result.returncodes[first])
+    how = describe_exit(result.returncodes[first])
     if kind == "timeout" and hung:
         state = " (process stopped)" if result.stopped_at_failure else ""
         line = (f"failed: hang — rank(s) {_ranks(hung)} on {_nodes(hung, node)} stopped answering"

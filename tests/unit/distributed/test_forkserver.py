@@ -99,3 +99,13 @@ def test_a_ctrl_c_while_the_server_imports_its_preload_neither_kills_it_nor_prin
     assert launcher.returncode == 0, err
     assert "codes [0]" in out and "Traceback" not in err + out
     assert "worker ran" in (tmp_path / "logs" / "rank0.log").read_text()
+
+
+def test_a_killed_worker_is_named_at_once_with_its_node():
+    from mscale.distributed.launch import LocalJob, describe_exit, failure_seen_line
+
+    job = LocalJob(4, 2, [], "logs", {}, node_names=("node1", "node2"))
+    assert failure_seen_line(job, [None, None, -signal.SIGKILL, 3]).startswith(
+        "rank 2 on node2 killed by SIGKILL; stopping the other workers")
+    assert describe_exit(-200) == "killed by signal 200" and describe_exit(None) == \
+        "still running"

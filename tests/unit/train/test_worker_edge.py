@@ -17,7 +17,8 @@ from mscale.runs.rundir import RunDir
 from mscale.train.console import Summary, stop_line
 from mscale.train.control import Control
 from mscale.train.failure import classify, read_error_files, report_failure, write_error_file
-from mscale.train.job_watch import JobResult, _how
+from mscale.distributed.launch import describe_exit
+from mscale.train.job_watch import JobResult
 from mscale.train.loop import with_steps
 from mscale.train.schedule import learning_rate
 from mscale.train.worker import default_threads
@@ -133,7 +134,7 @@ def test_console_lines_say_why_and_where():
 
 
 def test_how_a_worker_ended():
-    assert _how(-9) == "killed by SIGKILL" and _how(3) == "exited with code 3"
+    assert describe_exit(-9) == "killed by SIGKILL" and describe_exit(3) == "exited with code 3"
     assert JobResult(code=0, returncodes=[0]).failed_rank is None
 
 
