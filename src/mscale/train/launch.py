@@ -192,6 +192,20 @@ def stop_notice(name: str) -> str:
             "without one")
 
 
+def oversubscription_note(omp: str | None, nprocs: int, cpus: int | None) -> str | None:
+    """A note when an inherited OMP_NUM_THREADS gives the workers more threads than the machine
+    has cores (many clusters export it): on CPUs each step then waits on threads that take
+    turns, 15x slower for the demo at 2 threads a worker on 2 cores (docs/train.md, Threads)."""
+    if not omp or not omp.strip().isdigit() or not cpus:
+        return None
+    threads = int(omp)
+    if threads * nprocs <= cpus or threads <= max(1, cpus // nprocs):  # one each is the least
+        return None
+    return (f"note: OMP_NUM_THREADS={threads} (from the environment) gives {nprocs} workers "
+            f"{threads * nprocs} threads on {cpus} cores: on CPUs the steps wait on each other's "
+            "threads; unset it to let --local give each worker its share of the cores")
+
+
 def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
     """A remote run directory's workers logged to a local temporary directory: removed after a
     job that ended well, named (on stderr) after one that did not, for the operator to read."""
@@ -217,6 +231,9 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
     say(f"starting {nprocs} workers on this machine: {layout_text(plan)}, "
         f"{-(-nprocs // per_node)} node(s) of {min(per_node, nprocs)}; run directory "
         f"{options.run_dir}, logs in {logs}")
+    note = oversubscription_note(os.environ.get("OMP_NUM_THREADS"), nprocs, os.cpu_count())
+    if note:
+        say(note)
     env.update({OPTIONS_ENV: options.model_dump_json(), "MSCALE_RUN_ID": run_id})
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,

@@ -31,3 +31,14 @@ def test_a_remote_run_directory_logs_to_a_temporary_one_tidied_by_the_outcome(
     launch._tidy_logs(str(tmp_path), False, passed=True)  # a run directory's own: never removed
     assert os.path.isdir(tmp_path)
 
+
+
+def test_an_inherited_omp_num_threads_that_oversubscribes_the_cores_is_noted():
+    from mscale.train.launch import oversubscription_note
+
+    note = oversubscription_note("2", 8, 2)
+    assert note.startswith("note: OMP_NUM_THREADS=2 (from the environment) gives 8 workers 16 "
+                           "threads on 2 cores")
+    for omp, nprocs, cpus in (("1", 8, 2), ("2", 8, 16), (None, 8, 2), ("", 8, 2), ("x", 8, 2),
+                              ("4", 2, 8)):
+        assert oversubscription_note(omp, nprocs, cpus) is None, (omp, nprocs, cpus)
