@@ -121,8 +121,9 @@ class CheckpointReader:
             return fn()
         except ChunkError as e:
             raise MscaleError(str(e), file=f"{self.dir}/{path}", field=key, code=EXIT_CRITICAL,
-                              fix="run `mscale ckpt verify`; load an older checkpoint with "
-                                  "--resume RUN/ckpt/step-NNNNNN")
+                              fix="run `mscale ckpt verify`; use an older checkpoint (`mscale "
+                                  "ckpt ls RUN` lists them): train --resume "
+                                  "RUN/ckpt/step-NNNNNN, or convert that directory")
 
     def read_item(self, it: Item) -> torch.Tensor:
         return self.read(it.key, it.box, it.flat, it.shape).to(DTYPES[it.dtype])
