@@ -39,8 +39,9 @@ def plan_cmd(
     model: str = typer.Option(..., "--model", help="Model YAML (plans/models/)."),
     training: str = typer.Option(..., "--training", help="Training YAML (plans/training/)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Write the chosen plan "
-                                         "here: the best layout, even when one is given, unless "
-                                         "--keep-given."),
+                                         "here: the layout ranked first (the fastest, or a "
+                                         "simpler one within the model's error), even when one "
+                                         "is given, unless --keep-given."),
     top: int = typer.Option(5, "--top", min=1, help="Show the best N layouts."),
     explain: bool = typer.Option(False, "--explain", help="Show why layouts were rejected."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
