@@ -184,13 +184,20 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     if refusal:
         refused.append(refusal)
     progress = diagnosis.failed_step or 0
-    if choice.path is None and (progress > 0 or choice.rejected):
+    # an operator's stop that saved no checkpoint (a second Ctrl-C) chose to lose its steps; a
+    # failure did not, and damaged checkpoints passed over are never the operator's choice
+    chosen_loss = (diagnosis.cls == "none" and diagnosis.symptom == "stopped"
+                   and not choice.rejected)
+    if choice.path is None and (progress > 0 or choice.rejected) and not chosen_loss:
         refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
                        f"{progress}: restarting from step 0 (--resume none) is a human's call")
     if refused:
         reasons += refused
         return "unrecoverable"
     degraded = _degradations(choice, exclusions, rp, skip)
+    if choice.path is None and progress > 0 and chosen_loss:
+        degraded.append(f"the stop saved no checkpoint: steps 1-{progress} are trained again, "
+                        "from step 0")
     reasons += degraded
     if not degraded:
         at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"

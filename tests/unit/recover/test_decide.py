@@ -233,6 +233,20 @@ def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
     assert any(why in r for r in plan.reasons)
 
 
+def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes):
+    """A second Ctrl-C chose to lose the steps ("without a checkpoint"): not a human's call
+    still to make, as it is after a failure (exit 2 above), but a relaunch that trains them
+    again (exit 1)."""
+    fakes.diagnosis = Diagnosis(cls="none", symptom="stopped", summary="the operator "
+                                "interrupted the job", failed_step=7)
+    fakes.choice = CheckpointChoice(path=None, step=None, reason="none committed")
+    fakes.exclusions = Exclusions()
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "degraded" and plan.exit_code == 1 and plan.command
+    assert "the stop saved no checkpoint: steps 1-7 are trained again, from step 0" in \
+        plan.reasons
+
+
 def test_nothing_to_lose_without_a_checkpoint_starts_over(run, fakes):
     fakes.diagnosis.failed_step, fakes.diagnosis.suspect_nodes = 0, []
     fakes.choice = CheckpointChoice(path=None, step=None, reason="none yet")
