@@ -38,7 +38,8 @@ def train_cmd(
                               "this machine (must equal the plan's world size)."),
     **flags,
 ) -> None:
-    """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash."""
+    """Train the plan's model. Exit 0 done, 1 halted on request, 2 NaN/Inf, 3 bad input/crash,
+    130 interrupted without a checkpoint (a second Ctrl-C)."""
     # every flag in **flags is a field of TrainOptions (or its ckpt/faults), help = its docstring
     from mscale.train.launch import check_before_launch, launch_job, options_from_env
 

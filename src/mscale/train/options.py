@@ -82,7 +82,8 @@ class TrainOptions(StrictModel):
     timeout_s: float = Field(120.0, gt=0, json_schema_extra=flag("--timeout"))
     """Seconds before a hung collective fails the job."""
     log_interval: int = Field(1, ge=1, json_schema_extra=flag("--log-interval"))
-    """Steps between progress lines."""
+    """Steps between progress lines when stdout is not a terminal (a terminal gets one
+    progress bar, redrawn)."""
     trace_every: int = Field(0, ge=0, json_schema_extra=flag("--trace-every"))
     """Steps between timelines written to RUN_DIR/trace/ (Perfetto / chrome://tracing); 0: only
     when RUN_DIR/control/trace asks. A traced step gathers every rank's events to rank 0, so keep
