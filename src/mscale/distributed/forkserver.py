@@ -69,9 +69,10 @@ def _run(entry: str, argv: list[str], env: dict[str, str], out: int) -> None:
         # the OpenMP runtime read the variable when the server loaded it, not here
         torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SHIELD)  # the server's shield (`start`)
     sys.argv = ["-c", *argv]
     try:
+        # the server's shield (`start`): a Ctrl-C pending since the fork is raised here, inside
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SHIELD)
         exec(compile(entry, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - ours
     except KeyboardInterrupt:  # a Ctrl-C before the entry's own handling: 130, as a shell says
         raise SystemExit(130) from None  # (multiprocessing's bootstrap would exit 1: "halted")

@@ -193,7 +193,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     tees: list[threading.Thread] = []
     stops = StopRequests(procs, job.stop_notice)
 
-    said_failure = []
+    first_end_judged = []
 
     def on_poll(codes: list[int | None]) -> None:
         lifeline.accept()  # the workers' connections, held open until the launcher ends
@@ -202,12 +202,13 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             view.line(note + "\n")
         if any(c is not None for c in codes):
             view.close()  # a worker ended: what follows is about that, not the start
-            # a worker killed by a signal (SIGKILL, SIGSEGV) failed: no agreed stop (every rank
-            # exiting 3 at a full disk) ends that way; an operator's stop says its own line
-            if (not said_failure and stops.first is None and not job.rank0_ends_job
-                    and any(c is not None and c < 0 for c in codes)):
-                said_failure.append(True)
-                view.line(failure_seen_line(job, codes) + "\n")
+            if not first_end_judged:  # once, at the first end seen, before `_watch` signals
+                first_end_judged.append(True)  # any worker (its SIGTERMs, its SIGKILLs)
+                # a worker killed by a signal (SIGKILL, SIGSEGV) failed: no agreed stop (every
+                # rank exiting 3 at a full disk) ends that way; an operator's stop has its line
+                if (stops.first is None and not job.rank0_ends_job
+                        and any(c is not None and c < 0 for c in codes)):
+                    view.line(failure_seen_line(job, codes) + "\n")
         else:
             view.poll()
 

@@ -109,3 +109,35 @@ def test_a_killed_worker_is_named_at_once_with_its_node():
         "rank 2 on node2 killed by SIGKILL; stopping the other workers")
     assert describe_exit(-200) == "killed by signal 200" and describe_exit(None) == \
         "still running"
+
+
+FIRST_END = ("import os, signal, sys, time\n"
+             "rank, sync, how = int(os.environ['RANK']), os.environ['SYNC'], sys.argv[1]\n"
+             "if rank != 1: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+             "open(os.path.join(sync, f'.p{rank}'), 'w').write('x')\n"
+             "os.replace(os.path.join(sync, f'.p{rank}'), os.path.join(sync, f'p{rank}'))\n"
+             "end = time.time() + 60\n"
+             "while len(os.listdir(sync)) < 3 and time.time() < end: time.sleep(0.01)\n"
+             "if how == 'kill' and rank == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+             "if how == 'exit' and rank == 0: sys.exit(3)\n"
+             "time.sleep(60 if rank == 1 else 2)\n"  # rank 1 waits for the launcher's SIGTERM
+             "sys.exit(3)\n")
+
+
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_the_killed_line_judges_the_first_end_only_not_the_launchers_own_signals(
+        tmp_path, capsys, monkeypatch, how):
+    """A worker the launcher itself stops (SIGTERM here) after another's exit 3 is no 'killed'
+    worker: the line is decided once, at the first end seen."""
+    monkeypatch.setattr(forkserver, "FORK_WORKERS", False)  # spawned: SIGTERM at its default
+    (tmp_path / "sync").mkdir()
+    result = run_local_workers(3, 1, [how], str(tmp_path / "logs"),
+                               {"SYNC": str(tmp_path / "sync")}, entry=FIRST_END, phases=(),
+                               node_names=("n1", "n2", "n3"), preload=())
+    out = capsys.readouterr().out
+    assert result.returncodes[1] == -signal.SIGTERM  # stopped by the launcher
+    if how == "kill":
+        assert result.failed_rank == 2
+        assert "rank 2 on n3 killed by SIGKILL; stopping the other workers" in out, out
+    else:
+        assert result.failed_rank == 0 and "stopping the other workers" not in out, out
