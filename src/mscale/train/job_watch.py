@@ -35,10 +35,14 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
     hung = result.stopped_at_failure or ([r for r in result.alive_at_failure
                                           if r not in timed_out] if kind == "timeout" else [])
     how = describe_exit(result.returncodes[first])
-    if kind == "timeout" and hung:
+    # a hang when peers timed out on a rank still there: the first rank seen to end may be one
+    # whose connection closed as a timed-out peer exited (kind network), on a loaded machine
+    # the same poll sees them all ended
+    if hung and (kind == "timeout" or timed_out):
         state = " (process stopped)" if result.stopped_at_failure else ""
+        waited = timed_out[0] if timed_out else first
         line = (f"failed: hang — rank(s) {_ranks(hung)} on {_nodes(hung, node)} stopped answering"
-                f"{state}; rank {first} and others timed out waiting for them")
+                f"{state}; rank {waited} and others timed out waiting for them")
         event_kind, implicated = "hang", hung
     else:
         detail = errors.get(first, {}).get("message")

@@ -153,6 +153,20 @@ def test_a_hang_the_launcher_saw_is_critical(cli, rd):
     assert verdict(cli, rd)["summary"]["job"]["state"] == "hang"
 
 
+def test_a_hang_is_named_when_the_first_rank_seen_ended_on_a_closed_connection(cli, rd):
+    """On a loaded machine one poll sees ranks 0-2 all ended: rank 0 lost its connection when a
+    peer that had timed out exited (network), rank 1 timed out; rank 3 is stopped. CI saw this
+    read as rank 0's network failure."""
+    write_error_file(rd, 0, "node1", RuntimeError("Connection closed by peer [127.0.0.1]:49537"))
+    write_error_file(rd, 1, "node1", RuntimeError("Timed out waiting 4000ms for send operation "
+                                                  "to complete"))
+    launcher_failure(rd, 0, 3, stopped=(3,))
+    _, lines, err = once(cli, rd)
+    assert lines[-1] == ("CRITICAL job stopped: hang — rank(s) 3 on node2 stopped answering "
+                         "(process stopped); rank 1 and others timed out waiting for them "
+                         "(exit 3)"), err
+
+
 def test_rank_0s_own_failure_under_srun_is_critical(cli, rd, monkeypatch, capsys):
     monkeypatch.delenv("MSCALE_LAUNCHER", raising=False)
     assert report_failure(rd, 0, "node1", RuntimeError("boom")) == 3
