@@ -332,12 +332,12 @@ def verify_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Hash every shard's .bin and .idx against the manifest. Exit 2 names the bad shard."""
-    from mscale.data.datasets import verify_dataset
+    from mscale.data.datasets import has_manifest, verify_dataset
 
     problems = verify_dataset(spec)
     # a damaged source may not open: its figures are the healthy one's alone
     d = None if problems else _describe(spec, None)
-    checked = d["kind"] == "mscale shards" if d else None
+    checked = has_manifest(spec)
     if as_json:
         print_json({"spec": spec, "ok": not problems, "checksums": checked,
                     "shards": len(d["shards"]) if d else None,

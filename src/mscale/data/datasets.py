@@ -146,26 +146,30 @@ def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
     manifest's sha256 (a missing one named), then the structure checked by opening it. A source
     without our manifest has no checksums: opening it is the whole check.
 
-    A damaged source is a failed check (problems: ``data verify`` exits 2), not bad input: only
-    a spec that names nothing (or a glob) raises, as at open (exit 3)."""
-    manifest = kind(spec) == "dir" and kind(join(spec, MANIFEST)) == "file"
-    if not manifest and not _names_something(spec):
-        open_dataset(spec)  # raises, naming what is missing
-        return []
+    A damaged source is a failed check (problems: ``data verify`` exits 2), not bad input; what
+    holds no token data at all (an empty folder, a path that names nothing, a file of another
+    kind) raises, as at open (exit 3)."""
+    manifest = has_manifest(spec)
+    problems: list[str] = []
     try:
-        problems = verify_checksums(spec.rstrip("/"), chunk_bytes) if manifest else []
+        if manifest:  # the manifest promises its files: anything wrong with them is damage
+            problems += verify_checksums(spec.rstrip("/"), chunk_bytes)
         if not problems:
             open_dataset(spec)
     except MscaleError as e:
+        if not (manifest or _damaged_megatron_file(e)):
+            raise  # an empty folder, a file that holds no tokens, a path that names nothing
         where = ": ".join(x for x in (e.file, e.field) if x)
-        problems = [f"{where}: {e.message}" if where else e.message]
+        problems.append(f"{where}: {e.message}" if where else e.message)
     return problems
 
 
-def _names_something(spec: str) -> bool:
-    """A file, a folder or a Megatron prefix; a glob is opened as at training (a glob that
-    matches nothing is bad input)."""
-    if any(c in spec for c in "*?["):
-        return False
-    return kind(spec) is not None or kind(spec + ".idx") == "file"
+def has_manifest(spec: str) -> bool:
+    return kind(spec) == "dir" and kind(join(spec, MANIFEST)) == "file"
+
+
+def _damaged_megatron_file(e: MscaleError) -> bool:
+    """A Megatron .idx or .bin that opened but does not hold together (indexed.py's checks,
+    named ``idx.*``/``bin.*``): damage, where a flat file of odd size may be no token file."""
+    return bool(e.field) and e.field.startswith(("idx.", "bin."))
 

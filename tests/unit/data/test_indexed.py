@@ -227,6 +227,9 @@ def test_verify_checks_a_megatron_prefix_for_structure_and_refuses_a_missing_pat
     assert "a.bin: bin.size" in problem
     with pytest.raises(MscaleError, match="no such file"):
         verify_dataset(str(tmp_path / "absent"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MscaleError):  # nothing to verify: bad input, not a damaged dataset
+        verify_dataset(str(tmp_path / "empty"))
 
 
 def test_folder_and_glob_of_prefixes(tmp_path):
