@@ -65,8 +65,22 @@ def run(argv: list[str] | None = None) -> int:
     try:
         return _run(argv)
     except KeyboardInterrupt:  # while the CLI loaded, or in a command with no handling of its own
-        sys.stderr.write(INTERRUPTED + "\n")
-        return EXIT_INTERRUPTED
+        return _interrupted("--json" in _options(list(sys.argv[1:] if argv is None else argv)))
+
+
+def _interrupted(as_json: bool) -> int:
+    """One line on stderr, and with ``--json`` the error document stdout always ends with
+    (written here, not by `output.print_error`: the Ctrl-C may have cut its import short)."""
+    sys.stderr.write(INTERRUPTED + "\n")
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps({"error": {"code": EXIT_INTERRUPTED, "file": None,
+                                               "field": None, "message": INTERRUPTED,
+                                               "fix": "run the command again"}}, indent=2)
+                         + "\n")
+        sys.stdout.flush()
+    return EXIT_INTERRUPTED
 
 
 INTERRUPTED = "interrupted (Ctrl-C) before the command finished"
@@ -96,8 +110,7 @@ def _run(argv: list[str] | None) -> int:
     except Exit as e:
         return e.exit_code
     except Interrupted:
-        sys.stderr.write(INTERRUPTED + "\n")
-        return EXIT_INTERRUPTED
+        return _interrupted(as_json)
     except Abort as e:  # typer's form of an EOFError: an input ended early, no request to stop
         return _unexpected(e.__cause__ or e, debug, as_json, print_error)
     except MscaleError as e:

@@ -86,6 +86,8 @@ def test_ctrl_c_is_one_line_and_130_and_an_eof_is_no_ctrl_c(cli, monkeypatch, ra
     code, out, err = cli("plan", *CPU)
     if raised is KeyboardInterrupt:
         assert (code, out, err) == (130, "", "interrupted (Ctrl-C) before the command finished\n")
+        code, out, err = cli("plan", *CPU, "--json")  # stdout is still one document
+        assert code == 130 and json.loads(out)["error"]["code"] == 130
     else:
         assert code == 3 and err.lstrip("\n").startswith("error: internal error: EOFError")
 
