@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from dataclasses import dataclass
 
 from mscale.config.plan import Plan
 from mscale.config.records import DataSkip, Event
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_INTERRUPTED, MscaleError
 from mscale.hostlist import collect_hostlist
 from mscale.recover import room, stages
 from mscale.recover.checkpoints import names_damaged
+from mscale.recover.child import Child
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
@@ -184,10 +184,11 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     if refusal:
         refused.append(refusal)
     progress = diagnosis.failed_step or 0
-    # an operator's stop that saved no checkpoint (a second Ctrl-C) chose to lose its steps; a
-    # failure did not, and damaged checkpoints passed over are never the operator's choice
+    # an operator's interruption without a checkpoint (a second Ctrl-C: exit 130) chose to lose
+    # its steps; a failure, a scancel whose grace ran out or a halt did not, and damaged
+    # checkpoints passed over are never the operator's choice
     chosen_loss = (diagnosis.cls == "none" and diagnosis.symptom == "stopped"
-                   and not choice.rejected)
+                   and diagnosis.exit_code == EXIT_INTERRUPTED and not choice.rejected)
     if choice.path is None and (progress > 0 or choice.rejected) and not chosen_loss:
         refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
                        f"{progress}: restarting from step 0 (--resume none) is a human's call")
@@ -303,8 +304,6 @@ def launch(plan: RecoveryPlan, stdout=None) -> int:
                           file=plan.run_dir, fix="see the reasons in the report")
     rec = recorded_launch(RunDir(plan.run_dir))
     cwd = rec.cwd if rec and rec.cwd and os.path.isdir(rec.cwd) else None
-    try:
-        return subprocess.run(plan.command, cwd=cwd, stdout=stdout, check=False).returncode
-    except OSError as e:
-        raise MscaleError(f"could not start {plan.command[0]}: {e}", field="command",
-                          fix="check that the launcher is installed and on PATH") from None
+    # its own process group, recover's Ctrl-C passed on: the job halts with a checkpoint
+    return Child(plan.command, cwd=cwd, stdout=stdout, field="command",
+                 fix="check that the launcher is installed and on PATH").wait()

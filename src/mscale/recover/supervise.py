@@ -26,9 +26,7 @@ repeated, unexplained failures the budget hands over.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -38,6 +36,7 @@ from mscale.config.records import Quarantine
 from mscale.errors import (EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_WARNING,
                            MscaleError)
 from mscale.recover.attempt_end import halted_on_request, reached_the_job
+from mscale.recover.child import Child
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog
@@ -109,36 +108,6 @@ def job_nodes(run: RunDir) -> set[str] | None:
         return set(load_plan(run.plan).cluster.node_names())
     except Exception:  # noqa: BLE001 - unknown nodes: act on every new entry
         return None
-
-
-class Child:
-    """CMD in its own process group; supervise's SIGINT/SIGTERM are passed on to its leader
-    (``train --local`` turns them into a halt of every worker, srun into a step cancel)."""
-
-    def __init__(self, command: list[str]):
-        try:
-            self.proc = subprocess.Popen(command, process_group=0)
-        except OSError as e:
-            raise MscaleError(f"cannot run {command[0]}: {e.strerror or e}", field="CMD",
-                              fix="check the command after -- (a path, or a program on PATH)") \
-                from None
-
-    def forward(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def poll(self) -> int | None:
-        return self.proc.poll()
-
-    def reap_group(self) -> None:
-        """Leftovers of the group once its leader is gone (a worker the leader did not stop)."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _say(line: str) -> None:

@@ -238,13 +238,15 @@ def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes)
     still to make, as it is after a failure (exit 2 above), but a relaunch that trains them
     again (exit 1)."""
     fakes.diagnosis = Diagnosis(cls="none", symptom="stopped", summary="the operator "
-                                "interrupted the job", failed_step=7)
+                                "interrupted the job", failed_step=7, exit_code=130)
     fakes.choice = CheckpointChoice(path=None, step=None, reason="none committed")
     fakes.exclusions = Exclusions()
     plan = plan_recovery(str(run))
     assert plan.verdict == "degraded" and plan.exit_code == 1 and plan.command
     assert "the stop saved no checkpoint: steps 1-7 are trained again, from step 0" in \
         plan.reasons
+    fakes.diagnosis.exit_code = None  # a scancel whose grace ran out: nobody chose the loss
+    assert plan_recovery(str(run)).verdict == "unrecoverable"
 
 
 def test_nothing_to_lose_without_a_checkpoint_starts_over(run, fakes):
