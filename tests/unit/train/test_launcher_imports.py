@@ -25,6 +25,13 @@ from mscale.preflight.options import PreflightOptions
 from mscale.preflight.local import launch_local
 
 check_before_launch({str(PLANS / "cpu-tiny.yaml")!r}, TrainOptions(run_dir=sys.argv[1]), 8)
+from mscale.topology.placement import load_checked_plan
+from mscale.train.off_gpu import check_fits_without_gpus
+try:  # a GPU plan on a machine without GPUs: the planner's memory estimate, numpy only
+    check_fits_without_gpus(load_checked_plan({str(PLANS / "gpu-1b-h200.yaml")!r}), "p", 1,
+                            available=lambda: 1, visible=lambda: False)
+except Exception as e:
+    assert "this machine has none" in str(e), e
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 print("torch modules:", loaded[:5])
 sys.exit(1 if loaded else 0)
