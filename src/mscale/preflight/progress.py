@@ -31,7 +31,7 @@ class Ticker:
         if not force and now - self.last < self.every_s:
             return False
         self.last = now
-        print(f"{text} ({now - self.started:.1f} s)", file=self.out or sys.stderr, flush=True)
+        print(f"{text} (at {now - self.started:.1f} s)", file=self.out or sys.stderr, flush=True)
         return True
 
 

@@ -73,7 +73,7 @@ def test_progress_lines_are_throttled_and_say_how_far_and_the_slowest_so_far():
     progress.add([("dp pair 4<->6 on node3<->node4", 0.004, "GB/s", True)])
     assert out.getvalue() == ("preflight p2p: 2/24 pairs, slowest so far dp pair 4<->6 on "
                               "node3<->node4 0.004 GB/s, 1 test(s) cut short (far below their "
-                              "peers) (6.0 s)\n")
+                              "peers) (at 6.0 s)\n")
     ticker.line("preflight [4/5] collectives")  # a phase line: always, and resets the interval
     clock[0] = 10.0
     progress.add([("tp pair 2<->3 on node2", 2.0, "GB/s", False)])
