@@ -14,6 +14,12 @@ from mscale.planner.search import SearchResult, describe, search
 RESTRICTED = ("recompute", "zero_stage", "micro_batch")
 
 
+def device_word(pb: Problem) -> str:
+    """What one rank runs on, for messages: a CPU cluster (``gpu: cpu``) has no GPU, and its
+    memory budget is per process."""
+    return "process" if pb.cluster.gpu.name.lower() == "cpu" else "GPU"
+
+
 def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> MscaleError:
     """An MscaleError saying why nothing fits and which computed change makes something fit."""
     budget = pb.budget_bytes / 1e9
@@ -52,10 +58,11 @@ def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> Ms
                          f"{describe(r.layout(0))} fits ({r.cost(0).mem_total / 1e9:.1f} GB)")
             break
     if not fixes:
-        fixes.append("a GPU with more memory, or a smaller model or sequence length")
+        fixes.append("a smaller model or sequence length" if device_word(pb) == "process"
+                     else "a GPU with more memory, or a smaller model or sequence length")
     return MscaleError(f"{pb.model.name} fits no layout on {pb.cluster.world_size} "
                        f"{pb.cluster.gpu.name}: the least memory any layout needs is {need:.1f} GB "
-                       f"per GPU ({describe(lo)}) against {budget:.1f} GB usable",
+                       f"per {device_word(pb)} ({describe(lo)}) against {budget:.1f} GB usable",
                        file=files.get("model"), field=None, fix="; or ".join(fixes))
 
 

@@ -18,7 +18,7 @@ from mscale.config.base import parse_yaml, validate
 from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig
 from mscale.errors import MscaleError
-from mscale.planner.advice import no_fit_error
+from mscale.planner.advice import device_word, no_fit_error
 from mscale.planner.calibrate import Calibration, fit_speed, load_calibration
 from mscale.planner.cost import LayoutCost, Problem, evaluate
 from mscale.planner.given import given_layout
@@ -108,7 +108,8 @@ def choose(configs: Configs, *, stack: str | None = None, options: dict[str, Any
         if not cost.fits:
             if result.count == 0:
                 raise no_fit_error(pb, result, files)
-            raise MscaleError(f"the given layout needs {cost.mem_total / 1e9:.1f} GB per GPU, "
+            raise MscaleError(f"the given layout needs {cost.mem_total / 1e9:.1f} GB per "
+                              f"{device_word(pb)}, "
                               f"more than {pb.budget_bytes / 1e9:.1f} GB usable",
                               file=layout_path or "command line", field="layout",
                               fix=f"the best layout that fits is {describe(result.layout(0))}")
