@@ -27,7 +27,10 @@ class Child:
                  field: str = "CMD",
                  fix: str = "check the command after -- (a path, or a program on PATH)"):
         try:
-            self.proc = subprocess.Popen(command, process_group=0, cwd=cwd, stdout=stdout)
+            # no stdin: in a process group of its own, a read of the terminal (srun forwards
+            # stdin to its tasks) would stop it with SIGTTIN; no launch command needs input
+            self.proc = subprocess.Popen(command, process_group=0, cwd=cwd, stdout=stdout,
+                                         stdin=subprocess.DEVNULL)
         except OSError as e:
             raise MscaleError(f"cannot run {command[0]}: {e.strerror or e}", field=field,
                               fix=fix) from None
