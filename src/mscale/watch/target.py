@@ -139,9 +139,30 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
         # read when the first records come, and again for each attempt: the plan may be
         # written after watch starts, and a restarted job may run a new layout (runs/history.py)
         plan = target.plan_now()
-        return JobLayout.from_plan(load_checked_plan(plan)) if plan else JobLayout.flat(world)
+        if not plan:
+            return JobLayout.flat(world)
+        layout = JobLayout.from_plan(load_checked_plan(plan))
+        if layout.world != world and target.run is not None:
+            layout = _earlier_layout(target.run, world) or layout
+        return layout
 
     return from_plan
+
+
+def _earlier_layout(run: RunDir, world: int) -> JobLayout | None:
+    """The layout of the newest recorded plan with ``world`` ranks: the records of an attempt
+    before a re-plan (recover moved the run from 8 ranks to 6: plan.yaml is the new plan, its
+    history in RUN/plans/ keeps the old one). A `--once` read judges the old attempt first."""
+    from mscale.runs.history import plan_history
+
+    for url in reversed(plan_history(run)):
+        try:
+            layout = JobLayout.from_plan(load_checked_plan(url))
+        except MscaleError:  # a damaged history entry: the next older one may still fit
+            continue
+        if layout.world == world:
+            return layout
+    return None
 
 
 def plan_hints(target: Target, flags_given: bool) -> dict:

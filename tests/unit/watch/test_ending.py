@@ -423,3 +423,28 @@ def test_a_job_that_stopped_before_writing_its_plan_is_judged_from_its_stop(cli,
                                                 "needs 8", field="layout"))
     code, out, _ = cli("watch", run.root, "--once", "--no-act")
     assert code == 2 and "CRITICAL job stopped: error (rank 0 on node1, bad_input)" in out
+
+
+def test_a_run_re_planned_to_fewer_ranks_is_judged_attempt_by_attempt(cli, rd):
+    """recover moved the run from 8 ranks to 4: plan.yaml is the new plan, RUN/plans/ keeps the
+    old one. watch read every record against the new plan and stopped: 'the records have 8
+    ranks, the layout 4'."""
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.runs.history import record_plan
+
+    old = load_model(Plan, rd.plan)
+    record_plan(rd, old)
+    new = old.model_copy(update={
+        "cluster": old.cluster.model_copy(update={"nodes": 2, "hostlist": "node[1-2]"}),
+        "layout": old.layout.model_copy(update={"dp": 1})})
+    record_plan(rd, new, allow_batch_change=True)
+    assert load_model(Plan, rd.plan).layout.world_size == 4
+    launcher_failure(rd, 5, -9)
+    start(rd, 2)
+    recs = simulate(4, tp=2, pp=2, ranks_per_node=2, steps=30, seed=2)
+    append_metrics(rd, [r for r in recs if r["step"] >= 11])
+    own_stop(rd, 0, 30, attempt=2)
+    code, lines, err = once(cli, rd)
+    assert code == 0, err
+    assert lines[-1] == "OK job finished at step 30 (attempt 2, exit 0); no open alerts"
