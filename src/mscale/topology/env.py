@@ -6,6 +6,7 @@ The engine never asks the launcher for anything else, so one code path serves al
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
@@ -33,6 +34,10 @@ class LaunchEnv:
     """This node's name as the launcher knows it."""
     restart_count: int = 0
     """How many times the launcher has restarted the job (SLURM/torchelastic)."""
+    step_layout_problem: str | None = None
+    """Why the launcher's placement of the whole step cannot be the plan's, when every rank can
+    tell alike (srun: unequal tasks per node, a cyclic distribution): every rank then refuses at
+    once, not only those it put on the wrong node while the others wait out the timeout."""
 
 
 def slurm_master_port(job_id: str) -> int:
@@ -78,20 +83,55 @@ def read_launch_env(env: Mapping[str, str] | None = None, command: str | None = 
             launcher=env.get("MSCALE_LAUNCHER", "torchrun"), hostname=host,
             restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)))
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
-        nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", host))
-        ntasks, nnodes = int(env["SLURM_NTASKS"]), int(env.get("SLURM_NNODES", len(nodes)))
+        # the step's nodes, not the allocation's: a relaunch that excludes the allocation's first
+        # node (srun --exclude inside the job) has its rank 0 elsewhere
+        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                                or env.get("SLURM_NODELIST", host))
+        ntasks = int(env["SLURM_NTASKS"])
+        nnodes = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES", len(nodes)))
+        node_id = int(env.get("SLURM_NODEID", 0))
+        counts = slurm_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE")
+                                      or env.get("SLURM_TASKS_PER_NODE", ""))
         per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
-        local_world = int(per_node) if per_node.isdigit() else max(1, ntasks // max(1, nnodes))
+        if 0 <= node_id < len(counts):
+            local_world = counts[node_id]
+        else:
+            local_world = int(per_node) if per_node.isdigit() else max(1, ntasks // max(1, nnodes))
         return LaunchEnv(
             rank=int(env["SLURM_PROCID"]), world_size=ntasks,
             local_rank=int(env.get("SLURM_LOCALID", 0)), local_world_size=local_world,
-            node_rank=int(env.get("SLURM_NODEID", 0)),
+            node_rank=node_id,
             master_addr=env.get("MASTER_ADDR", nodes[0]),
             master_port=int(env.get("MASTER_PORT", slurm_master_port(env.get("SLURM_JOB_ID", "")))),
             launcher="slurm", hostname=host,
-            restart_count=int(env.get("SLURM_RESTART_COUNT", 0)))
+            restart_count=int(env.get("SLURM_RESTART_COUNT", 0)),
+            step_layout_problem=_slurm_step_problem(counts, env.get("SLURM_DISTRIBUTION", "")))
     raise NoLauncherError("no launcher environment found (neither RANK/WORLD_SIZE nor "
                           "SLURM_PROCID are set)", fix=no_launcher_fix(command, world))
+
+
+def slurm_tasks_per_node(spec: str) -> list[int]:
+    """SLURM's compressed tasks per node (``2(x3),1``: 2, 2, 2, 1) as a list; [] if unreadable."""
+    out: list[int] = []
+    for part in spec.split(",") if spec else []:
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            return []
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def _slurm_step_problem(counts: list[int], distribution: str) -> str | None:
+    """What every task of the step sees alike that no plan's placement allows (a plan puts
+    gpus_per_node consecutive ranks on each node)."""
+    if len(set(counts)) > 1:
+        return (f"the step runs {','.join(map(str, counts))} tasks on its {len(counts)} nodes "
+                "(SLURM_STEP_TASKS_PER_NODE): a plan puts the same number on every node")
+    nodes_way = distribution.split(":")[0].split(",")[0].strip().lower()
+    if nodes_way and nodes_way not in ("block", "*"):
+        return (f"srun's distribution is {distribution} (SLURM_DISTRIBUTION): ranks are not "
+                "laid out node by node as the plan places them")
+    return None
 
 
 def node_name(env: LaunchEnv, plan: "Plan") -> str:

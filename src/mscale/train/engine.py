@@ -88,6 +88,11 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
     """Refuse to run when the launcher put this rank on a different node than the plan says:
     TP groups would then cross nodes and every step would crawl over the NICs."""
     placement = placement_for(plan)
+    if env.step_layout_problem:  # every rank sees it: all refuse now, none waits for the rest
+        raise MscaleError(env.step_layout_problem, field="placement",
+                          fix=f"srun -N {plan.cluster.nodes} --ntasks-per-node "
+                              f"{plan.cluster.gpus_per_node} (block distribution, SLURM's "
+                              "default)")
     if env.world_size != placement.world:
         raise MscaleError(f"the launcher started {env.world_size} processes but the plan needs "
                           f"{placement.world}", field="layout",
