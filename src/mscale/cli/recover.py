@@ -12,6 +12,7 @@ a run directory a live job holds: `mscale.recover.liveness`).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -47,13 +48,26 @@ RELAUNCH_ENDS = {
 """What train's own exit codes (docs/train.md, "Exit codes") say about the relaunched job."""
 
 
-def relaunch_exit_code(rc: int) -> int:
-    """The job's own code when it is one of train's, so that a halt on request (1) reads as
-    one, not as a failure of recover; 3 for anything else (a signal's -N, a launcher's 255)."""
-    return rc if rc in RELAUNCH_ENDS else EXIT_BAD_INPUT
+SUBMITTERS = ("sbatch", "scontrol")
+"""Relaunch commands that queue the job and return: their exit code is the submission's, not
+the job's (which runs on, and ends later)."""
 
 
-def relaunch_end_text(rc: int) -> str:
+def submits(command: list[str]) -> bool:
+    return bool(command) and os.path.basename(command[0]) in SUBMITTERS
+
+
+def relaunch_exit_code(rc: int, command: list[str]) -> int:
+    """The job's own code when the command ran the job and the code is one of train's, so that
+    a halt on request (1) reads as one, not as a failure of recover; 3 for anything else (a
+    failed submission, a signal's -N, a launcher's 255)."""
+    return rc if rc in RELAUNCH_ENDS and not submits(command) else EXIT_BAD_INPUT
+
+
+def relaunch_end_text(rc: int, command: list[str]) -> str:
+    if submits(command):
+        return (f"the relaunch command ({os.path.basename(command[0])}) failed with code {rc}: "
+                "its own output above says why")
     what = RELAUNCH_ENDS.get(rc)
     if what is None:
         what = f"killed by signal {-rc}" if rc < 0 else "ended abnormally"
@@ -110,9 +124,9 @@ def recover_cmd(
     if execute and plan.command:
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document
         if rc != 0:
-            code = relaunch_exit_code(rc)
+            code = relaunch_exit_code(rc, plan.command)
             if not as_json:
-                sys.stderr.write(f"recover: {relaunch_end_text(rc)}\n")
+                sys.stderr.write(f"recover: {relaunch_end_text(rc, plan.command)}\n")
     if as_json:
         from mscale.cli.output import print_json
 

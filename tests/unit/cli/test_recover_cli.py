@@ -171,6 +171,28 @@ def test_execute_ends_with_the_relaunched_jobs_own_code(cli, run, state, monkeyp
     assert got == doc["exit_code"] == code and doc["launch_exit_code"] == rc
 
 
+@pytest.mark.parametrize("submitter", ["sbatch", "/usr/bin/scontrol"])
+def test_a_failed_submission_is_exit_3_not_read_as_the_jobs_code(cli, run, state, monkeypatch,
+                                                                 submitter):
+    """sbatch/scontrol return at once: their 1 is a failed submission (a job already pending,
+    a bad option), not train's 'stopped on request'."""
+    from mscale.recover import decide
+
+    real = decide.plan_recovery
+
+    def planned(*a, **k):
+        plan = real(*a, **k)
+        plan.command = [submitter, "requeue", "88"]
+        return plan
+
+    monkeypatch.setattr(decide, "plan_recovery", planned)
+    monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
+    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: 1)
+    code, out, err = cli("recover", str(run), "--execute", "--no-recheck")
+    name = submitter.rsplit("/", 1)[-1]
+    assert code == 3 and f"recover: the relaunch command ({name}) failed with code 1" in err, err
+
+
 def test_the_group_still_routes_its_own_subcommands(cli):
     code, out, _ = cli("recover", "--help")
     assert code == 0 and "supervise" in out and "diagnose" in out
