@@ -80,8 +80,9 @@ def check_rendezvous_host(addr: str) -> None:
             why = str(e) or "not a valid host name"
         raise MscaleError(f"the rendezvous host {addr!r} does not resolve on "
                           f"{socket.gethostname()} ({why})", field="MASTER_ADDR",
-                          fix="export MASTER_ADDR to an address of rank 0's node that every "
-                              "node can reach (docs/slurm.md, 'Rendezvous')")
+                          fix="set MASTER_ADDR, inside the step, to an address of rank 0's "
+                              "node that every node can reach (docs/slurm.md, the "
+                              "'Rendezvous:' item)")
 
 
 RESOLVE_TRIES = 5

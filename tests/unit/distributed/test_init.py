@@ -18,7 +18,7 @@ def test_a_name_that_does_not_resolve_names_master_addr_and_the_fix():
     with pytest.raises(MscaleError) as e:
         check_rendezvous_host("no-such-node.invalid")  # .invalid never resolves (RFC 2606)
     assert e.value.field == "MASTER_ADDR" and "'no-such-node.invalid' does not resolve" in str(e.value)
-    assert "export MASTER_ADDR" in e.value.fix
+    assert "set MASTER_ADDR, inside the step" in e.value.fix
 
 
 def test_a_malformed_host_is_refused_in_the_same_line():
