@@ -3,6 +3,7 @@
 # path against real srun/sbatch rather than a mock. How it works: docs/slurm.md.
 #
 #   scripts/slurm-local.sh start    install if missing, start munged/slurmctld/4×slurmd, wait idle
+#                                   (a controller it starts forgets the jobs of earlier runs)
 #   scripts/slurm-local.sh stop     stop exactly the daemons this script started
 #   scripts/slurm-local.sh status   sinfo
 #
@@ -114,7 +115,10 @@ start() {
   start_daemon munged /run/munge/munged.pid munged su -s /bin/sh munge -c /usr/sbin/munged
 
   write_conf
-  start_daemon slurmctld /run/slurmctld.pid slurmctld /usr/sbin/slurmctld
+  # -c: a controller we start begins with no jobs. Its saved state may hold a job from a machine
+  # that went down mid-test (an allocation whose srun is gone): recovered, it would hold all four
+  # nodes 'alloc' forever (InactiveLimit 0, MaxTime INFINITE) and every later job would wait.
+  start_daemon slurmctld /run/slurmctld.pid slurmctld /usr/sbin/slurmctld -c
   for n in "${NODES[@]}"; do
     start_daemon slurmd "/run/slurmd-$n.pid" "slurmd-$n" /usr/sbin/slurmd -N "$n"
   done

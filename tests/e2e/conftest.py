@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -57,6 +58,28 @@ def _stop() -> None:
     subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, timeout=120)
 
 
+def _cancel_our_jobs(wait_s: float = 60) -> None:
+    """Cancel every job the tests submitted and wait until SLURM has let go of their nodes.
+
+    A test that times out kills its ``srun``/``sbatch --wait`` but not the job: a pending or
+    running job left behind would hold the nodes and make every later SLURM test wait too."""
+    subprocess.run(["scancel", "--name", JOB_NAME], capture_output=True, timeout=30)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        left = subprocess.run(["squeue", "-h", "--name", JOB_NAME, "-o", "%i"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        if not left:
+            return
+        time.sleep(0.5)
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "slurm" in request.fixturenames:
+        _cancel_our_jobs()
+
+
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[Slurm]:
     """Bring the local SLURM up once per session; stop it at the end if this session started it."""
@@ -79,6 +102,6 @@ def slurm() -> Iterator[Slurm]:
     try:
         yield Slurm()
     finally:
-        subprocess.run(["scancel", "--name", JOB_NAME], capture_output=True, timeout=30)
+        _cancel_our_jobs()
         if started:
             _stop()
