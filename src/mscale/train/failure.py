@@ -197,7 +197,7 @@ def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int
     else:
         sys.stderr.write(line + "\n")
     if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does it
-        _stop_event(run, rank, node, kind, line)
+        _stop_event(run, rank, node, kind, line, _console_text(exc))
     # 3 for every failure: a damaged checkpoint's MscaleError carries verify's 2, which for
     # train would read as "NaN stop"
     return EXIT_BAD_INPUT
@@ -212,11 +212,23 @@ def _interrupted_event(run: RunDir) -> None:
               evidence={"reason": "interrupted", "signal": "SIGINT", "code": EXIT_INTERRUPTED})
 
 
-def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str) -> None:
-    """Under srun/torchrun nobody else sees the job end: rank 0 records its own view."""
+def _stop_event(run: RunDir, rank: int, node: str, kind: str, line: str, text: str) -> None:
+    """Under srun/torchrun nobody else sees the job end: rank 0 records its own view.
+
+    A network error or a timeout (`AFTERMATH`) is mostly a peer's failure seen from rank 0: a
+    task killed on node3 reaches rank 0 as ``Connection closed by peer``. Such an event names no
+    rank or node, so that watch's stop line does not put rank 0's node in the place of the
+    failed one; recover finds that one from every rank's error file and SLURM's log."""
+    if kind in AFTERMATH:
+        waited = "timed out waiting for a peer" if kind == "timeout" else "lost a peer"
+        fields = {"ranks": [], "nodes": [],
+                  "message": f"rank {rank} on {node} {waited} ({kind}): {text}; `mscale "
+                             "recover RUN` names the rank that failed"}
+    else:
+        fields = {"ranks": [rank], "nodes": [node], "message": line}
     _own_stop(run, rank, kind="hang" if kind == "timeout" else "stop", severity="critical",
-              ranks=[rank], nodes=[node], message=line,
-              evidence={"kind": kind, "error_file": f"logs/rank{rank}.error.json"})
+              evidence={"kind": kind, "error_file": f"logs/rank{rank}.error.json",
+                        "observer": {"rank": rank, "node": node}}, **fields)
 
 
 def _own_stop(run: RunDir, rank: int, **fields) -> None:

@@ -153,6 +153,36 @@ def test_rank_0s_own_stop_event_under_srun_names_the_launch(tmp_path, monkeypatc
     assert event["kind"] == "stop" and event["evidence"]["run_id"] == "slurm-41"
 
 
+@pytest.mark.parametrize("exc, kind, names", [
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.3]:4"),
+     "stop", False),
+    (RuntimeError("Wait timeout after 30000ms"), "hang", False),
+    (RuntimeError("boom"), "stop", True)])
+def test_rank_0s_view_of_a_peers_failure_names_no_node(tmp_path, monkeypatch, capsys, exc, kind,
+                                                      names):
+    """Under srun a task killed on node3 reaches rank 0 as a closed connection: rank 0's stop
+    event must not name rank 0's node as the failure (watch's stop line would blame node1).
+    Its own crash still names it."""
+    import json
+
+    from mscale.watch.ending import job_end
+
+    monkeypatch.setenv("MSCALE_LAUNCHER", "slurm")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    run = RunDir(str(tmp_path))
+    assert report_failure(run, 0, "node1", exc) == 3
+    (event,) = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert event["kind"] == kind and event["evidence"]["observer"] == {"rank": 0, "node": "node1"}
+    end = job_end(event)
+    assert end.severity == "critical" and end.exit_code == 3
+    if names:
+        assert event["nodes"] == ["node1"] and end.nodes == ["node1"]
+    else:
+        assert event["nodes"] == [] and event["ranks"] == [] and end.nodes == []
+        assert "rank 0 on node1" in end.line() and "peer" in end.line(), end.line()
+        assert "pair.cc" not in end.line()
+
+
 def test_rank_0s_failed_start_is_reported_before_its_peers_are_told(tmp_path, capsys):
     """agree_on_rank0 reports rank 0's error (line and error file) before the broadcast that
     lets its peers exit: a --local launcher stops every worker once one has exited, and rank 0
