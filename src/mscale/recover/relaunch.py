@@ -21,7 +21,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mscale.hostlist import collect_hostlist
+from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.diagnose.evidence import evidence_of
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
@@ -326,6 +326,40 @@ def _local_run_dir(argv: list[str], cwd: str | None) -> str | None:
     return os.path.normpath(os.path.join(cwd or os.getcwd(), value))
 
 
+QUEUED_AGAIN = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+"""States of a batch job that SLURM put back in the queue itself after the failure (a node
+failure with ``--requeue``, an operator's requeue): the job will run again. ``RUNNING`` is not
+one: a batch script that runs ``mscale recover --execute`` after its failed ``srun`` (the loop
+in docs/recover.md) is the job itself, and requeues itself."""
+
+
+def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_node: int,
+                  nodes_before: int) -> Relaunch:
+    """The failed job is queued again: a second submission would train twice into one run
+    directory, and ``scontrol requeue`` of a pending job fails. When nothing changes there is
+    nothing to do; when only nodes are to be kept out of the same shape, the queued job is told
+    so; anything else needs it cancelled first."""
+    state = f"JobState={info.get('JobState')}, Restarts={info.get('Restarts', '?')}"
+    if change.unchanged:
+        return Relaunch("slurm", [], [
+            f"SLURM has queued job {job_id} again itself ({state}): when it starts it resumes "
+            f"from the latest checkpoint; nothing to submit (`squeue -j {job_id}` shows it)"])
+    same_shape = change.plan_path is None and change.resume is None and \
+        change.world == nodes_before * ranks_per_node
+    if same_shape:
+        kept_out = sorted(set(expand_hostlist(info.get("ExcNodeList") or "")
+                              if info.get("ExcNodeList") not in (None, "", "(null)") else [])
+                          | set(change.excluded))
+        return Relaunch("slurm", ["scontrol", "update", f"JobId={job_id}",
+                                  f"ExcNodeList={collect_hostlist(kept_out)}"], [
+            f"SLURM has queued job {job_id} again itself ({state}): it is kept, told to stay "
+            f"off {collect_hostlist(change.excluded)}"])
+    return Relaunch("slurm", [], [
+        f"SLURM has queued job {job_id} again itself ({state}), but the relaunch needs a new "
+        f"plan or an older checkpoint: cancel it (`scancel {job_id}`) and run `mscale recover` "
+        "again; a new job beside it would train twice into one run directory"])
+
+
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
     """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
     around the rewritten ``srun`` line."""
@@ -333,6 +367,8 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
     job_id = str(slurm.get("job_id") or "")
     info = scontrol_job(job_id, run) if job_id else {}
     batch = info.get("BatchFlag") == "1"
+    if batch and info.get("JobState") in QUEUED_AGAIN:
+        return _queued_again(job_id, info, change, ranks_per_node, len(launch.nodes))
     if change.unchanged and batch:
         return Relaunch("slurm", ["scontrol", "requeue", job_id])
     nnodes = max(1, change.world // max(1, ranks_per_node))

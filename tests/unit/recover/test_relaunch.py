@@ -106,6 +106,40 @@ def test_slurm_requeues_a_batch_job_when_nothing_changes():
     assert run.calls == [["scontrol", "show", "job", "-o", "42"]]
 
 
+def test_a_job_slurm_queued_again_itself_is_left_to_run():
+    """A node failure requeues a --requeue batch job before recover runs: `scontrol requeue` of
+    a pending job fails, and a new submission would train twice into one run directory."""
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "PENDING", "Restarts": "1"})
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert out.command == [] and "queued job 42 again" in out.notes[0]
+    assert "JobState=PENDING, Restarts=1" in out.notes[0]
+
+
+def test_a_queued_again_job_is_told_to_keep_off_the_excluded_node():
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "PENDING", "Restarts": "1", "ExcNodeList": "node7"})
+    change = Change(world=8, nodes=["node1", "node2", "node4", "node5"], excluded=["node3"])
+    out = relaunch(slurm_launch(), change, 2, run=run)
+    assert out.command == ["scontrol", "update", "JobId=42", "ExcNodeList=node[3,7]"]
+
+
+def test_a_queued_again_job_that_needs_a_new_plan_must_be_cancelled_first():
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "PENDING", "ExcNodeList": "(null)"})
+    out = relaunch(slurm_launch(), shrink(), 2, run=run)
+    assert out.command == [] and "scancel 42" in out.notes[0]
+
+
+def test_a_batch_job_still_running_is_requeued_as_before():
+    """recover --execute inside the batch script after its failed srun: the job is RUNNING and
+    requeues itself (the loop in docs/recover.md)."""
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "RUNNING"})
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert out.command == ["scontrol", "requeue", "42"]
+
+
 def test_slurm_reuses_the_batch_script_when_it_can_run_unchanged(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nsrun mscale train plan.yaml --run-dir r\n")
