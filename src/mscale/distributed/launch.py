@@ -201,6 +201,9 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
         for note in stops.take_notes():
             view.line(note + "\n")
         if any(c is not None for c in codes):
+            # the workers whose collectives fail next ask whether the launcher is gone too:
+            # it is not, and says so (distributed/lifeline.py), so none waits to be sure
+            lifeline.tell_alive()
             view.close()  # a worker ended: what follows is about that, not the start
             if not first_end_judged:  # once, at the first end seen, before `_watch` signals
                 first_end_judged.append(True)  # any worker (its SIGTERMs, its SIGKILLs)

@@ -11,9 +11,17 @@ How: the launcher listens on a Unix socket for the whole job (`Lifeline`; an abs
 Linux, nothing on disk to leave behind; a socket file in a private temporary directory
 elsewhere) and gives its address to the workers (`LIFELINE_ENV`). Each worker connects once, at
 its start, and a daemon thread blocks reading the connection (`watch_launcher`). Nothing is ever
-sent on it: the read returns only when the launcher's process is gone — the kernel closes a
-process's sockets however it dies — so a worker knows at once, without polling. A launcher gone
-before a worker connects refuses the connection: the same verdict, at once.
+sent on it but one byte, `ALIVE`, once the launcher has seen a worker end: the read returns
+empty only when the launcher's process is gone — the kernel closes a process's sockets however
+it dies — so a worker knows at once, without polling. A launcher gone before a worker connects
+refuses the connection: the same verdict, at once.
+
+Why the byte: a worker whose collective fails because a peer died asks whether the launcher is
+gone too (a dead launcher's workers stop themselves, and their peers see only a lost
+connection). Without an answer it could only wait for the end-of-file that never comes, up to
+`train.worker.LAUNCHER_CONFIRM_S`, and each hop of a failure (rank 5 dies, its peers wait and
+exit, their peers wait...) added that wait again: 6 s from a killed worker to the job's end at
+world 8. The launcher sees a worker's end within a poll and says so.
 
 Why not the alternatives:
 
@@ -60,6 +68,9 @@ REPORT_DEADLINE_S = 20.0
 """Most seconds a worker spends saying why it stops (its error file, rank 0's event) before it
 exits anyway: a run directory on a stalled filesystem must not keep it alive."""
 
+ALIVE = b"A"
+"""What the launcher sends each worker once it has seen a worker end: it is alive, and knows."""
+
 EXIT_CODE = 3
 """A worker that stopped because its launcher is gone exits 3 ("could not run"); nobody is left
 to read it, but the contract holds."""
@@ -89,6 +100,7 @@ class Lifeline:
             self.close()
             raise
         self._conns: list[socket.socket] = []
+        self._told = False
 
     def accept(self) -> int:
         """Accept the connections waiting; returns how many are held."""
@@ -104,6 +116,19 @@ class Lifeline:
                 break
             self._conns.append(conn)
         return len(self._conns)
+
+    def tell_alive(self) -> None:
+        """Tell every worker connected that the launcher is alive and has seen a worker end
+        (module docstring). Once: later calls do nothing. Never blocks, never raises."""
+        if self._told:
+            return
+        self._told = True
+        self.accept()
+        for conn in self._conns:
+            try:
+                conn.send(ALIVE, socket.MSG_DONTWAIT)
+            except OSError:  # that worker is gone, or its buffer full: it has its answer
+                pass
 
     def close(self) -> None:
         for s in [*getattr(self, "_conns", []), self._sock]:
@@ -128,11 +153,14 @@ def _connect_address(address: str) -> str:
 class LauncherWatch:
     """A worker's end: a connection to the launcher's `Lifeline` and the thread that waits on
     it. ``on_gone(why)`` runs once, on that thread, when the launcher is gone (it normally ends
-    the process); `gone` is set just before."""
+    the process); `gone` is set just before. `alive` is set when the launcher says it has seen
+    a worker end (`Lifeline.tell_alive`)."""
 
     def __init__(self, address: str, on_gone: Callable[[str], None]):
         self.address, self.on_gone = address, on_gone
         self.gone = threading.Event()
+        self.alive = threading.Event()
+        self._answered = threading.Event()  # gone or alive: what wait_gone waits for
         self._lock = threading.Lock()
         self._fired = False
         self._sock: socket.socket | None = None
@@ -156,8 +184,9 @@ class LauncherWatch:
 
     def _wait(self, sock: socket.socket) -> None:
         try:
-            while sock.recv(4096):  # the launcher never sends: data would only be ignored
-                pass
+            while sock.recv(4096):  # only ALIVE is ever sent
+                self.alive.set()
+                self._answered.set()
         except OSError:
             pass
         self._fire("is gone: its connection to this worker closed")
@@ -168,13 +197,16 @@ class LauncherWatch:
                 return
             self._fired = True
         self.gone.set()
+        self._answered.set()
         self.on_gone(why)
 
     def wait_gone(self, timeout: float) -> bool:
         """Whether the launcher is gone, waiting up to ``timeout`` s for the watch to see it: a
         peer that stopped because the launcher is gone makes this worker's collective fail a
-        moment before this worker's own watch wakes."""
-        return self.gone.wait(timeout)
+        moment before this worker's own watch wakes. A launcher that has said it is alive
+        (it saw a worker end) answers False at once."""
+        self._answered.wait(timeout)
+        return self.gone.is_set()
 
     def close(self) -> None:
         """Stop watching (tests): the thread sees the connection end, and does nothing."""

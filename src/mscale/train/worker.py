@@ -37,7 +37,8 @@ LAUNCHER_CONFIRM_S = 2.0
 """How long a failing ``--local`` worker whose failure looks like a lost peer (network, timeout,
 console) waits for its launcher watch before reporting the failure as its own: the launcher's
 death wakes every worker's watch at once, but a peer that stopped a moment earlier breaks this
-worker's collective first."""
+worker's collective first. A living launcher that has seen a worker end says so at once
+(`Lifeline.tell_alive`), so the wait is this long only when nobody answers."""
 
 LOST_PEER_KINDS = ("network", "timeout", "console")
 

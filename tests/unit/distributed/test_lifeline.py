@@ -109,6 +109,25 @@ def test_a_closed_watch_says_nothing():
         assert not watch._thread.is_alive() and not seen.why
 
 
+def test_a_launcher_that_saw_a_worker_end_answers_alive_at_once():
+    """The peers of a dead worker ask whether the launcher is gone too. Without the launcher's
+    word each waited out its whole timeout, hop by hop (6 s at world 8); with it, at once."""
+    with Lifeline() as line:
+        seen = _Seen()
+        watch = LauncherWatch(line.address, seen).start()
+        _wait_until(lambda: line.accept() == 1, "the connection accepted")
+        t0 = time.monotonic()
+        assert watch.wait_gone(0.2) is False and time.monotonic() - t0 >= 0.2  # no word: waits
+        line.tell_alive()
+        line.tell_alive()  # once: a second call sends nothing
+        t0 = time.monotonic()
+        assert watch.wait_gone(DEADLINE_S) is False
+        assert time.monotonic() - t0 < 5 and watch.alive.is_set() and not seen.why
+    # the launcher's end is still seen after it said it was alive
+    assert seen.event.wait(DEADLINE_S) and watch.gone.is_set()
+    assert watch.wait_gone(0) is True
+
+
 @pytest.mark.parametrize("environ", [
     {},  # a plain process
     {"MSCALE_LAUNCHER": "torchrun", LIFELINE_ENV: "@x"},  # not ours: the variable leaked
