@@ -440,7 +440,7 @@ def test_a_rank_stopped_at_start_up_is_named_within_the_timeout(tmp_path):
     finally:
         os.kill(pid, signal.SIGKILL) if os.path.exists(f"/proc/{pid}") else None
     assert proc.returncode == 3, out
-    assert_timed_out_after(run, 4)
+    assert_timed_out_after(run, 4, at_connect=True)
     # the whole console on failure (pytest elides a long string's middle, the line that matters)
     assert "rank(s) 3 on node2 stopped answering (process stopped)" in out, \
         out + "".join(f"\n{p.name}: {p.read_text()[-1500:]}"
