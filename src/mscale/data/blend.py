@@ -83,7 +83,8 @@ def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[Da
     opened = []
     for source, where in named:
         try:
-            opened.append((source, open_dataset(source.path, dtype=dtype), where))
+            opened.append((source, open_dataset(source.path, dtype=dtype, flat_only=True),
+                           where))
         except MscaleError as e:
             if e.field is None or not e.field.startswith("training."):
                 e.message = f"{e.message} (named by {where})"

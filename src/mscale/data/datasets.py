@@ -85,16 +85,21 @@ def _open_group(spec: str, files: list[str], dtype: np.dtype | None) -> list[Sha
     return _parallel(open_prefix, [(p,) for _, p in resolved])
 
 
-def open_dataset(spec: str, *, dtype: str | None = None) -> TokenDataset:
+def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False) -> TokenDataset:
     """Open a token source: a manifest folder, a Megatron prefix (or its .bin/.idx), a flat token
-    file (``dtype``, default uint16), or a folder/glob of Megatron prefixes, local or remote."""
+    file (``dtype``, default uint16), or a folder/glob of Megatron prefixes, local or remote.
+
+    ``dtype`` given for one source (``data inspect --dtype``) must agree with what a manifest or
+    an index records. ``flat_only``: it is a blend's one ``data.dtype``, which speaks for its
+    flat files and is no claim about the sources that record their own: a blend of a uint32
+    flat file and a uint16 prepared folder is fine."""
     want = None if dtype is None else np.dtype(dtype)
     if want is not None and want.kind not in "iu":
         raise _bad(f"token dtype {want} is not an integer type", spec, "dtype",
                    "use uint16 or uint32")
     what = "glob" if any(c in spec for c in "*?[") else kind(spec)
     if what == "dir" and kind(join(spec, MANIFEST)) == "file":
-        return _open_manifest(spec.rstrip("/"), spec, want)
+        return _open_manifest(spec.rstrip("/"), spec, None if flat_only else want)
     if what == "glob":
         shards = _open_group(spec, _glob(spec), want)
     elif what == "dir":
@@ -108,7 +113,7 @@ def open_dataset(spec: str, *, dtype: str | None = None) -> TokenDataset:
     else:
         raise _bad("no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)", spec,
                    None, "check the path")
-    return _checked(spec, shards, want)
+    return _checked(spec, shards, None if flat_only else want)
 
 
 def _glob(spec: str) -> list[str]:

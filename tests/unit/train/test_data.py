@@ -53,6 +53,22 @@ def test_token_file_errors_name_field(tmp_path):
         make_source(DataConfig(path=str(path)), 0, 8, 100)
 
 
+def test_a_blends_dtype_speaks_for_its_flat_files_only(tmp_path):
+    """A uint32 flat file blended with a uint16 prepared folder: data.dtype uint32 reads the
+    flat file right and makes no claim about the folder. (The folder's error used to say "drop
+    the dtype option", which made the flat file read as uint16: every other token 0.)"""
+    prepared(tmp_path / "p", [[5, 6, 7, 8] * 10] * 4)
+    np.arange(70000, 70000 + 2000, dtype=np.uint32).tofile(tmp_path / "big.bin")
+    cfg = DataConfig(sources=[{"path": str(tmp_path / "p")}, {"path": str(tmp_path / "big.bin")}],
+                     dtype="uint32", shuffle=False)
+    src = make_source(cfg, 0, 10, 80000)
+    flat = [p.dataset for p in src.samples.parts if p.dataset.url.endswith("big.bin")][0]
+    assert flat.shards[0].dtype == np.uint32 and flat.num_tokens == 2000
+    with pytest.raises(MscaleError, match="dtype given is uint32"):  # one source, stated: checked
+        from mscale.data.datasets import open_dataset
+        open_dataset(str(tmp_path / "p"), dtype="uint32")
+
+
 def _blend(tmp_path) -> DataConfig:
     rng = np.random.default_rng(0)
     with IndexedWriter(str(tmp_path / "a"), np.uint16) as w:
