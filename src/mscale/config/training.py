@@ -41,6 +41,10 @@ class DataSource(StrictModel):
     """Share of the blend, relative to the other sources' weights (normalised)."""
 
 
+TOKEN_FIELDS = ("path", "sources", "eval_sources", "eval_fraction", "dtype")
+"""Fields of ``data`` that only real token data has."""
+
+
 class DataConfig(StrictModel):
     """Where tokens come from, how they are mixed and shuffled, and what is held out."""
 
@@ -67,17 +71,20 @@ class DataConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _kind_from_sources(cls, data):
-        """``path`` or ``sources`` without ``kind`` means real tokens."""
-        if isinstance(data, dict) and "kind" not in data and (data.get("path") or data.get("sources")):
+        """Any field of real token data without ``kind`` means real tokens, even empty: a
+        ``path:`` left blank by a template, ``sources: []`` or a held-out fraction alone must be
+        an error naming the field, not a run on the synthetic stream that exits 0."""
+        if isinstance(data, dict) and "kind" not in data and any(k in data for k in TOKEN_FIELDS):
             data = {**data, "kind": "tokens"}
         return data
 
     @model_validator(mode="after")
     def _path(self) -> "DataConfig":
         if self.kind == "tokens" and not (self.path or self.sources):
-            raise FieldError("path", "kind 'tokens' needs a path or sources: a dataset prepared "
-                             "by `mscale data prepare`, a Megatron .bin/.idx prefix or a flat "
-                             "uint16/uint32 token file")
+            raise FieldError("path", "real token data needs a path or sources: a dataset "
+                             "prepared by `mscale data prepare`, a Megatron .bin/.idx prefix "
+                             "or a flat uint16/uint32 token file (the synthetic stream takes "
+                             f"none of {', '.join(TOKEN_FIELDS)}: leave them out)")
         if self.path and self.sources:
             raise FieldError("sources", "give either path (one source) or sources, not both")
         if self.kind == "synthetic" and (self.path or self.sources or self.eval_sources):

@@ -295,6 +295,26 @@ def test_training_contradictions_name_the_field_and_the_fix(tmp_path, extra, fie
     assert err.field == field and fix in err.fix
 
 
+@pytest.mark.parametrize("data", [
+    "{path: null, shuffle: true, eval_fraction: 0.05}",  # a template's blank variable
+    "{sources: []}",
+    "{eval_fraction: 0.1}",
+    "{dtype: uint32}",
+])
+def test_a_data_section_without_a_source_is_refused_not_trained_on_synthetic_tokens(tmp_path,
+                                                                                 data):
+    """Each of these used to train on the synthetic stream and exit 0 (helper-42's trial)."""
+    err = refused(TrainingConfig, tmp_path, TRAINING + f"data: {data}\n")
+    assert err.field == "data.path" and "needs a path or sources" in err.message
+
+
+def test_no_data_section_or_shuffle_alone_is_the_synthetic_stream(tmp_path):
+    for text in (TRAINING, TRAINING + "data: {shuffle: false}\n", TRAINING + "data: {}\n"):
+        f = tmp_path / "t.yaml"
+        f.write_text(text)
+        assert load_model(TrainingConfig, f).data.kind == "synthetic"
+
+
 def test_warmup_as_long_as_the_run_is_allowed_and_the_default_fits_a_short_run(tmp_path):
     f = tmp_path / "t.yaml"
     f.write_text(TRAINING + "steps: 10\nwarmup_steps: 10\n")
