@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator
 
 from fsspec.implementations.local import LocalFileSystem
 
+from mscale.data.compressed import open_compressed
 from mscale.errors import MscaleError
 from mscale.urls import fs_and_path
 
@@ -162,8 +163,8 @@ def _decode(raw: bytes, url: str, offset: int, line: int | None = None) -> str:
 
 def _open(src: Source):
     fs, path = fs_and_path(src.url)
-    try:
-        return fs.open(path, "rb", compression=src.compression)
+    try:  # a truncated compressed file is a named error, not a shorter corpus
+        return open_compressed(fs, path, src.url, src.compression)
     except FileNotFoundError:
         raise MscaleError("input disappeared while being read", file=src.url,
                           fix="rerun once the input is stable") from None
