@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from mscale.config.records import Event
 from mscale.train.console import resume_text, start_line
-from mscale.train.data import DataIdentity, describe_data, held_out_repeats
+from mscale.train.data import (DataIdentity, describe_data, held_out_repeats,
+                               never_evaluated)
 from mscale.train.off_gpu import off_gpu_line
 from mscale.train.resumed import is_own, model_note, resume_notes
 from mscale.train.session import RunSession, Start, launch_record
@@ -42,6 +43,9 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
         event(s, kind="info", message=off_gpu,
                evidence={"planned_gpu": plan.cluster.gpu.name, "device": str(engine.device)})
     say(engine, describe_data(plan.training.data))
+    unread = never_evaluated(plan.training)
+    if unread:
+        say(engine, unread)
     if engine.eval_loader is not None:
         repeats = held_out_repeats(engine.loader.source,
                                    plan.training.eval.batches * plan.training.global_batch)

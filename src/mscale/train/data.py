@@ -311,6 +311,16 @@ def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> lis
     return out
 
 
+def never_evaluated(training) -> str | None:
+    """A line when real data holds a split out that no evaluation reads (``eval.interval`` 0):
+    its tokens are never trained on and never measured, and nothing else would say so."""
+    data = training.data
+    if data.kind == "tokens" and data.has_eval and not training.eval.interval:
+        return ("note: a held-out split is set aside but never evaluated (training.eval.interval "
+                "is 0): set it, e.g. `eval: {interval: 100}`, for a held-out loss")
+    return None
+
+
 def held_out_repeats(source, reads: int) -> str | None:
     """A line when an evaluation of ``reads`` held-out samples (``eval.batches`` global
     batches) reads some source's held-out samples more than once: its loss is then a mean over

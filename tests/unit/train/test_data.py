@@ -234,3 +234,17 @@ def test_the_start_line_says_the_sources_their_shares_and_the_held_out_part():
     assert describe_data(DataConfig(path="a", eval_sources=[{"path": "h"}])) == \
         "data: a; held-out: h"
     assert describe_data(DataConfig()).startswith("data: synthetic")
+
+
+def test_a_held_out_split_nobody_evaluates_is_said():
+    from mscale.config.training import TrainingConfig
+    from mscale.train.data import never_evaluated
+
+    def cfg(**kw):
+        return TrainingConfig.model_validate({"global_batch": 8, **kw})
+
+    assert "never evaluated" in never_evaluated(cfg(data={"path": "a", "eval_fraction": 0.05}))
+    assert never_evaluated(cfg(data={"path": "a", "eval_fraction": 0.05},
+                               eval={"interval": 10})) is None
+    assert never_evaluated(cfg(data={"path": "a"})) is None  # nothing held out
+    assert never_evaluated(cfg()) is None  # synthetic: its held-out stream costs nothing
