@@ -101,6 +101,9 @@ class Checkpointer:
         """That checkpoint's train state: where the loader counts the data from."""
         self.resumed_model: dict | None = None
         """That checkpoint's ``plan.model`` (train/resumed.py `model_note`)."""
+        self.resume_cleaned: list[str] = []
+        """What the resume tidied in the checkpoint folder (ckpt/resume.py `tidy`): the console
+        says it, since a rollback moves newer checkpoints aside."""
         self.data_position = data_position
         """Samples consumed before a step (the loader's `consumed_before`); None: step · batch."""
         self.fingerprint, self.data_sources = data_fingerprint, data_sources
@@ -336,6 +339,7 @@ class Checkpointer:
         self.resumed_from = point.path
         self.resumed_state = manifest.state
         self.resumed_model = manifest.plan.get("model")
+        self.resume_cleaned = list(point.cleaned)
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "samples": manifest.state.samples,

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from mscale.config.records import Event
-from mscale.train.console import resume_text, start_line
+from mscale.train.console import moved_aside_line, resume_text, start_line
 from mscale.train.data import (DataIdentity, describe_data, held_out_repeats,
                                never_evaluated)
 from mscale.train.off_gpu import off_gpu_line
@@ -94,6 +94,9 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
     if not resumed:
         return
     say(engine, resumed)
+    moved = moved_aside_line(ckpt.resume_cleaned, s.run.ckpt)
+    if moved:
+        say(engine, moved)
     notes = resume_notes(ckpt.resumed_state, plan.training,
                          DataIdentity(ckpt.fingerprint, ckpt.data_sources),
                          is_own(ckpt.resumed_from, s.run.ckpt), ckpt.resumed_from,

@@ -35,6 +35,16 @@ def resume_text(resumed_from: str | None, step: int, steps: int) -> str | None:
     return None if resumed_from is None else resume_line(resumed_from, step, steps)
 
 
+def moved_aside_line(cleaned: list[str], ckpt_dir: str) -> str | None:
+    """What a rollback did to the newer checkpoints (ckpt/resume.py `tidy`), or None: they are
+    moved aside, not deleted, and would otherwise vanish from `ckpt ls` in silence."""
+    moved = [c for c in cleaned if c.startswith("moved ")]
+    if not moved:
+        return None
+    return (f"{'; '.join(moved)}: kept in {ckpt_dir} (not listed by `mscale ckpt ls`, not "
+            "resumed from); delete them when they are no longer wanted")
+
+
 def resume_line(path: str, step: int, steps: int) -> str:
     if step < steps:
         return f"resumed from {path} (step {step}); continuing to step {steps}"

@@ -73,3 +73,14 @@ def test_checkpoint_events_reach_the_console():
     assert checkpoint_line("info", "resumed from x", {}) is None
     assert checkpoint_line("checkpoint", "checkpoint step-000001 committed (final)", {}) == \
         "checkpoint step-000001 committed (final)"
+
+
+def test_a_rollback_says_where_the_newer_checkpoints_went():
+    from mscale.train.console import moved_aside_line
+
+    cleaned = ["removed step-000012 (never committed)",
+               "moved step-000010 to abandoned-step-000010-17 (newer than the resume point)"]
+    line = moved_aside_line(cleaned, "runs/r/ckpt")
+    assert line.startswith("moved step-000010 to abandoned-step-000010-17")
+    assert "runs/r/ckpt" in line and "ckpt ls" in line and "removed" not in line
+    assert moved_aside_line(cleaned[:1], "runs/r/ckpt") is None
