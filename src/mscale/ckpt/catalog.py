@@ -129,7 +129,8 @@ def resolve(path: str) -> str:
     if not fs.isdir(p):
         raise MscaleError("no such checkpoint or run directory", file=path,
                           fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")
-    if fs.exists(join(p, MANIFEST)) or STEP_DIR.match(basename(p)):
+    if fs.exists(join(p, MANIFEST)) or fs.exists(join(p, COMMITTED)) \
+            or STEP_DIR.match(basename(p)):  # a commit marker alone: a damaged checkpoint
         return path
     for root in (join(path, "ckpt"), path):
         if fs.exists(fs_and_path(join(root, LATEST))[1]):
@@ -198,7 +199,12 @@ def load_committed(ckpt: str) -> Manifest:
         raise MscaleError("not committed (no COMMITTED marker): its write never finished",
                           file=ckpt, code=EXIT_CRITICAL,
                           fix="use the run's ckpt/latest or an older committed checkpoint")
-    if raw is None or sha256(raw) != marker.manifest_sha256:
+    if raw is None:
+        raise MscaleError("manifest.json is missing, though the COMMITTED marker says the "
+                          "checkpoint was completed: it was removed after the commit",
+                          file=join(ckpt, MANIFEST), code=EXIT_CRITICAL,
+                          fix="the checkpoint is damaged; use an older one (mscale ckpt ls)")
+    if sha256(raw) != marker.manifest_sha256:
         raise MscaleError("manifest.json does not match the commit marker's sha256",
                           file=join(ckpt, MANIFEST), code=EXIT_CRITICAL,
                           fix="the checkpoint was altered after its commit; use an older one")

@@ -64,7 +64,11 @@ def verify(path: str, quick: bool = False) -> Report:
         _marker(ckpt, None, rep)
         return rep
     if raw is None:
-        rep.problems.append(Problem(MANIFEST, None, "missing: the checkpoint was never completed"))
+        committed = catalog.read_bytes(catalog.join(ckpt, catalog.COMMITTED)) is not None
+        rep.problems.append(Problem(MANIFEST, None, "missing, though COMMITTED says the "
+                                    "checkpoint was completed: removed after the commit"
+                                    if committed else "missing: the checkpoint was never "
+                                    "completed"))
         _marker(ckpt, None, rep)
         return rep
     try:

@@ -91,3 +91,22 @@ def test_a_huggingface_folder_is_told_to_be_converted_first(tmp_path):
         catalog.resolve(str(tmp_path))
     assert "HuggingFace model folder" in str(e.value)
     assert e.value.fix.startswith(f"convert it first: mscale ckpt convert {tmp_path} DST --plan")
+
+
+def test_a_committed_checkpoint_without_its_manifest_is_named_as_damaged_everywhere(tmp_path,
+                                                                                   tensors):
+    """manifest.json deleted after the commit: ls, verify and the loaders used to give three
+    stories (committed; never completed; altered after its commit). Now one: removed after the
+    commit, exit 2, under any name of the directory (helper-42's trial)."""
+    from mscale.ckpt.verify import verify
+
+    _make(str(tmp_path), [3], tensors)
+    ckpt = tmp_path / "mine"
+    (tmp_path / "step-000003").rename(ckpt)
+    (ckpt / "manifest.json").unlink()
+    assert catalog.resolve(str(ckpt)) == str(ckpt)
+    with pytest.raises(MscaleError, match="removed after the commit") as e:
+        catalog.load_committed(str(ckpt))
+    assert e.value.code == 2
+    (problem,) = verify(str(ckpt)).problems
+    assert "removed after the commit" in problem.message
