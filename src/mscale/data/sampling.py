@@ -276,6 +276,17 @@ def split_documents(doc_offsets: np.ndarray | None, num_tokens: int, eval_fracti
         at = int(np.searchsorted(offsets, target, side="left"))
         cut = int(offsets[at]) if at < offsets.size else num_tokens
     need = seq_len + 1
+    if num_tokens < 2 * need:  # no fraction helps: name the size, not the fraction
+        raise MscaleError(f"holds {num_tokens} tokens, too few to split into a training and a "
+                          f"held-out sample of seq_len+1 = {need} tokens each", field=EVAL_FIELD,
+                          fix="give it more data, or name held-out sources with eval_sources")
+    starts = None if doc_offsets is None else \
+        int(np.count_nonzero(np.asarray(doc_offsets) < num_tokens))
+    if starts == 1 and cut >= num_tokens:
+        raise MscaleError("is one document: the held-out split is cut at a document boundary, "
+                          "so there is none", field=EVAL_FIELD,
+                          fix="name held-out sources with eval_sources, or prepare the text as "
+                              "several documents")
     for name, size, fix in (("eval", num_tokens - cut, "raise eval_fraction (the last document "
                              "may be long: the cut is at a document boundary)"),
                             ("train", cut, "lower eval_fraction")):

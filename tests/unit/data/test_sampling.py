@@ -217,6 +217,17 @@ def test_split_documents_errors_name_eval_fraction():
     assert e.value.field == "training.data.eval_fraction"
 
 
+def test_a_source_no_fraction_can_split_says_what_would_help():
+    """A 7-token source at eval_fraction 0.5 was told to raise eval_fraction, already the
+    maximum (helper-42's trial); so was a source of one document, which no fraction can cut."""
+    with pytest.raises(MscaleError, match="holds 7 tokens, too few") as e:
+        split_documents(np.array([0]), 7, 0.5, seq_len=8)
+    assert "eval_sources" in e.value.fix and e.value.field == "training.data.eval_fraction"
+    with pytest.raises(MscaleError, match="one document") as e:
+        split_documents(np.array([0]), 1000, 0.1, seq_len=8)
+    assert "eval_sources" in e.value.fix
+
+
 def test_mixture_end_to_end():
     counts, weights = [300, 40, 1000], [0.5, 0.25, 0.25]
     k = np.arange(8000)
