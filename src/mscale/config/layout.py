@@ -177,8 +177,11 @@ def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingCon
     if cluster is None:
         return
     if layout.world_size != cluster.world_size:
-        raise bad("dp", f"tp·pp·dp = {layout.world_size} but the cluster has {cluster.world_size} "
-                  "GPUs", "make tp·pp·dp equal nodes·gpus_per_node")
+        unset = [k for k in ("tp", "pp", "dp") if k not in layout.model_fields_set]
+        raise bad("dp", f"tp·pp·dp = {layout.tp}·{layout.pp}·{layout.dp} = {layout.world_size} "
+                  f"but the cluster has {cluster.world_size} GPUs"
+                  + (f" ({', '.join(unset)} not set: 1)" if unset else ""),
+                  "make tp·pp·dp equal nodes·gpus_per_node")
     if cluster.domain_size % layout.tp:
         raise bad("tp", f"tp={layout.tp} does not fit a fast domain of {cluster.domain_size} GPUs",
                   "tensor parallelism must stay inside one NVLink domain: pick a divisor of it")

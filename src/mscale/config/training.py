@@ -197,7 +197,9 @@ class TrainingConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> "TrainingConfig":
         if self.min_lr > self.lr:
-            raise FieldError("min_lr", f"{self.min_lr:g} is above lr ({self.lr:g}): the decay "
+            lr = f"{self.lr:g}" + ("" if "lr" in self.model_fields_set else
+                                   ", the default: lr is not set")
+            raise FieldError("min_lr", f"{self.min_lr:g} is above lr ({lr}): the decay "
                              "would go upwards", fix="set min_lr at most lr (often lr/10)")
         if self.warmup_steps > self.steps:
             if "warmup_steps" not in self.model_fields_set:  # the default, on a short run

@@ -324,6 +324,15 @@ def test_no_data_section_or_shuffle_alone_is_the_synthetic_stream(tmp_path):
         assert load_model(TrainingConfig, f).data.kind == "synthetic"
 
 
+def test_a_contradiction_with_a_default_says_the_field_was_not_set(tmp_path):
+    """Leaving lr out gave 'min_lr 0.0005 is above lr (0.0003)', a value the user never wrote
+    (helper-42's trial)."""
+    err = refused(TrainingConfig, tmp_path, TRAINING + "min_lr: 5.0e-4\n")
+    assert err.field == "min_lr" and "the default: lr is not set" in err.message
+    err = refused(TrainingConfig, tmp_path, TRAINING + "lr: 1.0e-4\nmin_lr: 5.0e-4\n")
+    assert "not set" not in err.message
+
+
 def test_warmup_as_long_as_the_run_is_allowed_and_the_default_fits_a_short_run(tmp_path):
     f = tmp_path / "t.yaml"
     f.write_text(TRAINING + "steps: 10\nwarmup_steps: 10\n")

@@ -139,3 +139,14 @@ def test_a_partial_last_pod_is_a_valid_cluster():
     pods of 384); the planner prices it (tests/unit/planner/test_comm.py)."""
     c = ClusterConfig(nodes=4, nodes_per_pod=3, gpu="A100")
     assert c.pod_nodes == 3 and c.num_nodes == 4
+
+
+def test_a_world_mismatch_shows_each_factor_and_which_were_left_unset():
+    """Removing layout.tp gave 'layout.dp: tp·pp·dp = 4', naming dp and not the missing tp
+    (helper-42's trial)."""
+    model = ModelConfig(layers=4, hidden=64, heads=4, vocab=256, seq_len=64)
+    cluster = ClusterConfig(nodes=4, gpus_per_node=2, gpu="cpu")
+    with pytest.raises(MscaleError) as e:
+        check_layout(LayoutConfig(pp=2, dp=2), model, TrainingConfig(global_batch=16), cluster,
+                     source="p.yaml")
+    assert "1·2·2 = 4" in e.value.message and "(tp not set: 1)" in e.value.message
