@@ -198,7 +198,9 @@ def load_committed(ckpt: str) -> Manifest:
     if marker is None:
         raise MscaleError("not committed (no COMMITTED marker): its write never finished",
                           file=ckpt, code=EXIT_CRITICAL,
-                          fix="use the run's ckpt/latest or an older committed checkpoint")
+                          fix="resume from a committed checkpoint: `mscale ckpt ls RUN_DIR` "
+                              "lists them; --resume RUN_DIR/ckpt/step-NNNNNN (when ckpt/latest "
+                              "names this one, it is damaged too)")
     if raw is None:
         raise MscaleError("manifest.json is missing, though the COMMITTED marker says the "
                           "checkpoint was completed: it was removed after the commit",
