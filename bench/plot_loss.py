@@ -28,8 +28,14 @@ def main() -> None:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    records = [json.loads(line) for line in Path(args.run, "metrics.jsonl").read_text().splitlines()
-               if line.strip()]
+    # a resumed attempt records again the steps after its checkpoint: the newest record of each
+    # step is the one the run kept
+    by_step = {}
+    for line in Path(args.run, "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            by_step[r["step"]] = r
+    records = [by_step[s] for s in sorted(by_step)]
     steps = [r["step"] for r in records]
     held = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
     start = args.start if args.start is not None else _start(Path(args.run, "events.jsonl"))

@@ -233,7 +233,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False,
         target = load_checked_plan(plan)
         _check_step_name(dst, 0)
         m = _cleanup_on_error(dst, lambda: import_hf(src, dst, target, level))
-        return _summary(src, dst, "mscale (model only, from HF)", m)
+        return _summary(src, dst, "mscale, model only, from HF", m)
     ckpt = catalog.resolve(src)
     manifest = catalog.load_committed(ckpt)
     if to_hf:
