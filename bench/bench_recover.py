@@ -36,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MSCALE = str(Path(sys.executable).parent / "mscale")
 PLAN = REPO / "src" / "mscale" / "presets" / "cpu-tiny.yaml"
+sys.path.insert(0, str(REPO / "src"))
+from mscale.distributed.launch import pid_file  # noqa: E402 - after the path is set
 
 
 def records(path: Path) -> list[dict]:
@@ -44,16 +46,12 @@ def records(path: Path) -> list[dict]:
 
 
 def worker_pid(run: Path, rank: int) -> int | None:
-    """The pid of this run's worker ``rank`` (its environment names the run directory)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env and any(
-                e.startswith(b"MSCALE_TRAIN_OPTIONS=") and str(run).encode() in e for e in env):
-            return int(pid)
-    return None
+    """The pid of this run's worker ``rank``, from the launcher's ``logs/rank<N>.pid`` (a forked
+    worker's /proc/PID/environ is the fork server's, so its RANK cannot be read there)."""
+    try:
+        return int(Path(pid_file(str(run / "logs"), rank)).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def one_round(work: Path, rank: int, kill_after: int, steps: int, interval: int) -> dict:
