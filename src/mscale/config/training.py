@@ -6,7 +6,6 @@ them out and `mscale plan` searches them; set them and the search is restricted 
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -40,11 +39,6 @@ class DataSource(StrictModel):
     a local path or an fsspec URL."""
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """Share of the blend, relative to the other sources' weights (normalised)."""
-
-
-def _same_path(path: str) -> str:
-    """A path compared as a path (``data/a/`` and ``./data/a`` are one source); URLs as written."""
-    return path if "://" in path else os.path.normpath(path)
 
 
 TOKEN_FIELDS = ("path", "sources", "eval_sources", "eval_fraction", "dtype")
@@ -97,13 +91,6 @@ class DataConfig(StrictModel):
             raise FieldError("kind", "synthetic data reads no files: set kind: tokens")
         if self.eval_fraction and self.eval_sources:
             raise FieldError("eval_fraction", "give either eval_fraction or eval_sources")
-        trained = {_same_path(s.path) for s in self.train_sources}
-        for i, s in enumerate(self.eval_sources):
-            if _same_path(s.path) in trained:
-                raise FieldError(f"eval_sources[{i}].path", f"{s.path} is also a training "
-                                 "source: its held-out loss would be measured on tokens the "
-                                 "model trains on; name a source it does not train on, or hold "
-                                 "out the end of each source with eval_fraction")
         return self
 
     @property

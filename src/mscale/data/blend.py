@@ -9,6 +9,7 @@ sample k is the same on every rank, at every layout, after any restart: no loade
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,9 +73,29 @@ class BlendedSamples:
                 for i in np.unique(source).tolist()}
 
 
+def _same_path(path: str) -> str:
+    """A path compared as a path (``data/a/`` and ``./data/a`` are one source); URLs as written."""
+    return path if "://" in path else os.path.normpath(path)
+
+
+def check_held_out_apart(cfg: DataConfig, field: str = "training.data") -> None:
+    """A held-out source that is also a training source would measure its "held-out" loss on
+    trained-on tokens. Checked where a run opens its data, not in the schema: plans recorded
+    before this check (RUN/plan.yaml, a checkpoint's manifest) must still load."""
+    trained = {_same_path(s.path) for s in cfg.train_sources}
+    for i, s in enumerate(cfg.eval_sources):
+        if _same_path(s.path) in trained:
+            raise MscaleError(f"{s.path} is also a training source: its held-out loss would be "
+                              "measured on tokens the model trains on",
+                              field=f"{field}.eval_sources[{i}].path",
+                              fix="name a held-out source it does not train on, or hold out the "
+                                  "end of each source with eval_fraction")
+
+
 def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:
     """Open every source named by the training file (train, then held-out): (source, dataset,
     field naming it). Raises the first source's error with its field attached."""
+    check_held_out_apart(cfg, field)
     # data.dtype speaks for flat files only; an index records its own (a default is no claim)
     dtype = cfg.dtype if "dtype" in cfg.model_fields_set else None
     named = ([(s, f"{field}.path" if cfg.path else f"{field}.sources[{i}].path")

@@ -94,8 +94,13 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     _check_not_a_checkpoint(options.run_dir)
     data = plan.training.data
     if data.kind == "tokens":  # every source opened, its index checked, the splits cut
-        build_splits(data, plan.model.seq_len, plan.training.seed,
-                     plan.model.real_vocab or plan.model.vocab)
+        try:
+            build_splits(data, plan.model.seq_len, plan.training.seed,
+                         plan.model.real_vocab or plan.model.vocab)
+        except MscaleError as e:  # an error of the data section, no file of its own: the plan's
+            if e.file is None:
+                e.file = plan_path
+            raise
     _check_same_run(plan, options)
     from mscale.ckpt.resume import check_resume
 

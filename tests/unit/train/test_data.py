@@ -248,3 +248,17 @@ def test_a_held_out_split_nobody_evaluates_is_said():
                                eval={"interval": 10})) is None
     assert never_evaluated(cfg(data={"path": "a"})) is None  # nothing held out
     assert never_evaluated(cfg()) is None  # synthetic: its held-out stream costs nothing
+
+
+@pytest.mark.parametrize("train, held", [("data/a", "data/a"), ("data/a/", "./data/a"),
+                                         ("s3://b/a", "s3://b/a")])
+def test_a_held_out_source_that_is_also_trained_on_is_refused_when_the_run_opens_it(train, held):
+    """Its "held-out" loss would be measured on training tokens (helper-42's trial: accepted).
+    The schema still loads it: a plan recorded before the check (RUN/plan.yaml, a checkpoint's
+    manifest) must not make the run's checkpoints unreadable (helper-43's review)."""
+    from mscale.data.blend import open_sources
+
+    cfg = DataConfig(sources=[{"path": train}, {"path": "other"}], eval_sources=[{"path": held}])
+    with pytest.raises(MscaleError, match="also a training source") as e:
+        open_sources(cfg)
+    assert e.value.field == "training.data.eval_sources[0].path"
