@@ -141,6 +141,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     allow_batch_change=bool(rp and rp.batch_changed),
                     run_dir=_absolute(run_dir))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
+    if how.refusal:
+        refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal
     if diagnosis.symptom == "disk_full" and (full := room.shortfall(run, choice.path)):
         refusal = f"{refusal}; {full}" if refusal else full
     if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:

@@ -286,6 +286,9 @@ class Relaunch:
     launcher: str
     command: list[str]
     notes: list[str] = field(default_factory=list)
+    refusal: str | None = None
+    """Why nothing can be submitted until a person acts (recover's verdict is then
+    unrecoverable: a script must not read the run as relaunched)."""
 
 
 def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
@@ -337,10 +340,20 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
                   nodes_before: int) -> Relaunch:
     """The failed job is queued again: a second submission would train twice into one run
     directory, and ``scontrol requeue`` of a pending job fails. When nothing changes there is
-    nothing to do; when only nodes are to be kept out of the same shape, the queued job is told
-    so; anything else needs it cancelled first."""
+    nothing to do but release it if it is held; when only nodes are to be kept out of the same
+    shape, the queued job is told so; anything else needs it cancelled first."""
     state = f"JobState={info.get('JobState')}, Restarts={info.get('Restarts', '?')}"
+    # held: a launch failure requeues a batch job held (Reason=launch_failed_requeued_held,
+    # Priority=0), as does an operator's hold; such a job never starts by itself
+    held = info.get("JobState") == "REQUEUE_HOLD" or info.get("Priority") == "0" \
+        or "held" in (info.get("Reason") or "").lower()
+    if held:
+        state += f", held: Reason={info.get('Reason', '?')}"
     if change.unchanged:
+        if held:
+            return Relaunch("slurm", ["scontrol", "release", job_id], [
+                f"SLURM has queued job {job_id} again itself ({state}): released, it resumes "
+                "from the latest checkpoint"])
         return Relaunch("slurm", [], [
             f"SLURM has queued job {job_id} again itself ({state}): when it starts it resumes "
             f"from the latest checkpoint; nothing to submit (`squeue -j {job_id}` shows it)"])
@@ -350,14 +363,16 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
         kept_out = sorted(set(expand_hostlist(info.get("ExcNodeList") or "")
                               if info.get("ExcNodeList") not in (None, "", "(null)") else [])
                           | set(change.excluded))
+        notes = [f"SLURM has queued job {job_id} again itself ({state}): it is kept, told to "
+                 f"stay off {collect_hostlist(change.excluded)}"]
+        if held:
+            notes.append(f"it is held: release it after this (`scontrol release {job_id}`)")
         return Relaunch("slurm", ["scontrol", "update", f"JobId={job_id}",
-                                  f"ExcNodeList={collect_hostlist(kept_out)}"], [
-            f"SLURM has queued job {job_id} again itself ({state}): it is kept, told to stay "
-            f"off {collect_hostlist(change.excluded)}"])
-    return Relaunch("slurm", [], [
+                                  f"ExcNodeList={collect_hostlist(kept_out)}"], notes)
+    return Relaunch("slurm", [], refusal=(
         f"SLURM has queued job {job_id} again itself ({state}), but the relaunch needs a new "
         f"plan or an older checkpoint: cancel it (`scancel {job_id}`) and run `mscale recover` "
-        "again; a new job beside it would train twice into one run directory"])
+        "again; a new job beside it would train twice into one run directory"))
 
 
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:

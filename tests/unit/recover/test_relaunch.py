@@ -128,7 +128,20 @@ def test_a_queued_again_job_that_needs_a_new_plan_must_be_cancelled_first():
     run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
                     "JobState": "PENDING", "ExcNodeList": "(null)"})
     out = relaunch(slurm_launch(), shrink(), 2, run=run)
-    assert out.command == [] and "scancel 42" in out.notes[0]
+    assert out.command == [] and "scancel 42" in out.refusal
+
+
+@pytest.mark.parametrize("fields", [
+    {"JobState": "PENDING", "Reason": "launch_failed_requeued_held", "Priority": "0"},
+    {"JobState": "REQUEUE_HOLD", "Reason": "JobHeldAdmin"}])
+def test_a_queued_again_job_that_is_held_is_released(fields):
+    """A node that fails at batch launch requeues the job held: it never starts by itself."""
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh", **fields})
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert out.command == ["scontrol", "release", "42"] and "held" in out.notes[0]
+    change = Change(world=8, nodes=["node1", "node2", "node4", "node5"], excluded=["node3"])
+    out = relaunch(slurm_launch(), change, 2, run=run)
+    assert out.command[:2] == ["scontrol", "update"] and "scontrol release 42" in out.notes[1]
 
 
 def test_a_batch_job_still_running_is_requeued_as_before():
