@@ -71,6 +71,11 @@ exits anyway: a run directory on a stalled filesystem must not keep it alive."""
 ALIVE = b"A"
 """What the launcher sends each worker once it has seen a worker end: it is alive, and knows."""
 
+ALIVE_RECHECK_S = 0.2
+"""How long a worker told ``ALIVE`` still watches for its launcher's end before it believes the
+word: a launcher that died just after it would otherwise read as a network fault here while the
+watch thread reports the launcher's death."""
+
 EXIT_CODE = 3
 """A worker that stopped because its launcher is gone exits 3 ("could not run"); nobody is left
 to read it, but the contract holds."""
@@ -115,6 +120,8 @@ class Lifeline:
             except OSError:  # closed
                 break
             self._conns.append(conn)
+            if self._told:  # a worker that connects after the word gets it too
+                _send_alive(conn)
         return len(self._conns)
 
     def tell_alive(self) -> None:
@@ -122,13 +129,10 @@ class Lifeline:
         (module docstring). Once: later calls do nothing. Never blocks, never raises."""
         if self._told:
             return
-        self._told = True
         self.accept()
+        self._told = True
         for conn in self._conns:
-            try:
-                conn.send(ALIVE, socket.MSG_DONTWAIT)
-            except OSError:  # that worker is gone, or its buffer full: it has its answer
-                pass
+            _send_alive(conn)
 
     def close(self) -> None:
         for s in [*getattr(self, "_conns", []), self._sock]:
@@ -144,6 +148,13 @@ class Lifeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _send_alive(conn: socket.socket) -> None:
+    try:
+        conn.send(ALIVE, socket.MSG_DONTWAIT)
+    except OSError:  # that worker is gone, or its buffer full: it has its answer
+        pass
 
 
 def _connect_address(address: str) -> str:
@@ -204,8 +215,10 @@ class LauncherWatch:
         """Whether the launcher is gone, waiting up to ``timeout`` s for the watch to see it: a
         peer that stopped because the launcher is gone makes this worker's collective fail a
         moment before this worker's own watch wakes. A launcher that has said it is alive
-        (it saw a worker end) answers False at once."""
-        self._answered.wait(timeout)
+        (it saw a worker end) answers within `ALIVE_RECHECK_S`: a moment for an end-of-file
+        already on its way (a launcher that died after its word) to be seen."""
+        if self._answered.wait(timeout) and not self.gone.is_set():
+            self.gone.wait(min(timeout, ALIVE_RECHECK_S))
         return self.gone.is_set()
 
     def close(self) -> None:

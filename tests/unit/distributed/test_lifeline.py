@@ -123,6 +123,9 @@ def test_a_launcher_that_saw_a_worker_end_answers_alive_at_once():
         t0 = time.monotonic()
         assert watch.wait_gone(DEADLINE_S) is False
         assert time.monotonic() - t0 < 5 and watch.alive.is_set() and not seen.why
+        late = LauncherWatch(line.address, _Seen()).start()  # connects after the word
+        _wait_until(lambda: line.accept() == 2, "the late connection accepted")
+        assert late.wait_gone(DEADLINE_S) is False and late.alive.is_set()
     # the launcher's end is still seen after it said it was alive
     assert seen.event.wait(DEADLINE_S) and watch.gone.is_set()
     assert watch.wait_gone(0) is True
