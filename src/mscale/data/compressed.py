@@ -14,6 +14,7 @@ copy that stopped, a full disk at the writer) must not become a shorter corpus i
 
 from __future__ import annotations
 
+import gzip
 import io
 import lzma
 import zlib
@@ -23,6 +24,15 @@ from mscale.errors import MscaleError
 
 CHUNK = 1 << 20
 """Compressed bytes read at a time."""
+
+FEED = 1 << 12
+"""Compressed bytes given to the decompressor at a time: a zstd block can expand ~30,000× (zeros,
+a repeated line), so one whole CHUNK could come out as tens of GiB in one call; 4 KiB is at
+most ~128 MiB, and text compresses 3-5×."""
+
+MAX_WINDOW = 1 << 31
+"""Largest zstd window accepted: what ``zstd --long=31`` writes (the library's default limit
+refuses it as "Frame requires too much memory")."""
 
 DAMAGE = (EOFError, zlib.error, lzma.LZMAError, OSError)
 """What a damaged or truncated stream raises from gzip, bz2 (``OSError: Invalid data stream``)
@@ -43,7 +53,7 @@ class ZstdFrames(io.RawIOBase):
         import zstandard
 
         self.raw, self.url = raw, url
-        self._dctx = zstandard.ZstdDecompressor()
+        self._dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
         self._error = zstandard.ZstdError
         self._chunks = self._decompressed()
         self._pending = b""
@@ -56,19 +66,19 @@ class ZstdFrames(io.RawIOBase):
                 if frame is not None:
                     raise damaged(self.url, "it ends inside a zstd frame")
                 return
-            while block:
+            at = 0
+            while at < len(block):
                 if frame is None:
                     frame = self._dctx.decompressobj()
+                piece, at = block[at:at + FEED], at + FEED
                 try:
-                    out = frame.decompress(block)
+                    out = frame.decompress(piece)
                 except self._error as e:
                     raise damaged(self.url, f"zstd: {e}") from None
                 if out:
                     yield out
-                if frame.eof:  # a frame ended: what follows in the block starts the next
-                    block, frame = frame.unused_data, None
-                else:
-                    block = b""
+                if frame.eof:  # a frame ended: what follows starts the next
+                    block, at, frame = frame.unused_data + block[at:], 0, None
 
     def readable(self) -> bool:
         return True
@@ -123,9 +133,10 @@ class Checked:
 
 
 def _looks_like_damage(e: OSError) -> bool:
-    """bz2 and gzip raise a plain OSError for bad data (no errno); a real I/O error has one and
-    is the filesystem's, not the file's."""
-    return e.errno is None
+    """bz2 raises a plain OSError for bad data, gzip its BadGzipFile, neither with an errno. A
+    real I/O error has one, and a subclass without (a remote read's TimeoutError) is the
+    filesystem's or the network's, not the file's."""
+    return e.errno is None and (type(e) is OSError or isinstance(e, gzip.BadGzipFile))
 
 
 def open_compressed(fs, path: str, url: str, compression: str | None):
