@@ -71,10 +71,12 @@ exits anyway: a run directory on a stalled filesystem must not keep it alive."""
 ALIVE = b"A"
 """What the launcher sends each worker once it has seen a worker end: it is alive, and knows."""
 
-ALIVE_RECHECK_S = 0.2
+ALIVE_RECHECK_S = 0.05
 """How long a worker told ``ALIVE`` still watches for its launcher's end before it believes the
 word: a launcher that died just after it would otherwise read as a network fault here while the
-watch thread reports the launcher's death."""
+watch thread reports the launcher's death. The kernel closes a dead process's socket at once and
+the watch thread is blocked in its read, so a few scheduler ticks are enough; each hop of a
+failure pays it once."""
 
 EXIT_CODE = 3
 """A worker that stopped because its launcher is gone exits 3 ("could not run"); nobody is left
