@@ -43,13 +43,19 @@ def main() -> int:
                     help="seconds for all checks; a check that would overrun it is skipped")
     ap.add_argument("--rehearse", action="store_true", help="on the CPU with a tiny model")
     ap.add_argument("--only", nargs="*", help="run these checks only (names below)")
+    ap.add_argument("--gpu", help="the GPU preset the checks run on (H200, H100, ...; 'none' for "
+                    "a GPU no preset knows). Default: nvidia-smi's GPU 0; in a rehearsal the "
+                    "plans' own (name another to rehearse retargeting them)")
     ap.add_argument("--check", help=argparse.SUPPRESS)  # internal: one check in this process
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    ctx = gpu_checks.Context(out=out, work=work, rehearse=args.rehearse)
+    found = None if args.rehearse or args.gpu else gpu_checks.detect_gpu()
+    gpu = args.gpu or (found[1] if found else gpu_checks.PLANS_GPU)
+    ctx = gpu_checks.Context(out=out, work=work, rehearse=args.rehearse,
+                             gpu=None if gpu.lower() == "none" else gpu)
     if args.check:
         return gpu_checks.run_one(args.check, ctx)
     names = args.only or [c.name for c in gpu_checks.CHECKS]
@@ -58,14 +64,15 @@ def main() -> int:
         ap.error(f"unknown check(s) {unknown}; known: {[c.name for c in gpu_checks.CHECKS]}")
     report = out / "gpu-check.txt"
     try:
-        return drive([c for c in gpu_checks.CHECKS if c.name in names], ctx, args, report)
+        return drive([c for c in gpu_checks.CHECKS if c.name in names], ctx, args, report, found)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def drive(checks, ctx, args, report: Path) -> int:
-    """Run each check in a subprocess, in order, within the budget; the summary table last."""
+def drive(checks, ctx, args, report: Path, found: tuple[str, str | None] | None = None) -> int:
+    """Run each check in a subprocess, in order, within the budget; the summary table last.
+    ``found``: the GPU nvidia-smi named and its preset (`gpu_checks.detect_gpu`)."""
     t0 = time.monotonic()
     results: list[tuple[str, str, float]] = []
     with open(report, "a", buffering=1) as log:
@@ -76,6 +83,7 @@ def drive(checks, ctx, args, report: Path) -> int:
         say(f"gpu_check {'(rehearsal on the CPU)' if ctx.rehearse else ''} at "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}; budget {args.budget:.0f} s; "
             f"checks: {', '.join(c.name for c in checks)}")
+        say(gpu_line(ctx, found))
         missing = missing_requirements()
         if missing:  # found in a second here, not as a crash minutes into a run
             say(f"FAIL: not installed here, though pyproject.toml requires them: "
@@ -94,6 +102,19 @@ def drive(checks, ctx, args, report: Path) -> int:
         say("== summary: " + "; ".join(f"{n} {s} ({t:.0f} s)" for n, s, t in results)
             + f"; {time.monotonic() - t0:.0f} s in all")
     return 1 if any(s == "FAIL" for _, s, _ in results) else 0
+
+
+def gpu_line(ctx, found: tuple[str, str | None] | None) -> str:
+    """What the figures are measured on, and against which peak: the report's second line."""
+    plans = gpu_checks.PLANS_GPU
+    if ctx.gpu is None:
+        return (f"WARNING: {found[0] if found else 'this GPU'} has no preset "
+                "(src/mscale/config/gpus.py): plans as written, every MFU below is against the "
+                f"{plans}'s peak, not this GPU's")
+    seen = f"{found[0]} (preset {ctx.gpu})" if found else f"preset {ctx.gpu}"
+    return (f"GPU: {seen}; " + ("the plans as written" if ctx.gpu == plans else
+                                f"the {plans} plans retargeted to it (their files in --work)")
+            + f"; files under --out start {ctx.prefix}_")
 
 
 def missing_requirements(version=None) -> list[str]:
@@ -125,7 +146,8 @@ def missing_requirements(version=None) -> list[str]:
 def run_child(check, ctx, args, say, timeout: float) -> tuple[str, float]:
     """One check in a fresh interpreter (a CUDA fault or a hang costs that check only)."""
     cmd = [sys.executable, "-u", __file__, "--check", check.name, "--out", str(ctx.out),
-           "--work", str(ctx.work)] + (["--rehearse"] if ctx.rehearse else [])
+           "--work", str(ctx.work), "--gpu", ctx.gpu or "none"] + (
+               ["--rehearse"] if ctx.rehearse else [])
     t0 = time.monotonic()
     seen: set[str] = set()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU checks, run ON the device machine by a session lent one (one H200; 4 GPUs add hier-dp):
+# GPU checks, run ON the device machine by a session lent one (one H200, the GPU the plans are
+# written for; an H100 or H800 gets them retargeted, see gpu_checks.retarget; 4 GPUs add hier-dp):
 #   here:   bash scripts/gpu-wheels.sh          (the wheels the GPU image lacks, into .whl/)
 #           .venv/bin/python bench/gpu_check.py --rehearse   (the same checks on the CPU, first)
 #   device: bash bench/gpu_check.sh             (run tool: carry [".whl"], timeout_s 600)
@@ -8,8 +9,9 @@
 # prediction), the ~3B plan, a plain compiled PyTorch loop of the 1B model (mscale / reference),
 # no host sync in the micro-batches, the GPU checkpoint round trip, the 1B eager (compiled /
 # eager, losses agree), SDPA's fused kernel, event timers, hierarchical DP (4 GPUs).
-# $OUT gets gpu-check.txt, gpu-ckpt-check.txt and each run's metrics (h200_<what>_metrics.jsonl:
-# commit them under bench/data/); run directories stay in /tmp. Exit 1 if a check failed.
+# $OUT gets gpu-check.txt, gpu-ckpt-check.txt and each run's metrics (<gpu>_<what>_metrics.jsonl,
+# e.g. h200_1b_compiled_metrics.jsonl: commit them under bench/data/); run directories stay in
+# /tmp. Exit 1 if a check failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}

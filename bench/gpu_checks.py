@@ -10,8 +10,10 @@ event timers against the wall clock, the GPU checkpoint round trip, hierarchical
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +29,83 @@ WARMUP = 5
 TINY_MODEL = dict(layers=2, hidden=64, heads=4, kv_heads=2, ffn_hidden=128, vocab=256,
                   seq_len=64)
 """The model of a rehearsal on the CPU."""
+PLANS_GPU = "H200"
+"""The GPU of the committed plans the checks run (plans/gpu-1b-h200.yaml, gpu-3b-h200.yaml)."""
+
+
+# ----------------------------------------------------------------------------- the GPU found
+def gpu_preset(name: str, memory_mib: float) -> str | None:
+    """The preset (src/mscale/config/gpus.py) of a GPU as nvidia-smi names it, or None when no
+    preset has its peak: the PCIe and NVL parts of H100/H200 run slower clocks (756 and 835
+    dense BF16 TFLOP/s against the SXM part's 989, NVIDIA's H100 and H200 datasheets), so an
+    MFU against the SXM peak would flatter them."""
+    if re.search(r"PCIe|NVL", name, re.IGNORECASE):
+        return None
+    for preset in ("H200", "H800", "H100"):
+        if preset in name:
+            return preset
+    if "A100" in name:
+        return "A100-40GB" if memory_mib < 60_000 else "A100"
+    return None
+
+
+def detect_gpu() -> tuple[str, str | None] | None:
+    """(nvidia-smi's name of GPU 0, its preset), or None on a machine without nvidia-smi.
+    Asked of nvidia-smi, not torch: a CUDA context in the driver would hold GPU memory for
+    every check."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if not out.strip():
+        return None
+    name, _, memory = out.splitlines()[0].rpartition(",")
+    try:
+        return name.strip(), gpu_preset(name.strip(), float(memory))
+    except ValueError:  # memory "[N/A]"
+        return name.strip(), gpu_preset(name.strip(), 1e9)
+
+
+class NoFit(Exception):
+    """The plan fits the GPU found in no layout (`retarget`)."""
+
+
+def retarget(doc: dict, gpu: str) -> tuple[dict, str | None]:
+    """The plan document ``doc`` moved to one ``gpu`` (a preset): the same model, training and
+    batch. Its layout is kept where it fits the GPU's memory by the planner's estimate, else
+    the planner's best single-GPU layout is taken (micro-batch, recompute); returns the new
+    document and a note of a changed layout (None when kept). The 3B plan needs 96 GB at its
+    4 sequences a micro-batch: it fits an H200 (141 GB), not an H100 (80 GB)."""
+    from mscale.config.plan import Plan
+    from mscale.planner.cost import Problem, evaluate
+    from mscale.planner.search import describe, search
+
+    doc = copy.deepcopy(doc)
+    doc["cluster"] = {**doc["cluster"], "name": f"one-{gpu.lower()}", "gpu": gpu}
+    doc["name"] = re.sub(f"-{PLANS_GPU.lower()}$", "", doc["name"]) + f"-{gpu.lower()}"
+    for key in ("estimate", "checkpoint"):  # figures of the GPU the plan was written for
+        doc.pop(key, None)
+    plan = Plan.model_validate(doc)
+    kept = evaluate(Problem(plan.model, plan.training, plan.cluster), plan.layout)
+    if kept.fits:
+        return doc, None
+    free = plan.training.model_copy(update=dict(micro_batch=None, recompute=None,
+                                                zero_stage=None))
+    found = search(Problem(plan.model, free, plan.cluster))
+    if not found.count:
+        raise NoFit(f"{plan.name} fits one {gpu} in no layout: "
+                    f"{kept.mem_total / 1e9:.1f} GB at {describe(plan.layout)}, against "
+                    f"{kept.mem_budget / 1e9:.1f} GB usable")
+    best = found.layout(0)
+    doc["layout"].update(micro_batch=best.micro_batch, recompute=best.recompute,
+                         zero_stage=best.zero_stage)
+    for key in ("micro_batch", "recompute", "zero_stage"):
+        doc["training"][key] = doc["layout"][key]
+    return doc, (f"{describe(plan.layout)} needs {kept.mem_total / 1e9:.1f} GB, over the "
+                 f"{kept.mem_budget / 1e9:.1f} GB usable on one {gpu}: the planner's best "
+                 f"that fits, {describe(best)}, runs instead")
 
 
 @dataclass
@@ -37,11 +116,15 @@ class Context:
     """Run directories and plans written for the checks (left on the machine)."""
     rehearse: bool = False
     """On the CPU with `TINY_MODEL`: the code paths, not the figures."""
+    gpu: str | None = PLANS_GPU
+    """The GPU preset the checks run on (`gpu_preset`); the plans are retargeted to it when it
+    is not theirs (`retarget`). None: a GPU whose peak no preset knows; plans as written."""
 
     @property
     def prefix(self) -> str:
-        """Name prefix of the files kept under ``out`` (bench/data/ keeps the GPU ones)."""
-        return "rehearsal" if self.rehearse else "h200"
+        """Name prefix of the files kept under ``out`` (bench/data/ keeps the GPU ones): the
+        GPU's, so that figures of two cards are never mistaken for one another."""
+        return "rehearsal" if self.rehearse else (self.gpu or "gpu").lower()
 
 
 @dataclass
@@ -56,13 +139,19 @@ class Check:
 # ----------------------------------------------------------------------------- plans and runs
 def plan_file(ctx: Context, base: str, *, compile: bool | None = None, layers: int | None = None,
               tag: str = "") -> Path:
-    """A plan file for a check: ``base`` as it is, or changed (compile switch, fewer layers), or
-    in a rehearsal shrunk to `TINY_MODEL` (compiled, so the CPU rehearses the compiled path)."""
-    if compile is None and layers is None and not ctx.rehearse:
+    """A plan file for a check: ``base`` as it is, or changed: retargeted to the GPU found
+    (`retarget`), the compile switch, fewer layers, or in a rehearsal shrunk to `TINY_MODEL`
+    (compiled, so the CPU rehearses the compiled path)."""
+    other_gpu = ctx.gpu is not None and ctx.gpu != PLANS_GPU
+    if compile is None and layers is None and not ctx.rehearse and not other_gpu:
         return REPO / base
     doc = yaml.safe_load((REPO / base).read_text())
     for key in ("estimate", "checkpoint"):  # figures of the plan as written: stale once changed
         doc.pop(key, None)
+    if other_gpu:
+        doc, note = retarget(doc, ctx.gpu)
+        print(f"note: {Path(base).name} retargeted to one {ctx.gpu}"
+              + (f"; {note}" if note else ", its layout kept (it fits)"), flush=True)
     if ctx.rehearse:
         doc["model"].update(TINY_MODEL)
         doc["training"].update(global_batch=8, precision="bf16")
@@ -71,7 +160,7 @@ def plan_file(ctx: Context, base: str, *, compile: bool | None = None, layers: i
         doc["training"]["compile"] = compile
     if layers is not None:
         doc["model"]["layers"] = layers
-    path = ctx.work / f"{Path(base).stem}{tag}.yaml"
+    path = ctx.work / f"{Path(base).stem}{tag}{'-' + ctx.gpu.lower() if other_gpu else ''}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -137,7 +226,11 @@ def check_train_1b(ctx: Context) -> bool:
 
 
 def check_train_3b(ctx: Context) -> bool:
-    plan = plan_file(ctx, "plans/gpu-3b-h200.yaml", layers=3 if ctx.rehearse else None)
+    try:
+        plan = plan_file(ctx, "plans/gpu-3b-h200.yaml", layers=3 if ctx.rehearse else None)
+    except NoFit as e:
+        print(f"SKIP: {e}")
+        return True
     return _train_and_report(ctx, plan, "3b_compiled", 12)
 
 

@@ -87,3 +87,44 @@ def test_missing_requirements_are_named_before_any_check(checks):
     assert any(m.startswith("tensorboardX") for m in missing)
     assert any(m.startswith("torch") and "(have 2.3.1)" in m for m in missing)
     assert len(missing) == 2
+
+
+@pytest.mark.parametrize("name, mib, preset", [
+    ("NVIDIA H200", 143771, "H200"), ("NVIDIA H100 80GB HBM3", 81559, "H100"),
+    ("NVIDIA H800", 81559, "H800"), ("NVIDIA A100-SXM4-80GB", 81920, "A100"),
+    ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
+    ("NVIDIA H100 PCIe", 81559, None), ("NVIDIA H100 NVL", 95830, None),  # slower parts
+    ("NVIDIA H200 NVL", 143771, None), ("Tesla V100-SXM2-16GB", 16160, None)])
+def test_the_gpu_found_maps_to_a_preset_only_where_its_peak_is_the_presets(checks, name, mib,
+                                                                           preset):
+    assert checks.gpu_preset(name, mib) == preset
+
+
+def test_the_plans_are_retargeted_to_the_gpu_found_and_refit_its_memory(checks, tmp_path):
+    """A session may be lent an H100 (80 GB): the 1B plan keeps its layout there, the 3B plan
+    (96 GB at 4 sequences a micro-batch) takes the planner's best layout that fits, and the
+    metrics files say which card they came from."""
+    ctx = checks.Context(out=tmp_path, work=tmp_path, gpu="H100")
+    assert ctx.prefix == "h100"
+    one = load_plan(str(checks.plan_file(ctx, "plans/gpu-1b-h200.yaml")))
+    assert one.cluster.gpu.name == "H100" and one.name == "gpu-1b-h100"
+    assert one.layout.micro_batch == 4 and one.training.micro_batch == 4
+    three = load_plan(str(checks.plan_file(ctx, "plans/gpu-3b-h200.yaml")))
+    assert three.cluster.gpu.memory_gb == 80 and three.training.global_batch == 16
+    assert three.layout.micro_batch == three.training.micro_batch < 4
+    from mscale.planner.cost import Problem, evaluate
+    assert evaluate(Problem(three.model, three.training, three.cluster), three.layout).fits
+    with pytest.raises(checks.NoFit, match="fits one A100-40GB in no layout"):
+        checks.plan_file(checks.Context(tmp_path, tmp_path, gpu="A100-40GB"),
+                         "plans/gpu-3b-h200.yaml")
+
+
+def test_the_report_says_which_gpu_and_peak_the_figures_are_for(checks, tmp_path):
+    driver = importlib.import_module("gpu_check")
+    line = driver.gpu_line(checks.Context(tmp_path, tmp_path, gpu="H100"),
+                           ("NVIDIA H100 80GB HBM3", "H100"))
+    assert line.startswith("GPU: NVIDIA H100 80GB HBM3 (preset H100); the H200 plans retargeted")
+    unknown = checks.Context(tmp_path, tmp_path, gpu=None)
+    assert unknown.prefix == "gpu"
+    assert "against the H200's peak, not this GPU's" in driver.gpu_line(
+        unknown, ("NVIDIA H100 PCIe", None))
