@@ -138,9 +138,9 @@ def export_hf(src: str, manifest: Manifest, dst: str) -> dict:
 
 
 def _dtype(name: str) -> torch.dtype:
-    from mscale.ckpt.format import DTYPES
+    from mscale.ckpt.format import torch_dtype
 
-    return DTYPES[name]
+    return torch_dtype(name)
 
 
 def is_hf_dir(path: str) -> bool:

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mscale.ckpt.catalog import open_shard
-from mscale.ckpt.format import DTYPES, ChunkError, Decoder
+from mscale.ckpt.format import ChunkError, Decoder, torch_dtype
 from mscale.ckpt.live import LiveRank, OptimizerState
 from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
 from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
@@ -80,9 +80,9 @@ class CheckpointReader:
                               "this model", file=self.dir, field=f"tensors.{key}.shape",
                               fix="load into the same model configuration (model: section)")
         if out is None:
-            out = _empty(flat[1] - flat[0], DTYPES[info.dtype], key, self.dir)
+            out = _empty(flat[1] - flat[0], torch_dtype(info.dtype), key, self.dir)
         exact = self._exact(key, box, flat)
-        if exact is not None and out.is_contiguous() and out.dtype == DTYPES[info.dtype]:
+        if exact is not None and out.is_contiguous() and out.dtype == torch_dtype(info.dtype):
             # saved at this very layout
             path, s = exact
             self.bytes_read += out.numel() * out.element_size()
@@ -126,7 +126,7 @@ class CheckpointReader:
                                   "RUN/ckpt/step-NNNNNN, or convert that directory")
 
     def read_item(self, it: Item) -> torch.Tensor:
-        return self.read(it.key, it.box, it.flat, it.shape).to(DTYPES[it.dtype])
+        return self.read(it.key, it.box, it.flat, it.shape).to(torch_dtype(it.dtype))
 
     def read_full(self, key: str) -> torch.Tensor:
         """A whole global tensor (for conversion and tests)."""

@@ -38,7 +38,7 @@ FORMAT = "mscale-ckpt"
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
                  "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 """Element types a checkpoint may hold, by the name the manifest uses (little-endian), and their
-bytes. Their torch dtypes are `ckpt.format.DTYPES`: this schema stays torch-free, so that the
+bytes. Their torch dtypes are `ckpt.format.torch_dtype`: this schema stays torch-free, so that the
 launcher and the CLI can read and check manifests without importing torch."""
 ELEMENT_TYPES = tuple(ELEMENT_SIZES)
 

@@ -16,9 +16,10 @@ Pure index arithmetic on Python ints and torch views: no I/O, no process groups.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import torch
+if TYPE_CHECKING:  # the arithmetic needs no torch: `ckpt verify` and `recover` import it alone
+    import torch
 
 Box = tuple[tuple[int, int], ...]
 """``((start, stop), ...)``, one pair per dimension; ``()`` is a scalar."""
@@ -123,7 +124,7 @@ def _view(data: torch.Tensor, outer: Box, inner: Box, base: int) -> torch.Tensor
                            data.storage_offset() + base + first)
 
 
-Fetch = Callable[[int, int], torch.Tensor]
+Fetch = Callable[[int, int], "torch.Tensor"]
 """``fetch(lo, hi)``: elements ``[lo, hi)`` of a source region's flat data, as a 1-D tensor."""
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mscale.ckpt.format import DTYPES
+from mscale.ckpt.format import torch_dtype
 from mscale.ckpt.manifest import itemsize
 from mscale.ckpt.ownership import Item
 
@@ -84,7 +84,7 @@ class HostArena:
         else:
             for it, src, view in zip(items, sources, views):
                 if view.numel():
-                    view.view(DTYPES[it.dtype]).copy_(src.detach().reshape(-1))
+                    view.view(torch_dtype(it.dtype)).copy_(src.detach().reshape(-1))
         nbytes = sum(v.numel() for v in views)
         return Snapshot(items, views, time.perf_counter() - t0, nbytes)
 
@@ -100,7 +100,7 @@ class HostArena:
             with torch.cuda.stream(stream):
                 for it, src, view in zip(items, sources, views):
                     if view.numel():
-                        view.view(DTYPES[it.dtype]).copy_(src.detach().reshape(-1),
+                        view.view(torch_dtype(it.dtype)).copy_(src.detach().reshape(-1),
                                                           non_blocking=True)
                 copied = torch.cuda.Event()
                 copied.record(stream)
