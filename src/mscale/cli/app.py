@@ -76,12 +76,22 @@ def _interruptible(callback):
     return wrapper
 
 
+def _item_type(param) -> str:
+    """The name of one value of a repeatable option (``str`` for ``list[str]``)."""
+    from typing import get_args
+
+    args = get_args(getattr(getattr(param, "type_descriptor", None), "annotation", None))
+    return getattr(args[0], "__name__", "str") if args else "str"
+
+
 def build():
     """The click command tree of the whole CLI, with flags shown without a type, and every
     command's unhandled Ctrl-C raised as `Interrupted`.
 
     typer labels every on/off flag (``--json``, ``--sp/--no-sp``, ``-h``) with ``<bool>``, which
-    reads as if the flag took a value; an empty metavar makes the help show the flag alone.
+    reads as if the flag took a value; an empty metavar makes the help show the flag alone. A
+    repeatable option reads ``<list[str]>``, as if it took a list literal: it takes one value a
+    time, so it is labelled by the type of one (``<str>``; its help says "repeatable").
     """
     import typer.main
     from typer import _click as click
@@ -97,6 +107,8 @@ def build():
                 param.metavar = ""
             elif param.param_type_name == "argument" and param.metavar is None:
                 param.metavar = param.name.upper()  # typer adds "..." and its brackets
+            elif getattr(param, "multiple", False) and param.metavar is None:
+                param.metavar = f"<{_item_type(param)}>"
         if cmd.callback is not None:
             cmd.callback = _interruptible(cmd.callback)
         todo += [(sub, ctx) for sub in getattr(cmd, "commands", {}).values()]

@@ -141,6 +141,8 @@ def test_plan_help_shows_every_recompute_choice(cli):
     (["ckpt", "convert"], "mscale ckpt convert [OPTIONS] {SRC} {DST}", r"SRC +<str> +Checkpoint"),
     (["train"], None, r"--trace-ranks +replica\|all +Whose events"),
     (["data", "inspect"], None, r"--dtype +uint16\|uint32 +Token type"),
+    (["plan"], None, r"--calibrate +<str> +A preflight.json"),  # repeatable: one value a time
+    (["data", "prepare"], None, r"--text-ext +<str> +Also read files"),
 ])
 def test_help_names_arguments_in_capitals_and_lists_an_options_words(cli, args, usage, row):
     """Not typer's ``{src}`` and a ``<str>`` where only some words are accepted."""
