@@ -16,7 +16,9 @@ costs O(new records), not O(file), however big the file is:
   returns nothing and the next one carries on;
 - a job that restarts in the same run directory is followed. A file that shrank, changed inode,
   or whose first bytes changed was replaced: the feed starts it over. A step number that goes
-  back is a resumed job rewriting steps after its checkpoint. Either way ``restarted`` is set on
+  back is a resumed job rewriting steps after its checkpoint; a record with another number of
+  ranks is a re-planned job that resumed where the last one stopped (supervise's checkpoint,
+  then quarantine: no step goes back). Either way ``restarted`` is set on
   the poll whose records begin the new attempt (a poll never mixes two attempts), so a watcher
   can drop a window that belongs to the previous one.
 
@@ -79,6 +81,7 @@ class MetricsFeed:
         self._seg_first: str | None = None
         self._seg_last = ""
         self._last_step: int | None = None
+        self._last_width: int | None = None
         self._held: list[dict] = []
         self._restart_next = False
 
@@ -103,21 +106,25 @@ class MetricsFeed:
         return records
 
     def _split_attempts(self, records: list[dict], restarted: bool) -> tuple[list[dict], bool]:
-        """Cut at the first step that goes back; what follows is held for the next poll."""
+        """Cut at the first step that goes back, or the first record of another world size;
+        what follows is held for the next poll."""
         prev = None if restarted else self._last_step
+        width = None if restarted else self._last_width
         for i, rec in enumerate(records):
             step = rec.get("step")
             if not isinstance(step, int) or isinstance(step, bool):
                 raise MscaleError(f"a record has no integer step (step={step!r})", file=self.url,
                                   field="step", fix=SCHEMA_FIX)
-            if prev is not None and step <= prev:
+            ranks = _width(rec.get("step_time"))
+            if (prev is not None and step <= prev) or (None not in (width, ranks)
+                                                       and ranks != width):
                 if i:
                     self._held, self._restart_next = records[i:] + self._held, True
                     records = records[:i]
                     break
                 restarted = True
-            prev = step
-        self._last_step = prev
+            prev, width = step, ranks if ranks is not None else width
+        self._last_step, self._last_width = prev, width
         return records, restarted
 
     def _read(self) -> tuple[list[dict], bool]:
@@ -304,6 +311,18 @@ def _check_record(rec: dict) -> None:
     if not isinstance(rec["step"], int) or isinstance(rec["step"], bool):
         raise MscaleError(f"step must be an integer, not {rec['step']!r}", field="step",
                           fix=SCHEMA_FIX)
+
+
+def _width(value: Any) -> int | None:
+    """The number of ranks of a per-rank vector, None when it is not one (`_vector` says why)."""
+    if isinstance(value, list):
+        return len(value)
+    if is_encoded(value):
+        try:
+            return len(decode_vector(value))
+        except MscaleError:
+            return None
+    return None
 
 
 def _vector(rec: dict, name: str, world: int | None) -> np.ndarray:

@@ -165,6 +165,22 @@ def test_a_resumed_job_rewriting_earlier_steps_starts_a_new_attempt(run):
     assert steps(feed.poll()) == [1] and feed.restarted
 
 
+def test_a_re_planned_job_that_lost_no_step_starts_a_new_attempt_at_its_new_world(run):
+    """supervise's straggler repair: checkpoint at step 3, quarantine, resume on fewer ranks at
+    step 4. No step goes back; the world does (a reader that missed it refused the run)."""
+    for s, world in ((1, 8), (2, 8), (3, 8), (4, 6), (5, 6)):
+        append_line(f"{run}/metrics.jsonl", json.dumps(rec(s, world=world)))
+    feed = MetricsFeed(run)
+    assert steps(feed.poll()) == [1, 2, 3] and not feed.restarted
+    assert steps(feed.poll()) == [4, 5] and feed.restarted
+    append_line(f"{run}/metrics.jsonl", json.dumps(rec(6, world=6)))
+    assert steps(feed.poll()) == [6] and not feed.restarted
+    encoded = rec(7, world=4)  # schema 2: the width is the decoded vector's
+    encoded["step_time"] = encode_vector(encoded["step_time"])
+    append_line(f"{run}/metrics.jsonl", json.dumps(encoded))
+    assert steps(feed.poll()) == [7] and feed.restarted
+
+
 def test_a_replaced_segment_directory_is_a_restart():
     url = f"memory://watch-{uuid.uuid4().hex[:8]}/run"
     fs = fsspec.filesystem("memory")
