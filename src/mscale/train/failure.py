@@ -111,8 +111,10 @@ def write_error_file(run: RunDir, rank: int, node: str, exc: BaseException) -> s
     return path
 
 
-def read_error_files(run: RunDir) -> dict[int, dict]:
-    """Every rank's error file that parses, by rank (what the launcher and recover read)."""
+def read_error_files(run: RunDir, since: float | None = None) -> dict[int, dict]:
+    """Every rank's error file that parses, by rank (what the launcher and recover read); with
+    ``since`` (a wall-clock time), only those written at or after it. An attempt leaves its error
+    files behind: the next attempt's launcher quoted one as the cause of its own failure."""
     out: dict[int, dict] = {}
     try:
         fs, root = fs_and_path(run.logs)
@@ -127,9 +129,14 @@ def read_error_files(run: RunDir) -> dict[int, dict]:
             rec = json.loads(fs.cat_file(path))
         except (OSError, ValueError):
             continue
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and (since is None or _written_since(rec, since)):
             out[int(m.group(1))] = rec
     return out
+
+
+def _written_since(rec: dict, since: float) -> bool:
+    when = rec.get("time")
+    return isinstance(when, (int, float)) and not isinstance(when, bool) and when >= since
 
 
 def launcher_gone_message(why: str) -> str:

@@ -13,20 +13,21 @@ from mscale.distributed.stops import ended_by_stop
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
-from mscale.train.failure import AFTERMATH, read_error_files
+from mscale.train.failure import AFTERMATH
 
 __all__ = ["JobResult", "agreed_stop", "record_failure", "record_interruption", "stopped_by_operator",
            "summary_document"]
 
 
-def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs: str) -> str:
-    """Write the job's ``stop``/``hang`` event; returns the console line that says what happened."""
+def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs: str,
+                   errors: dict[int, dict]) -> str:
+    """Write the job's ``stop``/``hang`` event; returns the console line that says what happened.
+    ``errors``: this job's error files (`read_error_files` since its start)."""
     from mscale.topology.placement import placement_for
 
     placement = placement_for(plan)
     names = plan.cluster.node_names()
     node = lambda r: names[placement.node(r)]  # noqa: E731
-    errors = read_error_files(run)
     first = result.failed_rank
     assert first is not None
     kind = errors.get(first, {}).get("kind") or (
@@ -77,13 +78,13 @@ def stopped_by_operator(result: JobResult, errors: dict[int, dict]) -> bool:
     return True
 
 
-def agreed_stop(run: RunDir, result: JobResult, run_id: str) -> bool:
+def agreed_stop(run: RunDir, result: JobResult, run_id: str, errors: dict[int, dict]) -> bool:
     """Whether every worker exited with the one code rank 0's own ``stop`` event of this run
     records, none having written an error file: a stop the ranks agreed on at a step boundary (a
     full disk, a failed final save), which rank 0 has already said and recorded. No rank failed
     first, so the launcher names none (a node excluded for it would be the wrong one)."""
     codes = set(result.returncodes)
-    if len(codes) != 1 or read_error_files(run):
+    if len(codes) != 1 or errors:
         return False
     try:
         events = read_jsonl(run.events)

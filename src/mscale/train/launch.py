@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 from mscale.config.plan import Plan
 from mscale.topology.placement import load_checked_plan
@@ -240,6 +241,7 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
     if note:
         say(note)
     env.update({OPTIONS_ENV: options.model_dump_json(), "MSCALE_RUN_ID": run_id})
+    started = time.time()  # error files older than this are an earlier attempt's
     worker_args = [plan_path if "://" in plan_path else os.path.abspath(plan_path)]
     result: JobResult = run_local_workers(nprocs, per_node, worker_args, logs, env,
                                           rank0_to_stderr=as_json, entry=WORKER_ENTRY,
@@ -247,13 +249,14 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names(),
                                           stop_notice=stop_notice)
-    if stopped_by_operator(result, read_error_files(run)):
+    errors = read_error_files(run, since=started)
+    if stopped_by_operator(result, errors):
         say(record_interruption(run, result, run_id, logs))
         result.code = EXIT_INTERRUPTED
-    elif result.failed_rank is not None and agreed_stop(run, result, run_id):
+    elif result.failed_rank is not None and agreed_stop(run, result, run_id, errors):
         result.failed_rank = None  # rank 0's stop line and event already say why
     elif result.failed_rank is not None:
-        say(record_failure(run, plan, result, run_id, logs))
+        say(record_failure(run, plan, result, run_id, logs, errors))
     if as_json:
         print(json.dumps(summary_document(run, run_id, result), indent=2, default=str), flush=True)
     return result.code

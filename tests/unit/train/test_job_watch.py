@@ -24,3 +24,23 @@ def test_a_crash_or_an_oom_kill_near_a_stop_stays_a_failure():
     assert not stopped_by_operator(_stopped([130, -11]), {})  # a segfault
     assert not stopped_by_operator(_stopped([1, -9]), {})  # killed, and nobody forced it
     assert not stopped_by_operator(_stopped([130, -15], stop=None), {})  # failed before the stop
+
+
+def test_an_earlier_attempts_error_file_is_not_this_jobs(tmp_path):
+    """A relaunched job's launcher quoted attempt 1's rank 5 error (a network error) as the
+    cause of attempt 2's kill of rank 5: only files written since the job's start are its."""
+    import json
+    import time
+
+    from mscale.runs.rundir import RunDir
+    from mscale.train.failure import read_error_files
+
+    run = RunDir(str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    now = time.time()
+    for rank, when in ((5, now - 60), (2, now + 1)):
+        (logs / f"rank{rank}.error.json").write_text(json.dumps({"rank": rank, "time": when}))
+    (logs / "rank3.error.json").write_text(json.dumps({"rank": 3}))  # no time: not provably new
+    assert sorted(read_error_files(run)) == [2, 3, 5]
+    assert sorted(read_error_files(run, since=now)) == [2]

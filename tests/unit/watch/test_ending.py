@@ -19,7 +19,7 @@ from mscale.errors import MscaleError
 from mscale.distributed.launch import JobResult
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
-from mscale.train.failure import report_failure, write_error_file
+from mscale.train.failure import read_error_files, report_failure, write_error_file
 from mscale.train.job_watch import record_failure, record_interruption
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.ending import MAX_REASON, job_end
@@ -80,7 +80,7 @@ def launcher_failure(rd: RunDir, rank: int, returncode: int, attempt: int = 1,
                        alive_at_failure=[r for r in range(WORLD) if r != rank],
                        stopped_at_failure=list(stopped))
     record_failure(rd, load_checked_plan(str(PLANS / "cpu-tiny.yaml")), result,
-                   f"local-{attempt}", rd.path("logs"))
+                   f"local-{attempt}", rd.path("logs"), read_error_files(rd))
 
 
 @pytest.fixture
