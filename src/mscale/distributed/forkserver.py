@@ -100,12 +100,23 @@ class Worker:
         self.send_signal(signal.SIGKILL)
 
 
+def guarded(entry: str) -> str:
+    """``entry`` with an exception it leaves unhandled made exit 3, a crash, with its traceback
+    in the worker's log. Python ends on one with 1, which a launcher reads as "halted on request"
+    (the exit-code contract): workers whose import failed ended 1 and were not counted failed,
+    and the launcher blamed a rank it had stopped itself."""
+    body = "\n".join("    " + line for line in entry.splitlines())
+    return ("try:\n" + body + "\nexcept Exception:\n    import sys, traceback\n"
+            "    traceback.print_exc()\n    sys.exit(3)\n")
+
+
 def start(entry: str, argv: Sequence[str], env: dict[str, str], out_fd: int,
           preload: Sequence[str]) -> Worker | subprocess.Popen:
     """Start a worker that runs ``entry`` (``python -c`` code) with ``argv``, the environment
     ``env`` and its output on ``out_fd`` (which the caller may close once this returns): forked
     from the server, which imports ``preload`` before its first fork (set by the first call),
     or spawned where `FORK_WORKERS` is false."""
+    entry = guarded(entry)
     if not FORK_WORKERS:
         return subprocess.Popen([sys.executable, "-c", entry, *argv], env=env, stdout=out_fd,
                                 stderr=subprocess.STDOUT)

@@ -54,6 +54,19 @@ def test_each_worker_has_its_own_environment_log_and_exit(tmp_path, capsys, monk
     assert "rank 0 of 3" in capsys.readouterr().out  # rank 0 is teed to the console
 
 
+@pytest.mark.parametrize("fork", [True, False])
+def test_an_exception_the_entry_leaves_unhandled_is_a_crash_not_a_halt(tmp_path, monkeypatch,
+                                                                       fork):
+    """Python exits 1 on an uncaught exception: the contract's "halted on request"."""
+    monkeypatch.setattr(forkserver, "FORK_WORKERS", fork)
+    logs = str(tmp_path / "logs")
+    result = run_local_workers(1, 1, [], logs, {}, entry="import no_such_module_here",
+                               phases=(), node_names=("n1",), preload=())
+    assert result.returncodes == [3] and result.failed_rank == 0
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in open(
+        os.path.join(logs, "rank0.log")).read()
+
+
 def test_spawning_can_be_asked_for(monkeypatch):
     import importlib
 
