@@ -153,6 +153,10 @@ def _measured(results: list[CheckResult], payloads: list[dict]) -> dict:
 
 def quarantined(run_dir: str, now: float | None = None) -> list[str]:
     """Nodes ``quarantine.json`` still keeps out (no expiry, or not expired yet)."""
+    return sorted({e.node for e in _live_quarantine(run_dir, now)})
+
+
+def _live_quarantine(run_dir: str, now: float | None = None) -> list:
     from mscale.config.base import load_model
 
     path = RunDir(run_dir).quarantine
@@ -160,8 +164,28 @@ def quarantined(run_dir: str, now: float | None = None) -> list[str]:
     if not fs.isfile(p):
         return []
     now = time.time() if now is None else now
-    q = load_model(Quarantine, path)
-    return sorted({e.node for e in q.entries if e.expires is None or e.expires > now})
+    return [e for e in load_model(Quarantine, path).entries
+            if e.expires is None or e.expires > now]
+
+
+def quarantine_results(run_dir: str, job_nodes: set[str],
+                       now: float | None = None) -> list[CheckResult]:
+    """One CRITICAL result for each node of this job that ``quarantine.json`` keeps out. A
+    quarantined node merely merged into the exclude list left the status OK (exit 0), and a
+    batch script that excludes nodes on exit 2 (docs/recover.md) trained on it."""
+    out = []
+    for e in _live_quarantine(run_dir, now):
+        if e.node not in job_nodes:
+            continue
+        until = ("until a person clears it" if e.expires is None else
+                 "until " + time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(e.expires)))
+        out.append(CheckResult(
+            check="quarantine", entity_kind="node", entity=e.node, node=e.node,
+            status="CRITICAL", expected="not in quarantine.json",
+            message=f"{e.node} is quarantined {until}: {e.reason}; exclude it, or remove its "
+                    "entry from quarantine.json once it is repaired",
+            evidence={"since": e.since, "expires": e.expires}))
+    return out
 
 
 def finish(plan: Plan, opts, world: int, results: list[CheckResult],
@@ -169,6 +193,7 @@ def finish(plan: Plan, opts, world: int, results: list[CheckResult],
     """Blame links, collect the bad nodes and the exclude list, the job's status."""
     judge.blame_links(results, node_of)
     blame_storage(results)
+    results = results + quarantine_results(opts.run_dir, set(node_of.values()))
     bad = {r.node for r in results if r.status == "CRITICAL" and r.node
            and r.evidence.get("blamed") is not False}
     bad |= set(quarantined(opts.run_dir))

@@ -119,6 +119,20 @@ def test_report_names_only_the_slow_ranks_node_and_merges_live_quarantine(tmp_pa
     json.loads(report.model_dump_json())
 
 
+def test_a_quarantined_node_of_the_job_is_critical_not_only_excluded(tmp_path):
+    """A healthy job on a quarantined node: exit 2 (CRITICAL), so that a batch script that
+    excludes on 2 keeps it out; a quarantined node outside the job is excluded, status OK."""
+    plan = load_model(Plan, "plans/cpu-tiny.yaml")
+    q = Quarantine(entries=[QuarantineEntry(node="node3", reason="watch: slow link"),
+                            QuarantineEntry(node="node9", reason="elsewhere")])
+    (tmp_path / "quarantine.json").write_text(q.model_dump_json())
+    report = assemble(plan, _opts(tmp_path), _payloads(None))
+    assert report.status == "CRITICAL" and report.exclude == "node[3,9]"
+    flagged = [r for r in report.results if r.check == "quarantine"]
+    assert [r.node for r in flagged] == ["node3"]
+    assert "node3 is quarantined until a person clears it: watch: slow link" in flagged[0].message
+
+
 def test_report_of_a_healthy_job_is_ok(tmp_path):
     plan = load_model(Plan, "plans/cpu-tiny.yaml")
     report = assemble(plan, _opts(tmp_path), _payloads(None))
