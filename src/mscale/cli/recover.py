@@ -7,7 +7,8 @@ a first word that is not a subcommand, or that is an existing run directory and 
 ``--``, goes to ``diagnose`` (``mscale recover diagnose RUN`` names it explicitly; ``./supervise``
 also reaches a run directory called ``supervise``).
 Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input (or a relaunch that failed, or
-a run directory a live job holds: `mscale.recover.liveness`).
+a run directory a live job holds: `mscale.recover.liveness`); with ``--execute``, a job relaunched
+in this process's place ends recover with its own code (0 when it trained to the end).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class DefaultCommandGroup(TyperGroup):
 
 
 RELAUNCH_ENDS = {
+    0: "it trained to the end",
     1: "stopped early on request (a halt or a stop signal)",
     2: "stopped on a NaN/Inf loss",
     3: "failed",
@@ -123,7 +125,7 @@ def recover_cmd(
         sys.stdout.flush()
     if execute and plan.command:
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document
-        if rc != 0:
+        if rc != 0 or not submits(plan.command):  # a job run here: its end is the answer
             code = relaunch_exit_code(rc, plan.command)
             if not as_json:
                 sys.stderr.write(f"recover: {relaunch_end_text(rc, plan.command)}\n")
