@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from dataclasses import dataclass
 
 from mscale.config.plan import Plan
@@ -153,7 +154,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if finished:  # exit 0 (docs/recover.md): a finished run is no failure, nor degraded
         verdict, reasons = "finished", ["the run finished: nothing to recover"]
     else:
-        verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons)
+        verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons,
+                           rerun=how.command)
         reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
@@ -177,12 +179,16 @@ def _recheck_notes(checker: Rechecker | None, diagnosis: Diagnosis,
 
 def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusions,
              rp: Replan | None, skip: DataSkip | None, refusal: str | None,
-             reasons: list[str]) -> str:
-    """The verdict, appending one sentence per fact behind it to ``reasons``."""
+             reasons: list[str], rerun: list[str] | None = None) -> str:
+    """The verdict, appending one sentence per fact behind it to ``reasons``. ``rerun``: the
+    command that would relaunch the job, for the operator to run once a cause only they can fix
+    is fixed."""
     refused = []
     if diagnosis.symptom == "bad_input" or diagnosis.cls == "user_code":
+        # not "run recover again": it judges this same failed attempt until a new one runs
+        again = f": {shlex.join(rerun)}" if rerun else " with its own command"
         refused.append(f"{diagnosis.summary} — relaunching would fail the same way: fix the "
-                       "code or input, then run recover again")
+                       f"code or input, then start the job again{again}")
     if refusal:
         refused.append(refusal)
     progress = diagnosis.failed_step or 0

@@ -220,7 +220,7 @@ def test_rollback_with_data_skip_resumes_from_the_older_checkpoint(run, fakes):
 def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
     if case == "bad_input":
         fakes.diagnosis = Diagnosis(cls="user_code", symptom="bad_input", summary="bad config")
-        why = "fix the code or input"
+        why = "fix the code or input, then start the job again: "  # its command, not recover
     elif case == "no_checkpoint":
         fakes.choice = CheckpointChoice(path=None, step=None, reason="none committed")
         why = "had reached step 12"
@@ -231,6 +231,8 @@ def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
     plan = plan_recovery(str(run))
     assert plan.verdict == "unrecoverable" and plan.exit_code == 2 and plan.command == []
     assert any(why in r for r in plan.reasons)
+    if case == "bad_input":  # the operator is given the job's own command to run once fixed
+        assert any(why in r and "--local 8 --steps 20" in r for r in plan.reasons), plan.reasons
 
 
 def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes):
