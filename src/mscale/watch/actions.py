@@ -37,6 +37,8 @@ from mscale.runs.rundir import RunDir
 from mscale.watch.findings import Finding
 
 _EVENT_KINDS = frozenset(get_args(EventKind))
+UNNAMED_ACTION = ("none: the node names are placeholders of the flags' layout, not the "
+                  "cluster's; give --hostlist (or watch the run with its plan) to quarantine")
 
 
 @dataclass
@@ -129,15 +131,19 @@ class Actor:
                 "slowdown_pct": plain(f.slowdown_pct), "first_step": f.first_step,
                 "last_step": f.last_step, "advice": f.advice, "finding_key": _key_list(f)}
 
-    def handle(self, findings: list[Finding], job_alive: bool) -> None:
+    def handle(self, findings: list[Finding], job_alive: bool, nodes_named: bool = True) -> None:
         """Act on new findings, except those an earlier watch already recorded (they are still
-        reported: only the run directory is spared a second copy)."""
+        reported: only the run directory is spared a second copy). ``nodes_named``: False when
+        the layout's node names are placeholders (`JobLayout.named`): no node is quarantined."""
         for f in [f for f in findings if not self._recorded(f)]:
             evidence = self._evidence(f)
             self._seen.append({**evidence, "severity": f.severity})
             if not self.acting:
                 continue
-            evidence["action"], then = self._steer(f, job_alive, evidence)
+            if f.hardware and f.nodes and not nodes_named:
+                evidence["action"], then = UNNAMED_ACTION, None
+            else:
+                evidence["action"], then = self._steer(f, job_alive, evidence)
             self._event(f.kind, f.severity, f.last_step, f.ranks, f.nodes, f.message, evidence)
             if then is not None:  # after the finding's event, which explains it
                 then()

@@ -180,7 +180,8 @@ class Follower:
         if alive and self.watcher is not None:
             new += self.watcher.check_hang(self.clock(), self.feed.last_record_time)
         self.findings += new
-        self.actor.handle(new, alive)  # the job's own stop is its record: not handed to the actor
+        # the job's own stop is its record: not handed to the actor
+        self.actor.handle(new, alive, nodes_named=self.layout.named if self.layout else True)
         self.actor.escalate(self.rises)
         self.actor.tick(alive)
         new += self._failed_saves(saves)

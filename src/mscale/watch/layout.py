@@ -34,6 +34,11 @@ class JobLayout:
     engine ran (replay.py); None: estimated from the bubble."""
     vpp: int = 1
     """Virtual stages per pipeline rank (interleaved 1F1B when > 1)."""
+    named: bool = True
+    """The node names are the cluster's (a plan's, a ``--hostlist``), fit to quarantine; False
+    for the placeholders ``node0``, ``node1``... of flags without a hostlist or of no layout at
+    all, which may be real hosts' names: a watch given ``--ranks-per-node 4`` over a plan of 2
+    named node1 for a rank on node3, and would have quarantined it."""
 
     @property
     def world(self) -> int:
@@ -86,9 +91,10 @@ class JobLayout:
             raise MscaleError(f"the hostlist names {len(names)} nodes, the layout needs {nodes}",
                               field="--hostlist", fix="give one host per node, in rank order")
         return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes],
-                   vpp=vpp)
+                   vpp=vpp, named=hostlist is not None)
 
     @classmethod
     def flat(cls, world: int) -> "JobLayout":
         """No layout known: every rank its own DP replica on one node (rank-level rules only)."""
-        return cls(tp=1, pp=1, dp=world, ranks_per_node=world, node_names=("node0",))
+        return cls(tp=1, pp=1, dp=world, ranks_per_node=world, node_names=("node0",),
+                   named=False)

@@ -89,7 +89,9 @@ class Outputs:
         for f in new:
             if f.kind == "stop" or id(f) in out.of or not (f.hardware and f.nodes):
                 continue
-            out.of[id(f)] = [idle_text(f, url, acting, getattr(follower.target, "run", None))]
+            layout = getattr(follower, "layout", None)
+            out.of[id(f)] = [idle_text(f, url, acting, getattr(follower.target, "run", None),
+                                       named=getattr(layout, "named", True))]
         return out
 
     def note(self, line: str) -> None:
@@ -154,8 +156,13 @@ def action_text(entry: dict, url: str) -> str | None:
     return None
 
 
-def idle_text(f: Finding, url: str, acting: bool, run) -> str:
-    """Under a hardware finding no action was taken for: why, and what would act on it."""
+def idle_text(f: Finding, url: str, acting: bool, run, named: bool = True) -> str:
+    """Under a hardware finding no action was taken for: why, and what would act on it.
+    ``named``: the layout's node names are the cluster's (`JobLayout.named`)."""
+    if not named:
+        from mscale.watch.actions import UNNAMED_ACTION
+
+        return UNNAMED_ACTION
     if run is None:
         return ("none: a metrics file alone has no run directory to act on (watch the run "
                 "directory to checkpoint and quarantine)")

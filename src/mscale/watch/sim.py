@@ -146,7 +146,8 @@ def generate(world: int, tp: int = 1, pp: int = 1, dp: int | None = None,
         raise MscaleError(f"tp {tp} x pp {pp} x dp {dp} is not world {world}",
                           field="world", fix="give tp * pp * dp == world")
     layout = replace(JobLayout.from_flags(tp, pp, dp, min(ranks_per_node, world), vpp=vpp),
-                     micro_batches=schedulable(pp, vpp, micro_batches))
+                     micro_batches=schedulable(pp, vpp, micro_batches),
+                     named=True)  # node0, node1...: the simulated cluster's own names
     injections = [i if isinstance(i, Injection) else Injection(**i) for i in inject]
     for inj in injections:
         if inj.cause not in CAUSES:

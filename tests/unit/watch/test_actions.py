@@ -132,6 +132,19 @@ def test_job_not_running_quarantines_at_once_without_a_request(run):
         ("straggler", "quarantined at once: the job is not running"), ("info", "quarantine")]
 
 
+def test_placeholder_node_names_are_never_quarantined(run):
+    """Flags without --hostlist name nodes node0, node1...: names a real cluster may have."""
+    from mscale.watch.layout import JobLayout
+
+    assert not JobLayout.from_flags(2, 1, 4, 4).named and not JobLayout.flat(8).named
+    assert JobLayout.from_flags(2, 1, 4, 4, hostlist="gpu[1-2]").named
+    a = actor(run, Clock())
+    a.handle([straggler()], job_alive=False, nodes_named=False)
+    [ev] = watch_events(run)
+    assert ev["evidence"]["action"].startswith("none: the node names are placeholders")
+    assert not os.path.exists(run.quarantine) and os.listdir(run.control) == []
+
+
 def test_a_node_already_quarantined_is_not_added_again(run):
     clock = Clock()
     a = actor(run, clock)

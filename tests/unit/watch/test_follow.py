@@ -76,7 +76,8 @@ def recs(*steps, world=4):
     return [{"step": s, "step_time": [1.0] * world} for s in steps]
 
 
-def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), **actor_kw):
+def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), hostlist=None,
+         **actor_kw):
     rd = RunDir(str(tmp_path / "run"))
     rd.create()
     (tmp_path / "run" / "metrics.jsonl").write_text("")
@@ -87,7 +88,8 @@ def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), **act
         judges.append(Judge(layout, emit))
         return judges[-1]
 
-    f = Follower(target=target, layout_for=layout_source(target), make_watcher=make_watcher,
+    f = Follower(target=target, layout_for=layout_source(target, hostlist=hostlist),
+                 make_watcher=make_watcher,
                  feed=Feed(batches, restart_at), events=EventFeed(rd.events) if run else None,
                  to_window=to_window, actor=Actor(target.run, ActionConfig(**actor_kw)),
                  outputs=Out(), live=live)
@@ -158,7 +160,8 @@ def test_once_judges_what_is_there_and_needs_records(tmp_path):
 def test_once_waits_for_the_requested_checkpoint_before_quarantining(tmp_path):
     slow = Finding(kind="straggler", severity="warning", message="rank 3 slow",
                    cause="slow_device", ranks=[3], nodes=["node1"], first_step=2, last_step=2)
-    f, rd, _ = make(tmp_path, [recs(1, 2)], live=False, emit={2: slow})
+    # named nodes: a layout of placeholders (no plan, no --hostlist) never quarantines
+    f, rd, _ = make(tmp_path, [recs(1, 2)], live=False, emit={2: slow}, hostlist="node[0-1]")
     event(rd, "start")
     hold_lock(rd)
     naps = []
