@@ -55,6 +55,13 @@ def _usage_error(e) -> MscaleError:
 
 
 def _internal_error(e: Exception) -> MscaleError:
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        # the system refused a file the command touched (a path under /proc, a full disk):
+        # the file and the system's words, as for any bad input, not "internal error"
+        return MscaleError(f"{e.strerror} ({type(e).__name__}, errno {e.errno})",
+                           file=str(e.filename),
+                           fix="check the path and the filesystem it is on (run with --debug "
+                               "for the traceback)")
     detail = " ".join(str(e).split())[:500]
     return MscaleError(f"internal error: {type(e).__name__}: {detail}",
                        fix="run with --debug for the traceback")
@@ -128,8 +135,8 @@ def _unexpected(e: Exception, debug: bool, as_json: bool, print_error) -> int:
     if debug:
         raise e
     err = _internal_error(e)
-    if as_json:
-        print_error(err, as_json=True)
+    if as_json or err.file:
+        print_error(err, as_json)
     else:
         sys.stderr.write(f"error: {err.message} (run with --debug for the traceback)\n")
     return err.code

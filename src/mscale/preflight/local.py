@@ -115,7 +115,7 @@ def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: 
         report = _launcher_report(plan, opts, nprocs, result, logs)
         publish(report, opts, quiet=True)
     render(report, opts.as_json)
-    say_written(opts)
+    say_written(opts, since=started)
     return judge.exit_code(report.status), result.failed_rank is not None
 
 

@@ -295,17 +295,33 @@ def publish(report: PreflightReport, opts, quiet: bool) -> int:
     return judge.exit_code(report.status)
 
 
-def say_written(opts) -> None:
+def say_written(opts, since: float | None = None) -> None:
     """Name every file preflight wrote, on stderr (stdout keeps the table or the ``--json``
     document): ``wrote preflight report: RUN_DIR/preflight.json``, ``wrote Prometheus textfile:
-    FILE``. A file a command writes without saying so is one a newcomer does not know of."""
+    FILE``. A file a command writes without saying so is one a newcomer does not know of.
+    ``since``: the ``--local`` launcher's start, when rank 0 wrote the files: a textfile not
+    written since is said to be missing, not "wrote" (rank 0's log says why)."""
     import sys
 
     sys.stdout.flush()  # after the table when both go to one terminal or file
     sys.stderr.write(f"wrote preflight report: {RunDir(opts.run_dir).preflight}\n")
-    if opts.prometheus:
+    if opts.prometheus and since is not None and not _written_since(opts.prometheus, since):
+        sys.stderr.write(f"WARNING the Prometheus textfile {opts.prometheus} was not written: "
+                         "rank 0's log says why\n")
+    elif opts.prometheus:
         sys.stderr.write(f"wrote Prometheus textfile: {opts.prometheus}\n")
     sys.stderr.flush()
+
+
+def _written_since(url: str, since: float) -> bool:
+    """Whether a file was written at or after ``since`` (True where its time cannot be read)."""
+    fs, path = fs_and_path(url)
+    try:
+        info = fs.info(path)
+    except (OSError, ValueError):
+        return False
+    mtime = info.get("mtime")
+    return not isinstance(mtime, (int, float)) or mtime >= since - 1.0
 
 
 def render(report: PreflightReport, as_json: bool) -> None:

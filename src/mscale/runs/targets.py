@@ -46,6 +46,27 @@ def check_output(url: str, kind: Kind, what: str) -> None:
         _read_only(parent, url, what)
         raise MscaleError(f"{what}: no permission to create it in {parent}", file=url,
                           fix=f"choose a writable location for {what}, or fix the permissions")
+    _probe(parent, url, what, kind)
+
+
+def _probe(directory: str, url: str, what: str, kind: Kind) -> None:
+    """As root, create and remove one file in ``directory``: `os.access` answers yes to root
+    everywhere, /proc and sysfs included, where a command then failed at its last step. Other
+    users' answers are the kernel's own; they are spared the two metadata operations (every
+    rank of an srun job checks its run directory)."""
+    import tempfile
+
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mscale-probe-", dir=directory)
+    except OSError as e:
+        raise MscaleError(f"{what}: cannot create files in {directory} ({e.strerror})",
+                          file=url, fix=f"choose a {kind} path on a writable filesystem "
+                                        f"for {what}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _read_only(path: str, url: str, what: str) -> None:
@@ -81,3 +102,4 @@ def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
         _read_only(path, url, what)
         raise MscaleError(f"{what}: no permission to write in it", file=url,
                           fix=f"choose a writable directory for {what}, or fix the permissions")
+    _probe(path, url, what, kind)

@@ -64,3 +64,25 @@ def test_a_read_only_filesystem_is_named_as_such_not_as_a_permission(tmp_path, m
     with pytest.raises(MscaleError) as e:
         check_output(str(target), kind, "--run-dir")
     assert "read-only filesystem" in e.value.message and "remount" in e.value.fix
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_a_place_where_nothing_can_be_created_is_refused_even_for_root(kind):
+    """os.access says yes to root under /proc; the command then failed at its end."""
+    with pytest.raises(MscaleError, match=r"-o: cannot create files in /proc \("):
+        check_output("/proc/mscale-nope/out", kind, "-o")
+
+
+def test_the_probe_leaves_nothing_behind(tmp_path):
+    check_output(str(tmp_path / "plan.yaml"), "file", "-o")
+    check_output(str(tmp_path), "dir", "--run-dir")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_escaping_a_command_names_its_file_not_an_internal_error():
+    from mscale.cli.main import _internal_error
+
+    err = _internal_error(FileNotFoundError(2, "No such file or directory", "/proc/x/p.yaml"))
+    assert err.file == "/proc/x/p.yaml" and err.code == 3
+    assert err.message == "No such file or directory (FileNotFoundError, errno 2)"
+    assert _internal_error(ValueError("x")).message == "internal error: ValueError: x"
