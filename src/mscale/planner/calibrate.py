@@ -41,6 +41,9 @@ class Calibration:
     gemm_tflops: float | None = None
     """Median GEMM TFLOP/s per device (preflight), at ``gemm_n``."""
     gemm_n: int = 8192
+    gemm_dtype: str | None = None
+    """The element type the GEMM ran in, as preflight names it (``bfloat16`` on GPUs,
+    ``float32`` on CPUs): `check_matches` refuses a rate of the other kind of machine."""
     tp_gb_per_s: float | None = None
     dp_gb_per_s: float | None = None
     pp_gb_per_s: float | None = None
@@ -50,6 +53,8 @@ class Calibration:
     """Factor on every kernel rate, solved by `fit_speed` from ``step_time_s``."""
     sources: list[str] = field(default_factory=list)
     """What was read, for the report: one line per file."""
+    gemm_source: str | None = None
+    """The preflight report the GEMM figure came from."""
 
     def device(self, dev: Device) -> Device:
         """``dev`` with measured rates."""
@@ -77,6 +82,27 @@ class Calibration:
         if self.pp_gb_per_s:
             upd["inter_pod"] = min(links.inter_pod, self.pp_gb_per_s * 1e9)
         return dataclasses.replace(links, **upd) if upd else links
+
+
+PRECISION_OF = {"bfloat16": "bf16", "bf16": "bf16", "float32": "fp32", "fp32": "fp32",
+                "float16": "fp16", "fp16": "fp16"}
+"""Preflight's GEMM element type → the training precision it measures."""
+
+
+def check_matches(cal: Calibration, gpu: str) -> None:
+    """Refuse a GEMM rate measured on another kind of machine than the cluster's: preflight runs
+    its GEMM in bf16 on GPUs and fp32 on CPUs, so a CPU report (0.09 TFLOP/s) given for an H100
+    cluster made a 13B plan predict 414 s a step and rank another layout first, without a word."""
+    if cal.gemm_dtype is None:
+        return
+    measured = PRECISION_OF.get(cal.gemm_dtype.lower())
+    want = "fp32" if gpu.lower() == "cpu" else "bf16"
+    if measured != want:
+        where = "CPUs" if measured == "fp32" else "GPUs"
+        raise MscaleError(f"its GEMM ran in {cal.gemm_dtype} (preflight on {where}); a "
+                          f"{gpu} cluster's rate is measured in {want}", file=cal.gemm_source,
+                          field="measured.gemm_tflops.dtype",
+                          fix="calibrate with a preflight run on this cluster's own nodes")
 
 
 def load_calibration(paths: list[str]) -> Calibration:
@@ -114,6 +140,8 @@ def _read_preflight(cal: Calibration, doc, path: str) -> None:
         g = m["gemm_tflops"] if isinstance(m["gemm_tflops"], dict) else {}
         cal.gemm_tflops = _number(g.get("median"), path, "measured.gemm_tflops.median")
         cal.gemm_n = int(_number(g.get("n", cal.gemm_n), path, "measured.gemm_tflops.n"))
+        cal.gemm_dtype = str(g["dtype"]) if g.get("dtype") is not None else None
+        cal.gemm_source = path
         used.append(f"GEMM {cal.gemm_tflops:g} TFLOP/s at n={cal.gemm_n}")
     bus = m.get("busbw_gbps", {}) if isinstance(m.get("busbw_gbps", {}), dict) else {}
     for kind, attr in (("tp", "tp_gb_per_s"), ("dp", "dp_gb_per_s")):

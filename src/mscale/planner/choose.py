@@ -19,7 +19,8 @@ from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig
 from mscale.errors import MscaleError
 from mscale.planner.advice import device_word, no_fit_error
-from mscale.planner.calibrate import Calibration, fit_speed, load_calibration
+from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
+                                      load_calibration)
 from mscale.planner.cost import LayoutCost, Problem, evaluate
 from mscale.planner.given import given_layout
 from mscale.planner.search import SearchResult, describe, search
@@ -61,6 +62,7 @@ def calibration_for(configs: Configs, stack: str | None, paths: list[str],
     """Measured rates from the files; a run's step time needs the layout it ran (``given``),
     whose predicted step time is fitted to it."""
     cal = load_calibration(paths)
+    check_matches(cal, configs[2].gpu.name)
     if cal.step_time_s is not None:
         if given is None:
             raise MscaleError("a metrics.jsonl calibrates against the layout that run used",

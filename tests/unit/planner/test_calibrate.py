@@ -86,6 +86,17 @@ def test_cli_calibrates_and_says_from_what(cli, tmp_path):
     assert doc["given"]["cost"]["step_time"] == pytest.approx(12.0, rel=1e-3)
 
 
+def test_a_cpu_preflight_is_refused_for_a_gpu_cluster(cli, tmp_path):
+    """Its fp32 GEMM at 0.09 TFLOP/s made a GPU plan predict minutes a step, exit 0."""
+    pf = preflight(tmp_path, gemm=0.09)
+    doc = json.loads(pf.read_text())
+    doc["measured"]["gemm_tflops"]["dtype"] = "float32"
+    pf.write_text(json.dumps(doc))
+    code, _, err = cli("plan", *GPT, "--calibrate", str(pf))
+    assert code == 3 and "Traceback" not in err, err
+    assert f"{pf}: measured.gemm_tflops.dtype: its GEMM ran in float32 (preflight on CPUs)" in err
+
+
 def test_metrics_without_a_layout_is_refused(cli, tmp_path):
     code, _, err = cli("plan", *GPT, "--calibrate", str(metrics(tmp_path, 12.0)))
     assert code == 3 and "--layout" in err and "Traceback" not in err
