@@ -61,7 +61,7 @@ def plan_cmd(
     keep_given: bool = typer.Option(False, "--keep-given", help="With -o, write the given layout "
                                     "instead of the best."),
     failure_rate: float = typer.Option(GoodputInputs.failures_per_1000_node_days, "--failure-rate",
-                                       min=0.0, callback=_finite,
+                                       callback=_finite,  # > 0: planner/goodput.py says so
                                        help="Failures per 1000 node-days."),
     restart_s: float = typer.Option(GoodputInputs.restart_s, "--restart-s", min=0.0,
                                     callback=_finite,

@@ -94,7 +94,12 @@ def choose(configs: Configs, *, stack: str | None = None, options: dict[str, Any
     ``stack``, a bad given layout and ``keep_given`` without one are refused before the search;
     a given layout that does not fit, or nothing that fits, is an MscaleError with the fix."""
     pb = Problem(*configs, stack=stack)
-    pb.stack_profile  # an unknown stack is refused before any work
+    try:
+        pb.stack_profile  # an unknown stack is refused before any work
+    except MscaleError as e:
+        if stack is not None:  # the option's, not the training file's
+            e.field, e.file = "--stack", None
+        raise
     given_lo = given_layout(pb, options or {}, layout_path)
     if calibrate:
         pb = Problem(*configs, stack=stack,

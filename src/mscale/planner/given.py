@@ -25,7 +25,7 @@ def given_layout(pb: Problem, options: dict[str, Any], path: str | None) -> Layo
     """Build the given layout from ``path`` and/or options; None when neither is given.
 
     Unset fields take the training config's value, then a default (tp 1, pp 1, vpp 1, SP when
-    tp > 1); dp is derived from the GPU count.
+    tp > 1); dp is derived from the GPU count (a file's own dp is replaced).
     """
     options = {k: v for k, v in options.items() if v is not None}
     if path is None and not options:
@@ -43,7 +43,9 @@ def given_layout(pb: Problem, options: dict[str, Any], path: str | None) -> Layo
                               f"{'tp' if name == 'tp' else 'tp·pp'} = {val}", file=source,
                               field=f"layout.{name}", fix="pick tp and pp whose product divides "
                               f"nodes·gpus_per_node = {world}")
-    data.setdefault("dp", world // (tp * pp))
+    # derived, even where the file says otherwise: a plan made for another cluster size carries
+    # its own dp, and refusing it asked for a dp no option sets
+    data["dp"] = world // (tp * pp)
     data.setdefault("sequence_parallel", tp > 1 and pb.model.seq_len % tp == 0)
     for f in ("micro_batch", "zero_stage", "recompute"):
         if getattr(tr, f) is not None:

@@ -320,8 +320,18 @@ def _reject_memory(pb: Problem, arr, costs, bad, rejects: Rejects) -> None:
             i = sel[np.argmin(costs["mem_total"][sel])]
             reason = (f"out of memory (> {gb:.1f} GB usable) with recompute={RECOMPUTE_NAMES[int(r)]}"
                       f", zero={int(z)}")
-            rejects.add(reason, f"least needs {costs['mem_total'][i] / 1e9:.1f} GB: "
+            rejects.add(reason, f"least needs {_gb_over(costs['mem_total'][i] / 1e9, gb)} GB: "
                         f"{describe(layout_at(arr, int(i), pb.model.layers))}", n=len(sel))
+
+
+def _gb_over(need: float, budget: float) -> str:
+    """``need`` with as many decimals as it takes to read above ``budget`` (72.04 > 72.0, not
+    "needs 72.0 GB" against "> 72.0 GB usable")."""
+    for digits in (1, 2, 3):
+        text = f"{need:.{digits}f}"
+        if float(text) > round(budget, 1):
+            return text
+    return f"{need:.3f}"
 
 
 def layout_at(arr: dict[str, np.ndarray], i: int, layers: int) -> LayoutConfig:

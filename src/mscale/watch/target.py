@@ -125,6 +125,10 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
     else every rank on its own (rank-level rules only; nodes and stages unknown)."""
     def from_flags(world: int) -> JobLayout:
         t, p = tp or 1, pp or 1
+        if dp is None and world % (t * p):
+            raise MscaleError(f"--tp {t} x --pp {p} = {t * p} does not divide the records' "
+                              f"{world} ranks", field="--tp" if tp else "--pp",
+                              fix=f"give the job's own sizes: tp·pp·dp = {world}")
         d = dp or max(1, world // (t * p))
         nodes = len(expand_hostlist(hostlist)) if hostlist else 1
         per_node = ranks_per_node or max(1, t * p * d // nodes)

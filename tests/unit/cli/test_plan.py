@@ -76,6 +76,26 @@ def test_keep_given_writes_the_given_layout(cli, tmp_path):
     assert (load_plan(str(out)).layout.tp, load_plan(str(out)).layout.dp) == (2, 2)
 
 
+def test_a_plan_of_another_cluster_size_is_evaluated_at_this_ones_dp(cli, tmp_path):
+    """Its own dp (4, for 8 GPUs) was refused on a 4-GPU cluster with a fix no option sets."""
+    layout = tmp_path / "big.yaml"
+    layout.write_text("tp: 2\npp: 1\ndp: 4\nmicro_batch: 1\n")
+    small = tmp_path / "cluster.yaml"
+    small.write_text("name: two\nnodes: 2\ngpus_per_node: 2\ngpu: cpu\n")
+    code, out, err = cli("plan", "--cluster", str(small), *CPU[2:], "--layout", str(layout),
+                         "--json")
+    assert code == 0, err
+    assert json.loads(out)["given"]["layout"]["dp"] == 2
+
+
+def test_option_errors_name_the_option(cli):
+    code, _, err = cli("plan", *CPU, "--stack", "megatron")
+    assert code == 3 and err.startswith("error: --stack: unknown stack 'megatron'"), err
+    for value in ("0", "-1"):  # one message for both: "[x>=0.0]" then "not positive" was two
+        code, _, err = cli("plan", *CPU, "--failure-rate", value)
+        assert code == 3 and f"--failure-rate: {value} is not a positive finite number" in err
+
+
 @pytest.mark.parametrize("args,field", [(["--tp", "3"], "layout.tp"),
                                         (["--tp", "2", "--pp", "3"], "layout.pp")])
 def test_bad_given_layout_exits_3_with_field(cli, args, field):

@@ -163,3 +163,10 @@ def test_a_global_batch_nothing_divides_names_the_field_and_a_fix():
     err = no_fit_error(pb, r, {"training": "t.yaml"})
     assert (err.file, err.field) == ("t.yaml", "global_batch")
     assert "not divisible by dp·micro_batch" in err.message and "= 16" in err.fix
+
+
+def test_a_rejected_layouts_need_reads_above_the_budget():
+    """Rounded to one decimal, "needs 72.0 GB" against "> 72.0 GB usable" hid why."""
+    from mscale.planner.search import _gb_over
+
+    assert _gb_over(72.04, 72.0) == "72.04" and _gb_over(95.8, 72.0) == "95.8"

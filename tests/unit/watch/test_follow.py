@@ -425,3 +425,11 @@ def test_once_refuses_a_directory_no_run_has_written_to(tmp_path):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("")
     require_run(resolve_target(str(trace)))
+
+
+def test_flags_that_do_not_divide_the_records_ranks_say_so(tmp_path):
+    target = resolve_target(str(tmp_path / "trace.jsonl"))
+    with pytest.raises(MscaleError, match=r"--tp 3 x --pp 1 = 3 does not divide the records' "
+                                          r"1024 ranks") as e:
+        layout_source(target, tp=3)(1024)
+    assert e.value.field == "--tp" and "tp·pp·dp = 1024" in e.value.fix
