@@ -267,13 +267,15 @@ def parse_json(data: bytes | str, source: str, *, what: str = "file",
 
 
 # -- validation -----------------------------------------------------------------------------------
-def validation_to_error(err: ValidationError, source: str | None, prefix: str = "") -> MscaleError:
+def validation_to_error(err: ValidationError, source: str | None, prefix: str = "",
+                        model: type | None = None) -> MscaleError:
     """Turn pydantic's error list into one MscaleError naming the first bad field.
 
     The field goes in ``field`` only (the CLI prints ``file: field: message``), never again in the
-    message; further problems follow as ``also: field: message``.
+    message; further problems follow as ``also: field: message``. With the ``model`` validated,
+    an unknown field names the known one it is closest to (``gpu_per_node``: gpus_per_node?).
     """
-    problems = [_problem(item, prefix) for item in err.errors()]
+    problems = [_problem(item, prefix, model) for item in err.errors()]
     field, message, fix = problems[0]
     if len(problems) > 1:
         rest = [f"{f}: {m}" for f, m, _ in problems[1:4]]
@@ -282,7 +284,7 @@ def validation_to_error(err: ValidationError, source: str | None, prefix: str = 
     return MscaleError(message, file=source, field=field, fix=fix)
 
 
-def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
+def _problem(item: Any, prefix: str, model: type | None = None) -> tuple[str, str, str]:
     """(dotted field, message without the field, fix) of one pydantic error."""
     loc = list(item["loc"])
     kind, msg = item["type"], item["msg"]
@@ -293,7 +295,8 @@ def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
     elif kind == "value_error":
         msg = msg.removeprefix("Value error, ")
     elif kind == "extra_forbidden":
-        msg = "unknown field (a typo?)"
+        near = _closest_field(model, loc)
+        msg = f"unknown field (a typo of {near}?)" if near else "unknown field (a typo?)"
     elif kind == "missing":
         msg = "required field is missing"
     field = field_path(prefix.rstrip("."), *loc) or "(top level)"
@@ -302,6 +305,25 @@ def _problem(item: Any, prefix: str) -> tuple[str, str, str]:
         msg += f", got {_show(value)}"
     fix = error.fix if isinstance(error, FieldError) and error.fix else _fix(kind, value)
     return field, msg, fix
+
+
+def _closest_field(model: type | None, loc: list) -> str | None:
+    """The field of the model at ``loc``'s parent whose name is closest to ``loc``'s last part,
+    if one is close; None when the model cannot be followed there."""
+    import difflib
+    import typing
+
+    for part in loc[:-1]:
+        if isinstance(part, int) or model is None:
+            continue  # a list item: the list's own model is already current
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        model = next((t for t in [field.annotation, *typing.get_args(field.annotation)]
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    names = list(getattr(model, "model_fields", {})) if model is not None else []
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def field_path(*parts: str | int) -> str:
@@ -350,7 +372,7 @@ def validate(model: type[M], data: Any, source: str | None, prefix: str = "") ->
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise validation_to_error(e, source, prefix) from None
+        raise validation_to_error(e, source, prefix, model) from None
     except RecursionError:
         raise MscaleError("nested too deeply", file=source, field=prefix.rstrip(".") or None,
                           fix=FIX) from None

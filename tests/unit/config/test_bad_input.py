@@ -363,3 +363,17 @@ def test_field_path_spelling():
     assert field_path("", "stage_layers", 0) == "stage_layers[0]"
     assert field_path("layout", "eval.interval") == "layout.eval.interval"
     assert field_path() == ""
+
+
+@pytest.mark.parametrize("schema, text, field, near", [
+    (ClusterConfig, "nodes: 2\ngpu_per_node: 4\ngpu: A100\n", "gpu_per_node", "gpus_per_node"),
+    (TrainingConfig, TRAINING + "data:\n  kind: tokens\n  sources:\n  - path: /x\n    wieght: 2\n",
+     "data.sources[0].wieght", "weight"),
+    (TrainingConfig, TRAINING + "colour: 1\n", "colour", None),  # nothing close: no guess
+])
+def test_an_unknown_field_names_the_known_one_it_is_closest_to(tmp_path, schema, text, field,
+                                                                near):
+    err = refused(schema, tmp_path, text)
+    assert err.field == field
+    assert err.message == (f"unknown field (a typo of {near}?)" if near else
+                           "unknown field (a typo?)")
