@@ -118,6 +118,7 @@ def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
     job = doc["summary"]["job"]
     assert (job["state"], job["exit_code"], job["ranks"], job["nodes"], job["attempt"]) == (
         "crashed", 3, [5], ["node3"], 1)
+    assert job["step"] == 15  # the launcher's event has none: the last step the records show
     [stop] = [f for f in doc["findings"] if f["kind"] == "stop"]
     assert stop in doc["open"] and stop["message"] == KILLED.removeprefix("CRITICAL ")
     assert stop["severity"] == "critical" and "mscale recover" in stop["advice"]
