@@ -49,24 +49,42 @@ def check_output(url: str, kind: Kind, what: str) -> None:
     _probe(parent, url, what, kind)
 
 
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2",
+                                "debugfs", "tracefs", "securityfs", "configfs", "pstore",
+                                "bpf", "efivarfs", "fusectl", "mqueue", "hugetlbfs"})
+"""Kernel filesystems where no command's output can be created (/proc, /sys, ...)."""
+
+
 def _probe(directory: str, url: str, what: str, kind: Kind) -> None:
-    """As root, create and remove one file in ``directory``: `os.access` answers yes to root
-    everywhere, /proc and sysfs included, where a command then failed at its last step. Other
-    users' answers are the kernel's own; they are spared the two metadata operations (every
-    rank of an srun job checks its run directory)."""
-    import tempfile
+    """Refuse a place on a kernel pseudo-filesystem: `os.access` says yes to root there (under
+    /proc too), and the command failed at its last step. Read from the mount table, never by
+    writing: every rank of an srun job checks its run directory at once, and a probe file each
+    created and removed there failed one rank with ENOENT while the others set the directory up
+    (CI48, the srun preflight test)."""
+    fstype = _fstype(os.path.realpath(directory))
+    if fstype in PSEUDO_FILESYSTEMS:
+        raise MscaleError(f"{what}: {directory} is on the kernel's {fstype} filesystem, where "
+                          "nothing can be created", file=url,
+                          fix=f"choose a {kind} path on a writable filesystem for {what}")
 
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return
 
+def _fstype(path: str) -> str | None:
+    """The filesystem type of the mount that holds ``path`` (/proc/self/mounts; None where
+    there is no such table)."""
+    best, found = "", None
     try:
-        fd, probe = tempfile.mkstemp(prefix=".mscale-probe-", dir=directory)
-    except OSError as e:
-        raise MscaleError(f"{what}: cannot create files in {directory} ({e.strerror})",
-                          file=url, fix=f"choose a {kind} path on a writable filesystem "
-                                        f"for {what}") from None
-    os.close(fd)
-    os.unlink(probe)
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                point = parts[1].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, found = point, parts[2]
+    except OSError:
+        return None
+    return found
 
 
 def _read_only(path: str, url: str, what: str) -> None:
