@@ -71,6 +71,18 @@ def test_preflight_for_this_plan_only(run):
     assert decide_exclusions(run, diag(cls="software"), now=NOW).nodes == []
 
 
+def test_a_quarantine_preflight_repeated_does_not_outlive_its_entry(run):
+    """preflight makes a quarantined node of the job a CRITICAL `quarantine` result; once the
+    entry expired (or was cleared), the node must not come back through preflight.json."""
+    rep = PreflightReport(world=8, layout={"tp": 2, "pp": 2, "dp": 2}, bad_nodes=["node3"],
+                          results=[CheckResult(check="quarantine", entity_kind="node",
+                                               entity="node3", node="node3", status="CRITICAL",
+                                               message="node3 is quarantined until ...")])
+    write_json_atomic(run.preflight, rep.model_dump(mode="json"))
+    quarantine(run, ("node3", "slow link", NOW - 10))  # expired
+    assert decide_exclusions(run, diag(cls="software"), now=NOW).nodes == []
+
+
 def test_hardware_suspects_are_excluded(run):
     for cls in ("gpu", "network"):
         ex = decide_exclusions(run, diag(cls=cls), now=NOW)
