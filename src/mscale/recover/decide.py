@@ -154,8 +154,11 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if finished:  # exit 0 (docs/recover.md): a finished run is no failure, nor degraded
         verdict, reasons = "finished", ["the run finished: nothing to recover"]
     else:
+        # the job's own command as it ran, not this recovery's rewrite of it (a re-plan file,
+        # exclusions, a rollback --resume): an unrecoverable verdict writes none of those
+        own = opts.command or (launch.argv if launch and launch.argv else None)
         verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons,
-                           rerun=how.command)
+                           rerun=own)
         reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
@@ -181,8 +184,8 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
              rp: Replan | None, skip: DataSkip | None, refusal: str | None,
              reasons: list[str], rerun: list[str] | None = None) -> str:
     """The verdict, appending one sentence per fact behind it to ``reasons``. ``rerun``: the
-    command that would relaunch the job, for the operator to run once a cause only they can fix
-    is fixed."""
+    job's own launch command, for the operator to run again once a cause only they can fix is
+    fixed."""
     refused = []
     if diagnosis.symptom == "bad_input" or diagnosis.cls == "user_code":
         # not "run recover again": it judges this same failed attempt until a new one runs

@@ -233,6 +233,10 @@ def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
     assert any(why in r for r in plan.reasons)
     if case == "bad_input":  # the operator is given the job's own command to run once fixed
         assert any(why in r and "--local 8 --steps 20" in r for r in plan.reasons), plan.reasons
+        fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "quarantined"})
+        plan = plan_recovery(str(run))  # not this recovery's rewrite (a re-plan never written)
+        said = next(r for r in plan.reasons if why in r)
+        assert "--local 8 --steps 20" in said and "recover/plan-" not in said, said
 
 
 def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes):
