@@ -233,7 +233,9 @@ def test_unrecoverable_cases_have_no_command_and_say_why(run, fakes, case):
     assert any(why in r for r in plan.reasons)
     if case == "bad_input":  # the operator is given the job's own command to run once fixed
         assert any(why in r and "--local 8 --steps 20" in r for r in plan.reasons), plan.reasons
-        fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "quarantined"})
+        fakes.exclusions = Exclusions(nodes=["node3", "node4"], reasons={
+            "node3": "quarantined", "node4": "quarantined"})
+        fakes.replan = shrunk(run)
         plan = plan_recovery(str(run))  # not this recovery's rewrite (a re-plan never written)
         said = next(r for r in plan.reasons if why in r)
         assert "--local 8 --steps 20" in said and "recover/plan-" not in said, said
