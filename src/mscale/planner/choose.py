@@ -22,7 +22,7 @@ from mscale.planner.advice import device_word, no_fit_error
 from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
                                       load_calibration)
 from mscale.planner.cost import LayoutCost, Problem, evaluate
-from mscale.planner.given import given_layout
+from mscale.planner.given import given_layout, load_layout_data
 from mscale.planner.search import SearchResult, describe, search
 
 PLAN_SECTIONS = ("cluster", "model", "training", "layout")
@@ -58,9 +58,9 @@ def load_parts(model: str, training: str, cluster: str) -> Configs:
 
 
 def calibration_for(configs: Configs, stack: str | None, paths: list[str],
-                    given: LayoutConfig | None) -> Calibration:
-    """Measured rates from the files; a run's step time needs the layout it ran (``given``),
-    whose predicted step time is fitted to it."""
+                    given: LayoutConfig | None, layout_path: str | None = None) -> Calibration:
+    """Measured rates from the files; a run's step time needs the layout it ran (``given``,
+    from ``layout_path`` or the options), whose predicted step time is fitted to it."""
     cal = load_calibration(paths)
     check_matches(cal, configs[2].gpu.name)
     if cal.step_time_s is not None:
@@ -68,6 +68,11 @@ def calibration_for(configs: Configs, stack: str | None, paths: list[str],
             raise MscaleError("a metrics.jsonl calibrates against the layout that run used",
                               field="--calibrate", fix="give that layout too: --layout "
                               "RUN/plan.yaml (or --tp/--pp/...)")
+        ran = load_layout_data(layout_path).get("dp") if layout_path else None
+        if ran is not None and ran != given.dp:  # given_layout re-derived it for this cluster
+            raise MscaleError(f"the run ran at dp={ran}, this cluster's layout has dp={given.dp}:"
+                              " its step time measures another batch split", file=layout_path,
+                              field="layout.dp", fix="calibrate with --cluster the run used")
         fit_speed(cal, lambda c: evaluate(Problem(*configs, stack=stack, calibration=c),
                                           given).step_time)
     return cal
@@ -103,7 +108,8 @@ def choose(configs: Configs, *, stack: str | None = None, options: dict[str, Any
     given_lo = given_layout(pb, options or {}, layout_path)
     if calibrate:
         pb = Problem(*configs, stack=stack,
-                     calibration=calibration_for(configs, stack, calibrate, given_lo))
+                     calibration=calibration_for(configs, stack, calibrate, given_lo,
+                                                 layout_path))
     if keep_given and given_lo is None:
         raise MscaleError("--keep-given needs a given layout", field="--keep-given",
                           fix="add --layout FILE or --tp/--pp/... options")

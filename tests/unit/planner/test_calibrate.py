@@ -97,6 +97,17 @@ def test_a_cpu_preflight_is_refused_for_a_gpu_cluster(cli, tmp_path):
     assert f"{pf}: measured.gemm_tflops.dtype: its GEMM ran in float32 (preflight on CPUs)" in err
 
 
+def test_a_runs_step_time_is_not_fitted_to_another_dp(cli, tmp_path):
+    """--layout's dp is derived for the cluster given; a run's metrics were measured at its
+    own dp: fitting one to the other is refused, not silently wrong."""
+    layout = tmp_path / "ran.yaml"
+    layout.write_text("tp: 8\npp: 8\nvpp: 6\ndp: 96\nmicro_batch: 1\nzero_stage: 1\n"
+                      "recompute: full\n")  # the run had half of this cluster's GPUs
+    code, _, err = cli("plan", *GPT, "--layout", str(layout), "--calibrate",
+                       str(metrics(tmp_path, 12.0)))
+    assert code == 3 and "the run ran at dp=96, this cluster's layout has dp=192" in err, err
+
+
 def test_metrics_without_a_layout_is_refused(cli, tmp_path):
     code, _, err = cli("plan", *GPT, "--calibrate", str(metrics(tmp_path, 12.0)))
     assert code == 3 and "--layout" in err and "Traceback" not in err
