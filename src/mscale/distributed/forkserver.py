@@ -104,10 +104,15 @@ def guarded(entry: str) -> str:
     """``entry`` with an exception it leaves unhandled made exit 3, a crash, with its traceback
     in the worker's log. Python ends on one with 1, which a launcher reads as "halted on request"
     (the exit-code contract): workers whose import failed ended 1 and were not counted failed,
-    and the launcher blamed a rank it had stopped itself."""
-    body = "\n".join("    " + line for line in entry.splitlines())
-    return ("try:\n" + body + "\nexcept Exception:\n    import sys, traceback\n"
-            "    traceback.print_exc()\n    sys.exit(3)\n")
+    and the launcher blamed a rank it had stopped itself. The entry is compiled as it is (not
+    re-indented: its string literals and ``from __future__`` lines stay valid) and run in the
+    module's globals, as ``python -c`` would."""
+    return ("import sys as _sys, traceback as _traceback\n"
+            "try:\n"
+            f"    exec(compile({entry!r}, '<string>', 'exec'), globals())\n"
+            "except Exception:\n"
+            "    _traceback.print_exc()\n"
+            "    _sys.exit(3)\n")
 
 
 def start(entry: str, argv: Sequence[str], env: dict[str, str], out_fd: int,

@@ -67,6 +67,18 @@ def test_an_exception_the_entry_leaves_unhandled_is_a_crash_not_a_halt(tmp_path,
         os.path.join(logs, "rank0.log")).read()
 
 
+def test_the_guard_keeps_the_entry_as_written():
+    """Not re-indented: a multi-line string keeps its lines, a __future__ import stays first."""
+    import subprocess
+    import sys
+
+    entry = ("from __future__ import annotations\nimport sys\nx = \"\"\"a\nb\"\"\"\n"
+             "print(repr(x), __name__, sys.argv[1:])\nsys.exit(7)\n")
+    p = subprocess.run([sys.executable, "-c", forkserver.guarded(entry), "arg"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 7 and p.stdout == "'a\\nb' __main__ ['arg']\n", p.stdout + p.stderr
+
+
 def test_spawning_can_be_asked_for(monkeypatch):
     import importlib
 
