@@ -101,6 +101,8 @@ def write_error_file(run: RunDir, rank: int, node: str, exc: BaseException) -> s
     record = {"rank": rank, "node": node, "time": time.time(), "kind": classify(exc),
               "exception": type(exc).__name__, "message": one_line(exc),
               "traceback": "".join(traceback.format_exception(exc))}
+    if os.environ.get("MSCALE_RUN_ID"):  # a --local launch: its launcher reads only its own
+        record["run_id"] = os.environ["MSCALE_RUN_ID"]
     if isinstance(exc, MscaleError):  # where the bad input is: recover reads the file named
         record.update(file=exc.file, field=exc.field)  # (a damaged checkpoint: a rollback)
     path = error_file(run, rank)
@@ -111,10 +113,12 @@ def write_error_file(run: RunDir, rank: int, node: str, exc: BaseException) -> s
     return path
 
 
-def read_error_files(run: RunDir, since: float | None = None) -> dict[int, dict]:
+def read_error_files(run: RunDir, since: float | None = None,
+                     run_id: str | None = None) -> dict[int, dict]:
     """Every rank's error file that parses, by rank (what the launcher and recover read); with
-    ``since`` (a wall-clock time), only those written at or after it. An attempt leaves its error
-    files behind: the next attempt's launcher quoted one as the cause of its own failure."""
+    ``run_id``, only that launch's (files that name no launch: those written at or after
+    ``since``, a wall-clock time, less `CLOCK_SLACK_S`). An attempt leaves its error files
+    behind: the next attempt's launcher quoted one as the cause of its own failure."""
     out: dict[int, dict] = {}
     try:
         fs, root = fs_and_path(run.logs)
@@ -129,14 +133,23 @@ def read_error_files(run: RunDir, since: float | None = None) -> dict[int, dict]
             rec = json.loads(fs.cat_file(path))
         except (OSError, ValueError):
             continue
-        if isinstance(rec, dict) and (since is None or _written_since(rec, since)):
+        if isinstance(rec, dict) and _of_this_launch(rec, since, run_id):
             out[int(m.group(1))] = rec
     return out
 
 
-def _written_since(rec: dict, since: float) -> bool:
+CLOCK_SLACK_S = 2.0
+"""How far a clock may step back (NTP) between a launch and a worker's error file."""
+
+
+def _of_this_launch(rec: dict, since: float | None, run_id: str | None) -> bool:
+    if run_id is not None and "run_id" in rec:
+        return rec["run_id"] == run_id
+    if since is None:
+        return True
     when = rec.get("time")
-    return isinstance(when, (int, float)) and not isinstance(when, bool) and when >= since
+    return (isinstance(when, (int, float)) and not isinstance(when, bool)
+            and when >= since - CLOCK_SLACK_S)
 
 
 def launcher_gone_message(why: str) -> str:

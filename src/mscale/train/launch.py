@@ -249,7 +249,7 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names(),
                                           stop_notice=stop_notice)
-    errors = read_error_files(run, since=started)
+    errors = read_error_files(run, since=started, run_id=run_id)
     if stopped_by_operator(result, errors):
         say(record_interruption(run, result, run_id, logs))
         result.code = EXIT_INTERRUPTED

@@ -44,3 +44,9 @@ def test_an_earlier_attempts_error_file_is_not_this_jobs(tmp_path):
     (logs / "rank3.error.json").write_text(json.dumps({"rank": 3}))  # no time: not provably new
     assert sorted(read_error_files(run)) == [2, 3, 5]
     assert sorted(read_error_files(run, since=now)) == [2]
+    # a launch's own files name it: theirs whatever the clocks say, another launch's never
+    (logs / "rank6.error.json").write_text(json.dumps({"rank": 6, "time": now - 60,
+                                                       "run_id": "local-b"}))
+    (logs / "rank7.error.json").write_text(json.dumps({"rank": 7, "time": now + 1,
+                                                       "run_id": "local-a"}))
+    assert sorted(read_error_files(run, since=now, run_id="local-b")) == [2, 6]
