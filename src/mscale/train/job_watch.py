@@ -20,9 +20,10 @@ __all__ = ["JobResult", "agreed_stop", "record_failure", "record_interruption", 
 
 
 def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs: str,
-                   errors: dict[int, dict]) -> str:
+                   errors: dict[int, dict], started: float | None = None) -> str:
     """Write the job's ``stop``/``hang`` event; returns the console line that says what happened.
-    ``errors``: this job's error files (`read_error_files` since its start)."""
+    ``errors``: this job's error files (`read_error_files` since its start); ``started``: the
+    launch's wall-clock start, to tell this job's last step from an earlier attempt's."""
     from mscale.topology.placement import placement_for
 
     placement = placement_for(plan)
@@ -56,9 +57,42 @@ def record_failure(run: RunDir, plan: Plan, result: JobResult, run_id: str, logs
                 "error_files": {r: f"logs/rank{r}.error.json" for r in sorted(errors)},
                 "logs": logs}
     where = _append(run, Event(source="train", kind=event_kind, severity="critical",
-                               ranks=implicated, nodes=sorted({node(r) for r in implicated}),
+                               step=last_step_since(run, started), ranks=implicated,
+                               nodes=sorted({node(r) for r in implicated}),
                                message=line, evidence=evidence))
     return f"{line}; {where}; worker logs in {logs}"
+
+
+TAIL_BYTES = 1 << 20
+"""How much of metrics.jsonl's end `last_step_since` reads (a 12,288-rank record is ~200 KB)."""
+
+
+def last_step_since(run: RunDir, since: float | None) -> int | None:
+    """The last step ``metrics.jsonl`` records, when its record was written at or after ``since``
+    (this launch's, not an earlier attempt's); None otherwise, or when unreadable. The event
+    then says where the job was, as rank 0's own stop does (watch's summary.job.step)."""
+    import json
+
+    from mscale.runs.atomic import fs_and_path
+    from mscale.train.failure import CLOCK_SLACK_S
+
+    if since is None:
+        return None
+    try:
+        fs, path = fs_and_path(run.metrics)
+        size = fs.size(path)
+        tail = fs.cat_file(path, start=max(0, size - TAIL_BYTES))
+    except (OSError, ValueError):
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a torn last line, or the first one cut by the tail
+        step, when = (rec.get("step"), rec.get("time")) if isinstance(rec, dict) else (None, None)
+        if isinstance(step, int) and isinstance(when, (int, float)):
+            return step if when >= since - CLOCK_SLACK_S else None
+    return None
 
 
 def stopped_by_operator(result: JobResult, errors: dict[int, dict]) -> bool:

@@ -256,7 +256,7 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
     elif result.failed_rank is not None and agreed_stop(run, result, run_id, errors):
         result.failed_rank = None  # rank 0's stop line and event already say why
     elif result.failed_rank is not None:
-        say(record_failure(run, plan, result, run_id, logs, errors))
+        say(record_failure(run, plan, result, run_id, logs, errors, started))
     if as_json:
         print(json.dumps(summary_document(run, run_id, result), indent=2, default=str), flush=True)
     return result.code

@@ -29,7 +29,7 @@ with small fakes and its pieces with real traces.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from mscale.errors import MscaleError
@@ -207,10 +207,7 @@ class Follower:
         if self.ended is not None:
             self.findings.remove(self.ended)
         self.job_end = self.job.end()
-        last = getattr(self.watcher, "last_step", None)
-        if self.job_end.step is None and last is not None:  # the launcher's event has no step
-            self.job_end = replace(self.job_end, step=last)
-        self.ended = self.job_end.finding(last)
+        self.ended = self.job_end.finding(getattr(self.watcher, "last_step", None))
         if self.ended is None:
             return []
         self.findings.append(self.ended)

@@ -50,3 +50,18 @@ def test_an_earlier_attempts_error_file_is_not_this_jobs(tmp_path):
     (logs / "rank7.error.json").write_text(json.dumps({"rank": 7, "time": now + 1,
                                                        "run_id": "local-a"}))
     assert sorted(read_error_files(run, since=now, run_id="local-b")) == [2, 6]
+
+
+def test_the_launchers_event_names_this_launchs_last_step_only(tmp_path):
+    """A job that died before its first record must not be given an earlier attempt's step."""
+    import json
+
+    from mscale.runs.rundir import RunDir
+    from mscale.train.job_watch import last_step_since
+
+    run = RunDir(str(tmp_path))
+    lines = [json.dumps({"step": s, "time": 100.0 + s}) for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n{\"step\": 4, \"ti")  # torn
+    assert last_step_since(run, since=50.0) == 3
+    assert last_step_since(run, since=500.0) is None  # written before this launch
+    assert last_step_since(RunDir(str(tmp_path / "none")), since=50.0) is None

@@ -80,7 +80,8 @@ def launcher_failure(rd: RunDir, rank: int, returncode: int, attempt: int = 1,
                        alive_at_failure=[r for r in range(WORLD) if r != rank],
                        stopped_at_failure=list(stopped))
     record_failure(rd, load_checked_plan(str(PLANS / "cpu-tiny.yaml")), result,
-                   f"local-{attempt}", rd.path("logs"), read_error_files(rd))
+                   f"local-{attempt}", rd.path("logs"), read_error_files(rd),
+                   started=0.0)  # the simulated records' clock starts near 0
 
 
 @pytest.fixture
@@ -118,7 +119,7 @@ def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
     job = doc["summary"]["job"]
     assert (job["state"], job["exit_code"], job["ranks"], job["nodes"], job["attempt"]) == (
         "crashed", 3, [5], ["node3"], 1)
-    assert job["step"] == 15  # the launcher's event has none: the last step the records show
+    assert job["step"] == 15  # the launcher's event: the last step this launch recorded
     [stop] = [f for f in doc["findings"] if f["kind"] == "stop"]
     assert stop in doc["open"] and stop["message"] == KILLED.removeprefix("CRITICAL ")
     assert stop["severity"] == "critical" and "mscale recover" in stop["advice"]
