@@ -39,7 +39,7 @@ def gpu_preset(name: str, memory_mib: float) -> str | None:
     preset has its peak: the PCIe and NVL parts of H100/H200 run slower clocks (756 and 835
     dense BF16 TFLOP/s against the SXM part's 989, NVIDIA's H100 and H200 datasheets), so an
     MFU against the SXM peak would flatter them."""
-    if re.search(r"PCIe|NVL", name, re.IGNORECASE):
+    if re.search(r"PCIe|NVL|GH200|GB200", name, re.IGNORECASE):  # GH200: 96 or 144 GB
         return None
     for preset in ("H200", "H800", "H100"):
         if preset in name:

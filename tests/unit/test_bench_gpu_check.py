@@ -94,7 +94,8 @@ def test_missing_requirements_are_named_before_any_check(checks):
     ("NVIDIA H800", 81559, "H800"), ("NVIDIA A100-SXM4-80GB", 81920, "A100"),
     ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
     ("NVIDIA H100 PCIe", 81559, None), ("NVIDIA H100 NVL", 95830, None),  # slower parts
-    ("NVIDIA H200 NVL", 143771, None), ("Tesla V100-SXM2-16GB", 16160, None)])
+    ("NVIDIA H200 NVL", 143771, None), ("NVIDIA GH200 480GB", 97871, None),
+    ("Tesla V100-SXM2-16GB", 16160, None)])
 def test_the_gpu_found_maps_to_a_preset_only_where_its_peak_is_the_presets(checks, name, mib,
                                                                            preset):
     assert checks.gpu_preset(name, mib) == preset

@@ -58,7 +58,8 @@ def _internal_error(e: Exception) -> MscaleError:
     if isinstance(e, OSError) and e.filename and e.strerror:
         # the system refused a file the command touched (a path under /proc, a full disk):
         # the file and the system's words, as for any bad input, not "internal error"
-        return MscaleError(f"{e.strerror} ({type(e).__name__}, errno {e.errno})",
+        other = f" (to {e.filename2})" if e.filename2 else ""  # a rename's destination
+        return MscaleError(f"{e.strerror}{other} ({type(e).__name__}, errno {e.errno})",
                            file=str(e.filename),
                            fix="check the path and the filesystem it is on (run with --debug "
                                "for the traceback)")

@@ -96,7 +96,7 @@ def check_matches(cal: Calibration, gpu: str) -> None:
     if cal.gemm_dtype is None:
         return
     measured = PRECISION_OF.get(cal.gemm_dtype.lower())
-    want = "fp32" if gpu.lower() == "cpu" else "bf16"
+    want = "fp32" if gpu.lower().startswith("cpu") else "bf16"  # "cpu", or a spec "cpu-..."
     if measured != want:
         where = "CPUs" if measured == "fp32" else "GPUs"
         raise MscaleError(f"its GEMM ran in {cal.gemm_dtype} (preflight on {where}); a "

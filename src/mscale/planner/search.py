@@ -9,6 +9,7 @@ recompute, ZeRO stage and DP reduction as numpy arrays and costed in one vectori
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -325,12 +326,12 @@ def _reject_memory(pb: Problem, arr, costs, bad, rejects: Rejects) -> None:
 
 
 def _gb_over(need: float, budget: float) -> str:
-    """``need`` with as many decimals as it takes to read above ``budget`` (72.04 > 72.0, not
-    "needs 72.0 GB" against "> 72.0 GB usable")."""
+    """``need`` rounded up, with as many decimals as it takes to read above ``budget`` (72.04
+    > 72.0, not "needs 72.0 GB" against "> 72.0 GB usable")."""
     for digits in (1, 2, 3):
-        text = f"{need:.{digits}f}"
-        if float(text) > round(budget, 1):
-            return text
+        up = math.ceil(need * 10**digits) / 10**digits
+        if up > budget:
+            return f"{up:.{digits}f}"
     return f"{need:.3f}"
 
 

@@ -169,4 +169,5 @@ def test_a_rejected_layouts_need_reads_above_the_budget():
     """Rounded to one decimal, "needs 72.0 GB" against "> 72.0 GB usable" hid why."""
     from mscale.planner.search import _gb_over
 
-    assert _gb_over(72.04, 72.0) == "72.04" and _gb_over(95.8, 72.0) == "95.8"
+    assert _gb_over(72.04, 72.0) == "72.1" and _gb_over(95.8, 72.0) == "95.8"  # rounded up
+    assert _gb_over(72.0004, 72.0) == "72.1"

@@ -92,4 +92,6 @@ def test_an_os_error_escaping_a_command_names_its_file_not_an_internal_error():
     err = _internal_error(FileNotFoundError(2, "No such file or directory", "/proc/x/p.yaml"))
     assert err.file == "/proc/x/p.yaml" and err.code == 3
     assert err.message == "No such file or directory (FileNotFoundError, errno 2)"
+    moved = _internal_error(FileNotFoundError(2, "No such file or directory", "a", None, "/x/b"))
+    assert moved.message.startswith("No such file or directory (to /x/b)")
     assert _internal_error(ValueError("x")).message == "internal error: ValueError: x"
