@@ -5,7 +5,11 @@ Decided on rank 0 only (one rank reads the directory, not 12,288) and broadcast.
 - ``auto``: what ``RUN/ckpt/latest`` names; a fresh run when there is none.
 - ``none``: a fresh run; refused when the run already has committed checkpoints (they would be
   mixed with the new run's).
-- a path: that checkpoint (or run directory's latest), e.g. an HF import or a rollback.
+- a path: that checkpoint (or run directory's latest), e.g. an HF import or a rollback. A path
+  outside this run's ``ckpt/`` starts the run only: once the run has a committed checkpoint of
+  its own, its ``latest`` is resumed instead, with a note (as torchtitan's initial load path).
+  The same command run again after a halt or a crash ("the same command resumes") would
+  otherwise roll the run back to the foreign checkpoint and move its newer ones aside.
 
 Before training starts, directories without a commit marker are removed (dead attempts: nothing
 is writing at start-up), and committed checkpoints *newer* than the resume point are moved aside
@@ -48,6 +52,11 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
         return None
+    if mode not in ("auto", "none") and catalog.resolve(mode) != target:
+        cleaned.insert(0, f"note: --resume {mode} only starts a run; this run has checkpoints "
+                          f"of its own, so it continues from its latest, "
+                          f"{catalog.basename(target)} (to roll back on purpose: --resume "
+                          f"{catalog.join(root, '<step-N>')})")
     return ResumePoint(target, manifest, cleaned)
 
 
@@ -68,7 +77,17 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
         return None
     if mode == "auto":
         return _latest_target(root)
-    return catalog.resolve(mode)
+    target = catalog.resolve(mode)
+    if not _own(target, root) and any(e.committed for e in found):
+        return _latest_target(root) or target  # module docstring: a foreign path starts a run
+    return target
+
+
+def _own(target: str, root: str) -> bool:
+    """Whether ``target`` is one of the checkpoints in ``root`` (this run's ckpt/)."""
+    fs, path = fs_and_path(target)
+    _, base = fs_and_path(root)
+    return path.rstrip("/").rsplit("/", 1)[0] == base.rstrip("/")
 
 
 def _latest_target(root: str) -> str | None:

@@ -93,6 +93,8 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
             "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")
     if not resumed:
         return
+    for note in (c for c in ckpt.resume_cleaned if c.startswith("note: ")):
+        say(engine, note)
     say(engine, resumed)
     moved = moved_aside_line(ckpt.resume_cleaned, s.run.ckpt)
     if moved:

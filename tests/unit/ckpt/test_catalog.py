@@ -80,6 +80,22 @@ def test_choose_resume_tidies(tmp_path, tensors):
     assert any(c.startswith("moved step-000006 to abandoned-step-000006") for c in point.cleaned)
 
 
+def test_a_foreign_resume_path_only_starts_a_run(tmp_path, tensors):
+    """--resume OTHER_RUN starts the run; the same command run again after a halt continues
+    from the run's own latest (it rolled back to OTHER_RUN and moved the newer ones aside)."""
+    other, root = str(tmp_path / "other" / "ckpt"), str(tmp_path / "run" / "ckpt")
+    _make(other, [3], tensors)
+    first = choose_resume(root, f"{other}/latest")
+    assert first.manifest.step == 3 and first.path == f"{other}/step-000003"
+    assert not any(c.startswith("note: ") for c in first.cleaned)
+    _make(root, [5, 7], tensors)
+    again = choose_resume(root, f"{other}/latest")
+    assert again.manifest.step == 7 and again.path == f"{root}/step-000007"
+    assert again.cleaned[0].startswith(f"note: --resume {other}/latest only starts a run")
+    assert [n for n, _ in _names(root)] == ["step-000005", "step-000007"]  # nothing moved
+    assert choose_resume(root, f"{root}/step-000005").manifest.step == 5  # an own rollback
+
+
 def test_fresh_run_has_no_resume_point(tmp_path):
     assert choose_resume(str(tmp_path / "ckpt"), "auto") is None
     assert choose_resume(str(tmp_path / "ckpt"), "none") is None
