@@ -11,8 +11,11 @@ Three sources, each trusted for what it can know:
 3. the diagnosis: suspect nodes when the failure class is hardware (``gpu``, ``network``).
    With a ``recheck`` (preflight run again on the suspects, `recover.recheck`), a suspect that
    re-checks healthy stays in, one that fails is out with the re-check's reason, and one the
-   re-check could not reach is out on the diagnosis. For class ``unknown`` only a failed
-   re-check excludes (a measured fault is evidence enough; a guess is not). Software, numerics,
+   re-check could not reach is out on the diagnosis. For class ``unknown``, and for a
+   hardware failure the diagnosis calls transient (a lost peer, a timeout: what every rank
+   sees when another is killed, under torchrun with no other word of it), only a failed
+   re-check excludes (a measured fault is evidence enough; a guess is not): a SIGKILLed
+   torchrun worker cost its node, and on one node the whole run. Software, numerics,
    user code, preemption and storage failures never exclude nodes: another node would fail the
    same way, and every exclusion costs capacity for the rest of the run.
 """
@@ -105,7 +108,8 @@ def suspects(diagnosis: Diagnosis, recheck: Recheck | None,
     nodes = sorted(set(diagnosis.suspect_nodes) - set(skip))
     if not nodes or diagnosis.cls not in (*HARDWARE, "unknown"):
         return {}
-    if diagnosis.cls == "unknown" and recheck is None:
+    guess = diagnosis.cls == "unknown" or diagnosis.transient  # rule 3: a re-check decides
+    if guess and recheck is None:
         return {}
     answers = recheck(nodes) if recheck is not None else {}
     base = f"diagnosis: {diagnosis.cls} failure ({diagnosis.symptom}): {diagnosis.summary}"
@@ -114,7 +118,7 @@ def suspects(diagnosis: Diagnosis, recheck: Recheck | None,
         if node in answers:
             if answers[node] is not None:
                 out[node] = f"re-check failed: {answers[node]}"[:300]
-        elif diagnosis.cls in HARDWARE:
+        elif diagnosis.cls in HARDWARE and not guess:
             unchecked = "; not re-checked" if recheck is not None else ""
             out[node] = f"{base}{unchecked}"[:300]
     return out
