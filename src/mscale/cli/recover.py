@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import typer
 from typer.core import TyperGroup
@@ -106,9 +107,11 @@ def recover_cmd(
 ) -> None:
     """Diagnose the run's failure and print the relaunch plan (the default command). A run a
     live job holds (its lock.json) is refused with one line, exit 3, nothing written."""
+    from mscale.recover.attempt_end import halted_on_request
     from mscale.recover.decide import (RecoverOptions, apply_plan, check_run_dir, launch,
                                        plan_recovery)
     from mscale.recover.liveness import wait_until_free
+    from mscale.runs.rundir import RunDir
     from mscale.recover.report import render
 
     opts = RecoverOptions(execute=execute, allow_batch_change=allow_batch_change,
@@ -124,8 +127,16 @@ def recover_cmd(
         sys.stdout.write(render(plan, executed=execute, decision=decision))
         sys.stdout.flush()
     if execute and plan.command:
+        launched = time.time()
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document
-        if rc != 0 or not submits(plan.command):  # a job run here: its end is the answer
+        if rc == 1 and not submits(plan.command) and not halted_on_request(
+                RunDir(plan.run_dir), launched):
+            rc_said = "1 without a halt recorded by train (torchrun exits 1 for any failure)"
+            code = EXIT_BAD_INPUT
+            if not as_json:
+                sys.stderr.write(f"recover: the relaunched job exited with code {rc_said}: "
+                                 "failed\n")
+        elif rc != 0 or not submits(plan.command):  # a job run here: its end is the answer
             code = relaunch_exit_code(rc, plan.command)
             if not as_json:
                 sys.stderr.write(f"recover: {relaunch_end_text(rc, plan.command)}\n")

@@ -163,15 +163,35 @@ def test_execute_ends_with_the_relaunched_jobs_own_code(cli, run, state, monkeyp
     """A relaunch halted on request is no failure of recover's (it was exit 3 for any code); a
     relaunch that trained to the end is exit 0, whatever the verdict (a degraded one kept 1, and
     a script could not tell it from a halt)."""
+    import time
+
     from mscale.recover import decide
 
+    def launch(plan, stdout=None):
+        if rc == 1:  # train's own record of the halt: what tells it from torchrun's 1
+            with open(run / "events.jsonl", "a") as f:
+                f.write(json.dumps({"kind": "stop", "source": "train", "time": time.time(),
+                                    "evidence": {"code": 1}}) + "\n")
+        return rc
+
     monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
-    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: rc)
+    monkeypatch.setattr(decide, "launch", launch)
     got, out, err = cli("recover", str(run), "--execute", "--no-recheck")
     assert got == code and f"recover: the relaunched job {says}" in err, out + err
     got, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
     doc = json.loads(out)
     assert got == doc["exit_code"] == code and doc["launch_exit_code"] == rc
+
+
+def test_an_exit_1_without_trains_halt_is_a_failure(cli, run, state, monkeypatch):
+    """torchrun exits 1 for any worker's failure: without train's stop record of code 1 that is
+    no halt on request."""
+    from mscale.recover import decide
+
+    monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
+    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: 1)
+    got, out, err = cli("recover", str(run), "--execute", "--no-recheck")
+    assert got == 3 and "exited with code 1 without a halt recorded by train" in err, err
 
 
 @pytest.mark.parametrize("submitter", ["sbatch", "/usr/bin/scontrol"])
