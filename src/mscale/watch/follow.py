@@ -79,6 +79,27 @@ class JobState:
         """How the newest attempt ended; None while it runs (or before any lifecycle event)."""
         return ending.job_end(self.event, self.started) if self.stopped else None
 
+    def observe_death(self) -> None:
+        """Take a job that is gone without a recorded end as stopped: the attempt started, no
+        ``stop`` or ``hang`` followed, and its lock's holder is dead or past its lease. Under
+        torchrun or srun a SIGKILLed rank 0 leaves nothing else (no launcher records it); watch
+        read such a run as healthy, exit 0."""
+        if self._lock is None or self.started is None or self.last != "start":
+            return
+        try:
+            rec = self._lock.holder()
+        except MscaleError:
+            return
+        run_id = (self.started.get("evidence") or {}).get("run_id")
+        why = stale_reason(rec, self.clock()) if rec is not None else None
+        if why is None or (run_id and rec.run_id != run_id):
+            return
+        self.last = "stop"
+        self.event = {"kind": "stop", "source": "watch", "severity": "critical",
+                      "time": self.clock(), "message": f"the job ended without recording its "
+                      f"end: its lock's holder ({rec.host}, pid {rec.pid}) is gone: {why}",
+                      "evidence": {"reason": "died", "run_id": rec.run_id}}
+
     def alive(self) -> bool:
         if self._lock is None:
             return self.follows_live
@@ -166,6 +187,7 @@ class Follower:
     def poll(self) -> int:
         """One pass (module docstring); returns how many new metrics records it judged."""
         saves = self._read_events()
+        self.job.observe_death()
         records = self.feed.poll()
         if getattr(self.feed, "restarted", False):
             self._restart()

@@ -126,6 +126,30 @@ def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
     assert stop["last_step"] == 15
 
 
+def test_a_job_gone_without_recording_its_end_is_critical(cli, rd):
+    """torchrun's rank 0 SIGKILLed: no launcher writes a stop. Its lock's holder is dead: the
+    job ended (exit 2), not a healthy run (exit 0)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import os, sys; from mscale.runs.lock import RunLock;"
+                    " RunLock(sys.argv[1], 'local-1').acquire(); os._exit(0)", rd.root],
+                   check=True, timeout=60)
+    doc = verdict(cli, rd)
+    job = doc["summary"]["job"]
+    assert doc["exit_code"] == 2 and job["state"] == "crashed", doc["summary"]
+    assert "ended without recording its end" in job["reason"] and "no longer exists" in \
+        job["reason"]
+
+
+def test_a_live_or_released_lock_is_no_death(cli, rd):
+    from mscale.runs.lock import RunLock
+
+    with RunLock(rd.root, "local-1"):  # this process: alive
+        assert verdict(cli, rd)["summary"]["job"] is None
+    assert verdict(cli, rd)["summary"]["job"] is None  # released: nothing says it died
+
+
 def test_the_job_end_is_not_recorded_again_as_a_watch_event(cli, rd):
     """The launcher's stop is the record; acting watch adds none of its own about it."""
     launcher_failure(rd, 5, -9)
