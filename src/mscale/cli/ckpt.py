@@ -126,6 +126,9 @@ def convert_cmd(
         raise MscaleError("say what to write: --plan PLAN (an mscale checkpoint at that layout) "
                           "or --to-hf", field="--plan/--to-hf",
                           fix="e.g. mscale ckpt convert runs/r1 out --plan plans/other.yaml")
+    from mscale.runs.targets import check_lasting
+
+    check_lasting(dst, "DST")
     result = convert(src, dst, plan=plan, to_hf=to_hf, level=level)
     if as_json:
         print_json(result)

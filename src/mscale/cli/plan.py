@@ -21,7 +21,7 @@ from mscale.planner.report import (Row, distinct, json_document, layout_table, l
 from mscale.planner.search import describe
 from mscale.planner.stacks import STACKS
 from mscale.runs.atomic import write_text_atomic
-from mscale.runs.targets import check_output
+from mscale.runs.targets import check_lasting, check_output
 
 
 def _finite(value: float) -> float:
@@ -80,6 +80,7 @@ def plan_cmd(
 ) -> None:
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
     if output:  # a search that cannot write its result is wasted: check the destination first
+        check_lasting(output, "-o")
         check_output(output, "file", "-o")
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
                "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}

@@ -30,15 +30,17 @@ def preflight_cmd(
     # every flag in **flags is a field of PreflightOptions, help = its docstring
     from mscale.preflight.host import check_inputs_here
     from mscale.preflight.options import options_from_env
-    from mscale.runs.targets import check_output
+    from mscale.runs.targets import check_lasting, check_output
     from mscale.topology.placement import load_checked_plan
 
     opts = options_from_env() or build_options(PreflightOptions, flags, run_dir=run_dir,
                                                plan_path=plan)
     prometheus, sysfs_root, storage_url = opts.prometheus, opts.sysfs_root, opts.storage_url
     resolved = load_checked_plan(plan)
+    check_lasting(run_dir, "--run-dir")
     check_output(run_dir, "dir", "--run-dir")
     if prometheus:
+        check_lasting(prometheus, "--prometheus")
         check_output(prometheus, "file", "--prometheus")
     check_inputs_here(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
     world = resolved.layout.world_size

@@ -50,6 +50,9 @@ def train_cmd(
         raise MscaleError("--run-dir is required with a plan", field="--run-dir",
                           fix="name the run directory, e.g. --run-dir runs/my-run (a run directory "
                               "belongs to one model; reusing another run's would resume it)")
+    from mscale.runs.targets import check_lasting
+
+    check_lasting(run_dir, "--run-dir")
     as_json = flags["json_summary"]
     flags["json_summary"] = as_json and not local  # --local: the launcher prints the document
     options = options_from_env() or build_options(TrainOptions, flags, run_dir=run_dir,

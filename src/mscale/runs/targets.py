@@ -19,6 +19,18 @@ from mscale.runs.atomic import fs_and_path
 Kind = Literal["file", "dir"]
 
 
+def check_lasting(url: str, what: str) -> None:
+    """Refuse a ``memory://`` destination for a command's output: fsspec's memory filesystem
+    lives inside one process, so what a command (or its workers, each with its own) writes there
+    is gone when it exits, though it said "committed" or "wrote". The library accepts it (tests
+    run whole conversions in memory); the commands do not."""
+    if url.startswith("memory://"):
+        raise MscaleError("memory:// lives only inside the process that writes it: nothing "
+                          "would be left when the command ends", file=url,
+                          field=what, fix="give a local path or a lasting fsspec URL "
+                          "(file://, s3://, gs://, ...)")
+
+
 def check_output(url: str, kind: Kind, what: str) -> None:
     """Raise MscaleError unless ``url`` can be written as a ``kind`` (a file or a directory).
 

@@ -95,3 +95,18 @@ def test_an_os_error_escaping_a_command_names_its_file_not_an_internal_error():
     moved = _internal_error(FileNotFoundError(2, "No such file or directory", "a", None, "/x/b"))
     assert moved.message.startswith("No such file or directory (to /x/b)")
     assert _internal_error(ValueError("x")).message == "internal error: ValueError: x"
+
+
+def test_commands_refuse_a_memory_destination(cli, tmp_path):
+    """Each process has its own memory filesystem: train said "committed", convert "wrote", and
+    nothing was left (the library accepts it: tests convert in memory)."""
+    from tests.conftest import PLANS
+
+    for args in (["train", str(PLANS / "cpu-tiny.yaml"), "--local", "8", "--run-dir",
+                  "memory://r10"],
+                 ["ckpt", "convert", str(tmp_path), "memory://conv", "--to-hf"],
+                 ["plan", "--cluster", str(PLANS / "clusters" / "cpu-4x2.yaml"), "--model",
+                  str(PLANS / "models" / "tiny.yaml"), "--training",
+                  str(PLANS / "training" / "cpu-demo.yaml"), "-o", "memory://p.yaml"]):
+        code, _, err = cli(*args)
+        assert code == 3 and "memory:// lives only inside the process" in err, (args, err)
