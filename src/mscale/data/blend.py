@@ -74,8 +74,14 @@ class BlendedSamples:
 
 
 def _same_path(path: str) -> str:
-    """A path compared as a path (``data/a/`` and ``./data/a`` are one source); URLs as written."""
-    return path if "://" in path else os.path.normpath(path)
+    """A source as compared for sameness: ``file:///d``, ``/d/``, ``/x/../d`` and a symlink to
+    ``/d`` are one local source (spelled differently, the same tokens passed as held out); other
+    URLs as written but for a trailing slash."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" in path:
+        return path.rstrip("/")
+    return os.path.realpath(path)
 
 
 def check_held_out_apart(cfg: DataConfig, field: str = "training.data") -> None:

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -250,8 +252,10 @@ def test_a_held_out_split_nobody_evaluates_is_said():
     assert never_evaluated(cfg()) is None  # synthetic: its held-out stream costs nothing
 
 
-@pytest.mark.parametrize("train, held", [("data/a", "data/a"), ("data/a/", "./data/a"),
-                                         ("s3://b/a", "s3://b/a")])
+@pytest.mark.parametrize("train, held", [
+    ("data/a", "data/a"), ("data/a/", "./data/a"), ("s3://b/a", "s3://b/a"),
+    ("s3://b/a/", "s3://b/a"), ("data/a", "data/x/../a"),  # spelled otherwise (helper-46)
+    (f"file://{os.path.abspath('data/a')}", "data/a"), ("data/a", f"file://{os.getcwd()}/data/a/")])
 def test_a_held_out_source_that_is_also_trained_on_is_refused_when_the_run_opens_it(train, held):
     """Its "held-out" loss would be measured on training tokens (helper-42's trial: accepted).
     The schema still loads it: a plan recorded before the check (RUN/plan.yaml, a checkpoint's
