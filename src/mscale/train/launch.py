@@ -106,10 +106,11 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     from mscale.ckpt.resume import check_resume
 
     try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
-        check_resume(RunDir(options.run_dir).ckpt, options.ckpt.resume)
+        manifest = check_resume(RunDir(options.run_dir).ckpt, options.ckpt.resume)
     except MscaleError as e:
         e.code = EXIT_BAD_INPUT
         raise
+    _check_no_layer_dropped(manifest, plan, plan_path, options.ckpt.resume)
     world = plan.layout.world_size
     _check_hook_ranks(options, world)
     if local and local != world:
@@ -119,6 +120,20 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     if local:
         check_fits_without_gpus(plan, plan_path, local)
     return plan
+
+
+def _check_no_layer_dropped(manifest, plan: Plan, plan_path: str, resume: str) -> None:
+    """A checkpoint of more blocks than the plan's model loads without a missing tensor (the
+    loader reads what the model asks for) and trains a truncated model: refused. Fewer blocks
+    fail the load itself, naming the tensor."""
+    saved = (getattr(manifest, "plan", None) or {}).get("model") if manifest else None
+    layers = saved.get("layers") if isinstance(saved, dict) else None
+    if isinstance(layers, int) and layers > plan.model.layers:
+        raise MscaleError(f"the checkpoint to resume holds {layers} blocks, this plan's model "
+                          f"{plan.model.layers}: blocks {plan.model.layers}-{layers - 1} would be "
+                          "dropped in silence", file=plan_path, field="model.layers",
+                          fix=f"train the checkpoint's model (model.layers: {layers}), or "
+                              f"drop --resume {resume} to start this model from scratch")
 
 
 def _check_not_a_checkpoint(run_dir: str) -> None:

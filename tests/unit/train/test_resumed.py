@@ -136,3 +136,22 @@ def test_a_model_changed_in_a_field_that_keeps_shapes_is_said():
     assert "name" not in note.split(": ", 1)[1]  # a new name is no change of model
     assert model_note(saved.model_dump(mode="json"), saved, CKPT) is None
     assert model_note(None, saved, CKPT) is None  # a manifest without a model section
+
+
+def test_a_checkpoint_of_more_blocks_than_the_model_is_refused_before_any_worker():
+    """4 blocks resumed into a 2-block model loaded (the loader reads what the model asks for)
+    and trained a truncated model with one note (helper-46)."""
+    from types import SimpleNamespace
+
+    from mscale.config.plan import load_plan
+    from mscale.errors import MscaleError
+    from mscale.train.launch import _check_no_layer_dropped
+    from tests.conftest import PLANS
+
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml"))  # 4 blocks
+    more = SimpleNamespace(plan={"model": {"layers": 6}})
+    with pytest.raises(MscaleError, match="holds 6 blocks, this plan's model 4: blocks 4-5") as e:
+        _check_no_layer_dropped(more, plan, "p.yaml", "other/ckpt/latest")
+    assert e.value.field == "model.layers" and e.value.file == "p.yaml"
+    _check_no_layer_dropped(SimpleNamespace(plan={"model": {"layers": 4}}), plan, "p", "auto")
+    _check_no_layer_dropped(None, plan, "p", "auto")  # a fresh run
