@@ -80,7 +80,9 @@ def new_run_id() -> str:
 def run_id_from_env() -> str:
     """The launcher's id for this launch, read from the environment: mscale --local sets
     MSCALE_RUN_ID; SLURM has a job (and step) id; torchrun a rendezvous id. Otherwise a fresh
-    one (only rank 0 uses it)."""
+    one, kept in MSCALE_RUN_ID so that the process names one launch once (only rank 0 uses it:
+    torchrun's static rendezvous, ``TORCHELASTIC_RUN_ID=none``, gave rank 0's start and stop
+    events two ids, and recover counted the stop as a second attempt)."""
     e = os.environ
     if e.get("MSCALE_RUN_ID"):
         return e["MSCALE_RUN_ID"]
@@ -89,7 +91,8 @@ def run_id_from_env() -> str:
         return f"slurm-{e['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if e.get("TORCHELASTIC_RUN_ID") and e["TORCHELASTIC_RUN_ID"] != "none":
         return f"torchrun-{e['TORCHELASTIC_RUN_ID']}"
-    return new_run_id()
+    e["MSCALE_RUN_ID"] = new_run_id()
+    return e["MSCALE_RUN_ID"]
 
 
 def next_attempt(run_dir: str) -> int:

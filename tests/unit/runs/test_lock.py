@@ -198,3 +198,15 @@ def test_live_holder_is_the_acquire_rule_read_only(tmp_path):
     _plant(run, host="elsewhere", pid=4242, heartbeat=time.time() - 5, lease_s=60.0)
     assert live_holder(run).host == "elsewhere"
     assert live_holder(run, now=time.time() + 120) is None
+
+
+def test_a_generated_run_id_is_the_processs_one_launch(monkeypatch):
+    """torchrun's static rendezvous (TORCHELASTIC_RUN_ID=none) gave rank 0's start and stop
+    events two ids: recover read the stop as another attempt (helper-46)."""
+    from mscale.runs.lock import run_id_from_env
+
+    for var in ("MSCALE_RUN_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    first = run_id_from_env()
+    assert run_id_from_env() == first
