@@ -308,12 +308,25 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
         return _slurm(launch, change, ranks_per_node, run)
     if launcher == "torchrun":
         nnodes = max(1, change.world // max(1, ranks_per_node))
-        cmd = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={ranks_per_node}",
-               "--no-python", *rewrite_train(launch.argv, change, local=False)]
+        cmd = [_torchrun_beside(launch.argv), f"--nnodes={nnodes}",
+               f"--nproc-per-node={ranks_per_node}", "--no-python",
+               *rewrite_train(launch.argv, change, local=False)]
         return Relaunch("torchrun", cmd, ["add your rendezvous flags (--rdzv-endpoint, ...) and "
                                           "run it on each remaining node"])
     return Relaunch(launcher, rewrite_train(launch.argv, change, local=False),
                     [f"launcher {launcher!r} unknown: start the workers as before"])
+
+
+def _torchrun_beside(argv: list[str]) -> str:
+    """The torchrun of the environment the job ran in: beside the interpreter its workers
+    recorded (``.../bin/python -m mscale.cli.main``), where one is; else ``torchrun`` from PATH.
+    A job started as ``.venv/bin/torchrun`` was relaunched as a bare ``torchrun``, not found
+    outside the activated environment."""
+    if argv and os.path.isabs(argv[0]):
+        beside = os.path.join(os.path.dirname(argv[0]), "torchrun")
+        if os.access(beside, os.X_OK):
+            return beside
+    return "torchrun"
 
 
 def _local_run_dir(argv: list[str], cwd: str | None) -> str | None:

@@ -264,3 +264,20 @@ def test_every_flag_of_mscale_train_is_known_to_take_no_value():
     flags = {name for p in train.params if getattr(p, "is_flag", False)
              for name in [*p.opts, *p.secondary_opts]}
     assert flags and flags <= rl._FLAGS_WITHOUT_VALUE, flags - rl._FLAGS_WITHOUT_VALUE
+
+
+def test_a_torchrun_relaunch_uses_the_torchrun_beside_the_jobs_python(tmp_path):
+    """Started as .venv/bin/torchrun: a bare `torchrun` was not found outside the venv."""
+    import sys
+
+    from mscale.recover.relaunch import _torchrun_beside
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text("#!/bin/sh\n")
+    (bin_dir / "torchrun").chmod(0o755)
+    assert _torchrun_beside([str(bin_dir / "python3"), "-m", "mscale.cli.main"]) == str(
+        bin_dir / "torchrun")
+    assert _torchrun_beside(["python3", "-m", "mscale.cli.main"]) == "torchrun"
+    assert _torchrun_beside([sys.executable]) in ("torchrun", str(
+        __import__("pathlib").Path(sys.executable).parent / "torchrun"))
