@@ -92,9 +92,24 @@ def read_bytes(url: str, limit: int = MAX_SMALL_BYTES) -> bytes | None:
         return fh.read(limit + 1)
 
 
+def _not_a_link(url: str) -> None:
+    """A ``latest`` made by hand as a symbolic link (``ln -s step-000020 latest``) is no
+    damaged checkpoint: say what it is and how to write the pointer (it read as "the checkpoint
+    was altered; move it away", exit 2)."""
+    fs, path = fs_and_path(url)
+    if is_local(fs) and os.path.islink(path):
+        target = os.readlink(path)
+        name = os.path.basename(target.rstrip("/"))
+        example = name if STEP_DIR.match(name) else "step-NNNNNN"
+        raise MscaleError(f"is a symbolic link (to {target}), not the pointer file mscale writes",
+                          file=url, fix=f"replace it with a text file naming the checkpoint: rm "
+                          f"{path} && echo {example} > {path}")
+
+
 def read_pointer(url: str) -> str:
     """The step-NNNNNN name held by a pointer file such as ``latest`` (an error names the file:
     binary, another encoding, a path, anything but a checkpoint directory's name)."""
+    _not_a_link(url)
     data = read_bytes(url)
     if data is None:
         raise MscaleError("no such file", file=url, fix="pass RUN_DIR or RUN_DIR/ckpt/step-NNNNNN")
@@ -267,6 +282,7 @@ def read_latest(ckpt_root: str) -> str | None:
     """The directory name ``latest`` points to, or None when there is no ``latest``; an
     MscaleError naming the file when it holds anything but a step-NNNNNN name."""
     url = join(ckpt_root, LATEST)
+    _not_a_link(url)
     data = read_bytes(url)
     return None if data is None else _pointer_name(data, url)
 

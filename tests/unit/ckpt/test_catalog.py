@@ -126,3 +126,16 @@ def test_a_committed_checkpoint_without_its_manifest_is_named_as_damaged_everywh
     assert e.value.code == 2
     (problem,) = verify(str(ckpt)).problems
     assert "removed after the commit" in problem.message
+
+
+def test_a_latest_made_as_a_symbolic_link_is_named_with_its_fix(tmp_path, tensors):
+    """`ln -s step-000002 latest` read as a checkpoint altered after its commit (exit 2)."""
+    import os
+
+    root = tmp_path / "ckpt"
+    _make(str(root), [2], tensors)
+    os.remove(root / "latest")
+    os.symlink("step-000002", root / "latest")
+    with pytest.raises(MscaleError, match=r"is a symbolic link \(to step-000002\)") as e:
+        catalog.read_latest(str(root))
+    assert e.value.code == 3 and f"echo step-000002 > {root}/latest" in e.value.fix
