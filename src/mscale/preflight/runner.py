@@ -36,7 +36,8 @@ def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
     if env.world_size != world:
         raise MscaleError(f"the launcher started {env.world_size} processes ({env.launcher}) but "
                           f"the plan's layout needs {world}", file=source, field="layout",
-                          fix=f"launch {world} processes (srun -n {world}, --local {world}), or "
+                          fix=f"launch {world} processes (srun -n {world}, --local {world}, torchrun "
+                              "--nnodes × --nproc-per-node), or "
                               "plan for the processes you have")
 
 

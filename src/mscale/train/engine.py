@@ -97,7 +97,8 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
         raise MscaleError(f"the launcher started {env.world_size} processes but the plan needs "
                           f"{placement.world}", field="layout",
                           fix=f"launch exactly {placement.world} processes (e.g. --local "
-                              f"{placement.world}, srun -n {placement.world})")
+                              f"{placement.world}, srun -n {placement.world}, or torchrun "
+                              "--nnodes × --nproc-per-node making as many)")
     if env.local_world_size != plan.cluster.gpus_per_node and env.launcher != "torchrun":
         raise MscaleError(f"{env.local_world_size} processes per node, plan says "
                           f"{plan.cluster.gpus_per_node}", field="cluster.gpus_per_node",
@@ -105,8 +106,9 @@ def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
     if placement.node(env.rank) != env.node_rank:
         raise MscaleError(f"rank {env.rank} runs on node index {env.node_rank} but the plan "
                           f"places it on node {placement.node(env.rank)}", field="placement",
-                          fix="launch ranks in node order (srun block distribution, torchrun "
-                              "--node-rank matching the plan)")
+                          fix="launch ranks in node order (srun block distribution; torchrun "
+                              f"--nproc-per-node {plan.cluster.gpus_per_node}, the plan's "
+                              "gpus_per_node, with --node-rank matching the plan)")
 
 
 def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: int = 1,
