@@ -78,6 +78,8 @@ class Diagnosis:
     """The job's exit code when recorded (launcher stop event), else None."""
     transient: bool = False
     """A plain relaunch is likely to work (preemption, a one-off NaN, a network flap)."""
+    rule: str | None = None
+    """The key of the rule that decided it (diagnose/rules.py), e.g. ``peer_gone``."""
     damaged_checkpoint: str | None = None
     """The checkpoint directory the attempt failed reading (symptom ``damaged_checkpoint``), as
     the failure named it, made absolute against the launch's working directory; the checkpoint

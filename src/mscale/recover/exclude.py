@@ -11,11 +11,11 @@ Three sources, each trusted for what it can know:
 3. the diagnosis: suspect nodes when the failure class is hardware (``gpu``, ``network``).
    With a ``recheck`` (preflight run again on the suspects, `recover.recheck`), a suspect that
    re-checks healthy stays in, one that fails is out with the re-check's reason, and one the
-   re-check could not reach is out on the diagnosis. For class ``unknown``, and for a
-   hardware failure the diagnosis calls transient (a lost peer, a timeout: what every rank
-   sees when another is killed, under torchrun with no other word of it), only a failed
-   re-check excludes (a measured fault is evidence enough; a guess is not): a SIGKILLed
-   torchrun worker cost its node, and on one node the whole run. Software, numerics,
+   re-check could not reach is out on the diagnosis. For class ``unknown``, and for a network
+   failure known only as a lost peer or a timeout (`LOST_PEER_RULES`: what every rank sees
+   when another is killed, under torchrun with no other word of it), only a failed re-check
+   excludes (a measured fault is evidence enough; a guess is not): a SIGKILLed torchrun worker
+   cost its node, and on one node the whole run. A NCCL/InfiniBand error stays firm. Software, numerics,
    user code, preemption and storage failures never exclude nodes: another node would fail the
    same way, and every exclusion costs capacity for the rest of the run.
 """
@@ -35,6 +35,8 @@ from mscale.runs.rundir import RunDir
 
 HARDWARE = ("gpu", "network")
 """Failure classes whose suspects are kept out."""
+LOST_PEER_RULES = ("peer_gone", "collective_timeout", "network", "timeout")
+"""Diagnosis rules (diagnose/rules.py) that see a peer go away, not the network fail."""
 
 Recheck = Callable[[list[str]], dict[str, "str | None"]]
 """node list → node → failure reason, or None when healthy; unreachable nodes absent."""
@@ -108,7 +110,7 @@ def suspects(diagnosis: Diagnosis, recheck: Recheck | None,
     nodes = sorted(set(diagnosis.suspect_nodes) - set(skip))
     if not nodes or diagnosis.cls not in (*HARDWARE, "unknown"):
         return {}
-    guess = diagnosis.cls == "unknown" or diagnosis.transient  # rule 3: a re-check decides
+    guess = diagnosis.cls == "unknown" or diagnosis.rule in LOST_PEER_RULES  # re-check decides
     if guess and recheck is None:
         return {}
     answers = recheck(nodes) if recheck is not None else {}

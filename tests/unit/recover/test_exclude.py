@@ -87,11 +87,14 @@ def test_a_transient_network_loss_excludes_only_on_a_failed_recheck(run):
     """A peer's lost connection is what every rank sees when another is SIGKILLed; under
     torchrun nothing else says so, and the node (on one node, the whole run) was excluded."""
     lost = Diagnosis(cls="network", symptom="crash", summary="a peer's connection was lost",
-                     suspect_nodes=["node3"], transient=True)
+                     suspect_nodes=["node3"], transient=True, rule="peer_gone")
     assert decide_exclusions(run, lost, now=NOW).nodes == []  # nothing could re-check it
     assert decide_exclusions(run, lost, recheck=lambda n: {}, now=NOW).nodes == []
     failed = decide_exclusions(run, lost, recheck=lambda n: {"node3": "p2p at 10%"}, now=NOW)
     assert failed.nodes == ["node3"] and failed.reasons["node3"] == "re-check failed: p2p at 10%"
+    nic = Diagnosis(cls="network", symptom="crash", summary="a NCCL/InfiniBand error",
+                    suspect_nodes=["node3"], transient=True, rule="nccl_error")
+    assert decide_exclusions(run, nic, now=NOW).nodes == ["node3"]  # a NIC error stays firm
 
 
 def test_hardware_suspects_are_excluded(run):

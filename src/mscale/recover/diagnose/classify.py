@@ -52,7 +52,7 @@ def decide(ev: RunEvidence, hits: list[Hit]) -> Diagnosis:
     nodes = _nodes(ev, hits, rule, ranks)
     d = Diagnosis(cls=rule.cls, symptom=rule.symptom, summary="", suspect_ranks=ranks,
                   suspect_nodes=nodes, failed_step=_failed_step(ev), attempt=ev.attempt.number,
-                  exit_code=_exit_code(ev, hits), transient=rule.transient)
+                  exit_code=_exit_code(ev, hits), transient=rule.transient, rule=rule.key)
     if rule.cls == "numerics":
         d.bad_step = _bad_step(hits, winner)
     if rule.key == "ckpt_damaged" and winner.checkpoint:
