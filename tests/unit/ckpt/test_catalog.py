@@ -96,6 +96,35 @@ def test_a_foreign_resume_path_only_starts_a_run(tmp_path, tensors):
     assert choose_resume(root, f"{root}/step-000005").manifest.step == 5  # an own rollback
 
 
+def test_an_own_rollback_spelled_otherwise_is_still_a_rollback(tmp_path, tensors):
+    """Through a symlinked directory or '..' it read as foreign, and the run continued from its
+    latest, through the bad step again (review, helper-47)."""
+    import os
+
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [2, 4, 6], tensors)
+    os.symlink(tmp_path / "run", tmp_path / "alias")
+    point = choose_resume(str(root), str(tmp_path / "alias" / "ckpt" / "step-000004"))
+    assert point.manifest.step == 4 and not any(c.startswith("note: ") for c in point.cleaned)
+    (tmp_path / "x").mkdir()
+    point = choose_resume(str(root), str(tmp_path / "x" / ".." / "run" / "ckpt" / "step-000002"))
+    assert point.manifest.step == 2
+
+
+def test_a_foreign_path_never_moves_the_runs_own_checkpoints_aside(tmp_path, tensors):
+    """Committed checkpoints but no latest (a crash between the first commit and its pointer):
+    the newest of them, not the foreign one (review, helper-47)."""
+    import os
+
+    other, root = tmp_path / "other" / "ckpt", tmp_path / "run" / "ckpt"
+    _make(str(other), [3], tensors)
+    _make(str(root), [5, 7], tensors)
+    os.remove(root / "latest")
+    point = choose_resume(str(root), f"{other}/latest")
+    assert point.manifest.step == 7 and [n for n, _ in _names(str(root))] == [
+        "step-000005", "step-000007"]
+
+
 def test_fresh_run_has_no_resume_point(tmp_path):
     assert choose_resume(str(tmp_path / "ckpt"), "auto") is None
     assert choose_resume(str(tmp_path / "ckpt"), "none") is None
