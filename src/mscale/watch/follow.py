@@ -62,6 +62,10 @@ class JobState:
         """That event itself: a stop's severity, exit code and reason say how the job ended."""
         self.started: dict | None = None
         """The latest ``start`` (the attempt's number and run id)."""
+        self.death: dict | None = None
+        """A stop watch infers at this poll (`observe_death`), None while none is."""
+        self.event_of_death: dict | None = None
+        """The last death seen, kept so that the same one is one event across polls."""
         self._lock = RunLock(run.root, "watch") if run is not None else None
 
     def observe(self, events: list[dict]) -> None:
@@ -73,17 +77,26 @@ class JobState:
 
     @property
     def stopped(self) -> bool:
-        return self.last in ("stop", "hang")
+        return self.last in ("stop", "hang") or self.death is not None
+
+    @property
+    def end_event(self) -> dict | None:
+        """The event that ended the newest attempt: its own, or a death `observe_death` saw."""
+        if self.last in ("stop", "hang"):
+            return self.event
+        return self.death
 
     def end(self) -> JobEnd | None:
         """How the newest attempt ended; None while it runs (or before any lifecycle event)."""
-        return ending.job_end(self.event, self.started) if self.stopped else None
+        return ending.job_end(self.end_event, self.started) if self.stopped else None
 
     def observe_death(self) -> None:
-        """Take a job that is gone without a recorded end as stopped: the attempt started, no
-        ``stop`` or ``hang`` followed, and its lock's holder is dead or past its lease. Under
-        torchrun or srun a SIGKILLed rank 0 leaves nothing else (no launcher records it); watch
-        read such a run as healthy, exit 0."""
+        """Judge, at every poll, whether a job is gone without a recorded end: the attempt
+        started, no ``stop`` or ``hang`` followed, and its lock's holder is dead or past its
+        lease. Under torchrun or srun a SIGKILLed rank 0 leaves nothing else (no launcher
+        records it); watch read such a run as healthy, exit 0. Withdrawn when the holder looks
+        alive again (a heartbeat late past its lease, then back)."""
+        self.death = None
         if self._lock is None or self.started is None or self.last != "start":
             return
         try:
@@ -94,11 +107,16 @@ class JobState:
         why = stale_reason(rec, self.clock()) if rec is not None else None
         if why is None or (run_id and rec.run_id != run_id):
             return
-        self.last = "stop"
-        self.event = {"kind": "stop", "source": "watch", "severity": "critical",
-                      "time": self.clock(), "message": f"the job ended without recording its "
-                      f"end: its lock's holder ({rec.host}, pid {rec.pid}) is gone: {why}",
-                      "evidence": {"reason": "died", "run_id": rec.run_id}}
+        holder = [rec.host, rec.pid, rec.run_id]
+        seen = self.event_of_death
+        if seen is not None and seen["evidence"]["holder"] == holder:
+            self.death = seen  # the same death: the same event, judged once
+            return
+        self.death = self.event_of_death = {
+            "kind": "stop", "source": "watch", "severity": "critical", "time": self.clock(),
+            "message": f"the job ended without recording its end: its lock's holder "
+                       f"({rec.host}, pid {rec.pid}) is gone: {why}",
+            "evidence": {"reason": "died", "run_id": rec.run_id, "holder": holder}}
 
     def alive(self) -> bool:
         if self._lock is None:
@@ -216,7 +234,7 @@ class Follower:
         (module docstring); returns it when it is new."""
         if not self.report_end:
             return []
-        event = self.job.event if self.job.stopped else None
+        event = self.job.end_event if self.job.stopped else None
         if event is None:  # running, or relaunched since: an earlier end no longer stands
             if self.ended is not None:
                 self.findings.remove(self.ended)

@@ -142,6 +142,31 @@ def test_a_job_gone_without_recording_its_end_is_critical(cli, rd):
         job["reason"]
 
 
+def test_a_death_is_withdrawn_when_the_holder_beats_again(rd):
+    """A heartbeat late past its lease (a filesystem stall) read as dead for good (review)."""
+    import json as _json
+
+    from mscale.runs.lock import RunLock
+
+    f = follower(rd, report_end=True)
+    lock = RunLock(rd.root, "local-1").acquire()
+    try:
+        path = rd.path("lock.json")
+        rec = _json.loads(open(path).read())
+        stale = {**rec, "heartbeat": rec["heartbeat"] - 10_000}
+        open(path, "w").write(_json.dumps(stale))
+        f.poll()
+        assert f.job.stopped and f.ended is not None and not f.job.alive()
+        first = f.ended
+        f.poll()
+        assert f.ended is first  # the same death: one finding, not one a poll
+        open(path, "w").write(_json.dumps(rec))  # it beats again
+        f.poll()
+        assert not f.job.stopped and f.ended is None and f.job.alive()
+    finally:
+        lock.release()
+
+
 def test_a_live_or_released_lock_is_no_death(cli, rd):
     from mscale.runs.lock import RunLock
 
