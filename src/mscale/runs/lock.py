@@ -80,9 +80,10 @@ def new_run_id() -> str:
 def run_id_from_env() -> str:
     """The launcher's id for this launch, read from the environment: mscale --local sets
     MSCALE_RUN_ID; SLURM has a job (and step) id; torchrun a rendezvous id. Otherwise a fresh
-    one, kept in MSCALE_RUN_ID so that the process names one launch once (only rank 0 uses it:
-    torchrun's static rendezvous, ``TORCHELASTIC_RUN_ID=none``, gave rank 0's start and stop
-    events two ids, and recover counted the stop as a second attempt)."""
+    one, kept for the process so that it names its launch once (only rank 0 uses it: torchrun's
+    static rendezvous, ``TORCHELASTIC_RUN_ID=none``, gave rank 0's start and stop events two
+    ids, and recover counted the stop as a second attempt). Kept in this module, not the
+    environment, which child processes and later tests would inherit."""
     e = os.environ
     if e.get("MSCALE_RUN_ID"):
         return e["MSCALE_RUN_ID"]
@@ -91,8 +92,11 @@ def run_id_from_env() -> str:
         return f"slurm-{e['SLURM_JOB_ID']}" + (f".{step}" if step else "")
     if e.get("TORCHELASTIC_RUN_ID") and e["TORCHELASTIC_RUN_ID"] != "none":
         return f"torchrun-{e['TORCHELASTIC_RUN_ID']}"
-    e["MSCALE_RUN_ID"] = new_run_id()
-    return e["MSCALE_RUN_ID"]
+    return _GENERATED.setdefault(os.getpid(), new_run_id())
+
+
+_GENERATED: dict[int, str] = {}
+"""`run_id_from_env`'s generated id, by process (a fork gets its own)."""
 
 
 def next_attempt(run_dir: str) -> int:
