@@ -195,9 +195,27 @@ def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
         args = set_option(args, "--run-dir", change.run_dir)
     if change.resume is not None:
         args = set_option(args, "--resume", change.resume)
+    elif _stale_rollback(args, change.run_dir):
+        args = set_option(args, "--resume", "auto")
     if change.allow_batch_change and "--allow-batch-change" not in args:
         args = [*args, "--allow-batch-change"]
     return head + args
+
+
+def _stale_rollback(args: list[str], run_dir: str | None) -> bool:
+    """Whether ``args`` still carry an earlier recovery's rollback, ``--resume RUN/ckpt/step-N``
+    of this run, when this recovery resumes from the latest: replayed, it would roll the run
+    back to step N again and move the newer checkpoints aside. (A path outside the run only
+    starts it: train continues from the run's own latest by itself.)"""
+    if not run_dir or "://" in run_dir:
+        return False
+    for i, a in enumerate(args):
+        value = args[i + 1] if a == "--resume" and i + 1 < len(args) else (
+            a.split("=", 1)[1] if a.startswith("--resume=") else None)
+        if value and os.path.isabs(value):
+            own = os.path.realpath(os.path.join(run_dir, "ckpt"))
+            return os.path.realpath(value).startswith(own + os.sep)
+    return False
 
 
 def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:

@@ -281,3 +281,17 @@ def test_a_torchrun_relaunch_uses_the_torchrun_beside_the_jobs_python(tmp_path):
     assert _torchrun_beside(["python3", "-m", "mscale.cli.main"]) == "torchrun"
     assert _torchrun_beside([sys.executable]) in ("torchrun", str(
         __import__("pathlib").Path(sys.executable).parent / "torchrun"))
+
+
+def test_an_earlier_rollback_is_not_replayed_when_resuming_the_latest(tmp_path):
+    """The last relaunch carried --resume RUN/ckpt/step-4; resumed from the latest now, it
+    would roll back to step 4 again (review, helper-47). A foreign start path is left to train."""
+    from mscale.recover.relaunch import Change, rewrite_train
+
+    run = str(tmp_path / "run")
+    argv = ["mscale", "train", "p.yaml", "--run-dir", run, "--resume", f"{run}/ckpt/step-000004"]
+    out = rewrite_train(argv, Change(world=8, nodes=[], run_dir=run), local=False)
+    assert out[-2:] == ["--resume", "auto"]
+    other = ["mscale", "train", "p.yaml", "--run-dir", run, "--resume", "/data/base/ckpt/latest"]
+    assert rewrite_train(other, Change(world=8, nodes=[], run_dir=run), local=False)[-1] == \
+        "/data/base/ckpt/latest"
