@@ -46,7 +46,7 @@ def watch_cmd(
     Exit 0 healthy, 1 warnings (a stop on request), 2 critical (also a job that crashed, was
     killed or hung), 3 bad input.
     """
-    from mscale.runs.targets import check_output
+    from mscale.runs.targets import check_lasting, check_output
     from mscale.watch.actions import ActionConfig, Actor
     from mscale.watch.config import WatchConfig
     from mscale.watch.follow import EventFeed, Follower
@@ -57,6 +57,7 @@ def watch_cmd(
 
     for url, flag in ((prometheus, "--prometheus"), (report, "--report")):
         if url:
+            check_lasting(url, flag)
             check_output(url, kind="file", what=flag)
     where = resolve_target(target)
     if once:
