@@ -48,6 +48,18 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
+def in_run(checkpoint: str, ckpt_root: str) -> bool:
+    """Whether ``checkpoint`` lies in a run's own ``ckpt/`` directory ``ckpt_root``, however
+    either is spelled: local paths resolved (``file://``, relative, ``..``, a symlinked run
+    directory), URLs as written but for a trailing slash. The one rule for "the run's own"
+    (a resume that only starts a run, train's notes on a restart, recover's relaunch)."""
+    def norm(p: str) -> str:
+        p = p.removeprefix("file://")
+        return p.rstrip("/") if "://" in p else os.path.realpath(p)
+
+    return norm(checkpoint).startswith(norm(ckpt_root).rstrip("/") + "/")
+
+
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 

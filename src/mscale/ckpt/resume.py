@@ -19,7 +19,6 @@ deleted silently). Both are listed in the resume event.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -53,8 +52,8 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
         return None
-    if mode not in ("auto", "none") and _own(target, root) and not _own(catalog.resolve(mode),
-                                                                         root):
+    foreign = mode not in ("auto", "none") and not catalog.in_run(catalog.resolve(mode), root)
+    if foreign and catalog.in_run(target, root):
         cleaned.insert(0, f"note: --resume {mode} only starts a run; this run has checkpoints "
                           f"of its own, so it continues from its latest, "
                           f"{catalog.basename(target)} (to roll back on purpose: --resume "
@@ -81,23 +80,11 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
         return _latest_target(root)
     target = catalog.resolve(mode)
     committed = [e for e in found if e.committed]
-    if committed and not _own(target, root):  # module docstring: a foreign path starts a run
+    if committed and not catalog.in_run(target, root):  # a foreign path starts a run
         # the run's latest; without one (a crash between a first commit and its pointer), its
         # newest committed checkpoint: never the foreign one, which would move them all aside
         return _latest_target(root) or catalog.join(root, committed[-1].name)
     return target
-
-
-def _own(target: str, root: str) -> bool:
-    """Whether ``target`` is one of the checkpoints in ``root`` (this run's ckpt/), however
-    either is spelled (a symlinked directory, ``..``, a trailing slash): a rollback read as a
-    foreign path would continue from the latest instead, through the bad step again."""
-    fs, path = fs_and_path(target)
-    _, base = fs_and_path(root)
-    parent = path.rstrip("/").rsplit("/", 1)[0]
-    if catalog.is_local(fs):
-        return os.path.realpath(parent) == os.path.realpath(base)
-    return parent == base.rstrip("/")
 
 
 def _latest_target(root: str) -> str | None:

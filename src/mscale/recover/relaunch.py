@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from mscale.ckpt import catalog
 from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.diagnose.evidence import evidence_of
 from mscale.runs.atomic import read_jsonl
@@ -213,8 +214,7 @@ def _stale_rollback(args: list[str], run_dir: str | None) -> bool:
         value = args[i + 1] if a == "--resume" and i + 1 < len(args) else (
             a.split("=", 1)[1] if a.startswith("--resume=") else None)
         if value and os.path.isabs(value):
-            own = os.path.realpath(os.path.join(run_dir, "ckpt"))
-            return os.path.realpath(value).startswith(own + os.sep)
+            return catalog.in_run(value, os.path.join(run_dir, "ckpt"))
     return False
 
 

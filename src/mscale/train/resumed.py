@@ -24,7 +24,6 @@ step, under whatever data and schedule the resuming run has. Both can change wit
 from __future__ import annotations
 
 import math
-import os
 
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
@@ -120,13 +119,11 @@ def _count(n) -> str:
 
 
 def is_own(checkpoint: str, ckpt_root: str) -> bool:
-    """Whether ``checkpoint`` lies in the run directory's own ``ckpt/`` (a local path or a URL):
-    a restart of this run, whether ``--resume auto`` found it or recover named it (a rollback)."""
-    def norm(p: str) -> str:
-        p = p.removeprefix("file://")
-        return (p if "://" in p else os.path.abspath(p)).rstrip("/")
+    """Whether ``checkpoint`` lies in the run directory's own ``ckpt/`` (`catalog.in_run`): a
+    restart of this run, whether ``--resume auto`` found it or recover named it (a rollback)."""
+    from mscale.ckpt.catalog import in_run
 
-    return norm(checkpoint).startswith(norm(ckpt_root) + "/")
+    return in_run(checkpoint, ckpt_root)
 
 
 def model_note(saved: dict | None, model: ModelConfig, checkpoint: str) -> str | None:
