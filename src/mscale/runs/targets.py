@@ -58,7 +58,7 @@ def check_output(url: str, kind: Kind, what: str) -> None:
         _read_only(parent, url, what)
         raise MscaleError(f"{what}: no permission to create it in {parent}", file=url,
                           fix=f"choose a writable location for {what}, or fix the permissions")
-    _probe(parent, url, what, kind)
+    _refuse_kernel_fs(parent, url, what, kind)
 
 
 PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2",
@@ -67,7 +67,7 @@ PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup",
 """Kernel filesystems where no command's output can be created (/proc, /sys, ...)."""
 
 
-def _probe(directory: str, url: str, what: str, kind: Kind) -> None:
+def _refuse_kernel_fs(directory: str, url: str, what: str, kind: Kind) -> None:
     """Refuse a place on a kernel pseudo-filesystem: `os.access` says yes to root there (under
     /proc too), and the command failed at its last step. Read from the mount table, never by
     writing: every rank of an srun job checks its run directory at once, and a probe file each
@@ -132,4 +132,4 @@ def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
         _read_only(path, url, what)
         raise MscaleError(f"{what}: no permission to write in it", file=url,
                           fix=f"choose a writable directory for {what}, or fix the permissions")
-    _probe(path, url, what, kind)
+    _refuse_kernel_fs(path, url, what, kind)
