@@ -7,6 +7,8 @@ protocol is the same clean error everywhere.
 
 from __future__ import annotations
 
+import os
+
 import fsspec
 
 from mscale.errors import MscaleError
@@ -35,6 +37,16 @@ def fs_and_path(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
         raise MscaleError(f"the package for this URL's protocol is not installed ({e})", file=text,
                           fix="install the fsspec implementation it names, or use a local path") from None
     return fs, path
+
+
+def location_key(url: str) -> str:
+    """A location as compared for sameness: local paths resolved (``file:///d``, ``/d/``,
+    ``/x/../d``, a relative path and a symlink to ``/d`` are one place), other URLs as written
+    but for a trailing slash (an object store has no symlinks to resolve, and asking it would
+    cost a request). Used wherever two spellings must be recognised as one place: a held-out
+    source that is a training source, a checkpoint inside a run's own ``ckpt/``."""
+    url = str(url).removeprefix("file://")
+    return url.rstrip("/") if "://" in url else os.path.realpath(url)
 
 
 CHAIN = "::"

@@ -1,6 +1,7 @@
 """mscale.urls.fs_and_path: local paths and fsspec URLs resolve; unknown protocols and chained
 URLs (``::``) are one clean MscaleError, never a misread (fsspec would take a chain, and a local
-name with ``::`` would lose everything after it)."""
+name with ``::`` would lose everything after it); location_key makes one place of a location's
+spellings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
-from mscale.urls import fs_and_path
+from mscale.urls import fs_and_path, location_key
 
 
 def test_paths_and_urls_resolve(tmp_path):
@@ -39,3 +40,15 @@ def test_chained_urls_are_refused_naming_the_url_and_the_fix(url):
 def test_an_unknown_protocol_is_still_named():
     with pytest.raises(MscaleError, match="unknown storage protocol 'nope'"):
         fs_and_path("nope://x")
+
+
+def test_location_key_makes_one_place_of_its_spellings(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (tmp_path / "link").symlink_to(d)
+    spellings = [str(d), f"{d}/", f"file://{d}", str(tmp_path / "x" / ".." / "d"),
+                 str(tmp_path / "link")]
+    assert {location_key(s) for s in spellings} == {str(d.resolve())}
+    # a URL is taken as written but for a trailing slash: no request to an object store
+    assert location_key("s3://b/d/") == location_key("s3://b/d") == "s3://b/d"
+    assert location_key("s3://b/d") != location_key("s3://b/D")

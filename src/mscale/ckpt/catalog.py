@@ -23,6 +23,7 @@ from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, S
                                   check_relative, parse_marker, sha256)
 from mscale.errors import EXIT_CRITICAL, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.urls import location_key
 
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
@@ -53,11 +54,7 @@ def in_run(checkpoint: str, ckpt_root: str) -> bool:
     either is spelled: local paths resolved (``file://``, relative, ``..``, a symlinked run
     directory), URLs as written but for a trailing slash. The one rule for "the run's own"
     (a resume that only starts a run, train's notes on a restart, recover's relaunch)."""
-    def norm(p: str) -> str:
-        p = p.removeprefix("file://")
-        return p.rstrip("/") if "://" in p else os.path.realpath(p)
-
-    return norm(checkpoint).startswith(norm(ckpt_root).rstrip("/") + "/")
+    return location_key(checkpoint).startswith(location_key(ckpt_root).rstrip("/") + "/")
 
 
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",

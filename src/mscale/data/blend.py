@@ -9,7 +9,6 @@ sample k is the same on every rank, at every layout, after any restart: no loade
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ from mscale.data.datasets import open_dataset
 from mscale.data.indexed import TokenDataset
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
 from mscale.errors import MscaleError
+from mscale.urls import location_key
 
 EVAL_SEED_SALT = 0x5EED_E7A1
 """Mixed into the seed of the held-out order, so it is not the training order's."""
@@ -73,24 +73,13 @@ class BlendedSamples:
                 for i in np.unique(source).tolist()}
 
 
-def _same_path(path: str) -> str:
-    """A source as compared for sameness: ``file:///d``, ``/d/``, ``/x/../d`` and a symlink to
-    ``/d`` are one local source (spelled differently, the same tokens passed as held out); other
-    URLs as written but for a trailing slash."""
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    if "://" in path:
-        return path.rstrip("/")
-    return os.path.realpath(path)
-
-
 def check_held_out_apart(cfg: DataConfig, field: str = "training.data") -> None:
     """A held-out source that is also a training source would measure its "held-out" loss on
     trained-on tokens. Checked where a run opens its data, not in the schema: plans recorded
     before this check (RUN/plan.yaml, a checkpoint's manifest) must still load."""
-    trained = {_same_path(s.path) for s in cfg.train_sources}
+    trained = {location_key(s.path) for s in cfg.train_sources}
     for i, s in enumerate(cfg.eval_sources):
-        if _same_path(s.path) in trained:
+        if location_key(s.path) in trained:
             raise MscaleError(f"{s.path} is also a training source: its held-out loss would be "
                               "measured on tokens the model trains on",
                               field=f"{field}.eval_sources[{i}].path",
