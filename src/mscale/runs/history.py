@@ -90,7 +90,8 @@ def describe_layout(plan: Plan) -> str:
     """A layout and its cluster in a few words."""
     lay, cl = plan.layout, plan.cluster
     vpp = f" vpp{lay.vpp}" if lay.vpp > 1 else ""
-    return f"tp{lay.tp} pp{lay.pp} dp{lay.dp}{vpp} on {cl.num_nodes} nodes ({cl.name})"
+    nodes = f"{cl.num_nodes} node" + ("s" if cl.num_nodes != 1 else "")
+    return f"tp{lay.tp} pp{lay.pp} dp{lay.dp}{vpp} on {nodes} ({cl.name})"
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 from mscale.config.base import dump_yaml, load_model
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
-from mscale.runs.history import check_plan_change, plan_history, record_plan
+from mscale.runs.history import check_plan_change, describe_layout, plan_history, record_plan
 from mscale.runs.rundir import RunDir
 from tests.conftest import PLANS
 
@@ -38,6 +38,12 @@ def test_a_new_layout_on_fewer_nodes_is_accepted_and_described():
     assert change.new_layout == "tp2 pp2 dp1 on 2 nodes (cpu-4x2)"
     assert "layout.dp" in change.fields and "cluster.hostlist" in change.fields
     assert "training.lr" in change.fields and "training.lr" in change.message()
+
+
+def test_one_node_is_not_nodes():
+    one = _plan(layout={"tp": 2, "pp": 2, "dp": 1}, cluster={"hostlist": "node1", "nodes": 1,
+                                                             "gpus_per_node": 4})
+    assert describe_layout(one).endswith("on 1 node (cpu-4x2)")
 
 
 @pytest.mark.parametrize("section,fields,named", [
