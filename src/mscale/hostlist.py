@@ -2,7 +2,9 @@
 
 A leaf: pure text in, text out, importing nothing from mscale, so the cluster schema (config) can
 validate its ``hostlist`` field and the launcher environment (topology) can read SLURM's node list
-without either importing the other (docs/architecture.md, "Layers").
+without either importing the other (docs/architecture.md, "Layers"). The layers above use it
+as well: preflight and recover to write node lists (an exclude list, srun's and sbatch's
+``--nodelist``/``--exclude``), recover and watch to read them (a job's nodes, ``--hostlist``).
 """
 
 from __future__ import annotations

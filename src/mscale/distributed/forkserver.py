@@ -1,6 +1,6 @@
 """Start a ``--local`` job's workers by forking them from one process that imported torch once.
 
-Every worker of a local job used to be a fresh ``python -c ENTRY``, and each spent ~2 s of CPU
+Every worker of a local job used to be a fresh ``python -c ENTRY``, and each spent ~2.5 s of CPU
 importing torch and mscale before its first line of work: on a two-core machine a 4-process start
 took ~4 s and an 8-process one ~7.5 s, most of it the same imports N times over. Here
 multiprocessing's ``forkserver`` imports them once (``preload``) in a server process, and each

@@ -7,7 +7,7 @@ kills everything if one process hangs, and exits children with os._exit so gloo'
 
 Children are forked from a fork server that imported torch once (multiprocessing's
 ``forkserver``, started on the first call and kept for the calling process's life): a spawned
-child imported torch again, ~2 s of CPU each on these cores. Still, each launch pays the
+child imported torch again, ~2.5 s of CPU each on these cores. Still, each launch pays the
 process group's set-up, so tests should run several cases per launch instead of one per case. It lives in the package (not under tests/) so
 that benchmarks run from any directory without the test suite on the import path.
 """
