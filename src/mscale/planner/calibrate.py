@@ -10,7 +10,9 @@ Two kinds of measurement, told apart by their content:
   defines it, already an achieved rate: LINK_EFFICIENCY is not applied again).
 - a run's ``metrics.jsonl`` (config/records.py, `MetricsRecord`) with the layout it ran (the given
   layout, ``--layout plan.yaml``): the median step time, warm-up and flagged (GC, checkpoint)
-  steps left out, scales every kernel rate by one factor so that the model reproduces it.
+  steps left out, scales every kernel rate by one factor so that the model reproduces it. The
+  step is each rank's ``step_time`` less its ``data_time``: the model prices compute and
+  communication, and a loader that fell behind is not the kernels' doing.
 
 Both may be given; preflight is applied first, then the step-time factor on top.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from mscale.config.base import parse_json
 from mscale.config.files import read_text
+from mscale.config.vectors import decode_vector, is_encoded
 from mscale.errors import MscaleError
 from mscale.planner.comm import Links
 from mscale.planner.kernels import Device, gemm_ceiling_for
@@ -164,27 +167,53 @@ def _read_preflight(cal: Calibration, doc, path: str) -> None:
 
 
 def _read_metrics(cal: Calibration, lines: list[str], path: str) -> None:
-    times = []
+    times, waits = [], []
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise MscaleError(f"line {i + 1} is not JSON: {e.msg}", file=path,
                               fix="give a metrics.jsonl written by `mscale train`") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("step_time"), list):
-            raise MscaleError(f"line {i + 1} has no per-rank step_time list", file=path,
-                              field="step_time", fix="give a metrics.jsonl written by mscale train")
-        extra = rec.get("extra") or {}
-        if rec.get("step", 0) <= WARMUP_STEPS or extra.get("gc") or extra.get("checkpoint"):
+        extra = rec.get("extra") if isinstance(rec, dict) else None
+        step = _vector(rec, "step_time", i, path)
+        if rec.get("step", 0) <= WARMUP_STEPS or (extra or {}).get("gc") \
+                or (extra or {}).get("checkpoint"):
             continue
-        vals = [_number(v, path, "step_time") for v in rec["step_time"]]
-        if vals:
-            times.append(max(vals))  # synchronous training: the step ends with the last rank
+        data = _vector(rec, "data_time", i, path, required=False) or [0.0] * len(step)
+        if any(t == t for t in step):
+            # the model prices compute and communication, not a wait for input: a run whose
+            # loader fell behind would otherwise make every kernel look slower than it is
+            worked = [t - (min(d, t) if d == d else 0.0) for t, d in zip(step, data) if t == t]
+            times.append(max(worked))  # synchronous training: the step ends with the last rank
+            waits.append(max(t for t in step if t == t) - max(worked))
     if not times:
         raise MscaleError(f"no steps after the first {WARMUP_STEPS} to measure", file=path,
                           fix="give the metrics of a run that took more steps")
     cal.step_time_s = statistics.median(times)
-    cal.sources.append(f"{path}: median step {cal.step_time_s:.4g} s over {len(times)} steps")
+    wait = statistics.median(waits)
+    left_out = f" (data wait {wait:.3g} s a step left out)" if wait >= 0.01 * cal.step_time_s \
+        else ""
+    cal.sources.append(f"{path}: median step {cal.step_time_s:.4g} s{left_out} over "
+                       f"{len(times)} steps")
+
+
+def _vector(rec: object, name: str, i: int, path: str, required: bool = True) -> list[float]:
+    """A record's per-rank vector as a list of numbers, a version-2 record's encoded form
+    (config/vectors.py, written from `COMPACT_MIN_RANKS` ranks on) decoded."""
+    value = rec.get(name) if isinstance(rec, dict) else None
+    if value is None and not required:
+        return []
+    if is_encoded(value):
+        try:
+            decoded = decode_vector(value, field=name)
+        except MscaleError as e:
+            raise MscaleError(f"line {i + 1}: {e.message}", file=path, field=name,
+                              fix="give a metrics.jsonl written by `mscale train`") from None
+        return decoded.tolist()  # NaN where the writer had no figure for a rank
+    if not isinstance(value, list):
+        raise MscaleError(f"line {i + 1} has no per-rank {name} list", file=path, field=name,
+                          fix="give a metrics.jsonl written by `mscale train`")
+    return [_number(v, path, name, positive=required) for v in value]
 
 
 def fit_speed(cal: Calibration, step_of) -> None:
