@@ -513,7 +513,8 @@ def main() -> None:
     ap.add_argument("--demo-micro", type=int,
                     help="micro_batch of the demo shape (default: its plan's)")
     ap.add_argument("--demo-step-s", type=float, default=0.4,
-                    help="the real-text demo's step (16 x 128 tokens) on these CPUs")
+                    help="the real-text demo's step on these CPUs, measured when it was 16 x 128 "
+                         "tokens (plans/cpu-text.yaml now has seq_len 64)")
     ap.add_argument("--gpu-step-s", type=float, default=0.716,
                     help="the 1B run's step on one H200 (docs/benchmarks.md, GPU)")
     ap.add_argument("--latency-ms", type=float, default=20.0, help="slept per range read")

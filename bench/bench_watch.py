@@ -173,7 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=12288)
     ap.add_argument("--records", type=int, default=2000, help="schema-2 stream length")
-    ap.add_argument("--v1-records", type=int, default=300, help="schema-1 stream (1.3 MB each)")
+    ap.add_argument("--v1-records", type=int, default=300, help="schema-1 stream (1.9 MB each)")
     ap.add_argument("--window", type=int, default=64, help="steps the watcher keeps")
     ap.add_argument("--max-bytes", type=int, default=8 << 20, help="MetricsFeed's per poll")
     ap.add_argument("--json", action="store_true")

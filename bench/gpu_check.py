@@ -39,7 +39,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-check"),
                     help="report and metrics files (the device tool copies $OUT back)")
     ap.add_argument("--work", default=None, help="run directories (default: a temporary folder)")
-    ap.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET_S", 500)),
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("BUDGET_S", 480)),
                     help="seconds for all checks; a check that would overrun it is skipped")
     ap.add_argument("--rehearse", action="store_true", help="on the CPU with a tiny model")
     ap.add_argument("--only", nargs="*", help="run these checks only (names below)")

@@ -123,7 +123,7 @@ class MetricsRecord(RecordModel):
 
     @field_serializer(*PER_RANK_FIELDS)
     def _encode_vectors(self, v: list[float] | None, info) -> Any:
-        """Version 2 writes each vector in the compact form (~8x smaller at 12,288 ranks); the
+        """Version 2 writes each vector in the compact form (~10x smaller at 12,288 ranks); the
         split of communication by kind at 1 ms (`LINK_SCALE`)."""
         if v is None or self.schema_version < 2:
             return v

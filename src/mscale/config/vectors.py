@@ -1,8 +1,8 @@
 """Compact per-rank vectors for metrics records (schema version 2).
 
-A version-1 record carries each per-rank vector as a JSON list of floats: ~21 bytes a rank, so
-five vectors at 12,288 ranks are ~1.3 MB a step, written by rank 0 every step (bench/bench_watch.py
-measures it). Version 2 may carry a vector as one small JSON object instead:
+A version-1 record carries each per-rank vector as a JSON list of floats: ~20 bytes a value, so
+the eight vectors at 12,288 ranks are ~1.9 MB a step, written by rank 0 every step
+(bench/bench_watch.py measures it). Version 2 may carry a vector as one small JSON object instead:
 
     {"dtype": "<i8", "scale": 1e-06, "codec": "shuffle+zstd", "data": "<base64>"}
 
@@ -14,9 +14,10 @@ measures it). Version 2 may carry a vector as one small JSON object instead:
   byte position (all first bytes, then all second bytes, ...) before zstd, which lets zstd
   squeeze the near-constant high bytes of similar numbers.
 
-mscale writes microseconds as ``<i8`` with ``shuffle+zstd`` (1 µs resolution, ~8x smaller than
-JSON text); another trainer can write the simplest form, ``{"dtype": "<f4", "data": ...}``. Both
-the writer (train, config) and the reader (watch) use this module, so it sits in ``config``.
+mscale writes microseconds as ``<i8`` with ``shuffle+zstd`` (1 µs resolution, ~10x smaller than
+JSON text at 12,288 ranks); another trainer can write the simplest form,
+``{"dtype": "<f4", "data": ...}``. Both the writer (train, config) and the reader (watch) use this
+module, so it sits in ``config``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ class WatchConfig:
     persist_steps: int = 8
     """Rows in the per-rank median that decides a straggler: a rank must be slow in more than
     half of them, so a one-step hiccup (a page fault, a late interrupt) is never a straggler, and
-    a real one is named about five steps after it starts."""
+    a real one is named 3-5 steps after it starts (docs/benchmarks.md, "watch: detection")."""
 
     clear_steps: int = 8
     """Consecutive judged rows without the condition before an open finding is closed: a rank

@@ -6,7 +6,7 @@
   directory on each scrape; a half-written file would be scraped as garbage, so the exposition
   text (rendered by ``prometheus-client``) replaces the file atomically each time.
 
-Per-rank series are not exported: 12,288 ranks × five vectors would be 60,000 series per job,
+Per-rank series are not exported: 12,288 ranks × eight vectors would be 98,304 series per job,
 more than most Prometheus servers accept from one target. The slowest ranks appear through the
 open findings, each labelled with its ranks and nodes.
 """

@@ -22,7 +22,8 @@ JSONL_TAIL_BYTES = 32 * 1024 * 1024
 """Bytes read from the end of events.jsonl (a multi-week run's events fit many times over)."""
 METRICS_TAIL_BYTES = 4 * 1024 * 1024
 """Bytes read from the end of metrics.jsonl: only the last records matter (one record of a
-12,288-rank run is a few hundred KB with plain vectors)."""
+12,288-rank run is ~1.9 MB with plain vectors, so the tail holds about two; ~190 KB in the compact
+form `train` writes from 1,024 ranks on: docs/benchmarks.md, "watch")."""
 FLIGHT_CAP_BYTES = 64 * 1024 * 1024
 """Largest flight-recorder JSON dump read."""
 MAX_FILES = 100_000
