@@ -125,6 +125,24 @@ def test_a_foreign_path_never_moves_the_runs_own_checkpoints_aside(tmp_path, ten
         "step-000005", "step-000007"]
 
 
+def test_auto_without_latest_continues_from_the_newest_committed(tmp_path, tensors):
+    """A crash between a first commit and its pointer (or a latest deleted by hand): --resume auto
+    trained from step 0 and moved every committed checkpoint aside as abandoned."""
+    import os
+
+    from mscale.ckpt.resume import check_resume
+
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [2, 4], tensors, partial=[6])
+    os.remove(root / "latest")
+    assert check_resume(str(root), "auto").step == 4
+    point = choose_resume(str(root), "auto")
+    assert point.manifest.step == 4 and point.path == f"{root}/step-000004"
+    assert point.cleaned[0].startswith(f"note: {root}/latest is missing; continuing from the "
+                                       "newest committed checkpoint, step-000004")
+    assert _names(str(root)) == [("step-000002", True), ("step-000004", True)]
+
+
 def test_fresh_run_has_no_resume_point(tmp_path):
     assert choose_resume(str(tmp_path / "ckpt"), "auto") is None
     assert choose_resume(str(tmp_path / "ckpt"), "none") is None
