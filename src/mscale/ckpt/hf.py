@@ -194,8 +194,10 @@ def diff_model(hf_cfg: ModelConfig, plan_cfg: ModelConfig) -> list[str]:
     counts). ``real_vocab`` is compared as the vocabulary the model really has (``real_vocab``,
     else ``vocab``): a plan that leaves it unset for an unpadded model agrees, but a plan of
     vocab 256 for a model of 255 padded to 256 does not: training it would leave the padding
-    logit unmasked, another model with no word said."""
-    a, b = hf_cfg.model_dump(exclude={"name"}), plan_cfg.model_dump(exclude={"name"})
+    logit unmasked, another model with no word said. ``seq_len`` never counts either: an HF
+    config's ``max_position_embeddings`` is the context the model supports (131,072 for
+    Llama-3.1), not a length to train at, and no weight's shape depends on it."""
+    a, b = (c.model_dump(exclude={"name", "seq_len"}) for c in (hf_cfg, plan_cfg))
     a["real_vocab"] = hf_cfg.real_vocab or hf_cfg.vocab
     b["real_vocab"] = plan_cfg.real_vocab or plan_cfg.vocab
     return [k for k in a if a[k] != b[k]]
@@ -203,7 +205,9 @@ def diff_model(hf_cfg: ModelConfig, plan_cfg: ModelConfig) -> list[str]:
 
 def fit_to_plan(hf_cfg: ModelConfig, plan_cfg: ModelConfig, tp: int, source: str) -> ModelConfig:
     """The model an import writes for a plan: the HF model, its vocabulary padded for ``tp``,
-    under the plan's name, with ``real_vocab`` recorded so an export restores the original.
+    under the plan's name and with its ``seq_len`` (the training length, whatever the HF
+    model's ``max_position_embeddings``), with ``real_vocab`` recorded so an export restores
+    the original.
 
     Refuses a plan whose model differs, naming every differing field with both values."""
     cfg = pad_vocab(hf_cfg, padded_vocab(hf_cfg.vocab, tp, plan_cfg))
@@ -217,4 +221,4 @@ def fit_to_plan(hf_cfg: ModelConfig, plan_cfg: ModelConfig, tp: int, source: str
                    f"vocabulary; model.vocab {cfg.vocab} pads it for tp {tp})")
         raise MscaleError(f"config.json describes a different model than the plan ({detail})",
                           file=source, field=", ".join(f"model.{k}" for k in diffs), fix=fix)
-    return cfg.model_copy(update={"name": plan_cfg.name})
+    return cfg.model_copy(update={"name": plan_cfg.name, "seq_len": plan_cfg.seq_len})

@@ -17,7 +17,7 @@ from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import MODEL, tensor_key
 from mscale.config.model import ModelConfig
 from mscale.errors import MscaleError
-from tests.unit.ckpt.helpers import MODEL_CFG, plan, write_synthetic
+from tests.unit.ckpt.helpers import MODEL_CFG, global_state, plan, write_synthetic
 
 
 def test_safetensors_round_trip_and_alignment():
@@ -170,3 +170,35 @@ def test_padded_region_reads_real_rows_and_zeros_beyond(rows):
     box = [rows, (8, 24)]
     got = hf.padded_region("head.weight", embed, box, padded)
     assert torch.equal(got, whole[rows[0]: rows[1], 8:24])
+
+
+def test_import_trains_at_the_plans_seq_len_whatever_max_position_embeddings(tmp_path):
+    """config.json's max_position_embeddings is the context the model supports (131,072 for
+    Llama-3.1), not a training length: an import into a plan of a shorter seq_len was refused
+    as "a different model" (model.seq_len), so no real LLaMA could be fine-tuned."""
+    from mscale.config.base import dump_yaml
+
+    p = plan()
+    weights = {k: v for k, v in global_state(p, optimizer=False).items()
+               if k.startswith(f"{MODEL}/")}
+    src = str(tmp_path / "run" / "ckpt" / "step-000001")
+    write_synthetic(src, p, weights, step=1)
+    convert(src, str(tmp_path / "hf"), to_hf=True)
+    cfg_file = tmp_path / "hf" / "config.json"
+    data = json.loads(cfg_file.read_text())
+    data.pop("mscale_model")
+    data["max_position_embeddings"] = 4096
+    cfg_file.write_text(json.dumps(data))
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text(dump_yaml(p))  # seq_len 32
+    dst = tmp_path / "run2" / "ckpt" / "step-000000"
+    convert(str(tmp_path / "hf"), str(dst), plan=str(plan_file))
+    m = catalog.load_committed(str(dst))
+    assert m.plan["model"]["seq_len"] == 32
+    with CheckpointReader(str(dst), m) as r:
+        for k, v in weights.items():
+            assert torch.equal(r.read_full(k), v)
+    other = p.model.model_copy(update={"layers": 3})  # a real difference is still refused
+    with pytest.raises(MscaleError) as e:
+        hf.fit_to_plan(hf_config.model_from_hf_config(data, "c"), other, 1, "c")
+    assert e.value.field == "model.layers"
