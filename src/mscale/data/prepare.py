@@ -37,7 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 from mscale.data.corpus import Skipped, expand_inputs, iter_documents
 from mscale.data.indexed import IndexedWriter
 from mscale.data.manifest import FORMAT, MANIFEST, VERSION
-from mscale.data.storage import fsync_dir
+from mscale.data.storage import check_parents, fsync_dir
 from mscale.data.tokenizer import eod_id, read_tokenizer, vocab_of
 from mscale.errors import MscaleError
 from mscale.urls import fs_and_path
@@ -205,6 +205,8 @@ def _check_out(out: str, force: bool) -> str:
             raise MscaleError("exists and is not a token folder (no mscale-tokens manifest.json); "
                               "--force will not delete it", file=str(out), field="--out",
                               fix="choose another --out, or remove the folder yourself")
+    else:
+        check_parents(path, str(out), "--out")
     return path
 
 

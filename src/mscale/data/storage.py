@@ -273,3 +273,15 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_parents(path: str, out: str, field: str) -> None:
+    """Refuse a local output ``path`` (``out`` as typed) that cannot be created because an
+    existing ancestor is a file, before any work: otherwise the write fails at the end with a
+    bare ``OSError`` naming a temporary path (``DIR.tmp-<pid>: Not a directory``)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise MscaleError(f"cannot create it because {parent} is a file, not a folder",
+                          file=out, field=field, fix=f"choose a {field} whose parents are folders")

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from mscale.data.corpus import Skipped, expand_inputs, iter_documents
+from mscale.data.storage import check_parents
 from mscale.errors import MscaleError
 
 if TYPE_CHECKING:  # tokenizers is imported where it is used: `mscale data inspect` needs none
@@ -219,7 +220,10 @@ def _check_out(out: str, force: bool) -> str:
     if os.path.lexists(out.removeprefix("file://")) and not force:
         raise MscaleError("the tokenizer file already exists", file=out, field="--out",
                           fix="choose another --out, or pass --force to overwrite it")
-    return out.removeprefix("file://")
+    path = out.removeprefix("file://")
+    if not os.path.lexists(path):
+        check_parents(path, out, "--out")
+    return path
 
 
 def _write_atomic(path: str, data: bytes) -> None:

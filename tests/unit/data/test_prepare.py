@@ -284,6 +284,18 @@ def test_an_existing_out_is_refused_and_force_replaces_only_a_token_folder(token
         prepare([str(tmp_path / "a.txt")], tokenizer, "memory://x/out", workers=1)
 
 
+def test_an_out_under_a_file_is_refused_before_any_work(tokenizer, tmp_path):
+    """It failed at the end with a bare OSError naming DIR.tmp-<pid> ("Not a directory"), no
+    field, after the start line and the workers."""
+    (tmp_path / "a.txt").write_text(text(1))
+    (tmp_path / "afile").write_text("x")
+    out = tmp_path / "afile" / "sub" / "out"
+    with pytest.raises(MscaleError, match="is a file, not a folder") as e:
+        prepare([str(tmp_path / "a.txt")], tokenizer, str(out), workers=1)
+    assert e.value.field == "--out" and e.value.file == str(out)
+    assert str(tmp_path / "afile") in e.value.message
+
+
 def test_a_failure_midway_leaves_no_output_and_keeps_the_old_one(tokenizer, tmp_path,
                                                                 monkeypatch):
     monkeypatch.setattr(prep, "BATCH_DOCS", 2)

@@ -51,6 +51,15 @@ def test_train_refuses_to_overwrite_without_force(trained, tmp_path):
     assert info["vocab_size"] == 280 and json.loads(copy.read_text())["model"]["type"] == "BPE"
 
 
+def test_an_out_under_a_file_is_refused_naming_the_option(trained, tmp_path):
+    """It was a bare "File exists (FileExistsError, errno 17)" naming the parent."""
+    out, _ = trained
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(MscaleError, match="is a file, not a folder") as e:
+        train_tokenizer([str(out.parent / "doc0.txt")], 300, str(tmp_path / "afile" / "t.json"))
+    assert e.value.field == "--out" and (tmp_path / "afile").read_text() == "x"
+
+
 def test_train_refuses_a_vocabulary_out_of_range_and_empty_text(tmp_path):
     (tmp_path / "a.txt").write_text(text(1))
     with pytest.raises(MscaleError, match="out of range") as e:
