@@ -126,6 +126,13 @@ def recover_cmd(
     if not as_json:
         sys.stdout.write(render(plan, executed=execute, decision=decision))
         sys.stdout.flush()
+    if execute and not plan.command and plan.verdict in ("relaunchable", "degraded"):
+        # nothing to run: a script must not read exit 0/1 as "the job is back"
+        code = EXIT_BAD_INPUT
+        if not as_json:
+            sys.stderr.write("recover: nothing relaunched: the run recorded no launch command; "
+                             "start the job again yourself, or run it under `mscale recover "
+                             "supervise -- CMD`\n")
     if execute and plan.command:
         launched = time.time()
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document

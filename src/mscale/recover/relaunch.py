@@ -297,6 +297,12 @@ def run_quiet(cmd: list[str]) -> tuple[int, str]:
     return p.returncode, p.stdout
 
 
+NO_LAUNCH_NOTE = ("the run recorded no launch command (no train `start` event with its launch): "
+                  "recover cannot relaunch it; start the job again yourself, or run it under "
+                  "`mscale recover supervise -- CMD`")
+"""The reason when neither a recorded launch nor a given command says how the job was started."""
+
+
 @dataclass
 class Relaunch:
     """The command and what the operator should know about it."""
@@ -318,8 +324,7 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
         return Relaunch(launcher, rewrite_command(command, change, ranks_per_node),
                         _batch_note(command, change))
     if launch is None:
-        return Relaunch(launcher, [], ["the start event recorded no launch command: pass the "
-                                       "command (RecoverOptions.command) to relaunch"])
+        return Relaunch(launcher, [], [NO_LAUNCH_NOTE])
     if launcher == "local":
         return Relaunch("local", rewrite_train(launch.argv, change, local=True))
     if launcher == "slurm":

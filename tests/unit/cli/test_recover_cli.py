@@ -234,3 +234,21 @@ def test_a_run_directory_named_like_a_subcommand_is_still_the_run_directory(cli,
     code, out, err = cli("recover", name)
     assert code == 0, out + err
     assert out.startswith(f"recover {name}: RELAUNCHABLE (exit 0)")
+
+
+def test_execute_with_no_recorded_launch_relaunches_nothing_and_says_so(cli, run, state,
+                                                                        monkeypatch):
+    """A run whose start event recorded no launch (it failed before writing one): --execute has
+    nothing to run, so it must not end 0 as if the job were back."""
+    from mscale.recover import decide
+
+    (run / "events.jsonl").write_text("")
+    monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
+    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: pytest.fail("launched"))
+    code, out, _ = cli("recover", str(run), "--no-recheck")
+    assert code == 0 and "mscale recover supervise -- CMD" in out  # the dry run: a usable fix
+    assert "RecoverOptions" not in out
+    code, out, err = cli("recover", str(run), "--execute", "--no-recheck")
+    assert code == 3 and "recover: nothing relaunched" in err, out + err
+    code, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
+    assert code == 3 and json.loads(out)["exit_code"] == 3
