@@ -123,6 +123,12 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
                   hostlist: str | None = None) -> Callable[[int], JobLayout]:
     """How to lay out a job of ``world`` ranks: flags when any is given, else the run's plan,
     else every rank on its own (rank-level rules only; nodes and stages unknown)."""
+    try:  # a bad --hostlist is bad input now, not an internal error when the records come
+        hosts = len(expand_hostlist(hostlist)) if hostlist else None
+    except ValueError as e:
+        raise MscaleError(str(e), field="--hostlist",
+                          fix="give the nodes in SLURM syntax, e.g. 'gpu[001-128]'") from None
+
     def from_flags(world: int) -> JobLayout:
         t, p = tp or 1, pp or 1
         if dp is None and world % (t * p):
@@ -130,7 +136,11 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
                               f"{world} ranks", field="--tp" if tp else "--pp",
                               fix=f"give the job's own sizes: tp·pp·dp = {world}")
         d = dp or max(1, world // (t * p))
-        nodes = len(expand_hostlist(hostlist)) if hostlist else 1
+        nodes = hosts or 1
+        if hosts and ranks_per_node is None and (t * p * d) % hosts:
+            raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "
+                              "fill evenly", field="--hostlist",
+                              fix="give the job's own nodes in rank order, or --ranks-per-node")
         per_node = ranks_per_node or max(1, t * p * d // nodes)
         return JobLayout.from_flags(t, p, d, per_node, hostlist)
 

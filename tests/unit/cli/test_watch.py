@@ -148,6 +148,8 @@ def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
     (["{empty}"], "not a run directory: no plan.yaml, lock.json, metrics.jsonl or events.jsonl"),
     (["{started}"], "no metrics records"),
     (["{small}"], "the records have 4 ranks, the layout 8"),
+    (["{run}", "--hostlist", "gpu[1-"], "--hostlist: bad hostlist 'gpu[1-': unbalanced brackets"),
+    (["{run}", "--tp", "2", "--hostlist", "gpu[1-3]"], "--hostlist names 3 nodes, which 8 ranks"),
 ])
 def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
     empty = tmp_path / "empty"
@@ -186,3 +188,30 @@ def test_every_file_watch_writes_is_named_on_stderr(cli, run, tmp_path):
     assert err.splitlines() == [f"wrote Prometheus textfile: {prom}",
                                 f"wrote watch report: {page}"]
     assert prom.exists() and page.exists()
+
+
+def test_sigterm_stops_a_live_watch_as_ctrl_c_does(cli, tmp_path, monkeypatch):
+    """systemd, Kubernetes and SLURM stop a live watch with SIGTERM: it ends with the verdict of
+    what it judged, its line and its report, not a silent death by the signal (exit 143)."""
+    import signal
+
+    from mscale.watch.follow import Follower
+
+    path = trace(tmp_path, steps=20)
+    polls = []
+    real = Follower.poll
+
+    def poll(self):
+        polls.append(1)
+        if len(polls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self)
+
+    monkeypatch.setattr(Follower, "poll", poll)
+    before = signal.getsignal(signal.SIGTERM)
+    report = tmp_path / "w.html"
+    code, out, err = cli("watch", path, *FLAGS, "--interval", "0.05", "--hang-s", "1e12",
+                         "--report", str(report))
+    assert code == 0 and "step 20 |" in out, out + err
+    assert report.exists() and f"wrote watch report: {report}" in err
+    assert signal.getsignal(signal.SIGTERM) is before  # given back
