@@ -69,3 +69,22 @@ def test_a_single_loss_spike_is_not_a_divergence():
 @pytest.mark.parametrize("seed", [2, 3])
 def test_healthy_training_is_quiet(seed):
     assert run(steps=600, seed=seed)[0] == []
+
+
+def test_a_nan_findings_values_are_numbers_and_json_null_not_strings():
+    """docs/watch.md: NaN and infinity are written as null; a finite value stays a number (jq
+    `.evidence.grad_norm > 1` must work), not the string "nan" or "0.59"."""
+    import io
+    import json
+
+    from mscale.watch import sinks
+    from mscale.watch.config import WatchConfig
+    from mscale.watch.detect.training import TrainingRules
+
+    rules = TrainingRules(WatchConfig())
+    rules.nan(1, {"loss": 2.0, "grad_norm": 1.0}, True)
+    f = rules.nan(2, {"loss": float("nan"), "grad_norm": 0.59}, True)
+    out = io.StringIO()
+    sinks.write_jsonl(out, [f])
+    ev = json.loads(out.getvalue())["evidence"]
+    assert ev["loss"] is None and ev["grad_norm"] == 0.59 and ev["fields"] == ["loss"]

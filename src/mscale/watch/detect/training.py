@@ -58,7 +58,7 @@ class TrainingRules:
                        message=f"non-finite {', '.join(bad)} at step {step}",
                        evidence={"rule": "NaN/Inf in the loss, the gradient norm or a timing",
                                  "fields": bad, "step": step,
-                                 **{k: str(v) for k, v in values.items()}},
+                                 **{k: float(v) for k, v in values.items()}},
                        advice="halt the job; resume from the last checkpoint before this step "
                               "(with a lower learning rate or without the batch)")
 
