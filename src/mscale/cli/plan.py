@@ -101,6 +101,14 @@ def plan_cmd(
     _print_human(choice, top, plan, output, explain, write_gbps)
 
 
+CPU_NOTE = ("note: on CPUs (gpu: cpu) the step time, tokens/s and MFU columns are not "
+            "predictions (gloo's per-collective latency and many processes on few cores "
+            "dominate, calibrated or not; docs/plan.md, The cpu preset): use this plan for a "
+            "valid layout, and `mscale train`'s own figures for speed")
+"""Said under the table of a CPU cluster, whose figures a reader would otherwise take as the
+planner's word: the cost model's rates are those of GPUs."""
+
+
 def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bool,
                  write_gbps: float) -> None:
     result, given, pb = choice.result, choice.given, choice.problem
@@ -124,6 +132,8 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
                       "stage_layers", markup=False)
     if result.preferred_note:
         console.print(result.preferred_note, markup=False)
+    if pb.cluster.gpu.name.lower().startswith("cpu"):
+        console.print(CPU_NOTE, markup=False)
     console.print(memory_table(choice.cost))
     ck = plan.checkpoint
     size = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM

@@ -65,8 +65,9 @@ class Calibration:
             try:
                 ceiling = gemm_ceiling_for(dev, self.gemm_n, self.gemm_tflops)
             except ValueError as e:
-                raise MscaleError(str(e), field="measured.gemm_tflops",
-                                  fix="check the preflight report's GEMM figure and its n"
+                raise MscaleError(str(e), file=self.gemm_source, field="measured.gemm_tflops",
+                                  fix="check the preflight report's GEMM figure and its n, and "
+                                      "that it was measured on this cluster's kind of device"
                                   ) from None
             dev = dataclasses.replace(dev, gemm_max=ceiling)
         if self.speed != 1.0:

@@ -51,9 +51,13 @@ add 3.3-3.9 TB/s of 4.8 (0.69-0.82), GELU 2.3-2.8 (0.48-0.58), layer norm forwar
 1.06-1.33 (0.22-0.28). Stacks with fused norm kernels (stacks.StackProfile.fused_norms) run norms
 at the element-wise rate: an assumption (apex/Transformer Engine fused norms are single-pass)."""
 HBM_GB_PER_S = {"A100": 2039.0, "A100-40GB": 1555.0, "H100": 3350.0, "H800": 3350.0,
-                "H200": 4800.0}
+                "H200": 4800.0, "cpu": 25.6}
 """Device memory bandwidth, GB/s, for presets that do not state it (docs/references.md: H100
-3.35 TB/s, H200 4.8 TB/s; NVIDIA A100 datasheet: 2,039 GB/s for 80 GB SXM, 1,555 for 40 GB)."""
+3.35 TB/s, H200 4.8 TB/s; NVIDIA A100 datasheet: 2,039 GB/s for 80 GB SXM, 1,555 for 40 GB).
+``cpu``: one DDR4-3200 channel, 3,200 MT/s × 8 bytes, a process's share of a server's memory.
+Without an entry a preset gets peak / 300 FLOP per byte (a GPU's ratio), 0.67 GB/s for the cpu
+preset: a roofline under which no CPU GEMM preflight measured could run, so `plan --calibrate`
+refused every CPU cluster's preflight report."""
 SOFTMAX_BYTES_PER_SCORE = 22
 """Unfused attention (no flash kernel): bytes moved per attention-score element per forward +
 backward, bf16: the QKᵀ output written (2), fused scale-mask-softmax read and written (4), dropout

@@ -29,6 +29,17 @@ def test_cpu_plan_writes_a_loadable_plan(cli, tmp_path):
     assert plan.estimate["mfu"] == pytest.approx(1 - sum(plan.estimate["lost"].values()), abs=1e-3)
 
 
+def test_a_cpu_clusters_figures_are_said_not_to_be_predictions(cli):
+    """The cost model's rates are GPUs'; a CPU table's tokens/s (6.5k predicted for the demo,
+    66k once calibrated from a CPU preflight, 5.1k measured) must not read as the planner's
+    word. A GPU cluster's table carries no such note."""
+    _, cpu, _ = cli("plan", *CPU, "--top", "1")
+    _, gpu, _ = cli("plan", *GPT, "--top", "1")
+    assert "note: on CPUs (gpu: cpu) the step time, tokens/s and MFU columns are not " \
+           "predictions" in " ".join(cpu.split())
+    assert "note: on CPUs" not in gpu
+
+
 def test_json_is_one_document(cli):
     code, stdout, _ = cli("plan", *CPU, "--json", "--explain", "--top", "2")
     assert code == 0

@@ -97,6 +97,22 @@ def test_a_cpu_preflight_is_refused_for_a_gpu_cluster(cli, tmp_path):
     assert f"{pf}: measured.gemm_tflops.dtype: its GEMM ran in float32 (preflight on CPUs)" in err
 
 
+def test_a_cpu_preflight_calibrates_a_cpu_cluster(cli, tmp_path):
+    """The CPU flow of docs/preflight.md: a 2-core preflight's fp32 GEMM (0.1 TFLOP/s at n=384)
+    is a rate the cpu preset's roofline can reach, so the plan is calibrated from it (the
+    preset's memory bandwidth was 0.67 GB/s, which no measured CPU GEMM fits under)."""
+    pf = preflight(tmp_path, gemm=0.1024)
+    doc = json.loads(pf.read_text())
+    doc["measured"]["gemm_tflops"].update(dtype="float32", n=384)
+    pf.write_text(json.dumps(doc))
+    cpu = ["--cluster", str(PLANS / "clusters" / "cpu-4x2.yaml"), "--model",
+           str(PLANS / "models" / "tiny.yaml"), "--training",
+           str(PLANS / "training" / "cpu-demo.yaml")]
+    code, out, err = cli("plan", *cpu, "--calibrate", str(pf), "--json")
+    assert code == 0, err
+    assert json.loads(out)["calibration"], out
+
+
 def test_a_runs_step_time_is_not_fitted_to_another_dp(cli, tmp_path):
     """--layout's dp is derived for the cluster given; a run's metrics were measured at its
     own dp: fitting one to the other is refused, not silently wrong."""
@@ -190,3 +206,14 @@ def test_a_compact_record_is_read_as_the_lists_it_encodes(tmp_path):
     f.write_text("\n".join(lines) + "\n")
     cal = load_calibration([str(f)])
     assert cal.step_time_s == pytest.approx(12.0, rel=1e-3)
+
+
+def test_a_gemm_figure_the_roofline_cannot_reach_names_the_report(cli, tmp_path):
+    """The refusal names the preflight report it came from, as every bad-input error does."""
+    pf = preflight(tmp_path)
+    doc = json.loads(pf.read_text())
+    doc["measured"]["gemm_tflops"]["n"] = 64  # 180 TFLOP/s on a 64×64×64 GEMM: memory-bound
+    pf.write_text(json.dumps(doc))
+    code, _, err = cli("plan", *GPT, "--calibrate", str(pf))
+    assert code == 3 and "Traceback" not in err, err
+    assert err.startswith(f"error: {pf}: measured.gemm_tflops: 180 TFLOP/s at n=64"), err
