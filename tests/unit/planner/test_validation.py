@@ -39,9 +39,9 @@ memory), median/max: 1.7/20.6, 4.2/6.3, 21.3/28.5, 27.4/31.3, 14.8/14.8; all 30 
 chunks, no recompute; bench/data/published_runs.yaml): 3.7/4.1, all held-out rows 3.7/31.3%. Before issue 13's changes (commit 6c721c1): 17.1/35.2, 9.7/40.0, 18.2/26.1, 31.5/35.5,
 15.1/15.1 and 16.6/40.0% (bench/data/plan_validation_baseline.json)."""
 TOP3_AT_LEAST = 18
-"""Held-out runs whose published layout the search ranks in its top 3 (measured: 18 of 30; 9
-before issue 13; 20 before the search tried splits whose first and last virtual stages hold no
-block, which now rank above two published layouts: Llama 3 at 8,192 GPUs, whose v 8 exceeds the
+"""Held-out runs whose published layout the search ranks in its top 3 (measured: 19 of 30 on
+2026-12-06, 18 before; 9 before issue 13; 20 before the search tried splits whose first and last
+virtual stages hold no block, which now rank above two published layouts: Llama 3 at 8,192 GPUs, whose v 8 exceeds the
 memory model by 6 GB without recompute, and Narayanan's 529.6B on 1,120 GPUs)."""
 
 

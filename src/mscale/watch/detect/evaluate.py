@@ -230,7 +230,8 @@ def _table(job: Job, trials: int, steps: int, tick: Tick | None = None) -> list[
 
 
 def slow_cell(micro_batches: int, stage: int, seed: int = 0) -> tuple[float, float, float]:
-    """The straggler study's pipeline case rebuilt in the generator: pp 4 x dp 4, one (stage,
+    """A pipeline case rebuilt in the generator (docs/watch.md names its source, the straggler
+    study, and says its figures are not re-checked against the paper): pp 4 x dp 4, one (stage,
     replica) cell computing 45 s where its peers take 19.5 s. Returns (watch's what-if, the
     generator's true slowdown, the closed formula ``max + (sum - max) / m``'s), in percent."""
     kw = dict(world=16, tp=1, pp=4, dp=4, ranks_per_node=4, steps=120, seed=seed,
