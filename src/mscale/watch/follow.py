@@ -316,10 +316,16 @@ class Follower:
         return now
 
     def _note_stopped_early(self) -> None:
-        """Ctrl-C before any run appeared: the exit code says nothing was wrong, which is true
-        of nothing judged; this line says why there was nothing to judge."""
-        if self.note is not None and not self.records and not self.target.is_run():
+        """Ctrl-C before the first record: the exit code says nothing was wrong, which is true
+        of nothing judged; this line says why there was nothing to judge (no run at the path
+        yet, or a run that had not finished its first step)."""
+        if self.note is None or self.records:
+            return
+        if not self.target.is_run():
             self.note(f"stopped before any run appeared in {self.target.url}")
+        else:
+            self.note(f"stopped before the first record in {self.target.metrics}: nothing "
+                      "judged")
 
     def open_findings(self) -> list[Finding]:
         """The judge's open findings, and the job's abnormal end while it stands."""

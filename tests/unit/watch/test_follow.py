@@ -320,7 +320,8 @@ def test_a_metrics_file_not_yet_written_to_is_waited_for_too(tmp_path):
         raise KeyboardInterrupt
 
     f.run(interval=1.0, sleep=sleep)
-    assert notes == [f"waiting for the first record in {path} (0 s)"]
+    assert notes == [f"waiting for the first record in {path} (0 s)",
+                     f"stopped before the first record in {path}: nothing judged"]
 
 
 def _real_follower(target, clock, notes):
@@ -354,7 +355,8 @@ def test_a_live_watch_waits_for_a_run_directory_that_does_not_exist_yet(tmp_path
         f"waiting for a run in {later}: no such directory yet (6 s)",
         f"waiting for a run in {later}: no plan.yaml, lock.json, metrics.jsonl or events.jsonl yet (12 s)",
         f"waiting for the run's first step: no record in {later}/metrics.jsonl yet (18 s)",
-    ]  # a run had appeared when Ctrl-C came: no 'stopped before' line
+        f"stopped before the first record in {later}/metrics.jsonl: nothing judged",
+    ]  # a run had appeared when Ctrl-C came, without a step: the line says so
     assert sorted(p.name for p in later.iterdir()) == ["plan.yaml"]
 
 
