@@ -27,8 +27,9 @@ class CkptOptions(StrictModel):
     final: bool = Field(True, json_schema_extra=flag("--final-ckpt", negative="--no-final-ckpt"))
     """Save a checkpoint after the last step."""
     resume: str = Field("auto", json_schema_extra=flag("--resume"))
-    """auto: continue from RUN_DIR/ckpt/latest if any; none: start fresh; or a checkpoint/run
-    directory (another run's only starts this one: docs/ckpt.md)."""
+    """auto: continue from RUN_DIR/ckpt/latest if any (without it, the newest committed
+    checkpoint); none: start fresh; or a checkpoint/run directory (another run's only starts
+    this one: docs/ckpt.md)."""
     chunk_bytes: int = Field(DEFAULT_CHUNK_BYTES, ge=1, json_schema_extra=NOT_A_FLAG)
     """Bytes per chunk of a shard file (each compressed and checksummed on its own)."""
 
