@@ -148,16 +148,18 @@ class ParamGather:
         index = {id(self.params[s.index]): s.bucket for s in self.layout.slots}
         covered: set[int] = set()
         for root in modules:
+            owners = []
             for sub, own in _hook_owners(root):
                 covered.update(id(p) for p in own)
                 buckets = sorted({index[id(p)] for p in own if id(p) in index}, reverse=True)
                 if buckets:
                     self._hooks.append(sub.register_forward_pre_hook(
                         self._module_hook(id(sub), buckets)))
+                    owners.append((id(sub), buckets))
             self._roots[id(root)] = None
             self._hooks.append(root.register_forward_pre_hook(self._root_hook(id(root)),
                                                               prepend=True))
-            self._hooks.append(root.register_forward_hook(self._observe(root, index)))
+            self._hooks.append(root.register_forward_hook(self._observe(id(root), owners)))
         missing = [p for p in self.params if id(p) not in covered]
         if missing:
             self.detach_modules()
@@ -178,17 +180,17 @@ class ParamGather:
                 self._wait(orphans)
         return pre
 
-    def _observe(self, root: torch.nn.Module, index: dict[int, int]):
-        key = id(root)
+    def _observe(self, key: int, owners: list[tuple[int, list[int]]]):
+        """After the root's first forward: the buckets of every hooked module whose hook did not
+        run (its parameters were read by another module's forward) become the root's to wait
+        for. Judged over the hooked modules, not all submodules: the modules inside a compiled
+        region have no hook of their own (their parent waits for them), and counting them as
+        unseen made the root wait for every bucket, so no all-gather overlapped the forward."""
 
         def post(module, args, output) -> None:
             if self._roots.get(key, 0) is not None:  # observed already (or detached)
                 return
-            orphans = set()
-            for sub in root.modules():
-                if id(sub) not in self._seen:
-                    orphans.update(index[id(p)] for p in sub._parameters.values()
-                                   if p is not None and id(p) in index)
+            orphans = {b for sub, buckets in owners if sub not in self._seen for b in buckets}
             self._roots[key] = sorted(orphans, reverse=True)
             if all(v is not None for v in self._roots.values()):
                 first = sorted({b for v in self._roots.values() for b in v}, reverse=True)

@@ -95,3 +95,28 @@ def test_compile_defaults_to_cuda_only():
     assert not wants_compile(None, torch.device("cpu"))
     assert wants_compile(True, torch.device("cpu"))
     assert not wants_compile(False, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_compiled_regions_leave_the_root_waiting_for_no_more_buckets_than_eager(compiled):
+    """ZeRO's deferred all-gathers overlap the forward only if each bucket is waited for where
+    its parameters are used. The modules inside a compiled region have no hook of their own, and
+    were counted as never run: the root then waited for every bucket before the first layer, on
+    GPUs (compile's default) an exposed all-gather of every parameter every step."""
+    from mscale.parallel.buckets import BufferLayout
+    from mscale.parallel.param_gather import ParamGather
+
+    c = ModelConfig(**BASE)
+    model, table = engine_model(c)
+    if compiled:
+        compile_blocks([model], backend="aot_eager")
+    params = list(model.parameters())
+    layout = BufferLayout(params, table, 1, 64)  # small buckets: many, one layer spans several
+    gather = ParamGather(params, layout, None, device=torch.device("cpu"), whole=False,
+                         flatten=True)
+    gather.attach_modules([model])
+    x, labels = batch(c)
+    model(x, labels)
+    head = {s.bucket for s in layout.slots if table.names[s.index] == "head.weight"}
+    assert len(layout.buckets) > 8
+    assert set(gather._roots[id(model)]) <= head  # the head's F.linear at most, as in eager
