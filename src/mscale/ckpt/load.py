@@ -175,16 +175,14 @@ def install(live: LiveRank, rl: RankLayout, manifest: Manifest, data: dict) -> N
     """Put what `read_for_rank` returned into the live process (collectives: the ZeRO-0
     broadcast and the optimizer's parameter all-gather)."""
     opt, g = live.optimizer, live.groups
-    device = opt.master.device
     if "optim" in data:
-        flats = {k: v.to(device) for k, v in data["optim"].items()}
+        flats = data["optim"]  # on a GPU, host copies: `load_state_dict` copies piece by piece
         if rl.zero_stage == 0 and g.dp_size > 1:  # one reader per DP group, broadcast
-            for k in OPTIM_KEYS:
-                dist.broadcast(flats[k], src=g.dp_ranks[0], group=g.dp_group)
+            flats = _broadcast_into(opt, flats, g)
         step = manifest.state.optimizer_step
     else:
-        params = [t.to(device) for t in data["model"]]
-        master = torch.zeros_like(opt.master)
+        params = data["model"]  # host tensors, like the state built from them below
+        master = torch.zeros(opt.master.shape, dtype=opt.master.dtype)
         for pc in rl.pieces:
             master[pc.owned_lo: pc.owned_lo + pc.hi - pc.lo] = params[pc.param][pc.lo: pc.hi]
         flats = {"master": master, "exp_avg": torch.zeros_like(master),
@@ -197,6 +195,21 @@ def install(live: LiveRank, rl: RankLayout, manifest: Manifest, data: dict) -> N
         state[name] = {"range": (pc.lo, pc.hi),
                        **{k: flats[k][pc.owned_lo: pc.owned_lo + n] for k in OPTIM_KEYS}}
     opt.load_state_dict({"step": step, "optimizer": opt.kind, "state": state})
+
+
+def _broadcast_into(opt, flats: dict[str, torch.Tensor], g) -> dict[str, torch.Tensor]:
+    """DP rank 0's optimizer state into every DP rank's own optimizer tensors, one at a time.
+    On a GPU, moving all three host copies to the device first held a second copy of the
+    optimizer state (12 bytes a parameter) beside the optimizer's own at every resume; on a CPU
+    ``flats`` already are the optimizer's tensors (`read_for_rank`)."""
+    out = {}
+    for k in OPTIM_KEYS:
+        own = getattr(opt, k)
+        if g.dp_rank == 0 and flats[k] is not own:
+            own.copy_(flats[k])
+        dist.broadcast(own, src=g.dp_ranks[0], group=g.dp_group)
+        out[k] = own
+    return out
 
 
 def read_for_rank(reader: CheckpointReader, rl: RankLayout, optimizer: OptimizerState) -> dict:
