@@ -45,6 +45,25 @@ def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.fixture(autouse=True)
+def _stop_signal_handlers_restored():
+    """Each test starts with the stop signals' handlers the session had: code run in process (a
+    worker's failure edge ignores SIGTERM for good) must not change what a later test's signal
+    does (a watch test's SIGTERM, ignored, left it polling until the suite's timeout)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = [getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n)]
+    saved = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, handler in saved.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
+
+
 @pytest.fixture
 def repo() -> Path:
     return REPO

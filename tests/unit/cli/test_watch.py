@@ -205,9 +205,12 @@ def test_sigterm_stops_a_live_watch_as_ctrl_c_does(cli, tmp_path, monkeypatch):
         polls.append(1)
         if len(polls) == 3:
             os.kill(os.getpid(), signal.SIGTERM)
+        if len(polls) > 200:  # the signal did not stop it: fail now, not at the suite's timeout
+            pytest.fail("SIGTERM did not stop the live watch")
         return real(self)
 
     monkeypatch.setattr(Follower, "poll", poll)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a shell starts it (conftest restores)
     before = signal.getsignal(signal.SIGTERM)
     report = tmp_path / "w.html"
     code, out, err = cli("watch", path, *FLAGS, "--interval", "0.05", "--hang-s", "1e12",
