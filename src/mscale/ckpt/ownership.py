@@ -207,13 +207,19 @@ def meta_params(plan, pp_rank: int,
     return [p for c in chunks for p in c.parameters()], table
 
 
-def for_plan(plan, rank: int) -> RankLayout:
+def for_plan(plan, rank: int, meta: dict | None = None) -> RankLayout:
     """The layout of ``rank`` under ``plan``, built offline: the buffer layout the gradient
-    buffer would build over the same parameters, and the shard the DP reduction would leave it."""
+    buffer would build over the same parameters, and the shard the DP reduction would leave it.
+    ``meta``: `meta_params` by (pp, tp) rank, shared by the calls for one plan's ranks (an offline
+    convert plans them all before writing): building the meta modules is most of the cost, and
+    every DP replica holds the same (read only here)."""
     layout = plan.layout
     placement = placement_for(plan)
     coord = placement.coord(rank)
-    params, table = meta_params(plan, coord.pp, coord.tp)
+    key = (coord.pp, coord.tp)
+    params, table = (meta or {}).get(key) or meta_params(plan, *key)
+    if meta is not None:
+        meta[key] = (params, table)
     buffer = BufferLayout(params, table, layout.dp, bucket_numel(bucket_bytes(plan.training)))
     shard = owned_shard(placement, rank, layout.zero_stage, layout.dp_reduce == "hierarchical")
     return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,

@@ -55,9 +55,11 @@ def _header(entries: list[tuple[str, torch.dtype, tuple[int, ...]]],
 
 
 def write(fh: BinaryIO, entries: list[tuple[str, torch.dtype, tuple[int, ...]]],
-          tensor: Callable[[str], torch.Tensor], metadata: dict[str, str] | None = None) -> int:
+          tensor: Callable[[str], torch.Tensor], metadata: dict[str, str] | None = None,
+          after: Callable[[int], None] | None = None) -> int:
     """Write one file; ``tensor(name)`` is called once per entry, in order, so that a caller can
-    stream tensors too large to hold all at once. Returns the bytes written."""
+    stream tensors too large to hold all at once, and ``after(nbytes)`` once each is written
+    (an export's progress). Returns the bytes written."""
     raw, sizes = _header(entries, metadata)
     fh.write(struct.pack("<Q", len(raw)))
     fh.write(raw)
@@ -69,6 +71,8 @@ def write(fh: BinaryIO, entries: list[tuple[str, torch.dtype, tuple[int, ...]]],
         if size:
             fh.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
         total += size
+        if after is not None:
+            after(size)
     return total
 
 

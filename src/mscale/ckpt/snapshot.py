@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 
@@ -43,8 +44,9 @@ class Snapshot:
     """Host copies of the items, in order, and the seconds the copy blocked."""
 
     items: list[Item]
-    views: list[torch.Tensor]
-    """Per item a 1-D uint8 view of its bytes in the arena."""
+    views: Iterable[torch.Tensor]
+    """Per item a 1-D uint8 view of its bytes in the arena; the writer reads them once, in order,
+    so an offline convert passes a generator and holds one slice at a time."""
     seconds: float
     nbytes: int
 

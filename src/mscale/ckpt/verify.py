@@ -21,6 +21,7 @@ from mscale.ckpt.format import ChunkError, Decoder, shard_checksum
 from mscale.ckpt.checks import parse_manifest
 from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, itemsize, sha256
 from mscale.ckpt.limits import MAX_MANIFEST_BYTES
+from mscale.ckpt.progress import OnStart, Progress, Tally
 from mscale.ckpt.slices import box_shape, contains, intersect, numel
 from mscale.errors import MscaleError
 
@@ -53,8 +54,12 @@ class Report:
         return {**asdict(self), "ok": self.ok}
 
 
-def verify(path: str, quick: bool = False) -> Report:
-    """Verify the checkpoint at ``path`` (a directory, a ``latest`` pointer, or a run)."""
+def verify(path: str, quick: bool = False, progress: Progress | None = None,
+           on_start: OnStart | None = None) -> Report:
+    """Verify the checkpoint at ``path`` (a directory, a ``latest`` pointer, or a run).
+    ``on_start`` is told what will be read (path, step, shards, tensors, bytes) once the manifest
+    parsed; ``progress`` the shard bytes checked, a shard's sizes alone with ``quick``
+    (ckpt/progress.py). A manifest that does not parse ends the check before either."""
     ckpt = catalog.resolve(path)
     rep = Report(path=ckpt, quick=quick)
     try:
@@ -80,9 +85,12 @@ def verify(path: str, quick: bool = False) -> Report:
     rep.step, rep.shards, rep.tensors = manifest.step, len(manifest.shards), len(manifest.tensors)
     rep.layout = manifest.layout
     rep.bytes = sum(s.bytes for s in manifest.shards)
+    if on_start is not None:
+        on_start({"path": ckpt, "quick": quick, "step": rep.step, "shards": rep.shards,
+                  "tensors": rep.tensors, "bytes": rep.bytes, "layout": rep.layout})
     _marker(ckpt, (raw, manifest), rep)
     rep.problems += structure(manifest)
-    rep.problems += files(ckpt, manifest, quick)
+    rep.problems += files(ckpt, manifest, quick, Tally(rep.bytes, progress))
     return rep
 
 
@@ -181,23 +189,28 @@ def coverage(key: str, shape: list[int], pieces: list[tuple[str, tuple, tuple]])
     return out
 
 
-def files(ckpt: str, m: Manifest, quick: bool) -> list[Problem]:
-    """Shard presence, kind and size; without ``quick``, every chunk and the shard checksums."""
+def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None = None) -> list[Problem]:
+    """Shard presence, kind and size; without ``quick``, every chunk and the shard checksums.
+    ``tally`` counts the chunks' stored bytes as they are read; a shard that ends early (or
+    cannot be opened) counts whole, so that the count ends at the manifest's total."""
     out = []
     decoder = Decoder(m.codec, m.chunk_bytes)
+    tally = tally or Tally(sum(s.bytes for s in m.shards))
     for shard in m.shards:
+        start = tally.done
         try:
             with catalog.open_shard(ckpt, shard) as fh:
                 if not quick:
-                    out += _chunks(fh, shard, m, decoder)
+                    out += _chunks(fh, shard, m, decoder, tally)
         except MscaleError as e:
             out.append(Problem(shard.path, e.field, e.message))
         except OSError as e:  # permissions, I/O errors: this file cannot be checked
             out.append(Problem(shard.path, None, f"cannot read it: {e.strerror or e}"))
+        tally.to(start + shard.bytes)
     return out
 
 
-def _chunks(fh, shard, m: Manifest, decoder: Decoder) -> list[Problem]:
+def _chunks(fh, shard, m: Manifest, decoder: Decoder, tally: Tally) -> list[Problem]:
     crcs, bad = [], []
     for i, s in enumerate(shard.slices):
         info = m.tensors.get(s.tensor)
@@ -207,6 +220,7 @@ def _chunks(fh, shard, m: Manifest, decoder: Decoder) -> list[Problem]:
         lens = decoder.raw_lengths(s, itemsize(info.dtype))
         for j, (stored, crc) in enumerate(s.chunks):
             data = memoryview(fh.read(stored))
+            tally.add(len(data))
             crcs.append(crc)
             try:
                 decoder.decode(data, crc, lens[j], f"{s.tensor} chunk {j}")

@@ -19,7 +19,7 @@ import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -81,8 +81,11 @@ def _chunk_callback(hooks: WriteHooks | None, fh, path: str):
 
 
 def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int,
-                chunk_bytes: int, hooks: WriteHooks | None = None) -> ShardResult:
-    """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings."""
+                chunk_bytes: int, hooks: WriteHooks | None = None,
+                on_slice: Callable[[int], None] | None = None) -> ShardResult:
+    """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings.
+    ``on_slice`` gets each slice's raw bytes once they are written (an offline convert's
+    progress; a training save has none)."""
     t0 = time.perf_counter()
     encoder = Encoder(codec, level, chunk_bytes)
     name = shard_name(rank)
@@ -95,6 +98,8 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
                                     flat=list(it.flat), offset=offset, chunks=table))
             crcs += [c[1] for c in table]
             offset += sum(c[0] for c in table)
+            if on_slice is not None:
+                on_slice(view.numel())
         _sync(fh)
     info = ShardInfo(path=name, rank=rank, bytes=offset, checksum=shard_checksum(crcs),
                      slices=slices)

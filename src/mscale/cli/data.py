@@ -10,7 +10,6 @@ elsewhere) so that ``--json`` leaves stdout one document.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from contextlib import contextmanager
 from typing import List, Optional
@@ -19,6 +18,7 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
+from mscale.cli.progress import ThrottledLine
 from mscale.errors import EXIT_CRITICAL, EXIT_WARNING
 
 data_app = typer.Typer(help="Tokenize corpora into shards, train a tokenizer, inspect and verify "
@@ -41,25 +41,17 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.1f} KB"
 
 
-class ProgressLine:
-    """What a long job is at, on stderr: on a terminal one line redrawn in place every
-    ``tick_s``; elsewhere (CI, a pipe, a log) a plain line every ``plain_every_s``."""
+class ProgressLine(ThrottledLine):
+    """What a tokenizing job is at: documents, tokens, bytes read of the input, tokens/s
+    (cli/progress.py says where and how often)."""
 
     def __init__(self, label: str, stream=None, tick_s: float = 0.5, plain_every_s: float = 2.0,
                  clock=time.monotonic) -> None:
-        self.label, self.stream = label, stream or sys.stderr
-        try:
-            self.tty = self.stream.isatty()
-        except (AttributeError, ValueError):
-            self.tty = False
-        self.every = tick_s if self.tty else plain_every_s
-        self.clock = clock
-        self.started = self.last = clock()
+        super().__init__(label, stream, tick_s, plain_every_s, clock)
         self.total_bytes: int | None = None
-        self._shown = False
 
     def text(self, documents: int, tokens: int | None, nbytes: int) -> str:
-        elapsed = max(self.clock() - self.started, 1e-9)
+        elapsed = self.elapsed()
         parts = [f"{documents:,} documents"]
         if tokens is not None:
             parts.append(f"{_n(tokens)} tokens")
@@ -73,27 +65,8 @@ class ProgressLine:
         return f"{self.label}: " + ", ".join(parts) + f", {elapsed:.0f} s"
 
     def __call__(self, documents: int, tokens: int | None, nbytes: int = 0) -> None:
-        now = self.clock()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = self.text(documents, tokens, nbytes)
-        if self.tty:
-            self.stream.write("\r" + line + "\x1b[K")
-            self._shown = True
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self._shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._shown = False
-
-    def say(self, text: str) -> None:
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        if self.due():
+            self.show(self.text(documents, tokens, nbytes))
 
 
 @contextmanager
@@ -154,7 +127,7 @@ def prepare_cmd(
                  f"tokenizer {info['tokenizer']} (vocab {info['vocab_size']:,}, eod "
                  f"{info['eod_id']} {info['eod_token']!r}, {info['dtype']}); "
                  f"{info['workers']} worker(s) → {out}")
-        line.started = line.last = line.clock()
+        line.restart()
 
     t0 = time.monotonic()
     try:

@@ -55,7 +55,7 @@ def test_bad_safetensors_headers_are_refused(edit):
 
 @pytest.mark.parametrize("parallel", [False, True])
 def test_names_round_trip(parallel):
-    from mscale.ckpt.convert import _model_names
+    from mscale.ckpt.hf_io import _model_names
 
     cfg = ModelConfig(**MODEL_CFG, parallel_block=parallel)
     names = _model_names(cfg)
