@@ -12,7 +12,6 @@ import typer
 from mscale.cli.app import app
 from mscale.cli.options import build as build_options
 from mscale.cli.options import with_flags
-from mscale.errors import MscaleError
 from mscale.preflight.options import PreflightOptions
 
 
@@ -43,11 +42,10 @@ def preflight_cmd(
         check_lasting(prometheus, "--prometheus")
         check_output(prometheus, "file", "--prometheus")
     check_inputs_here(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
-    world = resolved.layout.world_size
-    if local and local != world:
-        raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
-                          file=plan, field="layout",
-                          fix=f"use --local {world}, or plan for {local} processes")
+    if local:
+        from mscale.distributed.launch import check_local_count
+
+        check_local_count(local, resolved, plan)
     from mscale.cli.app import STATE
 
     if STATE["debug"]:

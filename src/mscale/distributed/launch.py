@@ -27,9 +27,10 @@ from mscale.distributed.lifeline import LIFELINE_ENV, LOG_FILE_ENV, Lifeline
 from mscale.distributed.startup import PHASE_FILE_ENV, StartupView, phase_file, read_phases
 from mscale.distributed.stdio import guard_std_streams
 from mscale.distributed.stops import Notice, StopRequests, forwarded_signals, generic_notice
-from mscale.errors import EXIT_BAD_INPUT
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 if TYPE_CHECKING:
+    from mscale.config.plan import Plan
     import subprocess
 
 GRACE_S = 15.0
@@ -74,6 +75,21 @@ class JobResult:
     it was the stop's doing is the caller's judgement (its codes, its error files)."""
     forced: bool = False
     """A second Ctrl-C killed the workers, without a checkpoint."""
+
+
+def check_local_count(local: int, plan: "Plan", plan_path: str) -> None:
+    """``--local N`` must start the plan's world size. A GPU plan of several nodes is not for one
+    machine: its fix names srun and torchrun, not ``--local 12288`` (12,288 processes here)."""
+    world = plan.layout.world_size
+    if local == world:
+        return
+    nodes = -(-world // plan.cluster.gpus_per_node)
+    on_gpus = not plan.cluster.gpu.name.lower().startswith("cpu")  # --local emulates CPU nodes
+    fix = (f"run it on its {nodes} nodes under srun or torchrun (docs/slurm.md), or plan for "
+           f"{local} processes" if on_gpus and nodes > 1 else
+           f"use --local {world}, or plan for {local} processes")
+    raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
+                      file=plan_path, field="layout", fix=fix)
 
 
 def free_port() -> int:

@@ -113,11 +113,10 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     _check_no_layer_dropped(manifest, plan, plan_path, options.ckpt.resume)
     world = plan.layout.world_size
     _check_hook_ranks(options, world)
-    if local and local != world:
-        raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
-                          file=plan_path, field="layout",
-                          fix=f"use --local {world}, or plan for {local} processes")
     if local:
+        from mscale.distributed.launch import check_local_count
+
+        check_local_count(local, plan, plan_path)
         check_fits_without_gpus(plan, plan_path, local)
     return plan
 

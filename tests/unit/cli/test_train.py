@@ -108,3 +108,22 @@ def test_flag_values_become_the_options_fields_and_refusals_name_the_flag():
         with pytest.raises(MscaleError) as e:
             build(TrainOptions, values, run_dir="r")
         assert e.value.field == flag
+
+
+@pytest.mark.parametrize("command", ["train", "preflight"])
+def test_a_local_count_against_a_cluster_plan_names_srun_not_12288_processes(cli, tmp_path,
+                                                                             command):
+    """The README's `plan -o run.yaml` for 12,288 GPUs, tried with --local 8: the fix said
+    `use --local 12288`, which preflight would have started on this machine. A CPU plan's fix
+    still names its own count."""
+    plan = tmp_path / "run.yaml"
+    code, _, err = cli("plan", "--cluster", str(PLANS / "clusters" / "a100-12288.yaml"),
+                       "--model", str(PLANS / "models" / "gpt-175b.yaml"), "--training",
+                       str(PLANS / "training" / "gpt-175b.yaml"), "-o", str(plan))
+    assert code == 0, err
+    code, out, err = cli(command, str(plan), "--run-dir", str(tmp_path / "r"), "--local", "8")
+    assert code == 3 and "but the plan's layout needs 12288 processes" in err, out + err
+    assert "fix: run it on its 1536 nodes under srun or torchrun" in err and "12288," not in err
+    code, out, err = cli(command, str(PLANS / "cpu-tiny.yaml"), "--run-dir",
+                         str(tmp_path / "c"), "--local", "4")
+    assert code == 3 and "fix: use --local 8, or plan for 4 processes" in err, out + err
