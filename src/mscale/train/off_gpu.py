@@ -81,7 +81,7 @@ def check_fits_without_gpus(plan: Plan, plan_path: str, nprocs: int, available=m
         f"estimate), {format_bytes(each * nprocs)} in all, and {format_bytes(free)} is free",
         file=plan_path, field="cluster.gpu",
         fix=f"run it where its {gpu} GPUs are, or train a plan made for CPUs "
-            f"(`mscale train {CPU_PLAN} --local 8`)")
+            f"(`mscale train {CPU_PLAN} --local 8 --run-dir runs/cpu-tiny`)")
 
 
 def off_gpu_line(plan: Plan, device_type: str) -> str | None:
