@@ -96,11 +96,13 @@ TRAIN_ARGS = ("--steps", "6", "--ckpt-interval", "2")
 """What the trained fixture adds to README's `bash scripts/demo.sh` (demo.sh passes them on to
 `mscale train --local 8 --run-dir runs/demo`): 6 steps, a checkpoint every 2 (steps 2, 4, 6)."""
 DEMO_LINE = "bash scripts/demo.sh"
-FIXTURE_RUNS = ("runs/r1", "runs/demo")
+FIXTURE_RUNS = ("runs/r1", "runs/demo", "runs/ck")
 
 FIXTURES = {
     "runs/r1": "a copy of the trained demo run (`fixture`)",
     "runs/demo": "a copy of the trained demo run (`fixture`)",
+    "runs/ck": "a copy of the trained demo run (`fixture`; docs/ckpt.md's own name, so that its\n"
+               "6-step run is not the 40 steps docs/train.md left in runs/r1)",
     "plan.yaml": "the trained run's plan.yaml (what `mscale plan -o plan.yaml` writes)",
     "preflight.json": "a hand-written preflight report (as tests/unit/planner/test_calibrate.py)",
     "run/metrics.jsonl": "a hand-written 12-step metrics.jsonl, 12 s a step after warm-up "
