@@ -80,12 +80,13 @@ class PipelineStage:
 def build_stage(plan, groups, chunks: list[torch.nn.Module], *, device: torch.device,
                 get_batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
                 grads: GradBuffer, precision: Precision) -> PipelineStage:
-    """The rank's PipelineStage. Collective over the PP group: the link's first use is a
-    barrier, since NCCL wants every member in a group's first call before subsets talk
-    point-to-point."""
+    """The rank's PipelineStage. Collective over the PP group: the link's first use is an
+    all-reduce of one element on the device, since NCCL wants every member in a group's first
+    call before subsets talk point-to-point. Not a barrier: on a group of both backends
+    (``cpu:gloo,cuda:nccl``) torch runs a barrier on gloo, which leaves NCCL untouched."""
     layout = plan.layout
     shape = boundary_shape(plan, groups.tp_size, layout.sequence_parallel)
-    torch.distributed.barrier(group=groups.pp_group)
+    torch.distributed.all_reduce(torch.zeros(1, device=device), group=groups.pp_group)
     link = StageLink(groups.pp_group, groups.pp_ranks, layout.vpp, shape, device)
     return PipelineStage(chunks=chunks, pp=layout.pp, vpp=layout.vpp, pp_rank=groups.pp_rank,
                          micro_batches=layout.micro_batches(plan.training.global_batch),
