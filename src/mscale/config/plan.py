@@ -10,11 +10,13 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from mscale.config.base import StrictModel, load_model
+from mscale.config.base import StrictModel, parse_yaml, validate
 from mscale.config.cluster import ClusterConfig
+from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig, check_layout
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
+from mscale.errors import MscaleError
 
 PLAN_SCHEMA_VERSION = 1
 
@@ -93,7 +95,38 @@ def load_plan(path: str, check: bool = True) -> Plan:
     which is topology's job, a layer above this one. Whoever runs or reshards a plan loads it
     with `mscale.topology.placement.load_checked_plan`, which checks both.
     """
-    plan = load_model(Plan, path)
+    data = parse_yaml(read_text(path), str(path))  # read once: it may be a pipe
+    _refuse_a_part(data, str(path))
+    plan = validate(Plan, data, str(path))
     if check:
         check_layout(plan.layout, plan.model, plan.training, plan.cluster, source=path)
     return plan
+
+
+PARTS = {"model": ModelConfig, "training": TrainingConfig, "cluster": ClusterConfig}
+"""The files `mscale plan` makes a plan from, by option name."""
+
+
+def _refuse_a_part(data: Any, source: str) -> None:
+    """A model, training or cluster file given where a plan belongs failed on a pile of missing
+    sections ("cluster: required field is missing; also model: ...") that does not say what is
+    wrong: it is named as the part it is, with the command that makes a plan of it."""
+    if not isinstance(data, dict) or not data or any(k in data for k in (*PARTS, "layout")):
+        return
+    option = part_of(data)
+    if option is not None:
+        keys = ", ".join(f"{k}:" for k in [k for k in data if k != "name"][:3])
+        raise MscaleError(
+            f"this looks like a {option} file (it has {keys}), not a plan", file=source,
+            fix=f"make a plan of it first: mscale plan --cluster CLUSTER.yaml --model "
+                f"MODEL.yaml --training TRAINING.yaml -o plan.yaml (this file as --{option}; "
+                f"docs/plan.md), then give plan.yaml")
+
+
+def part_of(data: Any) -> str | None:
+    """Which of `PARTS` a file's keys all belong to (``model``, ...), None if none: what a file
+    given in the wrong place really is."""
+    if not isinstance(data, dict) or not data:
+        return None
+    return next((option for option, schema in PARTS.items()
+                 if set(data) <= set(schema.model_fields)), None)

@@ -17,6 +17,7 @@ from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
 from mscale.config.base import parse_yaml, validate
 from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig
+from mscale.config.plan import part_of
 from mscale.errors import MscaleError
 from mscale.planner.advice import device_word, no_fit_error
 from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
@@ -47,6 +48,13 @@ def load_part(schema, path: str, option: str):
             fix=f"give its parts as separate files (--cluster plans/clusters/X.yaml --model "
                 f"plans/models/X.yaml --training plans/training/X.yaml) and the plan itself as "
                 f"--layout {path} to price its layout next to the best")
+    other = part_of(data)
+    what = option.removeprefix("--")
+    if other not in (None, what) and not set(data) <= set(schema.model_fields):
+        keys = ", ".join(f"{k}:" for k in [k for k in data if k != "name"][:3])
+        raise MscaleError(f"this looks like a {other} file (it has {keys}), not a {what} file",
+                          file=str(path), field=option,
+                          fix=f"give it as --{other}, and a {what} file as {option}")
     return validate(schema, data, str(path))
 
 

@@ -216,6 +216,36 @@ def test_a_whole_plan_given_as_one_part_is_named_as_such(cli, option):
     assert "layout:" in err and f"--layout {args[option]}" in err and "\n  fix: " in err
 
 
+@pytest.mark.parametrize("option,given", [("--cluster", "--model"), ("--model", "--training"),
+                                          ("--training", "--cluster")])
+def test_one_part_given_as_another_is_named_as_what_it_is(cli, option, given):
+    """A model file as --cluster said "gpu: required field is missing; also layers: unknown
+    field (a typo?)": the error says which part it is and where it goes."""
+    args = dict(zip(CPU[::2], CPU[1::2]))
+    args[option] = args[given]
+    code, out, err = cli("plan", *(x for kv in args.items() for x in kv))
+    assert code == 3 and out == "" and "Traceback" not in err
+    what, other = option.removeprefix("--"), given.removeprefix("--")
+    assert err.startswith(f"error: {args[option]}: {option}: this looks like a {other} file "
+                          f"(it has "), err
+    assert f"not a {what} file\n  fix: give it as {given}, and a {what} file as {option}" in err
+
+
+@pytest.mark.parametrize("command", ["train", "preflight"])
+@pytest.mark.parametrize("part", ["models/tiny.yaml", "training/cpu-demo.yaml",
+                                  "clusters/cpu-4x2.yaml"])
+def test_a_part_given_where_a_plan_belongs_is_named_as_what_it_is(cli, tmp_path, command, part):
+    """`mscale train plans/models/tiny.yaml` said "cluster: required field is missing; also
+    model: ... (and 8 more)": the error names the part and the command that makes a plan."""
+    path = str(PLANS / part)
+    code, out, err = cli(command, path, "--run-dir", str(tmp_path / "r"), "--local", "8")
+    kind = part.split("/")[0].removesuffix("s")
+    assert code == 3 and "Traceback" not in err, out + err
+    assert f"{path}: this looks like a {kind} file (it has " in err, err
+    assert f"not a plan\n  fix: make a plan of it first: mscale plan --cluster" in err
+    assert f"(this file as --{kind}; docs/plan.md)" in err
+
+
 def test_the_calibration_example_of_the_docs_runs(cli):
     """docs/plan.md, "This engine on one H200": the cluster, model and training files of
     plans/gpu-1b-h200.yaml with that plan as --layout and the run's metrics reproduce the
