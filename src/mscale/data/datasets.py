@@ -106,6 +106,8 @@ def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False
         shards = _open_group(spec, expand(spec), want)
     elif what == "file":
         k, url = _resolve(spec, set())
+        if k == "flat":
+            _refuse_text(spec)
         flat = want or TOKEN_DTYPES["uint16"]
         shards = [open_prefix(url) if k == "prefix" else open_flat(url, flat)]
     elif kind(spec + ".idx") == "file":
@@ -114,6 +116,26 @@ def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False
         raise _bad("no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)", spec,
                    None, "check the path")
     return _checked(spec, shards, None if flat_only else want)
+
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".md", ".py", ".csv", ".parquet",
+                 ".zst", ".gz", ".html")
+"""Names no flat token file has: a flat file is raw integers (``.bin`` or no suffix), so one of
+these given as a source is a mistake (a tokenizer, a plan, the text before `prepare`), which
+read as tokens gave a count and an entropy of bytes that are not tokens."""
+
+
+def _refuse_text(spec: str) -> None:
+    name = spec.rstrip("/").rsplit("/", 1)[-1]
+    if name == MANIFEST:
+        folder = spec.rstrip("/").rsplit("/", 1)[0] if "/" in spec.rstrip("/") else "."
+        raise _bad("is a prepared folder's manifest, not token data", spec, "spec",
+                   f"name the folder: {folder}")
+    if name.lower().endswith(TEXT_SUFFIXES):
+        raise _bad(f"a {name.rsplit('.', 1)[-1]} file is not token data (a flat token file is "
+                   "raw integers, .bin or no suffix)", spec, "spec",
+                   "tokenize text first (mscale data prepare FILES --tokenizer T --out DIR), "
+                   "then name DIR")
 
 
 def _glob(spec: str) -> list[str]:

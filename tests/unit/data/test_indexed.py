@@ -378,3 +378,22 @@ def test_a_glob_of_extensionless_megatron_prefixes_opens_them(tmp_path):
     assert ds.num_tokens == 20 and ds.documents == 2
     with pytest.raises(MscaleError, match="no file matches"):
         open_dataset(str(tmp_path / "*" / "shard-00001"))
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "plan.yaml", "corpus.txt", "docs.jsonl"])
+def test_a_text_or_config_file_is_not_read_as_flat_tokens(tmp_path, name):
+    """`data inspect tokenizer.json` counted its bytes as 1,804 uint16 tokens, exit 0."""
+    f = tmp_path / name
+    f.write_text('{"model": {"type": "BPE"}}\n' * 8)
+    with pytest.raises(MscaleError, match="is not token data") as e:
+        open_dataset(str(f))
+    assert e.value.file == str(f) and "mscale data prepare" in e.value.fix
+
+
+def test_a_manifest_named_instead_of_its_folder_says_to_name_the_folder(tmp_path):
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    (folder / "manifest.json").write_text("{}")
+    with pytest.raises(MscaleError, match="prepared folder's manifest") as e:
+        open_dataset(str(folder / "manifest.json"))
+    assert e.value.fix == f"name the folder: {folder}"
