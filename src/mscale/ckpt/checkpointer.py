@@ -257,9 +257,12 @@ class Checkpointer:
         try:
             result = commit.commit(self.root, fl.name, manifest, self.opts.keep)
         except Exception as e:  # noqa: BLE001 - a failed commit is an event, not a crash
+            latest = self._latest()
+            if latest == fl.name:  # the pointer moved before the error: the checkpoint stands
+                self._committed(fl, evidence, {"commit_error": f"{type(e).__name__}: {e}"})
+                return
             with contextlib.suppress(Exception):
                 catalog.remove(catalog.join(self.root, fl.name))
-            latest = self._latest()
             then = self._then(fl, latest, disk_full(e))
             self.failed[fl.step] = f"checkpoint {fl.name} written but not committed: {e}"
             self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
@@ -267,9 +270,20 @@ class Checkpointer:
                       evidence={**evidence, "error": f"{type(e).__name__}: {e}",
                                 "latest": latest, "action": "attempt removed"})
             return
+        self._committed(fl, evidence, result)
+
+    def _committed(self, fl: _InFlight, evidence: dict, result: dict) -> None:
         self.emit(kind="checkpoint", severity="info", step=fl.step,
                   message=f"checkpoint {fl.name} committed ({fl.reason})",
                   evidence={**evidence, **result, "total_s": time.perf_counter() - fl.started})
+        trouble = result.get("retention_error") or result.get("commit_error")
+        if trouble:  # the checkpoint is good; what failed after it is said, not hidden
+            what = ("deleting older checkpoints (retention) failed; they are kept until the "
+                    "next commit" if "retention_error" in result else
+                    "an error came after latest was moved to it")
+            self.emit(kind="info", severity="warning", step=fl.step,
+                      message=f"checkpoint {fl.name} committed, but {what}: {trouble}",
+                      evidence={"path": catalog.join(self.root, fl.name), **result})
 
     def _failed(self, fl: _InFlight, failed: list[dict]) -> None:
         path = catalog.join(self.root, fl.name)

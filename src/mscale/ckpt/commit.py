@@ -124,9 +124,18 @@ def retain(ckpt_root: str, keep: int, newest: str) -> list[str]:
 
 
 def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int) -> dict:
-    """Rank 0, once every shard is durable: manifest, marker, ``latest``, retention."""
+    """Rank 0, once every shard is durable: manifest, marker, ``latest``, retention.
+
+    Retention runs after ``latest`` names the new checkpoint, so its failure (an NFS ``rmtree``
+    that meets a reader's ``.nfs`` file, an object store's transient error) is no failure of the
+    commit: it is returned as ``retention_error`` and the old checkpoints wait for the next
+    commit. Raised, it had the caller remove the checkpoint ``latest`` already named."""
     t0 = time.perf_counter()
     write_commit(join(ckpt_root, name), manifest)
     write_latest(ckpt_root, name)
-    removed = retain(ckpt_root, keep, name)
-    return {"commit_s": time.perf_counter() - t0, "removed": removed}
+    out: dict = {"commit_s": time.perf_counter() - t0}
+    try:
+        out["removed"] = retain(ckpt_root, keep, name)
+    except Exception as e:  # noqa: BLE001 - reported by the caller; the checkpoint stands
+        out["removed"], out["retention_error"] = [], f"{type(e).__name__}: {e}"
+    return out

@@ -58,7 +58,8 @@ def checkpoint_line(kind: str, message: str, evidence: dict) -> str | None:
     """The console line of a checkpoint event (None for other events): a commit with its size
     and what it cost the training, a failure as the event says it (what happens next
     included). A failed save used to reach only events.jsonl."""
-    if kind == "checkpoint_failed" or (kind == "info" and "still_writing" in evidence):
+    said = ("still_writing", "retention_error", "commit_error")  # warnings a save raises
+    if kind == "checkpoint_failed" or (kind == "info" and any(k in evidence for k in said)):
         return f"WARNING {message}"
     if kind != "checkpoint":
         return None

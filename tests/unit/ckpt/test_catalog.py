@@ -186,3 +186,47 @@ def test_a_latest_made_as_a_symbolic_link_is_named_with_its_fix(tmp_path, tensor
     with pytest.raises(MscaleError, match=r"is a symbolic link \(to step-000002\)") as e:
         catalog.read_latest(str(root))
     assert e.value.code == 3 and f"echo step-000002 > {root}/latest" in e.value.fix
+
+
+def test_a_retention_error_leaves_the_new_checkpoint_committed_and_named(tmp_path, tensors,
+                                                                        monkeypatch):
+    """Retention runs after `latest` names the new checkpoint: its error (an NFS rmtree meeting
+    a reader's .nfs file) was raised as the commit's, and the caller then removed the very
+    checkpoint `latest` named: the next resume found none."""
+    root = str(tmp_path / "ckpt")
+    _make(root, [2, 4], tensors)
+    manifest = catalog.load_committed(f"{root}/step-000004")
+
+    def boom(*args, **kwargs):
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(commit, "retain", boom)
+    out = commit.commit(root, "step-000004", manifest, keep=1)
+    assert out["removed"] == [] and "Directory not empty" in out["retention_error"]
+    assert catalog.read_latest(root) == "step-000004"
+    assert _names(root) == [("step-000002", True), ("step-000004", True)]
+
+
+def test_a_commit_error_after_latest_moved_keeps_the_checkpoint(tmp_path, tensors, monkeypatch):
+    """An error raised once `latest` names the checkpoint (a failed fsync after the rename) must
+    not remove it: it is committed and named, and said so with a warning."""
+    from types import SimpleNamespace
+
+    from mscale.ckpt.checkpointer import Checkpointer
+
+    root = str(tmp_path / "ckpt")
+    _make(root, [2, 4], tensors)
+
+    def fails_late(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(commit, "commit", fails_late)
+    events = []
+    ck = Checkpointer.__new__(Checkpointer)  # only what `_commit` reads: no process group
+    ck.root, ck.opts, ck.failed = root, SimpleNamespace(keep=3), {}
+    ck.emit = lambda **kw: events.append(kw)
+    fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
+    ck._commit(fl, catalog.load_committed(f"{root}/step-000004"), {})
+    assert [e["kind"] for e in events] == ["checkpoint", "info"] and not ck.failed
+    assert "an error came after latest was moved to it" in events[1]["message"]
+    assert _names(root) == [("step-000002", True), ("step-000004", True)]

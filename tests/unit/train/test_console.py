@@ -71,6 +71,9 @@ def test_checkpoint_events_reach_the_console():
                              "step-000005", {})
     assert failed.startswith("WARNING checkpoint step-000010 failed") and "latest stays" in failed
     assert checkpoint_line("info", "resumed from x", {}) is None
+    kept = checkpoint_line("info", "checkpoint step-000010 committed, but deleting older "
+                           "checkpoints (retention) failed; ...", {"retention_error": "OSError"})
+    assert kept.startswith("WARNING checkpoint step-000010 committed, but deleting older")
     assert checkpoint_line("checkpoint", "checkpoint step-000001 committed (final)", {}) == \
         "checkpoint step-000001 committed (final)"
 
