@@ -118,7 +118,7 @@ def load_calibration(paths: list[str]) -> Calibration:
         if not first:
             raise MscaleError("empty calibration file", file=path,
                               fix="give a preflight.json or a run's metrics.jsonl")
-        lines = [ln for ln in text.splitlines() if ln.strip()]
+        lines = [ln for ln in text.split("\n") if ln.strip()]  # JSONL: "\n" ends a record
         if len(lines) > 1 and lines[0].lstrip().startswith("{") and '"step"' in lines[0]:
             _read_metrics(cal, lines, path)
         else:

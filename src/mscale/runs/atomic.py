@@ -286,7 +286,9 @@ def read_jsonl(url: str) -> list[dict]:
 
 
 def _parse(raw: bytes, source: str, torn_tail_ok: bool) -> list[dict]:
-    lines = raw.decode(errors="replace").splitlines()
+    # "\n" only: str.splitlines also splits at U+2028, U+2029 and U+0085, which JSON writes
+    # raw inside a string (an OSError's text, a path), and the line would no longer parse
+    lines = raw.decode(errors="replace").rstrip("\n").split("\n")
     out = []
     for i, line in enumerate(lines):
         if not line.strip():

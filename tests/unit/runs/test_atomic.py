@@ -27,3 +27,14 @@ def test_jsonl_skips_only_a_torn_last_line(tmp_path):
     with open(p, "a") as f:
         f.write('{"step": 3, "lo')  # a crash mid-append
     assert [r["step"] for r in read_jsonl(p)] == [1, 2]
+
+
+def test_a_line_separator_inside_a_string_does_not_split_a_record(tmp_path):
+    """JSON writes U+2028, U+2029 and U+0085 raw inside strings; str.splitlines cut the record
+    there, and events.jsonl became unreadable for every reader (next attempt, recover, pins)."""
+    from mscale.config.records import Event
+
+    f = tmp_path / "events.jsonl"
+    for text in ("a\u2028b", "c\u2029d", "e\u0085f"):
+        append_line(str(f), Event(source="train", kind="info", message=text).model_dump_json())
+    assert [r["message"] for r in read_jsonl(str(f))] == ["a\u2028b", "c\u2029d", "e\u0085f"]
