@@ -176,10 +176,12 @@ def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
     return out
 
 
-def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
+def rewrite_train(argv: list[str], change: Change, local: bool,
+                  cwd: str | None = None) -> list[str]:
     """The ``mscale train`` part of a command with the new plan, ``--local N``, the diagnosed
     ``--run-dir``, ``--resume`` and ``--allow-batch-change`` (when the plan changes the batch);
-    the launcher words before it are left to the caller."""
+    the launcher words before it are left to the caller. ``cwd``: where the command ran (a
+    relative ``--resume`` is read there), this process's when None."""
     t = _train_index(argv)
     if t is None:
         return list(argv)
@@ -196,26 +198,44 @@ def rewrite_train(argv: list[str], change: Change, local: bool) -> list[str]:
         args = set_option(args, "--run-dir", change.run_dir)
     if change.resume is not None:
         args = set_option(args, "--resume", change.resume)
-    elif _stale_rollback(args, change.run_dir):
+    elif _stale_rollback(args, change.run_dir, cwd) or resume_of(args) == "none":
+        # `none` refuses a run with checkpoints: recover resumes, so the latest it is
         args = set_option(args, "--resume", "auto")
     if change.allow_batch_change and "--allow-batch-change" not in args:
         args = [*args, "--allow-batch-change"]
     return head + args
 
 
-def _stale_rollback(args: list[str], run_dir: str | None) -> bool:
-    """Whether ``args`` still carry an earlier recovery's rollback, ``--resume RUN/ckpt/step-N``
-    of this run, when this recovery resumes from the latest: replayed, it would roll the run
-    back to step N again and move the newer checkpoints aside. (A path outside the run only
-    starts it: train continues from the run's own latest by itself.)"""
-    if not run_dir or "://" in run_dir:
-        return False
+def resume_of(args: list[str]) -> str | None:
+    """The value of ``--resume`` in ``args`` (either spelling), None when absent."""
     for i, a in enumerate(args):
-        value = args[i + 1] if a == "--resume" and i + 1 < len(args) else (
-            a.split("=", 1)[1] if a.startswith("--resume=") else None)
-        if value and os.path.isabs(value):
-            return catalog.in_run(value, os.path.join(run_dir, "ckpt"))
-    return False
+        if a == "--resume" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--resume="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None) -> bool:
+    """Whether ``args`` still carry an earlier recovery's rollback, ``--resume RUN/ckpt/step-N``
+    of this run (absolute, or relative to where the command ran), when this recovery resumes
+    from the latest: replayed, it would roll the run back to step N again and move the newer
+    checkpoints aside. (A path outside the run only starts it: train continues from the run's
+    own latest by itself.)"""
+    value = resume_of(args)
+    if not run_dir or "://" in run_dir or not value or "://" in value \
+            or value in ("auto", "none"):
+        return False
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), value))
+    return catalog.in_run(path, os.path.join(run_dir, "ckpt"))
+
+
+def replays_a_rollback(launch: Launch, change: Change) -> bool:
+    """Whether the recorded command's ``--resume`` is one this relaunch must change (an earlier
+    rollback's step, or ``none``): then SLURM must not requeue or release the job as it is, its
+    command would roll the run back again on every restart."""
+    fixed = rewrite_train(launch.argv, change, local=False, cwd=launch.cwd)
+    return resume_of(fixed) != resume_of(launch.argv)
 
 
 def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
@@ -326,17 +346,19 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
     if launch is None:
         return Relaunch(launcher, [], [NO_LAUNCH_NOTE])
     if launcher == "local":
-        return Relaunch("local", rewrite_train(launch.argv, change, local=True))
+        return Relaunch("local", rewrite_train(launch.argv, change, local=True,
+                                               cwd=launch.cwd))
     if launcher == "slurm":
         return _slurm(launch, change, ranks_per_node, run)
     if launcher == "torchrun":
         nnodes = max(1, change.world // max(1, ranks_per_node))
         cmd = [_torchrun_beside(launch.argv), f"--nnodes={nnodes}",
                f"--nproc-per-node={ranks_per_node}", "--no-python",
-               *rewrite_train(launch.argv, change, local=False)]
+               *rewrite_train(launch.argv, change, local=False, cwd=launch.cwd)]
         return Relaunch("torchrun", cmd, ["add your rendezvous flags (--rdzv-endpoint, ...) and "
                                           "run it on each remaining node"])
-    return Relaunch(launcher, rewrite_train(launch.argv, change, local=False),
+    return Relaunch(launcher,
+                    rewrite_train(launch.argv, change, local=False, cwd=launch.cwd),
                     [f"launcher {launcher!r} unknown: start the workers as before"])
 
 
@@ -418,9 +440,16 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
     job_id = str(slurm.get("job_id") or "")
     info = scontrol_job(job_id, run) if job_id else {}
     batch = info.get("BatchFlag") == "1"
+    stale = batch and change.resume is None and replays_a_rollback(launch, change)
+    replay = batch and not stale  # the job may run again as it is
     if batch and info.get("JobState") in QUEUED_AGAIN:
+        if stale:
+            return Relaunch("slurm", [], refusal=(
+                f"SLURM has queued job {job_id} again itself, but its command carries --resume "
+                f"{resume_of(launch.argv)} (an earlier rollback, or none): it would roll the run "
+                f"back again: cancel it (`scancel {job_id}`) and run `mscale recover` again"))
         return _queued_again(job_id, info, change, ranks_per_node, len(launch.nodes))
-    if change.unchanged and batch:
+    if change.unchanged and replay:
         return Relaunch("slurm", ["scontrol", "requeue", job_id])
     nnodes = max(1, change.world // max(1, ranks_per_node))
     head = ["sbatch", f"--nodes={nnodes}"]
@@ -431,7 +460,7 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
     script = info.get("Command", "")
     same_shape = change.plan_path is None and change.resume is None and \
         change.world == len(launch.nodes) * ranks_per_node
-    if batch and same_shape and os.path.isfile(script):
+    if replay and same_shape and os.path.isfile(script):
         return Relaunch("slurm", [*head, script])
     notes = []
     if batch and not same_shape:
@@ -443,13 +472,14 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
         head.append(f"--partition={info['Partition']}")
     if launch.cwd:
         head.append(f"--chdir={launch.cwd}")
-    logs = _local_run_dir(rewrite_train(launch.argv, change, local=False), launch.cwd)
+    logs = _local_run_dir(rewrite_train(launch.argv, change, local=False, cwd=launch.cwd),
+                          launch.cwd)
     if logs:  # where diagnose looks for SLURM's own lines, not the submitter's directory
         head.append(f"--output={logs}/logs/slurm-%j.out")
     # --kill-on-bad-exit: one failed task ends the step, so a stopped rank cannot hold the job
     # until its time limit after its peers timed out (docs/slurm.md)
     srun = ["srun", "--kill-on-bad-exit=1", f"--ntasks={change.world}",
             f"--ntasks-per-node={ranks_per_node}",
-            *rewrite_train(launch.argv, change, local=False)]
+            *rewrite_train(launch.argv, change, local=False, cwd=launch.cwd)]
     return Relaunch("slurm", [*head, f"--ntasks-per-node={ranks_per_node}",
                               "--wrap", shlex.join(srun)], notes)

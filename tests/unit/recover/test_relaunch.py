@@ -295,3 +295,35 @@ def test_an_earlier_rollback_is_not_replayed_when_resuming_the_latest(tmp_path):
     other = ["mscale", "train", "p.yaml", "--run-dir", run, "--resume", "/data/base/ckpt/latest"]
     assert rewrite_train(other, Change(world=8, nodes=[], run_dir=run), local=False)[-1] == \
         "/data/base/ckpt/latest"
+
+
+def test_a_relative_rollback_or_resume_none_is_not_replayed(tmp_path):
+    """`--resume runs/r1/ckpt/step-000004` (relative to where the job ran) rolled the run back on
+    every relaunch; `--resume none` made every relaunch refuse a run with checkpoints."""
+    run = str(tmp_path / "runs" / "r1")
+    change = Change(world=8, nodes=[], run_dir=run)
+    rel = ["mscale", "train", "p.yaml", "--run-dir", "runs/r1", "--resume",
+           "runs/r1/ckpt/step-000004"]
+    assert rewrite_train(rel, change, local=False, cwd=str(tmp_path))[-2:] == ["--resume", "auto"]
+    none = ["mscale", "train", "p.yaml", "--run-dir", "runs/r1", "--resume=none"]
+    assert rewrite_train(none, change, local=False, cwd=str(tmp_path))[-1] == "--resume=auto"
+
+
+@pytest.mark.parametrize("state", ["FAILED", "PENDING"])
+def test_slurm_never_requeues_a_job_whose_command_rolls_back(tmp_path, state):
+    """A rollback under SLURM is a --wrap job whose command carries --resume RUN/ckpt/step-S:
+    requeued or released as it is after its next failure, it rolled the run back to S on every
+    restart. It is resubmitted rewritten, or (queued again by SLURM) must be cancelled first."""
+    run = str(tmp_path / "run")
+    argv = [MSCALE, "train", "p.yaml", "--run-dir", run, "--resume", f"{run}/ckpt/step-000004"]
+    launch = Launch(argv=argv, cwd=str(tmp_path), launcher="slurm", nodes=NODES,
+                    slurm={"job_id": "77"})
+    scontrol_run = scontrol({"JobId": "77", "BatchFlag": "1", "Command": "(null)",
+                             "JobState": state})
+    out = relaunch(launch, Change(world=8, nodes=NODES, run_dir=run), 2, run=scontrol_run)
+    if state == "PENDING":
+        assert out.command == [] and "scancel 77" in out.refusal
+    else:
+        assert out.command[0] == "sbatch" and "--wrap" in out.command
+        wrapped = shlex.split(out.command[-1])
+        assert wrapped[-2:] == ["--resume", "auto"], wrapped
