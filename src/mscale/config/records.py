@@ -200,6 +200,10 @@ class DataSkip(RecordModel):
     even when a later restart changes the batch; None (older records): the batch in force."""
     reason: str = ""
     """Why, in one sentence (the divergence or NaN that caused the rollback)."""
+    attempt: int | None = Field(default=None, ge=0)
+    """The failed attempt this window answers: `mscale recover --execute` run twice on the same
+    failure (or two at once) records it once, since a window recorded twice is skipped twice.
+    None (older records): not known."""
     time: float = Field(default_factory=time.time)
     """Unix time it was recorded."""
 

@@ -50,7 +50,7 @@ def data_skip_for(diagnosis: Diagnosis, choice: CheckpointChoice,
     if s >= b:  # choose_checkpoint never returns one; a hand-made choice must not skip nothing
         raise MscaleError(f"the checkpoint at step {s} does not precede the bad step {b}",
                           field="checkpoint", fix="resume from a checkpoint before the bad step")
-    return DataSkip(after_step=s, skip_steps=b - s, reason=why[:300])
+    return DataSkip(after_step=s, skip_steps=b - s, reason=why[:300], attempt=diagnosis.attempt)
 
 
 def nan_attempts(events: list[dict], step: int) -> int:
@@ -77,9 +77,14 @@ def read_data_skips(run: RunDir) -> DataSkips:
                               "never delete it while the run continues") from None
 
 
-def record_data_skip(run: RunDir, skip: DataSkip) -> None:
-    """Append ``skip`` to ``RUN/data_skip.json`` (read, append, atomic replace). Call it once
-    per rollback: a window recorded twice is skipped twice."""
+def record_data_skip(run: RunDir, skip: DataSkip) -> bool:
+    """Append ``skip`` to ``RUN/data_skip.json`` (read, append, atomic replace); False, and
+    nothing written, when a window for the same failed attempt is there already: a window
+    recorded twice is skipped twice, and `recover --execute` may run twice on one failure (its
+    relaunch never started, or two recoveries at once)."""
     skips = read_data_skips(run)
+    if skip.attempt is not None and any(e.attempt == skip.attempt for e in skips.entries):
+        return False
     skips.entries.append(skip)
     write_json_atomic(run.data_skip, skips.model_dump(mode="json"))
+    return True

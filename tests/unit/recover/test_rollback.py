@@ -73,3 +73,19 @@ def test_record_appends_atomically(tmp_path):
     (tmp_path / "run" / "data_skip.json").write_text("{not json")
     with pytest.raises(MscaleError, match="unreadable"):
         record_data_skip(run, DataSkip(after_step=1, skip_steps=1))
+
+
+def test_a_second_recovery_of_the_same_attempt_records_its_window_once(tmp_path):
+    """`recover --execute` run again on one failure (its relaunch never started) appended the
+    window again, and train then skipped it twice: tokens never trained, no error. The same
+    window answering a later attempt (a second rollback) is a new one and adds up."""
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    window = dict(after_step=10, skip_steps=5, reason="NaN at step 15 in two attempts")
+    assert record_data_skip(run, DataSkip(**window, attempt=3))
+    assert not record_data_skip(run, DataSkip(**window, attempt=3))
+    assert record_data_skip(run, DataSkip(**window, attempt=4))
+    assert [e.attempt for e in read_data_skips(run).entries] == [3, 4]
+    d = diag(bad=20)
+    d.attempt = 7
+    assert data_skip_for(d, choice(10)).attempt == 7
