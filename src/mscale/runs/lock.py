@@ -331,7 +331,9 @@ class RunLock:
                 try:
                     self.refresh()
                 except MscaleError:
-                    return  # self.lost is set; the training loop sees it in check()
+                    if self.lost is not None:
+                        return  # taken over or removed: the training loop sees it in check()
+                    continue  # a write that failed (a full disk raises DiskFullError): retried
                 except Exception:  # a transient I/O error: the next beat retries
                     continue
 

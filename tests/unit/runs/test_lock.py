@@ -116,6 +116,32 @@ def test_the_heartbeat_thread_keeps_the_lock_fresh(tmp_path):
     assert not os.path.exists(RunDir(run).lock)
 
 
+def test_the_heartbeat_outlives_a_full_disk(tmp_path, monkeypatch):
+    """A transient ENOSPC in a beat (DiskFullError, an MscaleError) ended the heartbeat thread
+    with the lock not lost: the job trained on while, a lease later, recover and a second train
+    took the run for free. A failed write is retried at the next beat."""
+    import mscale.runs.lock as lock_mod
+    from mscale.runs.atomic import DiskFullError
+
+    run = str(tmp_path / "run")
+    real, fails = lock_mod.write_bytes_atomic, [0]
+
+    def flaky(url, data):
+        if fails[0] < 3:
+            fails[0] += 1
+            raise DiskFullError("No space left on device", file=url)
+        real(url, data)
+
+    with RunLock(run, "mine", lease_s=0.04) as lock:
+        before = lock.holder().heartbeat
+        monkeypatch.setattr(lock_mod, "write_bytes_atomic", flaky)
+        deadline = time.time() + 10
+        while lock.holder().heartbeat == before and time.time() < deadline:
+            time.sleep(0.01)
+        assert fails[0] == 3 and lock.holder().heartbeat > before
+        lock.check()
+
+
 def test_breaking_a_stale_lock_never_removes_a_fresh_one(tmp_path):
     """Two jobs judged the same dead lock stale; one already replaced it with its own."""
     run = str(tmp_path / "run")
