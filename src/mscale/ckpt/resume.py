@@ -2,9 +2,9 @@
 
 Decided on rank 0 only (one rank reads the directory, not 12,288) and broadcast.
 
-- ``auto``: what ``RUN/ckpt/latest`` names; without a ``latest`` (a crash between a first commit
-  and its pointer, a pointer deleted by hand), the newest committed checkpoint, with a note; a
-  fresh run when there is none.
+- ``auto``: what ``RUN/ckpt/latest`` names; without a ``latest``, or with a committed checkpoint
+  newer than it (a crash between a commit and its pointer, a pointer deleted by hand), the
+  newest committed checkpoint, with a note; a fresh run when there is none.
 - ``none``: a fresh run; refused when the run already has committed checkpoints (they would be
   mixed with the new run's).
 - a path: that checkpoint (or run directory's latest), e.g. an HF import or a rollback. A path
@@ -54,9 +54,12 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
         return None
-    if mode == "auto" and catalog.read_latest(root) is None:
-        cleaned.insert(0, f"note: {catalog.join(root, catalog.LATEST)} is missing; continuing "
-                          f"from the newest committed checkpoint, {catalog.basename(target)}")
+    pointer = catalog.read_latest(root) if mode == "auto" else None
+    if mode == "auto" and pointer != catalog.basename(target):
+        said = "is missing" if pointer is None else f"names {pointer}, an older one"
+        cleaned.insert(0, f"note: {catalog.join(root, catalog.LATEST)} {said} (a crash between "
+                          f"a commit and its pointer); continuing from the newest committed "
+                          f"checkpoint, {catalog.basename(target)}")
     foreign = mode not in ("auto", "none") and not catalog.in_run(catalog.resolve(mode), root)
     if foreign and catalog.in_run(target, root):
         cleaned.insert(0, f"note: --resume {mode} only starts a run; this run has checkpoints "
@@ -82,11 +85,7 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
                               fix="continue it with --resume auto, or use a new --run-dir")
         return None
     if mode == "auto":
-        committed = [e for e in found if e.committed]
-        # no latest but committed checkpoints: the newest of them, never a fresh run that would
-        # move them all aside and train from step 0 again
-        return _latest_target(root) or (catalog.join(root, committed[-1].name)
-                                        if committed else None)
+        return _newest(root, found)
     target = catalog.resolve(mode)
     committed = [e for e in found if e.committed]
     if committed and not catalog.in_run(target, root):  # a foreign path starts a run
@@ -94,6 +93,23 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
         # newest committed checkpoint: never the foreign one, which would move them all aside
         return _latest_target(root) or catalog.join(root, committed[-1].name)
     return target
+
+
+def _newest(root: str, found: list[catalog.Entry]) -> str | None:
+    """``auto``: what ``latest`` names, unless a committed checkpoint is newer (a crash between
+    its ``COMMITTED`` and the pointer, or no pointer at all): that one, complete and checked by
+    its marker, rather than resuming an interval back and moving it aside, or a fresh run that
+    would move them all aside and train from step 0 again."""
+    committed = [e for e in found if e.committed]
+    latest = _latest_target(root)
+    if not committed:
+        return latest
+    newest = committed[-1]
+    named = next((e for e in committed if e.name == catalog.basename(latest)), None) \
+        if latest else None
+    if latest is None or (named is not None and newest.step > named.step):
+        return catalog.join(root, newest.name)
+    return latest
 
 
 def _latest_target(root: str) -> str | None:

@@ -138,8 +138,9 @@ def test_auto_without_latest_continues_from_the_newest_committed(tmp_path, tenso
     assert check_resume(str(root), "auto").step == 4
     point = choose_resume(str(root), "auto")
     assert point.manifest.step == 4 and point.path == f"{root}/step-000004"
-    assert point.cleaned[0].startswith(f"note: {root}/latest is missing; continuing from the "
-                                       "newest committed checkpoint, step-000004")
+    assert point.cleaned[0].startswith(f"note: {root}/latest is missing (a crash between a "
+                                       "commit and its pointer); continuing from the newest "
+                                       "committed checkpoint, step-000004")
     assert _names(str(root)) == [("step-000002", True), ("step-000004", True)]
 
 
@@ -230,3 +231,19 @@ def test_a_commit_error_after_latest_moved_keeps_the_checkpoint(tmp_path, tensor
     assert [e["kind"] for e in events] == ["checkpoint", "info"] and not ck.failed
     assert "an error came after latest was moved to it" in events[1]["message"]
     assert _names(root) == [("step-000002", True), ("step-000004", True)]
+
+
+def test_auto_prefers_a_committed_checkpoint_newer_than_latest(tmp_path, tensors):
+    """A crash between step 6's COMMITTED and its pointer: latest still names step 4. Resuming
+    it lost an interval and moved the complete step 6 aside as abandoned."""
+    from mscale.ckpt.resume import check_resume
+
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [2, 4, 6], tensors)
+    (root / "latest").write_text("step-000004")
+    assert check_resume(str(root), "auto").step == 6
+    point = choose_resume(str(root), "auto")
+    assert point.manifest.step == 6
+    assert point.cleaned[0].startswith(f"note: {root}/latest names step-000004, an older one")
+    assert _names(str(root)) == [("step-000002", True), ("step-000004", True),
+                                 ("step-000006", True)]
