@@ -315,6 +315,13 @@ def write_latest(ckpt_root: str, name: str) -> None:
 
 
 def remove(path: str) -> None:
+    """Delete a checkpoint directory, its ``COMMITTED`` marker first: a crash (or an error) half
+    way through leaves an uncommitted attempt, which every reader ignores and retention clears,
+    never a committed checkpoint missing shards."""
     fs, p = fs_and_path(path)
-    if fs.exists(p):
-        fs.rm(p, recursive=True)
+    if not fs.exists(p):
+        return
+    marker = f"{p.rstrip('/')}/{COMMITTED}"
+    if fs.exists(marker):
+        fs.rm(marker)
+    fs.rm(p, recursive=True)

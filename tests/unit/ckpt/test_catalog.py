@@ -247,3 +247,23 @@ def test_auto_prefers_a_committed_checkpoint_newer_than_latest(tmp_path, tensors
     assert point.cleaned[0].startswith(f"note: {root}/latest names step-000004, an older one")
     assert _names(str(root)) == [("step-000002", True), ("step-000004", True),
                                  ("step-000006", True)]
+
+
+def test_removing_a_checkpoint_uncommits_it_first(tmp_path, tensors, monkeypatch):
+    """A delete that stops half way (a crash, an NFS .nfs file) must leave an uncommitted attempt,
+    not a committed checkpoint missing shards."""
+    import fsspec.implementations.local as local
+
+    root = str(tmp_path / "ckpt")
+    _make(root, [2, 4], tensors)
+    real = local.LocalFileSystem.rm
+
+    def rm(self, path, recursive=False, **kw):
+        if recursive:
+            raise OSError(39, "Directory not empty")
+        return real(self, path, recursive=recursive, **kw)
+
+    monkeypatch.setattr(local.LocalFileSystem, "rm", rm)
+    with pytest.raises(OSError):
+        catalog.remove(f"{root}/step-000002")
+    assert _names(root) == [("step-000002", False), ("step-000004", True)]
