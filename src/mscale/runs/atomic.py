@@ -108,6 +108,11 @@ def _put_whole(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     with fs.open(tmp, "wb") as f:
         f.write(data)
     fs.mv(tmp, path)
+    if fs.exists(tmp):  # webhdfs answers a rename onto an existing file with `false`, silently
+        with suppress(OSError):
+            fs.rm(tmp)
+        raise OSError(f"{fs.protocol}: renaming {tmp} onto {path} left the old file in place "
+                      "(this filesystem's rename does not replace a file)")
 
 
 def write_bytes_atomic(url: str, data: bytes) -> None:

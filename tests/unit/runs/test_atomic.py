@@ -38,3 +38,46 @@ def test_a_line_separator_inside_a_string_does_not_split_a_record(tmp_path):
     for text in ("a\u2028b", "c\u2029d", "e\u0085f"):
         append_line(str(f), Event(source="train", kind="info", message=text).model_dump_json())
     assert [r["message"] for r in read_jsonl(str(f))] == ["a\u2028b", "c\u2029d", "e\u0085f"]
+
+
+def test_a_rename_that_does_not_replace_is_an_error_not_a_silent_no_op():
+    """webhdfs answers a rename onto an existing file with `false` and fsspec moves on: `latest`
+    would never advance past the first checkpoint, and every resume would abandon the rest."""
+    import io
+
+    from mscale.runs.atomic import _put_whole
+
+    class NoReplace:  # the calls `_put_whole` makes, over a dict
+        protocol = "webhdfs"
+
+        def __init__(self):
+            self.files = {}
+
+        def open(self, path, mode):
+            fs = self
+
+            class W(io.BytesIO):
+                def close(self):
+                    fs.files[path] = self.getvalue()
+                    super().close()
+            return W()
+
+        def mv(self, src, dst):
+            if dst not in self.files:  # onto an existing file: refused, silently
+                self.files[dst] = self.files.pop(src)
+
+        def exists(self, path):
+            return path in self.files
+
+        def rm(self, path):
+            del self.files[path]
+
+    fs = NoReplace()
+    _put_whole(fs, "/run/ckpt/latest", b"step-000002\n")
+    try:
+        _put_whole(fs, "/run/ckpt/latest", b"step-000004\n")
+    except OSError as e:
+        assert "left the old file in place" in str(e)
+    else:
+        raise AssertionError("the failed replace was silent")
+    assert fs.files == {"/run/ckpt/latest": b"step-000002\n"}  # no temporary left behind
