@@ -75,6 +75,8 @@ class JobResult:
     it was the stop's doing is the caller's judgement (its codes, its error files)."""
     forced: bool = False
     """A second Ctrl-C killed the workers, without a checkpoint."""
+    abandoned: str | None = None
+    """Why the launcher killed the workers itself (`LocalJob.abandon`), None if it did not."""
 
 
 def check_local_count(local: int, plan: "Plan", plan_path: str) -> None:
@@ -174,6 +176,9 @@ class LocalJob:
     preload: Sequence[str] = CLI_PRELOAD
     stop_notice: Notice = generic_notice
     """The console line for the operator's first stop signal (distributed/stops.py)."""
+    abandon: Callable[[], str | None] | None = None
+    """Asked at every poll: a reason to kill the workers at once, without a checkpoint (train:
+    the run directory's lock was taken over by another job, so two must not write it)."""
 
 
 def run_local_workers(nprocs: int, gpus_per_node: int, worker_args: list[str], log_dir: str,
@@ -211,8 +216,17 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
 
     first_end_judged = []
 
+    abandoned: list[str] = []
+
     def on_poll(codes: list[int | None]) -> None:
         lifeline.accept()  # the workers' connections, held open until the launcher ends
+        why = job.abandon() if job.abandon is not None and not abandoned else None
+        if why:
+            abandoned.append(why)
+            view.line(f"stopping the workers now, without a checkpoint: {why}\n")
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
         stops.deliver()
         for note in stops.take_notes():
             view.line(note + "\n")
@@ -250,6 +264,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         stops.deliver()  # a stop asked for while workers were still starting reaches them all
         result = _watch(procs, job.rank0_ends_job, on_poll)
+        result.abandoned = abandoned[0] if abandoned else None
         view.close()
         for note in stops.take_notes():  # a kill ends the watching before its next poll
             view.line(note + "\n")

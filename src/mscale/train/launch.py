@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable
 
 from mscale.config.plan import Plan
 from mscale.topology.placement import load_checked_plan
@@ -189,17 +190,18 @@ def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,
     restore_streams = guard_std_streams()  # through the closing line and the --json document
     try:
         return _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id,
-                               {LOCK_HELD_ENV: run_id})
+                               {LOCK_HELD_ENV: run_id}, lock)
     finally:
         restore_streams()
         lock.release()
 
 
-def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env) -> int:
+def _run_and_report(plan_path, plan, options, nprocs, as_json, run, run_id, env, lock) -> int:
     logs, temporary = worker_log_dir(options.run_dir, "logs")
     code = None
     try:
-        code = _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs)
+        code = _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs,
+                            lock)
         return code
     finally:
         _tidy_logs(logs, temporary, passed=code == 0)
@@ -239,7 +241,15 @@ def _tidy_logs(logs: str, temporary: bool, passed: bool) -> None:
         print(f"worker logs kept in {logs}", file=sys.stderr, flush=True)
 
 
-def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs) -> int:
+def lock_lost(lock) -> Callable[[], str | None]:
+    """The launcher's `LocalJob.abandon`: its workers run under its lock (``LOCK_HELD_ENV``)
+    and never look at it, so the launcher does: a lock another job took over (this one was
+    stopped past its lease, Ctrl-Z then ``fg``) means two jobs would write one run."""
+    return lambda: str(lock.lost).splitlines()[0] if lock.lost is not None else None
+
+
+def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, logs,
+                 lock) -> int:
     from mscale.train.console import layout_text
     from mscale.train.failure import read_error_files
     from mscale.train.job_watch import (agreed_stop, record_failure, record_interruption,
@@ -262,7 +272,10 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
                                           preload=preload_for(plan),
                                           phases=startup_phases(options),
                                           node_names=plan.cluster.node_names(),
-                                          stop_notice=stop_notice)
+                                          stop_notice=stop_notice, abandon=lock_lost(lock))
+    if result.abandoned:  # the run is another job's now: nothing more is written into it
+        say(f"train: stopped: {result.abandoned}")
+        return EXIT_BAD_INPUT
     errors = read_error_files(run, since=started, run_id=run_id)
     if stopped_by_operator(result, errors):
         say(record_interruption(run, result, run_id, logs))

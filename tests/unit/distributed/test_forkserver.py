@@ -166,3 +166,20 @@ def test_the_killed_line_judges_the_first_end_only_not_the_launchers_own_signals
         assert "rank 2 on n3 killed by SIGKILL; stopping the other workers" in out, out
     else:
         assert result.failed_rank == 0 and "stopping the other workers" not in out, out
+
+
+def test_a_job_the_launcher_abandons_is_killed_at_once_and_says_why(tmp_path, capsys):
+    """`LocalJob.abandon` (train: its run lock taken over by another job) kills the workers at
+    the next poll, without waiting for them, and the result says why."""
+    import time
+
+    logs = str(tmp_path / "logs")
+    t0 = time.monotonic()
+    result = run_local_workers(2, 1, [], logs, {}, entry="import time; time.sleep(60)",
+                               phases=(), node_names=("n1", "n2"), preload=(),
+                               abandon=lambda: "taken over" if time.monotonic() - t0 > 1
+                               else None)
+    assert result.abandoned == "taken over" and time.monotonic() - t0 < 30
+    assert result.returncodes == [-signal.SIGKILL, -signal.SIGKILL]
+    assert "stopping the workers now, without a checkpoint: taken over" in \
+        capsys.readouterr().out

@@ -9,6 +9,7 @@ import os
 import tempfile
 
 from mscale.distributed.launch import worker_log_dir
+from mscale.errors import MscaleError
 from mscale.train import launch
 
 
@@ -42,3 +43,21 @@ def test_an_inherited_omp_num_threads_that_oversubscribes_the_cores_is_noted():
     for omp, nprocs, cpus in (("1", 8, 2), ("2", 8, 16), (None, 8, 2), ("", 8, 2), ("x", 8, 2),
                               ("4", 2, 8)):
         assert oversubscription_note(omp, nprocs, cpus) is None, (omp, nprocs, cpus)
+
+
+def test_the_launcher_abandons_its_job_when_its_run_lock_is_taken_over(tmp_path):
+    """Its workers run under its lock and never look at it: the launcher's `abandon` says why
+    once the heartbeat found the lock another job's, and nothing before."""
+    from mscale.runs.lock import RunLock
+    from mscale.train.launch import lock_lost
+
+    lock = RunLock(str(tmp_path / "run"), "mine").acquire()
+    try:
+        ask = lock_lost(lock)
+        assert ask() is None
+        lock.lost = MscaleError("this job's run-directory lock was taken over by another job\n"
+                                "  (details)", file="lock.json")
+        assert ask() == "lock.json: this job's run-directory lock was taken over by another job"
+    finally:
+        lock.lost = None
+        lock.release()
