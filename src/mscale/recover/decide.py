@@ -131,7 +131,7 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     except MscaleError as e:
         rp, refusal = None, f"no layout fits the remaining nodes: {e.message}"
     if not finished:
-        skip = stages.data_skip_for(diagnosis, choice)
+        skip = stages.data_skip_for(diagnosis, choice, skips=stages.read_data_skips(run))
     if skip is not None:  # the window is that many steps of the failed run's batch
         skip = skip.model_copy(update={"global_batch": plan.training.global_batch})
     change = Change(world=rp.world if rp else plan.layout.world_size,

@@ -27,12 +27,19 @@ from mscale.runs.rundir import RunDir
 
 
 def data_skip_for(diagnosis: Diagnosis, choice: CheckpointChoice,
-                  events: list[dict] | None = None) -> DataSkip | None:
+                  events: list[dict] | None = None,
+                  skips: DataSkips | None = None) -> DataSkip | None:
     """The window to skip after resuming from ``choice``, or None (nothing to skip: not a
     numerics failure, no bad step, or a first NaN that is retried on the same data).
 
     A NaN counts as repeated when ``events`` (events.jsonl) holds NaN events at the bad step in
-    two or more attempts; without ``events``, when the diagnosis did not call it transient."""
+    two or more attempts; without ``events``, when the diagnosis did not call it transient.
+
+    ``skips``: the windows the failed attempt ran with. The new window reaches past every
+    sample that attempt read up to the bad step, its own earlier windows included (a rollback
+    to a checkpoint before an earlier window's: counted in steps from the checkpoint, it
+    re-read the batches that had diverged); the windows it passes over are superseded
+    (`record_data_skip` drops them)."""
     b = diagnosis.bad_step
     if diagnosis.cls != "numerics" or b is None:
         return None
@@ -50,7 +57,11 @@ def data_skip_for(diagnosis: Diagnosis, choice: CheckpointChoice,
     if s >= b:  # choose_checkpoint never returns one; a hand-made choice must not skip nothing
         raise MscaleError(f"the checkpoint at step {s} does not precede the bad step {b}",
                           field="checkpoint", fix="resume from a checkpoint before the bad step")
-    return DataSkip(after_step=s, skip_steps=b - s, reason=why[:300], attempt=diagnosis.attempt)
+    skip = b - s
+    if skips is not None:  # read up to step sample_step(b); the new run keeps windows <= s
+        kept = sum(e.skip_steps for e in skips.entries if e.after_step <= s)
+        skip = skips.sample_step(b) - s - kept
+    return DataSkip(after_step=s, skip_steps=skip, reason=why[:300], attempt=diagnosis.attempt)
 
 
 def nan_attempts(events: list[dict], step: int) -> int:
@@ -85,6 +96,7 @@ def record_data_skip(run: RunDir, skip: DataSkip) -> bool:
     skips = read_data_skips(run)
     if skip.attempt is not None and any(e.attempt == skip.attempt for e in skips.entries):
         return False
-    skips.entries.append(skip)
+    # windows after the new one's checkpoint lie inside it (`data_skip_for`): superseded
+    skips.entries = [e for e in skips.entries if e.after_step <= skip.after_step] + [skip]
     write_json_atomic(run.data_skip, skips.model_dump(mode="json"))
     return True

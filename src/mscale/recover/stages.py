@@ -13,11 +13,11 @@ from mscale.recover.checkpoints import choose_checkpoint
 from mscale.recover.diagnose import diagnose
 from mscale.recover.exclude import decide_exclusions
 from mscale.recover.replan import replan
-from mscale.recover.rollback import data_skip_for, record_data_skip
+from mscale.recover.rollback import data_skip_for, read_data_skips, record_data_skip
 from mscale.runs.rundir import RunDir
 
 __all__ = ["choose_checkpoint", "data_skip_for", "decide_exclusions", "diagnose",
-           "pin_checkpoint", "record_data_skip", "replan"]
+           "pin_checkpoint", "read_data_skips", "record_data_skip", "replan"]
 
 
 def pin_checkpoint(run: RunDir, path: str, reason: str) -> None:

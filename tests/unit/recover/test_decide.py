@@ -82,7 +82,7 @@ class Fakes:
                             self.choice)
         monkeypatch.setattr(stages, "decide_exclusions", exclusions)
         monkeypatch.setattr(stages, "replan", replan)
-        monkeypatch.setattr(stages, "data_skip_for", lambda d, c: self.skip)
+        monkeypatch.setattr(stages, "data_skip_for", lambda d, c, skips=None: self.skip)
         monkeypatch.setattr(stages, "record_data_skip",
                             lambda run, skip: self.calls.append(("skip", skip.skip_steps)))
         monkeypatch.setattr(stages, "pin_checkpoint",

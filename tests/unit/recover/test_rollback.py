@@ -89,3 +89,28 @@ def test_a_second_recovery_of_the_same_attempt_records_its_window_once(tmp_path)
     d = diag(bad=20)
     d.attempt = 7
     assert data_skip_for(d, choice(10)).attempt == 7
+
+
+def test_a_rollback_before_an_earlier_window_reaches_past_everything_the_failed_run_read(
+        tmp_path):
+    """Attempt 1 diverged at 250 and rolled back to 200 skipping 50 steps; attempt 2 (reading
+    step t's data at t + 50) diverged at 230, and 200 was rejected: rolling back to 100, the
+    window counted in steps (100, 130) re-read the diverged data (attempt 3 read from 231 up,
+    where attempt 2 had diverged on 251-280) and the old window still applied on top. The new
+    one starts after the last data attempt 2 read, and the old one is superseded."""
+    from mscale.config.records import DataSkips
+
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    assert record_data_skip(run, DataSkip(after_step=200, skip_steps=50, attempt=1))
+    d = diag(bad=230)
+    d.attempt = 2
+    skip = data_skip_for(d, choice(100), skips=read_data_skips(run))
+    assert (skip.after_step, skip.skip_steps) == (100, 180)
+    assert record_data_skip(run, skip)
+    skips = read_data_skips(run)
+    assert [(e.after_step, e.skip_steps) for e in skips.entries] == [(100, 180)]
+    assert skips.sample_step(101) == 281  # right after attempt 2's last step (230 + 50)
+    # back to the same checkpoint twice still adds up: (200, 50), then a failure at 230 from 200
+    again = DataSkips(entries=[DataSkip(after_step=200, skip_steps=50)])
+    assert data_skip_for(diag(bad=230), choice(200), skips=again).skip_steps == 30
