@@ -113,7 +113,7 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
     """(train samples, held-out samples or None) of a training file's ``data`` section."""
     opened = open_sources(cfg, field)
     for _, ds, where in opened:
-        check_vocab(ds, vocab, where)
+        check_vocab(ds, vocab, where, dtype_given="dtype" in cfg.model_fields_set)
     n_train = len(cfg.train_sources)
     train, held = [], []
     for source, ds, where in opened[:n_train]:
@@ -150,9 +150,16 @@ def _packed(ds: TokenDataset, seq_len: int, start: int, stop: int, where: str) -
         raise MscaleError(e.message, file=ds.url, field=where, fix=e.fix) from None
 
 
-def check_vocab(ds: TokenDataset, vocab: int, where: str) -> None:
+def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = True) -> None:
     """Refuse data whose token ids the model cannot embed: the tokenizer's vocabulary, when the
-    dataset records it, and the largest id in the first MiB of tokens."""
+    dataset records it, and the largest id in the first MiB of tokens. A flat file read at the
+    default uint16 for a model of more than 65,536 ids is refused too: a uint32 file read so
+    (a Llama-3 tokenizer's) gives ids all below the vocabulary, and trains on noise."""
+    if ds.doc_offsets is None and not dtype_given and ds.dtype == np.uint16 and vocab > 65536:
+        raise MscaleError(f"a flat token file is read as uint16 (data.dtype's default), but the "
+                          f"model embeds {vocab:,} ids, more than uint16 holds", file=ds.url,
+                          field=where, fix="say how the file was written: data.dtype: uint32 "
+                                           "(or uint16, if its ids really stop below 65,536)")
     if ds.vocab_size is not None and ds.vocab_size > vocab:
         raise MscaleError(f"the dataset's tokenizer has {ds.vocab_size} tokens, the model "
                           f"embeds {vocab}", file=ds.url, field=where,

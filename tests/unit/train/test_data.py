@@ -185,6 +185,19 @@ def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_naming_the_dat
     assert e.value.file == str(folder) and e.value.field == "training.data.path"
 
 
+def test_a_flat_uint32_file_is_not_read_at_the_default_uint16_for_a_large_vocabulary(tmp_path):
+    """A Llama-3 tokenizer's uint32 .bin read as uint16 gave ids all below a 128k vocabulary
+    ([43561, 1, 16158, 1, ...]), and trained on noise without a word."""
+    path = tmp_path / "llama3.bin"
+    np.array([108_137, 16_158, 84_000, 20] * 64, dtype=np.uint32).tofile(path)
+    with pytest.raises(MscaleError, match="read as uint16 .data.dtype's default., but the model "
+                                          "embeds 128,256 ids") as e:
+        make_source(DataConfig(path=str(path)), 0, 8, 128_256)
+    assert e.value.field == "training.data.path" and "data.dtype: uint32" in e.value.fix
+    src = make_source(DataConfig(path=str(path), dtype="uint32"), 0, 8, 128_256)  # said: read
+    assert src is not None
+
+
 def test_a_source_re_prepared_at_its_path_is_named_on_resume_whatever_sample_zero_is(tmp_path):
     """The user's trial: src_a re-prepared with fewer documents; the checkpoint's first sample
     may come from src_b, but its per-source records name src_a."""
