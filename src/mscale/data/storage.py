@@ -18,6 +18,7 @@ The package's local writers share `fsync_dir` from here.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import mmap
 import os
 import stat
@@ -41,8 +42,41 @@ BLOCK_BYTES = 256 << 10
 random place: every byte of a block beyond it is paid for in bandwidth, and a block far larger
 does not save a request (measured, docs/benchmarks.md "Data path"). 256 KiB keeps that to 64x
 while a file read in order still takes few requests."""
-CACHE_BLOCKS = 64
-"""Blocks kept per remote blob (16 MiB): a source read in order, or a small one, is fetched once."""
+CACHE_BYTES = 64 << 20
+"""Remote blocks one process keeps, over all the files it reads (one LRU): a source read in
+order, or a small one, is fetched once. It was 16 MiB per file, a total that grew with every
+shard a shuffled run touches: the ~3,700 shards of a trillion tokens would have held ~58 GiB in
+each reader."""
+
+
+class _BlockCache:
+    """The process's cache of remote blocks, keyed by (blob, block index), bounded in bytes."""
+
+    def __init__(self) -> None:
+        self._blocks: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        with self._lock:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+            return data
+
+    def put(self, key: tuple[int, int], data: bytes) -> None:
+        with self._lock:
+            if key in self._blocks:
+                return
+            self._blocks[key] = data
+            self._bytes += len(data)
+            while self._bytes > CACHE_BYTES and len(self._blocks) > 1:
+                self._bytes -= len(self._blocks.popitem(last=False)[1])
+
+
+_CACHE = _BlockCache()
+_BLOB_IDS = itertools.count()
+"""A key per opened blob, never reused (an object's id is): a new blob never reads another's."""
 
 
 class Retry:
@@ -154,8 +188,7 @@ class RemoteBlob(Blob):
         self.url, self._fs, self._path, self._retry = url, fs, path, retry
         self.block_bytes = block_bytes
         self.size = int(retry.call(url, "size", lambda: fs.size(path)))
-        self._blocks: OrderedDict[int, bytes] = OrderedDict()
-        self._lock = threading.Lock()
+        self._key = next(_BLOB_IDS)
 
     def read(self, offset: int, length: int) -> bytes:
         self._check(offset, length)
@@ -168,19 +201,14 @@ class RemoteBlob(Blob):
         return data[start:start + length]
 
     def _block(self, index: int) -> bytes:
-        with self._lock:
-            if index in self._blocks:
-                self._blocks.move_to_end(index)
-                return self._blocks[index]
-        # fetched outside the lock: a slow request must not stall readers of cached blocks
+        cached = _CACHE.get((self._key, index))
+        if cached is not None:
+            return cached
+        # fetched outside the cache's lock: a slow request must not stall readers of cached blocks
         start = index * self.block_bytes
         end = min(start + self.block_bytes, self.size)
         data = self._retry.call(self.url, f"bytes[{start}:{end}]", lambda: self._fetch(start, end))
-        with self._lock:
-            self._blocks[index] = data
-            self._blocks.move_to_end(index)
-            while len(self._blocks) > CACHE_BLOCKS:
-                self._blocks.popitem(last=False)
+        _CACHE.put((self._key, index), data)
         return data
 
     def _fetch(self, start: int, end: int) -> bytes:

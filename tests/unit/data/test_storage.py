@@ -96,14 +96,14 @@ def test_missing_remote_file_is_not_retried(remote):
 
 
 def test_block_cache_serves_consecutive_reads(remote, monkeypatch):
-    monkeypatch.setattr(storage, "CACHE_BLOCKS", 4)
+    monkeypatch.setattr(storage, "CACHE_BYTES", 4 * 1024)  # four of these blocks
     blob = open_blob("flaky://" + remote, block_bytes=1024)
     for offset in range(0, 1024, 64):  # sixteen samples in one block: one request
         assert blob.read(offset, 64) == DATA[offset:offset + 64]
     assert FlakyFS.calls == 1
     assert blob.read(1000, 100) == DATA[1000:1100]  # crosses into block 1: one more
     assert FlakyFS.calls == 2
-    for b in range(2, 2 + storage.CACHE_BLOCKS):  # evicts blocks 0 and 1 (LRU)
+    for b in range(2, 6):  # evicts blocks 0 and 1 (LRU)
         blob.read(b * 1024, 1)
     calls = FlakyFS.calls
     blob.read(0, 1)
@@ -190,3 +190,19 @@ def test_a_fifo_is_refused_without_opening_it(tmp_path):
     with pytest.raises(MscaleError, match="not a regular file") as e:
         open_blob(str(fifo))
     assert e.value.file == str(fifo)
+
+
+def test_the_block_cache_is_one_budget_for_every_file_the_process_reads(remote, monkeypatch):
+    """Shuffled reads touch a new block of some shard almost every sample; a cache per file grew
+    with the shard count (16 MiB each: ~58 GiB for a trillion tokens' 3,700 shards)."""
+    monkeypatch.setattr(storage, "CACHE_BYTES", 8 * 1024)
+    blobs = [open_blob("flaky://" + remote, block_bytes=1024) for _ in range(6)]
+    for blob in blobs:  # two blocks each, 12 in all
+        blob.read(0, 1)
+        blob.read(1024, 1)
+    assert storage._CACHE._bytes <= 8 * 1024
+    calls = FlakyFS.calls
+    blobs[-1].read(1024, 1)  # the newest are kept
+    assert FlakyFS.calls == calls
+    blobs[0].read(0, 1)  # the oldest went
+    assert FlakyFS.calls == calls + 1
