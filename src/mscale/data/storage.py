@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import mmap
 import os
+import random
 import stat
 import threading
 import time
@@ -81,7 +82,7 @@ _BLOB_IDS = itertools.count()
 
 class Retry:
     """How remote calls are bounded: ``retries`` after the first attempt, each ``timeout_s`` at
-    most, waiting ``backoff_s * 2**i`` before retry i."""
+    most, waiting ``backoff_s * 2**i`` (times a random 0.5-1.5) before retry i."""
 
     def __init__(self, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0) -> None:
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
@@ -91,8 +92,8 @@ class Retry:
         last: BaseException | None = None
         attempts = self.retries + 1
         for i in range(attempts):
-            if i:
-                time.sleep(self.backoff_s * 2 ** (i - 1))
+            if i:  # jittered: thousands of readers throttled together must not retry in step
+                time.sleep(self.backoff_s * 2 ** (i - 1) * random.uniform(0.5, 1.5))
             try:
                 return _bounded(fn, self.timeout_s)
             except MscaleError:
