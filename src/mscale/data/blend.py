@@ -115,6 +115,7 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
     for _, ds, where in opened:
         check_vocab(ds, vocab, where, dtype_given="dtype" in cfg.model_fields_set)
     n_train = len(cfg.train_sources)
+    _check_no_shard_shared(opened[:n_train], opened[n_train:])
     train, held = [], []
     for source, ds, where in opened[:n_train]:
         try:
@@ -148,6 +149,20 @@ def _packed(ds: TokenDataset, seq_len: int, start: int, stop: int, where: str) -
         return PackedSamples(ds.num_tokens, seq_len, start, stop)
     except MscaleError as e:
         raise MscaleError(e.message, file=ds.url, field=where, fix=e.fix) from None
+
+
+def _check_no_shard_shared(train: list, held: list) -> None:
+    """The files each held-out source opened, against the training sources': the names alone
+    (`check_held_out_apart`) miss a glob or a folder that holds the held-out shard."""
+    trained = {location_key(sh.blob.url) for _, ds, _ in train for sh in ds.shards}
+    for _, ds, where in held:
+        shared = [sh.blob.url for sh in ds.shards if location_key(sh.blob.url) in trained]
+        if shared:
+            raise MscaleError(f"{len(shared)} of its shard file(s) are also read for training "
+                              f"({shared[0]}): its held-out loss would be measured on tokens the "
+                              "model trains on", file=ds.url, field=where,
+                              fix="name held-out shards that no training source's glob or "
+                                  "folder includes, or hold out with eval_fraction")
 
 
 def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = True) -> None:

@@ -239,6 +239,23 @@ def test_held_out_sources_given_apart_are_recorded_too(tmp_path):
     assert roles == [("train", str(tmp_path / "a")), ("eval", str(tmp_path / "held"))]
 
 
+def test_a_held_out_shard_a_training_glob_includes_is_refused(tmp_path):
+    """The names differ (`web/shard-*` against `web/shard-00001`), the file is the same: its
+    "held-out" loss would be measured on trained-on tokens."""
+    web = tmp_path / "web"
+    web.mkdir()
+    for i in range(2):
+        with IndexedWriter(str(web / f"shard-{i:05d}"), np.uint16) as w:
+            for _ in range(4):
+                w.add_document(np.arange(1, 31) % 200)
+    cfg = DataConfig(path=str(web / "shard-*"),
+                     eval_sources=[{"path": str(web / "shard-00001")}])
+    with pytest.raises(MscaleError, match="1 of its shard file.s. are also read for training") \
+            as e:
+        make_source(cfg, 0, 8, 256)
+    assert e.value.field == "training.data.eval_sources[0].path"
+
+
 def test_the_start_line_says_the_sources_their_shares_and_the_held_out_part():
     from mscale.train.data import describe_data
 
