@@ -293,6 +293,40 @@ def source_fingerprint(source) -> DataIdentity:
     return DataIdentity(zlib.crc32(source.sample(0).numpy().tobytes()), sources)
 
 
+def data_shape(source) -> list[int]:
+    """What every rank must see alike of its sources: their token and document counts, training
+    and held-out (zeros for the synthetic stream). Ranks open the files each on their own, so
+    node-local copies that differ, a glob listed while shards were still arriving, or a stale
+    object-store listing give ranks different samples at the same index: a pipeline's inputs
+    and labels then come from different places, without an error."""
+    out = []
+    for split in (getattr(source, "samples", None), getattr(source, "held_out", None)):
+        parts = split.parts if isinstance(split, BlendedSamples) else []
+        out += [sum(p.dataset.num_tokens for p in parts),
+                sum(0 if p.dataset.doc_offsets is None else len(p.dataset.doc_offsets) - 1
+                    for p in parts)]
+    return out
+
+
+def check_same_data_everywhere(source) -> None:
+    """Collective: every rank's `data_shape` against every other's (a MIN and a MAX, once at the
+    start); a difference stops the job on every rank at once, before a step is trained."""
+    if not dist.is_initialized():
+        return
+    lo = torch.tensor(data_shape(source), dtype=torch.float64)
+    hi = lo.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if not torch.equal(lo, hi):
+        raise MscaleError(f"the ranks see different data: token counts {int(lo[0]):,} to "
+                          f"{int(hi[0]):,}, document counts {int(lo[1]):,} to {int(hi[1]):,} "
+                          "(training sources); samples at one index would differ between ranks",
+                          field="training.data",
+                          fix="give every node the same files (a shared filesystem, or copies "
+                              "finished before the job starts), and a glob no writer is adding "
+                              "to")
+
+
 def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> list[dict]:
     """One record per source, training sources first (``role`` train, their blend ``weight``),
     then held-out sources given apart (``role`` eval): ``path`` as the training file names it

@@ -29,7 +29,8 @@ from mscale.topology.placement import placement_for
 from mscale.train.announce import announce, announce_resume, event, say
 from mscale.train.console import Summary, checkpoint_line, stop_line
 from mscale.train.control import Control
-from mscale.train.data import DataIdentity, source_fingerprint
+from mscale.train.data import (DataIdentity, check_same_data_everywhere,
+                               source_fingerprint)
 from mscale.train.engine import Engine, build_engine, check_node_matches
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
@@ -84,6 +85,7 @@ def _data_identity(engine: Engine) -> DataIdentity:
     data = agree_on_rank0(lambda: source_fingerprint(engine.loader.source), rank)
     doc = from_rank0({"checksum": data.checksum, "sources": data.sources} if rank == 0
                      else None, rank)
+    check_same_data_everywhere(engine.loader.source)
     return DataIdentity(doc["checksum"], doc["sources"])
 
 
