@@ -54,6 +54,10 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
         return None
+    if any(c.startswith("moved ") for c in cleaned) and catalog.in_run(target, root):
+        # a rollback: `latest` named a checkpoint now moved aside; a crash before the next
+        # commit would have found it naming nothing (exit 3 on every resume)
+        catalog.write_latest(root, catalog.basename(target))
     pointer = catalog.read_latest(root) if mode == "auto" else None
     if mode == "auto" and pointer != catalog.basename(target):
         said = "is missing" if pointer is None else f"names {pointer}, an older one"

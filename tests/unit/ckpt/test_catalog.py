@@ -78,6 +78,9 @@ def test_choose_resume_tidies(tmp_path, tensors):
     names = [n for n, _ in _names(root)]
     assert names == ["step-000002", "step-000004"]
     assert any(c.startswith("moved step-000006 to abandoned-step-000006") for c in point.cleaned)
+    # latest named the step moved aside: a crash before the next commit found it naming nothing
+    assert catalog.read_latest(root) == "step-000004"
+    assert choose_resume(root, "auto").manifest.step == 4
 
 
 def test_a_foreign_resume_path_only_starts_a_run(tmp_path, tensors):
