@@ -50,7 +50,7 @@ def state(run, monkeypatch):
                         lambda r, d, recheck=None: s["exclusions"])
     monkeypatch.setattr(stages, "replan", lambda r, p, e, allow_batch_change=False,
                         write=True: s["replan"])
-    monkeypatch.setattr(stages, "data_skip_for", lambda d, c: None)
+    monkeypatch.setattr(stages, "data_skip_for", lambda d, c, skips=None: None)
     return s
 
 
