@@ -30,3 +30,13 @@ def test_without_a_signal_the_lowest_failed_rank_is_named():
 def test_an_agreed_stop_is_no_failure():
     result = _watch([_Ended(2), _Ended(2)])
     assert (result.failed_rank, result.code) == (None, 2)
+
+
+def test_a_rendezvous_port_is_drawn_outside_the_ephemeral_range(monkeypatch):
+    """A port from bind(0) lies where every outgoing connection takes its local port: a gloo
+    connection of another job took one between the check and rank 0's bind (EADDRINUSE)."""
+    from mscale.distributed import launch
+
+    monkeypatch.setattr(launch, "_ephemeral_range", lambda: (32768, 60999))
+    ports = {launch.free_port() for _ in range(20)}
+    assert all(20000 <= p < 32768 for p in ports) and len(ports) > 1
