@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import signal
 import time
-from contextlib import contextmanager
 from typing import List, Optional
 
 import typer
 
 from mscale.cli.app import app
+from mscale.cli.interrupt import stop_signals_as_interrupt
 from mscale.cli.output import console, print_json
 from mscale.cli.progress import ThrottledLine
 from mscale.errors import EXIT_CRITICAL, EXIT_WARNING
@@ -69,19 +69,6 @@ class ProgressLine(ThrottledLine):
             self.show(self.text(documents, tokens, nbytes))
 
 
-@contextmanager
-def _interruptible():
-    """SIGTERM (scancel, a CI timeout) stops like Ctrl-C: prepare removes its temporary folder."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @data_app.command("prepare")
 def prepare_cmd(
     inputs: List[str] = typer.Argument(..., help="Files, folders (recursive) or quoted globs: "
@@ -131,7 +118,8 @@ def prepare_cmd(
 
     t0 = time.monotonic()
     try:
-        with _interruptible():
+        # SIGTERM (scancel, a CI timeout) stops like Ctrl-C: prepare removes its temporary folder
+        with stop_signals_as_interrupt(signal.SIGTERM):
             m = prepare(inputs, tokenizer, out, text_field=text_field, column=column,
                         workers=workers, shard_tokens=shard_tokens, eod=eod, text_exts=text_ext,
                         force=force, progress=line, on_start=on_start,

@@ -132,7 +132,7 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
                       "stage_layers", markup=False)
     if result.preferred_note:
         console.print(result.preferred_note, markup=False)
-    if pb.cluster.gpu.name.lower().startswith("cpu"):
+    if pb.cluster.gpu.is_cpu:
         console.print(CPU_NOTE, markup=False)
     console.print(memory_table(choice.cost))
     ck = plan.checkpoint

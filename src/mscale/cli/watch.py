@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import threading
 import time
 
 import typer
 
 from mscale.cli.app import app
+from mscale.cli.interrupt import stop_signals_as_interrupt
 
 
 @app.command("watch")
@@ -82,30 +81,10 @@ def watch_cmd(
         to_window=records_to_window, actor=actor, outputs=outputs, live=not once, clock=time.time,
         note=outputs.note, report_end=True)
     try:
-        with _stop_signals_as_interrupt():
+        # SIGTERM (systemd, Kubernetes, SLURM at a job's end) and SIGHUP end it as Ctrl-C does
+        with stop_signals_as_interrupt(signal.SIGTERM, signal.SIGHUP):
             follower.run(interval)
     except BaseException:
         outputs.view.close()  # give the terminal back before the error is printed
         raise
     raise typer.Exit(outputs.finish(follower))
-
-
-@contextlib.contextmanager
-def _stop_signals_as_interrupt():
-    """SIGTERM (systemd, Kubernetes, SLURM at the end of a job) and SIGHUP stop watch as Ctrl-C
-    does: the view's last line, the report and the exit code of what was judged, instead of a
-    silent death by the signal with no report."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    old = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGHUP)
-           if signal.getsignal(s) is not signal.SIG_IGN}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)

@@ -26,6 +26,11 @@ class GPUSpec(StrictModel):
     nvlink_gb_per_s: float = Field(gt=0, le=MAX_RATE)
     """GPU-to-GPU bandwidth inside the fast domain, bidirectional GB/s as the vendor quotes it."""
 
+    @property
+    def is_cpu(self) -> bool:
+        """The ``cpu`` preset, or a spec of one named ``cpu-...``: gloo processes, not GPUs."""
+        return self.name.lower().startswith("cpu")
+
 
 GPU_PRESETS: dict[str, GPUSpec] = {
     # docs/references.md, "Hardware peaks (dense, no sparsity)".

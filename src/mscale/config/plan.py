@@ -105,22 +105,32 @@ def load_plan(path: str, check: bool = True) -> Plan:
 
 PARTS = {"model": ModelConfig, "training": TrainingConfig, "cluster": ClusterConfig}
 """The files `mscale plan` makes a plan from, by option name."""
+PLAN_SECTIONS = ("cluster", "model", "training", "layout")
+"""Top-level keys of a plan file; none is a field of a cluster, model or training file, so
+finding one means a whole plan was given where one part was expected, and none a part where a
+plan was."""
 
 
 def _refuse_a_part(data: Any, source: str) -> None:
     """A model, training or cluster file given where a plan belongs failed on a pile of missing
     sections ("cluster: required field is missing; also model: ...") that does not say what is
     wrong: it is named as the part it is, with the command that makes a plan of it."""
-    if not isinstance(data, dict) or not data or any(k in data for k in (*PARTS, "layout")):
+    if not isinstance(data, dict) or not data or any(k in data for k in PLAN_SECTIONS):
         return
     option = part_of(data)
     if option is not None:
-        keys = ", ".join(f"{k}:" for k in [k for k in data if k != "name"][:3])
         raise MscaleError(
-            f"this looks like a {option} file (it has {keys}), not a plan", file=source,
+            f"this looks like a {option} file (it has {first_keys(data)}), not a plan",
+            file=source,
             fix=f"make a plan of it first: mscale plan --cluster CLUSTER.yaml --model "
                 f"MODEL.yaml --training TRAINING.yaml -o plan.yaml (this file as --{option}; "
                 f"docs/plan.md), then give plan.yaml")
+
+
+def first_keys(data: dict) -> str:
+    """``layers:, hidden:, heads:``: what a misplaced file's own keys say it is (``name`` is
+    every part's, and says nothing)."""
+    return ", ".join(f"{k}:" for k in [k for k in data if k != "name"][:3])
 
 
 def part_of(data: Any) -> str | None:

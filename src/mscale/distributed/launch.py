@@ -87,7 +87,7 @@ def check_local_count(local: int, plan: "Plan", plan_path: str) -> None:
     if local == world:
         return
     nodes = -(-world // plan.cluster.gpus_per_node)
-    on_gpus = not plan.cluster.gpu.name.lower().startswith("cpu")  # --local emulates CPU nodes
+    on_gpus = not plan.cluster.gpu.is_cpu  # --local emulates a CPU plan's nodes
     fix = (f"run it on its {nodes} nodes under srun or torchrun (docs/slurm.md), or plan for "
            f"{local} processes" if on_gpus and nodes > 1 else
            f"use --local {world}, or plan for {local} processes")

@@ -17,7 +17,7 @@ from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
 from mscale.config.base import parse_yaml, validate
 from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig
-from mscale.config.plan import part_of
+from mscale.config.plan import PLAN_SECTIONS, first_keys, part_of
 from mscale.errors import MscaleError
 from mscale.planner.advice import device_word, no_fit_error
 from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
@@ -26,9 +26,6 @@ from mscale.planner.cost import LayoutCost, Problem, evaluate
 from mscale.planner.given import given_layout, load_layout_data
 from mscale.planner.search import SearchResult, describe, search
 
-PLAN_SECTIONS = ("cluster", "model", "training", "layout")
-"""Top-level keys of a plan file (config/plan.py); none is a field of a cluster, model or training
-file, so finding one means a whole plan was given where one part was expected."""
 
 Configs = tuple[ModelConfig, TrainingConfig, ClusterConfig]
 """The three parts of a problem, in `Problem`'s order."""
@@ -51,8 +48,8 @@ def load_part(schema, path: str, option: str):
     other = part_of(data)
     what = option.removeprefix("--")
     if other not in (None, what) and not set(data) <= set(schema.model_fields):
-        keys = ", ".join(f"{k}:" for k in [k for k in data if k != "name"][:3])
-        raise MscaleError(f"this looks like a {other} file (it has {keys}), not a {what} file",
+        raise MscaleError(f"this looks like a {other} file (it has {first_keys(data)}), not a "
+                          f"{what} file",
                           file=str(path), field=option,
                           fix=f"give it as --{other}, and a {what} file as {option}")
     return validate(schema, data, str(path))

@@ -206,14 +206,20 @@ def rewrite_train(argv: list[str], change: Change, local: bool,
     return head + args
 
 
-def resume_of(args: list[str]) -> str | None:
-    """The value of ``--resume`` in ``args`` (either spelling), None when absent."""
+def option_value(args: list[str], flag: str) -> str | None:
+    """The value of the first ``flag value`` or ``flag=value`` in ``args`` (the one `set_option`
+    sets), None when absent."""
     for i, a in enumerate(args):
-        if a == "--resume" and i + 1 < len(args):
+        if a == flag and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith("--resume="):
+        if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def resume_of(args: list[str]) -> str | None:
+    """The value of ``--resume`` in ``args`` (either spelling), None when absent."""
+    return option_value(args, "--resume")
 
 
 def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None) -> bool:
@@ -376,12 +382,7 @@ def _torchrun_beside(argv: list[str]) -> str:
 
 def _local_run_dir(argv: list[str], cwd: str | None) -> str | None:
     """The command's ``--run-dir`` as an absolute local path; None for a URL or none given."""
-    value = None
-    for i, word in enumerate(argv):
-        if word == "--run-dir" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif word.startswith("--run-dir="):
-            value = word.split("=", 1)[1]
+    value = option_value(argv, "--run-dir")
     if not value or "://" in value:
         return None
     return os.path.normpath(os.path.join(cwd or os.getcwd(), value))

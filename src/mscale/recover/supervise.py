@@ -40,6 +40,7 @@ from mscale.recover.child import Child
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog
+from mscale.recover.relaunch import option_value
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 
@@ -73,11 +74,9 @@ class SuperviseOptions:
 
 def find_run_dir(command: list[str]) -> str:
     """The ``--run-dir`` of a launch command (``--run-dir X`` or ``--run-dir=X``)."""
-    for i, arg in enumerate(command):
-        if arg == "--run-dir" and i + 1 < len(command):
-            return command[i + 1]
-        if arg.startswith("--run-dir="):
-            return arg.split("=", 1)[1]
+    value = option_value(command, "--run-dir")
+    if value is not None:
+        return value
     raise MscaleError("the command has no --run-dir", field="CMD",
                       fix="supervise a command that names its run directory, e.g. "
                           "`mscale recover supervise -- mscale train plan.yaml --local 8 "

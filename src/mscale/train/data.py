@@ -309,14 +309,15 @@ def data_shape(source) -> list[int]:
 
 
 def check_same_data_everywhere(source) -> None:
-    """Collective: every rank's `data_shape` against every other's (a MIN and a MAX, once at the
-    start); a difference stops the job on every rank at once, before a step is trained."""
+    """Collective: every rank's `data_shape` against every other's (one MAX all-reduce of the
+    shape and its negation: the maximum and the minimum at once, at the start); a difference
+    stops the job on every rank at once, before a step is trained."""
     if not dist.is_initialized():
         return
-    lo = torch.tensor(data_shape(source), dtype=torch.float64)
-    hi = lo.clone()
-    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
-    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    shape = torch.tensor(data_shape(source), dtype=torch.float64)
+    both = torch.cat([shape, -shape])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    hi, lo = both[:len(shape)], -both[len(shape):]
     if not torch.equal(lo, hi):
         raise MscaleError(f"the ranks see different data: token counts {int(lo[0]):,} to "
                           f"{int(hi[0]):,}, document counts {int(lo[1]):,} to {int(hi[1]):,} "
