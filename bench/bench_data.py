@@ -316,7 +316,7 @@ def make_big(tmp: str, mib: int) -> str:
     """A Megatron prefix of about ``mib`` MiB: the stdlib tokens' documents, repeated."""
     ds = open_dataset(f"{tmp}/tokens-w1")
     tokens = ds.read(0, ds.num_tokens).astype(np.uint16)
-    lengths = np.diff(ds.doc_offsets)
+    lengths = np.diff(ds.document_starts())
     reps = max(1, (mib << 20) // tokens.nbytes)
     prefix = f"{tmp}/big/corpus"
     with IndexedWriter(prefix, "uint16") as w:

@@ -230,15 +230,14 @@ def _describe(spec: str, dtype: str | None) -> dict:
     ds = open_dataset(spec, dtype=dtype)
     if ds.vocab_size is not None:
         kind = "mscale shards"
-    elif ds.shards[0].doc_offsets is not None:
+    elif ds.shards[0].documents is not None:
         kind = "megatron"
     else:
         kind = "flat"
-    docs = None if ds.doc_offsets is None else len(ds.doc_offsets) - 1
     shards = [{"url": s.blob.url, "tokens": s.tokens,
-               "documents": None if s.doc_offsets is None else len(s.doc_offsets) - 1,
+               "documents": s.documents,
                "bytes": s.blob.size} for s in ds.shards]
-    return {"spec": spec, "kind": kind, "tokens": ds.num_tokens, "documents": docs,
+    return {"spec": spec, "kind": kind, "tokens": ds.num_tokens, "documents": ds.documents,
             "dtype": ds.dtype.name, "vocab_size": ds.vocab_size, "eod_id": ds.eod_id,
             "shards": shards}
 

@@ -119,8 +119,8 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
     train, held = [], []
     for source, ds, where in opened[:n_train]:
         try:
-            (a, b), (c, d) = split_documents(ds.doc_offsets, ds.num_tokens, cfg.eval_fraction,
-                                             seq_len)
+            (a, b), (c, d) = split_documents(ds.num_tokens, cfg.eval_fraction, seq_len,
+                                             ds.next_document_start)
         except MscaleError as e:
             raise MscaleError(f"{e.message} in this source ({ds.num_tokens:,} tokens, "
                               f"{_documents(ds)})", file=ds.url,
@@ -139,9 +139,9 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
 
 
 def _documents(ds: TokenDataset) -> str:
-    if ds.doc_offsets is None:
+    if ds.documents is None:
         return "no document boundaries"
-    return f"{len(ds.doc_offsets) - 1:,} documents"
+    return f"{ds.documents:,} documents"
 
 
 def _packed(ds: TokenDataset, seq_len: int, start: int, stop: int, where: str) -> PackedSamples:
@@ -170,7 +170,7 @@ def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = Tr
     dataset records it, and the largest id in the first MiB of tokens. A flat file read at the
     default uint16 for a model of more than 65,536 ids is refused too: a uint32 file read so
     (a Llama-3 tokenizer's) gives ids all below the vocabulary, and trains on noise."""
-    if ds.doc_offsets is None and not dtype_given and ds.dtype == np.uint16 and vocab > 65536:
+    if ds.documents is None and not dtype_given and ds.dtype == np.uint16 and vocab > 65536:
         raise MscaleError(f"a flat token file is read as uint16 (data.dtype's default), but the "
                           f"model embeds {vocab:,} ids, more than uint16 holds", file=ds.url,
                           field=where, fix="say how the file was written: data.dtype: uint32 "

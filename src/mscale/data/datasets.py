@@ -41,7 +41,7 @@ def _open_manifest(folder: str, spec: str, dtype: np.dtype | None) -> TokenDatas
             raise _bad(f"shard {s['prefix']!r} is missing ({e.file})", url,
                        f"manifest.shards[{i}].prefix", REPREPARE) from None
         check_shard(m, i, url, shard.dtype, tokens=shard.tokens,
-                    documents=len(shard.doc_offsets) - 1, bin_bytes=shard.blob.size)
+                    documents=shard.documents, bin_bytes=shard.blob.size)
         return shard
     shards = _parallel(open_one, list(enumerate(m["shards"])))
     ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
@@ -162,7 +162,7 @@ def _checked(spec: str, shards: list[Shard], want: np.dtype | None) -> TokenData
         if s.dtype != first.dtype:
             raise _bad(f"stores {s.dtype}, but {first.blob.url} stores {first.dtype}", s.blob.url,
                        "idx.dtype", "tokenize every shard of one source with one dtype")
-        if want is not None and s.doc_offsets is not None and s.dtype.itemsize != want.itemsize:
+        if want is not None and s.documents is not None and s.dtype.itemsize != want.itemsize:
             raise _bad(f"the index says {s.dtype}, the dtype given is {want}", s.blob.url,
                        "idx.dtype", "drop the dtype option; a Megatron index knows its dtype")
     return TokenDataset(spec, shards)

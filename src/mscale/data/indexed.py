@@ -202,17 +202,30 @@ def _bad(message: str, file: str, field: str, fix: str) -> MscaleError:
 
 
 class Shard:
-    """One .bin read through a blob: ``tokens`` tokens of ``dtype``, and (from its .idx) the
-    token offsets of its document starts, or None for a flat file."""
+    """One .bin read through a blob: ``tokens`` tokens of ``dtype``, and (from its .idx) how many
+    ``documents`` it holds, or None for a flat file.
 
-    def __init__(self, bin_blob: Blob, dtype: np.dtype, doc_offsets: np.ndarray | None) -> None:
-        self.blob, self.dtype, self.doc_offsets = bin_blob, dtype, doc_offsets
+    The document start offsets are not kept: 8 bytes a document in every process is ~8 GB at
+    10^9 documents, and training needs them only where a held-out split is cut. They are read
+    again from the index when asked for (`document_starts`)."""
+
+    def __init__(self, bin_blob: Blob, dtype: np.dtype, documents: int | None = None,
+                 index: Blob | None = None) -> None:
+        self.blob, self.dtype, self.documents, self._index = bin_blob, dtype, documents, index
         self.tokens = bin_blob.size // dtype.itemsize
 
     def read(self, start: int, stop: int) -> np.ndarray:
         w = self.dtype.itemsize
         raw = self.blob.read(start * w, (stop - start) * w)
         return np.frombuffer(raw, dtype=self.dtype.newbyteorder("<")).astype(np.int64)
+
+    def document_starts(self) -> np.ndarray:
+        """Token offsets of this shard's document starts, then ``tokens``: read and checked from
+        its .idx again (one read of the index, held only by the caller)."""
+        if self._index is None:
+            raise ValueError(f"{self.blob.url} is a flat token file: it records no documents")
+        return parse_index(self._index.read(0, self._index.size), self._index.url,
+                           self.blob.size, self.blob.url)[1]
 
 
 def parse_index(idx: bytes, idx_url: str, bin_size: int,
@@ -265,9 +278,9 @@ def open_prefix(prefix: str, **io) -> Shard:
     """A Megatron prefix: ``prefix.idx`` checked against ``prefix.bin``."""
     bin_blob = open_blob(prefix + ".bin", **io)
     idx_blob = open_blob(prefix + ".idx", **io)
-    dtype, docs = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
-                              bin_blob.url)
-    return Shard(bin_blob, dtype, docs)
+    dtype, starts = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
+                                bin_blob.url)
+    return Shard(bin_blob, dtype, len(starts) - 1, idx_blob)
 
 
 def open_flat(url: str, dtype: np.dtype, **io) -> Shard:
@@ -277,7 +290,7 @@ def open_flat(url: str, dtype: np.dtype, **io) -> Shard:
         raise _bad(f"{blob.size} bytes is not a whole number of {dtype} tokens", url,
                    "flat.size", f"pass the dtype it was written with (not {dtype}), or "
                    "regenerate it")
-    return Shard(blob, dtype, None)
+    return Shard(blob, dtype)
 
 
 class TokenDataset:
@@ -290,20 +303,35 @@ class TokenDataset:
         self._starts = np.zeros(len(shards) + 1, dtype=np.int64)
         np.cumsum([s.tokens for s in shards], out=self._starts[1:])
         self.num_tokens = int(self._starts[-1])
-        self.doc_offsets: np.ndarray | None = None
-        if all(s.doc_offsets is not None for s in shards):
-            parts = [s.doc_offsets[:-1] + base for s, base in zip(shards, self._starts)]
-            self.doc_offsets = np.concatenate(parts + [self._starts[-1:]]).astype(np.int64)
+        counts = [s.documents for s in shards]
+        self.documents: int | None = None if None in counts else sum(counts)
+        """Documents in the source; None without document boundaries (a flat file)."""
         if self.num_tokens == 0:
             raise _bad("the dataset holds no tokens", url, "tokens",
                        "name a dataset with data in it")
         self.manifest_digest: str | None = None
         """`manifest.manifest_digest` of a prepared folder; None for other sources."""
 
-    @property
-    def documents(self) -> int | None:
-        """Documents in the source; None without document boundaries (a flat file)."""
-        return None if self.doc_offsets is None else len(self.doc_offsets) - 1
+    def next_document_start(self, pos: int) -> int:
+        """The first document start at or after token ``pos`` (``num_tokens`` if none; ``pos``
+        itself without document boundaries). Reads the index of the one shard ``pos`` falls in:
+        every shard begins with a document, so no other shard can hold the answer."""
+        if self.documents is None or pos >= self.num_tokens:
+            return min(pos, self.num_tokens)
+        i = int(np.searchsorted(self._starts, pos, side="right")) - 1
+        base = int(self._starts[i])
+        if pos == base:
+            return pos
+        starts = self.shards[i].document_starts()  # ends with the shard's token count
+        return base + int(starts[np.searchsorted(starts, pos - base, side="left")])
+
+    def document_starts(self) -> np.ndarray:
+        """Every document start, then ``num_tokens``: every shard's index read and held at once
+        (8 bytes a document), for tools and tests; training asks `next_document_start`."""
+        if self.documents is None:
+            raise ValueError(f"{self.url} records no documents (flat token files)")
+        parts = [s.document_starts()[:-1] + base for s, base in zip(self.shards, self._starts)]
+        return np.concatenate(parts + [self._starts[-1:]]).astype(np.int64)
 
     def identity(self) -> dict:
         """What this source holds, cheaply, so a resumed run can tell that it changed under it:

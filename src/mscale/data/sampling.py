@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -252,14 +252,16 @@ class PackedSamples:
         return starts, starts + self.seq_len + 1
 
 
-def split_documents(doc_offsets: np.ndarray | None, num_tokens: int, eval_fraction: float,
-                    seq_len: int = 1) -> tuple[tuple[int, int], tuple[int, int]]:
+def split_documents(num_tokens: int, eval_fraction: float, seq_len: int = 1,
+                    next_document_start: Callable[[int], int] | None = None,
+                    ) -> tuple[tuple[int, int], tuple[int, int]]:
     """(train, eval) token ranges: the eval range is the tail from the first document start at or
-    after (1 − f)·num_tokens (the token position itself without document offsets), so no
-    document is in both and the held-out loss is on unseen documents. ``doc_offsets`` are
-    token offsets of document starts (a trailing ``num_tokens`` is harmless). f = 0: empty
-    eval range. Either side without one sample of seq_len+1 tokens is an error naming
-    ``training.data.eval_fraction`` (the caller attaches the file)."""
+    after (1 − f)·num_tokens (the token position itself without document boundaries), so no
+    document is in both and the held-out loss is on unseen documents. ``next_document_start``
+    (`TokenDataset.next_document_start`) gives the first document start at or after a token, or
+    ``num_tokens``; None for a source without documents. f = 0: empty eval range. Either side
+    without one sample of seq_len+1 tokens is an error naming ``training.data.eval_fraction``
+    (the caller attaches the file)."""
     f = float(eval_fraction)
     if not (math.isfinite(f) and 0 <= f < 1):
         raise MscaleError(f"eval_fraction {eval_fraction} is not in [0, 1)", field=EVAL_FIELD,
@@ -267,22 +269,14 @@ def split_documents(doc_offsets: np.ndarray | None, num_tokens: int, eval_fracti
     if f == 0:
         return (0, num_tokens), (num_tokens, num_tokens)
     target = num_tokens - math.floor(f * num_tokens)
-    cut = target
-    if doc_offsets is not None:
-        offsets = np.asarray(doc_offsets, dtype=np.int64)
-        if offsets.size and (np.any(np.diff(offsets) < 0) or offsets[0] < 0
-                             or offsets[-1] > num_tokens):
-            raise ValueError(f"document offsets must be sorted within [0, {num_tokens}]")
-        at = int(np.searchsorted(offsets, target, side="left"))
-        cut = int(offsets[at]) if at < offsets.size else num_tokens
+    cut = target if next_document_start is None else next_document_start(target)
     need = seq_len + 1
     if num_tokens < 2 * need:  # no fraction helps: name the size, not the fraction
         raise MscaleError(f"holds {num_tokens} tokens, too few to split into a training and a "
                           f"held-out sample of seq_len+1 = {need} tokens each", field=EVAL_FIELD,
                           fix="give it more data, or name held-out sources with eval_sources")
-    starts = None if doc_offsets is None else \
-        int(np.count_nonzero(np.asarray(doc_offsets) < num_tokens))
-    if starts == 1 and cut >= num_tokens:
+    if cut >= num_tokens and next_document_start is not None \
+            and next_document_start(1) >= num_tokens:
         raise MscaleError("is one document: the held-out split is cut at a document boundary, "
                           "so there is none", field=EVAL_FIELD,
                           fix="name held-out sources with eval_sources, or prepare the text as "

@@ -303,8 +303,7 @@ def data_shape(source) -> list[int]:
     for split in (getattr(source, "samples", None), getattr(source, "held_out", None)):
         parts = split.parts if isinstance(split, BlendedSamples) else []
         out += [sum(p.dataset.num_tokens for p in parts),
-                sum(0 if p.dataset.doc_offsets is None else len(p.dataset.doc_offsets) - 1
-                    for p in parts)]
+                sum(p.dataset.documents or 0 for p in parts)]
     return out
 
 

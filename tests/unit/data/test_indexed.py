@@ -64,7 +64,7 @@ def test_reference_files_read_back_token_exact(tmp_path, dtype):
         assert ds.dtype == np.dtype(dtype) and ds.num_tokens == len(FLAT)
         assert ds.read(0, ds.num_tokens).tolist() == FLAT
         assert ds.read(3, 6).dtype == np.int64 and ds.read(3, 6).tolist() == FLAT[3:6]
-        assert ds.doc_offsets.tolist() == STARTS
+        assert ds.document_starts().tolist() == STARTS
         assert ds.vocab_size is None and ds.eod_id is None
 
 
@@ -91,7 +91,7 @@ def test_writer_round_trip_and_summary(tmp_path):
     assert info["idx_sha256"] == hashlib.sha256((tmp_path / "s1.idx").read_bytes()).hexdigest()
     assert open_dataset(str(tmp_path / "s1")).read(0, 2).tolist() == [70000, 0]
     ds = open_dataset(str(tmp_path / "out" / "shard-00000"))
-    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets.tolist() == STARTS
+    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.document_starts().tolist() == STARTS
     # byte-identical to the reference layout: the writer and the format description agree
     reference_write(tmp_path / "ref", DOCS)
     for ext in (".bin", ".idx"):
@@ -117,7 +117,7 @@ def test_add_documents_writes_the_bytes_of_add_document_one_by_one(tmp_path, dty
     for ext in (".bin", ".idx"):
         assert (tmp_path / f"one{ext}").read_bytes() == (tmp_path / f"bulk{ext}").read_bytes()
     ds = open_dataset(str(tmp_path / "bulk"))
-    assert ds.doc_offsets.tolist() == np.cumsum([0] + [d.size for d in docs]).tolist()
+    assert ds.document_starts().tolist() == np.cumsum([0] + [d.size for d in docs]).tolist()
 
 
 def test_add_documents_refuses_lengths_that_do_not_match(tmp_path):
@@ -183,8 +183,25 @@ def test_manifest_folder_reads_across_shards(tmp_path):
     assert ds.num_tokens == len(FLAT) and ds.vocab_size == 100 and ds.eod_id == 0
     assert ds.read(0, len(FLAT)).tolist() == FLAT
     assert ds.read(2, 10).tolist() == FLAT[2:10]  # three shards in one read
-    assert ds.doc_offsets.tolist() == STARTS
+    assert ds.document_starts().tolist() == STARTS
     assert verify_dataset(str(tmp_path / "ds")) == []
+
+
+def test_next_document_start_reads_only_the_index_its_position_falls_in(tmp_path, monkeypatch):
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:3], DOCS[3:]])
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert ds.documents == len(DOCS) and [s.documents for s in ds.shards] == [2, 1, 1]
+    assert not hasattr(ds, "doc_offsets")  # nothing a document kept in memory
+    read = []
+    for s in ds.shards:
+        monkeypatch.setattr(s, "document_starts",
+                            lambda f=s.document_starts: read.append(f) or f())
+    want = [next(o for o in STARTS if o >= pos) for pos in range(len(FLAT) + 1)]
+    for pos in range(len(FLAT) + 1):
+        read.clear()
+        assert ds.next_document_start(pos) == want[pos], pos
+        assert len(read) <= 1  # one shard's index at most, none at a shard's first token
+    assert ds.next_document_start(len(FLAT) + 5) == len(FLAT)
 
 
 def test_verify_finds_a_changed_shard(tmp_path):
@@ -238,13 +255,13 @@ def test_folder_and_glob_of_prefixes(tmp_path):
     (tmp_path / "notes.txt").write_text("ignored")
     for spec in (str(tmp_path), str(tmp_path / "*.idx"), str(tmp_path / "[ab].*")):
         ds = open_dataset(spec)
-        assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets.tolist() == STARTS
+        assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.document_starts().tolist() == STARTS
 
 
 def test_flat_files(tmp_path):
     np.array(FLAT, dtype="<u2").tofile(tmp_path / "train.bin")
     ds = open_dataset(str(tmp_path / "train.bin"))
-    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.doc_offsets is None
+    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.documents is None
     np.array(FLAT + [70000], dtype="<u4").tofile(tmp_path / "tokens.u32")
     ds = open_dataset(str(tmp_path / "tokens.u32"), dtype="uint32")
     assert ds.read(len(FLAT) - 1, len(FLAT) + 1).tolist() == [11, 70000]

@@ -40,7 +40,7 @@ def tokenizer(tmp_path_factory) -> str:
 def docs_of(out: Path) -> list[np.ndarray]:
     ds = open_dataset(str(out))
     tokens = ds.read(0, ds.num_tokens)
-    return [tokens[a:b] for a, b in zip(ds.doc_offsets[:-1], ds.doc_offsets[1:])]
+    return [tokens[a:b] for a, b in zip(ds.document_starts()[:-1], ds.document_starts()[1:])]
 
 
 def decoded(out: Path, tokenizer: str) -> list[str]:
@@ -150,7 +150,7 @@ def test_shards_roll_at_shard_tokens_without_splitting_documents(tokenizer, tmp_
     assert sum(s["documents"] for s in shards) == 31
     a, b = open_dataset(str(tmp_path / "whole")), open_dataset(str(tmp_path / "rolled"))
     assert np.array_equal(a.read(0, a.num_tokens), b.read(0, b.num_tokens))
-    assert np.array_equal(a.doc_offsets, b.doc_offsets)
+    assert np.array_equal(a.document_starts(), b.document_starts())
 
 
 def test_a_vocabulary_over_65536_is_stored_as_uint32(tmp_path):

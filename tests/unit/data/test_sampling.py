@@ -191,29 +191,33 @@ def test_packed_samples_refuses_less_than_one_sequence():
         PackedSamples(100, seq_len=16, start=90)
 
 
+def starts_at(offsets, num_tokens):
+    """`TokenDataset.next_document_start` over a list of document starts."""
+    ends = np.append(np.asarray(offsets, dtype=np.int64), num_tokens)
+    return lambda pos: int(ends[np.searchsorted(ends, pos, side="left")])
+
+
 def test_split_documents_cuts_at_a_document_start():
     offsets = np.array([0, 120, 300, 640, 870, 930])
-    train, held = split_documents(offsets, 1000, 0.2, seq_len=8)  # (1 - f)·N = 800
+    train, held = split_documents(1000, 0.2, 8, starts_at(offsets, 1000))  # (1 - f)·N = 800
     assert train == (0, 870) and held == (870, 1000)
     for lo, hi in zip(offsets, list(offsets[1:]) + [1000]):  # no document in both
         assert hi <= train[1] or lo >= held[0]
-    with_end = np.append(offsets, 1000)  # a trailing num_tokens changes nothing
-    assert split_documents(with_end, 1000, 0.2, seq_len=8) == (train, held)
 
 
 def test_split_documents_without_offsets_and_f_zero():
-    assert split_documents(None, 1000, 0.1) == ((0, 900), (900, 1000))
-    assert split_documents(np.array([0, 500]), 1000, 0.0) == ((0, 1000), (1000, 1000))
+    assert split_documents(1000, 0.1) == ((0, 900), (900, 1000))
+    assert split_documents(1000, 0.0, 1, starts_at([0, 500], 1000)) == ((0, 1000), (1000, 1000))
 
 
 def test_split_documents_errors_name_eval_fraction():
     with pytest.raises(MscaleError, match="eval split 0 tokens") as e:
-        split_documents(np.array([0, 100]), 1000, 0.1, seq_len=8)  # one long last document
+        split_documents(1000, 0.1, 8, starts_at([0, 100], 1000))  # one long last document
     assert e.value.field == "training.data.eval_fraction"
     with pytest.raises(MscaleError, match="train split"):
-        split_documents(None, 20, 0.9, seq_len=8)
+        split_documents(20, 0.9, seq_len=8)
     with pytest.raises(MscaleError) as e:
-        split_documents(None, 1000, 1.0)
+        split_documents(1000, 1.0)
     assert e.value.field == "training.data.eval_fraction"
 
 
@@ -221,10 +225,10 @@ def test_a_source_no_fraction_can_split_says_what_would_help():
     """A 7-token source at eval_fraction 0.5 was told to raise eval_fraction, already the
     maximum (helper-42's trial); so was a source of one document, which no fraction can cut."""
     with pytest.raises(MscaleError, match="holds 7 tokens, too few") as e:
-        split_documents(np.array([0]), 7, 0.5, seq_len=8)
+        split_documents(7, 0.5, 8, starts_at([0], 7))
     assert "eval_sources" in e.value.fix and e.value.field == "training.data.eval_fraction"
     with pytest.raises(MscaleError, match="one document") as e:
-        split_documents(np.array([0]), 1000, 0.1, seq_len=8)
+        split_documents(1000, 0.1, 8, starts_at([0], 1000))
     assert "eval_sources" in e.value.fix
 
 
