@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from mscale.data.indexed import Shard, TokenDataset, open_flat, open_prefix
+from mscale.data.indexed import Shard, TokenDataset, open_flat, open_prefix, storage_dtype
 from mscale.data.manifest import (MANIFEST, REPREPARE, TOKEN_DTYPES, check_shard, load_manifest,
                                   manifest_digest, verify_checksums)
-from mscale.data.storage import expand, join, kind
+from mscale.data.storage import expand, join, kind, open_blob, sizes
 from mscale.errors import MscaleError
 
 
@@ -25,28 +25,58 @@ def _bad(message: str, file: str, field: str | None, fix: str) -> MscaleError:
     return MscaleError(message, file=file, field=field, fix=fix)
 
 
-def _open_manifest(folder: str, spec: str, dtype: np.dtype | None) -> TokenDataset:
+def _open_manifest(folder: str, spec: str, dtype: np.dtype | None,
+                   check_indexes: bool) -> TokenDataset:
     m = load_manifest(folder)
     url = join(folder, MANIFEST)
     if dtype is not None and dtype.itemsize != TOKEN_DTYPES[m["dtype"]].itemsize:
         raise _bad(f"the manifest says {m['dtype']}, the dtype given is {dtype}", url,
                    "manifest.dtype", "drop the dtype option; the manifest knows it")
-
-    def open_one(i: int, s: dict) -> Shard:
-        try:
-            shard = open_prefix(join(folder, s["prefix"]))
-        except MscaleError as e:
-            if e.message != "no such file":
-                raise
-            raise _bad(f"shard {s['prefix']!r} is missing ({e.file})", url,
-                       f"manifest.shards[{i}].prefix", REPREPARE) from None
-        check_shard(m, i, url, shard.dtype, tokens=shard.tokens,
-                    documents=shard.documents, bin_bytes=shard.blob.size)
-        return shard
-    shards = _parallel(open_one, list(enumerate(m["shards"])))
+    opener = _checked_shard if check_indexes else _listed_shard(folder)
+    shards = _parallel(lambda i, s: opener(folder, m, i, s, url), list(enumerate(m["shards"])))
     ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
     ds.manifest_digest = manifest_digest(m)
     return ds
+
+
+def _missing(s: dict, i: int, url: str, file: str) -> MscaleError:
+    return _bad(f"shard {s['prefix']!r} is missing ({file})", url,
+                f"manifest.shards[{i}].prefix", REPREPARE)
+
+
+def _checked_shard(folder: str, m: dict, i: int, s: dict, url: str) -> Shard:
+    """Shard ``i`` opened and its index parsed, both checked against the manifest."""
+    try:
+        shard = open_prefix(join(folder, s["prefix"]))
+    except MscaleError as e:
+        if e.message != "no such file":
+            raise
+        raise _missing(s, i, url, e.file) from None
+    check_shard(m, i, url, shard.dtype, tokens=shard.tokens, documents=shard.documents,
+                bin_bytes=shard.blob.size)
+    return shard
+
+
+def _listed_shard(folder: str):
+    """An opener that takes each shard's counts from the manifest and its files' sizes from one
+    listing of the folder: no index is read until the held-out cut needs its shard's. Every
+    rank opens every source; reading every ``.idx`` (20 bytes a document) would have each rank
+    of a large job fetch the corpus's whole index. The indexes' contents are `data verify`'s to
+    check (their sha256), and the one the cut reads is parsed and checked then."""
+    listed = sizes(folder)
+
+    def open_one(folder: str, m: dict, i: int, s: dict, url: str) -> Shard:
+        bin_url = join(folder, s["prefix"] + ".bin")
+        for ext in ("bin", "idx"):
+            if f"{s['prefix']}.{ext}" not in listed:
+                raise _missing(s, i, url, join(folder, f"{s['prefix']}.{ext}"))
+        dtype = storage_dtype(TOKEN_DTYPES[m["dtype"]])
+        blob = open_blob(bin_url, size=listed[s["prefix"] + ".bin"])
+        idx_url = join(folder, s["prefix"] + ".idx")
+        shard = Shard(blob, dtype, s["documents"], lambda: open_blob(idx_url))
+        check_shard(m, i, url, dtype, tokens=shard.tokens, bin_bytes=blob.size)
+        return shard
+    return open_one
 
 
 def _parallel(fn, args: list[tuple]) -> list:
@@ -85,21 +115,27 @@ def _open_group(spec: str, files: list[str], dtype: np.dtype | None) -> list[Sha
     return _parallel(open_prefix, [(p,) for _, p in resolved])
 
 
-def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False) -> TokenDataset:
+def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False,
+                 check_indexes: bool = False) -> TokenDataset:
     """Open a token source: a manifest folder, a Megatron prefix (or its .bin/.idx), a flat token
     file (``dtype``, default uint16), or a folder/glob of Megatron prefixes, local or remote.
 
     ``dtype`` given for one source (``data inspect --dtype``) must agree with what a manifest or
     an index records. ``flat_only``: it is a blend's one ``data.dtype``, which speaks for its
     flat files and is no claim about the sources that record their own: a blend of a uint32
-    flat file and a uint16 prepared folder is fine."""
+    flat file and a uint16 prepared folder is fine.
+
+    ``check_indexes``: parse a prepared folder's every ``.idx`` against its ``.bin`` and the
+    manifest (`data verify`). Without it such a folder is opened from its manifest and one
+    listing (`_listed_shard`); a Megatron prefix or glob is always parsed (it has no manifest:
+    its indexes are where its document counts are)."""
     want = None if dtype is None else np.dtype(dtype)
     if want is not None and want.kind not in "iu":
         raise _bad(f"token dtype {want} is not an integer type", spec, "dtype",
                    "use uint16 or uint32")
     what = "glob" if any(c in spec for c in "*?[") else kind(spec)
     if what == "dir" and kind(join(spec, MANIFEST)) == "file":
-        return _open_manifest(spec.rstrip("/"), spec, None if flat_only else want)
+        return _open_manifest(spec.rstrip("/"), spec, None if flat_only else want, check_indexes)
     if what == "glob":
         shards = _open_group(spec, _glob(spec), want)
     elif what == "dir":
@@ -182,7 +218,7 @@ def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
         if manifest:  # the manifest promises its files: anything wrong with them is damage
             problems += verify_checksums(spec.rstrip("/"), chunk_bytes)
         if not problems:
-            open_dataset(spec)
+            open_dataset(spec, check_indexes=True)
     except MscaleError as e:
         if not (manifest or _damaged_megatron_file(e)):
             raise  # an empty folder, a file that holds no tokens, a path that names nothing

@@ -25,6 +25,7 @@ import struct
 from array import array
 from contextlib import suppress
 from types import TracebackType
+from typing import Callable
 
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
@@ -210,7 +211,7 @@ class Shard:
     again from the index when asked for (`document_starts`)."""
 
     def __init__(self, bin_blob: Blob, dtype: np.dtype, documents: int | None = None,
-                 index: Blob | None = None) -> None:
+                 index: Callable[[], Blob] | None = None) -> None:
         self.blob, self.dtype, self.documents, self._index = bin_blob, dtype, documents, index
         self.tokens = bin_blob.size // dtype.itemsize
 
@@ -224,8 +225,13 @@ class Shard:
         its .idx again (one read of the index, held only by the caller)."""
         if self._index is None:
             raise ValueError(f"{self.blob.url} is a flat token file: it records no documents")
-        return parse_index(self._index.read(0, self._index.size), self._index.url,
-                           self.blob.size, self.blob.url)[1]
+        idx = self._index()
+        dtype, starts = parse_index(idx.read(0, idx.size), idx.url, self.blob.size, self.blob.url)
+        if dtype.itemsize != self.dtype.itemsize or len(starts) - 1 != self.documents:
+            raise _bad(f"index holds {len(starts) - 1} documents of {dtype}, where the shard was "
+                       f"opened as {self.documents} of {self.dtype}", idx.url, "idx",
+                       "re-run mscale data prepare for this folder (or restore the file)")
+        return starts
 
 
 def parse_index(idx: bytes, idx_url: str, bin_size: int,
@@ -280,7 +286,7 @@ def open_prefix(prefix: str, **io) -> Shard:
     idx_blob = open_blob(prefix + ".idx", **io)
     dtype, starts = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
                                 bin_blob.url)
-    return Shard(bin_blob, dtype, len(starts) - 1, idx_blob)
+    return Shard(bin_blob, dtype, len(starts) - 1, lambda: idx_blob)
 
 
 def open_flat(url: str, dtype: np.dtype, **io) -> Shard:

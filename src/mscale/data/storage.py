@@ -185,10 +185,11 @@ class RemoteBlob(Blob):
     """Range reads through an LRU cache of aligned blocks, every request bounded by `Retry`."""
 
     def __init__(self, url: str, fs: fsspec.AbstractFileSystem, path: str, retry: Retry,
-                 block_bytes: int) -> None:
+                 block_bytes: int, size: int | None = None) -> None:
         self.url, self._fs, self._path, self._retry = url, fs, path, retry
         self.block_bytes = block_bytes
-        self.size = int(retry.call(url, "size", lambda: fs.size(path)))
+        self.size = int(size if size is not None else retry.call(url, "size",
+                                                                 lambda: fs.size(path)))
         self._key = next(_BLOB_IDS)
 
     def read(self, offset: int, length: int) -> bytes:
@@ -220,12 +221,13 @@ class RemoteBlob(Blob):
 
 
 def open_blob(url: str, *, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0,
-              block_bytes: int = BLOCK_BYTES) -> Blob:
-    """Open one file for reading: memory-mapped when local, range-read and cached when remote."""
+              block_bytes: int = BLOCK_BYTES, size: int | None = None) -> Blob:
+    """Open one file for reading: memory-mapped when local, range-read and cached when remote.
+    ``size``, known from a listing (`sizes`), spares a remote file its own size request."""
     fs, path = fs_and_path(url)
     if isinstance(fs, LocalFileSystem):
         return LocalBlob(url, path)
-    return RemoteBlob(url, fs, path, Retry(retries, backoff_s, timeout_s), block_bytes)
+    return RemoteBlob(url, fs, path, Retry(retries, backoff_s, timeout_s), block_bytes, size)
 
 
 def kind(url: str, retry: Retry | None = None) -> str | None:
@@ -284,6 +286,18 @@ def expand(spec: str, retry: Retry | None = None) -> list[str]:
         raise MscaleError("no file matches", file=spec,
                           fix="check the path, folder or glob pattern")
     return found
+
+
+def sizes(folder: str, retry: Retry | None = None) -> dict[str, int]:
+    """Name → size in bytes of each file directly inside ``folder``, from one listing: an object
+    store lists a thousand keys a request, where a size request per file is a round trip each
+    (every rank opens every shard at the start)."""
+    fs, path = fs_and_path(folder)
+
+    def listing() -> dict[str, int]:
+        return {i["name"].rstrip("/").rsplit("/", 1)[-1]: int(i["size"])
+                for i in fs.ls(path, detail=True) if i.get("type") != "directory"}
+    return (retry or Retry()).call(folder, "list", listing)
 
 
 def sha256(url: str, chunk_bytes: int = 8 << 20) -> str:

@@ -368,7 +368,31 @@ def test_bad_shard_entry_is_refused(tmp_path, key, value, field):
     if key in ("tokens", "documents"):  # keep the totals consistent: the shard entry is wrong
         m[key] += value - [7, 2][key == "documents"]
     (tmp_path / "ds/manifest.json").write_text(json.dumps(m))
-    refused(str(tmp_path / "ds"), field, str(tmp_path / "ds/manifest.json"))
+    if key != "documents":
+        refused(str(tmp_path / "ds"), field, str(tmp_path / "ds/manifest.json"))
+    refused(str(tmp_path / "ds"), field, str(tmp_path / "ds/manifest.json"), check_indexes=True)
+
+
+def test_a_prepared_folder_opens_without_reading_its_indexes(tmp_path, monkeypatch):
+    """Every rank opens every source: a prepared folder is opened from its manifest and one
+    listing; an index is read where the held-out cut needs it, and checked then."""
+    import mscale.data.indexed as indexed
+
+    m = write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    parsed = []
+    real = indexed.parse_index
+    monkeypatch.setattr(indexed, "parse_index", lambda idx, url, *a: parsed.append(url)
+                        or real(idx, url, *a))
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert parsed == [] and ds.documents == len(DOCS) and ds.read(0, 11).tolist() == FLAT
+    assert ds.next_document_start(5) == 9 and parsed == [str(tmp_path / "ds/shard-00001.idx")]
+    m["shards"][1]["documents"] = 3  # a manifest that disagrees with its index
+    m["documents"] += 1
+    (tmp_path / "ds/manifest.json").write_text(json.dumps(m))
+    with pytest.raises(MscaleError, match="index holds 2 documents") as e:
+        open_dataset(str(tmp_path / "ds")).next_document_start(5)
+    assert e.value.file == str(tmp_path / "ds/shard-00001.idx")
+    assert any("manifest.shards[1].documents" in p for p in verify_dataset(str(tmp_path / "ds")))
 
 
 def test_a_shard_listed_twice_is_refused(tmp_path):
