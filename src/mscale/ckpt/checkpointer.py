@@ -19,6 +19,11 @@ Rules (docs/ckpt.md):
   rank, in a write or the commit): space does not come back by itself, and every step trained on
   is work that cannot be saved, so rank 0 sets `fatal` and the loop stops every rank at the next
   step boundary with exit 3 (docs/train.md); `mscale recover` resumes from ``latest``.
+- Right before each commit rank 0 asks whether the run's lock is still this job's (``lock_lost``,
+  one small read): a job stopped past its lease (SIGSTOP, a hung mount) may find the run taken
+  over by another job. Then nothing is committed, the attempt is left to the run's new owner
+  (not removed: a directory of that name may be its own save of the same step), and the job
+  stops at the next step boundary with exit 3, the lost lock's code.
 """
 
 from __future__ import annotations
@@ -75,11 +80,14 @@ class Checkpointer:
     def __init__(self, live: LiveRank, run_ckpt: str, options: CkptOptions, emit: Emit,
                  data_fingerprint: int | None = None, data_sources: list[dict] | None = None,
                  data_position: Callable[[int], int] | None = None,
-                 write_hooks: Callable[[int], WriteHooks | None] = lambda step: None):
+                 write_hooks: Callable[[int], WriteHooks | None] = lambda step: None,
+                 lock_lost: Callable[[], str | None] = lambda: None):
         """``write_hooks(step)``: what the writer of the save of ``step`` calls before its copy
-        and after each chunk (`writer.WriteHooks`; the job's fault injection installs them)."""
+        and after each chunk (`writer.WriteHooks`; the job's fault injection installs them).
+        ``lock_lost()``: why this job no longer holds its run directory, None while it does
+        (rank 0 asks before each commit; `RunSession.lock_lost`)."""
         self.live, self.root, self.opts, self.emit = live, run_ckpt, options, emit
-        self.write_hooks = write_hooks
+        self.write_hooks, self.lock_lost = write_hooks, lock_lost
         self.rank = live.groups.rank
         self.world = live.groups.placement.world
         self.interval = options.interval_for(live.plan)
@@ -109,8 +117,12 @@ class Checkpointer:
         self.fingerprint, self.data_sources = data_fingerprint, data_sources
         self.gate: CopyGate | None = None
         self.fatal: str | None = None
-        """Rank 0: why the job must stop (a save failed on a full disk); None while it may go
-        on. Set on the training or the writer thread, read by the loop at a step boundary."""
+        """Rank 0: why the job must stop (a save failed on a full disk, a commit was refused);
+        None while it may go on. Set on the training or the writer thread, read by the loop at a
+        step boundary."""
+        self.refused: str | None = None
+        """Rank 0: why a commit was refused (the run's lock is another job's now); then no
+        resume from here is this job's to make (`unsaved_end`)."""
         self.failed: dict[int, str] = {}
         """Rank 0: the steps whose save failed, each with the failure's message; read after
         `close` to tell whether the save that ended the run (final, or a halt's) was kept."""
@@ -255,7 +267,10 @@ class Checkpointer:
 
     def _commit(self, fl: _InFlight, manifest, evidence: dict) -> None:
         try:
-            result = commit.commit(self.root, fl.name, manifest, self.opts.keep)
+            result = commit.commit(self.root, fl.name, manifest, self.opts.keep, self.lock_lost)
+        except commit.CommitRefused as e:
+            self._refused(fl, str(e), evidence)
+            return
         except Exception as e:  # noqa: BLE001 - a failed commit is an event, not a crash
             latest = self._latest()
             if latest == fl.name:  # the pointer moved before the error: the checkpoint stands
@@ -271,6 +286,15 @@ class Checkpointer:
                                 "latest": latest, "action": "attempt removed"})
             return
         self._committed(fl, evidence, result)
+
+    def _refused(self, fl: _InFlight, why: str, evidence: dict) -> None:
+        """The run's lock is another job's now (module docstring): the attempt stays as it is,
+        and `fatal` stops the job, since every later commit would be refused too."""
+        self.refused = self.fatal = f"{why}: checkpoint step {fl.step} not committed"
+        self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
+                  message=f"{self.refused}; this job stops (exit 3)",
+                  evidence={**evidence, "error": why, "latest": self._latest(),
+                            "action": "attempt left uncommitted to the run's owner"})
 
     def _committed(self, fl: _InFlight, evidence: dict, result: dict) -> None:
         self.emit(kind="checkpoint", severity="info", step=fl.step,
@@ -311,7 +335,10 @@ class Checkpointer:
     def unsaved_end(self, step: int) -> str | None:
         """Rank 0, after `close`: why the save of ``step`` (the run's last) was not kept, or None
         when it was kept or never made. The steps since ``latest`` are then lost with the
-        process, which the job's exit code must say (docs/train.md, "Exit codes")."""
+        process, which the job's exit code must say (docs/train.md, "Exit codes"). A refused
+        commit says why whatever the step: the run is another job's now."""
+        if self.refused is not None:
+            return self.refused
         if step not in self.failed:
             return None
         return (f"{self.failed[step]}; latest stays {self._latest() or '(none yet)'}: the steps "

@@ -6,9 +6,11 @@
    runs on a background thread, and none touches the TP/DP/default groups.
 3. When none is writing, every rank's result (shard info or error) is gathered to rank 0
    (`gather_json`), again at a step boundary.
-4. Rank 0 writes, on its writer thread: ``manifest.json`` (atomic), then ``COMMITTED`` (atomic;
-   holds the manifest's sha256), then replaces ``latest`` (atomic), then applies retention
-   (`retain`: the newest ``keep``, plus every checkpoint a rollback may still need, pins.py).
+4. Rank 0, on its writer thread, first re-reads the run's lock: a job whose lock another job
+   took over (it was stopped past its lease) writes nothing more (`CommitRefused`). Then
+   ``manifest.json`` (atomic), then ``COMMITTED`` (atomic; holds the manifest's sha256), then
+   replaces ``latest`` (atomic), then applies retention (`retain`: the newest ``keep``, plus
+   every checkpoint a rollback may still need, pins.py).
 
 A crash anywhere before step 4's marker leaves a directory without ``COMMITTED``: loaders refuse
 it, ``latest`` still names the previous checkpoint, and the next start removes it.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -89,6 +92,10 @@ def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, ch
                     model_alias=alias)
 
 
+class CommitRefused(Exception):
+    """The commit must not be made; the message says why (the run's lock is another job's)."""
+
+
 def write_commit(ckpt: str, manifest: Manifest) -> None:
     """Manifest first, then the marker naming its sha256 (both atomic). Shards must be durable."""
     raw = manifest_bytes(manifest)
@@ -123,14 +130,22 @@ def retain(ckpt_root: str, keep: int, newest: str) -> list[str]:
     return removed
 
 
-def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int) -> dict:
-    """Rank 0, once every shard is durable: manifest, marker, ``latest``, retention.
+def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int,
+           lock_lost: Callable[[], str | None] = lambda: None) -> dict:
+    """Rank 0, once every shard is durable: ownership, manifest, marker, ``latest``, retention.
+
+    ``lock_lost()`` is asked first (one small read): a reason raises `CommitRefused` before
+    anything is written, so a job that lost the run to another one moves no ``latest`` and
+    overwrites no manifest (the new owner may have saved the same step under the same name).
 
     Retention runs after ``latest`` names the new checkpoint, so its failure (an NFS ``rmtree``
     that meets a reader's ``.nfs`` file, an object store's transient error) is no failure of the
     commit: it is returned as ``retention_error`` and the old checkpoints wait for the next
     commit. Raised, it had the caller remove the checkpoint ``latest`` already named."""
     t0 = time.perf_counter()
+    why = lock_lost()
+    if why:
+        raise CommitRefused(why)
     write_commit(join(ckpt_root, name), manifest)
     write_latest(ckpt_root, name)
     out: dict = {"commit_s": time.perf_counter() - t0}

@@ -21,6 +21,10 @@ renamed aside and checked to be the one judged stale before it is deleted, so tw
 over the same dead lock cannot both win. Object stores have no exclusive create: the lease there
 is best effort (write the record, wait ``settle_s``, read it back, and own it only if it is still
 ours), and the heartbeat re-checks ownership, so a lost race shows as `check` raising.
+
+The heartbeat thread learns of a takeover only at its next beat: a job stopped past its lease
+(SIGSTOP, a hung mount, a suspended VM) runs on for up to ``lease_s / 4`` first. What must never
+happen in a run the job lost, a checkpoint commit, reads the record itself (`ownership_lost`).
 """
 
 from __future__ import annotations
@@ -155,6 +159,22 @@ def live_holder(run_dir: str, now: float | None = None) -> LockRecord | None:
     if rec is None or stale_reason(rec, time.time() if now is None else now) is not None:
         return None
     return rec
+
+
+def ownership_lost(run_dir: str, run_id: str, token: str | None = None) -> str | None:
+    """Why the job ``run_id`` no longer holds ``run_dir`` (another job took its lock over, or the
+    lock file is gone), or None while it does: `RunLock.holder` read now, one small file, so a job
+    stopped past its lease learns it before its heartbeat thread has run again. ``token``: the
+    acquisition's, where this process took the lock itself (a --local worker knows only its
+    launcher's run id, `LOCK_HELD_ENV`). Past its lease a holder still owns the directory until
+    another job takes the lock: staleness is not loss."""
+    rec = RunLock(run_dir, run_id).holder()
+    if rec is None:
+        return f"run lock lost: {RunDir(run_dir).lock} was removed"
+    if rec.run_id == run_id and token in (None, rec.token):
+        return None
+    return (f"run lock taken over by run {rec.run_id} (pid {rec.pid} on {rec.host}) "
+            f"at {_when(rec.since)}")
 
 
 def holder_text(rec: LockRecord, now: float | None = None) -> str:

@@ -96,7 +96,7 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
                         emit=lambda **kw: _checkpoint_event(engine, s, kw),
                         data_fingerprint=data.checksum, data_sources=data.sources,
                         data_position=engine.loader.consumed_before,
-                        write_hooks=engine.faults.write_hooks)
+                        write_hooks=engine.faults.write_hooks, lock_lost=s.lock_lost)
 
 
 def _checkpoint_event(engine: Engine, s: RunSession, fields: dict) -> None:

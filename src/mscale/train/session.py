@@ -26,7 +26,8 @@ from mscale.errors import MscaleError
 from mscale.runs.atomic import DiskFullError
 from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
-from mscale.runs.lock import LOCK_HELD_ENV, RunLock, next_attempt, run_id_from_env
+from mscale.runs.lock import (LOCK_HELD_ENV, RunLock, next_attempt, ownership_lost,
+                              run_id_from_env)
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, node_name
 from mscale.topology.placement import placement_record
@@ -90,6 +91,8 @@ class RunSession:
     already there, read under the lock), so two start events are never confused. Rank 0 reads
     it; the others learn it from `share_start` (0 until then)."""
     lock: RunLock | None = None
+    token: str | None = None
+    """The lock's token when rank 0 took it itself (kept: a lost `RunLock` forgets its record)."""
 
     def claim(self, plan, allow_batch_change: bool = False,
               allow_data_change: bool = False) -> PlanChange:
@@ -100,6 +103,7 @@ class RunSession:
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
             self.lock.start_heartbeat()
+            self.token = self.lock.record.token
         change = record_plan(self.run, plan, allow_batch_change=allow_batch_change,
                              allow_data_change=allow_data_change)
         self.attempt = next_attempt(self.run.root)
@@ -116,6 +120,16 @@ class RunSession:
         if self.lock is not None and self.lock.lost is not None:
             return f"{str(self.lock.lost).splitlines()[0]}; stopping so two jobs do not interleave"
         return None
+
+    def lock_lost(self) -> str | None:
+        """Why this job no longer holds its run directory, or None while it does (one read of
+        lock.json, `runs.lock.ownership_lost`). Rank 0's checkpointer asks before each commit: a
+        job stopped past its lease (SIGSTOP, a hung mount) may commit before its heartbeat
+        notices, and under srun or torchrun nothing else stops it. Under a --local launcher the
+        lock is the launcher's, held under the run id it passes in ``LOCK_HELD_ENV``."""
+        held_for = os.environ.get(LOCK_HELD_ENV)
+        return ownership_lost(self.run.root, held_for or self.run_id,
+                              None if held_for else self.token)
 
     def release(self) -> None:
         if self.lock is not None:

@@ -228,7 +228,7 @@ def test_a_commit_error_after_latest_moved_keeps_the_checkpoint(tmp_path, tensor
     events = []
     ck = Checkpointer.__new__(Checkpointer)  # only what `_commit` reads: no process group
     ck.root, ck.opts, ck.failed = root, SimpleNamespace(keep=3), {}
-    ck.emit = lambda **kw: events.append(kw)
+    ck.emit, ck.lock_lost = (lambda **kw: events.append(kw)), (lambda: None)
     fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
     ck._commit(fl, catalog.load_committed(f"{root}/step-000004"), {})
     assert [e["kind"] for e in events] == ["checkpoint", "info"] and not ck.failed

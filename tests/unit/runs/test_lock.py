@@ -236,3 +236,28 @@ def test_a_generated_run_id_is_the_processs_one_launch(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     first = run_id_from_env()
     assert run_id_from_env() == first
+
+
+def test_ownership_lost_tells_this_jobs_lock_from_anyone_elses(tmp_path):
+    """One read of lock.json, before a checkpoint commits: the same run id holds it (with this
+    acquisition's token, where known), or the reason names who took it and when."""
+    from mscale.runs.lock import ownership_lost
+
+    run = str(tmp_path / "run")
+    mine = RunLock(run, "job-a").acquire()
+    token = mine.record.token
+    assert ownership_lost(run, "job-a", token) is None
+    assert ownership_lost(run, "job-a") is None  # a --local worker: the launcher's run id only
+    rec = mine.holder()
+    mine.refresh()  # a beat of its own heartbeat changes nothing
+    assert ownership_lost(run, "job-a", token) is None
+    later = rec.heartbeat + 3600  # past job-a's lease for a taker with this clock
+    taker = RunLock(run, "job-b", clock=lambda: later).acquire()
+    why = ownership_lost(run, "job-a", token)
+    assert why.startswith(f"run lock taken over by run job-b (pid {os.getpid()} on "
+                          f"{socket.gethostname()}) at ") and why.endswith(" UTC")
+    taker.release()
+    assert ownership_lost(run, "job-a", token) == f"run lock lost: {run}/lock.json was removed"
+    again = RunLock(run, "job-a").acquire()  # the same run id again (a requeued SLURM job)
+    assert ownership_lost(run, "job-a", token).startswith("run lock taken over by run job-a")
+    assert ownership_lost(run, "job-a", again.record.token) is None

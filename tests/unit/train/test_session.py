@@ -46,3 +46,27 @@ def test_an_error_of_the_code_is_not_held_back(tmp_path, monkeypatch):
     with pytest.raises(TypeError):
         journal.append(journal.run.events, Event(source="train", kind="info", message="m"))
     assert journal.failure is None
+
+
+def test_lock_lost_reads_the_lock_the_job_runs_under(tmp_path, monkeypatch):
+    """What rank 0's checkpointer asks before each commit: its own lock (by token), or under a
+    --local launcher the launcher's (by the run id the launcher passes in LOCK_HELD_ENV)."""
+    import time
+
+    from mscale.runs.lock import LOCK_HELD_ENV, RunLock
+
+    run = RunDir(str(tmp_path / "run"))
+    later = time.time() + 3600  # every lock here is past its lease for a taker with this clock
+    monkeypatch.delenv(LOCK_HELD_ENV, raising=False)
+    own = RunSession(run, Journal(run, enabled=True), "job-a")
+    own.lock = RunLock(run.root, "job-a").acquire()
+    own.token = own.lock.record.token
+    assert own.lock_lost() is None
+    RunLock(run.root, "job-b", clock=lambda: later).acquire()
+    assert own.lock_lost().startswith("run lock taken over by run job-b")
+    monkeypatch.setenv(LOCK_HELD_ENV, "local-x")
+    launched = RunSession(run, Journal(run, enabled=True), "local-x")
+    RunLock(run.root, "local-x", clock=lambda: later + 3600).acquire()  # the launcher's
+    assert launched.lock_lost() is None
+    RunLock(run.root, "job-c", clock=lambda: later + 7200).acquire()
+    assert launched.lock_lost().startswith("run lock taken over by run job-c")

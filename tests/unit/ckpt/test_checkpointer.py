@@ -1,0 +1,111 @@
+"""Rank 0's commit re-checks the run lock: a job whose lock another job took over while it was
+stopped (SIGSTOP, a hung mount, a suspended VM) commits nothing into the run it lost."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Callable
+
+import pytest
+
+from mscale.ckpt import catalog
+from mscale.ckpt.checkpointer import Checkpointer
+from mscale.ckpt.manifest import COMMITTED, MANIFEST
+from mscale.runs.lock import RunLock, ownership_lost
+from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    return global_state(plan(), optimizer=False)
+
+
+def _run(tmp_path, proto: str) -> str:
+    return str(tmp_path / "run") if proto == "file" else f"memory://commit-{uuid.uuid4().hex}/run"
+
+
+def _written(root: str, tensors) -> object:
+    """step-000002 committed and ``latest``; step-000004's shards written, not yet committed
+    (as when rank 0's writer thread is about to commit): its manifest, to commit."""
+    p = plan()
+    for step in (2, 4):
+        write_synthetic(catalog.join(root, catalog.step_dir(step)), p, tensors, step=step)
+    ckpt = catalog.join(root, "step-000004")
+    manifest = catalog.load_committed(ckpt)
+    fs, path = catalog.fs_and_path(ckpt)
+    fs.rm(f"{path}/{COMMITTED}")
+    fs.rm(f"{path}/{MANIFEST}")
+    catalog.write_latest(root, "step-000002")
+    return manifest
+
+
+def _checkpointer(root: str, lock_lost) -> tuple[Checkpointer, list[dict]]:
+    events: list[dict] = []
+    ck = Checkpointer.__new__(Checkpointer)  # only what `_commit` reads: no process group
+    ck.root, ck.opts, ck.failed = root, SimpleNamespace(keep=3), {}
+    ck.fatal = ck.refused = None
+    ck.emit, ck.lock_lost = (lambda **kw: events.append(kw)), lock_lost
+    return ck, events
+
+
+def _commit_step_4(ck: Checkpointer, manifest) -> None:
+    fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
+    ck._commit(fl, manifest, {"reason": "interval"})
+
+
+def _job(run: str) -> tuple[RunLock, Callable[[], str | None]]:
+    """This job's lock (no heartbeat: it is the one stopped past its lease) and its check."""
+    mine = RunLock(run, "job-a", settle_s=0).acquire()
+    token = mine.record.token
+    return mine, lambda: ownership_lost(run, "job-a", token)
+
+
+@pytest.mark.parametrize("proto", ["file", "memory"])
+def test_a_lock_taken_over_before_the_commit_leaves_the_checkpoint_uncommitted(tmp_path, tensors,
+                                                                              proto):
+    run = _run(tmp_path, proto)
+    root = catalog.join(run, "ckpt")
+    manifest = _written(root, tensors)
+    _, lock_lost = _job(run)
+    later = time.time() + 3600  # job-a's heartbeat is an hour old: past its lease, taken over
+    RunLock(run, "job-b", settle_s=0, clock=lambda: later).acquire()
+    ck, events = _checkpointer(root, lock_lost)
+    _commit_step_4(ck, manifest)
+    assert catalog.read_latest(root) == "step-000002"
+    assert [(e.name, e.committed) for e in catalog.entries(root)] == [
+        ("step-000002", True), ("step-000004", False)]  # left to job-b, not removed by job-a
+    [event] = events
+    assert (event["kind"], event["severity"], event["step"]) == ("checkpoint_failed", "critical", 4)
+    assert event["message"].startswith("run lock taken over by run job-b (pid ")
+    assert " UTC: checkpoint step 4 not committed; this job stops (exit 3)" in event["message"]
+    assert event["evidence"]["latest"] == "step-000002"
+    assert ck.fatal == ck.refused == ck.unsaved_end(4) and ck.fatal in event["message"]
+
+
+def test_a_removed_lock_refuses_the_commit_too(tmp_path, tensors):
+    run = _run(tmp_path, "file")
+    root = catalog.join(run, "ckpt")
+    manifest = _written(root, tensors)
+    mine, lock_lost = _job(run)
+    mine.fs.rm_file(mine.path)
+    ck, events = _checkpointer(root, lock_lost)
+    _commit_step_4(ck, manifest)
+    assert catalog.read_latest(root) == "step-000002"
+    assert events[0]["message"].startswith(f"run lock lost: {run}/lock.json was removed: "
+                                           "checkpoint step 4 not committed")
+
+
+@pytest.mark.parametrize("proto", ["file", "memory"])
+def test_a_lock_still_held_commits(tmp_path, tensors, proto):
+    run = _run(tmp_path, proto)
+    root = catalog.join(run, "ckpt")
+    manifest = _written(root, tensors)
+    _, lock_lost = _job(run)
+    ck, events = _checkpointer(root, lock_lost)
+    _commit_step_4(ck, manifest)
+    assert catalog.read_latest(root) == "step-000004"
+    assert [e["kind"] for e in events] == ["checkpoint"] and ck.fatal is None
+    assert ck.unsaved_end(4) is None
+    assert catalog.load_committed(catalog.join(root, "step-000004")).step == 4
