@@ -395,6 +395,16 @@ def test_a_prepared_folder_opens_without_reading_its_indexes(tmp_path, monkeypat
     assert any("manifest.shards[1].documents" in p for p in verify_dataset(str(tmp_path / "ds")))
 
 
+def test_a_prepared_folder_of_symlinked_shards_opens(tmp_path):
+    """Its sizes come from one listing, which must give a link's target's size."""
+    write_manifest(tmp_path / "real", [DOCS[:2], DOCS[2:]])
+    (tmp_path / "ds").mkdir()
+    for f in (tmp_path / "real").iterdir():
+        (tmp_path / "ds" / f.name).symlink_to(f)
+    ds = open_dataset(str(tmp_path / "ds"))
+    assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.next_document_start(5) == 9
+
+
 def test_a_shard_listed_twice_is_refused(tmp_path):
     m = write_manifest(tmp_path / "ds", [DOCS])
     m["shards"] *= 2
