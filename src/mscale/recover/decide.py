@@ -159,7 +159,7 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         own = opts.command or (launch.argv if launch and launch.argv else None)
         verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons,
                            rerun=own)
-        reasons += _recheck_notes(checker, diagnosis, exclusions) + how.notes
+        reasons += exclusions.notes + _recheck_notes(checker, diagnosis, exclusions) + how.notes
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,

@@ -119,6 +119,9 @@ class Exclusions:
     """Sorted node names."""
     reasons: dict[str, str] = field(default_factory=dict)
     """node → why (quarantine.json, preflight.json, the diagnosis, a failed re-check)."""
+    notes: list[str] = field(default_factory=list)
+    """Evidence passed over and why, one sentence each (a preflight.json older than the failed
+    attempt): a node named bad somewhere and not kept out must say why."""
 
     def to_json(self) -> dict:
         return asdict(self)

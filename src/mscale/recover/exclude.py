@@ -7,7 +7,12 @@ Three sources, each trusted for what it can know:
 2. ``preflight.json``: nodes a CRITICAL check blamed, but only when that preflight ran for the
    run's plan (same world and tp/pp/dp as ``RUN/plan.yaml``): a report for another layout tested
    other groups. Its ``bad_nodes`` also repeat quarantine.json's entries of the day; those are
-   judged by rule 1 (so an expired one does not come back through preflight).
+   judged by rule 1 (so an expired one does not come back through preflight). And only when it
+   speaks of the failed attempt (`about_attempt`): written no earlier than `PREFLIGHT_LEAD_S`
+   before the attempt's start (the job's own preflight, just before train), and for the nodes
+   the attempt ran on. An older report, or one without a time, measured the nodes some other
+   day: a node repaired since would stay out for good. What is passed over is said in
+   ``Exclusions.notes``.
 3. the diagnosis: suspect nodes when the failure class is hardware (``gpu``, ``network``).
    With a ``recheck`` (preflight run again on the suspects, `recover.recheck`), a suspect that
    re-checks healthy stays in, one that fails is out with the re-check's reason, and one the
@@ -29,7 +34,10 @@ from mscale.config.base import load_model
 from mscale.config.plan import Plan
 from mscale.config.preflight import PreflightReport
 from mscale.config.records import Quarantine
+from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.decision import Diagnosis, Exclusions
+import mscale.recover.diagnose.read as rd
+from mscale.recover.diagnose.evidence import Attempt, last_attempt
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 
@@ -37,6 +45,11 @@ HARDWARE = ("gpu", "network")
 """Failure classes whose suspects are kept out."""
 LOST_PEER_RULES = ("peer_gone", "collective_timeout", "network", "timeout")
 """Diagnosis rules (diagnose/rules.py) that see a peer go away, not the network fail."""
+PREFLIGHT_LEAD_S = 1800.0
+"""How long before an attempt's start its preflight.json still speaks of it. The job script of
+docs/recover.md runs preflight on its allocation just before train: a full preflight and train's
+start-up (process groups, the model) take minutes, not half an hour. A report older than that
+was written for an earlier job, whatever nodes it shares with this one."""
 
 Recheck = Callable[[list[str]], dict[str, "str | None"]]
 """node list → node → failure reason, or None when healthy; unreachable nodes absent."""
@@ -47,15 +60,17 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
     """The nodes to keep out and why (module docstring for the rules)."""
     now = time.time() if now is None else now
     reasons: dict[str, str] = {}
+    notes: list[str] = []
     for node, why in quarantined(run, now).items():
         reasons.setdefault(node, why)
-    for node, why in preflight_bad(run).items():
+    for node, why in preflight_bad(run, notes).items():
         reasons.setdefault(node, why)
     # a suspect already kept out is not re-checked: a preflight on a node with a degraded link
     # is slow (minutes under SLURM) and could not bring it back anyway
     for node, why in suspects(diagnosis, recheck, skip=set(reasons)).items():
         reasons.setdefault(node, why)
-    return Exclusions(nodes=sorted(reasons), reasons={n: reasons[n] for n in sorted(reasons)})
+    return Exclusions(nodes=sorted(reasons), reasons={n: reasons[n] for n in sorted(reasons)},
+                      notes=notes)
 
 
 def _exists(url: str) -> bool:
@@ -71,20 +86,29 @@ def quarantined(run: RunDir, now: float) -> dict[str, str]:
     out = {}
     for e in q.entries:
         if e.expires is None or e.expires > now:
-            until = "until cleared" if e.expires is None else \
-                f"until {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(e.expires))}"
+            until = "until cleared" if e.expires is None else f"until {_when(e.expires)}"
             out.setdefault(e.node, f"quarantine.json ({until}): {e.reason}"[:300])
     return out
 
 
-def preflight_bad(run: RunDir) -> dict[str, str]:
-    """Nodes a CRITICAL preflight check blamed, when preflight ran for the run's plan."""
+def preflight_bad(run: RunDir, notes: list[str] | None = None) -> dict[str, str]:
+    """Nodes a CRITICAL preflight check blamed, when preflight ran for the run's plan and of
+    its failed attempt (`about_attempt`); the bad nodes passed over are said in ``notes``."""
     if not _exists(run.preflight) or not _exists(run.plan):
         return {}
     report = load_model(PreflightReport, run.preflight)
     plan = load_model(Plan, run.plan)
     if not ran_for(report, plan):
         return {}
+    bad = blamed(report)
+    if not bad:
+        return {}
+    events, _ = rd.read_jsonl_tail(run.events, rd.JSONL_TAIL_BYTES)  # as the diagnosis reads
+    return about_attempt(report, bad, last_attempt(events), [] if notes is None else notes)
+
+
+def blamed(report: PreflightReport) -> dict[str, str]:
+    """Node → the CRITICAL result ``report`` blames it for, for the nodes in its bad_nodes."""
     out = {}
     for r in report.results:
         # a quarantine entry preflight repeated is quarantine.json's to judge (it may have
@@ -94,6 +118,74 @@ def preflight_bad(run: RunDir) -> dict[str, str]:
         if r.status == "CRITICAL" and r.node and r.node in report.bad_nodes:
             out.setdefault(r.node, f"preflight.json: {r.check} on {r.entity}: {r.message}"[:300])
     return out
+
+
+def about_attempt(report: PreflightReport, bad: dict[str, str], attempt: Attempt,
+                  notes: list[str]) -> dict[str, str]:
+    """``bad`` (node → why, from ``report``) less what is not evidence about ``attempt``: all of
+    it when the report predates the attempt or has no time (`stale`), else the nodes the attempt
+    did not run on (a report of another allocation judged other machines). Each cut is one
+    sentence in ``notes``: an operator must see why a node named bad is not kept out."""
+    why = stale(report, attempt)
+    if why:
+        notes.append(f"{why}: its bad nodes ({collect_hostlist(sorted(bad))}) are not used")
+        return {}
+    ran = attempt_nodes(attempt)
+    other = sorted(n for n in bad if ran is not None and n not in ran)
+    if other:
+        notes.append(f"preflight.json's bad nodes {collect_hostlist(other)} are not among "
+                     f"attempt {attempt.number}'s nodes: not used")
+    return {n: why for n, why in bad.items() if n not in other}
+
+
+def stale(report: PreflightReport, attempt: Attempt) -> str | None:
+    """Why ``report`` does not speak of ``attempt`` (one clause), None when it may: written no
+    earlier than `PREFLIGHT_LEAD_S` before the attempt began. A report without a time is of
+    unknown age (mscale's preflight always wrote one: another tool, or a hand, wrote this one; a
+    file's mtime is no stand-in, a copy of the run directory renews it). A run that recorded no
+    attempt has nothing a report could predate."""
+    began = attempt_began(attempt)
+    if began is None:
+        return None
+    of = f"attempt {attempt.number} (started {'' if attempt.start else 'after '}{_when(began)})"
+    when = report_time(report)
+    if when is None:
+        return f"preflight.json has no time (unknown age), so it cannot be dated against {of}"
+    if when < began - PREFLIGHT_LEAD_S:
+        return f"preflight.json from {_when(when)} predates {of}"
+    return None
+
+
+def report_time(report: PreflightReport) -> float | None:
+    """When ``report`` was written; None when its file had no ``time`` (the model's default is
+    the time of reading, which would pass any old file for a fresh one)."""
+    return report.time if "time" in report.model_fields_set else None
+
+
+def attempt_began(attempt: Attempt) -> float | None:
+    """Its start event's time; when it failed before writing one, the previous attempt's end
+    (it began after that); None when the run recorded neither."""
+    t = (attempt.start or {}).get("time")
+    return float(t) if isinstance(t, (int, float)) else attempt.begins
+
+
+def attempt_nodes(attempt: Attempt) -> set[str] | None:
+    """The nodes ``attempt`` ran on, as preflight names them: SLURM's node list (with the plan's
+    names) under SLURM, the plan's names under ``--local``; None when not known (torchrun records
+    only the plan's names, and preflight there names hosts)."""
+    launch, nodes = attempt.launch, attempt.launch.get("nodes")
+    names = {str(n) for n in nodes if n} if isinstance(nodes, list) else set()
+    slurm = launch.get("slurm")
+    if isinstance(slurm, dict) and isinstance(slurm.get("nodelist"), str):
+        try:
+            return names | set(expand_hostlist(slurm["nodelist"]))
+        except ValueError:  # a damaged record: the names it has
+            return names or None
+    return names if attempt.launcher == "local" and names else None
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
 def ran_for(report: PreflightReport, plan: Plan) -> bool:

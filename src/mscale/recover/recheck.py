@@ -3,9 +3,9 @@
 Why: excluding a node on one crash costs a node for the rest of the run; relaunching on a bad
 one costs another failure. Preflight measures the difference. What counts, in order:
 
-1. a ``preflight.json`` written after the failure, for this run's plan (its world and layout):
-   a node it names in ``bad_nodes`` fails with that check's message; a node it measured without
-   fault is healthy;
+1. a ``preflight.json`` written after the failure (by its own ``time``: one without is of unknown
+   age), for this run's plan (its world and layout): a node it measured and names in
+   ``bad_nodes`` fails with that check's message; a node it measured without fault is healthy;
 2. under SLURM, SLURM's own word first: a node ``sinfo`` reports down, drained or not
    responding fails at once (srun would wait a minute for it, then fail the whole job). Then
    preflight run now (``srun --nodelist=<the job's nodes> ... mscale preflight --json``):
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from mscale.config.plan import Plan
 from mscale.config.preflight import PreflightReport
 from mscale.hostlist import collect_hostlist
+from mscale.recover.exclude import report_time
 from mscale.recover.relaunch import Launch
 from mscale.runs.atomic import fs_and_path, read_jsonl
 from mscale.runs.rundir import RunDir
@@ -91,11 +92,12 @@ def judge_report(report: PreflightReport, nodes: list[str]) -> dict[str, str | N
     out: dict[str, str | None] = {}
     for node in nodes:
         mine = [r for r in report.results if r.node == node]
+        if not mine:  # bad_nodes also lists quarantined nodes the job never ran on
+            continue
         if node in report.bad_nodes:
             bad = [r for r in mine if r.status == "CRITICAL"] or mine
-            why = f"{bad[0].check}: {bad[0].message}" if bad else "named in bad_nodes"
-            out[node] = f"preflight re-check failed ({why})"[:300]
-        elif mine:
+            out[node] = f"preflight re-check failed ({bad[0].check}: {bad[0].message})"[:300]
+        else:
             out[node] = None
     return out
 
@@ -158,7 +160,8 @@ class Rechecker:
         todo = sorted(set(nodes))
         out: dict[str, str | None] = {}
         report = read_report(self.run.preflight, self.notes)
-        if report is not None and report.time > self.since and _same_plan(report, self.plan):
+        if report is not None and (report_time(report) or 0.0) > self.since and \
+                _same_plan(report, self.plan):
             out.update(judge_report(report, todo))
         todo = [n for n in todo if n not in out]
         if todo:

@@ -13,10 +13,10 @@ import pytest
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import DataSkip
 from mscale.errors import MscaleError
-from mscale.recover import decide, stages
+from mscale.recover import decide, exclude, stages
 from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
 from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, Replan
-from mscale.recover.recheck import Rechecker, failure_time
+from mscale.recover.recheck import Rechecker, failure_time, judge_report
 from mscale.recover.relaunch import Launch
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
@@ -350,6 +350,36 @@ def test_a_damaged_preflight_report_is_said_not_passed_over(run):
     c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
     assert c(["node3"]) == {}
     assert "is not a preflight report, not used" in c.notes[0], c.notes
+
+
+def test_a_preflight_report_without_a_time_does_not_answer(run):
+    """Read as it is, the model would give it the time of reading: newer than any failure."""
+    doc = json.loads(report(T_FAIL + 5).model_dump_json())
+    del doc["time"]
+    (run / "preflight.json").write_text(json.dumps(doc))
+    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
+    assert c(["node3"]) == {} and "not re-checked" in c.notes[0]
+
+
+def test_a_report_says_nothing_of_a_node_it_never_measured():
+    """bad_nodes also lists quarantine.json's nodes outside the job: no verdict of preflight's."""
+    assert judge_report(report(T_FAIL + 5, bad=("node3", "node9")), ["node3", "node9"]) == {
+        "node3": "preflight re-check failed (gemm: 0.2x the median)"}
+
+
+def test_a_stale_preflight_is_said_in_the_report_and_the_json(run, fakes, monkeypatch):
+    """An operator must see why a node preflight.json names bad is not kept out."""
+    from mscale.recover.report import render
+
+    monkeypatch.setattr(stages, "decide_exclusions", exclude.decide_exclusions)
+    fakes.diagnosis.cls, fakes.diagnosis.suspect_nodes = "software", []
+    (run / "preflight.json").write_text(report(T_FAIL - 2 * 86_400).model_dump_json())
+    plan = plan_recovery(str(run), RecoverOptions(recheck=False))
+    note = ("preflight.json from 1969-12-30 00:16 UTC predates attempt 1 (started 1970-01-01 "
+            "00:15 UTC): its bad nodes (node3) are not used")
+    assert plan.exclusions.nodes == [] and note in plan.reasons
+    assert plan.to_json()["exclusions"]["notes"] == [note]
+    assert f"  - {note}\n" in render(plan, executed=False, decision=None)
 
 
 def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):

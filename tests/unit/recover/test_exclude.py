@@ -1,8 +1,9 @@
-"""recover/exclude.py: quarantine in force, preflight for this plan, hardware suspects (with
-their re-check); software failures never cost a node."""
+"""recover/exclude.py: quarantine in force, preflight for this plan and of the failed attempt,
+hardware suspects (with their re-check); software failures never cost a node."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from mscale.runs.rundir import RunDir
 
 PLAN = Path(__file__).resolve().parents[3] / "plans" / "cpu-tiny.yaml"  # tp2 pp2 dp2, node[1-4]
 NOW = 1_000_000.0
+T_START = 1_796_000_000.0  # the failed attempt's start: 2026-11-30 00:53 UTC
+DAY = 86_400.0
 
 
 @pytest.fixture
@@ -37,14 +40,25 @@ def quarantine(run, *entries):
     write_json_atomic(run.quarantine, q.model_dump(mode="json"))
 
 
-def preflight(run, layout=None, world=8, bad=("node2",), also=()):
+def preflight(run, layout=None, world=8, bad=("node2",), also=(), t=None):
     results = [CheckResult(check="gemm", entity_kind="rank", entity="rank 2", node=n,
                            status="CRITICAL", message="GEMM at 40% of its peers") for n in bad]
     results.append(CheckResult(check="gemm", entity_kind="rank", entity="rank 0", node="node1",
                                status="OK"))
     rep = PreflightReport(world=world, layout=layout or {"tp": 2, "pp": 2, "dp": 2},
-                          results=results, bad_nodes=sorted({*bad, *also}))
+                          results=results, bad_nodes=sorted({*bad, *also}),
+                          **({} if t is None else {"time": t}))
     write_json_atomic(run.preflight, rep.model_dump(mode="json"))
+
+
+def attempt(run, launcher="local", slurm=None):
+    """events.jsonl of a run whose attempt 2 started at T_START on node[1-4] (the plan's names)."""
+    launch = {"argv": ["mscale", "train"], "local": 8 if launcher == "local" else 0,
+              "nodes": ["node1", "node2", "node3", "node4"], "slurm": slurm}
+    start = {"schema_version": 1, "time": T_START, "source": "train", "kind": "start",
+             "message": "training", "evidence": {"run_id": f"{launcher}-2", "attempt": 2,
+                                                 "launcher": launcher, "launch": launch}}
+    Path(run.events).write_text(json.dumps(start) + "\n")
 
 
 def test_nothing_to_exclude(run):
@@ -69,6 +83,50 @@ def test_preflight_for_this_plan_only(run):
     assert ex.reasons["node2"] == "preflight.json: gemm on rank 2: GEMM at 40% of its peers"
     preflight(run, layout={"tp": 2, "pp": 1, "dp": 4})  # another layout's groups
     assert decide_exclusions(run, diag(cls="software"), now=NOW).nodes == []
+
+
+def test_a_preflight_older_than_the_attempt_is_not_used_and_said(run):
+    """A node preflight found sick two days before the attempt may have been repaired since:
+    kept out on that report, it would stay out for good. The note says why it is not."""
+    attempt(run)
+    preflight(run, t=T_START - 2 * DAY)
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert ex.nodes == []
+    assert ex.notes == ["preflight.json from 2026-11-28 00:53 UTC predates attempt 2 (started "
+                        "2026-11-30 00:53 UTC): its bad nodes (node2) are not used"]
+
+
+@pytest.mark.parametrize("dt", [-10 * 60.0, 3600.0])  # the job's own, just before; after it
+def test_a_preflight_of_the_attempt_is_used(run, dt):
+    attempt(run)
+    preflight(run, t=T_START + dt)
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert ex.nodes == ["node2"] and ex.notes == []
+
+
+def test_a_preflight_without_a_time_is_of_unknown_age(run):
+    """Read as it is, the model would give it the time of reading: any old file passes."""
+    attempt(run)
+    preflight(run, t=T_START)
+    doc = json.loads(Path(run.preflight).read_text())
+    del doc["time"]
+    Path(run.preflight).write_text(json.dumps(doc))
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert ex.nodes == []
+    assert ex.notes == ["preflight.json has no time (unknown age), so it cannot be dated against "
+                        "attempt 2 (started 2026-11-30 00:53 UTC): its bad nodes (node2) are not "
+                        "used"]
+
+
+def test_a_preflight_judges_only_the_nodes_the_attempt_ran_on(run):
+    """SLURM gave the attempt gpu[1-4]: gpu7, named bad by the same report, is another
+    allocation's node; the report said nothing of it for this run."""
+    attempt(run, launcher="slurm", slurm={"job_id": "8", "nodelist": "gpu[1-4]"})
+    preflight(run, bad=("gpu3", "gpu7"), t=T_START - 60)
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert ex.nodes == ["gpu3"]
+    assert ex.notes == ["preflight.json's bad nodes gpu7 are not among attempt 2's nodes: "
+                        "not used"]
 
 
 def test_a_quarantine_preflight_repeated_does_not_outlive_its_entry(run):
