@@ -67,6 +67,11 @@ class DataConfig(StrictModel):
     read_ahead: int = Field(default=2, ge=0, le=64)
     """Steps of this rank's micro-batches read in a background thread ahead of the step, so a
     slow store does not stall it (0: read on demand)."""
+    remote_retry_s: float = Field(default=7.5, ge=0, le=86400)
+    """Seconds a remote read (an fsspec URL) may spend waiting between retries of a store that
+    fails or does not answer (each try at most 60 s) before the job stops with exit 3: waits of
+    0.5 s doubling to at most 30 s each, jittered. Raise it (e.g. 300) when the store's
+    brown-outs outlast a few seconds: every rank that gives up stops the whole job."""
 
     @model_validator(mode="before")
     @classmethod

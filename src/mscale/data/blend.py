@@ -17,6 +17,7 @@ from mscale.config.training import DataConfig, DataSource
 from mscale.data.datasets import open_dataset
 from mscale.data.indexed import TokenDataset
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
+from mscale.data.storage import Retry, set_default_retry
 from mscale.errors import MscaleError
 from mscale.urls import location_key
 
@@ -91,6 +92,7 @@ def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[Da
     """Open every source named by the training file (train, then held-out): (source, dataset,
     field naming it). Raises the first source's error with its field attached."""
     check_held_out_apart(cfg, field)
+    set_default_retry(Retry.within(cfg.remote_retry_s))  # every read of this process's sources
     # data.dtype speaks for flat files only; an index records its own (a default is no claim)
     dtype = cfg.dtype if "dtype" in cfg.model_fields_set else None
     named = ([(s, f"{field}.path" if cfg.path else f"{field}.sources[{i}].path")

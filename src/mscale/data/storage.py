@@ -82,10 +82,27 @@ _BLOB_IDS = itertools.count()
 
 class Retry:
     """How remote calls are bounded: ``retries`` after the first attempt, each ``timeout_s`` at
-    most, waiting ``backoff_s * 2**i`` (times a random 0.5-1.5) before retry i."""
+    most, waiting ``backoff_s * 2**i`` (at most ``max_wait_s``, times a random 0.5-1.5) before
+    retry i."""
 
-    def __init__(self, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0) -> None:
+    def __init__(self, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0,
+                 max_wait_s: float = 30.0) -> None:
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
+        self.max_wait_s = max_wait_s
+
+    @classmethod
+    def within(cls, patience_s: float, timeout_s: float = 60.0) -> Retry:
+        """As many retries as their waits (0.5 s doubling, at most 30 s each) fit in
+        ``patience_s``: 7.5 s gives the default 4, 120 s gives 8, 600 s gives 24."""
+        r, waited = cls(0, timeout_s=timeout_s), 0.0
+        while waited + r.wait(r.retries + 1) <= patience_s:
+            r.retries += 1
+            waited += r.wait(r.retries)
+        return r
+
+    def wait(self, i: int) -> float:
+        """The nominal wait before retry ``i`` (1 first), before its jitter."""
+        return min(self.backoff_s * 2 ** (i - 1), self.max_wait_s)
 
     def call(self, url: str, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` with timeout and retries, or an `MscaleError` naming ``url`` and ``what``."""
@@ -93,7 +110,7 @@ class Retry:
         attempts = self.retries + 1
         for i in range(attempts):
             if i:  # jittered: thousands of readers throttled together must not retry in step
-                time.sleep(self.backoff_s * 2 ** (i - 1) * random.uniform(0.5, 1.5))
+                time.sleep(self.wait(i) * random.uniform(0.5, 1.5))
             try:
                 return _bounded(fn, self.timeout_s)
             except MscaleError:
@@ -106,7 +123,21 @@ class Retry:
                           f"each); last error: {type(last).__name__}: {last}", file=url,
                           field=what,
                           fix="check that the store is reachable and the file readable, then "
-                              "rerun (the job resumes from its last checkpoint)") from None
+                              "rerun (the job resumes from its last checkpoint); raise "
+                              "training.data.remote_retry_s if its outages last longer")
+
+
+_default = Retry()
+"""What a remote call gets when its caller names no `Retry`: the training file's
+``data.remote_retry_s`` once `set_default_retry` has been called (blend.open_sources), 7.5 s of
+waiting otherwise (the CLI's tools: a store that is down is said at once)."""
+
+
+def set_default_retry(retry: Retry) -> None:
+    """Every later remote call and opened file without a `Retry` of its own uses ``retry``: the
+    process reads one training file, and the reads it makes go through many modules."""
+    global _default
+    _default = retry
 
 
 def _bounded(fn: Callable[[], T], timeout_s: float) -> T:
@@ -220,20 +251,21 @@ class RemoteBlob(Blob):
         return bytes(data)
 
 
-def open_blob(url: str, *, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 60.0,
-              block_bytes: int = BLOCK_BYTES, size: int | None = None) -> Blob:
-    """Open one file for reading: memory-mapped when local, range-read and cached when remote.
-    ``size``, known from a listing (`sizes`), spares a remote file its own size request."""
+def open_blob(url: str, *, retry: Retry | None = None, block_bytes: int = BLOCK_BYTES,
+              size: int | None = None) -> Blob:
+    """Open one file for reading: memory-mapped when local, range-read and cached when remote,
+    every request bounded by ``retry`` (default: `set_default_retry`'s). ``size``, known from a
+    listing (`sizes`), spares a remote file its own size request."""
     fs, path = fs_and_path(url)
     if isinstance(fs, LocalFileSystem):
         return LocalBlob(url, path)
-    return RemoteBlob(url, fs, path, Retry(retries, backoff_s, timeout_s), block_bytes, size)
+    return RemoteBlob(url, fs, path, retry or _default, block_bytes, size)
 
 
 def kind(url: str, retry: Retry | None = None) -> str | None:
     """``"file"``, ``"dir"`` or None (nothing there), with the same timeout and retries."""
     fs, path = fs_and_path(url)
-    retry = retry or Retry()
+    retry = retry or _default
 
     def look() -> str | None:
         try:
@@ -256,7 +288,7 @@ def expand(spec: str, retry: Retry | None = None) -> list[str]:
     match is an error naming the spec: a typo must not train on an empty set.
     """
     fs, path = fs_and_path(spec)
-    retry = retry or Retry()
+    retry = retry or _default
     local = isinstance(fs, LocalFileSystem)
 
     def name(p: str) -> str:
@@ -297,7 +329,7 @@ def sizes(folder: str, retry: Retry | None = None) -> dict[str, int]:
     def listing() -> dict[str, int]:
         return {i["name"].rstrip("/").rsplit("/", 1)[-1]: int(i["size"])
                 for i in fs.ls(path, detail=True) if i.get("type") != "directory"}
-    return (retry or Retry()).call(folder, "list", listing)
+    return (retry or _default).call(folder, "list", listing)
 
 
 def sha256(url: str, chunk_bytes: int = 8 << 20) -> str:

@@ -42,7 +42,9 @@ IDENTITY = ("model.", "training.global_batch", "training.seed", "training.optimi
 allowed)."""
 BATCH = "training.global_batch"
 DATA = "training.data."
-_FREE = ("model.name",)
+_FREE = ("model.name", "training.data.read_ahead", "training.data.remote_retry_s")
+"""Fields under an identity prefix that say how, not what: how far ahead and how patiently the
+data is read changes no sample (and a run directory's plan from before such a field had none)."""
 _IGNORED_TOP = ("estimate", "checkpoint")
 _RELAYOUT = ("layout.", "cluster.", "placement.")
 _HISTORY_NAME = re.compile(r"^plan-(\d+)\.yaml$")

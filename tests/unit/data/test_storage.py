@@ -10,7 +10,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from mscale.data import storage
-from mscale.data.storage import expand, kind, open_blob
+from mscale.data.storage import Retry, expand, kind, open_blob
 from mscale.errors import MscaleError
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes, every offset distinguishable modulo 256
@@ -91,7 +91,7 @@ def test_memory_read(remote):
 
 def test_missing_remote_file_is_not_retried(remote):
     with pytest.raises(MscaleError, match="no such file") as e:
-        open_blob("flaky://storage-test/other.bin", retries=3, backoff_s=0)
+        open_blob("flaky://storage-test/other.bin", retry=Retry(3, backoff_s=0))
     assert e.value.file == "flaky://storage-test/other.bin"
 
 
@@ -112,14 +112,14 @@ def test_block_cache_serves_consecutive_reads(remote, monkeypatch):
 
 def test_transient_failures_are_retried(remote):
     FlakyFS.fail = 2
-    blob = open_blob("flaky://" + remote, retries=4, backoff_s=0.001)
+    blob = open_blob("flaky://" + remote, retry=Retry(4, backoff_s=0.001))
     assert blob.read(5, 10) == DATA[5:15]
     assert FlakyFS.calls == 3
 
 
 def test_persistent_failure_is_one_clear_error(remote):
     FlakyFS.fail = 10**6
-    blob = open_blob("flaky://" + remote, retries=2, backoff_s=0.001, block_bytes=1024)
+    blob = open_blob("flaky://" + remote, retry=Retry(2, backoff_s=0.001), block_bytes=1024)
     with pytest.raises(MscaleError) as e:
         blob.read(0, 10)
     text = str(e.value)
@@ -130,7 +130,7 @@ def test_persistent_failure_is_one_clear_error(remote):
 
 def test_a_hanging_store_times_out(remote):
     FlakyFS.hang = True
-    blob = open_blob("flaky://" + remote, retries=1, backoff_s=0.001, timeout_s=0.05)
+    blob = open_blob("flaky://" + remote, retry=Retry(1, backoff_s=0.001, timeout_s=0.05))
     with pytest.raises(MscaleError, match=r"after 2 attempts \(timeout 0.05 s each\).*Timeout"):
         blob.read(0, 10)
 
@@ -206,3 +206,17 @@ def test_the_block_cache_is_one_budget_for_every_file_the_process_reads(remote, 
     assert FlakyFS.calls == calls
     blobs[0].read(0, 1)  # the oldest went
     assert FlakyFS.calls == calls + 1
+
+
+def test_retry_within_a_patience_and_the_default_it_sets(monkeypatch):
+    assert Retry.within(7.5).retries == 4  # 0.5 + 1 + 2 + 4: the default
+    assert [Retry.within(p).retries for p in (0, 0.4, 120, 600)] == [0, 0, 8, 24]
+    r = Retry.within(600)
+    assert max(r.wait(i) for i in range(1, r.retries + 1)) == 30  # each wait capped
+    assert sum(r.wait(i) for i in range(1, r.retries + 1)) <= 600
+    monkeypatch.setattr(storage, "_default", storage._default)  # restored after the test
+    storage.set_default_retry(Retry(0, timeout_s=0.05))
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/storage-test/patience.bin", b"x" * 10)
+    blob = open_blob("memory://storage-test/patience.bin")
+    assert blob._retry.retries == 0 and blob._retry.timeout_s == 0.05

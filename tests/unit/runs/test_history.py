@@ -91,6 +91,17 @@ def test_a_new_data_mixture_needs_permission():
     assert info.value.field == "training.seed" and "--allow-data-change" not in info.value.fix
 
 
+def test_how_data_is_read_is_not_what_is_read():
+    """read_ahead and remote_retry_s change no sample: a resume may retune them, and a run
+    directory's plan from before remote_retry_s existed (no such key) is no data change."""
+    old = _plan().model_dump(mode="json", exclude_none=True)
+    del old["training"]["data"]["remote_retry_s"]
+    new = _plan(training={"data": {"read_ahead": 8, "remote_retry_s": 300}})
+    change = check_plan_change(Plan.model_validate(old), new)
+    assert change.kind == "changed" and set(change.fields) <= {
+        "training.data.read_ahead", "training.data.remote_retry_s"}
+
+
 def test_renaming_the_model_is_not_a_new_model():
     change = check_plan_change(_plan(), _plan(model={"name": "tiny-v2"}))
     assert change.kind == "changed" and change.fields == ("model.name",) and not change.relayout
