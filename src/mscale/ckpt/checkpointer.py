@@ -300,11 +300,14 @@ class Checkpointer:
         self.emit(kind="checkpoint", severity="info", step=fl.step,
                   message=f"checkpoint {fl.name} committed ({fl.reason})",
                   evidence={**evidence, **result, "total_s": time.perf_counter() - fl.started})
-        trouble = result.get("retention_error") or result.get("commit_error")
-        if trouble:  # the checkpoint is good; what failed after it is said, not hidden
+        trouble = (result.get("retention_error") or result.get("commit_error")
+                   or result.get("lock_check_error"))
+        if trouble:  # the checkpoint is good; what failed around it is said, not hidden
             what = ("deleting older checkpoints (retention) failed; they are kept until the "
                     "next commit" if "retention_error" in result else
-                    "an error came after latest was moved to it")
+                    "an error came after latest was moved to it" if "commit_error" in result
+                    else "the run's lock.json could not be read before it (committed: the "
+                    "lock's heartbeat still watches for a takeover)")
             self.emit(kind="info", severity="warning", step=fl.step,
                       message=f"checkpoint {fl.name} committed, but {what}: {trouble}",
                       evidence={"path": catalog.join(self.root, fl.name), **result})

@@ -137,18 +137,25 @@ def commit(ckpt_root: str, name: str, manifest: Manifest, keep: int,
     ``lock_lost()`` is asked first (one small read): a reason raises `CommitRefused` before
     anything is written, so a job that lost the run to another one moves no ``latest`` and
     overwrites no manifest (the new owner may have saved the same step under the same name).
+    A lock file that cannot be read (an NFS stale handle, an object store's 503) proves nothing:
+    the checkpoint is committed, the error returned as ``lock_check_error``, and the heartbeat
+    still watches the lock. Refused, a whole good save was lost to a transient read.
 
     Retention runs after ``latest`` names the new checkpoint, so its failure (an NFS ``rmtree``
     that meets a reader's ``.nfs`` file, an object store's transient error) is no failure of the
     commit: it is returned as ``retention_error`` and the old checkpoints wait for the next
     commit. Raised, it had the caller remove the checkpoint ``latest`` already named."""
     t0 = time.perf_counter()
-    why = lock_lost()
+    out: dict = {}
+    try:
+        why = lock_lost()
+    except Exception as e:  # noqa: BLE001 - unreadable is no proof of a takeover (below)
+        why, out["lock_check_error"] = None, f"{type(e).__name__}: {e}"
     if why:
         raise CommitRefused(why)
     write_commit(join(ckpt_root, name), manifest)
     write_latest(ckpt_root, name)
-    out: dict = {"commit_s": time.perf_counter() - t0}
+    out["commit_s"] = time.perf_counter() - t0
     try:
         out["removed"] = retain(ckpt_root, keep, name)
     except Exception as e:  # noqa: BLE001 - reported by the caller; the checkpoint stands

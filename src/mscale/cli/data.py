@@ -227,7 +227,7 @@ def tokenizer_cmd(
 def _describe(spec: str, dtype: str | None) -> dict:
     from mscale.data.datasets import open_dataset
 
-    ds = open_dataset(spec, dtype=dtype)
+    ds = open_dataset(spec, dtype=dtype, check_indexes=True)  # one process: check them all
     if ds.vocab_size is not None:
         kind = "mscale shards"
     elif ds.shards[0].documents is not None:

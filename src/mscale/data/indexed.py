@@ -194,7 +194,8 @@ def _finish(f) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading: every structural fact is checked at open, so a bad file is an error, never a misread.
+# Reading: every structural fact of an index is checked when it is read, so a bad file is an
+# error, never a misread (a prepared folder's are read where needed: datasets.py).
 # Checksums are not computed at open (hours for TBs): `verify_dataset` does that on request.
 
 
@@ -286,7 +287,8 @@ def open_prefix(prefix: str, **io) -> Shard:
     idx_blob = open_blob(prefix + ".idx", **io)
     dtype, starts = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
                                 bin_blob.url)
-    return Shard(bin_blob, dtype, len(starts) - 1, lambda: idx_blob)
+    # opened again when asked for: a mapping held per shard is a file descriptor per shard
+    return Shard(bin_blob, dtype, len(starts) - 1, lambda: open_blob(prefix + ".idx", **io))
 
 
 def open_flat(url: str, dtype: np.dtype, **io) -> Shard:

@@ -276,7 +276,8 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
         if timer.events is not None:  # every rank traced this step: the same decision
             _write_trace(engine, s, step + 1, timer.events)
         ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
-        trouble = s.trouble() or ckpt.fatal
+        saving_next = engine.env.rank == 0 and bool(ckpt.due(step + 1, final=step + 1 == steps))
+        trouble = s.trouble(save_due=saving_next) or ckpt.fatal
         decision = control.poll(abort=trouble is not None)
         if decision.abort:
             return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "

@@ -8,6 +8,8 @@ stops at the same step boundary and the process exits with one line saying the d
 
 from __future__ import annotations
 
+import contextlib
+
 import errno
 import json
 import os
@@ -109,16 +111,25 @@ class RunSession:
         self.attempt = next_attempt(self.run.root)
         return change
 
-    def trouble(self) -> str | None:
-        """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost."""
+    def trouble(self, save_due: bool = False) -> str | None:
+        """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost.
+        ``save_due``: a save starts at this boundary, so the lock file is read now (`lock_lost`),
+        not left to the heartbeat. A job stopped past its lease (SIGSTOP) wakes with its
+        heartbeat not yet run; had it started a save, every rank would open ``step-N``'s shard
+        files for writing, truncating those of a ``step-N`` the run's new owner committed."""
         failure = self.journal.failure
         if failure is not None:
             first = str(failure).splitlines()[0]
             fix = "free space" if is_disk_full(failure) else \
                 "make the run directory's filesystem writable again"
             return f"{first}; this stop saves no checkpoint; {fix}, then resume"
-        if self.lock is not None and self.lock.lost is not None:
-            return f"{str(self.lock.lost).splitlines()[0]}; stopping so two jobs do not interleave"
+        lost = None if self.lock is None or self.lock.lost is None else \
+            str(self.lock.lost).splitlines()[0]
+        if lost is None and save_due:
+            with contextlib.suppress(Exception):  # unreadable is no takeover: commit asks again
+                lost = self.lock_lost()
+        if lost is not None:
+            return f"{lost}; stopping so two jobs do not interleave"
         return None
 
     def lock_lost(self) -> str | None:

@@ -109,3 +109,21 @@ def test_a_lock_still_held_commits(tmp_path, tensors, proto):
     assert [e["kind"] for e in events] == ["checkpoint"] and ck.fatal is None
     assert ck.unsaved_end(4) is None
     assert catalog.load_committed(catalog.join(root, "step-000004")).step == 4
+
+
+def test_an_unreadable_lock_commits_and_says_so(tmp_path, tensors):
+    """A transient read error (an NFS stale handle, a 503) is no takeover: refusing on it lost a
+    whole good save. The checkpoint is committed and a warning says the check could not run."""
+    run = _run(tmp_path, "file")
+    root = catalog.join(run, "ckpt")
+    manifest = _written(root, tensors)
+
+    def unreadable():
+        raise OSError(116, "Stale file handle")
+    ck, events = _checkpointer(root, unreadable)
+    _commit_step_4(ck, manifest)
+    assert catalog.read_latest(root) == "step-000004" and ck.fatal is None
+    assert [(e["kind"], e["severity"]) for e in events] == [("checkpoint", "info"),
+                                                            ("info", "warning")]
+    assert "lock.json could not be read" in events[1]["message"]
+    assert "Stale file handle" in events[1]["message"]

@@ -77,3 +77,15 @@ def test_a_chained_url_is_refused_in_one_line(cli, dirty, tmp_path, args):
                           + ": chained fsspec URLs ('::') are not supported; fsspec reads "
                           "'::' anywhere in a URL as a chain, an IPv6 address's included")
     assert "without PROTOCOL:: in front" in fix and not (tmp_path / "o").exists()
+
+
+def test_inspect_checks_every_index_of_a_prepared_folder(cli, tmp_path):
+    """Training opens a prepared folder from its manifest without reading its indexes; inspect,
+    one process, still checks each one (docs/data.md): a truncated .idx is exit 3, named."""
+    from tests.unit.data.test_indexed import DOCS, write_manifest
+
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    idx = tmp_path / "ds" / "shard-00001.idx"
+    idx.write_bytes(idx.read_bytes()[:34])  # the header alone
+    code, stdout, err = cli("data", "inspect", str(tmp_path / "ds"))
+    assert code == 3 and str(idx) in err and "idx.sequence_count" in err, stdout + err

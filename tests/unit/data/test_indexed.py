@@ -405,6 +405,19 @@ def test_a_prepared_folder_of_symlinked_shards_opens(tmp_path):
     assert ds.read(0, ds.num_tokens).tolist() == FLAT and ds.next_document_start(5) == 9
 
 
+def test_an_opened_megatron_glob_keeps_one_file_open_a_shard(tmp_path):
+    """A mapping of each .idx kept for the cut was a second descriptor a shard: 600 shards
+    failed to open under a 1,024-descriptor limit."""
+    import os
+
+    for i in range(40):
+        reference_write(tmp_path / f"p{i:03d}", DOCS)
+    before = len(os.listdir("/proc/self/fd"))
+    ds = open_dataset(str(tmp_path / "*.idx"))
+    assert len(os.listdir("/proc/self/fd")) - before <= 40 + 2
+    assert ds.next_document_start(5) == 9 and ds.documents == 40 * len(DOCS)
+
+
 def test_a_shard_listed_twice_is_refused(tmp_path):
     m = write_manifest(tmp_path / "ds", [DOCS])
     m["shards"] *= 2

@@ -70,3 +70,25 @@ def test_lock_lost_reads_the_lock_the_job_runs_under(tmp_path, monkeypatch):
     assert launched.lock_lost() is None
     RunLock(run.root, "job-c", clock=lambda: later + 7200).acquire()
     assert launched.lock_lost().startswith("run lock taken over by run job-c")
+
+
+def test_trouble_reads_the_lock_when_a_save_starts(tmp_path, monkeypatch):
+    """A job woken past its lease must not start a save (every rank would truncate the shard
+    files of a step the new owner may have committed): rank 0 reads lock.json at a boundary
+    where a save is due, before its heartbeat has run; an unreadable lock stops nothing."""
+    import time
+
+    from mscale.runs.lock import LOCK_HELD_ENV, RunLock
+
+    run = RunDir(str(tmp_path / "run"))
+    monkeypatch.delenv(LOCK_HELD_ENV, raising=False)
+    s = RunSession(run, Journal(run, enabled=True), "job-a")
+    s.lock = RunLock(run.root, "job-a").acquire()
+    s.token = s.lock.record.token
+    assert s.trouble(save_due=True) is None
+    later = time.time() + 3600
+    RunLock(run.root, "job-b", clock=lambda: later).acquire()
+    assert s.trouble() is None  # no save: the heartbeat's to notice
+    assert s.trouble(save_due=True).startswith("run lock taken over by run job-b")
+    monkeypatch.setattr(RunSession, "lock_lost", lambda self: 1 / 0)
+    assert s.trouble(save_due=True) is None
