@@ -49,9 +49,10 @@ def evaluate(engine: Engine, loader: DataLoader, batches: int) -> EvalResult:
             total = value if total is None else total + value
     g = engine.groups
     contributes = g.is_last_stage and g.tp_rank == 0 and total is not None
+    # on the host: the world group's device backend (NCCL) would build a communicator of every
+    # rank for these two numbers, at the first eval (seconds, GPU memory on each at 12,288)
     sums = torch.tensor([float(total) if contributes else 0.0,
-                         float(batches * m) if contributes else 0.0],
-                        dtype=torch.float64, device=engine.device)
+                         float(batches * m) if contributes else 0.0], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sums)
     loss = float(sums[0] / sums[1]) if float(sums[1]) else math.nan

@@ -125,8 +125,10 @@ def job_loss(engine: Engine, result: StepResult) -> float:
     NaN stop's line reports them."""
     g = engine.groups
     mine = g.is_last_stage and g.tp_rank == 0 and result.device_loss is not None
-    share = (result.device_loss.detach().to(torch.float64).reshape(()) / g.dp_size if mine
-             else torch.zeros((), dtype=torch.float64, device=engine.device))
+    # on the host, as `evaluate`'s sums: a device tensor on the world group would build a
+    # world-wide NCCL communicator at the NaN stop, where a slow or failed one turns exit 2 to 3
+    share = (result.device_loss.detach().to("cpu", torch.float64).reshape(()) / g.dp_size if mine
+             else torch.zeros((), dtype=torch.float64))
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(share)
     return float(share)
