@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from mscale.ckpt import catalog, pins
 from mscale.ckpt.catalog import join, write_latest
+from mscale.ckpt.limits import MAX_MANIFEST_BYTES
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MODEL_ALIAS, CommitMarker, Manifest,
                                   ShardInfo, TensorInfo, TrainState, manifest_bytes, sha256)
 from mscale.errors import MscaleError
@@ -99,6 +100,10 @@ class CommitRefused(Exception):
 def write_commit(ckpt: str, manifest: Manifest) -> None:
     """Manifest first, then the marker naming its sha256 (both atomic). Shards must be durable."""
     raw = manifest_bytes(manifest)
+    if len(raw) > MAX_MANIFEST_BYTES:  # committed, it would be refused at every load
+        raise ValueError(f"manifest.json would be {len(raw):,} bytes, over the "
+                         f"{MAX_MANIFEST_BYTES:,} a loader reads (docs/architecture.md: the "
+                         "checkpoint manifest at scale)")
     write_bytes_atomic(join(ckpt, MANIFEST), raw)
     marker = CommitMarker(step=manifest.step, manifest_sha256=sha256(raw))
     write_bytes_atomic(join(ckpt, COMMITTED), marker.model_dump_json().encode())

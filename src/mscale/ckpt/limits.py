@@ -25,7 +25,9 @@ MAX_NDIM = 8
 U32 = (1 << 32) - 1
 
 MAX_MANIFEST_BYTES = 1 << 30
-"""manifest.json of 12,288 ranks is a few MB (4 MiB chunks); 1 GiB describes ~100 TB."""
+"""The largest manifest.json a loader reads. It lists every slice of every rank: 175B on 12,288
+ranks at ZeRO-1 is ~430 MB (docs/architecture.md), so a commit refuses to write one larger than
+this rather than leave a checkpoint no loader would read."""
 MAX_SMALL_BYTES = 64 << 10
 """``latest`` and ``COMMITTED`` hold a name, or a hash and a step."""
 

@@ -127,3 +127,20 @@ def test_an_unreadable_lock_commits_and_says_so(tmp_path, tensors):
                                                             ("info", "warning")]
     assert "lock.json could not be read" in events[1]["message"]
     assert "Stale file handle" in events[1]["message"]
+
+
+def test_a_manifest_no_loader_would_read_is_not_committed(tmp_path, tensors, monkeypatch):
+    """Past the loaders' limit a committed checkpoint would be refused at every resume: the
+    commit fails instead, and latest stays on the previous one."""
+    import mscale.ckpt.commit as commit
+
+    run = _run(tmp_path, "file")
+    root = catalog.join(run, "ckpt")
+    manifest = _written(root, tensors)
+    monkeypatch.setattr(commit, "MAX_MANIFEST_BYTES", 1000)
+    _, lock_lost = _job(run)
+    ck, events = _checkpointer(root, lock_lost)
+    ck.writer = SimpleNamespace(submit=lambda fn, *a: fn(*a))
+    _commit_step_4(ck, manifest)
+    assert catalog.read_latest(root) == "step-000002"
+    assert events[0]["kind"] == "checkpoint_failed" and "over the 1,000" in events[0]["message"]
