@@ -154,7 +154,7 @@ def test_damaged_files_are_evidence_not_a_crash(run):
 
 def test_logs_are_read_from_their_tail_only(run, monkeypatch):
     monkeypatch.setattr(read, "LOG_TAIL_BYTES", 4096)
-    monkeypatch.setattr(read.read_tail, "__defaults__", (4096,))
+    monkeypatch.setattr(read.read_tail, "__defaults__", (4096, None))
     run.start(0.0)
     head = "RuntimeError: CUDA error: an illegal memory access was encountered\n"
     run.log(1, head + "step ok\n" * 20_000 + "torch.OutOfMemoryError: CUDA out of memory.\n")
@@ -185,6 +185,31 @@ def test_an_earlier_attempts_error_file_and_log_are_not_this_failure(run):
     d = diagnose(run.path)
     assert (d.attempt, d.cls, d.symptom, d.suspect_ranks) == (2, "unknown", "signal", [2])
     assert not any("out of memory" in e.text or "Xid" in e.text for e in d.evidence)
+
+
+def test_error_files_older_than_the_attempt_are_not_read(run, monkeypatch):
+    """After a job-wide timeout every rank has an error file; those an earlier attempt left
+    (modified before this one began) are skipped unread, the rest read together."""
+    import os
+
+    from tests.unit.recover.diag_runs import T0
+
+    rid1 = run.start(0.0, attempt=1)
+    for rank in range(4):
+        run.error_file(rank, 5, "network", GLOO_RESET)
+        path = run.root / "logs" / f"rank{rank}.error.json"
+        os.utime(path, (T0 + 5, T0 + 5))
+    run.launcher_stop(6, rid1, 1, "exited with code 3", "crash", [3, 3, 3, 3])
+    rid2 = run.start(200, attempt=2)
+    run.error_file(3, 210, "crash", "torch.OutOfMemoryError: CUDA out of memory.")
+    run.launcher_stop(211, rid2, 2, "exited with code 3", "crash", [0, 0, 0, 3])
+    seen = []
+    real = read.read_json
+    monkeypatch.setattr(read, "read_json", lambda info, *a: seen.append(info.source)
+                        or real(info, *a))
+    d = diagnose(run.path)
+    assert [s for s in seen if s.endswith(".error.json")] == ["logs/rank3.error.json"]
+    assert (d.attempt, d.symptom, d.suspect_ranks) == (2, "oom", [3])
 
 
 def test_a_run_directory_on_an_object_store():

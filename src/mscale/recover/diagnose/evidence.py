@@ -16,6 +16,8 @@ rank that did not fail again does not rewrite its file) and must not be blamed t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -229,12 +231,13 @@ def _plan(ev: RunEvidence, run: RunDir) -> Plan | None:
 def _logs_dir(ev: RunEvidence, files: list[rd.FileInfo]) -> None:
     """Sort the files under logs/ into rank logs, error files, torchelastic error files, SLURM
     outputs and flight-recorder dumps, keeping this attempt's."""
+    errors = _read_error_files(ev, files)
     for f in files:
         if m := _RANK_LOG.match(f.source):
             if _fresh(ev, f.mtime):
                 ev.logs[int(m.group(1))] = f
-        elif m := _RANK_ERR.match(f.source):
-            _error_file(ev, f, int(m.group(1)))
+        elif (m := _RANK_ERR.match(f.source)) and f.source in errors:
+            _error_file(ev, f, int(m.group(1)), errors[f.source])
         elif _ELASTIC.search(f.source):
             _elastic_file(ev, f)
         elif _SLURM.search(f.source):
@@ -245,11 +248,35 @@ def _logs_dir(ev: RunEvidence, files: list[rd.FileInfo]) -> None:
                 _flight_file(ev, f, int(m.group(3)))
 
 
-def _record(ev: RunEvidence, f: rd.FileInfo, what: str) -> dict | None:
+ERROR_FILE_READERS = 16
+"""Error files read at once. After a job-wide timeout every rank writes one: 12,288 files, whose
+reads one after another are minutes on an object store (a round trip or two each)."""
+
+
+def _read_error_files(ev: RunEvidence, files: list[rd.FileInfo]) -> dict[str, object]:
+    """source → what `rd.read_json` gave (a record, or the `rd.Problem` it raised) for each
+    ``rank<N>.error.json`` this attempt may have written: one modified before the attempt began
+    holds an older attempt's error (its record's time is no later than the file's), so it is not
+    read at all."""
+    wanted = [f for f in files if _RANK_ERR.match(f.source) and _fresh(ev, f.mtime)]
+
+    def read(f: rd.FileInfo) -> object:
+        try:
+            return rd.read_json(f)
+        except rd.Problem as e:
+            return e
+    with ThreadPoolExecutor(min(ERROR_FILE_READERS, max(1, len(wanted)))) as pool:
+        return dict(zip((f.source for f in wanted), pool.map(read, wanted)))
+
+
+def _record(ev: RunEvidence, f: rd.FileInfo, what: str, read: object = None) -> dict | None:
     """A JSON object file of the logs directory, or None; damage is a problem of this attempt
-    only when the file is (an older attempt's broken file is not this failure's evidence)."""
+    only when the file is (an older attempt's broken file is not this failure's evidence).
+    ``read``: the file's `rd.read_json` result or `rd.Problem`, when already read."""
     try:
-        rec = rd.read_json(f)
+        if isinstance(read, rd.Problem):
+            raise read
+        rec = read if read is not None else rd.read_json(f)
     except rd.Problem as e:
         if _fresh(ev, f.mtime):
             ev.problem(f.source, str(e))
@@ -261,8 +288,8 @@ def _record(ev: RunEvidence, f: rd.FileInfo, what: str) -> dict | None:
     return rec
 
 
-def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
-    rec = _record(ev, f, "an error record")
+def _error_file(ev: RunEvidence, f: rd.FileInfo, rank: int, read: object) -> None:
+    rec = _record(ev, f, "an error record", read)
     if rec is None:
         return
     when = rec.get("time") if isinstance(rec.get("time"), (int, float)) else f.mtime

@@ -102,12 +102,15 @@ def listing(root: str, sub: str, maxdepth: int = 6) -> list[FileInfo]:
     return out
 
 
-def read_tail(url: str, limit: int = LOG_TAIL_BYTES) -> tuple[str, bool]:
+def read_tail(url: str, limit: int = LOG_TAIL_BYTES,
+              size: int | None = None) -> tuple[str, bool]:
     """The last ``limit`` bytes of a file as text, and whether it was cut (then the first,
-    partial line is dropped). Raises `Problem` when it cannot be read."""
+    partial line is dropped). ``size``: known from a listing (a request fewer). Raises `Problem`
+    when it cannot be read."""
     try:
         fs, path = fs_and_path(url)
-        size = int(fs.info(path).get("size") or 0)
+        if size is None:
+            size = int(fs.info(path).get("size") or 0)
         with fs.open(path, "rb") as f:
             if size > limit:
                 f.seek(size - limit)
@@ -137,7 +140,7 @@ def read_json(info: FileInfo, cap: int = JSON_CAP_BYTES) -> object:
     """A JSON document read whole, refused past ``cap`` bytes. Raises `Problem`."""
     if info.size > cap:
         raise Problem(f"{info.size} bytes, over the {cap}-byte cap: not read")
-    text, _ = read_tail(info.url, cap + 1)
+    text, _ = read_tail(info.url, cap + 1, info.size)
     try:
         return json.loads(text)
     except ValueError as e:
