@@ -417,9 +417,13 @@ class Checkpointer:
         any rank, raise the same MscaleError on every rank (exit 3: this run cannot start from
         that checkpoint), before anyone enters a collective the failed rank would never join."""
         result, error = None, None
-        if not share or self.rank == 0:
+        run = fn
+        if share:
+            done = self._rank0_runs(fn)
+            run = None if done is None else done.result
+        if run is not None:
             try:
-                result = fn()
+                result = run()
             except MscaleError as e:
                 error = {"message": e.message, "file": e.file, "field": e.field, "fix": e.fix}
             except Exception as e:  # noqa: BLE001 - reported on every rank, with the rank
@@ -434,6 +438,25 @@ class Checkpointer:
             shared = commit.broadcast_json(result.to_json() if result else None, self.group)
             return ResumePoint.from_json(shared) if shared else None
         return result
+
+
+    def _rank0_runs(self, fn) -> futures.Future | None:
+        """Collective: rank 0 runs ``fn`` on a thread while every rank asks every `WAIT_POLL_S`
+        whether it is done (as `wait` does for a write), so no rank sits in one collective for
+        all of it: choosing the checkpoint parses its manifest, ~2 minutes at 175B on 12,288
+        ranks (docs/architecture.md), past a 120 s --timeout. Rank 0 gets the future."""
+        pool = futures.ThreadPoolExecutor(1, "mscale-resume") if self.rank == 0 else None
+        done = pool.submit(fn) if pool is not None else None
+        try:
+            while commit.status(done is not None and not done.done(), False, self.group)[0]:
+                if done is not None:
+                    futures.wait([done], timeout=WAIT_POLL_S)
+                else:
+                    time.sleep(WAIT_POLL_S)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False)
+        return done
 
 
 def disk_full(exc: BaseException) -> bool:
