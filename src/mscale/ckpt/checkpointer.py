@@ -364,10 +364,15 @@ class Checkpointer:
         self.writer.close()
 
     # ------------------------------------------------------------------ resuming
-    def resume(self) -> int:
+    def resume(self, check: Callable[[object], None] = lambda manifest: None) -> int:
         """Collective: load the checkpoint chosen by ``options.resume``; returns the step to
-        continue from (0 for a fresh run)."""
-        point = self._agree(lambda: choose_resume(self.root, self.opts.resume))
+        continue from (0 for a fresh run). ``check(manifest)`` runs on rank 0 with the chosen
+        checkpoint's manifest before anything is loaded; its `MscaleError` stops every rank."""
+        def choose() -> ResumePoint | None:
+            point = choose_resume(self.root, self.opts.resume)
+            check(point.manifest if point is not None else None)
+            return point
+        point = self._agree(choose)
         if point is None:
             return 0
         t0 = time.perf_counter()

@@ -89,14 +89,15 @@ def options_from_env() -> TrainOptions | None:
 
 def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Plan:
     """Everything that can be checked before a process starts: the plan, the run directory, the
-    data file, the process count. Bad input fails here once, not in N workers."""
+    data file, the process count. Bad input fails here once, not in N workers; under srun or
+    torchrun only what is cheap is checked here, the rest by the workers (`_launched`)."""
     from mscale.data.blend import build_splits  # numpy only: the launcher never imports torch
 
     plan = load_checked_plan(plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
     _check_not_a_checkpoint(options.run_dir)
-    if not local and not _first_launched_rank():
-        return plan  # rank 0 checks the data and the run directory for the job (below)
+    if not local and _launched():
+        return plan  # each worker checks these after the rendezvous (`_launched`)
     data = plan.training.data
     if data.kind == "tokens":  # every source opened, its index checked, the splits cut
         try:
@@ -114,7 +115,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     except MscaleError as e:
         e.code = EXIT_BAD_INPUT
         raise
-    _check_no_layer_dropped(manifest, plan, plan_path, options.ckpt.resume)
+    check_no_layer_dropped(manifest, plan, plan_path, options.ckpt.resume)
     world = plan.layout.world_size
     _check_hook_ranks(options, world)
     if local:
@@ -125,20 +126,22 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     return plan
 
 
-def _first_launched_rank() -> bool:
-    """Whether this process makes the checks of the data and the run directory for a job srun or
-    torchrun started: rank 0 alone (or a process with no launcher, which the worker refuses).
-    Each of 12,288 ranks opening every source and parsing the checkpoint to resume (a manifest
-    of ~430 MB at 175B on 12,288 ranks, ~2 minutes of CPU) read TBs before the rendezvous.
-    Rank 0's exit 3 ends the others (``srun --kill-on-bad-exit=1``, torchrun), and its worker
-    checks the same again after the rendezvous."""
+def _launched() -> bool:
+    """Whether srun or torchrun started this process: then the checks of the data and the run
+    directory wait for the worker, after the rendezvous, where each is made anyway (the sources
+    opened on every rank, the plan change judged by rank 0 and told to all, the checkpoint to
+    resume chosen by rank 0 while the others poll) and fails every rank together. Made here
+    they cost each of 12,288 ranks a parse of the checkpoint's manifest (~430 MB, ~2 minutes at
+    175B: 5.3 TB read in all); made by rank 0 alone they held the others at the rendezvous,
+    whose timeout is --timeout, until they gave up."""
     try:
-        return read_launch_env().rank == 0
+        read_launch_env()
     except NoLauncherError:
-        return True
+        return False  # the worker says so, with the fix
+    return True
 
 
-def _check_no_layer_dropped(manifest, plan: Plan, plan_path: str, resume: str) -> None:
+def check_no_layer_dropped(manifest, plan: Plan, plan_path: str, resume: str) -> None:
     """A checkpoint of more blocks than the plan's model loads without a missing tensor (the
     loader reads what the model asks for) and trains a truncated model: refused. Fewer blocks
     fail the load itself, naming the tensor."""

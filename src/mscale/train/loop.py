@@ -38,6 +38,7 @@ from mscale.train.progress import ProgressReporter
 from mscale.train.schedule import learning_rate
 from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
+from mscale.train.launch import check_no_layer_dropped
 from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start, from_rank0,
                                   open_session)
 from mscale.train.step import job_loss, train_step
@@ -113,7 +114,9 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     plan = engine.plan
     announce(engine, s, start)
     ckpt = _checkpointer(engine, s)
-    first = ckpt.resume()
+    first = ckpt.resume(check=lambda manifest: check_no_layer_dropped(
+        manifest, plan, (engine.options.launch or {}).get("plan") or s.run.plan,
+        engine.options.ckpt.resume))
     if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)

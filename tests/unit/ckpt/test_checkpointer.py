@@ -144,3 +144,23 @@ def test_a_manifest_no_loader_would_read_is_not_committed(tmp_path, tensors, mon
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000002"
     assert events[0]["kind"] == "checkpoint_failed" and "over the 1,000" in events[0]["message"]
+
+
+def test_resume_runs_the_callers_check_on_the_chosen_manifest(tmp_path, tensors):
+    """Under srun/torchrun the plan-against-checkpoint checks are made here, after the
+    rendezvous (train/launch.py `_launched`): rank 0 runs them on the manifest it chose, and
+    their refusal reaches every rank as exit 3 before anything is loaded."""
+    from mscale.errors import EXIT_BAD_INPUT, MscaleError
+
+    root = catalog.join(_run(tmp_path, "file"), "ckpt")
+    _written(root, tensors)
+    ck, _ = _checkpointer(root, lambda: None)
+    ck.opts, ck.rank, ck.group = SimpleNamespace(resume="auto"), 0, None
+    seen = []
+
+    def refuse(manifest):
+        seen.append(manifest.step)
+        raise MscaleError("holds 6 blocks", field="model.layers")
+    with pytest.raises(MscaleError, match="holds 6 blocks") as e:
+        ck.resume(check=refuse)
+    assert seen == [2] and e.value.code == EXIT_BAD_INPUT and e.value.field == "model.layers"

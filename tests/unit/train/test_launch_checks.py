@@ -13,10 +13,12 @@ from mscale.train.options import TrainOptions
 from tests.conftest import PLANS
 
 
-def test_only_rank_0_of_a_launched_job_checks_data_and_the_run(tmp_path, monkeypatch):
-    """Under srun/torchrun each rank runs `mscale train`: 12,288 ranks each opening every source
-    and parsing the checkpoint to resume read TBs before the rendezvous. Rank 0 checks for all;
-    a missing data file is its exit 3, and the others go on to the rendezvous."""
+def test_a_launched_rank_leaves_the_data_and_run_checks_to_its_worker(tmp_path, monkeypatch):
+    """Under srun/torchrun every rank runs `mscale train`. Checking the data and the checkpoint
+    to resume there cost each of 12,288 ranks a parse of a ~430 MB manifest; on rank 0 alone it
+    held the others at the rendezvous past --timeout. The workers check them after it. Without
+    a launcher (and for the --local launcher) they are checked here: a missing file is exit 3
+    before any process starts."""
     plan = load_plan(str(PLANS / "cpu-tiny.yaml")).model_dump(mode="json", exclude_none=True)
     plan["training"]["data"] = {"kind": "tokens", "path": str(tmp_path / "missing.bin")}
     path = tmp_path / "plan.yaml"
@@ -24,9 +26,11 @@ def test_only_rank_0_of_a_launched_job_checks_data_and_the_run(tmp_path, monkeyp
     options = TrainOptions(run_dir=str(tmp_path / "run"))
     for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setenv("RANK", "3")
-    assert check_before_launch(str(path), options, 0).layout.world_size == 8
-    monkeypatch.setenv("RANK", "0")
     with pytest.raises(MscaleError, match="missing.bin|no such file"):
-        check_before_launch(str(path), options, 0)
+        check_before_launch(str(path), options, 8)  # the --local launcher
+    with pytest.raises(MscaleError, match="missing.bin|no such file"):
+        check_before_launch(str(path), options, 0)  # no launcher
+    for rank in ("0", "3"):
+        monkeypatch.setenv("WORLD_SIZE", "8")
+        monkeypatch.setenv("RANK", rank)
+        assert check_before_launch(str(path), options, 0).layout.world_size == 8

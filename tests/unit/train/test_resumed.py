@@ -145,13 +145,13 @@ def test_a_checkpoint_of_more_blocks_than_the_model_is_refused_before_any_worker
 
     from mscale.config.plan import load_plan
     from mscale.errors import MscaleError
-    from mscale.train.launch import _check_no_layer_dropped
+    from mscale.train.launch import check_no_layer_dropped
     from tests.conftest import PLANS
 
     plan = load_plan(str(PLANS / "cpu-tiny.yaml"))  # 4 blocks
     more = SimpleNamespace(plan={"model": {"layers": 6}})
     with pytest.raises(MscaleError, match="holds 6 blocks, this plan's model 4: blocks 4-5") as e:
-        _check_no_layer_dropped(more, plan, "p.yaml", "other/ckpt/latest")
+        check_no_layer_dropped(more, plan, "p.yaml", "other/ckpt/latest")
     assert e.value.field == "model.layers" and e.value.file == "p.yaml"
-    _check_no_layer_dropped(SimpleNamespace(plan={"model": {"layers": 4}}), plan, "p", "auto")
-    _check_no_layer_dropped(None, plan, "p", "auto")  # a fresh run
+    check_no_layer_dropped(SimpleNamespace(plan={"model": {"layers": 4}}), plan, "p", "auto")
+    check_no_layer_dropped(None, plan, "p", "auto")  # a fresh run
