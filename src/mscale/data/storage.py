@@ -95,14 +95,17 @@ class Retry:
         """As many retries as their waits (0.5 s doubling, at most 30 s each) fit in
         ``patience_s``: 7.5 s gives the default 4, 120 s gives 8, 600 s gives 24."""
         r, waited = cls(0, timeout_s=timeout_s), 0.0
-        while waited + r.wait(r.retries + 1) <= patience_s:
+        while r.wait(r.retries + 1) < r.max_wait_s:  # the doubling waits
+            if waited + r.wait(r.retries + 1) > patience_s:
+                return r
             r.retries += 1
             waited += r.wait(r.retries)
+        r.retries += int((patience_s - waited) // r.max_wait_s)  # then 30 s each
         return r
 
     def wait(self, i: int) -> float:
         """The nominal wait before retry ``i`` (1 first), before its jitter."""
-        return min(self.backoff_s * 2 ** (i - 1), self.max_wait_s)
+        return min(self.backoff_s * 2.0 ** min(i - 1, 60), self.max_wait_s)  # no float overflow
 
     def call(self, url: str, what: str, fn: Callable[[], T]) -> T:
         """``fn()`` with timeout and retries, or an `MscaleError` naming ``url`` and ``what``."""

@@ -211,6 +211,7 @@ def test_the_block_cache_is_one_budget_for_every_file_the_process_reads(remote, 
 def test_retry_within_a_patience_and_the_default_it_sets(monkeypatch):
     assert Retry.within(7.5).retries == 4  # 0.5 + 1 + 2 + 4: the default
     assert [Retry.within(p).retries for p in (0, 0.4, 120, 600)] == [0, 0, 8, 24]
+    assert Retry.within(86400).retries == 2884  # the field's maximum: 6 doubling, then 30 s each
     r = Retry.within(600)
     assert max(r.wait(i) for i in range(1, r.retries + 1)) == 30  # each wait capped
     assert sum(r.wait(i) for i in range(1, r.retries + 1)) <= 600

@@ -189,20 +189,23 @@ def test_an_earlier_attempts_error_file_and_log_are_not_this_failure(run):
 
 def test_error_files_older_than_the_attempt_are_not_read(run, monkeypatch):
     """After a job-wide timeout every rank has an error file; those an earlier attempt left
-    (modified before this one began) are skipped unread, the rest read together."""
+    (modified well before this one began) are skipped unread, the rest read together, a file
+    server's clock a few minutes behind rank 0's included."""
     import os
 
     from tests.unit.recover.diag_runs import T0
 
     rid1 = run.start(0.0, attempt=1)
-    for rank in range(4):
+    for rank in range(3):
         run.error_file(rank, 5, "network", GLOO_RESET)
         path = run.root / "logs" / f"rank{rank}.error.json"
         os.utime(path, (T0 + 5, T0 + 5))
     run.launcher_stop(6, rid1, 1, "exited with code 3", "crash", [3, 3, 3, 3])
-    rid2 = run.start(200, attempt=2)
-    run.error_file(3, 210, "crash", "torch.OutOfMemoryError: CUDA out of memory.")
-    run.launcher_stop(211, rid2, 2, "exited with code 3", "crash", [0, 0, 0, 3])
+    rid2 = run.start(2000, attempt=2)
+    run.error_file(3, 2010, "crash", "torch.OutOfMemoryError: CUDA out of memory.")
+    fresh = run.root / "logs" / "rank3.error.json"  # the file server's clock 5 minutes behind
+    os.utime(fresh, (T0 + 1710, T0 + 1710))
+    run.launcher_stop(2011, rid2, 2, "exited with code 3", "crash", [0, 0, 0, 3])
     seen = []
     real = read.read_json
     monkeypatch.setattr(read, "read_json", lambda info, *a: seen.append(info.source)

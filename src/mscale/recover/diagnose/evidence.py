@@ -251,14 +251,19 @@ def _logs_dir(ev: RunEvidence, files: list[rd.FileInfo]) -> None:
 ERROR_FILE_READERS = 16
 """Error files read at once. After a job-wide timeout every rank writes one: 12,288 files, whose
 reads one after another are minutes on an object store (a round trip or two each)."""
+MTIME_SLACK_S = 600.0
+"""How far a file's modification time (the file server's clock) may lag the attempt's start
+(rank 0's clock) before the file is taken for an earlier attempt's and not read."""
 
 
 def _read_error_files(ev: RunEvidence, files: list[rd.FileInfo]) -> dict[str, object]:
     """source → what `rd.read_json` gave (a record, or the `rd.Problem` it raised) for each
-    ``rank<N>.error.json`` this attempt may have written: one modified before the attempt began
-    holds an older attempt's error (its record's time is no later than the file's), so it is not
-    read at all."""
-    wanted = [f for f in files if _RANK_ERR.match(f.source) and _fresh(ev, f.mtime)]
+    ``rank<N>.error.json`` this attempt may have written: one modified well before the attempt
+    began (`MTIME_SLACK_S`: the storage's clock is not rank 0's) holds an older attempt's error,
+    so it is not read at all; the record's own time still decides for the rest."""
+    begins = ev.attempt.begins
+    wanted = [f for f in files if _RANK_ERR.match(f.source)
+              and (begins is None or f.mtime is None or f.mtime > begins - MTIME_SLACK_S)]
 
     def read(f: rd.FileInfo) -> object:
         try:
