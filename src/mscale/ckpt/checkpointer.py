@@ -204,7 +204,7 @@ class Checkpointer:
         writing, failed = commit.status(not f.done(), f.done() and f.exception() is not None,
                                         self.group)
         if writing == 0:
-            self._finish()
+            self._finish(failed)
 
     def wait(self) -> None:
         """Collective: block until the in-flight save is written and committed (or failed).
@@ -219,7 +219,7 @@ class Checkpointer:
             return
         f, t0, said = fl.future, time.monotonic(), 0
         while True:
-            writing, _ = commit.status(not f.done(), f.done() and f.exception() is not None,
+            writing, failed = commit.status(not f.done(), f.done() and f.exception() is not None,
                                        self.group)
             if writing == 0:
                 break
@@ -231,7 +231,7 @@ class Checkpointer:
                           message=f"checkpoint {fl.name}: {writing} rank(s) still writing after "
                                   f"{waited:.0f} s; training waits for the write to end",
                           evidence={"still_writing": writing, "waited_s": round(waited, 1)})
-        self._finish()
+        self._finish(failed)
         if self.commit_future is not None:
             self.commit_future.exception()
         self.commit_future = None
@@ -249,21 +249,40 @@ class Checkpointer:
                       tensors={it.key: [list(it.shape), it.dtype] for it in self.items})
         return report
 
-    def _finish(self) -> None:
+    def _finish(self, failed: int) -> None:
+        """Collective at a step boundary: every rank's report gathered to rank 0, whose writer
+        thread then decodes them, builds the manifest and commits (`_assemble`). Decoding and
+        building on the training thread held every rank at the next collective: ~80 s at each
+        commit of 175B on 12,288 ranks (docs/benchmarks.md). A save that failed on ``failed``
+        ranks (the status all-reduce's count) is judged here, so that a full disk stops the job
+        at this boundary (`fatal`)."""
         fl, self.inflight = self.inflight, None
-        reports = commit.gather_json(self._report(fl), self.group)
-        if reports is None:  # not rank 0
+        raw = commit.gather_raw(self._report(fl), self.group)
+        if raw is None:  # not rank 0
             return
-        failed = [r for r in reports if "error" in r]
         if failed:
-            self._failed(fl, failed)
+            reports = commit.decode_gathered(raw)
+            path = self._failed(fl, [r for r in reports if "error" in r])
+            self.commit_future = self.writer.submit(catalog.remove, path)
+            return
+        self.commit_future = self.writer.submit(self._assemble, fl, raw)
+
+    def _assemble(self, fl: _InFlight, raw: list[bytes]) -> None:
+        """Rank 0's writer thread: the gathered reports → a failed save, or manifest and commit."""
+        reports = commit.decode_gathered(raw)
+        del raw
+        failed = [r for r in reports if "error" in r]
+        if failed:  # not counted by the status all-reduce: judged here all the same
+            with contextlib.suppress(Exception):
+                catalog.remove(self._failed(fl, failed))
             return
         manifest = commit.build_manifest(
             fl.step, reports, codec=self.opts.codec, level=self.opts.level,
             chunk_bytes=self.opts.chunk_bytes, layout=self._layout_record(),
             plan=self.live.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
         evidence = _evidence(fl, reports)
-        self.commit_future = self.writer.submit(self._commit, fl, manifest, evidence)
+        del reports
+        self._commit(fl, manifest, evidence)
 
     def _commit(self, fl: _InFlight, manifest, evidence: dict) -> None:
         try:
@@ -312,7 +331,9 @@ class Checkpointer:
                       message=f"checkpoint {fl.name} committed, but {what}: {trouble}",
                       evidence={"path": catalog.join(self.root, fl.name), **result})
 
-    def _failed(self, fl: _InFlight, failed: list[dict]) -> None:
+    def _failed(self, fl: _InFlight, failed: list[dict]) -> str:
+        """Record a save that failed on some ranks; returns its directory, for the caller to
+        remove."""
         path = catalog.join(self.root, fl.name)
         latest = self._latest()
         then = self._then(fl, latest, any(r.get("disk_full") for r in failed))
@@ -324,7 +345,7 @@ class Checkpointer:
                   evidence={"path": path, "reason": fl.reason, "latest": latest,
                             "errors": {str(r["rank"]): r["error"] for r in failed[:16]},
                             "action": "attempt removed"})
-        self.commit_future = self.writer.submit(catalog.remove, path)
+        return path
 
     def _then(self, fl: _InFlight, latest: str | None, full: bool) -> str:
         """What happens after a failed save (module docstring); a full disk sets `fatal`."""

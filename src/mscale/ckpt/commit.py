@@ -4,8 +4,10 @@
 2. At each step boundary, on the training thread, one small SUM all-reduce on the checkpoint's
    own gloo group asks "is any rank still writing, did any fail?" (`status`). No collective ever
    runs on a background thread, and none touches the TP/DP/default groups.
-3. When none is writing, every rank's result (shard info or error) is gathered to rank 0
-   (`gather_json`), again at a step boundary.
+3. When none is writing, every rank's result (shard info or error) is gathered to rank 0 as
+   JSON bytes (`gather_raw`), again at a step boundary. Rank 0's writer thread decodes them and
+   builds the manifest (`build_manifest`): the training thread goes on (a save that failed on
+   some rank is judged on the training thread, so that a full disk stops the job there).
 4. Rank 0, on its writer thread, first re-reads the run's lock: a job whose lock another job
    took over (it was stopped past its lease) writes nothing more (`CommitRefused`). Then
    ``manifest.json`` (atomic), then ``COMMITTED`` (atomic; holds the manifest's sha256), then
@@ -45,9 +47,17 @@ def status(writing: bool, failed: bool, group) -> tuple[int, int]:
 def gather_json(obj, group, dst: int = 0) -> list | None:
     """Gather one JSON-able object per rank to ``dst`` (None elsewhere). JSON bytes in uint8
     tensors: no pickling, and it works on gloo whatever the training backend."""
+    raw = gather_raw(obj, group, dst)
+    return None if raw is None else decode_gathered(raw)
+
+
+def gather_raw(obj, group, dst: int = 0) -> list[bytes] | None:
+    """`gather_json`'s collective alone: each rank's JSON bytes on ``dst``, not yet decoded, so
+    ``dst`` may decode them off the training thread (`decode_gathered`): 12,288 ranks' shard
+    reports are ~660 MB of JSON, ~30 s to decode (docs/benchmarks.md)."""
     data = json.dumps(obj).encode()
     if group is None:
-        return [obj]
+        return [data]
     world = dist.get_world_size(group)
     size = torch.tensor([len(data)], dtype=torch.int64)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
@@ -60,7 +70,12 @@ def gather_json(obj, group, dst: int = 0) -> list | None:
     dist.gather(buf, out, dst=dst, group=group)
     if me != dst:
         return None
-    return [json.loads(bytes(t[: int(n)].numpy())) for t, n in zip(out, sizes)]
+    return [bytes(t[: int(n)].numpy()) for t, n in zip(out, sizes)]
+
+
+def decode_gathered(raw: list[bytes]) -> list:
+    """The objects `gather_raw` gathered, in rank order."""
+    return [json.loads(b) for b in raw]
 
 
 def broadcast_json(obj, group, src: int = 0):
