@@ -268,19 +268,20 @@ class Checkpointer:
         self.commit_future = self.writer.submit(self._assemble, fl, raw)
 
     def _assemble(self, fl: _InFlight, raw: list[bytes]) -> None:
-        """Rank 0's writer thread: the gathered reports → a failed save, or manifest and commit."""
-        reports = commit.decode_gathered(raw)
-        del raw
-        failed = [r for r in reports if "error" in r]
-        if failed:  # not counted by the status all-reduce: judged here all the same
-            with contextlib.suppress(Exception):
-                catalog.remove(self._failed(fl, failed))
+        """Rank 0's writer thread: the gathered reports (none failed: `_finish` judged those) →
+        manifest → commit. An error here is a failed commit (an event, the attempt removed),
+        never an exception left unread in the writer's future."""
+        try:
+            reports = commit.decode_gathered(raw)
+            del raw
+            manifest = commit.build_manifest(
+                fl.step, reports, codec=self.opts.codec, level=self.opts.level,
+                chunk_bytes=self.opts.chunk_bytes, layout=self._layout_record(),
+                plan=self.live.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
+            evidence = _evidence(fl, reports)
+        except Exception as e:  # noqa: BLE001 - reported as `_commit` reports its own errors
+            self._not_committed(fl, e, {"reason": fl.reason})
             return
-        manifest = commit.build_manifest(
-            fl.step, reports, codec=self.opts.codec, level=self.opts.level,
-            chunk_bytes=self.opts.chunk_bytes, layout=self._layout_record(),
-            plan=self.live.plan.model_dump(mode="json", exclude_none=True), state=fl.state)
-        evidence = _evidence(fl, reports)
         del reports
         self._commit(fl, manifest, evidence)
 
@@ -295,16 +296,23 @@ class Checkpointer:
             if latest == fl.name:  # the pointer moved before the error: the checkpoint stands
                 self._committed(fl, evidence, {"commit_error": f"{type(e).__name__}: {e}"})
                 return
-            with contextlib.suppress(Exception):
-                catalog.remove(catalog.join(self.root, fl.name))
-            then = self._then(fl, latest, disk_full(e))
-            self.failed[fl.step] = f"checkpoint {fl.name} written but not committed: {e}"
-            self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
-                      message=f"{self.failed[fl.step]}; {then}",
-                      evidence={**evidence, "error": f"{type(e).__name__}: {e}",
-                                "latest": latest, "action": "attempt removed"})
+            self._not_committed(fl, e, evidence, latest)
             return
         self._committed(fl, evidence, result)
+
+    def _not_committed(self, fl: _InFlight, e: Exception, evidence: dict,
+                       latest: str | None = None) -> None:
+        """A save written on every rank that failed before ``latest`` named it: the attempt is
+        removed, `failed` and a critical event say why (a full disk also sets `fatal`)."""
+        latest = latest if latest is not None else self._latest()
+        with contextlib.suppress(Exception):  # a dead attempt; the next start removes it too
+            catalog.remove(catalog.join(self.root, fl.name))
+        then = self._then(fl, latest, disk_full(e))
+        self.failed[fl.step] = f"checkpoint {fl.name} written but not committed: {e}"
+        self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
+                  message=f"{self.failed[fl.step]}; {then}",
+                  evidence={**evidence, "error": f"{type(e).__name__}: {e}",
+                            "latest": latest, "action": "attempt removed"})
 
     def _refused(self, fl: _InFlight, why: str, evidence: dict) -> None:
         """The run's lock is another job's now (module docstring): the attempt stays as it is,
@@ -464,7 +472,6 @@ class Checkpointer:
             shared = commit.broadcast_json(result.to_json() if result else None, self.group)
             return ResumePoint.from_json(shared) if shared else None
         return result
-
 
     def _rank0_runs(self, fn) -> futures.Future | None:
         """Collective: rank 0 runs ``fn`` on a thread while every rank asks every `WAIT_POLL_S`

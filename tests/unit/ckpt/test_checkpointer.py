@@ -164,3 +164,24 @@ def test_resume_runs_the_callers_check_on_the_chosen_manifest(tmp_path, tensors)
     with pytest.raises(MscaleError, match="holds 6 blocks") as e:
         ck.resume(check=refuse)
     assert seen == [2] and e.value.code == EXIT_BAD_INPUT and e.value.field == "model.layers"
+
+
+def test_an_error_assembling_the_manifest_is_a_failed_save_not_a_silent_one(tmp_path, tensors,
+                                                                          monkeypatch):
+    """The writer thread decodes the reports and builds the manifest; an error there was kept
+    unread in its future (no event, no commit, training on). It is a failed save now."""
+    import mscale.ckpt.commit as commit
+
+    root = catalog.join(_run(tmp_path, "file"), "ckpt")
+    _written(root, tensors)
+    ck, events = _checkpointer(root, lambda: None)
+
+    def broken(raw):
+        raise ValueError("a report that does not decode")
+    monkeypatch.setattr(commit, "decode_gathered", broken)
+    fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
+    ck._assemble(fl, [b"{}"])
+    assert catalog.read_latest(root) == "step-000002"
+    assert [e["kind"] for e in events] == ["checkpoint_failed"]
+    assert "a report that does not decode" in events[0]["message"]
+    assert ck.unsaved_end(4) is not None
