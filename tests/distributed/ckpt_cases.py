@@ -132,7 +132,9 @@ def resume_once(rank: int, world: int, path: str, case: dict) -> dict:
     loss = steps(engine, first, first + 1)
     ck.close()
     engine.grads.close()
-    return {"first": first, "loaded": loaded, "loss": loss, "after": state(engine)}
+    resumed = [e for e in events if e.get("message", "").startswith("resumed from")]
+    return {"first": first, "loaded": loaded, "loss": loss, "after": state(engine),
+            "resumed": [e["evidence"] for e in resumed]}
 
 
 def _failing_write(fail_step: int):

@@ -71,6 +71,8 @@ def test_a_slow_async_save_holds_the_state_of_its_step(proto):
         for k, v in at3[part].items():
             assert torch.equal(loaded[part][k], v), k
     assert {r["first"] for r in res} == {3}
+    # at the layout that saved, rank 0 read one shard index (its own), not all four
+    assert res[0]["resumed"][0]["indexes_read_rank0"] == 1
 
 
 def test_memory_filesystem_round_trip():

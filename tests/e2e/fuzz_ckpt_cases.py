@@ -55,6 +55,10 @@ def manifest_edit(changes, resign: bool = True) -> Callable[[Workspace], str]:
     return lambda ws: str(ws.edit_manifest(changes, resign))
 
 
+def index_edit(changes) -> Callable[[Workspace], str]:
+    return lambda ws: str(ws.edit_index(changes))
+
+
 def marker_file(data: bytes | None) -> Callable[[Workspace], str]:
     def make(ws: Workspace) -> str:
         ck = ws.ckpt_copy()
@@ -93,7 +97,7 @@ def shard(how: str) -> Callable[[Workspace], str]:
 
 def _chunks(value) -> Callable[[dict], None]:
     def change(doc: dict) -> None:
-        doc["shards"][0]["slices"][0]["chunks"][0] = value
+        doc["slices"][0]["chunks"][0] = value
     return change
 
 
@@ -105,12 +109,7 @@ MANIFEST_EDITS: list[tuple[str, object, str | None]] = [
     # (id, changes (dotted) or a function of the document, the field the report must name)
     ("layout-empty", {"layout": {}}, "layout"),
     ("layout-no-tp", {"layout.tp": DELETE}, "layout"),
-    ("chunk-arity-3", _chunks([1, 2, 3]), "chunks"),
-    ("chunk-arity-1", _chunks([1]), "chunks"),
-    ("chunk-negative", _chunks([-5, 0]), "chunks"),
-    ("chunk-2-to-46", _chunks([2**46, 0]), "chunks"),
-    ("flat-negative", {"shards.0.slices.0.flat": [-4, 8]}, "flat"),
-    ("offset-negative", {"shards.0.slices.0.offset": -1}, "offset"),
+    ("index-path-parent", {"shards.0.index.path": "../rank-00000.index.json"}, "path"),
     ("shape-negative", lambda d: d["tensors"][next(iter(d["tensors"]))].update(shape=[-1, 64]),
      "shape"),
     ("dtype-unknown", lambda d: d["tensors"][next(iter(d["tensors"]))].update(dtype="float8"),
@@ -123,6 +122,17 @@ MANIFEST_EDITS: list[tuple[str, object, str | None]] = [
     ("plan-hidden-wide", {"plan.model.hidden": "wide"}, "plan.model.hidden"),
     ("state-clip-tampered", _state_clip, "state.clip"),
     ("step-differs-from-marker", {"step": 6}, "step"),
+]
+
+INDEX_EDITS: list[tuple[str, object, str | None]] = [
+    # rank 0's shard index (its slices), re-signed into the manifest: (id, changes, field)
+    ("chunk-arity-3", _chunks([1, 2, 3]), "chunks"),
+    ("chunk-arity-1", _chunks([1]), "chunks"),
+    ("chunk-negative", _chunks([-5, 0]), "chunks"),
+    ("chunk-2-to-46", _chunks([2**46, 0]), "chunks"),
+    ("flat-negative", {"slices.0.flat": [-4, 8]}, "flat"),
+    ("offset-negative", {"slices.0.offset": -1}, "offset"),
+    ("other-shard", {"shard": "rank-00001.bin"}, "shard"),
 ]
 
 
@@ -177,6 +187,9 @@ def verify_cases() -> Iterator[Case]:
     for name, changes, field in MANIFEST_EDITS:
         yield Case(f"verify-manifest-{name}", verify(manifest_edit(changes)), code=2,
                    field=field, isolate=name == "chunk-2-to-46")
+    for name, changes, field in INDEX_EDITS:
+        yield Case(f"verify-index-{name}", verify(index_edit(changes)), code=2, field=field,
+                   isolate=name == "chunk-2-to-46")
     yield Case("verify-manifest-not-resigned", verify(manifest_edit({"step": 5, "level": 9},
                                                                     resign=False)), code=2)
     for how in ("dir", "fifo", "missing", "truncated", "flipped", "outside"):
@@ -263,11 +276,15 @@ def convert_cases() -> Iterator[Case]:
         yield Case(f"convert-manifest-{how}", lambda ws, how=how: convert_argv(
             manifest_file(how)(ws), str(ws.root / "out"), *_to_plan(ws)), code=DAMAGED)
     for name, changes, field in MANIFEST_EDITS:
-        if name in ("plan-hidden-wide", "state-clip-tampered", "chunk-arity-3", "layout-empty",
-                    "chunk-negative", "chunk-2-to-46"):
+        if name in ("plan-hidden-wide", "state-clip-tampered", "layout-empty"):
             target = ("--to-hf",) if name == "plan-hidden-wide" else ()
             yield Case(f"convert-manifest-{name}", lambda ws, c=changes, t=target: convert_argv(
                 manifest_edit(c)(ws), str(ws.root / "out"), *(t or _to_plan(ws))),
+                code=DAMAGED, field=field)
+    for name, changes, field in INDEX_EDITS:
+        if name in ("chunk-arity-3", "chunk-negative", "chunk-2-to-46"):
+            yield Case(f"convert-index-{name}", lambda ws, c=changes: convert_argv(
+                index_edit(c)(ws), str(ws.root / "out"), *_to_plan(ws)),
                 code=DAMAGED, field=field, isolate=name == "chunk-2-to-46")
     yield Case("convert-shard-fifo", lambda ws: convert_argv(
         shard("fifo")(ws), str(ws.root / "out"), *_to_plan(ws)), code=DAMAGED, isolate=True)

@@ -229,6 +229,26 @@ class Workspace:
         self.mark(ck / "manifest.json")
         return ck
 
+    def edit_index(self, changes: dict[str, Any] | Callable[[dict], Any], rank: int = 0) -> Path:
+        """Change the copy's rank-NNNNN.index.json (a shard's slice table) and re-sign it: the
+        manifest records its new size and sha256, the marker the new manifest."""
+        ck = self.ckpt_copy()
+        path = ck / f"rank-{rank:05d}.index.json"
+        doc = json.loads(path.read_text())
+        doc = changes(doc) or doc if callable(changes) else edit(doc, changes)
+        raw = json.dumps(doc).encode()
+        path.write_bytes(raw)
+        manifest = json.loads((ck / "manifest.json").read_text())
+        ref = next(s for s in manifest["shards"] if s["rank"] == rank)["index"]
+        ref["bytes"], ref["sha256"] = len(raw), hashlib.sha256(raw).hexdigest()
+        data = json.dumps(manifest).encode()
+        (ck / "manifest.json").write_bytes(data)
+        marker = json.loads((ck / "COMMITTED").read_text())
+        marker["manifest_sha256"] = hashlib.sha256(data).hexdigest()
+        (ck / "COMMITTED").write_text(json.dumps(marker))
+        self.mark(path)
+        return ck
+
 
 def snapshot(root: Path) -> dict[str, tuple]:
     """Every path under ``root`` with its kind, mode and content hash: "nothing damaged" is

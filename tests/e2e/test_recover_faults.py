@@ -140,7 +140,8 @@ def flip_an_optimizer_byte(ckpt: Path) -> None:
     under ZeRO 1 nobody reads the model tensors): the size stays, so only a full verify or the
     load itself sees it."""
     manifest = json.loads((ckpt / "manifest.json").read_text())
-    shard, s = next((sh, s) for sh in manifest["shards"] for s in sh["slices"]
+    shard, s = next((sh, s) for sh in manifest["shards"]
+                    for s in json.loads((ckpt / sh["index"]["path"]).read_text())["slices"]
                     if s["tensor"].startswith("optim."))
     with open(ckpt / shard["path"], "r+b") as f:
         f.seek(s["offset"] + s["chunks"][0][0] // 2)

@@ -17,10 +17,10 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from mscale.ckpt import untrusted
-from mscale.ckpt.limits import MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
-from mscale.ckpt.checks import parse_manifest
+from mscale.ckpt.limits import MAX_INDEX_BYTES, MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
+from mscale.ckpt.checks import parse_index, parse_manifest
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
-                                  check_relative, parse_marker, sha256)
+                                  SliceInfo, check_relative, parse_marker, sha256)
 from mscale.errors import EXIT_CRITICAL, MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 from mscale.urls import location_key
@@ -199,6 +199,26 @@ def open_shard(ckpt: str, shard: ShardInfo):
                           code=EXIT_CRITICAL, fix="run `mscale ckpt verify`; use an older "
                                                   "checkpoint")
     return fh
+
+
+def shard_slices(ckpt: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
+    """A shard's slices: inline (schema 1) or from its index file, opened like a shard (inside
+    the directory, a regular file of the recorded size) and checked (`checks.parse_index`)."""
+    if shard.index is None:
+        return shard.slices
+    url = join(ckpt, shard.index.path)
+    try:
+        fh, size = open_inside(ckpt, shard.index.path)
+    except FileNotFoundError:
+        raise MscaleError("missing", file=url, code=EXIT_CRITICAL,
+                          fix="run `mscale ckpt verify`; use an older checkpoint") from None
+    with fh:
+        if size != shard.index.bytes or size > MAX_INDEX_BYTES:
+            raise MscaleError(f"file has {size} bytes, the manifest says {shard.index.bytes}",
+                              file=url, field="bytes", code=EXIT_CRITICAL,
+                              fix="run `mscale ckpt verify`; use an older checkpoint")
+        data = fh.read(size + 1)
+    return parse_index(data, url, m, shard)
 
 
 def load_manifest(ckpt: str) -> Manifest:

@@ -41,13 +41,16 @@ import torch.distributed as dist
 
 from mscale.ckpt import catalog, commit
 from mscale.ckpt.live import LiveRank
-from mscale.ckpt.load import CheckpointReader, install, read_for_rank
-from mscale.ckpt.manifest import RNG, TrainState, tensor_key
+from mscale.ckpt.load import CheckpointReader, has_optimizer, install, read_for_rank
+from mscale.ckpt.manifest import MANIFEST, RNG, TrainState, tensor_key
 from mscale.ckpt.options import CkptOptions
-from mscale.ckpt.ownership import Item, RankLayout, from_live, layout_record, write_items
+from mscale.ckpt.ownership import (Item, RankLayout, from_live, layout_record, likely_writers,
+                                   write_items)
 from mscale.ckpt.resume import ResumePoint, choose_resume
 from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
 from mscale.ckpt.writer import BackgroundWriter, WriteHooks, snapshot_and_write
+from mscale.config.base import validate
+from mscale.config.plan import Plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import DiskFullError
 
@@ -246,7 +249,7 @@ class Checkpointer:
             return report
         res, copy_s = fl.future.result()
         report.update(shard=res.info, write_s=res.seconds, copy_s=copy_s, raw_bytes=res.raw_bytes,
-                      tensors={it.key: [list(it.shape), it.dtype] for it in self.items})
+                      tensors=commit.reported_tensors(self.items))
         return report
 
     def _finish(self, failed: int) -> None:
@@ -406,7 +409,7 @@ class Checkpointer:
             return 0
         t0 = time.perf_counter()
         manifest = point.manifest
-        reader = CheckpointReader(point.path, manifest)
+        reader = CheckpointReader(point.path, manifest, prefer=self._likely_writers(manifest))
         try:
             data = self._agree(lambda: self._read(reader), share=False)
             install(self.live, self.layout, manifest, data)
@@ -421,11 +424,17 @@ class Checkpointer:
         self.emit(kind="info", severity="info", step=manifest.state.step,
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "samples": manifest.state.samples,
+                            "indexes_read_rank0": reader.indexes_read,
                             "from_layout": manifest.layout,
                             "to_layout": self._layout_record(), "load_s": time.perf_counter() - t0,
                             "bytes_read_rank0": reader.bytes_read, "cleaned": point.cleaned,
                             "model_only": "optim" not in data})
         return manifest.state.step
+
+    def _likely_writers(self, manifest) -> set[int] | None:
+        """The shards whose indexes this rank reads first at resume (`likely_writers`)."""
+        saved = validate(Plan, manifest.plan, MANIFEST, prefix="plan.")  # checked when parsed
+        return likely_writers(saved, self.live.plan, self.layout, has_optimizer(manifest))
 
     def _read(self, reader: CheckpointReader) -> dict:
         """Every file read of a resume (no collectives): state, and the RNG states when the

@@ -7,15 +7,17 @@ before returning: after it, every slice lies inside its tensor and its shard's r
 every chunk is no longer than the chunk size allows, and the step, layout and plan agree.
 What is left for `verify` is what needs the whole picture or the files: that slices tile each
 shard, that every element is stored exactly once, and the bytes themselves. The shard's real
-size is checked where it is opened (`catalog.open_shard`), so no read goes past it.
+size is checked where it is opened (`catalog.open_shard`), so no read goes past it. A schema-2
+shard's slices are checked the same way when its index file is read (`parse_index`).
 """
 
 from __future__ import annotations
 
 from mscale.ckpt import untrusted
-from mscale.ckpt.limits import MAX_MANIFEST_BYTES, U32, max_stored
-from mscale.ckpt.manifest import (MASTER_DTYPE, TENSOR_KEY, ClipState, LayoutRecord, Manifest,
-                                  SliceInfo, itemsize, strict_record)
+from mscale.ckpt.limits import MAX_INDEX_BYTES, MAX_MANIFEST_BYTES, U32, max_stored
+from mscale.ckpt.manifest import (MANIFEST, MASTER_DTYPE, TENSOR_KEY, ClipState, LayoutRecord,
+                                  Manifest, ShardIndex, ShardInfo, SliceInfo, itemsize, sha256,
+                                  strict_record)
 from mscale.ckpt.untrusted import DAMAGED
 from mscale.config.base import validate
 from mscale.config.plan import Plan
@@ -63,7 +65,8 @@ def raw_lengths(nbytes: int, chunk_bytes: int) -> list[int]:
 def _check_slice(m: Manifest, s: SliceInfo, file_bytes: int, source: str, where: str) -> None:
     info = m.tensors.get(s.tensor)
     if info is None:
-        raise _bad(source, f"{where}.tensor", f"unknown tensor {s.tensor[:80]!r}")
+        raise _bad(source, f"{where}.tensor", f"unknown tensor {s.tensor[:80]!r}: "
+                   f"{MANIFEST} lists no such tensor")
     if len(s.box) != len(info.shape) or not all(
             0 <= a < b <= d for (a, b), d in zip(s.box, info.shape)):
         raise _bad(source, f"{where}.box", f"{s.box} is not inside {s.tensor}'s shape "
@@ -89,6 +92,25 @@ def _check_slice(m: Manifest, s: SliceInfo, file_bytes: int, source: str, where:
     if s.offset + s.stored_bytes > file_bytes:
         raise _bad(source, f"{where}.offset", f"its chunks end at byte "
                    f"{s.offset + s.stored_bytes}, beyond the shard's {file_bytes} bytes")
+
+
+def parse_index(data: bytes, source: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
+    """A schema-2 shard's slices from its index file's bytes, checked as `check_manifest` checks
+    inline ones: the bytes are the ones the (committed) manifest names by sha256, the index
+    names this shard, and every slice lies inside its tensor and the shard."""
+    if shard.index is None:
+        raise _bad(source, "index", "the manifest names no index for this shard")
+    if sha256(data) != shard.index.sha256:
+        raise _bad(source, None, "sha256 differs from the one the manifest records for it "
+                   "(changed or replaced after the commit)")
+    raw = untrusted.load_json(data, source, "shard index", MAX_INDEX_BYTES)
+    index = strict_record(ShardIndex, raw, source)
+    if index.shard != shard.path or index.rank != shard.rank:
+        raise _bad(source, "shard", f"describes {index.shard} of rank {index.rank}, not "
+                   f"{shard.path} of rank {shard.rank}")
+    for j, s in enumerate(index.slices):
+        _check_slice(m, s, shard.bytes, source, f"slices[{j}]")
+    return index.slices
 
 
 def parse_manifest(data: bytes, source: str) -> Manifest:

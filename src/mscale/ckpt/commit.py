@@ -4,8 +4,9 @@
 2. At each step boundary, on the training thread, one small SUM all-reduce on the checkpoint's
    own gloo group asks "is any rank still writing, did any fail?" (`status`). No collective ever
    runs on a background thread, and none touches the TP/DP/default groups.
-3. When none is writing, every rank's result (shard info or error) is gathered to rank 0 as
-   JSON bytes (`gather_raw`), again at a step boundary. Rank 0's writer thread decodes them and
+3. When none is writing, every rank's result (shard info or error: a few hundred bytes, the
+   slices are in the shard's index file) is gathered to rank 0 as JSON bytes (`gather_raw`),
+   again at a step boundary. Rank 0's writer thread decodes them and
    builds the manifest (`build_manifest`): the training thread goes on (a save that failed on
    some rank is judged on the training thread, so that a full disk stops the job there).
 4. Rank 0, on its writer thread, first re-reads the run's lock: a job whose lock another job
@@ -30,8 +31,9 @@ import torch.distributed as dist
 from mscale.ckpt import catalog, pins
 from mscale.ckpt.catalog import join, write_latest
 from mscale.ckpt.limits import MAX_MANIFEST_BYTES
-from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MODEL_ALIAS, CommitMarker, Manifest,
-                                  ShardInfo, TensorInfo, TrainState, manifest_bytes, sha256)
+from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MANIFEST_SCHEMA_VERSION, MODEL_ALIAS,
+                                  CommitMarker, Manifest, ShardInfo, TensorInfo, TrainState,
+                                  manifest_bytes, sha256)
 from mscale.errors import MscaleError
 from mscale.runs.atomic import write_bytes_atomic
 
@@ -53,8 +55,7 @@ def gather_json(obj, group, dst: int = 0) -> list | None:
 
 def gather_raw(obj, group, dst: int = 0) -> list[bytes] | None:
     """`gather_json`'s collective alone: each rank's JSON bytes on ``dst``, not yet decoded, so
-    ``dst`` may decode them off the training thread (`decode_gathered`): 12,288 ranks' shard
-    reports are ~660 MB of JSON, ~30 s to decode (docs/benchmarks.md)."""
+    ``dst`` may decode them off the training thread (`decode_gathered`)."""
     data = json.dumps(obj).encode()
     if group is None:
         return [data]
@@ -92,10 +93,21 @@ def broadcast_json(obj, group, src: int = 0):
     return json.loads(bytes(buf.numpy()))
 
 
+def reported_tensors(items) -> dict[str, list]:
+    """The tensors a rank names in its report: those whose first element it writes. Every
+    element of a checkpoint's tensor is written exactly once, so each tensor is named by exactly
+    one rank, and rank 0 gathers a tensor table rather than 12,288 overlapping ones."""
+    return {it.key: [list(it.shape), it.dtype] for it in items
+            if it.flat[0] == 0 and all(a == 0 for a, _ in it.box)}
+
+
 def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, chunk_bytes: int,
-                   layout: dict, plan: dict, state: TrainState) -> Manifest:
-    """The manifest from every rank's report (``{"shard", "tensors"}``); ``model_alias`` is
-    set whenever optimizer master weights are stored (ownership.py)."""
+                   layout: dict, plan: dict, state: TrainState,
+                   schema_version: int = MANIFEST_SCHEMA_VERSION) -> Manifest:
+    """The manifest from every rank's report (``{"shard", "tensors"}``: `reported_tensors`);
+    ``model_alias`` is set whenever optimizer master weights are stored (ownership.py).
+    ``schema_version`` 1 (reports listing their slices inline) is for bench_manifest.py's
+    reference: mscale writes 2."""
     tensors: dict[str, TensorInfo] = {}
     for r in reports:
         for key, (shape, dtype) in r["tensors"].items():
@@ -103,7 +115,7 @@ def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, ch
     shards = sorted((ShardInfo.model_validate(r["shard"]) for r in reports if r.get("shard")),
                     key=lambda s: s.rank)
     alias = MODEL_ALIAS if any(k.startswith(MODEL_ALIAS + "/") for k in tensors) else None
-    return Manifest(step=step, codec=codec, level=level, chunk_bytes=chunk_bytes, layout=layout,
+    return Manifest(schema_version=schema_version, step=step, codec=codec, level=level, chunk_bytes=chunk_bytes, layout=layout,
                     plan=plan, state=state, tensors=dict(sorted(tensors.items())), shards=shards,
                     model_alias=alias)
 

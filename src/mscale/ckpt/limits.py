@@ -25,9 +25,12 @@ MAX_NDIM = 8
 U32 = (1 << 32) - 1
 
 MAX_MANIFEST_BYTES = 1 << 30
-"""The largest manifest.json a loader reads. It lists every slice of every rank: 175B on 12,288
-ranks at ZeRO-1 is ~430 MB (docs/architecture.md), so a commit refuses to write one larger than
-this rather than leave a checkpoint no loader would read."""
+"""The largest manifest.json a loader reads. Since schema 2 it lists shards, not slices: 175B on
+12,288 ranks is a few MB (docs/architecture.md; schema 1's inline slices made it ~430 MB). A
+commit refuses to write one larger than this rather than leave a checkpoint no loader reads."""
+MAX_INDEX_BYTES = 1 << 28
+"""The largest shard index (``rank-NNNNN.index.json``): ~35 KB a rank at 175B on 12,288 ranks; a
+whole 405B model in one shard lists ~200,000 chunks, ~5 MB."""
 MAX_SMALL_BYTES = 64 << 10
 """``latest`` and ``COMMITTED`` hold a name, or a hash and a step."""
 

@@ -6,6 +6,12 @@ overlap are read and decoded). Nothing else is needed for a layout change: TP ch
 ZeRO/DP changes the flat ranges, PP changes which parameters a rank holds, and each rank asks for
 what it holds now by global name.
 
+Which slices exist is read from the shards' index files (schema 2; manifest.py), and only as far
+as needed: a rank resuming at the layout that saved reads the indexes of the shards that
+`ownership.likely_writers` names (its own and a few others, not 12,288). A guess that misses
+costs time, never correctness: a region the read indexes do not cover makes the reader read
+every other index before it answers, and a region no slice covers is an error.
+
 `read_for_rank` then `install` restore a live training process (`LiveRank`):
 - with optimizer state: every rank reads its ZeRO shard of master, exp_avg and exp_avg_sq and
   the model parameters are rebuilt from the masters by the optimizer's all-gather (the parameters
@@ -18,11 +24,13 @@ what it holds now by global name.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from mscale.ckpt.catalog import open_shard
+from mscale.ckpt.catalog import open_shard, shard_slices
 from mscale.ckpt.format import ChunkError, Decoder, torch_dtype
 from mscale.ckpt.live import LiveRank, OptimizerState
 from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
@@ -31,19 +39,42 @@ from mscale.ckpt.slices import Box, copy_overlap, intersect, rows_box
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
 
-class CheckpointReader:
-    """Reads regions of a committed checkpoint's tensors; keeps its shard files open."""
+INDEX_READERS = 16
+"""Index files read at once when many are needed (an offline convert, a resume at a new layout):
+small files on a shared filesystem, where latency, not bandwidth, is the cost."""
 
-    def __init__(self, ckpt_dir: str, manifest: Manifest):
+
+class CheckpointReader:
+    """Reads regions of a committed checkpoint's tensors; keeps its shard files open.
+    ``prefer``: the ranks whose shards hold what this reader will be asked for (their indexes
+    are read first; the rest only if a region needs them); None reads every index."""
+
+    def __init__(self, ckpt_dir: str, manifest: Manifest, prefer: Collection[int] | None = None):
         self.dir, self.manifest = ckpt_dir, manifest
         self.decoder = Decoder(manifest.codec, manifest.chunk_bytes)
         self.slices: dict[str, list[tuple[str, SliceInfo]]] = defaultdict(list)
         self.shards = {shard.path: shard for shard in manifest.shards}
-        for shard in manifest.shards:
-            for s in shard.slices:
-                self.slices[s.tensor].append((shard.path, s))
+        self._unread = {shard.rank: shard for shard in manifest.shards}
+        self.indexes_read = 0
+        """Shards whose slice tables this reader has read (an index file each, schema 2)."""
         self._files: dict[str, object] = {}
         self.bytes_read = 0
+        self._read_tables(prefer)
+
+    def _read_tables(self, ranks: Collection[int] | None = None) -> None:
+        """Learn the slices of ``ranks``' shards (None: every shard not read yet)."""
+        todo = [self._unread.pop(r) for r in sorted(self._unread if ranks is None else set(ranks))
+                if r in self._unread]
+        if len(todo) > 1 and any(sh.index is not None for sh in todo):
+            with ThreadPoolExecutor(INDEX_READERS, "mscale-ckpt-index") as pool:
+                tables = list(pool.map(lambda sh: shard_slices(self.dir, self.manifest, sh),
+                                       todo))
+        else:
+            tables = [shard_slices(self.dir, self.manifest, sh) for sh in todo]
+        for shard, slices in zip(todo, tables):
+            for s in slices:
+                self.slices[s.tensor].append((shard.path, s))
+        self.indexes_read += len(todo)
 
     def __enter__(self) -> "CheckpointReader":
         return self
@@ -101,6 +132,9 @@ class CheckpointReader:
                     self._file(path), s, info.dtype, lo, hi))
 
             copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
+        if copied != out.numel() and self._unread:  # the preferred shards did not hold it all
+            self._read_tables()
+            return self.read(key, box, flat, shape, out)
         if copied != out.numel():
             raise MscaleError(f"{key}{list(box)}[{flat[0]}:{flat[1]}]: slices cover {copied} of "
                               f"{out.numel()} elements", file=self.dir, field=f"tensors.{key}",

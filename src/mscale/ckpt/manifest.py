@@ -3,14 +3,24 @@
 A checkpoint directory holds::
 
     step-000120/
-      manifest.json     this schema: tensors, shards, slices, chunk tables, training state, plan
-      rank-00000.bin    one shard file per writing rank: raw tensor bytes in chunks, nothing else
+      manifest.json          this schema: tensors, shards, training state, plan
+      rank-00000.bin         one shard file per writing rank: raw tensor bytes in chunks only
+      rank-00000.index.json  that shard's slices and chunk tables (a `ShardIndex`)
       ...
-      COMMITTED         the commit marker, written last; names the manifest's sha256
+      COMMITTED              the commit marker, written last; names the manifest's sha256
 
-A shard file has no header: it is the concatenation of the chunks listed in the manifest, so the
-manifest alone says where every byte of every tensor is, and nothing in a shard is ever parsed,
-let alone unpickled. Paths in a manifest are plain file names inside the checkpoint directory.
+A shard file has no header: it is the concatenation of the chunks its index lists, so the
+manifest and the indexes say where every byte of every tensor is, and nothing in a shard is ever
+parsed, let alone unpickled. Paths in a manifest are plain file names inside the checkpoint
+directory.
+
+Why the slices live beside their shard (schema 2) rather than in the manifest (schema 1, still
+read): at 175B on 12,288 ranks the slice tables are 2.7 million entries, a 428 MB manifest that
+every rank parsed at resume (75 s and 7 GB each) and rank 0 assembled at every commit (~80 s,
+docs/benchmarks.md). Now the manifest is a few MB, a commit gathers a few hundred bytes a rank,
+and a rank resuming at the layout that saved reads the indexes of the few shards it needs
+(load.py). The manifest records each index's size and sha256, so the commit marker still covers
+every byte a loader trusts.
 """
 
 from __future__ import annotations
@@ -23,17 +33,19 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mscale.ckpt import untrusted
-from mscale.ckpt.limits import (MAX_BYTES, MAX_CHUNK_BYTES, MAX_LEVEL,
+from mscale.ckpt.limits import (MAX_BYTES, MAX_CHUNK_BYTES, MAX_INDEX_BYTES, MAX_LEVEL,
                                 MAX_NDIM, MAX_NUMEL, MAX_SMALL_BYTES, MAX_STEP, MAX_WORLD,
                                 MIN_LEVEL, U32)
 from mscale.ckpt.untrusted import DAMAGED
 from mscale.config.base import StrictModel, validation_to_error
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION = 2
+"""2: slices in per-shard index files; 1: slices inline in the manifest (still read)."""
 MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 FORMAT = "mscale-ckpt"
+INDEX_FORMAT = "mscale-shard-index"
 
 ELEMENT_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
                  "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
@@ -81,6 +93,10 @@ def split_key(key: str) -> tuple[str, str]:
 
 def shard_name(rank: int) -> str:
     return f"rank-{rank:05d}.bin"
+
+
+def index_name(rank: int) -> str:
+    return f"rank-{rank:05d}.index.json"
 
 
 def check_relative(path: str) -> str:
@@ -153,6 +169,20 @@ class SliceInfo(_Record):
         return tuple((int(a), int(b)) for a, b in self.box)
 
 
+class IndexRef(_Record):
+    """`ShardInfo.index`: where a shard's slice table is, and what its bytes must hash to."""
+
+    path: str
+    """File name inside the checkpoint directory."""
+    bytes: int = Field(ge=2, le=MAX_INDEX_BYTES)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return check_relative(v)
+
+
 class ShardInfo(_Record):
     """One shard file."""
 
@@ -165,12 +195,25 @@ class ShardInfo(_Record):
     checksum: str = Field(pattern=r"^crc32-chunks:[0-9a-f]{8}$")
     """``crc32-chunks:<hex>``: crc32 over the little-endian crc32s of its chunks in file order,
     so it covers every byte; `verify` recomputes it from the file."""
-    slices: list[SliceInfo]
+    slices: list[SliceInfo] = []
+    """Schema 1: the shard's slices, in file order. Schema 2 leaves this empty (``index``)."""
+    index: IndexRef | None = None
+    """Schema 2: the file that lists the shard's slices (a `ShardIndex`)."""
 
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
         return check_relative(v)
+
+
+class ShardIndex(_Record):
+    """``rank-NNNNN.index.json``: one shard's slices, in file order (schema 2)."""
+
+    format: Literal["mscale-shard-index"] = INDEX_FORMAT
+    shard: str
+    """The shard file it describes (`ShardInfo.path`): an index cannot be swapped for another's."""
+    rank: int = Field(ge=0, lt=MAX_WORLD)
+    slices: list[SliceInfo]
 
 
 class ClipState(_Record):
@@ -291,9 +334,21 @@ class Manifest(_Record):
 
     @model_validator(mode="after")
     def _unique_paths(self) -> "Manifest":
-        paths = [s.path for s in self.shards]
+        paths = [s.path for s in self.shards] + [s.index.path for s in self.shards if s.index]
         if len(set(paths)) != len(paths) or MANIFEST in paths or COMMITTED in paths:
-            raise ValueError("shard paths must be distinct and not name the manifest or marker")
+            raise ValueError("shard and index paths must be distinct and not name the manifest "
+                             "or marker")
+        return self
+
+    @model_validator(mode="after")
+    def _slices_where_schema_says(self) -> "Manifest":
+        indexed = self.schema_version >= 2
+        for i, s in enumerate(self.shards):
+            if indexed and (s.index is None or s.slices):
+                raise ValueError(f"shards[{i}]: schema {self.schema_version} lists a shard's "
+                                 "slices in its index file (index set, slices empty)")
+            if not indexed and s.index is not None:
+                raise ValueError(f"shards[{i}]: schema 1 lists slices inline, not in an index")
         return self
 
     def has(self, group: str) -> bool:

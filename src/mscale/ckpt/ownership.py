@@ -163,6 +163,25 @@ def model_needs(rl: RankLayout) -> list[Item]:
                  (0, p.numel), ("param", p.index)) for p in rl.params]
 
 
+def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int] | None:
+    """The ranks of ``saved_plan`` whose shards hold what rank ``rl`` of ``plan`` reads back, or
+    None (every shard) when the TP/PP split changed. With the same split, a rank's parameters
+    were written by the replicas of its own (pp, tp) coordinate, TP rank 0 writing the
+    replicated ones (`write_items`); under ZeRO 1/2 at the same DP size, its optimizer shard by
+    the rank of its own coordinate. A wrong guess only costs time (`load.CheckpointReader`)."""
+    old, new = saved_plan.layout, plan.layout
+    if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp):
+        return None
+    placement = placement_for(saved_plan)
+    own_shard = (optimizer and old.dp == new.dp and min(old.zero_stage, new.zero_stage) > 0
+                 and old.dp_reduce == new.dp_reduce)
+    replicas = [rl.dp_rank] if own_shard else range(old.dp)
+    out = {rl.rank} if old.dp == new.dp else set()  # the RNG states: read at the same layout
+    for d in replicas:
+        out |= {placement.rank(d, rl.pp_rank, rl.tp_rank), placement.rank(d, rl.pp_rank, 0)}
+    return out
+
+
 def layout_record(plan) -> dict:
     """The ``layout`` a manifest records: enough to tell whether a load reshards."""
     lo = plan.layout

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from mscale.ckpt import catalog
-from mscale.ckpt.commit import build_manifest, write_commit
+from mscale.ckpt.commit import build_manifest, reported_tensors, write_commit
 from mscale.ckpt.limits import DEFAULT_CHUNK_BYTES
 from mscale.ckpt.load import CheckpointReader, has_optimizer
 from mscale.ckpt.manifest import Manifest, TrainState, itemsize
@@ -66,7 +66,7 @@ def _write_rank(dst: str, rank: int, items: list[Item], source: Source, codec: s
     views = (source(it).detach().contiguous().reshape(-1).view(torch.uint8) for it in items)
     snap = Snapshot(items, views, 0.0, sum(_nbytes(it) for it in items))
     res = write_shard(dst, rank, snap, codec, level, chunk_bytes, on_slice=tally.add)
-    return {"shard": res.info, "tensors": {it.key: [list(it.shape), it.dtype] for it in items}}
+    return {"shard": res.info, "tensors": reported_tensors(items)}
 
 
 def in_run(dst: str) -> bool:

@@ -3,8 +3,10 @@
 Checks, in order (each problem names the file and field at fault):
 1. the manifest parses against its schema (dtypes, paths that stay inside the directory);
 2. the commit marker exists and names this manifest's sha256 and step;
-3. structure: every slice names a known tensor, its box lies inside the tensor and its flat range
-   inside the box, its chunk table matches its element count; the slices of a shard tile the file;
+3. structure: every shard's index file (schema 2) is there, of the recorded size and sha256, and
+   names its shard; every slice names a known tensor, its box lies inside the tensor and its flat
+   range inside the box, its chunk table matches its element count; the slices of a shard tile
+   the file;
 4. coverage: for every tensor, the distinct boxes tile the tensor without overlap and within each
    box the flat ranges tile the box: every element is stored exactly once;
 5. files: every shard exists with the recorded size (``--quick`` stops here), and every chunk's
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from mscale.ckpt import catalog
 from mscale.ckpt.format import ChunkError, Decoder, shard_checksum
 from mscale.ckpt.checks import parse_manifest
-from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, itemsize, sha256
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, SliceInfo, itemsize, sha256
 from mscale.ckpt.limits import MAX_MANIFEST_BYTES
 from mscale.ckpt.progress import OnStart, Progress, Tally
 from mscale.ckpt.slices import box_shape, contains, intersect, numel
@@ -89,9 +91,29 @@ def verify(path: str, quick: bool = False, progress: Progress | None = None,
         on_start({"path": ckpt, "quick": quick, "step": rep.step, "shards": rep.shards,
                   "tensors": rep.tensors, "bytes": rep.bytes, "layout": rep.layout})
     _marker(ckpt, (raw, manifest), rep)
-    rep.problems += structure(manifest)
-    rep.problems += files(ckpt, manifest, quick, Tally(rep.bytes, progress))
+    tables = slice_tables(ckpt, manifest, rep.problems)
+    rep.problems += structure(manifest, tables)
+    rep.problems += files(ckpt, manifest, quick, Tally(rep.bytes, progress), tables)
     return rep
+
+
+Tables = dict[str, list[SliceInfo]]
+"""Each shard's slices by shard path; a shard whose index could not be read is absent."""
+
+
+def slice_tables(ckpt: str, m: Manifest, problems: list[Problem]) -> Tables:
+    """Every shard's slices (schema 2: its index file, read and checked; schema 1: inline); an
+    index that cannot be used is a problem naming it, and its shard's slices stay unknown."""
+    out: Tables = {}
+    for shard in m.shards:
+        where = shard.index.path if shard.index is not None else MANIFEST
+        try:
+            out[shard.path] = catalog.shard_slices(ckpt, m, shard)
+        except MscaleError as e:
+            problems.append(Problem(where, e.field, e.message))
+        except OSError as e:  # permissions, I/O errors: this index cannot be checked
+            problems.append(Problem(where, None, f"cannot read it: {e.strerror or e}"))
+    return out
 
 
 def _marker(ckpt: str, parsed, rep: Report) -> None:
@@ -116,13 +138,15 @@ def _marker(ckpt: str, parsed, rep: Report) -> None:
                                     f"manifest {manifest.step}"))
 
 
-def structure(m: Manifest) -> list[Problem]:
+def structure(m: Manifest, tables: Tables) -> list[Problem]:
     """Schema-level consistency and exact coverage (checks 3 and 4)."""
     out: list[Problem] = []
     by_tensor: dict[str, list[tuple[str, tuple, tuple]]] = defaultdict(list)
     for shard in m.shards:
+        if shard.path not in tables:
+            continue
         offset = 0
-        for i, s in enumerate(shard.slices):
+        for i, s in enumerate(tables[shard.path]):
             where = f"slices[{i}]"
             info = m.tensors.get(s.tensor)
             if info is None:
@@ -189,8 +213,10 @@ def coverage(key: str, shape: list[int], pieces: list[tuple[str, tuple, tuple]])
     return out
 
 
-def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None = None) -> list[Problem]:
-    """Shard presence, kind and size; without ``quick``, every chunk and the shard checksums.
+def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None,
+          tables: Tables) -> list[Problem]:
+    """Shard presence, kind and size; without ``quick``, every chunk and the shard checksums
+    (of the shards whose slices are known).
     ``tally`` counts the chunks' stored bytes as they are read; a shard that ends early (or
     cannot be opened) counts whole, so that the count ends at the manifest's total."""
     out = []
@@ -200,8 +226,8 @@ def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None = None) -> li
         start = tally.done
         try:
             with catalog.open_shard(ckpt, shard) as fh:
-                if not quick:
-                    out += _chunks(fh, shard, m, decoder, tally)
+                if not quick and shard.path in tables:
+                    out += _chunks(fh, shard, tables[shard.path], m, decoder, tally)
         except MscaleError as e:
             out.append(Problem(shard.path, e.field, e.message))
         except OSError as e:  # permissions, I/O errors: this file cannot be checked
@@ -210,9 +236,10 @@ def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None = None) -> li
     return out
 
 
-def _chunks(fh, shard, m: Manifest, decoder: Decoder, tally: Tally) -> list[Problem]:
+def _chunks(fh, shard, slices: list[SliceInfo], m: Manifest, decoder: Decoder,
+            tally: Tally) -> list[Problem]:
     crcs, bad = [], []
-    for i, s in enumerate(shard.slices):
+    for i, s in enumerate(slices):
         info = m.tensors.get(s.tensor)
         if info is None:
             continue

@@ -6,6 +6,10 @@ as torch.distributed.checkpoint's thread-mode async_save does; docs/references.m
 and file writes release the GIL, so training keeps running; on a machine with few cores it does
 slow down while a write is in flight (~2x measured on 2 cores, docs/references.md).
 
+Each shard's slice table goes to its own index file beside it (``rank-NNNNN.index.json``, written
+and fsynced after the shard); the report to rank 0 names the index by size and sha256, a few
+hundred bytes a rank whatever the shard holds (manifest.py says why).
+
 Durability: each shard is flushed and fsynced before its job reports success, and a failed fsync
 fails the job (the save becomes a ``checkpoint_failed`` event, ``latest`` stays); the commit
 marker is written only after every rank's job has succeeded (commit.py).
@@ -25,7 +29,8 @@ import torch
 
 from mscale.ckpt.catalog import fs_and_path, is_local, join
 from mscale.ckpt.format import Encoder, shard_checksum, write_slice
-from mscale.ckpt.manifest import ShardInfo, SliceInfo, shard_name
+from mscale.ckpt.manifest import (IndexRef, ShardIndex, ShardInfo, SliceInfo, index_name, sha256,
+                                  shard_name)
 from mscale.ckpt.snapshot import CopyGate, HostArena, Snapshot, use_device
 
 
@@ -34,7 +39,7 @@ class ShardResult:
     """What a finished write reports back to rank 0 (JSON-able)."""
 
     info: dict
-    """A `ShardInfo` as a dict."""
+    """A `ShardInfo` as a dict (its slices in the index file it names)."""
     seconds: float
     stored_bytes: int
     raw_bytes: int
@@ -80,10 +85,21 @@ def _chunk_callback(hooks: WriteHooks | None, fh, path: str):
     return lambda: hooks.after_chunk(fh, path, next(count))
 
 
+def write_index(ckpt_dir: str, rank: int, shard: str, slices: list[SliceInfo]) -> IndexRef:
+    """Write and fsync a shard's slice table; returns what the manifest records of it."""
+    data = ShardIndex(shard=shard, rank=rank, slices=slices).model_dump_json().encode()
+    name = index_name(rank)
+    with _open(join(ckpt_dir, name)) as fh:
+        fh.write(data)
+        _sync(fh)
+    return IndexRef(path=name, bytes=len(data), sha256=sha256(data))
+
+
 def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int,
                 chunk_bytes: int, hooks: WriteHooks | None = None,
                 on_slice: Callable[[int], None] | None = None) -> ShardResult:
-    """Write this rank's snapshot as ``rank-NNNNN.bin``; returns its `ShardInfo` and timings.
+    """Write this rank's snapshot as ``rank-NNNNN.bin`` and its slice table as
+    ``rank-NNNNN.index.json``; returns its `ShardInfo` and timings.
     ``on_slice`` gets each slice's raw bytes once they are written (an offline convert's
     progress; a training save has none)."""
     t0 = time.perf_counter()
@@ -102,7 +118,7 @@ def write_shard(ckpt_dir: str, rank: int, snap: Snapshot, codec: str, level: int
                 on_slice(view.numel())
         _sync(fh)
     info = ShardInfo(path=name, rank=rank, bytes=offset, checksum=shard_checksum(crcs),
-                     slices=slices)
+                     index=write_index(ckpt_dir, rank, name, slices))
     return ShardResult(info.model_dump(), time.perf_counter() - t0, offset, snap.nbytes)
 
 

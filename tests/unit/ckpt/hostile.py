@@ -1,5 +1,6 @@
-"""Helpers for the hostile-input tests: a small committed checkpoint, and manifest edits that are
-re-signed (the commit marker updated to the new sha256), as an operator with write access could."""
+"""Helpers for the hostile-input tests: a small committed checkpoint, and manifest and shard index
+edits that are re-signed (the manifest and the commit marker updated to the new sha256s), as an
+operator with write access could."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mscale.ckpt.manifest import COMMITTED, MANIFEST
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, index_name
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
 
 
@@ -45,6 +46,20 @@ def resign(ckpt: Path, edit) -> None:
     marker = json.loads((ckpt / COMMITTED).read_bytes())
     marker["manifest_sha256"] = hashlib.sha256(data).hexdigest()
     (ckpt / COMMITTED).write_text(json.dumps(marker))
+
+
+def resign_index(ckpt: Path, edit, rank: int = 0) -> None:
+    """Apply ``edit`` to rank ``rank``'s shard index (a dict edited in place) and re-sign it: the
+    manifest records the new size and sha256, the marker the new manifest."""
+    doc = json.loads((ckpt / index_name(rank)).read_bytes())
+    edit(doc)
+    data = json.dumps(doc).encode()
+    (ckpt / index_name(rank)).write_bytes(data)
+
+    def record(m):
+        ref = next(s for s in m["shards"] if s["rank"] == rank)["index"]
+        ref["bytes"], ref["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    resign(ckpt, record)
 
 
 def no_crash(code: int, out: str, err: str) -> bool:

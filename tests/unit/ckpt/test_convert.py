@@ -75,7 +75,7 @@ def _slices_hold_their_regions(path, m, tensors) -> None:
     (cut here by plain indexing, not by the reader's assembly)."""
     with CheckpointReader(path, m) as r:
         for shard in m.shards:
-            for x in shard.slices:
+            for x in catalog.shard_slices(path, m, shard):
                 box, (lo, hi) = x.box_tuple(), x.flat
                 want = tensors[x.tensor][tuple(slice(a, b) for a, b in box)].reshape(-1)[lo:hi]
                 assert torch.equal(r.read(x.tensor, box, (lo, hi)), want), (shard.path, x.tensor)
@@ -133,7 +133,7 @@ def test_converted_slices_are_the_ones_worked_out_by_hand(tmp_path, case):
     write_synthetic(src, start, tensors)
     target = plan(**layout, bucket_mb=ONE_BUCKET_EACH)
     m = reshard(src, catalog.load_committed(src), f"{tmp_path}/b", target, level=0)
-    written = {s.rank: {(x.tensor, x.box_tuple(), tuple(x.flat)) for x in s.slices}
-               for s in m.shards}
+    written = {s.rank: {(x.tensor, x.box_tuple(), tuple(x.flat))
+                        for x in catalog.shard_slices(f"{tmp_path}/b", m, s)} for s in m.shards}
     assert written == _by_hand(tensors, layout["tp"], layout["dp"], shard)
     _slices_hold_their_regions(f"{tmp_path}/b", m, tensors)

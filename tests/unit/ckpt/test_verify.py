@@ -10,6 +10,7 @@ import pytest
 from mscale.ckpt import catalog
 from mscale.ckpt.commit import write_commit
 from mscale.ckpt.manifest import COMMITTED, MANIFEST
+from mscale.ckpt.writer import write_index
 from mscale.ckpt.verify import verify
 from mscale.errors import MscaleError
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
@@ -85,9 +86,13 @@ def test_manifest_changed_after_commit(ckpt):
 
 
 def _rewrite(ckpt, edit):
-    """Edit the manifest and re-commit it, as a buggy writer would have."""
+    """Edit the manifest and the shards' slice tables, and re-commit them, as a buggy writer
+    would have."""
     m = catalog.load_manifest(str(ckpt))
-    edit(m)
+    tables = [catalog.shard_slices(str(ckpt), m, shard) for shard in m.shards]
+    edit(m, tables)
+    for shard, slices in zip(m.shards, tables):
+        shard.index = write_index(str(ckpt), shard.rank, shard.path, slices)
     write_commit(str(ckpt), m)
 
 
@@ -108,17 +113,16 @@ def test_paths_may_not_leave_the_directory(ckpt, tmp_path):
 
 
 def test_coverage_gaps_and_overlaps_are_found(ckpt):
-    def drop(m):
-        m.shards[1].slices.pop()
-        m.shards[1].bytes = sum(s.stored_bytes for s in m.shards[1].slices)
+    def drop(m, tables):
+        tables[1].pop()
+        m.shards[1].bytes = sum(s.stored_bytes for s in tables[1])
 
     _rewrite(ckpt, drop)
     assert any("missing" in msg for _, msg in _problems(ckpt))
 
-    def dup(m):
-        m.shards[0].slices.append(m.shards[0].slices[0].model_copy(
-            update={"offset": m.shards[0].bytes}))
-        m.shards[0].bytes += m.shards[0].slices[0].stored_bytes
+    def dup(m, tables):
+        tables[0].append(tables[0][0].model_copy(update={"offset": m.shards[0].bytes}))
+        m.shards[0].bytes += tables[0][0].stored_bytes
 
     _rewrite(ckpt, dup)
     assert any("overlaps" in msg for _, msg in _problems(ckpt))

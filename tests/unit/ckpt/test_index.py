@@ -1,0 +1,134 @@
+"""Schema 2: each shard's slices in its own index file. The manifest names every tensor once (the
+rank holding its first element reports it), a resuming rank reads the indexes of the shards
+`likely_writers` names and no others, a wrong guess widens to every index rather than fail, and
+schema-1 checkpoints (slices inline) still load and verify."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from mscale.ckpt import catalog
+from mscale.ckpt.commit import reported_tensors
+from mscale.ckpt.load import CheckpointReader, model_needs, optim_needs
+from mscale.ckpt.manifest import COMMITTED, MANIFEST, index_name, sha256
+from mscale.ckpt.ownership import for_plan, likely_writers, write_items
+from mscale.ckpt.verify import verify
+from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+LAYOUT = dict(tp=2, pp=2, dp=2)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    p = plan(**LAYOUT)
+    tensors = global_state(p)
+    path = str(tmp_path_factory.mktemp("idx") / "step-000005")
+    write_synthetic(path, p, tensors)
+    return path, p, tensors
+
+
+def test_every_tensor_is_reported_by_exactly_one_rank():
+    p = plan(**LAYOUT)
+    written, named = set(), []
+    for r in range(p.layout.world_size):
+        items = write_items(for_plan(p, r))
+        written |= {it.key for it in items}
+        named += list(reported_tensors(items))
+    assert sorted(named) == sorted(written) and len(named) == len(set(named))
+
+
+def test_the_manifest_lists_shards_and_each_index_names_its_shard(saved):
+    path, p, _ = saved
+    m = catalog.load_committed(path)
+    assert m.schema_version == 2 and len(m.shards) == p.layout.world_size
+    for shard in m.shards:
+        assert shard.slices == [] and shard.index.path == index_name(shard.rank)
+        slices = catalog.shard_slices(path, m, shard)
+        assert slices and {s.tensor for s in slices} <= set(m.tensors)
+    assert verify(path).problems == []
+
+
+def _read_needs(reader, rl) -> dict:
+    return {(it.key, it.box, it.flat): reader.read_item(it)
+            for it in optim_needs(rl) + model_needs(rl)}
+
+
+def test_a_rank_at_the_same_layout_reads_its_likely_writers_only(saved):
+    path, p, tensors = saved
+    m = catalog.load_committed(path)
+    for r in range(p.layout.world_size):
+        rl = for_plan(p, r)
+        prefer = likely_writers(p, p, rl, optimizer=True)
+        assert r in prefer and len(prefer) <= 2  # its own shard, and TP rank 0's replicated
+        with CheckpointReader(path, m, prefer=prefer) as reader:
+            for it in optim_needs(rl):
+                box = tuple(slice(a, b) for a, b in it.box)
+                want = tensors[it.key][box].reshape(-1)[it.flat[0]: it.flat[1]]
+                assert torch.equal(reader.read_item(it), want), it.key
+            assert reader.indexes_read == len(prefer)  # no miss: nothing else was read
+
+
+def test_a_new_dp_size_reads_its_coordinate_and_a_new_tp_reads_everything(saved):
+    path, p, _ = saved
+    m = catalog.load_committed(path)
+    wider = plan(tp=2, pp=2, dp=4)
+    rl = for_plan(wider, 5)
+    prefer = likely_writers(p, wider, rl, optimizer=True)
+    assert prefer is not None and len(prefer) <= 4
+    with CheckpointReader(path, m, prefer=prefer) as reader:
+        _read_needs(reader, rl)
+        assert reader.indexes_read == len(prefer)
+    assert likely_writers(p, plan(tp=1, pp=2, dp=4), for_plan(plan(tp=1, pp=2, dp=4), 0),
+                          optimizer=True) is None
+
+
+def test_a_wrong_guess_widens_to_every_index_and_reads_the_same(saved):
+    path, p, _ = saved
+    m = catalog.load_committed(path)
+    rl = for_plan(p, 3)
+    with CheckpointReader(path, m) as everything:
+        want = _read_needs(everything, rl)
+    with CheckpointReader(path, m, prefer=[0]) as reader:  # not where rank 3's state is
+        got = _read_needs(reader, rl)
+        assert reader.indexes_read == p.layout.world_size
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _as_schema_1(path: str) -> None:
+    """Rewrite a checkpoint in the format before schema 2: slices inline, no index files."""
+    m = catalog.load_committed(path)
+    doc = json.loads(m.model_dump_json())
+    doc["schema_version"] = 1
+    for shard, entry in zip(m.shards, doc["shards"]):
+        entry["slices"] = [json.loads(s.model_dump_json())
+                           for s in catalog.shard_slices(path, m, shard)]
+        entry.pop("index")
+        os.remove(os.path.join(path, shard.index.path))
+    raw = json.dumps(doc).encode()
+    with open(os.path.join(path, MANIFEST), "wb") as f:
+        f.write(raw)
+    marker = json.loads(open(os.path.join(path, COMMITTED)).read())
+    marker["manifest_sha256"] = sha256(raw)
+    with open(os.path.join(path, COMMITTED), "w") as f:
+        json.dump(marker, f)
+
+
+def test_schema_1_checkpoints_still_verify_and_load(saved, tmp_path):
+    path, p, tensors = saved
+    old = str(tmp_path / "step-000005")
+    write_synthetic(old, p, tensors)
+    _as_schema_1(old)
+    assert not [f for f in os.listdir(old) if f.endswith(".index.json")]
+    assert verify(old).problems == []
+    m = catalog.load_committed(old)
+    assert m.schema_version == 1
+    rl = for_plan(p, 6)
+    with CheckpointReader(old, m, prefer=likely_writers(p, p, rl, True)) as reader, \
+            CheckpointReader(path, catalog.load_committed(path)) as new:
+        got, want = _read_needs(reader, rl), _read_needs(new, rl)
+    assert all(torch.equal(want[k], got[k]) for k in want)
