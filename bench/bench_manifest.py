@@ -5,8 +5,13 @@ report its `Checkpointer._report` would send to rank 0 is built from the rank's 
 (`ownership.write_items(for_plan(plan, rank))` plus its CPU and CUDA generator states): a
 `ShardInfo` made as `writer.write_shard` makes it (`shard_name`, one chunk table per slice cut at
 the default 4 MiB, `shard_checksum`), with random crc32s (as wide in JSON as real ones) and, for
-zstd, stored sizes drawn between 80% and 95% of the raw ones. Then, each step a fresh process,
-every step with the library's own functions:
+zstd, stored sizes drawn between 80% and 95% of the raw ones.
+
+``--schema 2`` (the format mscale writes) puts each rank's slices in its index file, written to
+disk by `writer.write_index` as a save does, and the report names it (`commit.reported_tensors`
+for the tensor table); ``--schema 1`` (the reference: the format before) lists the slices in the
+report and the manifest, every rank reporting every tensor it wrote. Then, each step a fresh
+process, every step with the library's own functions:
 
 1. gather: the reports as ``gather_json`` serialises them (bytes, count, the largest, and what
    rank 0 receives: every rank padded to the largest); rank 0's decode of them, as
@@ -19,7 +24,9 @@ every step with the library's own functions:
 5. resume broadcast, rank 0: ``ResumePoint.to_json`` and its ``json.dumps`` (`_agree`,
    ``broadcast_json``)
 6. resume, every rank: ``json.loads`` of the broadcast buffer, ``ResumePoint.from_json`` and the
-   ``CheckpointReader`` index; per rank, so ×8 per node of host memory
+   ``CheckpointReader`` of rank 0 at the same layout (schema 2: it reads the indexes that
+   `ownership.likely_writers` names); per rank, so ×8 per node of host memory
+7. schema 2 only: a reader of every shard's index, as an offline convert or verify builds
 
 Each step's wall seconds and peak RSS (``ru_maxrss``, its high-water mark reset through
 /proc/self/clear_refs before the step), beside the RSS the process already held when the step
@@ -32,6 +39,7 @@ them). Not a test: no pass/fail. A full 12,288-rank run needs ~10 GB of RAM.
     .venv/bin/python bench/bench_manifest.py --ranks 768     # a minute or two, extrapolated
     .venv/bin/python bench/bench_manifest.py                 # every rank of the plan
     .venv/bin/python bench/bench_manifest.py --plan plans/X.yaml --ranks 768 --json
+    .venv/bin/python bench/bench_manifest.py --ranks 768 --schema 1   # the format before
 """
 
 from __future__ import annotations
@@ -122,12 +130,15 @@ def rank_items(plan, rank: int, meta: dict, owners: dict) -> list:
 
 
 def shard_report(rank: int, items: list, codec: str, chunk_bytes: int,
-                 rnd: random.Random) -> dict:
+                 rnd: random.Random, schema: int, ckpt: str) -> dict:
     """`Checkpointer._report` of a successful write of ``items``: the `ShardInfo` as
-    `writer.write_shard` returns it, chunk tables synthesised."""
+    `writer.write_shard` returns it, chunk tables synthesised (schema 2: its index file written
+    into ``ckpt``)."""
     from mscale.ckpt.checks import raw_lengths
+    from mscale.ckpt.commit import reported_tensors
     from mscale.ckpt.format import shard_checksum
     from mscale.ckpt.manifest import ShardInfo, SliceInfo, itemsize, shard_name
+    from mscale.ckpt.writer import write_index
 
     slices, crcs, offset, raw_bytes = [], [], 0, 0
     for it in items:
@@ -139,12 +150,19 @@ def shard_report(rank: int, items: list, codec: str, chunk_bytes: int,
                                 flat=list(it.flat), offset=offset, chunks=table))
         crcs += [c[1] for c in table]
         offset += sum(c[0] for c in table)
-    info = ShardInfo(path=shard_name(rank), rank=rank, bytes=offset,
-                     checksum=shard_checksum(crcs), slices=slices)
+    name = shard_name(rank)
+    if schema == 1:
+        info = ShardInfo(path=name, rank=rank, bytes=offset, checksum=shard_checksum(crcs),
+                         slices=slices)
+        tensors = {it.key: [list(it.shape), it.dtype] for it in items}
+    else:
+        info = ShardInfo(path=name, rank=rank, bytes=offset, checksum=shard_checksum(crcs),
+                         index=write_index(ckpt, rank, name, slices))
+        tensors = reported_tensors(items)
     return {"rank": rank, "blocking_s": rnd.random(), "gate_waited_s": rnd.random() / 100,
             "waited_s": rnd.random() / 100, "shard": info.model_dump(),
             "write_s": rnd.uniform(1, 10), "copy_s": rnd.random(), "raw_bytes": raw_bytes,
-            "tensors": {it.key: [list(it.shape), it.dtype] for it in items}}
+            "tensors": tensors, "slices": len(slices)}
 
 
 def child_reports(a) -> dict:
@@ -158,14 +176,20 @@ def child_reports(a) -> dict:
     with open(Path(a.tmp) / "reports.jsonl", "wb") as out:
         for rank in range(min(a.ranks or world, world)):
             items = rank_items(plan, rank, meta, owners)
-            report = shard_report(rank, items, a.codec, a.chunk_bytes, rnd)
-            slices += len(report["shard"]["slices"])
+            report = shard_report(rank, items, a.codec, a.chunk_bytes, rnd, a.schema,
+                                  ckpt_dir(a))
+            slices += report.pop("slices")
             data = json.dumps(report).encode()  # what gather_json sends
             sizes.append(len(data))
             out.write(data + b"\n")
     return {"world": world, "ranks": len(sizes), "slices": slices, "bytes": sum(sizes),
             "largest": max(sizes), "padded": len(sizes) * max(sizes),
             "seconds": time.perf_counter() - t0}
+
+
+def ckpt_dir(a) -> str:
+    """Where schema 2's index files go (and the manifest the readers open)."""
+    return str(Path(a.tmp) / "step-001000")
 
 
 # --------------------------------------------------------------------------- steps 1-3: commit
@@ -196,7 +220,7 @@ def child_commit(a) -> list[dict]:
     manifest = steps.run("build_manifest (rank 0)", lambda: commit.build_manifest(
         STEP, reports, codec=a.codec, level=a.level, chunk_bytes=a.chunk_bytes,
         layout=layout_record(plan), plan=plan.model_dump(mode="json", exclude_none=True),
-        state=state))
+        state=state, schema_version=a.schema))
     box = [reports]
     del reports
     steps.run("free the decoded reports (rank 0, _finish returns)", box.clear)
@@ -241,12 +265,27 @@ def child_rank(a) -> list[dict]:
     buf = torch.frombuffer(bytearray((Path(a.tmp) / "broadcast.json").read_bytes()),
                            dtype=torch.uint8)  # what dist.broadcast filled
 
+    from mscale.ckpt.load import has_optimizer
+    from mscale.ckpt.ownership import for_plan, likely_writers
+    from mscale.topology.placement import load_checked_plan
+
+    plan = load_checked_plan(a.plan)
+    rl = for_plan(plan, 0)
+
     def resume():
         point = ResumePoint.from_json(json.loads(bytes(buf.numpy())))
-        return point, CheckpointReader(point.path, point.manifest)
+        prefer = likely_writers(plan, plan, rl, has_optimizer(point.manifest))
+        return point, CheckpointReader(ckpt_dir(a), point.manifest, prefer=prefer)
 
     kept = steps.run("resume: json.loads + from_json + reader (every rank)", resume)
     assert kept[1].slices
+    steps.rows[-1]["indexes"] = kept[1].indexes_read
+    if a.schema == 2:
+        manifest = kept[0].manifest
+        del kept
+        every = steps.run("offline reader of every index (convert, verify)",
+                          lambda: CheckpointReader(ckpt_dir(a), manifest))
+        steps.rows[-1]["indexes"] = every.indexes_read
     return steps.rows
 
 
@@ -257,7 +296,8 @@ CHILDREN = {"reports": child_reports, "commit": child_commit, "load": child_load
 def child(a, name: str):
     """``name`` in a fresh interpreter; its result (JSON) from its stdout's last line."""
     cmd = [sys.executable, __file__, "--child", name, "--tmp", a.tmp, "--plan", a.plan,
-           "--level", str(a.level), "--chunk-bytes", str(a.chunk_bytes)]
+           "--level", str(a.level), "--chunk-bytes", str(a.chunk_bytes),
+           "--schema", str(a.schema)]
     if a.ranks:
         cmd += ["--ranks", str(a.ranks)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -286,6 +326,7 @@ def table(rep: dict, rows: list[dict], k: float, title: str) -> None:
     print(f"  {'step':<56} {'wall s':>8} {'held MB':>9} {'peak MB':>9} {'+MB':>8} {'size MB':>9}")
     for r in rows:
         size = f"{r['bytes'] / 1e6:9.1f}" if "bytes" in r else ""
+        size += f"  ({r['indexes']:,} indexes read)" if "indexes" in r else ""
         print(f"  {r['step']:<56} {r['wall_s']:8.2f} {r['held_mb']:9.0f} {r['peak_mb']:9.0f} "
               f"{r['peak_mb'] - r['held_mb']:8.0f} {size}")
 
@@ -300,6 +341,9 @@ def main() -> None:
                     help="zstd level of the chunks (default: CkptOptions', 0 = raw)")
     ap.add_argument("--chunk-bytes", type=int, default=None,
                     help="raw bytes per chunk (default: CkptOptions')")
+    ap.add_argument("--schema", type=int, choices=(1, 2), default=2,
+                    help="manifest schema: 2, slices in per-shard index files (what mscale "
+                         "writes); 1, slices in the manifest (the reference: before)")
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
     ap.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -319,7 +363,7 @@ def main() -> None:
         rep = child(a, "reports")
         rows = child(a, "commit") + child(a, "load") + child(a, "rank")
     world, n = rep["world"], rep["ranks"]
-    print(f"{Path(a.plan).name}: {n:,} of {world:,} ranks, codec {a.codec}, "
+    print(f"{Path(a.plan).name}: schema {a.schema}, {n:,} of {world:,} ranks, codec {a.codec}, "
           f"{a.chunk_bytes:,}-byte chunks (reports built in {rep['seconds']:.1f} s; whole run "
           f"{time.perf_counter() - t0:.0f} s)")
     table(rep, rows, 1.0, f"measured, {n:,} ranks (held: RSS when the step began; +MB: the "
@@ -330,7 +374,8 @@ def main() -> None:
               f"EXTRAPOLATED linearly ×{k:g} to {world:,} ranks (largest report: of the "
               f"{n:,} measured):")
     if a.json:
-        print(json.dumps({"plan": a.plan, "codec": a.codec, "chunk_bytes": a.chunk_bytes,
+        print(json.dumps({"plan": a.plan, "schema": a.schema, "codec": a.codec,
+                          "chunk_bytes": a.chunk_bytes,
                           "reports": rep, "measured": rows,
                           "extrapolated": [scaled(r, k) for r in rows] if n < world else None},
                          indent=1))
