@@ -325,3 +325,28 @@ def layouts_agree(rank: int, world: int, cases: list[dict]) -> list[str | None]:
         out.append(diff)
         engine.grads.close()
     return out
+
+
+def save_at_two(rank: int, world: int, root: str, case: dict) -> None:
+    """Train two steps and save step 2 under ``root/ckpt``."""
+    events: list = []
+    engine = build(rank, world, case)
+    ck = checkpointer(engine, f"{root}/ckpt", events)
+    steps(engine, 0, 2, ck, save_at=(2,), wait=True)
+    ck.close()
+    engine.grads.close()
+
+
+def resume_outcome(rank: int, world: int, path: str, case: dict) -> dict:
+    """Resume ``case`` from ``path``: the step, or the error this rank stopped with."""
+    from mscale.errors import MscaleError
+
+    engine = build(rank, world, case)
+    ck = checkpointer(engine, "memory://resume-outcome/ckpt", [], resume=path)
+    try:
+        return {"first": ck.resume()}
+    except MscaleError as e:
+        return {"code": e.code, "file": e.file, "message": e.message}
+    finally:
+        ck.close()
+        engine.grads.close()

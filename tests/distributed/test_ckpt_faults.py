@@ -1,14 +1,15 @@
 """Checkpoint faults with the real engine on 2 gloo processes: a shard whose fsync fails is never
 committed (the save fails, `latest` stays), and a rank that never reaches the commit fails the
 job within the job's timeout, while one whose write is only slow keeps the others waiting past
-it."""
+it; a shard index damaged after the commit, which only one rank reads at resume, stops both ranks
+with the same message."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed.ckpt_cases import (commit_never_reached, fsync_fails,
-                                          slow_write_outlasts_the_timeout)
+from tests.distributed.ckpt_cases import (commit_never_reached, fsync_fails, resume_outcome,
+                                          save_at_two, slow_write_outlasts_the_timeout)
 from tests.distributed.harness import run_distributed
 
 pytestmark = pytest.mark.dist
@@ -51,3 +52,18 @@ def test_a_write_slower_than_the_timeout_on_one_rank_is_waited_for(tmp_path):
     assert waits and all(e["evidence"]["still_writing"] == 1 for e in waits), events
     assert "1 rank(s) still writing after" in waits[0]["message"]
     assert [e["kind"] for e in events][-1] == "checkpoint"
+
+
+def test_an_index_only_one_rank_reads_stops_every_rank_alike(tmp_path):
+    """At the layout that saved, rank 1 alone reads rank-00001.index.json: its failure must be
+    agreed on before any collective, not leave rank 0 in one."""
+    run_distributed(save_at_two, 2, str(tmp_path), CASE)
+    ckpt = tmp_path / "ckpt" / "step-000002"
+    index = ckpt / "rank-00001.index.json"
+    data = bytearray(index.read_bytes())
+    data[-2] = ord("]") if data[-2] != ord("]") else ord("}")  # same size, another sha256
+    index.write_bytes(bytes(data))
+    per_rank = run_distributed(resume_outcome, 2, str(ckpt), CASE, timeout_s=60)
+    assert per_rank[0] == per_rank[1], per_rank
+    assert per_rank[0]["code"] == 3 and per_rank[0]["file"].endswith("rank-00001.index.json")
+    assert "sha256" in per_rank[0]["message"]

@@ -73,6 +73,7 @@ def test_a_slow_async_save_holds_the_state_of_its_step(proto):
     assert {r["first"] for r in res} == {3}
     # at the layout that saved, rank 0 read one shard index (its own), not all four
     assert res[0]["resumed"][0]["indexes_read_rank0"] == 1
+    assert res[0]["resumed"][0]["indexes_widened_rank0"] is False
 
 
 def test_memory_filesystem_round_trip():

@@ -212,10 +212,13 @@ def shard_slices(ckpt: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
     except FileNotFoundError:
         raise MscaleError("missing", file=url, code=EXIT_CRITICAL,
                           fix="run `mscale ckpt verify`; use an older checkpoint") from None
+    except PermissionError as e:
+        raise MscaleError(f"cannot read it: {e.strerror}", file=url,
+                          fix="fix its permissions") from None
     with fh:
         if size != shard.index.bytes or size > MAX_INDEX_BYTES:
             raise MscaleError(f"file has {size} bytes, the manifest says {shard.index.bytes}",
-                              file=url, field="bytes", code=EXIT_CRITICAL,
+                              file=url, field="index.bytes", code=EXIT_CRITICAL,
                               fix="run `mscale ckpt verify`; use an older checkpoint")
         data = fh.read(size + 1)
     return parse_index(data, url, m, shard)

@@ -409,13 +409,21 @@ class Checkpointer:
             return 0
         t0 = time.perf_counter()
         manifest = point.manifest
-        reader = CheckpointReader(point.path, manifest, prefer=self._likely_writers(manifest))
+        opened: list[CheckpointReader] = []
+
+        def read() -> dict:  # the reader too: it reads index files, which may be damaged
+            opened.append(CheckpointReader(point.path, manifest,
+                                           prefer=self._likely_writers(manifest)))
+            return self._read(opened[0])
+
         try:
-            data = self._agree(lambda: self._read(reader), share=False)
+            data = self._agree(read, share=False)
             install(self.live, self.layout, manifest, data)
             self._restore_state(manifest, data)
         finally:
-            reader.close()
+            for reader in opened:
+                reader.close()
+        reader = opened[0]
         self.last_step = manifest.state.step
         self.resumed_from = point.path
         self.resumed_state = manifest.state
@@ -425,6 +433,7 @@ class Checkpointer:
                   message=f"resumed from {point.path} (step {manifest.state.step})",
                   evidence={"path": point.path, "samples": manifest.state.samples,
                             "indexes_read_rank0": reader.indexes_read,
+                            "indexes_widened_rank0": reader.widened,
                             "from_layout": manifest.layout,
                             "to_layout": self._layout_record(), "load_s": time.perf_counter() - t0,
                             "bytes_read_rank0": reader.bytes_read, "cleaned": point.cleaned,

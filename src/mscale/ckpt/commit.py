@@ -115,9 +115,9 @@ def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, ch
     shards = sorted((ShardInfo.model_validate(r["shard"]) for r in reports if r.get("shard")),
                     key=lambda s: s.rank)
     alias = MODEL_ALIAS if any(k.startswith(MODEL_ALIAS + "/") for k in tensors) else None
-    return Manifest(schema_version=schema_version, step=step, codec=codec, level=level, chunk_bytes=chunk_bytes, layout=layout,
-                    plan=plan, state=state, tensors=dict(sorted(tensors.items())), shards=shards,
-                    model_alias=alias)
+    return Manifest(schema_version=schema_version, step=step, codec=codec, level=level,
+                    chunk_bytes=chunk_bytes, layout=layout, plan=plan, state=state,
+                    tensors=dict(sorted(tensors.items())), shards=shards, model_alias=alias)
 
 
 class CommitRefused(Exception):
@@ -130,7 +130,7 @@ def write_commit(ckpt: str, manifest: Manifest) -> None:
     if len(raw) > MAX_MANIFEST_BYTES:  # committed, it would be refused at every load
         raise ValueError(f"manifest.json would be {len(raw):,} bytes, over the "
                          f"{MAX_MANIFEST_BYTES:,} a loader reads (docs/architecture.md: the "
-                         "checkpoint manifest at scale)")
+                         "checkpoint manifest at 12,288 ranks)")
     write_bytes_atomic(join(ckpt, MANIFEST), raw)
     marker = CommitMarker(step=manifest.step, manifest_sha256=sha256(raw))
     write_bytes_atomic(join(ckpt, COMMITTED), marker.model_dump_json().encode())

@@ -57,6 +57,8 @@ class CheckpointReader:
         self._unread = {shard.rank: shard for shard in manifest.shards}
         self.indexes_read = 0
         """Shards whose slice tables this reader has read (an index file each, schema 2)."""
+        self.widened = False
+        """True once a region sent it past ``prefer`` to every index (a wrong guess)."""
         self._files: dict[str, object] = {}
         self.bytes_read = 0
         self._read_tables(prefer)
@@ -133,6 +135,7 @@ class CheckpointReader:
 
             copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
         if copied != out.numel() and self._unread:  # the preferred shards did not hold it all
+            self.widened = True
             self._read_tables()
             return self.read(key, box, flat, shape, out)
         if copied != out.numel():

@@ -34,7 +34,7 @@ from mscale.ckpt.live import LiveRank
 from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, itemsize, optim_key, tensor_key
 from mscale.ckpt.slices import Box, box_from_slices, numel
 from mscale.parallel.buckets import BufferLayout, Piece
-from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard
+from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard, shard_index
 from mscale.parallel.spec import ParamSpec, ParamTable
 from mscale.topology.placement import placement_for
 
@@ -167,19 +167,38 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
     """The ranks of ``saved_plan`` whose shards hold what rank ``rl`` of ``plan`` reads back, or
     None (every shard) when the TP/PP split changed. With the same split, a rank's parameters
     were written by the replicas of its own (pp, tp) coordinate, TP rank 0 writing the
-    replicated ones (`write_items`); under ZeRO 1/2 at the same DP size, its optimizer shard by
-    the rank of its own coordinate. A wrong guess only costs time (`load.CheckpointReader`)."""
+    replicated ones (`write_items`). Under ZeRO 1/2 its optimizer state is its shard of every
+    bucket, written by the replicas whose shards overlap it (`_overlapping_shards`): at the same
+    DP size its own coordinate's, after recover shrank DP two or three. A wrong guess only costs
+    time (`load.CheckpointReader` then reads every index)."""
     old, new = saved_plan.layout, plan.layout
     if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp):
         return None
     placement = placement_for(saved_plan)
-    own_shard = (optimizer and old.dp == new.dp and min(old.zero_stage, new.zero_stage) > 0
-                 and old.dp_reduce == new.dp_reduce)
-    replicas = [rl.dp_rank] if own_shard else range(old.dp)
+    shards = None
+    if optimizer and min(old.zero_stage, new.zero_stage) > 0:
+        mine = shard_index(placement_for(plan), rl.rank, new.dp_reduce == "hierarchical")
+        shards = _overlapping_shards(mine, new.dp, old.dp)
     out = {rl.rank} if old.dp == new.dp else set()  # the RNG states: read at the same layout
-    for d in replicas:
-        out |= {placement.rank(d, rl.pp_rank, rl.tp_rank), placement.rank(d, rl.pp_rank, 0)}
+    if optimizer and new.zero_stage == 0 and rl.dp_rank != 0:
+        return out  # DP rank 0 reads the replicas' optimizer state and broadcasts it (load.py)
+    hierarchical = old.dp_reduce == "hierarchical"
+    for tp in {rl.tp_rank, 0}:
+        for d in range(old.dp):
+            r = placement.rank(d, rl.pp_rank, tp)
+            if shards is None or shard_index(placement, r, hierarchical) in shards:
+                out.add(r)
     return out
+
+
+def _overlapping_shards(i: int, dp: int, saved_dp: int) -> set[int]:
+    """The shards of a bucket split ``saved_dp`` ways that overlap shard ``i`` of ``dp``: each
+    shard is ``1/dp`` of the bucket, give or take the padding to a multiple of the DP size, so
+    one shard more on either side when the sizes differ."""
+    if dp == saved_dp:
+        return {i}
+    lo, hi = i * saved_dp // dp - 1, -(-(i + 1) * saved_dp // dp) + 1
+    return set(range(max(0, lo), min(saved_dp, hi)))
 
 
 def layout_record(plan) -> dict:

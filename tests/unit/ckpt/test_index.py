@@ -86,6 +86,31 @@ def test_a_new_dp_size_reads_its_coordinate_and_a_new_tp_reads_everything(saved)
                           optimizer=True) is None
 
 
+@pytest.mark.parametrize("hier", [False, True])
+def test_after_recover_shrinks_dp_a_rank_reads_the_shards_overlapping_its_own(tmp_path, hier):
+    """recover's first re-plan keeps tp/pp and shrinks DP: each new ZeRO shard overlaps two or
+    three old ones, so a rank reads those indexes, not its coordinate's every replica."""
+    big = plan(tp=2, pp=1, dp=8, hier=hier)
+    path = str(tmp_path / "step-000005")
+    write_synthetic(path, big, global_state(big))
+    m = catalog.load_committed(path)
+    small = plan(tp=2, pp=1, dp=2, hier=hier)
+    for r in range(small.layout.world_size):
+        rl = for_plan(small, r)
+        prefer = likely_writers(big, small, rl, optimizer=True)
+        assert len(prefer) <= 2 * 6, prefer  # TP ranks {own, 0} x at most 6 of 8 replicas
+        with CheckpointReader(path, m, prefer=prefer) as reader:
+            for it in optim_needs(rl):
+                reader.read_item(it)
+            assert reader.indexes_read == len(prefer), r  # no miss
+
+
+def test_a_zero_0_replica_reads_no_index_but_its_own():
+    p = plan(tp=1, pp=1, dp=4, zero=0)
+    assert likely_writers(p, p, for_plan(p, 2), optimizer=True) == {2}
+    assert len(likely_writers(p, p, for_plan(p, 0), optimizer=True)) == 4
+
+
 def test_a_wrong_guess_widens_to_every_index_and_reads_the_same(saved):
     path, p, _ = saved
     m = catalog.load_committed(path)
@@ -94,7 +119,7 @@ def test_a_wrong_guess_widens_to_every_index_and_reads_the_same(saved):
         want = _read_needs(everything, rl)
     with CheckpointReader(path, m, prefer=[0]) as reader:  # not where rank 3's state is
         got = _read_needs(reader, rl)
-        assert reader.indexes_read == p.layout.world_size
+        assert reader.indexes_read == p.layout.world_size and reader.widened
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
 

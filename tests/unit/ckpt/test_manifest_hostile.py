@@ -166,6 +166,7 @@ def test_an_index_changed_after_the_commit_is_refused(good, tmp_path):
     path.write_bytes(data + b" " * (size - len(data)))  # the recorded size: only the hash tells
     rep = verify(str(ckpt))
     assert rep.problems[0].file == index_name(0) and "sha256" in rep.problems[0].message
+    assert len(rep.problems) == 1  # not also every element of its slices as "missing"
     with pytest.raises(MscaleError) as e:
         CheckpointReader(str(ckpt), catalog.load_committed(str(ckpt)), prefer=[0])
     assert "sha256" in e.value.message and e.value.code == 2
