@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from mscale.errors import MscaleError
-from mscale.runs.atomic import read_jsonl
 from mscale.runs.lock import RunLock, stale_reason
 from mscale.runs.rundir import RunDir
 from mscale.watch import ending
@@ -43,6 +42,7 @@ from mscale.watch.findings import Finding
 from mscale.watch.history import History
 from mscale.watch.judge import SEVERITY
 from mscale.watch.layout import JobLayout
+from mscale.watch.tail import JsonlTail
 from mscale.watch.target import Target
 from mscale.watch.window import Window
 
@@ -131,19 +131,20 @@ class JobState:
 
 
 class EventFeed:
-    """New lines of ``events.jsonl``. The file is small (a few lines per start, checkpoint and
-    alert), so it is read whole each time and the lines already seen are skipped; a file that
-    shrank was replaced and is read from its start."""
+    """New records of ``events.jsonl`` (tail.py `JsonlTail`: what was appended since the last
+    poll, so a long run's events cost a watch nothing per poll, and an object store one request
+    per new event, not one per event ever written); a replaced file is read from its start."""
 
     def __init__(self, url: str):
-        self.url, self.seen = url, 0
+        self.tail = JsonlTail(url)
 
     def poll(self) -> list[dict]:
-        rows = read_jsonl(self.url)
-        if len(rows) < self.seen:
-            self.seen = 0
-        new, self.seen = rows[self.seen:], len(rows)
-        return new
+        records: list[dict] = []
+        while True:
+            new, _ = self.tail.read()
+            records += new
+            if self.tail.caught_up:
+                return records
 
 
 class Feed(Protocol):

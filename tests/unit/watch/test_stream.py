@@ -78,8 +78,8 @@ def test_a_poll_reads_only_the_bytes_appended_since_the_last(run):
     feed = MetricsFeed(run)
     feed.poll()
     reads = []
-    cat_file = feed.fs.cat_file
-    feed.fs.cat_file = lambda path, start=None, end=None: (
+    cat_file = feed.tail.fs.cat_file
+    feed.tail.fs.cat_file = lambda path, start=None, end=None: (
         reads.append((start, end)) or cat_file(path, start=start, end=end))
     put(run, line(1) + line(2) + line(3))
     assert steps(feed.poll()) == [3]
@@ -94,8 +94,8 @@ def test_the_segments_of_an_object_store_are_read_only_once():
         append_line(f"{url}/metrics.jsonl", json.dumps(rec(s)))
     assert steps(feed.poll()) == [1, 2]
     fetched = []
-    cat = feed.fs.cat
-    feed.fs.cat = lambda paths: fetched.extend(paths) or cat(paths)
+    cat = feed.tail.fs.cat
+    feed.tail.fs.cat = lambda paths: fetched.extend(paths) or cat(paths)
     append_line(f"{url}/metrics.jsonl", json.dumps(rec(3)))
     assert steps(feed.poll()) == [3] and len(fetched) == 1
     fsspec.filesystem("memory").rm(url, recursive=True)
