@@ -132,6 +132,14 @@ class Control:
         return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
                         abort=bool(flags[3]), trace=bool(flags[4]))
 
+    @staticmethod
+    def agree(flag: bool, group=None) -> bool:
+        """Collective: True on every rank when ``flag`` is True on any."""
+        flags = torch.tensor([float(flag)])
+        if dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        return bool(flags[0])
+
 
 def _seconds(when) -> float:
     """An fsspec ``mtime``/``created`` as seconds since the epoch (a number or a datetime)."""

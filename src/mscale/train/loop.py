@@ -279,8 +279,8 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
         if timer.events is not None:  # every rank traced this step: the same decision
             _write_trace(engine, s, step + 1, timer.events)
         ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
-        saving_next = engine.env.rank == 0 and bool(ckpt.due(step + 1, final=step + 1 == steps))
-        trouble = s.trouble(save_due=saving_next) or ckpt.fatal
+        interval_due = bool(ckpt.due(step + 1, final=step + 1 == steps))
+        trouble = s.trouble(save_due=engine.env.rank == 0 and interval_due) or ckpt.fatal
         decision = control.poll(abort=trouble is not None)
         if decision.abort:
             return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
@@ -293,6 +293,10 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
                              "signal": decision.signal})
         trace_next = decision.trace
         reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
+        lost = _lock_before_requested_save(s, control, engine.env.rank) \
+            if reason and not interval_due else None
+        if lost is not None:
+            return EXIT_BAD_INPUT, ("abort", step + 1, lost)
         saving = bool(reason)
         if reason:
             ckpt.save(step + 1, reason, lr=result.lr)
@@ -303,6 +307,18 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
     if ckpt.due(steps, final=True) and first < steps:
         ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None
+
+
+def _lock_before_requested_save(s: RunSession, control: Control, rank: int) -> str | None:
+    """Collective, before a save that a request (control file, signal) started at a boundary
+    where no interval or final save was due, so rank 0 has not read lock.json yet: it does now,
+    as `RunSession.trouble` does before those, and every rank learns whether to stop instead.
+    A job woken past its lease by a SIGTERM would otherwise truncate the shard files of a step
+    the run's new owner committed. One more small all-reduce, only when a request came."""
+    trouble = s.trouble(save_due=True) if rank == 0 else None
+    if not control.agree(trouble is not None):
+        return None
+    return trouble or "rank 0 could not go on (its output says why)"
 
 
 _WAITING = {"halt": "saves a checkpoint and stops", "checkpoint": "saves a checkpoint",
