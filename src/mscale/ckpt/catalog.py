@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import fsspec
@@ -222,6 +223,26 @@ def shard_slices(ckpt: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
                               fix="run `mscale ckpt verify`; use an older checkpoint")
         data = fh.read(size + 1)
     return parse_index(data, url, m, shard)
+
+
+INDEX_READERS = 16
+"""Index files read at once when many are needed (an offline convert or verify, a resume at a
+new TP/PP split): small files on a shared filesystem, where latency, not bandwidth, is the cost."""
+
+
+def shard_slices_many(ckpt: str, m: Manifest, shards: list[ShardInfo]) -> list:
+    """`shard_slices` of each of ``shards``, read ``INDEX_READERS`` at a time, in order; a shard
+    whose index cannot be used gives its exception in its place (the caller decides)."""
+    def one(shard: ShardInfo):
+        try:
+            return shard_slices(ckpt, m, shard)
+        except (MscaleError, OSError) as e:
+            return e
+
+    if len(shards) < 2 or all(s.index is None for s in shards):
+        return [one(s) for s in shards]
+    with ThreadPoolExecutor(INDEX_READERS, "mscale-ckpt-index") as pool:
+        return list(pool.map(one, shards))
 
 
 def load_manifest(ckpt: str) -> Manifest:

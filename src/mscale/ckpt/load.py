@@ -25,23 +25,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from mscale.ckpt.catalog import open_shard, shard_slices
+from mscale.ckpt.catalog import open_shard, shard_slices_many
 from mscale.ckpt.format import ChunkError, Decoder, torch_dtype
 from mscale.ckpt.live import LiveRank, OptimizerState
 from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key
 from mscale.ckpt.ownership import Item, RankLayout, model_needs, optim_needs
 from mscale.ckpt.slices import Box, copy_overlap, intersect, rows_box
 from mscale.errors import EXIT_CRITICAL, MscaleError
-
-
-INDEX_READERS = 16
-"""Index files read at once when many are needed (an offline convert, a resume at a new layout):
-small files on a shared filesystem, where latency, not bandwidth, is the cost."""
 
 
 class CheckpointReader:
@@ -67,12 +61,10 @@ class CheckpointReader:
         """Learn the slices of ``ranks``' shards (None: every shard not read yet)."""
         todo = [self._unread.pop(r) for r in sorted(self._unread if ranks is None else set(ranks))
                 if r in self._unread]
-        if len(todo) > 1 and any(sh.index is not None for sh in todo):
-            with ThreadPoolExecutor(INDEX_READERS, "mscale-ckpt-index") as pool:
-                tables = list(pool.map(lambda sh: shard_slices(self.dir, self.manifest, sh),
-                                       todo))
-        else:
-            tables = [shard_slices(self.dir, self.manifest, sh) for sh in todo]
+        tables = shard_slices_many(self.dir, self.manifest, todo)
+        failed = next((t for t in tables if isinstance(t, BaseException)), None)
+        if failed is not None:
+            raise failed
         for shard, slices in zip(todo, tables):
             for s in slices:
                 self.slices[s.tensor].append((shard.path, s))

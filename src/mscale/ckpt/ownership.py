@@ -168,20 +168,21 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
     None (every shard) when the TP/PP split changed. With the same split, a rank's parameters
     were written by the replicas of its own (pp, tp) coordinate, TP rank 0 writing the
     replicated ones (`write_items`). Under ZeRO 1/2 its optimizer state is its shard of every
-    bucket, written by the replicas whose shards overlap it (`_overlapping_shards`): at the same
-    DP size its own coordinate's, after recover shrank DP two or three. A wrong guess only costs
-    time (`load.CheckpointReader` then reads every index)."""
+    bucket, written by the replicas whose shards overlap it (`overlapping_shards`): at the same
+    DP size its own coordinate's, after recover shrank DP a few. A wrong guess only costs time
+    (`load.CheckpointReader` then reads every index)."""
     old, new = saved_plan.layout, plan.layout
     if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp):
         return None
     placement = placement_for(saved_plan)
-    shards = None
-    if optimizer and min(old.zero_stage, new.zero_stage) > 0:
-        mine = shard_index(placement_for(plan), rl.rank, new.dp_reduce == "hierarchical")
-        shards = _overlapping_shards(mine, new.dp, old.dp)
     out = {rl.rank} if old.dp == new.dp else set()  # the RNG states: read at the same layout
     if optimizer and new.zero_stage == 0 and rl.dp_rank != 0:
         return out  # DP rank 0 reads the replicas' optimizer state and broadcasts it (load.py)
+    shards = None
+    if optimizer and min(old.zero_stage, new.zero_stage) > 0:
+        mine = shard_index(placement_for(plan), rl.rank, new.dp_reduce == "hierarchical")
+        shards = overlapping_shards(mine, bucket_fills(rl, plan), new.dp,
+                                    bucket_fills(rl, saved_plan), old.dp)
     hierarchical = old.dp_reduce == "hierarchical"
     for tp in {rl.tp_rank, 0}:
         for d in range(old.dp):
@@ -191,14 +192,46 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
     return out
 
 
-def _overlapping_shards(i: int, dp: int, saved_dp: int) -> set[int]:
-    """The shards of a bucket split ``saved_dp`` ways that overlap shard ``i`` of ``dp``: each
-    shard is ``1/dp`` of the bucket, give or take the padding to a multiple of the DP size, so
-    one shard more on either side when the sizes differ."""
-    if dp == saved_dp:
-        return {i}
-    lo, hi = i * saved_dp // dp - 1, -(-(i + 1) * saved_dp // dp) + 1
-    return set(range(max(0, lo), min(saved_dp, hi)))
+def bucket_fills(rl: RankLayout, plan) -> list[int]:
+    """The elements of each DP bucket over ``rl``'s parameters with ``plan``'s bucket size,
+    padding left out: the gradient buffer's own layout (`BufferLayout`), which does not depend
+    on the DP size."""
+    shapes = [_Shape(tuple(b - a for a, b in p.box)) for p in rl.params]
+    layout = BufferLayout(shapes, [p.spec for p in rl.params], 1,
+                          bucket_numel(bucket_bytes(plan.training)))
+    return [b.numel for b in layout.buckets]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What `BufferLayout` reads of a parameter."""
+
+    shape: tuple[int, ...]
+
+
+def overlapping_shards(i: int, fills: list[int], dp: int, saved_fills: list[int],
+                       saved_dp: int) -> set[int]:
+    """The ZeRO shards of a layout split ``saved_dp`` ways (bucket sizes ``saved_fills``) that
+    hold any element of shard ``i`` of one split ``dp`` ways (``fills``). Both lay the same
+    parameters out in the same order, so an element has one position in the buckets'
+    concatenation without padding; shard ``j`` of a bucket of ``f`` elements holds its elements
+    ``j·ceil(f/dp)`` up to ``(j+1)·ceil(f/dp)``."""
+    want, start = [], 0
+    for f in fills:
+        n = -(-f // dp)
+        lo, hi = start + i * n, start + min((i + 1) * n, f)
+        if lo < hi:
+            want.append((lo, hi))
+        start += f
+    out, start = set(), 0
+    for f in saved_fills:
+        n = -(-f // saved_dp)
+        for lo, hi in want:
+            a, z = max(lo, start), min(hi, start + f)
+            if a < z:
+                out.update(range((a - start) // n, -(-(z - start) // n)))
+        start += f
+    return out
 
 
 def layout_record(plan) -> dict:

@@ -105,14 +105,14 @@ def slice_tables(ckpt: str, m: Manifest, problems: list[Problem]) -> Tables:
     """Every shard's slices (schema 2: its index file, read and checked; schema 1: inline); an
     index that cannot be used is a problem naming it, and its shard's slices stay unknown."""
     out: Tables = {}
-    for shard in m.shards:
+    for shard, got in zip(m.shards, catalog.shard_slices_many(ckpt, m, m.shards)):
         where = shard.index.path if shard.index is not None else MANIFEST
-        try:
-            out[shard.path] = catalog.shard_slices(ckpt, m, shard)
-        except MscaleError as e:
-            problems.append(Problem(where, e.field, e.message))
-        except OSError as e:  # permissions, I/O errors: this index cannot be checked
-            problems.append(Problem(where, None, f"cannot read it: {e.strerror or e}"))
+        if isinstance(got, MscaleError):
+            problems.append(Problem(where, got.field, got.message))
+        elif isinstance(got, OSError):  # permissions, I/O errors: this index cannot be checked
+            problems.append(Problem(where, None, f"cannot read it: {got.strerror or got}"))
+        else:
+            out[shard.path] = got
     return out
 
 

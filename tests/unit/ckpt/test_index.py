@@ -15,7 +15,7 @@ from mscale.ckpt import catalog
 from mscale.ckpt.commit import reported_tensors
 from mscale.ckpt.load import CheckpointReader, model_needs, optim_needs
 from mscale.ckpt.manifest import COMMITTED, MANIFEST, index_name, sha256
-from mscale.ckpt.ownership import for_plan, likely_writers, write_items
+from mscale.ckpt.ownership import for_plan, likely_writers, overlapping_shards, write_items
 from mscale.ckpt.verify import verify
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
 
@@ -79,8 +79,9 @@ def test_a_new_dp_size_reads_its_coordinate_and_a_new_tp_reads_everything(saved)
     rl = for_plan(wider, 5)
     prefer = likely_writers(p, wider, rl, optimizer=True)
     assert prefer is not None and len(prefer) <= 4
-    with CheckpointReader(path, m, prefer=prefer) as reader:
-        _read_needs(reader, rl)
+    with CheckpointReader(path, m, prefer=prefer) as reader:  # what a ZeRO-1 resume reads
+        for it in optim_needs(rl):
+            reader.read_item(it)
         assert reader.indexes_read == len(prefer)
     assert likely_writers(p, plan(tp=1, pp=2, dp=4), for_plan(plan(tp=1, pp=2, dp=4), 0),
                           optimizer=True) is None
@@ -157,3 +158,24 @@ def test_schema_1_checkpoints_still_verify_and_load(saved, tmp_path):
             CheckpointReader(path, catalog.load_committed(path)) as new:
         got, want = _read_needs(reader, rl), _read_needs(new, rl)
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def _shard_of_each_element(fills: list[int], dp: int) -> list[int]:
+    out = []
+    for f in fills:
+        n = -(-f // dp)
+        out += [e // n for e in range(f)]
+    return out
+
+
+@pytest.mark.parametrize("fills, dp, saved_dp", [
+    ([9], 2, 8), ([7], 6, 8), ([3], 4, 8), ([12288], 124, 128),  # a review's counterexamples
+    ([5, 1, 64, 30], 3, 5), ([100, 7], 8, 3), ([1, 1, 1], 2, 4), ([4096, 12], 191, 192),
+])
+def test_overlapping_shards_are_exactly_those_holding_an_element(fills, dp, saved_dp):
+    """Element by element: the saved shards that hold any element of new shard i, for every
+    i, including buckets too small for a fixed margin."""
+    new, old = _shard_of_each_element(fills, dp), _shard_of_each_element(fills, saved_dp)
+    for i in range(dp):
+        want = {o for n, o in zip(new, old) if n == i}
+        assert overlapping_shards(i, fills, dp, fills, saved_dp) == want, i
