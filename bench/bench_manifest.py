@@ -27,6 +27,8 @@ process, every step with the library's own functions:
    ``CheckpointReader`` of rank 0 at the same layout (schema 2: it reads the indexes that
    `ownership.likely_writers` names); per rank, so ×8 per node of host memory
 7. schema 2 only: a reader of every shard's index, as an offline convert or verify builds
+8. schema 2 only: how many indexes a rank reads after recover dropped one DP replica
+   (`ownership.likely_writers` for 64 ranks of that plan; exact by tests/unit/ckpt/test_index.py)
 
 Each step's wall seconds and peak RSS (``ru_maxrss``, its high-water mark reset through
 /proc/self/clear_refs before the step), beside the RSS the process already held when the step
@@ -286,7 +288,27 @@ def child_rank(a) -> list[dict]:
         every = steps.run("offline reader of every index (convert, verify)",
                           lambda: CheckpointReader(ckpt_dir(a), manifest))
         steps.rows[-1]["indexes"] = every.indexes_read
+    if a.schema == 2 and plan.layout.dp > 1:
+        shrunk = without_one_replica(plan)
+        sample = range(0, shrunk.layout.world_size, max(1, shrunk.layout.world_size // 64))
+        meta: dict = {}
+        counts = steps.run(
+            f"guess after recover drops a DP replica (dp {plan.layout.dp} -> "
+            f"{shrunk.layout.dp}), {len(sample)} ranks",
+            lambda: [len(likely_writers(plan, shrunk, for_plan(shrunk, r, meta), True))
+                     for r in sample])
+        steps.rows[-1].update(indexes=max(counts), indexes_min=min(counts))
     return steps.rows
+
+
+def without_one_replica(plan):
+    """``plan`` with one DP replica fewer (recover's first re-plan: tp/pp kept, DP shrunk), on
+    as many fewer nodes (no validation: only the layout and the placement are used)."""
+    layout = plan.layout.model_copy(update={"dp": plan.layout.dp - 1})
+    world = layout.tp * layout.pp * layout.dp
+    cluster = plan.cluster.model_copy(
+        update={"nodes": max(1, world // plan.cluster.gpus_per_node)})
+    return plan.model_copy(update={"layout": layout, "cluster": cluster})
 
 
 CHILDREN = {"reports": child_reports, "commit": child_commit, "load": child_load,
@@ -309,7 +331,10 @@ def child(a, name: str):
 
 # --------------------------------------------------------------------------- report
 def scaled(row: dict, k: float) -> dict:
-    """A row scaled ``k`` times: time, bytes, and RSS above the process's baseline."""
+    """A row scaled ``k`` times: time, bytes, and RSS above the process's baseline (the guess
+    row is per sampled rank already: kept as measured)."""
+    if "indexes_min" in row:
+        return dict(row)
     out = dict(row, wall_s=row["wall_s"] * k)
     for key in ("held_mb", "peak_mb"):
         out[key] = row["base_mb"] + (row[key] - row["base_mb"]) * k
@@ -326,7 +351,10 @@ def table(rep: dict, rows: list[dict], k: float, title: str) -> None:
     print(f"  {'step':<56} {'wall s':>8} {'held MB':>9} {'peak MB':>9} {'+MB':>8} {'size MB':>9}")
     for r in rows:
         size = f"{r['bytes'] / 1e6:9.1f}" if "bytes" in r else ""
-        size += f"  ({r['indexes']:,} indexes read)" if "indexes" in r else ""
+        if "indexes_min" in r:
+            size += f"  ({r['indexes_min']:,} to {r['indexes']:,} indexes a rank)"
+        elif "indexes" in r:
+            size += f"  ({r['indexes']:,} indexes read)"
         print(f"  {r['step']:<56} {r['wall_s']:8.2f} {r['held_mb']:9.0f} {r['peak_mb']:9.0f} "
               f"{r['peak_mb'] - r['held_mb']:8.0f} {size}")
 
