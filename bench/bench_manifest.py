@@ -35,10 +35,11 @@ Each step's wall seconds and peak RSS (``ru_maxrss``, its high-water mark reset 
 began (its inputs). With N < world ranks the figures are also printed scaled linearly to the
 whole world (times, sizes, and RSS above the process's baseline after imports), labelled as
 extrapolated. Each process's raw figures go to stderr as it ends (a long run cut short keeps
-them). Not a test: no pass/fail. A full 12,288-rank run needs ~10 GB of RAM.
+them). Not a test: no pass/fail. A full 12,288-rank run takes ~5 minutes and ~6 GB of RAM
+(schema 1: ~8 minutes, ~10 GB).
 
     .venv/bin/python bench/bench_manifest.py --ranks 64      # seconds
-    .venv/bin/python bench/bench_manifest.py --ranks 768     # a minute or two, extrapolated
+    .venv/bin/python bench/bench_manifest.py --ranks 768     # half a minute, extrapolated
     .venv/bin/python bench/bench_manifest.py                 # every rank of the plan
     .venv/bin/python bench/bench_manifest.py --plan plans/X.yaml --ranks 768 --json
     .venv/bin/python bench/bench_manifest.py --ranks 768 --schema 1   # the format before

@@ -494,8 +494,9 @@ class Checkpointer:
     def _rank0_runs(self, fn) -> futures.Future | None:
         """Collective: rank 0 runs ``fn`` on a thread while every rank asks every `WAIT_POLL_S`
         whether it is done (as `wait` does for a write), so no rank sits in one collective for
-        all of it: choosing the checkpoint parses its manifest, ~2 minutes at 175B on 12,288
-        ranks (docs/architecture.md), past a 120 s --timeout. Rank 0 gets the future."""
+        all of it: choosing the checkpoint parses its manifest, which took ~2 minutes at 175B on
+        12,288 ranks in schema 1 (0.75 s in schema 2, docs/benchmarks.md), past a 120 s
+        --timeout; a slow filesystem can still. Rank 0 gets the future."""
         pool = futures.ThreadPoolExecutor(1, "mscale-resume") if self.rank == 0 else None
         done = pool.submit(fn) if pool is not None else None
         try:

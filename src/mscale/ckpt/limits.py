@@ -30,7 +30,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 commit refuses to write one larger than this rather than leave a checkpoint no loader reads."""
 MAX_INDEX_BYTES = 1 << 28
 """The largest shard index (``rank-NNNNN.index.json``): ~35 KB a rank at 175B on 12,288 ranks; a
-whole 405B model in one shard lists ~200,000 chunks, ~5 MB."""
+whole 405B model with its optimizer state in one shard lists ~1.35 million chunks, ~34 MB."""
 MAX_SMALL_BYTES = 64 << 10
 """``latest`` and ``COMMITTED`` hold a name, or a hash and a step."""
 

@@ -114,7 +114,7 @@ class CheckpointReader:
             self._guard(path, key, lambda: self.decoder.read_whole(self._file(path), s, out))
             return out
         want = rows_box(box, flat)
-        copied = 0
+        copied, counted = 0, self.bytes_read
         for path, s in self.slices.get(key, []):
             src_box, src_flat = s.box_tuple(), (s.flat[0], s.flat[1])
             if intersect(want, rows_box(src_box, src_flat)) is None:
@@ -127,7 +127,7 @@ class CheckpointReader:
 
             copied += copy_overlap(out, box, flat, src_box, src_flat, fetch)
         if copied != out.numel() and self._unread:  # the preferred shards did not hold it all
-            self.widened = True
+            self.widened, self.bytes_read = True, counted  # read again whole below
             self._read_tables()
             return self.read(key, box, flat, shape, out)
         if copied != out.numel():

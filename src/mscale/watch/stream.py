@@ -6,11 +6,11 @@ files wait), so watching a long run costs O(new records), not O(file), however b
 
 A job that restarts in the same run directory is followed. A file that shrank, changed inode,
 or whose first bytes changed was replaced: the feed starts it over. A step number that goes
-  back is a resumed job rewriting steps after its checkpoint; a record with another number of
-  ranks is a re-planned job that resumed where the last one stopped (supervise's checkpoint,
-  then quarantine: no step goes back). Either way ``restarted`` is set on
-  the poll whose records begin the new attempt (a poll never mixes two attempts), so a watcher
-  can drop a window that belongs to the previous one.
+back is a resumed job rewriting steps after its checkpoint; a record with another number of
+ranks is a re-planned job that resumed where the last one stopped (supervise's checkpoint, then
+quarantine: no step goes back). Either way ``restarted`` is set on the poll whose records begin
+the new attempt (a poll never mixes two attempts), so a watcher can drop a window that belongs
+to the previous one.
 
 `records_to_window` decodes records of schema version 1 (JSON lists) and 2 (encoded vectors,
 config/vectors.py) into ``[steps, 5, world]`` arrays: one numpy conversion per vector, no Python

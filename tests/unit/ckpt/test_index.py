@@ -89,17 +89,18 @@ def test_a_new_dp_size_reads_its_coordinate_and_a_new_tp_reads_everything(saved)
 
 @pytest.mark.parametrize("hier", [False, True])
 def test_after_recover_shrinks_dp_a_rank_reads_the_shards_overlapping_its_own(tmp_path, hier):
-    """recover's first re-plan keeps tp/pp and shrinks DP: each new ZeRO shard overlaps two or
-    three old ones, so a rank reads those indexes, not its coordinate's every replica."""
-    big = plan(tp=2, pp=1, dp=8, hier=hier)
+    """recover's first re-plan keeps tp/pp and shrinks DP: each new ZeRO shard overlaps a few
+    old ones, so a rank reads those indexes, not its coordinate's every replica (tp 1: two
+    ranks a node, so hierarchical DP permutes the shards)."""
+    big = plan(tp=1, pp=1, dp=8, hier=hier)
     path = str(tmp_path / "step-000005")
     write_synthetic(path, big, global_state(big))
     m = catalog.load_committed(path)
-    small = plan(tp=2, pp=1, dp=2, hier=hier)
+    small = plan(tp=1, pp=1, dp=2, hier=hier)
     for r in range(small.layout.world_size):
         rl = for_plan(small, r)
         prefer = likely_writers(big, small, rl, optimizer=True)
-        assert len(prefer) <= 2 * 6, prefer  # TP ranks {own, 0} x at most 6 of 8 replicas
+        assert len(prefer) <= 5, prefer  # of 8: half the buckets, and a neighbour at the edges
         with CheckpointReader(path, m, prefer=prefer) as reader:
             for it in optim_needs(rl):
                 reader.read_item(it)

@@ -15,7 +15,8 @@ from tests.conftest import PLANS
 
 def test_a_launched_rank_leaves_the_data_and_run_checks_to_its_worker(tmp_path, monkeypatch):
     """Under srun/torchrun every rank runs `mscale train`. Checking the data and the checkpoint
-    to resume there cost each of 12,288 ranks a parse of a ~430 MB manifest; on rank 0 alone it
+    to resume there cost each of 12,288 ranks a parse of its manifest (~430 MB in schema 1); on
+    rank 0 alone it
     held the others at the rendezvous past --timeout. The workers check them after it. Without
     a launcher (and for the --local launcher) they are checked here: a missing file is exit 3
     before any process starts."""

@@ -115,4 +115,6 @@ def test_a_requested_save_reads_the_lock_first(tmp_path, monkeypatch):
     RunLock(run.root, "job-b", clock=lambda: later).acquire()
     assert _lock_before_requested_save(s, control, rank=0).startswith(
         "run lock taken over by run job-b")
-    assert _lock_before_requested_save(s, control, rank=1) is None  # alone, no peer to agree
+    monkeypatch.setattr(Control, "agree", staticmethod(lambda flag, group=None: True))
+    assert _lock_before_requested_save(s, control, rank=1).startswith(  # told by rank 0
+        "rank 0 could not go on")
