@@ -261,17 +261,14 @@ def child_rank(a) -> list[dict]:
     and `resume`'s reader."""
     import torch
 
-    from mscale.ckpt.load import CheckpointReader
+    from mscale.ckpt.load import CheckpointReader, has_optimizer
+    from mscale.ckpt.ownership import for_plan, likely_writers
     from mscale.ckpt.resume import ResumePoint
+    from mscale.topology.placement import load_checked_plan
 
     steps = Steps()
     buf = torch.frombuffer(bytearray((Path(a.tmp) / "broadcast.json").read_bytes()),
                            dtype=torch.uint8)  # what dist.broadcast filled
-
-    from mscale.ckpt.load import has_optimizer
-    from mscale.ckpt.ownership import for_plan, likely_writers
-    from mscale.topology.placement import load_checked_plan
-
     plan = load_checked_plan(a.plan)
     rl = for_plan(plan, 0)
 

@@ -18,7 +18,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from mscale.ckpt import untrusted
-from mscale.ckpt.limits import MAX_INDEX_BYTES, MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
+from mscale.ckpt.limits import MAX_MANIFEST_BYTES, MAX_SMALL_BYTES
 from mscale.ckpt.checks import parse_index, parse_manifest
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, CommitMarker, Manifest, ShardInfo,
                                   SliceInfo, check_relative, parse_marker, sha256)
@@ -217,7 +217,7 @@ def shard_slices(ckpt: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
         raise MscaleError(f"cannot read it: {e.strerror}", file=url,
                           fix="fix its permissions") from None
     with fh:
-        if size != shard.index.bytes or size > MAX_INDEX_BYTES:
+        if size != shard.index.bytes:  # the schema bounds the recorded size (MAX_INDEX_BYTES)
             raise MscaleError(f"file has {size} bytes, the manifest says {shard.index.bytes}",
                               file=url, field="index.bytes", code=EXIT_CRITICAL,
                               fix="run `mscale ckpt verify`; use an older checkpoint")
