@@ -22,7 +22,9 @@ it, ``latest`` still names the previous checkpoint, and the next start removes i
 from __future__ import annotations
 
 import json
+import math
 import time
+import zlib
 from typing import Callable
 
 import torch
@@ -94,11 +96,35 @@ def broadcast_json(obj, group, src: int = 0):
 
 
 def reported_tensors(items) -> dict[str, list]:
-    """The tensors a rank names in its report: those whose first element it writes. Every
-    element of a checkpoint's tensor is written exactly once, so each tensor is named by exactly
-    one rank, and rank 0 gathers a tensor table rather than 12,288 overlapping ones."""
-    return {it.key: [list(it.shape), it.dtype] for it in items
-            if it.flat[0] == 0 and all(a == 0 for a, _ in it.box)}
+    """The tensors a rank names in its report: those whose naming element (`naming_element`) it
+    writes. Every element of a checkpoint's tensor is written exactly once, so each tensor is
+    named by exactly one rank, and rank 0 gathers a tensor table rather than 12,288 overlapping
+    ones. The element is not element 0: that would put a stage's whole table (~300 tensors at
+    175B) in the reports of the few ranks holding the first ZeRO shard, and the gather pads every
+    rank's report to the largest."""
+    return {it.key: [list(it.shape), it.dtype] for it in items if _holds(it, naming_element(it))}
+
+
+def naming_element(it) -> tuple[int, ...]:
+    """The index of the element whose writer names tensor ``it.key``: a position fixed by the
+    name alone (crc32, the same on every rank and every run), so that the tensors of a sharded
+    stage are named by ranks spread over its shards."""
+    at = zlib.crc32(it.key.encode()) % max(1, math.prod(it.shape))
+    index = []
+    for n in reversed(it.shape):
+        at, i = divmod(at, n)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def _holds(it, index: tuple[int, ...]) -> bool:
+    """Whether item ``it`` (a box of its tensor, and a flat range of that box) holds ``index``."""
+    flat = 0
+    for i, (a, b) in zip(index, it.box):
+        if not a <= i < b:
+            return False
+        flat = flat * (b - a) + (i - a)
+    return it.flat[0] <= flat < it.flat[1]
 
 
 def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, chunk_bytes: int,

@@ -1,7 +1,7 @@
 """Schema 2: each shard's slices in its own index file. The manifest names every tensor once (the
-rank holding its first element reports it), a resuming rank reads the indexes of the shards
-`likely_writers` names and no others, a wrong guess widens to every index rather than fail, and
-schema-1 checkpoints (slices inline) still load and verify."""
+rank holding one element, chosen from the name, reports it), a resuming rank reads the indexes
+of the shards `likely_writers` names and no others, a wrong guess widens to every index rather
+than fail, and schema-1 checkpoints (slices inline) still load and verify."""
 
 from __future__ import annotations
 
@@ -31,14 +31,25 @@ def saved(tmp_path_factory):
     return path, p, tensors
 
 
-def test_every_tensor_is_reported_by_exactly_one_rank():
-    p = plan(**LAYOUT)
+@pytest.mark.parametrize("layout", [LAYOUT, dict(tp=2, pp=1, dp=4, zero=0),
+                                    dict(tp=1, pp=2, dp=4, zero=1, hier=True)],
+                         ids=["zero1", "zero0", "hierarchical"])
+def test_every_tensor_is_reported_by_exactly_one_rank(layout):
+    p = plan(**layout)
     written, named = set(), []
     for r in range(p.layout.world_size):
         items = write_items(for_plan(p, r))
         written |= {it.key for it in items}
         named += list(reported_tensors(items))
     assert sorted(named) == sorted(written) and len(named) == len(set(named))
+
+
+def test_the_tensors_of_a_sharded_stage_are_named_by_ranks_spread_over_its_shards():
+    """The gather pads every report to the largest: naming by element 0 put a stage's whole
+    table on its first ZeRO shard."""
+    p = plan(tp=1, pp=1, dp=8, bucket_mb=0.002)
+    counts = [len(reported_tensors(write_items(for_plan(p, r)))) for r in range(8)]
+    assert sum(counts) > 20 and max(counts) < sum(counts) / 2, counts
 
 
 def test_the_manifest_lists_shards_and_each_index_names_its_shard(saved):
