@@ -21,7 +21,7 @@ process, every step with the library's own functions:
    ``manifest_bytes``: manifest.json's bytes (rank 0, writer thread)
 4. load_committed: ``sha256`` and ``checks.parse_manifest`` of those bytes, from memory (rank 0
    at resume, and the launcher's ``check_resume``)
-5. resume broadcast, rank 0: ``ResumePoint.to_json`` and its ``json.dumps`` (`_agree`,
+5. resume broadcast, rank 0: ``ResumePoint.to_json`` and its ``json.dumps`` (`agree.agree`,
    ``broadcast_json``)
 6. resume, every rank: ``json.loads`` of the broadcast buffer, ``ResumePoint.from_json`` and the
    ``CheckpointReader`` of rank 0 at the same layout (schema 2: it reads the indexes that
@@ -257,7 +257,7 @@ def child_load(a) -> list[dict]:
 
 
 def child_rank(a) -> list[dict]:
-    """Every rank's side: decode the broadcast (`broadcast_json`), `_agree`'s ``from_json``,
+    """Every rank's side: decode the broadcast (`broadcast_json`), `agree.agree`'s ``from_json``,
     and `resume`'s reader."""
     import torch
 

@@ -216,7 +216,7 @@ def test_a_commit_error_after_latest_moved_keeps_the_checkpoint(tmp_path, tensor
     not remove it: it is committed and named, and said so with a warning."""
     from types import SimpleNamespace
 
-    from mscale.ckpt.checkpointer import Checkpointer
+    from mscale.ckpt.committer import Committer
 
     root = str(tmp_path / "ckpt")
     _make(root, [2, 4], tensors)
@@ -226,11 +226,9 @@ def test_a_commit_error_after_latest_moved_keeps_the_checkpoint(tmp_path, tensor
 
     monkeypatch.setattr(commit, "commit", fails_late)
     events = []
-    ck = Checkpointer.__new__(Checkpointer)  # only what `_commit` reads: no process group
-    ck.root, ck.opts, ck.failed = root, SimpleNamespace(keep=3), {}
-    ck.emit, ck.lock_lost = (lambda **kw: events.append(kw)), (lambda: None)
+    ck = Committer(root, 3, lambda **kw: events.append(kw))
     fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
-    ck._commit(fl, catalog.load_committed(f"{root}/step-000004"), {})
+    ck.commit(fl, catalog.load_committed(f"{root}/step-000004"), {})
     assert [e["kind"] for e in events] == ["checkpoint", "info"] and not ck.failed
     assert "an error came after latest was moved to it" in events[1]["message"]
     assert _names(root) == [("step-000002", True), ("step-000004", True)]

@@ -12,6 +12,7 @@ import pytest
 
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
+from mscale.ckpt.committer import Committer
 from mscale.ckpt.manifest import COMMITTED, MANIFEST
 from mscale.runs.lock import RunLock, ownership_lost
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
@@ -41,18 +42,14 @@ def _written(root: str, tensors) -> object:
     return manifest
 
 
-def _checkpointer(root: str, lock_lost) -> tuple[Checkpointer, list[dict]]:
+def _committer(root: str, lock_lost) -> tuple[Committer, list[dict]]:
     events: list[dict] = []
-    ck = Checkpointer.__new__(Checkpointer)  # only what `_commit` reads: no process group
-    ck.root, ck.opts, ck.failed = root, SimpleNamespace(keep=3), {}
-    ck.fatal = ck.refused = None
-    ck.emit, ck.lock_lost = (lambda **kw: events.append(kw)), lock_lost
-    return ck, events
+    return Committer(root, 3, lambda **kw: events.append(kw), lock_lost), events
 
 
-def _commit_step_4(ck: Checkpointer, manifest) -> None:
+def _commit_step_4(ck: Committer, manifest) -> None:
     fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
-    ck._commit(fl, manifest, {"reason": "interval"})
+    ck.commit(fl, manifest, {"reason": "interval"})
 
 
 def _job(run: str) -> tuple[RunLock, Callable[[], str | None]]:
@@ -71,7 +68,7 @@ def test_a_lock_taken_over_before_the_commit_leaves_the_checkpoint_uncommitted(t
     _, lock_lost = _job(run)
     later = time.time() + 3600  # job-a's heartbeat is an hour old: past its lease, taken over
     RunLock(run, "job-b", settle_s=0, clock=lambda: later).acquire()
-    ck, events = _checkpointer(root, lock_lost)
+    ck, events = _committer(root, lock_lost)
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000002"
     assert [(e.name, e.committed) for e in catalog.entries(root)] == [
@@ -90,7 +87,7 @@ def test_a_removed_lock_refuses_the_commit_too(tmp_path, tensors):
     manifest = _written(root, tensors)
     mine, lock_lost = _job(run)
     mine.fs.rm_file(mine.path)
-    ck, events = _checkpointer(root, lock_lost)
+    ck, events = _committer(root, lock_lost)
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000002"
     assert events[0]["message"].startswith(f"run lock lost: {run}/lock.json was removed: "
@@ -103,7 +100,7 @@ def test_a_lock_still_held_commits(tmp_path, tensors, proto):
     root = catalog.join(run, "ckpt")
     manifest = _written(root, tensors)
     _, lock_lost = _job(run)
-    ck, events = _checkpointer(root, lock_lost)
+    ck, events = _committer(root, lock_lost)
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000004"
     assert [e["kind"] for e in events] == ["checkpoint"] and ck.fatal is None
@@ -120,7 +117,7 @@ def test_an_unreadable_lock_commits_and_says_so(tmp_path, tensors):
 
     def unreadable():
         raise OSError(116, "Stale file handle")
-    ck, events = _checkpointer(root, unreadable)
+    ck, events = _committer(root, unreadable)
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000004" and ck.fatal is None
     assert [(e["kind"], e["severity"]) for e in events] == [("checkpoint", "info"),
@@ -139,8 +136,7 @@ def test_a_manifest_no_loader_would_read_is_not_committed(tmp_path, tensors, mon
     manifest = _written(root, tensors)
     monkeypatch.setattr(commit, "MAX_MANIFEST_BYTES", 1000)
     _, lock_lost = _job(run)
-    ck, events = _checkpointer(root, lock_lost)
-    ck.writer = SimpleNamespace(submit=lambda fn, *a: fn(*a))
+    ck, events = _committer(root, lock_lost)
     _commit_step_4(ck, manifest)
     assert catalog.read_latest(root) == "step-000002"
     assert events[0]["kind"] == "checkpoint_failed" and "over the 1,000" in events[0]["message"]
@@ -154,8 +150,8 @@ def test_resume_runs_the_callers_check_on_the_chosen_manifest(tmp_path, tensors)
 
     root = catalog.join(_run(tmp_path, "file"), "ckpt")
     _written(root, tensors)
-    ck, _ = _checkpointer(root, lambda: None)
-    ck.opts, ck.rank, ck.group = SimpleNamespace(resume="auto"), 0, None
+    ck = Checkpointer.__new__(Checkpointer)  # only what choosing reads: no process group
+    ck.root, ck.opts, ck.rank, ck.group = root, SimpleNamespace(resume="auto"), 0, None
     seen = []
 
     def refuse(manifest):
@@ -174,13 +170,13 @@ def test_an_error_assembling_the_manifest_is_a_failed_save_not_a_silent_one(tmp_
 
     root = catalog.join(_run(tmp_path, "file"), "ckpt")
     _written(root, tensors)
-    ck, events = _checkpointer(root, lambda: None)
+    ck, events = _committer(root, lambda: None)
 
     def broken(raw):
         raise ValueError("a report that does not decode")
     monkeypatch.setattr(commit, "decode_gathered", broken)
     fl = SimpleNamespace(name="step-000004", step=4, reason="interval", started=0.0)
-    ck._assemble(fl, [b"{}"])
+    ck.assemble(fl, [b"{}"], build=lambda reports: pytest.fail("built from no reports"))
     assert catalog.read_latest(root) == "step-000002"
     assert [e["kind"] for e in events] == ["checkpoint_failed"]
     assert "a report that does not decode" in events[0]["message"]
