@@ -14,6 +14,7 @@ import gc
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
@@ -278,35 +279,59 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             _note_new_epochs(engine, s, step, epochs)
         if timer.events is not None:  # every rank traced this step: the same decision
             _write_trace(engine, s, step + 1, timer.events)
-        ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
-        interval_due = bool(ckpt.due(step + 1, final=step + 1 == steps))
-        trouble = s.trouble(save_due=engine.env.rank == 0 and interval_due) or ckpt.fatal
-        decision = control.poll(abort=trouble is not None)
-        if decision.abort:
-            return EXIT_BAD_INPUT, ("abort", step + 1, trouble or "rank 0 could not go on "
-                                    "(its output says why)")
-        if decision.checkpoint or decision.stop:
-            event(s, kind="signal" if decision.signal else "control",
-                   step=step + 1, severity="warning" if decision.stop else "info",
-                   message=_decision_message(decision),
-                   evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
-                             "signal": decision.signal})
-        trace_next = decision.trace
-        reason = ckpt.due(step + 1, requested=decision.checkpoint or decision.stop)
-        lost = _lock_before_requested_save(s, control, engine.env.rank) \
-            if reason and not interval_due else None
-        if lost is not None:
-            return EXIT_BAD_INPUT, ("abort", step + 1, lost)
-        saving = bool(reason)
-        if reason:
-            ckpt.save(step + 1, reason, lr=result.lr)
-        if decision.stop:
-            why = "signal" if decision.signal else "halt"
-            return EXIT_WARNING, (why, step + 1, "a checkpoint is saved before the stop; "
-                                  "the same command resumes")
+        after = _at_boundary(engine, s, ckpt, control, step, result.lr)
+        if after.stop is not None:
+            return after.stop
+        saving, trace_next = after.saving, after.trace
     if ckpt.due(steps, final=True) and first < steps:
         ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None
+
+
+@dataclass
+class Boundary:
+    """What the loop does after a step (`_at_boundary`)."""
+
+    stop: tuple[int, tuple[str, int, str]] | None = None
+    """The loop returns this (exit code, (why, step, detail)); None: it goes on."""
+    saving: bool = False
+    """A save started here: its host copy overlaps the next step (the record's flag)."""
+    trace: bool = False
+    """Record the next step's timeline (an operator's control/trace)."""
+
+
+def _at_boundary(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, step: int,
+                 lr: float) -> Boundary:
+    """Collective, after (0-based) ``step`` on every rank: the save in flight polled, rank 0's
+    trouble and the operator's requests agreed, then the save that is due started. Rank 0 reads
+    lock.json before any save: with the trouble check when an interval or final save is due,
+    else when a request starts one (`_lock_before_requested_save`)."""
+    done = step + 1
+    ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
+    interval_due = bool(ckpt.due(done, final=done == engine.plan.training.steps))
+    trouble = s.trouble(save_due=engine.env.rank == 0 and interval_due) or ckpt.fatal
+    decision = control.poll(abort=trouble is not None)
+    if decision.abort:
+        return Boundary(stop=(EXIT_BAD_INPUT, ("abort", done, trouble or "rank 0 could not go "
+                                                "on (its output says why)")))
+    if decision.checkpoint or decision.stop:
+        event(s, kind="signal" if decision.signal else "control",
+              step=done, severity="warning" if decision.stop else "info",
+              message=_decision_message(decision),
+              evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
+                        "signal": decision.signal})
+    reason = ckpt.due(done, requested=decision.checkpoint or decision.stop)
+    lost = _lock_before_requested_save(s, control, engine.env.rank) \
+        if reason and not interval_due else None
+    if lost is not None:
+        return Boundary(stop=(EXIT_BAD_INPUT, ("abort", done, lost)))
+    if reason:
+        ckpt.save(done, reason, lr=lr)
+    if decision.stop:
+        why = "signal" if decision.signal else "halt"
+        return Boundary(stop=(EXIT_WARNING, (why, done, "a checkpoint is saved before the "
+                                             "stop; the same command resumes")))
+    return Boundary(saving=bool(reason), trace=decision.trace)
 
 
 def _lock_before_requested_save(s: RunSession, control: Control, rank: int) -> str | None:

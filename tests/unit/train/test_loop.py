@@ -1,0 +1,102 @@
+"""The loop's step boundary (`loop._at_boundary`), on one process: what it decides from the
+operator's requests, rank 0's trouble and the checkpointer, and that rank 0 reads lock.json
+before any save it starts, interval or requested."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from mscale.errors import EXIT_BAD_INPUT, EXIT_WARNING
+from mscale.runs.rundir import RunDir
+from mscale.train.control import Control
+from mscale.train.loop import Boundary, _at_boundary
+from mscale.train.session import Journal, RunSession
+
+
+class Saves:
+    """The checkpointer's side of a boundary: `due` as `Checkpointer.due` decides it, and the
+    saves started."""
+
+    def __init__(self, interval: int):
+        self.interval, self.started, self.fatal = interval, [], None
+
+    def poll(self) -> None:
+        pass
+
+    def due(self, step: int, requested: bool = False, final: bool = False) -> str | None:
+        if requested:
+            return "request"
+        return "interval" if step % self.interval == 0 else None
+
+    def save(self, step: int, reason: str, lr: float | None = None) -> None:
+        self.started.append((step, reason))
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """Rank 0 of job-a, holding its run's lock; its control directory; its saves."""
+    from mscale.runs.lock import LOCK_HELD_ENV, RunLock
+
+    monkeypatch.delenv(LOCK_HELD_ENV, raising=False)
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    s = RunSession(run, Journal(run, enabled=True), "job-a")
+    s.lock = RunLock(run.root, "job-a").acquire()
+    s.token = s.lock.record.token
+    engine = SimpleNamespace(plan=SimpleNamespace(training=SimpleNamespace(steps=100)),
+                             env=SimpleNamespace(rank=0))
+    control_dir = tmp_path / "run" / "control"
+    control_dir.mkdir(exist_ok=True)
+    yield SimpleNamespace(run=run, s=s, engine=engine, control_dir=control_dir,
+                          control=Control(str(control_dir), 0), saves=Saves(interval=10))
+    s.lock.release()
+
+
+def _boundary(job, step: int):
+    return _at_boundary(job.engine, job.s, job.saves, job.control, step, lr=1e-3)
+
+
+def _take_over(job) -> None:
+    """Another job takes the run over: job-a's lease ran out while it was stopped."""
+    from mscale.runs.lock import RunLock
+
+    later = time.time() + 3600
+    RunLock(job.run.root, "job-b", clock=lambda: later).acquire()
+
+
+def test_a_plain_step_goes_on_and_an_interval_step_saves(job):
+    assert _boundary(job, 4) == Boundary()  # nothing due, nothing asked
+    after = _boundary(job, 9)  # step 10 done
+    assert after.stop is None and after.saving and job.saves.started == [(10, "interval")]
+
+
+def test_a_requested_save_starts_and_a_halt_stops_after_it(job):
+    (job.control_dir / "checkpoint").touch()
+    after = _boundary(job, 4)
+    assert after.stop is None and after.saving and job.saves.started == [(5, "request")]
+    (job.control_dir / "halt").mkdir()
+    after = _boundary(job, 5)
+    assert after.stop[0] == EXIT_WARNING and after.stop[1][:2] == ("halt", 6)
+    assert job.saves.started[-1] == (6, "request")
+
+
+def test_a_requested_save_after_a_takeover_stops_without_saving(job):
+    """No interval save is due at step 5, so the trouble check did not read the lock: the
+    request's save must read it before any shard file is opened."""
+    _take_over(job)
+    (job.control_dir / "checkpoint").touch()
+    after = _boundary(job, 4)
+    assert after.stop[0] == EXIT_BAD_INPUT and after.stop[1][:2] == ("abort", 5)
+    assert after.stop[1][2].startswith("run lock taken over by run job-b")
+    assert job.saves.started == []
+
+
+def test_an_interval_save_after_a_takeover_stops_without_saving(job):
+    _take_over(job)
+    assert _boundary(job, 4).stop is None  # no save due: the heartbeat's to notice
+    after = _boundary(job, 9)
+    assert after.stop[0] == EXIT_BAD_INPUT and "run lock taken over" in after.stop[1][2]
+    assert job.saves.started == []
