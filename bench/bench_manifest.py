@@ -25,10 +25,12 @@ process, every step with the library's own functions:
    ``broadcast_json``)
 6. resume, every rank: ``json.loads`` of the broadcast buffer, ``ResumePoint.from_json`` and the
    ``CheckpointReader`` of rank 0 at the same layout (schema 2: it reads the indexes that
-   `ownership.likely_writers` names); per rank, so ×8 per node of host memory
+   `locate.likely_writers` names); per rank, so ×8 per node of host memory
 7. schema 2 only: a reader of every shard's index, as an offline convert or verify builds
 8. schema 2 only: how many indexes a rank reads after recover dropped one DP replica
-   (`ownership.likely_writers` for 64 ranks of that plan; exact by tests/unit/ckpt/test_index.py)
+   (`locate.likely_writers` for 64 ranks of that plan; exact by tests/unit/ckpt/test_index.py)
+9. schema 2 only: at another TP/PP split (half the TP, twice the PP), 4 ranks' guess and a
+   reader of the indexes it names
 
 Each step's wall seconds and peak RSS (``ru_maxrss``, its high-water mark reset through
 /proc/self/clear_refs before the step), beside the RSS the process already held when the step
@@ -108,21 +110,15 @@ class Steps:
 
 
 # --------------------------------------------------------------------------- step 0: reports
-def rank_items(plan, rank: int, meta: dict, owners: dict) -> list:
+def rank_items(plan, rank: int, meta: dict) -> list:
     """What ``rank`` writes: its write set and its generator states (`Checkpointer.items`;
-    a GPU rank has two, `snapshot.rng_states`). ``owners``: `RankLayout.model_owner` by (pp, tp)
-    rank, the same on every replica (most of the time of `write_items` at dp 192)."""
+    a GPU rank has two, `snapshot.rng_states`)."""
     import torch
 
     from mscale.ckpt.manifest import RNG, tensor_key
     from mscale.ckpt.ownership import Item, for_plan, write_items
 
-    rl = for_plan(plan, rank, meta)
-    key = (rl.pp_rank, rl.tp_rank)
-    if key not in owners:
-        owners[key] = rl.model_owner()
-    rl._model_owner = owners[key]
-    items = write_items(rl)
+    items = write_items(for_plan(plan, rank, meta))
     states = {"cpu": torch.get_rng_state().numel()}
     if not plan.cluster.gpu.is_cpu:
         states["cuda"] = CUDA_RNG_BYTES
@@ -174,17 +170,21 @@ def child_reports(a) -> dict:
 
     plan = load_checked_plan(a.plan)
     world = plan.layout.world_size
-    rnd, meta, owners, sizes, slices = random.Random(0), {}, {}, [], 0
+    rnd, meta, sizes, slices, written = random.Random(0), {}, [], 0, {}
     t0 = time.perf_counter()
     with open(Path(a.tmp) / "reports.jsonl", "wb") as out:
         for rank in range(min(a.ranks or world, world)):
-            items = rank_items(plan, rank, meta, owners)
+            items = rank_items(plan, rank, meta)
             report = shard_report(rank, items, a.codec, a.chunk_bytes, rnd, a.schema,
                                   ckpt_dir(a))
             slices += report.pop("slices")
             data = json.dumps(report).encode()  # what gather_json sends
             sizes.append(len(data))
             out.write(data + b"\n")
+            written.update((it.key, [list(it.shape), it.dtype]) for it in items)
+    # with --ranks N < world, a tensor these ranks wrote may be named by a rank left out: kept
+    # aside (child_commit), and added to the manifest only before its index files are read
+    (Path(a.tmp) / "written.json").write_text(json.dumps(written))
     return {"world": world, "ranks": len(sizes), "slices": slices, "bytes": sum(sizes),
             "largest": max(sizes), "padded": len(sizes) * max(sizes),
             "seconds": time.perf_counter() - t0}
@@ -224,8 +224,12 @@ def child_commit(a) -> list[dict]:
         STEP, reports, codec=a.codec, level=a.level, chunk_bytes=a.chunk_bytes,
         layout=layout_record(plan), plan=plan.model_dump(mode="json", exclude_none=True),
         state=state, schema_version=a.schema))
+    named = {k for r in reports for k in r["tensors"]}
+    written = json.loads((Path(a.tmp) / "written.json").read_text())
+    (Path(a.tmp) / "written.json").write_text(json.dumps(
+        {k: v for k, v in written.items() if k not in named}))  # {} when every rank ran
     box = [reports]
-    del reports
+    del reports, named, written
     steps.run("free the decoded reports (rank 0, _finish returns)", box.clear)
     raw = steps.run("manifest_bytes (rank 0)", lambda: manifest_bytes(manifest))
     steps.rows[-1]["bytes"] = len(raw)
@@ -262,7 +266,9 @@ def child_rank(a) -> list[dict]:
     import torch
 
     from mscale.ckpt.load import CheckpointReader, has_optimizer
-    from mscale.ckpt.ownership import for_plan, likely_writers
+    from mscale.ckpt.locate import likely_writers
+    from mscale.ckpt.manifest import TensorInfo
+    from mscale.ckpt.ownership import for_plan
     from mscale.ckpt.resume import ResumePoint
     from mscale.topology.placement import load_checked_plan
 
@@ -272,8 +278,12 @@ def child_rank(a) -> list[dict]:
     plan = load_checked_plan(a.plan)
     rl = for_plan(plan, 0)
 
+    unnamed = {k: TensorInfo(shape=v[0], dtype=v[1]) for k, v in
+               json.loads((Path(a.tmp) / "written.json").read_text()).items()}
+
     def resume():
         point = ResumePoint.from_json(json.loads(bytes(buf.numpy())))
+        point.manifest.tensors.update(unnamed)  # a --ranks run's missing names (child_commit)
         prefer = likely_writers(plan, plan, rl, has_optimizer(point.manifest))
         return point, CheckpointReader(ckpt_dir(a), point.manifest, prefer=prefer)
 
@@ -296,7 +306,43 @@ def child_rank(a) -> list[dict]:
             lambda: [len(likely_writers(plan, shrunk, for_plan(shrunk, r, meta), True))
                      for r in sample])
         steps.rows[-1].update(indexes=max(counts), indexes_min=min(counts))
+    other = another_split(plan)
+    if a.schema == 2 and other is not None:
+        lo = other.layout
+        sample = range(0, lo.world_size, max(1, lo.world_size // 4))
+        counts = steps.run(
+            f"guess + reader at another split (tp {lo.tp} pp {lo.pp} vpp {lo.vpp}), "
+            f"{len(sample)} ranks", lambda: [resplit_read(a, plan, other, manifest, r)
+                                             for r in sample])
+        steps.rows[-1].update(indexes=max(counts), indexes_min=min(counts))
     return steps.rows
+
+
+def resplit_read(a, plan, other, manifest, rank: int) -> int:
+    """Rank ``rank`` of ``other`` resuming from ``plan``'s checkpoint: its guess, and a reader
+    of the indexes it names (those written: with --ranks N only the first N are)."""
+    from mscale.ckpt.load import CheckpointReader
+    from mscale.ckpt.locate import likely_writers
+    from mscale.ckpt.ownership import for_plan
+
+    prefer = likely_writers(plan, other, for_plan(other, rank), True)
+    written = {s.rank for s in manifest.shards}
+    with CheckpointReader(ckpt_dir(a), manifest, prefer=prefer & written) as reader:
+        return reader.indexes_read
+
+
+def another_split(plan):
+    """``plan`` at half the TP and twice the PP (what recover's planner search may pick on the
+    same world), the interleaving cut until it divides the layers; None if neither can
+    change."""
+    lo, layers = plan.layout, plan.model.layers
+    pp = lo.pp * 2 if layers % (lo.pp * 2) == 0 else lo.pp
+    tp = lo.tp // 2 if lo.tp % 2 == 0 and pp != lo.pp else lo.tp
+    if (tp, pp) == (lo.tp, lo.pp):
+        return None
+    vpp = next(v for v in range(lo.vpp, 0, -1) if layers % (pp * v) == 0)
+    return plan.model_copy(update={"layout": lo.model_copy(update={"tp": tp, "pp": pp,
+                                                                   "vpp": vpp})})
 
 
 def without_one_replica(plan):

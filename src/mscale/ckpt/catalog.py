@@ -226,8 +226,8 @@ def shard_slices(ckpt: str, m: Manifest, shard: ShardInfo) -> list[SliceInfo]:
 
 
 INDEX_READERS = 16
-"""Index files read at once when many are needed (an offline convert or verify, a resume at a
-new TP/PP split): small files on a shared filesystem, where latency, not bandwidth, is the cost."""
+"""Index files read at once when many are needed (an offline convert or verify, a reader whose
+guess missed): small files on a shared filesystem, where latency, not bandwidth, is the cost."""
 
 
 def shard_slices_many(ckpt: str, m: Manifest, shards: list[ShardInfo]) -> list:

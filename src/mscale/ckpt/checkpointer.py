@@ -41,11 +41,11 @@ from mscale.ckpt import catalog, commit
 from mscale.ckpt.agree import WAIT_POLL_S, agree
 from mscale.ckpt.committer import Committer, Emit, InFlight, disk_full
 from mscale.ckpt.live import LiveRank
+from mscale.ckpt.locate import likely_writers
 from mscale.ckpt.load import CheckpointReader, has_optimizer, install, read_for_rank
 from mscale.ckpt.manifest import MANIFEST, RNG, TrainState, tensor_key
 from mscale.ckpt.options import CkptOptions
-from mscale.ckpt.ownership import (Item, RankLayout, from_live, layout_record, likely_writers,
-                                   write_items)
+from mscale.ckpt.ownership import Item, RankLayout, from_live, layout_record, write_items
 from mscale.ckpt.resume import ResumePoint, choose_resume
 from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, set_rng_states
 from mscale.ckpt.writer import BackgroundWriter, WriteHooks, snapshot_and_write
@@ -310,7 +310,7 @@ class Checkpointer:
                             "model_only": "optim" not in data})
         return manifest.state.step
 
-    def _likely_writers(self, manifest) -> set[int] | None:
+    def _likely_writers(self, manifest) -> set[int]:
         """The shards whose indexes this rank reads first at resume (`likely_writers`)."""
         saved = validate(Plan, manifest.plan, MANIFEST, prefix="plan.")  # checked when parsed
         return likely_writers(saved, self.live.plan, self.layout, has_optimizer(manifest))

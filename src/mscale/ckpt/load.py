@@ -7,8 +7,8 @@ ZeRO/DP changes the flat ranges, PP changes which parameters a rank holds, and e
 what it holds now by global name.
 
 Which slices exist is read from the shards' index files (schema 2; manifest.py), and only as far
-as needed: a rank resuming at the layout that saved reads the indexes of the shards that
-`ownership.likely_writers` names (its own and a few others, not 12,288). A guess that misses
+as needed: a resuming rank reads the indexes of the shards that `locate.likely_writers` names
+(its own and a few others at the TP/PP split that saved, a few dozen at another; not 12,288). A guess that misses
 costs time, never correctness: a region the read indexes do not cover makes the reader read
 every other index before it answers, and a region no slice covers is an error.
 

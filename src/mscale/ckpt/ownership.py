@@ -25,7 +25,9 @@ spread over all ranks:
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -34,7 +36,7 @@ from mscale.ckpt.live import LiveRank
 from mscale.ckpt.manifest import MASTER_DTYPE, MODEL, OPTIM_KEYS, itemsize, optim_key, tensor_key
 from mscale.ckpt.slices import Box, box_from_slices, numel
 from mscale.parallel.buckets import BufferLayout, Piece
-from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard, shard_index
+from mscale.parallel.shard_layout import bucket_bytes, bucket_numel, owned_shard
 from mscale.parallel.spec import ParamSpec, ParamTable
 from mscale.topology.placement import placement_for
 
@@ -97,13 +99,15 @@ class RankLayout:
 
 
 def balance(sizes: list[int], bins: int) -> list[int]:
-    """Owner bin of each item: largest first onto the least loaded bin (ties: lowest index)."""
-    load = [0] * max(1, bins)
+    """Owner bin of each item: largest first onto the least loaded bin (ties: lowest index).
+    A heap of (load, bin): the same choice as scanning every bin, in log(bins) per item (a
+    resume at a new split computes this for every replica of a few coordinates, locate.py)."""
+    heap = [(0, b) for b in range(max(1, bins))]
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        b = min(range(len(load)), key=lambda b: (load[b], b))
+        load, b = heapq.heappop(heap)
         owner[i] = b
-        load[b] += sizes[i]
+        heapq.heappush(heap, (load + sizes[i], b))
     return owner
 
 
@@ -161,77 +165,6 @@ def model_needs(rl: RankLayout) -> list[Item]:
     """Every parameter this rank holds, whole, to load."""
     return [Item(tensor_key(MODEL, p.spec.name), tuple(p.spec.global_shape), p.dtype, p.box,
                  (0, p.numel), ("param", p.index)) for p in rl.params]
-
-
-def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int] | None:
-    """The ranks of ``saved_plan`` whose shards hold what rank ``rl`` of ``plan`` reads back, or
-    None (every shard) when the TP/PP split changed. With the same split, a rank's parameters
-    were written by the replicas of its own (pp, tp) coordinate, TP rank 0 writing the
-    replicated ones (`write_items`). Under ZeRO 1/2 its optimizer state is its shard of every
-    bucket, written by the replicas whose shards overlap it (`overlapping_shards`): at the same
-    DP size its own coordinate's, after recover shrank DP a few. A wrong guess only costs time
-    (`load.CheckpointReader` then reads every index)."""
-    old, new = saved_plan.layout, plan.layout
-    if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp):
-        return None
-    placement = placement_for(saved_plan)
-    out = {rl.rank} if old.dp == new.dp else set()  # the RNG states: read at the same layout
-    if optimizer and new.zero_stage == 0 and rl.dp_rank != 0:
-        return out  # DP rank 0 reads the replicas' optimizer state and broadcasts it (load.py)
-    shards = None
-    if optimizer and min(old.zero_stage, new.zero_stage) > 0:
-        mine = shard_index(placement_for(plan), rl.rank, new.dp_reduce == "hierarchical")
-        shards = overlapping_shards(mine, bucket_fills(rl, plan), new.dp,
-                                    bucket_fills(rl, saved_plan), old.dp)
-    hierarchical = old.dp_reduce == "hierarchical"
-    for tp in {rl.tp_rank, 0}:
-        for d in range(old.dp):
-            r = placement.rank(d, rl.pp_rank, tp)
-            if shards is None or shard_index(placement, r, hierarchical) in shards:
-                out.add(r)
-    return out
-
-
-def bucket_fills(rl: RankLayout, plan) -> list[int]:
-    """The elements of each DP bucket over ``rl``'s parameters with ``plan``'s bucket size,
-    padding left out: the gradient buffer's own layout (`BufferLayout`), which does not depend
-    on the DP size."""
-    shapes = [_Shape(tuple(b - a for a, b in p.box)) for p in rl.params]
-    layout = BufferLayout(shapes, [p.spec for p in rl.params], 1,
-                          bucket_numel(bucket_bytes(plan.training)))
-    return [b.numel for b in layout.buckets]
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """What `BufferLayout` reads of a parameter."""
-
-    shape: tuple[int, ...]
-
-
-def overlapping_shards(i: int, fills: list[int], dp: int, saved_fills: list[int],
-                       saved_dp: int) -> set[int]:
-    """The ZeRO shards of a layout split ``saved_dp`` ways (bucket sizes ``saved_fills``) that
-    hold any element of shard ``i`` of one split ``dp`` ways (``fills``). Both lay the same
-    parameters out in the same order, so an element has one position in the buckets'
-    concatenation without padding; shard ``j`` of a bucket of ``f`` elements holds its elements
-    ``j·ceil(f/dp)`` up to ``(j+1)·ceil(f/dp)``."""
-    want, start = [], 0
-    for f in fills:
-        n = -(-f // dp)
-        lo, hi = start + i * n, start + min((i + 1) * n, f)
-        if lo < hi:
-            want.append((lo, hi))
-        start += f
-    out, start = set(), 0
-    for f in saved_fills:
-        n = -(-f // saved_dp)
-        for lo, hi in want:
-            a, z = max(lo, start), min(hi, start + f)
-            if a < z:
-                out.update(range((a - start) // n, -(-(z - start) // n)))
-        start += f
-    return out
 
 
 def layout_record(plan) -> dict:
@@ -297,3 +230,30 @@ def for_plan(plan, rank: int, meta: dict | None = None) -> RankLayout:
                       dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
                       zero_stage=layout.zero_stage, params=_slots(params, table),
                       pieces=_pieces(buffer.pieces(shard)))
+
+
+def replica_layouts(plan, pp_rank: int, tp_rank: int,
+                    meta: dict | None = None) -> Iterator[RankLayout]:
+    """The layouts of every DP replica of coordinate (``pp_rank``, ``tp_rank``) of ``plan``, DP
+    rank 0 first, each as `for_plan` builds it. The replicas differ only in their ZeRO shard, so
+    the buffer layout, the parameter slots and the model split are built once: a resume at a new
+    TP/PP split looks at every replica of a few coordinates (locate.py)."""
+    layout = plan.layout
+    placement = placement_for(plan)
+    key = (pp_rank, tp_rank)
+    params, table = (meta or {}).get(key) or meta_params(plan, *key)
+    if meta is not None:
+        meta[key] = (params, table)
+    buffer = BufferLayout(params, table, layout.dp, bucket_numel(bucket_bytes(plan.training)))
+    slots, owner = _slots(params, table), []
+    for d in range(layout.dp):
+        rank = placement.rank(d, pp_rank, tp_rank)
+        shard = owned_shard(placement, rank, layout.zero_stage,
+                            layout.dp_reduce == "hierarchical")
+        rl = RankLayout(rank=rank, dp_rank=d, pp_rank=pp_rank, tp_rank=tp_rank,
+                        dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
+                        zero_stage=layout.zero_stage, params=slots,
+                        pieces=_pieces(buffer.pieces(shard)), _model_owner=owner)
+        owner = rl.model_owner()
+        yield rl
+

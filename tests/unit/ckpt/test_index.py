@@ -14,8 +14,10 @@ import torch
 from mscale.ckpt import catalog
 from mscale.ckpt.commit import reported_tensors
 from mscale.ckpt.load import CheckpointReader, model_needs, optim_needs
+from mscale.ckpt.locate import likely_writers, overlapping_shards
 from mscale.ckpt.manifest import COMMITTED, MANIFEST, index_name, sha256
-from mscale.ckpt.ownership import for_plan, likely_writers, overlapping_shards, write_items
+from mscale.ckpt.ownership import for_plan, write_items
+from mscale.ckpt.slices import intersect, region_boxes
 from mscale.ckpt.verify import verify
 from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
 
@@ -83,19 +85,75 @@ def test_a_rank_at_the_same_layout_reads_its_likely_writers_only(saved):
             assert reader.indexes_read == len(prefer)  # no miss: nothing else was read
 
 
-def test_a_new_dp_size_reads_its_coordinate_and_a_new_tp_reads_everything(saved):
+def test_a_new_dp_size_reads_its_coordinate(saved):
     path, p, _ = saved
     m = catalog.load_committed(path)
     wider = plan(tp=2, pp=2, dp=4)
     rl = for_plan(wider, 5)
     prefer = likely_writers(p, wider, rl, optimizer=True)
-    assert prefer is not None and len(prefer) <= 4
+    assert len(prefer) <= 4
     with CheckpointReader(path, m, prefer=prefer) as reader:  # what a ZeRO-1 resume reads
         for it in optim_needs(rl):
             reader.read_item(it)
         assert reader.indexes_read == len(prefer)
-    assert likely_writers(p, plan(tp=1, pp=2, dp=4), for_plan(plan(tp=1, pp=2, dp=4), 0),
-                          optimizer=True) is None
+
+
+RESPLITS = [  # (the saving layout, the resuming one, whether the optimizer state is saved, the
+    # most indexes a rank reads of the 8: a rank of one stage never reads the other stage's)
+    (LAYOUT, dict(tp=1, pp=2, dp=4), True, 4),
+    (LAYOUT, dict(tp=2, pp=1, dp=3), True, 6),
+    (dict(tp=1, pp=2, dp=4), dict(tp=2, pp=1, dp=2), True, 8),
+    (dict(tp=1, pp=2, dp=4, hier=True), dict(tp=2, pp=1, dp=4, hier=True), True, 8),
+    (dict(tp=2, pp=1, dp=4, zero=0), dict(tp=1, pp=2, dp=2, zero=0), True, 8),
+    (LAYOUT, dict(tp=1, pp=1, dp=2), False, 8),
+]
+
+
+def _needs(rl, optimizer: bool) -> list:
+    """What `load.read_for_rank` reads for ``rl``."""
+    if not optimizer:
+        return model_needs(rl)
+    return [] if rl.zero_stage == 0 and rl.dp_rank != 0 else optim_needs(rl)
+
+
+def _holders(path, m, needs) -> set[int]:
+    """The ranks whose index files list a slice overlapping ``needs``, read from disk."""
+    wanted: dict[str, list] = {}
+    for it in needs:
+        wanted.setdefault(it.key, []).extend(b for b, _ in region_boxes(it.box, it.flat))
+    return {shard.rank for shard in m.shards
+            for s in catalog.shard_slices(path, m, shard) if s.tensor in wanted
+            and any(intersect(b, w) is not None for w in wanted[s.tensor]
+                    for b, _ in region_boxes(s.box_tuple(), tuple(s.flat)))}
+
+
+@pytest.mark.parametrize("old, new, optimizer, most", RESPLITS,
+                         ids=["tp2-to-1", "pp2-to-1", "pp-to-tp", "pp-to-tp-hier", "zero0",
+                              "model-only"])
+def test_at_a_new_tp_pp_split_a_rank_reads_exactly_the_indexes_holding_its_state(
+        tmp_path, old, new, optimizer, most):
+    """recover's planner search and `ckpt convert` change the split: a rank reads the indexes of
+    the old ranks whose slices overlap what it reads, no more (each one holds some of it) and no
+    fewer (no widening), instead of all of them."""
+    saved, resumed = plan(**old), plan(**new)
+    tensors = global_state(saved, optimizer=optimizer)
+    path = str(tmp_path / "step-000005")
+    write_synthetic(path, saved, tensors)
+    m = catalog.load_committed(path)
+    counts = []
+    for r in range(resumed.layout.world_size):
+        rl = for_plan(resumed, r)
+        needs = _needs(rl, optimizer)
+        prefer = likely_writers(saved, resumed, rl, optimizer)
+        assert prefer == _holders(path, m, needs), r
+        counts.append(len(prefer))
+        with CheckpointReader(path, m, prefer=prefer) as reader:
+            for it in needs:
+                box = tuple(slice(a, b) for a, b in it.box)
+                want = tensors[it.key][box].reshape(-1)[it.flat[0]: it.flat[1]]
+                assert torch.equal(reader.read_item(it), want), (r, it.key)
+            assert not reader.widened and reader.indexes_read == len(prefer), r
+    assert max(counts) == most, counts
 
 
 @pytest.mark.parametrize("hier", [False, True])
