@@ -81,17 +81,25 @@ class JobLayout:
 
     @classmethod
     def from_flags(cls, tp: int, pp: int, dp: int, ranks_per_node: int,
-                   hostlist: str | None = None, vpp: int = 1) -> "JobLayout":
-        """For a metrics file without a plan: ``--tp/--pp/--dp/--ranks-per-node [--hostlist]``."""
+                   hostlist: str | None = None, vpp: int = 1,
+                   names: tuple[str, ...] | None = None) -> "JobLayout":
+        """``--tp/--pp/--dp/--ranks-per-node [--hostlist]``; ``names``: the plan's node names,
+        when the flags leave its nodes as they are (watch/target.py `_with_flags`)."""
         Placement(tp=tp, pp=pp, dp=dp, gpus_per_node=ranks_per_node)  # same refusals as a plan
         nodes = max(1, tp * pp * dp // ranks_per_node)
-        names = tuple(expand_hostlist(hostlist)) if hostlist else tuple(
-            f"node{i}" for i in range(nodes))
+        named = hostlist is not None or names is not None
+        if hostlist:
+            names = tuple(expand_hostlist(hostlist))
+        elif names is None:
+            names = tuple(f"node{i}" for i in range(nodes))
         if len(names) < nodes:
-            raise MscaleError(f"the hostlist names {len(names)} nodes, the layout needs {nodes}",
-                              field="--hostlist", fix="give one host per node, in rank order")
+            raise MscaleError(f"the {'hostlist' if hostlist else 'plan'} names {len(names)} "
+                              f"nodes, the layout needs {nodes}",
+                              field="--hostlist" if hostlist else "--tp",
+                              fix="give one host per node, in rank order" if hostlist else
+                                  "give --hostlist with the job's own nodes in rank order")
         return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes],
-                   vpp=vpp, named=hostlist is not None)
+                   vpp=vpp, named=named)
 
     @classmethod
     def flat(cls, world: int) -> "JobLayout":

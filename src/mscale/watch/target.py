@@ -3,13 +3,14 @@
 A target is a run directory, a run's ``metrics.jsonl`` (that run), or a metrics ``.jsonl`` of
 another trainer. A path that does not exist yet is resolved by its name, so a live watch started
 before the scheduler has placed the job can wait for it; ``--once`` refuses it (`require_run`).
-The layout (rank → TP/PP/DP position and node) comes from flags when any is given, else from the
-run's plan, read again for each attempt (a relaunch may run another layout).
+The layout (rank → TP/PP/DP position and node) comes from the run's plan, read again for each
+attempt (a relaunch may run another layout), with any field a flag gives replaced; without a plan
+(another trainer's metrics) from the flags alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from mscale.errors import MscaleError
@@ -121,46 +122,62 @@ def _exists(url: str) -> bool:
 def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
                   dp: int | None = None, ranks_per_node: int | None = None,
                   hostlist: str | None = None) -> Callable[[int], JobLayout]:
-    """How to lay out a job of ``world`` ranks: flags when any is given, else the run's plan,
-    else every rank on its own (rank-level rules only; nodes and stages unknown)."""
+    """How to lay out a job of ``world`` ranks: the run's plan with any field a flag gives
+    replaced (`_with_flags`), else every rank on its own (rank-level rules only; nodes and
+    stages unknown)."""
     try:  # a bad --hostlist is bad input now, not an internal error when the records come
         hosts = len(expand_hostlist(hostlist)) if hostlist else None
     except ValueError as e:
         raise MscaleError(str(e), field="--hostlist",
                           fix="give the nodes in SLURM syntax, e.g. 'gpu[001-128]'") from None
-
-    def from_flags(world: int) -> JobLayout:
-        t, p = tp or 1, pp or 1
-        if dp is None and world % (t * p):
-            raise MscaleError(f"--tp {t} x --pp {p} = {t * p} does not divide the records' "
-                              f"{world} ranks", field="--tp" if tp else "--pp",
-                              fix=f"give the job's own sizes: tp·pp·dp = {world}")
-        d = dp or max(1, world // (t * p))
-        nodes = hosts or 1
-        if hosts and ranks_per_node is None and (t * p * d) % hosts:
-            raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "
-                              "fill evenly", field="--hostlist",
-                              fix="give the job's own nodes in rank order, or --ranks-per-node")
-        per_node = ranks_per_node or max(1, t * p * d // nodes)
-        return JobLayout.from_flags(t, p, d, per_node, hostlist)
-
-    if any(v is not None for v in (tp, pp, dp, ranks_per_node, hostlist)):
-        return from_flags
     if target.plan_now():
         load_checked_plan(target.plan_now())  # a bad plan fails now, before any work
 
-    def from_plan(world: int) -> JobLayout:
+    def from_plan(world: int) -> JobLayout | None:
         # read when the first records come, and again for each attempt: the plan may be
         # written after watch starts, and a restarted job may run a new layout (runs/history.py)
         plan = target.plan_now()
         if not plan:
-            return JobLayout.flat(world)
+            return None
         layout = JobLayout.from_plan(load_checked_plan(plan))
         if layout.world != world and target.run is not None:
             layout = _earlier_layout(target.run, world) or layout
         return layout
 
-    return from_plan
+    flags = (tp, pp, dp, ranks_per_node, hostlist)
+    if all(v is None for v in flags):
+        return lambda world: from_plan(world) or JobLayout.flat(world)
+    return lambda world: _with_flags(world, from_plan(world), flags, hosts)
+
+
+def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | None) -> JobLayout:
+    """``--tp --pp --dp --ranks-per-node --hostlist`` over the plan's layout ``base`` (None: no
+    plan, another trainer's metrics): each flag replaces its own field, the rest stay the
+    plan's. The plan's node names stay only while ranks fill nodes as in the plan (rank r on
+    node r // ranks-per-node); another --ranks-per-node without --hostlist gives placeholders,
+    which are never quarantined."""
+    tp, pp, dp, ranks_per_node, hostlist = flags
+    t, p = tp or (base.tp if base else 1), pp or (base.pp if base else 1)
+    if dp is None and world % (t * p):
+        raise MscaleError(f"--tp {t} x --pp {p} = {t * p} does not divide the records' "
+                          f"{world} ranks", field="--tp" if tp else "--pp",
+                          fix=f"give the job's own sizes: tp·pp·dp = {world}")
+    d = dp or max(1, world // (t * p))
+    if hosts and ranks_per_node is None and (t * p * d) % hosts:
+        raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "
+                          "fill evenly", field="--hostlist",
+                          fix="give the job's own nodes in rank order, or --ranks-per-node")
+    same_nodes = base is not None and not hosts and ranks_per_node in (None, base.ranks_per_node)
+    if same_nodes:
+        per_node = base.ranks_per_node
+    else:
+        per_node = ranks_per_node or max(1, t * p * d // (hosts or 1))
+    layout = JobLayout.from_flags(t, p, d, per_node, hostlist,
+                                  names=base.node_names if same_nodes else None)
+    if base is not None and (t, p) == (base.tp, base.pp):  # the plan's pipeline still holds
+        layout = replace(layout, vpp=base.vpp, stage_layers=base.stage_layers,
+                         micro_batches=base.micro_batches)
+    return layout
 
 
 def _earlier_layout(run: RunDir, world: int) -> JobLayout | None:

@@ -230,10 +230,29 @@ def test_layout_from_plan_flags_or_flat(tmp_path):
     plan = layout_source(target)(8)
     assert (plan.tp, plan.pp, plan.dp, plan.world) == (2, 2, 2, 8)
     flags = layout_source(target, tp=2, hostlist="gpu[1-4]")(8)
-    assert (flags.tp, flags.pp, flags.dp, flags.ranks_per_node) == (2, 1, 4, 2)
-    assert flags.node_name(7) == "gpu4"
+    assert (flags.tp, flags.pp, flags.dp, flags.ranks_per_node) == (2, 2, 2, 2)
+    assert flags.node_name(7) == "gpu4" and flags.vpp == plan.vpp
     flat = layout_source(resolve_target(str(tmp_path)))(6)
     assert (flat.dp, flat.world) == (6, 6)
+    alone = layout_source(resolve_target(str(tmp_path)), tp=2)(8)  # no plan: the flags alone
+    assert (alone.tp, alone.pp, alone.dp, alone.named) == (2, 1, 4, False)
+
+
+def test_a_flag_over_a_plan_replaces_its_field_only(tmp_path):
+    """`--tp 2` over a tp2·pp2·dp2 plan put every rank on one placeholder node with pp 1, and
+    a slow link was blamed on "node0"; the rest of the plan's layout and its nodes stay."""
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "plan.yaml").write_text((PLANS / "cpu-tiny.yaml").read_text())
+    target = resolve_target(rd.root)
+    plan = layout_source(target)(8)
+    same = layout_source(target, tp=2)(8)
+    assert same == plan and same.named
+    deeper = layout_source(target, pp=1)(8)
+    assert (deeper.tp, deeper.pp, deeper.dp, deeper.stage_layers) == (2, 1, 4, None)
+    assert deeper.node_names == plan.node_names and deeper.named
+    refilled = layout_source(target, ranks_per_node=4)(8)  # ranks fill nodes otherwise
+    assert refilled.ranks_per_node == 4 and not refilled.named
 
 
 def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
