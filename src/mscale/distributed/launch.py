@@ -46,9 +46,13 @@ and the CLI imported, the launcher watched (distributed/lifeline.py: the worker 
 launcher is gone), the ``imported`` phase marked, then the command. Every worker imports torch
 anyway; importing it first makes the marker mean "the expensive part is done"."""
 
-CLI_PRELOAD = ("torch", "mscale.cli.main")
+CLI_PRELOAD = ("torch", "mscale.cli.app", "mscale.cli.output")
 """What the fork server imports for `CLI_ENTRY` workers (distributed/forkserver.py); a command
-adds its own modules (preflight/local.py)."""
+adds its own modules (preflight/local.py). What ``mscale.cli.main`` runs, never that module
+itself: before a forked worker runs its entry, multiprocessing re-runs the launcher's
+``__main__`` in it (``runpy``, as ``__mp_main__``), and a launcher started as ``python -m
+mscale.cli.main`` whose module the server had imported printed runpy's "found in sys.modules"
+RuntimeWarning once per worker on the console. The entry imports the module itself (a few ms)."""
 
 CLI_PHASES: tuple[tuple[str, str], ...] = (("imported", "imported"),)
 """The phases a `CLI_ENTRY` worker marks, as (marker, label), in order."""

@@ -63,6 +63,11 @@ def _fresh_report(run_dir: str, since: float) -> PreflightReport | None:
     return report if report.time >= since else None
 
 
+WORKER_PRELOAD = CLI_PRELOAD + ("mscale.preflight.runner",)
+"""What the fork server imports before it forks the workers: the CLI's modules and the checks'
+(`CLI_PRELOAD`: never ``mscale.cli.main``, the module ``python -m`` may run the launcher as)."""
+
+
 LOGS_SUBDIR = "preflight"
 """The folder of ``RUN_DIR/logs`` that holds preflight's worker logs (module docstring)."""
 
@@ -100,7 +105,7 @@ def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: 
           f"{lo.dp}); worker logs in {where}", file=sys.stderr, flush=True)
     result = run_local_workers(nprocs, plan.cluster.gpus_per_node, worker_args(plan_path, opts),
                                logs, worker_env(opts, logs), rank0_to_stderr=True,
-                               preload=CLI_PRELOAD + ("mscale.preflight.runner",),
+                               preload=WORKER_PRELOAD,
                                rank0_ends_job=True, node_names=plan.cluster.node_names())
     report = _fresh_report(opts.run_dir, started)
     unfinished = report is None or (result.failed_rank is not None and report.status == "UNKNOWN")

@@ -7,6 +7,8 @@ passes and kept (and named) when it does not. The workers are faked: the real la
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 
@@ -55,7 +57,7 @@ def _job(plan, status: str, failed_rank: int | None = None):
     seen = {}
 
     def run(nprocs, gpus_per_node, worker_args, log_dir, extra_env, **kw):
-        seen["log_dir"], seen["env"] = log_dir, extra_env
+        seen["log_dir"], seen["env"], seen["settings"] = log_dir, extra_env, kw
         os.makedirs(log_dir, exist_ok=True)
         for r in range(nprocs):
             with open(os.path.join(log_dir, f"rank{r}.log"), "w") as f:
@@ -125,3 +127,26 @@ def test_a_remote_run_directorys_temporary_logs_stay_and_are_named_when_it_fails
     assert sorted(os.listdir(logs)) == [f"rank{r}.log" for r in range(8)]
     err = capsys.readouterr().err
     assert f"preflight: worker logs kept in {logs}\n" in err, err
+
+
+FORKED_WORKER = ("import sys, warnings\n"
+                 "from multiprocessing import spawn\n"
+                 "warnings.simplefilter('error')\n"
+                 "for name in sys.argv[1:]: __import__(name)\n"  # the fork server's preload
+                 "spawn.prepare({'init_main_from_name': 'mscale.cli.main'})\n")
+"""What the fork server and then each worker forked from it do, for a launcher started as
+``python -m mscale.cli.main``, before the worker's entry runs (multiprocessing's spawn._main):
+the launcher's ``__main__`` re-run through runpy, its warnings made errors."""
+
+
+def test_the_workers_preload_leaves_python_m_mscale_cli_main_a_clean_start(tmp_path, tmpdir_here,
+                                                                           monkeypatch):
+    """``python -m mscale.cli.main preflight --local 8`` printed runpy's "'mscale.cli.main' found
+    in sys.modules ... prior to execution" RuntimeWarning 8 times: the server had preloaded the
+    module that each forked worker then re-runs as the launcher's ``__main__``."""
+    _, seen = _launch(monkeypatch, str(tmp_path / "run"))
+    preload = ["mscale.distributed.forkserver", *seen["settings"]["preload"]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    p = subprocess.run([sys.executable, "-c", FORKED_WORKER, *preload], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
