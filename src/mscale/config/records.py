@@ -177,6 +177,11 @@ class QuarantineEntry(RecordModel):
     """The numbers behind the decision."""
 
 
+QUARANTINE_FIX = ("correct the JSON by hand (a trailing comma, a missing quote) or remove the "
+                  "file to release every node; watch writes it whole, so an edit broke it")
+"""What to do about a ``quarantine.json`` that does not parse (recover and preflight alike)."""
+
+
 class Quarantine(RecordModel):
     """``quarantine.json``."""
 

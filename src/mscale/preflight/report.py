@@ -15,7 +15,7 @@ from typing import Callable
 
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
-from mscale.config.records import Quarantine
+from mscale.config.records import QUARANTINE_FIX, Quarantine
 from mscale.hostlist import collect_hostlist
 from mscale.preflight import judge, recheck
 from mscale.preflight.storage import blame_storage
@@ -157,14 +157,14 @@ def quarantined(run_dir: str, now: float | None = None) -> list[str]:
 
 
 def _live_quarantine(run_dir: str, now: float | None = None) -> list:
-    from mscale.config.base import load_model
+    from mscale.config.base import load_json_model
 
     path = RunDir(run_dir).quarantine
     fs, p = fs_and_path(path)
     if not fs.isfile(p):
         return []
     now = time.time() if now is None else now
-    return [e for e in load_model(Quarantine, path).entries
+    return [e for e in load_json_model(Quarantine, path, fix=QUARANTINE_FIX).entries
             if e.expires is None or e.expires > now]
 
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from mscale.config.base import load_model
+from mscale.config.base import load_json_model, load_model
 from mscale.config.plan import Plan
 from mscale.config.preflight import PreflightReport
-from mscale.config.records import Quarantine
+from mscale.config.records import QUARANTINE_FIX, Quarantine
 from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.decision import Diagnosis, Exclusions
 import mscale.recover.diagnose.read as rd
@@ -82,7 +82,7 @@ def quarantined(run: RunDir, now: float) -> dict[str, str]:
     """Nodes quarantine.json keeps out at ``now``, with its reason."""
     if not _exists(run.quarantine):
         return {}
-    q = load_model(Quarantine, run.quarantine)
+    q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
     out = {}
     for e in q.entries:
         if e.expires is None or e.expires > now:
@@ -96,7 +96,7 @@ def preflight_bad(run: RunDir, notes: list[str] | None = None) -> dict[str, str]
     its failed attempt (`about_attempt`); the bad nodes passed over are said in ``notes``."""
     if not _exists(run.preflight) or not _exists(run.plan):
         return {}
-    report = load_model(PreflightReport, run.preflight)
+    report = load_json_model(PreflightReport, run.preflight)
     plan = load_model(Plan, run.plan)
     if not ran_for(report, plan):
         return {}

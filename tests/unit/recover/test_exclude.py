@@ -205,3 +205,17 @@ def test_a_suspect_already_quarantined_is_not_rechecked(run):
                            recheck=lambda nodes: asked.append(nodes) or {"node1": None}, now=NOW)
     assert asked == [["node1"]]
     assert ex.nodes == ["node3"] and ex.reasons["node3"].startswith("quarantine.json")
+
+
+def test_a_quarantine_json_that_is_not_json_is_refused_not_half_read(run):
+    """A hand edit with a trailing comma: the diagnosis called the file "not valid JSON" while
+    the exclusions read it as YAML and kept node3 out. Every reader now parses it as JSON, and
+    recover stops with the file and the fix (exit 3) instead of acting on half of it."""
+    from mscale.errors import EXIT_BAD_INPUT, MscaleError
+
+    Path(run.quarantine).write_text('{"schema_version": 1, "entries": [{"node": "node3", '
+                                    '"reason": "bad nic", "since": 0.0,}]}')
+    with pytest.raises(MscaleError) as e:
+        decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert e.value.file == run.quarantine and e.value.code == EXIT_BAD_INPUT
+    assert "trailing comma" in e.value.fix
