@@ -165,3 +165,14 @@ def test_usage_error_without_json_is_the_same_one_line_and_fix(cli):
 def test_ckpt_convert_names_what_is_wrong_with_its_output_flags(cli, tmp_path, flags, says):
     code, _, err = cli("ckpt", "convert", str(tmp_path / "src"), str(tmp_path / "dst"), *flags)
     assert code == 3 and says in err.splitlines()[0] and "Traceback" not in err
+
+
+def test_python_m_mscale_is_the_console_script(tmp_path):
+    """For an environment whose scripts are not on PATH: the same codes and output."""
+    ok = subprocess.run([sys.executable, "-m", "mscale", "--version"], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("mscale "), ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "mscale", "plan", "--cluster",
+                          str(tmp_path / "none.yaml"), *CPU[2:]], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 3 and "error:" in bad.stderr and "Traceback" not in bad.stderr
