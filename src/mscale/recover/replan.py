@@ -249,4 +249,6 @@ def _note(old: Plan, fit: Fit, old_t: float | None, old_nodes: int) -> str:
         t = f"predicted step time {old_t:.4g} s -> {new_t:.4g} s ({pct:+.0f}%)"
     else:
         t = f"predicted step time {new_t:.4g} s"
+    if old.cluster.gpu.is_cpu:  # the planner's rates are GPUs': mscale plan says the same
+        t += " (on CPUs not a prediction: gloo latency and shared cores dominate; docs/plan.md)"
     return f"{t} {used}; {fit.how}"

@@ -180,7 +180,11 @@ class Supervisor:
                 # a signal's -N is no status; 130 is the job's own "interrupted"
                 return code if 0 <= code <= 3 or code == EXIT_INTERRUPTED else EXIT_BAD_INPUT
             if code == 0:
+                again = len(self.restarts)
+                after = f" after {again} relaunch{'es' if again > 1 else ''}" if again else ""
                 self._save_state("finished")
+                _say(f"the job finished (exit 0){after}; {self.run.recover}/supervise.json "
+                     "keeps the record")
                 return 0
             if not reached_the_job(self.run, self.launched_wall):
                 _say(f"the command exited {code} before the job started (nothing in "
@@ -272,8 +276,12 @@ class Supervisor:
         """Diagnose, decide and apply; the next command, or the exit code to stop with."""
         self._await_lock()
         rec = self.phases.failed(launched, at=stopped_for, known_at=self.exit_seen)
-        why = stopped_for[1] if stopped_for else f"the job exited {code}"
-        _say(f"{why}; recovering (detected in {rec.seconds('detect'):.1f} s)")
+        took = rec.seconds("detect")
+        if stopped_for:  # watch found the fault earlier: its finding says when, this the halt
+            _say(f"{stopped_for[1]}; recovering (the job stopped {took:.1f} s after the "
+                 "quarantine)")
+        else:
+            _say(f"the job exited {code}; recovering (detected in {took:.1f} s)")
         now = self.clock()
         recent = [t for t in self.restarts if now - t < self.opts.window_s]
         if len(recent) >= self.opts.max_restarts:

@@ -53,6 +53,7 @@ def test_dp_shrinks_first_and_the_batch_is_kept(run):
     assert 0 < rp.old_step_time_s < rp.new_step_time_s
     assert "kept tp2 pp2, dp 2 -> 1, 4 -> 8 micro-batches per step" in rp.note
     assert rp.note.startswith("predicted step time") and "on 2 of 4 nodes" in rp.note
+    assert "on CPUs not a prediction" in rp.note  # the planner's rates are GPUs'
     new = load_checked_plan(rp.plan_path)
     lay = new.layout
     assert (lay.tp, lay.pp, lay.dp, lay.micro_batch, lay.sequence_parallel) == (2, 2, 1, 2, True)

@@ -91,7 +91,7 @@ def phases(run: Path) -> dict[str, dict]:
             if e["source"] == "recover" and e["kind"] == "recover"}
 
 
-def test_a_crash_is_recovered_and_every_phase_timed(tmp_path):
+def test_a_crash_is_recovered_and_every_phase_timed(tmp_path, capfd):
     cmd, run = job(tmp_path, {"first": 1, "last": 3, "code": 3},
                    {"first": 3, "last": 6, "code": 0})
     planner = FakePlanner()
@@ -105,6 +105,9 @@ def test_a_crash_is_recovered_and_every_phase_timed(tmp_path):
     assert got["total"]["seconds"] >= got["restart"]["seconds"] + got["catch_up"]["seconds"]
     state = json.loads((run / "recover" / "supervise.json").read_text())
     assert state["status"] == "finished" and [a["code"] for a in state["attempts"]] == [3, 0]
+    err = capfd.readouterr().err.splitlines()
+    assert "the job exited 3; recovering (detected in" in "\n".join(err)
+    assert err[-1].startswith("recover supervise: the job finished (exit 0) after 1 relaunch;")
 
 
 def test_the_budget_ends_supervision_with_exit_2(tmp_path, capfd):
