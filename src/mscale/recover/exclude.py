@@ -61,7 +61,10 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
     now = time.time() if now is None else now
     reasons: dict[str, str] = {}
     notes: list[str] = []
+    ours = _plan_nodes(run)
     for node, why in quarantined(run, now).items():
+        if ours is not None and node not in ours:  # still kept out of a new allocation
+            why += " (not one of the run's nodes: only a new allocation avoids it)"
         reasons.setdefault(node, why)
     for node, why in preflight_bad(run, notes).items():
         reasons.setdefault(node, why)
@@ -71,6 +74,13 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
         reasons.setdefault(node, why)
     return Exclusions(nodes=sorted(reasons), reasons={n: reasons[n] for n in sorted(reasons)},
                       notes=notes)
+
+
+def _plan_nodes(run: RunDir) -> set[str] | None:
+    """The nodes of the run's plan, None without one (checked elsewhere: the diagnosis)."""
+    if not _exists(run.plan):
+        return None
+    return set(load_model(Plan, run.plan).cluster.node_names())
 
 
 def _exists(url: str) -> bool:

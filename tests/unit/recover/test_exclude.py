@@ -219,3 +219,15 @@ def test_a_quarantine_json_that_is_not_json_is_refused_not_half_read(run):
         decide_exclusions(run, diag(cls="software"), now=NOW)
     assert e.value.file == run.quarantine and e.value.code == EXIT_BAD_INPUT
     assert "trailing comma" in e.value.fix
+
+
+def test_a_quarantined_node_outside_the_run_says_so(run):
+    """node9 is not one of the plan's node[1-4]: recover listed it like a node it took out,
+    then relaunched as before. It stays excluded (a SLURM relaunch must not be given it) and
+    its line says why nothing else changes."""
+    quarantine(run, ("node9", "bad nic", None), ("node3", "slow GPU", None))
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW)
+    assert ex.nodes == ["node3", "node9"]
+    assert ex.reasons["node9"].endswith("(not one of the run's nodes: only a new allocation "
+                                        "avoids it)")
+    assert "not one of" not in ex.reasons["node3"]
