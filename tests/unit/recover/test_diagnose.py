@@ -313,11 +313,13 @@ def test_a_slow_node_quarantined_by_watch_then_halted(run):
     rid = started(run, 30)
     run.event("straggler", 20, source="watch", step=30, severity="warning", ranks=[2, 3],
               nodes=["node2"], message="node2 is 40% slower",
-              evidence={"cause": "slow_node", "action": "checkpoint requested"})
+              evidence={"cause": "slow_node", "action": "checkpoint requested", "first_step": 24})
     run.finish(25, 1, 30, rid, reason="halt")
     d = diagnose(run.path)
     assert (d.cls, d.symptom) == ("gpu", "straggler")
     assert d.suspect_ranks == [2, 3] and d.suspect_nodes == ["node2"]
+    # watch says "step 24", its onset; the event's step is when it was found
+    assert any("watch straggler at step 30 (since step 24):" in e.text for e in d.evidence)
 
 
 def test_an_empty_run_directory_is_unknown_not_an_error(tmp_path):

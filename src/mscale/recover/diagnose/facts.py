@@ -64,8 +64,10 @@ def _event(f: Findings, e: dict, spikes: list[tuple[int, dict]]) -> None:
     evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
     when = e.get("time") if isinstance(e.get("time"), (int, float)) else None
     step = e.get("step") if isinstance(e.get("step"), int) else None
-    digest = f"{src} {kind}" + (f" at step {step}" if step else "") + \
-        f": {e.get('message', '')}"
+    onset = evd.get("first_step") if src == "watch" else None  # watch's own "step N" is this
+    at = (f" at step {step}" if step else "") + (
+        f" (since step {onset})" if isinstance(onset, int) and onset != step else "")
+    digest = f"{src} {kind}{at}: {e.get('message', '')}"
     if kind == "stop" and src == "train":
         _stop(f, e, evd, digest)
     elif kind == "hang":
