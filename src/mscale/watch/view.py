@@ -71,11 +71,15 @@ def finished_line(end, open_findings: list[Finding], code: int) -> str:
     """The last word on a job that finished cleanly (an abnormal end's is its own ``stop``
     finding): without it a finished run's watch ended on a status line that never said the job
     was over. ``OK job finished at step 30 (attempt 2, exit 0); no open alerts``: the label is
-    watch's verdict, which open alerts from the steps before may raise."""
+    watch's verdict, which open alerts from the steps before may raise, or a finding of the
+    session already resolved (a slow node recovered from): then the line says so, since "CRITICAL
+    job finished ...; no open alerts" alone read as a failure of the finished job."""
     label = {0: "OK", 1: "WARNING"}.get(code, "CRITICAL")
     kinds = sorted({f.kind for f in open_findings})
     alerts = (f"{len(open_findings)} open alert{'s' if len(open_findings) > 1 else ''} "
               f"({_few(kinds)})" if open_findings else "no open alerts")
+    if code and not open_findings:
+        alerts += f" (exit {code}: a {label.lower()} finding earlier in the session)"
     at = "" if end.step is None else f" at step {end.step}"
     of = [f"attempt {end.attempt}"] if end.attempt is not None else []
     of += [] if end.exit_code is None else [f"exit {end.exit_code}"]

@@ -193,6 +193,9 @@ def test_a_clean_finish_is_said_last_with_the_verdict_and_its_open_alerts():
         "WARNING job finished at step 30 (attempt 2, exit 0); 2 open alerts (straggler)")
     bare = JobEnd(cause="finished", severity="ok", reason="", exit_code=None)
     assert finished_line(bare, [], 0) == "OK job finished; no open alerts"
+    assert finished_line(end, [], 2) == ("CRITICAL job finished at step 30 (attempt 2, exit 0); "
+                                         "no open alerts (exit 2: a critical finding earlier in "
+                                         "the session)")
 
 
 def test_rates_read_like_trains_console():
