@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import time
 
 import typer
@@ -65,7 +66,8 @@ def watch_cmd(
     if once:
         require_run(where)
     flags = (tp, pp, dp, ranks_per_node, hostlist)
-    layout_for = layout_source(where, *flags)
+    layout_for = layout_source(where, *flags, note=lambda line: print(f"watch: {line}",
+                                                                      file=sys.stderr))
 
     def make_watcher(layout):
         hints = plan_hints(where, flags_given=any(v is not None for v in flags))

@@ -121,31 +121,43 @@ def _exists(url: str) -> bool:
 
 def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
                   dp: int | None = None, ranks_per_node: int | None = None,
-                  hostlist: str | None = None) -> Callable[[int], JobLayout]:
+                  hostlist: str | None = None,
+                  note: Callable[[str], None] = lambda line: None) -> Callable[[int], JobLayout]:
     """How to lay out a job of ``world`` ranks: the run's plan with any field a flag gives
     replaced (`_with_flags`), else every rank on its own (rank-level rules only; nodes and
-    stages unknown)."""
+    stages unknown). A plan that does not load fails now, before any work, unless flags are
+    given: they are how to watch a run whose plan.yaml is damaged or of a newer schema, and
+    ``note`` says it was set aside."""
     try:  # a bad --hostlist is bad input now, not an internal error when the records come
         hosts = len(expand_hostlist(hostlist)) if hostlist else None
     except ValueError as e:
         raise MscaleError(str(e), field="--hostlist",
                           fix="give the nodes in SLURM syntax, e.g. 'gpu[001-128]'") from None
+    flags = (tp, pp, dp, ranks_per_node, hostlist)
+    given = any(v is not None for v in flags)
+    usable = True
     if target.plan_now():
-        load_checked_plan(target.plan_now())  # a bad plan fails now, before any work
+        try:
+            load_checked_plan(target.plan_now())
+        except MscaleError as e:
+            if not given:
+                raise
+            usable = False
+            note(f"{target.plan_now()} set aside ({e.message.splitlines()[0]}): the layout "
+                 "comes from the flags alone")
 
     def from_plan(world: int) -> JobLayout | None:
         # read when the first records come, and again for each attempt: the plan may be
         # written after watch starts, and a restarted job may run a new layout (runs/history.py)
         plan = target.plan_now()
-        if not plan:
+        if not plan or not usable:
             return None
         layout = JobLayout.from_plan(load_checked_plan(plan))
         if layout.world != world and target.run is not None:
             layout = _earlier_layout(target.run, world) or layout
         return layout
 
-    flags = (tp, pp, dp, ranks_per_node, hostlist)
-    if all(v is None for v in flags):
+    if not given:
         return lambda world: from_plan(world) or JobLayout.flat(world)
     return lambda world: _with_flags(world, from_plan(world), flags, hosts)
 
@@ -153,9 +165,10 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
 def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | None) -> JobLayout:
     """``--tp --pp --dp --ranks-per-node --hostlist`` over the plan's layout ``base`` (None: no
     plan, another trainer's metrics): each flag replaces its own field, the rest stay the
-    plan's. The plan's node names stay only while ranks fill nodes as in the plan (rank r on
-    node r // ranks-per-node); another --ranks-per-node without --hostlist gives placeholders,
-    which are never quarantined."""
+    plan's. The plan's ranks per node stay while the job has the plan's ranks, and its node
+    names while, besides, no --hostlist or --ranks-per-node renames or refills them: otherwise
+    the names are the hostlist's or placeholders, which are never quarantined (a real node's
+    name on ranks that did not run there could quarantine a healthy node)."""
     tp, pp, dp, ranks_per_node, hostlist = flags
     t, p = tp or (base.tp if base else 1), pp or (base.pp if base else 1)
     if dp is None and world % (t * p):
@@ -163,20 +176,24 @@ def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | N
                           f"{world} ranks", field="--tp" if tp else "--pp",
                           fix=f"give the job's own sizes: tp·pp·dp = {world}")
     d = dp or max(1, world // (t * p))
-    if hosts and ranks_per_node is None and (t * p * d) % hosts:
-        raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "
-                          "fill evenly", field="--hostlist",
-                          fix="give the job's own nodes in rank order, or --ranks-per-node")
-    same_nodes = base is not None and not hosts and ranks_per_node in (None, base.ranks_per_node)
-    if same_nodes:
+    planned = base is not None and t * p * d == base.world  # the plan's job, re-described
+    if ranks_per_node:
+        per_node = ranks_per_node
+    elif planned:
         per_node = base.ranks_per_node
     else:
-        per_node = ranks_per_node or max(1, t * p * d // (hosts or 1))
+        if hosts and (t * p * d) % hosts:
+            raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "
+                              "fill evenly", field="--hostlist",
+                              fix="give the job's own nodes in rank order, or --ranks-per-node")
+        per_node = max(1, t * p * d // (hosts or 1))
+    same_nodes = planned and not hosts and per_node == base.ranks_per_node
     layout = JobLayout.from_flags(t, p, d, per_node, hostlist,
                                   names=base.node_names if same_nodes else None)
-    if base is not None and (t, p) == (base.tp, base.pp):  # the plan's pipeline still holds
+    if base is not None and p == base.pp:  # the plan's pipeline split still holds
+        per_step = None if base.micro_batches is None else base.micro_batches * base.dp
         layout = replace(layout, vpp=base.vpp, stage_layers=base.stage_layers,
-                         micro_batches=base.micro_batches)
+                         micro_batches=per_step // d if per_step and per_step % d == 0 else None)
     return layout
 
 

@@ -253,6 +253,29 @@ def test_a_flag_over_a_plan_replaces_its_field_only(tmp_path):
     assert deeper.node_names == plan.node_names and deeper.named
     refilled = layout_source(target, ranks_per_node=4)(8)  # ranks fill nodes otherwise
     assert refilled.ranks_per_node == 4 and not refilled.named
+    renamed = layout_source(target, hostlist="gpu[1-8]")(8)  # the plan's 2 a node, renamed
+    assert renamed.ranks_per_node == 2 and renamed.node_name(3) == "gpu2" and renamed.named
+    wider = layout_source(target, dp=4)(16)
+    assert wider.micro_batches == plan.micro_batches // 2 and wider.vpp == plan.vpp
+    smaller = layout_source(target, tp=2, pp=2)(4)  # records of another job than the plan's
+    assert smaller.dp == 1 and not smaller.named  # node1 may not be where they ran
+
+
+def test_flags_set_a_damaged_plan_aside_and_say_so(tmp_path):
+    """Flags are the way to watch a run whose plan.yaml does not load; without them it is an
+    error, as before."""
+    from mscale.errors import MscaleError
+
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "plan.yaml").write_text("layout: [unclosed\n")
+    with pytest.raises(MscaleError):
+        layout_source(resolve_target(rd.root))
+    said = []
+    layout = layout_source(resolve_target(rd.root), tp=2, pp=2, hostlist="gpu[1-4]",
+                           note=said.append)(8)
+    assert (layout.tp, layout.pp, layout.dp, layout.node_name(7)) == (2, 2, 2, "gpu4")
+    assert len(said) == 1 and "set aside" in said[0] and "the flags alone" in said[0]
 
 
 def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
