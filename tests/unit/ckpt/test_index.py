@@ -106,6 +106,8 @@ RESPLITS = [  # (the saving layout, the resuming one, whether the optimizer stat
     (dict(tp=1, pp=2, dp=4, hier=True), dict(tp=2, pp=1, dp=4, hier=True), True, 8),
     (dict(tp=2, pp=1, dp=4, zero=0), dict(tp=1, pp=2, dp=2, zero=0), True, 8),
     (LAYOUT, dict(tp=1, pp=1, dp=2), False, 8),
+    (dict(tp=2, pp=2, dp=2, zero=0), LAYOUT, True, 4),  # another ZeRO stage at the same split
+    (LAYOUT, dict(tp=2, pp=2, dp=2, zero=0), True, 4),
 ]
 
 
@@ -129,7 +131,7 @@ def _holders(path, m, needs) -> set[int]:
 
 @pytest.mark.parametrize("old, new, optimizer, most", RESPLITS,
                          ids=["tp2-to-1", "pp2-to-1", "pp-to-tp", "pp-to-tp-hier", "zero0",
-                              "model-only"])
+                              "model-only", "zero0-to-1", "zero1-to-0"])
 def test_at_a_new_tp_pp_split_a_rank_reads_exactly_the_indexes_holding_its_state(
         tmp_path, old, new, optimizer, most):
     """recover's planner search and `ckpt convert` change the split: a rank reads the indexes of
