@@ -389,8 +389,9 @@ def load_model(model: type[M], path: str | Path) -> M:
 
 
 def load_json_model(model: type[M], path: str | Path, fix: str | None = None) -> M:
-    """Load a file mscale writes as JSON (``quarantine.json``, ``preflight.json``) into a
-    schema, by JSON's rules: an operator's hand edit with a trailing comma is refused here as by
+    """Load a file mscale writes as JSON and operators may edit (``quarantine.json``) into a
+    schema, by JSON's rules, finite numbers only (a record that may hold NaN, ``preflight.json``,
+    goes through `load_model`): an operator's hand edit with a trailing comma is refused here as by
     every other reader of it, not half-accepted as YAML (recover once called such a
     quarantine.json "not valid JSON" and obeyed it). ``fix``: what to do about bad JSON."""
     return validate(model, parse_json(read_text(path), str(path), fix=fix), str(path))

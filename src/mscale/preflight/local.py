@@ -53,13 +53,13 @@ def worker_env(opts: PreflightOptions, logs: str) -> dict[str, str]:
 
 
 def _fresh_report(run_dir: str, since: float) -> PreflightReport | None:
-    from mscale.config.base import load_json_model
+    from mscale.config.base import load_model
 
     path = RunDir(run_dir).preflight
     fs, p = fs_and_path(path)
     if not fs.isfile(p):
         return None
-    report = load_json_model(PreflightReport, path)
+    report = load_model(PreflightReport, path)
     return report if report.time >= since else None
 
 

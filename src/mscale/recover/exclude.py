@@ -106,7 +106,7 @@ def preflight_bad(run: RunDir, notes: list[str] | None = None) -> dict[str, str]
     its failed attempt (`about_attempt`); the bad nodes passed over are said in ``notes``."""
     if not _exists(run.preflight) or not _exists(run.plan):
         return {}
-    report = load_json_model(PreflightReport, run.preflight)
+    report = load_model(PreflightReport, run.preflight)  # a record: NaN is a measurement
     plan = load_model(Plan, run.plan)
     if not ran_for(report, plan):
         return {}

@@ -231,3 +231,18 @@ def test_a_quarantined_node_outside_the_run_says_so(run):
     assert ex.reasons["node9"].endswith("(not one of the run's nodes: only a new allocation "
                                         "avoids it)")
     assert "not one of" not in ex.reasons["node3"]
+
+
+def test_a_preflight_report_holding_nan_is_still_read(run):
+    """preflight.json is a record: a NaN measurement is kept as measured, and its readers take
+    it (quarantine.json's strict JSON reading is not theirs)."""
+    attempt(run)
+    rep = PreflightReport(world=8, layout={"tp": 2, "pp": 2, "dp": 2}, time=T_START - 60,
+                          results=[CheckResult(check="gemm", entity_kind="rank", entity="rank 2",
+                                               node="node2", status="CRITICAL",
+                                               value=float("nan"), message="no figure")],
+                          bad_nodes=["node2"])
+    write_json_atomic(run.preflight, rep.model_dump(mode="json"))
+    assert "NaN" in Path(run.preflight).read_text()
+    ex = decide_exclusions(run, diag(cls="software"), now=T_START + 60)
+    assert ex.nodes == ["node2"]
