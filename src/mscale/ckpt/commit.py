@@ -108,8 +108,11 @@ def reported_tensors(items) -> dict[str, list]:
 def naming_element(it) -> tuple[int, ...]:
     """The index of the element whose writer names tensor ``it.key``: a position fixed by the
     name alone (crc32, the same on every rank and every run), so that the tensors of a sharded
-    stage are named by ranks spread over its shards."""
-    at = zlib.crc32(it.key.encode()) % max(1, math.prod(it.shape))
+    stage are named by ranks spread over its shards. A tensor with no element at all (none
+    exists today: sizes are validated > 0) is named by the writer of its slice at the origin."""
+    if math.prod(it.shape) == 0:
+        return tuple(0 for _ in it.shape)
+    at = zlib.crc32(it.key.encode()) % math.prod(it.shape)
     index = []
     for n in reversed(it.shape):
         at, i = divmod(at, n)
@@ -118,7 +121,10 @@ def naming_element(it) -> tuple[int, ...]:
 
 
 def _holds(it, index: tuple[int, ...]) -> bool:
-    """Whether item ``it`` (a box of its tensor, and a flat range of that box) holds ``index``."""
+    """Whether item ``it`` (a box of its tensor, and a flat range of that box) holds ``index``;
+    for an empty tensor, whether it is the slice at the origin."""
+    if math.prod(it.shape) == 0:
+        return it.flat[0] == 0 and all(a == 0 for a, _ in it.box)
     flat = 0
     for i, (a, b) in zip(index, it.box):
         if not a <= i < b:

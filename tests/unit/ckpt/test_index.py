@@ -251,3 +251,17 @@ def test_overlapping_shards_are_exactly_those_holding_an_element(fills, dp, save
     for i in range(dp):
         want = {o for n, o in zip(new, old) if n == i}
         assert overlapping_shards(i, fills, dp, fills, saved_dp) == want, i
+
+
+def test_a_scalar_and_an_empty_tensor_are_named_once():
+    """crc32 picks an element; a tensor with none is named by its slice at the origin."""
+    from mscale.ckpt.ownership import Item
+
+    def item(key, shape, box, flat):
+        return Item(key, shape, "float32", box, flat, ())
+    items = [item("empty", (3, 0), ((0, 3), (0, 0)), (0, 0)),
+             item("empty", (3, 0), ((3, 3), (0, 0)), (0, 0)),  # another rank's, also empty
+             item("scalar", (), (), (0, 1)),
+             item("split", (4,), ((0, 2),), (0, 2)), item("split", (4,), ((2, 4),), (0, 2))]
+    named = [k for it in items for k in reported_tensors([it])]
+    assert sorted(named) == ["empty", "scalar", "split"]
