@@ -2,8 +2,8 @@
 a manifest and a commit, and each save's end (committed, failed, refused) becomes an event and,
 where the job must stop, `Committer.fatal`.
 
-It runs on rank 0's writer thread (`assemble`, `commit`) and on its training thread (`failed`,
-when a save failed on some ranks, judged at the step boundary). `Checkpointer` (checkpointer.py)
+It runs on rank 0's writer thread (`assemble`, `commit`) and on its training thread
+(`failed_on`, when a save failed on some ranks, judged at the step boundary). `Checkpointer` (checkpointer.py)
 owns one and decides when each save starts and ends; this module decides what the end means.
 No collective runs here.
 """

@@ -95,7 +95,7 @@ class JobLayout:
         if len(names) < nodes:
             raise MscaleError(f"the {'hostlist' if hostlist else 'plan'} names {len(names)} "
                               f"nodes, the layout needs {nodes}",
-                              field="--hostlist" if hostlist else "--tp",
+                              field="--hostlist",
                               fix="give one host per node, in rank order" if hostlist else
                                   "give --hostlist with the job's own nodes in rank order")
         return cls(tp=tp, pp=pp, dp=dp, ranks_per_node=ranks_per_node, node_names=names[:nodes],

@@ -76,7 +76,7 @@ class Resumed:
         return f"{self.rundir.ckpt}/{catalog.step_dir(step)}"
 
     def fail(self, message: str, **record) -> None:
-        """Every rank's error file says ``message`` (train's `_agree` raises it on every rank);
+        """Every rank's error file says ``message`` (train's `ckpt/agree.py` `agree` raises it on every rank);
         the launcher records rank 0 first."""
         for rank in range(4):
             self.run.error_file(rank, 101.0, "bad_input", message, node=f"node{rank // 2 + 1}")
