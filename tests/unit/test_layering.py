@@ -17,7 +17,7 @@ SRC = REPO / "src" / "mscale"
 DOC = REPO / "docs" / "architecture.md"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("cli",), ("recover",), ("train", "watch", "preflight"), ("ckpt",), ("parallel", "planner"), ("model",), ("distributed",),
+    ("__main__",), ("cli",), ("recover",), ("train", "watch", "preflight"), ("ckpt",), ("parallel", "planner"), ("model",), ("distributed",),
     ("topology", "runs", "data"), ("config",), ("urls",), ("errors", "hostlist"),
 ]
 """Top to bottom. A name is a subpackage or a top-level module of mscale."""
