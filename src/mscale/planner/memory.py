@@ -231,9 +231,13 @@ def megatron_block_bytes(model, b, t, sp, rec, flash: bool):
 
 
 def rank_memory(pb, c: dict, micro) -> dict:
-    """Bytes per GPU of every candidate in ``c`` (cost.py's arrays), at the larger of the first
-    and the last pipeline rank's peaks (the first holds the most micro-batches in flight, the
-    last the head and the loss), with the parts of that rank.
+    """Bytes per GPU of every candidate in ``c`` (cost.py's arrays), at the largest of the
+    first, the middle and the last pipeline rank's peaks (the first holds the most micro-batches
+    in flight, the last the head and the loss, a middle one may hold the most blocks: an uneven
+    split puts its extra blocks in the centre), with the parts of that rank. The middle is
+    priced as rank 1's micro-batches in flight (the most of any middle rank) over the most
+    blocks any rank holds: never below the fullest middle rank, and equal to it when rank 1
+    holds the most blocks (every even split; a light-ends split).
 
     Keys: cost.py's ``rank_params, mem_weights, mem_gradients, mem_optimizer, mem_activations,
     mem_logits, mem_total, mem_budget, fits``, plus ``mem_weight_copies`` (the bf16 weight
@@ -248,8 +252,12 @@ def rank_memory(pb, c: dict, micro) -> dict:
     single = pp == 1
     first = _rank_peak(pb, c, micro, 0, c["first_layers"], True, single)
     last = _rank_peak(pb, c, micro, pp - 1, c["last_layers"], single, True)
-    use_last = last["mem_total"] > first["mem_total"]
-    out = {k: np.where(use_last, last[k], first[k]) for k in first}
+    middle = _rank_peak(pb, c, micro, np.minimum(1, pp - 1), c["max_layers"], False, False)
+    peaks = [first, last, middle]
+    totals = np.stack([first["mem_total"], last["mem_total"],
+                       np.where(pp > 2, middle["mem_total"], -1.0)])
+    worst = np.argmax(totals, axis=0)  # ties: the first listed
+    out = {k: np.choose(worst, [p[k] for p in peaks]) for k in first}
     out["mem_budget"] = np.full(np.shape(out["mem_total"]), pb.budget_bytes)
     out["fits"] = out["mem_total"] <= pb.budget_bytes
     return out
@@ -315,14 +323,19 @@ def megatron_memory(pb, c: dict, micro) -> dict:
     per_layer = megatron_block_bytes(m_, c["mb"], tp, c["sp"], c["rec"], flash)
     first_act = per_layer * c["first_layers"] * in_flight_chunks(pp, vpp, micro, 0) / vpp
     last_act = per_layer * c["last_layers"] * in_flight_chunks(pp, vpp, micro, pp - 1) / vpp
+    mid_p = c["max_layers"] * p_layer / tp  # a middle rank, bounded as in `rank_memory`
+    mid_act = per_layer * c["max_layers"] * in_flight_chunks(pp, vpp, micro, 1) / vpp
     logits = 4 * m_.seq_len * c["mb"] * m_.vocab / tp
     state = sum(per_param.values())
-    first_total, last_total = first_p * state + first_act, last_p * state + last_act + logits
-    use_last = last_total > first_total
-    params = np.where(use_last, last_p, first_p)
-    total = np.maximum(first_total, last_total)
-    out = {"rank_params": params, "mem_activations": np.where(use_last, last_act, first_act),
-           "mem_logits": np.where(use_last, logits, 0.0), "mem_total": total,
+    totals = np.stack(np.broadcast_arrays(first_p * state + first_act,
+                                          last_p * state + last_act + logits,
+                                          np.where(pp > 2, mid_p * state + mid_act, -1.0)))
+    worst = np.argmax(totals, axis=0)
+    params = np.choose(worst, [first_p, last_p, mid_p])
+    total = totals.max(axis=0)
+    out = {"rank_params": params,
+           "mem_activations": np.choose(worst, [first_act, last_act, mid_act]),
+           "mem_logits": np.where(worst == 1, logits, 0.0), "mem_total": total,
            "mem_weight_copies": np.zeros(np.shape(total)), "host_pinned": 12 * params / c["dp"],
            "mem_budget": np.full(np.shape(total), pb.budget_bytes),
            "fits": total <= pb.budget_bytes}

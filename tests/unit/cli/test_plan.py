@@ -63,10 +63,10 @@ def test_given_layout_is_shown_next_to_the_best(cli, tmp_path):
     assert 0.50 < given["cost"]["mfu"] < 0.58  # MegaScale measured 55.2% on this layout
 
 
-def test_a_split_with_block_less_end_stages_is_explained_and_written(cli, tmp_path):
-    """530B (105 layers) on this engine's stack: the best layout gives the first virtual stage
-    only the embedding and the last only the head; the legend says what "split" means and the
-    written plan spells the split out and loads."""
+def test_a_split_with_lighter_end_stages_is_explained_and_written(cli, tmp_path):
+    """530B (105 layers) on this engine's stack: the best layouts give the first and last
+    virtual stages fewer blocks (the fastest none: the embedding alone, the head alone); the
+    legend says what "split" means and the written plan spells the split out and loads."""
     out = tmp_path / "p.yaml"
     code, stdout, err = cli("plan", "--cluster", str(PLANS / "clusters" / "a100-11200.yaml"),
                             "--model", str(PLANS / "models" / "gpt-530b.yaml"),
@@ -75,7 +75,7 @@ def test_a_split_with_block_less_end_stages_is_explained_and_written(cli, tmp_pa
     assert code == 0, err
     assert "split 0/1/0" in stdout and "the embedding alone" in stdout
     layers = load_plan(str(out)).layout.stage_layers
-    assert layers[0] == layers[-1] == 0 and min(layers[1:-1]) >= 1 and sum(layers) == 105
+    assert layers[0] == layers[-1] < min(layers[1:-1]) and sum(layers) == 105
 
 
 def test_keep_given_writes_the_given_layout(cli, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig
+from mscale.config.layout import even_split
 from mscale.model.transformer import Block
 from mscale.parallel.parallelize import TensorParallelBlock
 from mscale.parallel.pipeline.schedule import schedule
@@ -123,6 +124,25 @@ def test_175b_best_layout_of_issue_13_carries_its_full_gradients():
     rank_params = c.mem_weights / 4
     assert c.mem_gradients >= 4 * rank_params > 55e9
     assert not c.fits
+
+
+@pytest.mark.parametrize("stack", [None, "megascale"])
+def test_a_middle_rank_holding_the_most_blocks_is_priced(stack):
+    """530B on 64 H100s, tp1 pp64 with empty end stages: the planner priced only the first and
+    last pipeline ranks (the embedding alone, the head alone) and said 43 GB fits, while the
+    middle ranks hold two 5B-parameter blocks each (~160 GB of training state)."""
+    model = ModelConfig(name="gpt-530b", layers=105, hidden=20480, heads=128, vocab=64000,
+                        seq_len=2048, mlp="gelu")
+    split = [0] + even_split(105, 62) + [0]
+    lo = LayoutConfig(tp=1, pp=64, dp=1, micro_batch=1, zero_stage=0, recompute="full",
+                      stage_layers=split)
+    pb = Problem(model, TrainingConfig(global_batch=64),
+                 ClusterConfig(nodes=8, gpus_per_node=8, gpu="H100"),
+                 **({"stack": stack} if stack else {}))
+    c = evaluate(pb, lo)
+    block = 12 * 20480 ** 2  # a GPT block's matrices
+    assert c.mem_weights >= 2 * block * 2  # two blocks' weights, bf16 at the least
+    assert c.mem_total > 2 * block * 14 and not c.fits  # and their gradients and Adam state
 
 
 # Megatron-LM's accounting, kept for other stacks' published runs (megatron_memory)
