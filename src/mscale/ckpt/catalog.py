@@ -150,7 +150,7 @@ def resolve(path: str) -> str:
         if basename(p) != LATEST:
             raise MscaleError("is a file, not a checkpoint", file=path,
                               fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")
-        return join(parent(path), read_pointer(path))  # refuses FIFOs and the like
+        return _pointed(path)  # refuses FIFOs and the like
     if not fs.isdir(p):
         raise MscaleError("no such checkpoint or run directory", file=path,
                           fix="pass RUN_DIR, RUN_DIR/ckpt/latest or RUN_DIR/ckpt/step-NNNNNN")
@@ -159,13 +159,27 @@ def resolve(path: str) -> str:
         return path
     for root in (join(path, "ckpt"), path):
         if fs.exists(fs_and_path(join(root, LATEST))[1]):
-            return join(root, read_pointer(join(root, LATEST)))
+            return _pointed(join(root, LATEST))
     if fs.exists(join(p, "config.json")):  # a HuggingFace model folder
         raise MscaleError("a HuggingFace model folder, not an mscale checkpoint", file=path,
                           fix=f"convert it first: mscale ckpt convert {path} DST --plan PLAN, "
                               "then resume from DST (docs/ckpt.md)")
     raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest)", file=path,
                       fix="pass a step-NNNNNN checkpoint directory or a run directory that has one")
+
+
+def _pointed(latest: str) -> str:
+    """The checkpoint a ``latest`` file names, which must exist: a pointer to a step that is
+    not there is the pointer's fault, not a checkpoint "never completed"."""
+    name = read_pointer(latest)
+    target = join(parent(latest), name)
+    fs, p = fs_and_path(target)
+    if not fs.isdir(p):
+        raise MscaleError(f"names {name}, which does not exist", file=latest,
+                          code=EXIT_CRITICAL,
+                          fix="pass one that exists (mscale ckpt ls lists them), or rewrite "
+                              "latest to name it")
+    return target
 
 
 def open_inside(ckpt: str, name: str):
@@ -322,8 +336,8 @@ def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
             except FileNotFoundError:  # removed since the listing (a failed save cleaned up)
                 continue
         if sizes and committed:
-            try:
-                manifest = load_manifest(join(ckpt_root, name))
+            try:  # checked against its marker, as a resume checks it: an edited one is refused
+                manifest = load_committed(join(ckpt_root, name))
                 entry.layout, entry.manifest_step = manifest.layout, manifest.step
             except MscaleError as e:
                 entry.problem = f"{e.field + ': ' if e.field else ''}{e.message}"

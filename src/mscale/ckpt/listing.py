@@ -31,10 +31,13 @@ def format_bytes(n: float) -> str:
 
 
 def layout_text(layout: dict | None) -> str:
-    """A manifest's layout in one word group, ``tp2 pp2 dp2 zero1``; ``-`` when unknown."""
+    """A manifest's layout in one word group, ``tp2 pp2 v2 dp2 zero1`` (``v``: virtual stages
+    per pipeline rank, shown when more than one); ``-`` when unknown."""
     if not layout:
         return "-"
-    return f"tp{layout['tp']} pp{layout['pp']} dp{layout['dp']} zero{layout['zero_stage']}"
+    vpp = f" v{layout['vpp']}" if layout.get("vpp", 1) > 1 else ""
+    return (f"tp{layout['tp']} pp{layout['pp']}{vpp} dp{layout['dp']} "
+            f"zero{layout['zero_stage']}")
 
 
 @dataclass

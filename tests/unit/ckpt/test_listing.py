@@ -22,6 +22,8 @@ def test_format_bytes(n, text):
 
 def test_layout_text():
     assert layout_text({"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1}) == "tp2 pp1 dp4 zero1"
+    assert layout_text({"tp": 2, "pp": 2, "vpp": 2, "dp": 2, "zero_stage": 2, "world": 8}) == \
+        "tp2 pp2 v2 dp2 zero2"
     assert layout_text(None) == "-" and layout_text({}) == "-"
 
 
@@ -79,6 +81,16 @@ def test_latest_naming_no_committed_checkpoint_and_a_bad_latest_are_warnings(run
     (run / "ckpt" / "latest").write_bytes(b"\x00\xff")
     listing = list_checkpoints(str(run))
     assert listing.latest is None and "NUL byte" in listing.warnings[0]
+
+
+def test_a_manifest_edited_after_its_commit_is_a_warning_not_committed(run):
+    """ls trusted the marker's presence: an altered manifest, which verify and a resume refuse,
+    was listed as committed and latest, exit 0."""
+    m = run / "ckpt" / "step-000005" / "manifest.json"
+    m.write_bytes(m.read_bytes() + b" ")  # still parses; no longer what was committed
+    listing = list_checkpoints(str(run))
+    assert listing.warnings and "sha256" in " ".join(listing.warnings)
+    assert listing.checkpoints[0]["note"] is not None
 
 
 def test_no_ckpt_directory_is_bad_input(tmp_path):

@@ -47,6 +47,15 @@ def test_good_checkpoint_verifies_and_latest_resolves(ckpt, cli):
     assert doc["layout"]["tp"] == 2
 
 
+def test_a_latest_naming_a_missing_step_is_the_pointers_fault(ckpt, cli):
+    """verify RUN reported the missing step-000099 as a checkpoint "never completed"."""
+    (ckpt.parent / "latest").write_text("step-000099\n")
+    for where in (ckpt.parent, ckpt.parent / "latest"):
+        code, _, err = cli("ckpt", "verify", str(where))
+        assert code == 2 and "latest: names step-000099, which does not exist" in err, err
+        assert "never completed" not in err
+
+
 def test_flipped_byte_names_the_shard(ckpt, cli):
     path = ckpt / "rank-00002.bin"
     data = bytearray(path.read_bytes())
