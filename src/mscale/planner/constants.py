@@ -79,8 +79,11 @@ STATE_BYTES = {
 GRAD_REDUCE_BYTES = {"bf16": 2, "fp32": 4}
 """Bytes per gradient element on the wire for the data-parallel reduction: bf16 runs reduce bf16
 gradients (Megatron-LM's default without --accumulate-allreduce-grads-in-fp32), fp32 runs fp32."""
-CHECKPOINT_BYTES_PER_PARAM = 14
-"""A resumable checkpoint: bf16 weights + fp32 master + Adam m + v (docs/references.md: 175B → ~2.45 TB)."""
+CHECKPOINT_BYTES_PER_PARAM = 12
+"""A resumable checkpoint as this engine writes it: fp32 master + Adam m + v; the parameters are
+fp32 and equal the master after every step, so they are not stored again (ckpt/ownership.py,
+docs/ckpt.md). A stack that stores bf16 weights beside them writes 14 (docs/references.md: 175B
+→ ~2.45 TB); this engine 175B → ~2.1 TB."""
 
 # --- memory -----------------------------------------------------------------------------------
 MEMORY_USABLE_FRACTION = 0.90
