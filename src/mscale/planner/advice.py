@@ -24,7 +24,8 @@ def no_fit_error(pb: Problem, result: SearchResult, files: dict[str, str]) -> Ms
     """An MscaleError saying why nothing fits and which computed change makes something fit."""
     budget = pb.budget_bytes / 1e9
     if result.closest is None:  # no structurally valid layout at all
-        reasons = "; ".join(f"{r} ({n}×, e.g. {ex})" for r, n, ex in result.rejects.rows()[:3])
+        reasons = "; ".join(f"{r} ({n} layout{'s' if n > 1 else ''}, e.g. {ex})"
+                            for r, n, ex in result.rejects.rows()[:3])
         mb = pb.training.micro_batch
         per = f"GPU count × micro_batch = {pb.cluster.world_size * mb}" if mb else "GPU count"
         return MscaleError(f"no valid layout for {pb.cluster.world_size} GPUs: {reasons}",

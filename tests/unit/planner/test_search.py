@@ -153,6 +153,7 @@ def test_an_empty_expansion_is_a_no_valid_layout_error_not_an_argmin(monkeypatch
     assert (r.count, r.closest, r.examined) == (0, None, 0)
     err = no_fit_error(r.problem, r, {"training": "t.yaml"})
     assert "no valid layout" in err.message and "dropped" in err.message and err.code == 3
+    assert " layouts, e.g. tp=" in err.message  # how many a reason ruled out, in words
 
 
 def test_a_global_batch_nothing_divides_names_the_field_and_a_fix():
