@@ -103,7 +103,9 @@ class CheckpointReader:
         if shape is not None and tuple(info.shape) != tuple(shape):
             raise MscaleError(f"{key} has shape {info.shape} in the checkpoint, {list(shape)} in "
                               "this model", file=self.dir, field=f"tensors.{key}.shape",
-                              fix="load into the same model configuration (model: section)")
+                              fix="load into the same model configuration (model: section); "
+                                  "if that is the one the checkpoint was saved with, its "
+                                  "manifest is damaged: run `mscale ckpt verify` on it")
         if out is None:
             out = _empty(flat[1] - flat[0], torch_dtype(info.dtype), key, self.dir)
         exact = self._exact(key, box, flat)
