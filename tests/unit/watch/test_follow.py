@@ -253,8 +253,10 @@ def test_a_flag_over_a_plan_replaces_its_field_only(tmp_path):
     assert deeper.node_names == plan.node_names and deeper.named
     refilled = layout_source(target, ranks_per_node=4)(8)  # ranks fill nodes otherwise
     assert refilled.ranks_per_node == 4 and not refilled.named
-    renamed = layout_source(target, hostlist="gpu[1-8]")(8)  # the plan's 2 a node, renamed
+    renamed = layout_source(target, hostlist="gpu[1-4]")(8)  # the plan's 2 a node, renamed
     assert renamed.ranks_per_node == 2 and renamed.node_name(3) == "gpu2" and renamed.named
+    with pytest.raises(MscaleError, match="names 8 nodes; the plan's 8 ranks at 2 a node fill 4"):
+        layout_source(target, hostlist="gpu[1-8]")(8)  # which 4 of them ran is not known
     wider = layout_source(target, dp=4)(16)
     assert wider.micro_batches == plan.micro_batches // 2 and wider.vpp == plan.vpp
     smaller = layout_source(target, tp=2, pp=2)(4)  # records of another job than the plan's
