@@ -94,7 +94,7 @@ def row(e: catalog.Entry, latest: str | None, root: str) -> dict:
     keeps it), `UNREADABLE_PIN` for a damaged one, or None."""
     note = None
     if e.problem:
-        note = f"manifest.json cannot be read: {e.problem}"
+        note = f"manifest.json cannot be used: {e.problem}"
     elif e.manifest_step is not None and e.manifest_step != e.step:
         note = f"its manifest is at step {e.manifest_step}, not the {e.step} its name says"
     status = "committed" if e.committed else "partial"

@@ -5,11 +5,11 @@ at 12,288 ranks reading all of them costs every rank ~150 s and ~5 GB (docs/benc
 The saving plan is in the manifest, so a rank can compute, from the write rules of
 ownership.py, which old ranks wrote any element it needs, and read only those indexes:
 
-- the same TP/PP split and ZeRO stage: its own (pp, tp) coordinate's replicas, TP rank 0's for
+- the same TP/PP split (ZeRO 1 and 2 shard alike): its own (pp, tp) coordinate's replicas, TP rank 0's for
   the replicated parameters, and under ZeRO 1/2 only the replicas whose shards overlap its own
   (`overlapping_shards`, from the bucket sizes): one or two ranks, a few after a DP change (a
   small superset: TP rank 0 is named even where it wrote nothing this rank reads);
-- another TP/PP split (recover's planner search may choose one), or another ZeRO stage: the
+- another TP/PP split (recover's planner search may choose one), or ZeRO 0 against 1/2: the
   old coordinates whose parameters overlap its own, then the replicas there whose write set
   overlaps what it reads, element by element (`_resplit_writers`, exact); a few seconds of
   arithmetic at 175B instead of reading 12,288 indexes.
@@ -41,7 +41,7 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
         # layout the RNG states are read from the rank's own shard
         return {rl.rank} if layout_of(old) == layout_of(new) else set()
     if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp) or (
-            optimizer and old.zero_stage != new.zero_stage):  # ZeRO 0 <-> 1/2: other writers
+            optimizer and (old.zero_stage == 0) != (new.zero_stage == 0)):  # other writers
         return _resplit_writers(saved_plan, optim_needs(rl) if optimizer else model_needs(rl),
                                 optimizer)
     placement = placement_for(saved_plan)

@@ -236,8 +236,12 @@ def rank_memory(pb, c: dict, micro) -> dict:
     in flight, the last the head and the loss, a middle one may hold the most blocks: an uneven
     split puts its extra blocks in the centre), with the parts of that rank. The middle is
     priced as rank 1's micro-batches in flight (the most of any middle rank) over the most
-    blocks any rank holds: never below the fullest middle rank, and equal to it when rank 1
-    holds the most blocks (every even split; a light-ends split).
+    blocks any rank holds: never below the fullest middle rank for the search's splits, equal
+    to it for an exact split, and above it when the extra blocks sit in the centre (a 96-block
+    light-ends split over 16 ranks: 7 blocks x 15 micro-batches priced, the worst rank 6 x 15;
+    ~4% of the 175B search's layouts are refused that would fit). A `stage_layers` whose
+    chunks differ within a rank is approximated, as ever: each chunk holds 1/v of the rank's
+    blocks here (`in_flight_chunks`).
 
     Keys: cost.py's ``rank_params, mem_weights, mem_gradients, mem_optimizer, mem_activations,
     mem_logits, mem_total, mem_budget, fits``, plus ``mem_weight_copies`` (the bf16 weight

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM
 from mscale.planner.goodput import advise, effective_fraction, job_mtbf_s, young_daly
 
 
@@ -25,7 +26,7 @@ def test_effective_fraction():
 def test_advice_interval_is_whole_steps_and_at_least_the_write():
     params = 175e9
     a, note = advise(params, 12288, 1536, step_time_s=6.0)
-    write = params * 14 / 273e9
+    write = params * CHECKPOINT_BYTES_PER_PARAM / 273e9
     assert a.interval_s == pytest.approx(a.interval_steps * 6.0)
     assert a.interval_s >= write - 6.0
     assert 0 < a.effective_training < 1 and note
