@@ -134,7 +134,7 @@ COST_FIELDS = [f.name for f in fields(LayoutCost)]
 
 def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Cost of every candidate in ``c`` (arrays: tp, pp, vpp, dp, mb, sp, rec, zero, hier,
-    max_layers, first_layers, last_layers — the last three are blocks per pipeline rank)."""
+    and `LAYER_COUNT_KEYS`: blocks per pipeline rank)."""
     m_, tr = pb.model, pb.training
     tp, pp, vpp, dp, mb = c["tp"], c["pp"], c["vpp"], c["dp"], c["mb"]
     rec, zero = c["rec"], c["zero"]
@@ -180,45 +180,71 @@ def evaluate_arrays(pb: Problem, c: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return out
 
 
-def rank_layers(layout: LayoutConfig, layers: int) -> tuple[int, int, int]:
-    """(most, first rank's, last rank's) blocks per pipeline rank; rank r runs chunks r, r+p, …"""
+LayerCounts = tuple[int, int, int, int, int, int]
+"""Blocks per pipeline rank, as the cost model needs them (`counts_of`): the most of any rank,
+the first rank's, the last's, rank 1's, the most of a middle rank, and the middle rank holding
+that many first (memory.py prices the middle ranks from the last three)."""
+LAYER_COUNT_KEYS = ("max_layers", "first_layers", "last_layers", "second_layers", "mid_layers",
+                    "mid_at")
+"""The candidate arrays' names for a `LayerCounts`."""
+
+
+def counts_of(per_rank: list[int]) -> LayerCounts:
+    """`LayerCounts` of blocks per pipeline rank. A middle rank's memory grows with its blocks
+    and with its micro-batches in flight, which fall from rank 1 on; so when the middle ranks
+    hold two block counts (every split the search makes), the fullest middle rank is rank 1 or
+    the first holding the most. With more counts (a hand-written ``stage_layers``) the returned
+    rank is 1: the most blocks at the most in flight, a bound above every middle rank."""
+    most, first, last = max(per_rank), per_rank[0], per_rank[-1]
+    middle = per_rank[1:-1]
+    if not middle:
+        return most, first, last, 0, 0, 1
+    top = max(middle)
+    at = 1 + middle.index(top) if len(set(middle)) <= 2 else 1
+    return most, first, last, middle[0], top, at
+
+
+def rank_layers(layout: LayoutConfig, layers: int) -> LayerCounts:
+    """`LayerCounts` of a layout; rank r runs chunks r, r+p, …"""
     if layout.stage_layers is None:
         return rank_layer_counts(layers, layout.pp, layout.vpp)
     split = layout.layers_per_stage(layers)
-    per_rank = [sum(split[r::layout.pp]) for r in range(layout.pp)]
-    return max(per_rank), per_rank[0], per_rank[-1]
+    return counts_of([sum(split[r::layout.pp]) for r in range(layout.pp)])
 
 
 @lru_cache(maxsize=4096)
-def rank_layer_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int]:
-    """(most, first, last) blocks per pipeline rank under the default even split.
+def rank_layer_counts(layers: int, pp: int, vpp: int) -> LayerCounts:
+    """`LayerCounts` under the default even split.
 
     In closed form for the splits the search produces (an exact split, or vpp = 1), so its cost
     does not grow with the number of stages; `even_split` spells out the rule used here: the
-    remainder goes to the middle stages first, then to the first stage.
+    remainder goes to the middle stages nearest the centre first (lower index on a tie), then
+    to the first stage. tests/unit/planner/test_bounds.py checks it against the split.
     """
     stages = pp * vpp
     if layers % stages == 0:
-        per_rank = layers // pp
-        return per_rank, per_rank, per_rank
+        n, mid = layers // pp, (layers // pp if pp > 2 else 0)
+        return n, n, n, mid, mid, 1
     if vpp == 1:
         base, extra = divmod(layers, pp)
-        return base + 1, base + (extra > pp - 2), base
+        if pp <= 2:
+            return base + 1, base + 1, base + (extra > 1), 0, 0, 1
+        take = min(extra, pp - 2)
+        lo = (pp - 1) // 2 - ((take - 1) // 2 if pp % 2 == 0 else take // 2)
+        return (base + 1, base + (extra > pp - 2), base, base + (lo <= 1 < lo + take),
+                base + 1, lo)
     split = even_split(layers, stages)
-    per_rank = [sum(split[r::pp]) for r in range(pp)]
-    return max(per_rank), per_rank[0], per_rank[-1]
+    return counts_of([sum(split[r::pp]) for r in range(pp)])
 
 
 def layout_arrays(layouts: list[LayoutConfig], layers: int) -> dict[str, np.ndarray]:
     """Candidate arrays (see `evaluate_arrays`) for a list of layouts."""
     rows = []
     for lo in layouts:
-        most, first, last = rank_layers(lo, layers)
         rows.append((lo.tp, lo.pp, lo.vpp, lo.dp, lo.micro_batch, lo.sequence_parallel,
                      RECOMPUTE_CODES[lo.recompute], lo.zero_stage, lo.dp_reduce == "hierarchical",
-                     most, first, last))
-    keys = ("tp", "pp", "vpp", "dp", "mb", "sp", "rec", "zero", "hier", "max_layers",
-            "first_layers", "last_layers")
+                     *rank_layers(lo, layers)))
+    keys = ("tp", "pp", "vpp", "dp", "mb", "sp", "rec", "zero", "hier", *LAYER_COUNT_KEYS)
     return {k: np.array([r[i] for r in rows]) for i, k in enumerate(keys)}
 
 

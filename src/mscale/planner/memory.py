@@ -234,14 +234,12 @@ def rank_memory(pb, c: dict, micro) -> dict:
     """Bytes per GPU of every candidate in ``c`` (cost.py's arrays), at the largest of the
     first, the middle and the last pipeline rank's peaks (the first holds the most micro-batches
     in flight, the last the head and the loss, a middle one may hold the most blocks: an uneven
-    split puts its extra blocks in the centre), with the parts of that rank. The middle is
-    priced as rank 1's micro-batches in flight (the most of any middle rank) over the most
-    blocks any rank holds: never below the fullest middle rank for the search's splits, equal
-    to it for an exact split, and above it when the extra blocks sit in the centre (a 96-block
-    light-ends split over 16 ranks: 7 blocks x 15 micro-batches priced, the worst rank 6 x 15;
-    ~4% of the 175B search's layouts are refused that would fit). A `stage_layers` whose
-    chunks differ within a rank is approximated, as ever: each chunk holds 1/v of the rank's
-    blocks here (`in_flight_chunks`).
+    split puts its extra blocks in the centre), with the parts of that rank. The middle ranks
+    are priced at rank 1 (the most micro-batches in flight of any) and at the first rank holding
+    the most blocks (cost.py `counts_of`): the fullest middle rank for every split the search
+    makes, a bound above it for a hand-written ``stage_layers``. Such a split whose chunks differ
+    within a rank is approximated, as ever: each chunk holds 1/v of the rank's blocks here
+    (`in_flight_chunks`).
 
     Keys: cost.py's ``rank_params, mem_weights, mem_gradients, mem_optimizer, mem_activations,
     mem_logits, mem_total, mem_budget, fits``, plus ``mem_weight_copies`` (the bf16 weight
@@ -256,10 +254,12 @@ def rank_memory(pb, c: dict, micro) -> dict:
     single = pp == 1
     first = _rank_peak(pb, c, micro, 0, c["first_layers"], True, single)
     last = _rank_peak(pb, c, micro, pp - 1, c["last_layers"], single, True)
-    middle = _rank_peak(pb, c, micro, np.minimum(1, pp - 1), c["max_layers"], False, False)
-    peaks = [first, last, middle]
+    second = _rank_peak(pb, c, micro, np.minimum(1, pp - 1), c["second_layers"], False, False)
+    fullest = _rank_peak(pb, c, micro, c["mid_at"], c["mid_layers"], False, False)
+    peaks = [first, last, second, fullest]
     totals = np.stack([first["mem_total"], last["mem_total"],
-                       np.where(pp > 2, middle["mem_total"], -1.0)])
+                       np.where(pp > 2, second["mem_total"], -1.0),
+                       np.where(pp > 2, fullest["mem_total"], -1.0)])
     worst = np.argmax(totals, axis=0)  # ties: the first listed
     out = {k: np.choose(worst, [p[k] for p in peaks]) for k in first}
     out["mem_budget"] = np.full(np.shape(out["mem_total"]), pb.budget_bytes)
@@ -327,18 +327,22 @@ def megatron_memory(pb, c: dict, micro) -> dict:
     per_layer = megatron_block_bytes(m_, c["mb"], tp, c["sp"], c["rec"], flash)
     first_act = per_layer * c["first_layers"] * in_flight_chunks(pp, vpp, micro, 0) / vpp
     last_act = per_layer * c["last_layers"] * in_flight_chunks(pp, vpp, micro, pp - 1) / vpp
-    mid_p = c["max_layers"] * p_layer / tp  # a middle rank, bounded as in `rank_memory`
-    mid_act = per_layer * c["max_layers"] * in_flight_chunks(pp, vpp, micro, 1) / vpp
+    # the middle ranks as in `rank_memory`: rank 1, and the first holding the most blocks
+    second_p = c["second_layers"] * p_layer / tp
+    second_act = per_layer * c["second_layers"] * in_flight_chunks(pp, vpp, micro, 1) / vpp
+    full_p = c["mid_layers"] * p_layer / tp
+    full_act = per_layer * c["mid_layers"] * in_flight_chunks(pp, vpp, micro, c["mid_at"]) / vpp
     logits = 4 * m_.seq_len * c["mb"] * m_.vocab / tp
     state = sum(per_param.values())
-    totals = np.stack(np.broadcast_arrays(first_p * state + first_act,
-                                          last_p * state + last_act + logits,
-                                          np.where(pp > 2, mid_p * state + mid_act, -1.0)))
+    totals = np.stack(np.broadcast_arrays(
+        first_p * state + first_act, last_p * state + last_act + logits,
+        np.where(pp > 2, second_p * state + second_act, -1.0),
+        np.where(pp > 2, full_p * state + full_act, -1.0)))
     worst = np.argmax(totals, axis=0)
-    params = np.choose(worst, [first_p, last_p, mid_p])
+    params = np.choose(worst, [first_p, last_p, second_p, full_p])
     total = totals.max(axis=0)
     out = {"rank_params": params,
-           "mem_activations": np.choose(worst, [first_act, last_act, mid_act]),
+           "mem_activations": np.choose(worst, [first_act, last_act, second_act, full_act]),
            "mem_logits": np.where(worst == 1, logits, 0.0), "mem_total": total,
            "mem_weight_copies": np.zeros(np.shape(total)), "host_pinned": 12 * params / c["dp"],
            "mem_budget": np.full(np.shape(total), pb.budget_bytes),

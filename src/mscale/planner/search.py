@@ -17,7 +17,8 @@ import numpy as np
 from mscale.config.layout import LayoutConfig, even_split
 from mscale.errors import MscaleError
 from mscale.planner.constants import MAX_MICRO_BATCH, MAX_SKELETONS, MODEL_ERROR
-from mscale.planner.cost import LayoutCost, Problem, cost_at, evaluate_arrays, rank_layer_counts
+from mscale.planner.cost import (LAYER_COUNT_KEYS, LayerCounts, LayoutCost, Problem, cost_at,
+                                 counts_of, evaluate_arrays, rank_layer_counts)
 from mscale.planner.memory import RECOMPUTE_CODES
 
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
@@ -140,14 +141,13 @@ def light_split(layers: int, pp: int, vpp: int) -> list[int] | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def light_counts(layers: int, pp: int, vpp: int) -> tuple[int, int, int] | None:
-    """(most, first, last) blocks per pipeline rank of `light_split`, or None. Cached: the
-    search asks for the same (pp, vpp) once per micro-batch size and once per skeleton."""
+def light_counts(layers: int, pp: int, vpp: int) -> LayerCounts | None:
+    """`LayerCounts` of `light_split`, or None. Cached: the search asks for the same (pp, vpp)
+    once per micro-batch size and once per skeleton."""
     split = light_split(layers, pp, vpp)
     if split is None:
         return None
-    per_rank = [sum(split[r::pp]) for r in range(pp)]
-    return max(per_rank), per_rank[0], per_rank[-1]
+    return counts_of([sum(split[r::pp]) for r in range(pp)])
 
 
 def skeletons(pb: Problem, rejects: Rejects) -> list[tuple[int, int, int, int, int, int]]:
@@ -223,11 +223,11 @@ def expand(pb: Problem, sk: list[tuple[int, int, int, int, int, int]]) -> dict[s
     counts = [light_counts(layers, pp, vpp) if light else rank_layer_counts(layers, pp, vpp)
               for _, pp, vpp, _, _, light in sk]
     base = np.hstack([np.array(sk, dtype=np.int64).reshape(-1, 6),
-                      np.array(counts, dtype=np.int64).reshape(-1, 3)])
+                      np.array(counts, dtype=np.int64).reshape(-1, len(LAYER_COUNT_KEYS))])
     nb, no = len(base), len(opts)
     b = np.repeat(base, no, axis=0)
     o = np.tile(opts, (nb, 1))
-    names = ("tp", "pp", "vpp", "dp", "mb", "light", "max_layers", "first_layers", "last_layers")
+    names = ("tp", "pp", "vpp", "dp", "mb", "light", *LAYER_COUNT_KEYS)
     arr = {k: b[:, i] for i, k in enumerate(names)}
     arr.update(sp=o[:, 0].astype(bool), rec=o[:, 1], zero=o[:, 2], hier=o[:, 3].astype(bool))
     # drop options that change nothing: SP without TP, ZeRO without DP, hierarchical without

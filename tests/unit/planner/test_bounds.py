@@ -16,7 +16,7 @@ from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
 from mscale.config import layout as layout_module
 from mscale.config.layout import even_split
 from mscale.errors import MscaleError
-from mscale.planner.cost import Problem, rank_layer_counts
+from mscale.planner.cost import Problem, counts_of, rank_layer_counts
 from mscale.planner.given import given_layout
 from mscale.planner.goodput import GoodputInputs
 from mscale.planner import cost as cost_module
@@ -73,8 +73,8 @@ def test_closed_form_layer_counts_match_the_split():
             for vpp in range(1, layers // pp + 1):
                 split = even_split(layers, pp * vpp)
                 per_rank = [sum(split[r::pp]) for r in range(pp)]
-                want = (max(per_rank), per_rank[0], per_rank[-1])
-                assert rank_layer_counts(layers, pp, vpp) == want, (layers, pp, vpp)
+                assert rank_layer_counts(layers, pp, vpp) == counts_of(per_rank), (layers, pp,
+                                                                                  vpp)
 
 
 @pytest.mark.parametrize("field, value", [

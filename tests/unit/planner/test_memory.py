@@ -223,3 +223,29 @@ def test_weight_copies_do_not_grow_with_micro_batches_in_flight(rec, blocks):
     head = float(weight_copy_bytes(cfg, 3, 2, rec, True, True)) - blocks * 3 * per_block / 2
     assert head == 2 * 1024 * 256 / 2
     assert float(weight_copy_bytes(cfg, 3, 1, rec, True, False)) == 0.0  # fp32: no copies
+
+
+@pytest.mark.parametrize("split, vpp", [
+    ("light", 1), ("light", 2), ("even", 1), ("even", 3), ("exact", 2)])
+def test_the_fullest_pipeline_rank_is_priced_exactly_for_the_searchs_splits(split, vpp):
+    """Every rank priced with its own blocks and micro-batches in flight: the worst of them is
+    what rank_memory says (it prices ranks 0, 1, the last and the first holding the most)."""
+    from mscale.planner.cost import layout_arrays
+    from mscale.planner.memory import _rank_peak, rank_memory
+    from mscale.planner.search import light_split
+
+    model = ModelConfig(name="m", layers=94 if split == "even" else 96, hidden=4096, heads=32,
+                        vocab=32000, seq_len=2048)
+    pp = 16 if vpp == 1 else 8
+    stages = {"light": light_split(model.layers, pp, vpp),
+              "even": even_split(model.layers, pp * vpp),
+              "exact": even_split(model.layers, pp * vpp)}[split]
+    lo = LayoutConfig(tp=4, pp=pp, dp=2, vpp=vpp, micro_batch=1, zero_stage=1,
+                      recompute="none", stage_layers=stages)
+    pb = Problem(model, TrainingConfig(global_batch=64), ClusterConfig(nodes=16, gpu="H100"))
+    c = layout_arrays([lo], model.layers)
+    micro = np.array([64 // 2])
+    per_rank = [sum(stages[r::pp]) for r in range(pp)]
+    brute = max(float(_rank_peak(pb, c, micro, r, per_rank[r], r == 0, r == pp - 1)
+                      ["mem_total"][0]) for r in range(pp))
+    assert float(rank_memory(pb, c, micro)["mem_total"][0]) == pytest.approx(brute, rel=1e-12)
