@@ -185,9 +185,12 @@ def default_workers() -> int:
 
 def _check_out(out: str, force: bool) -> str:
     """The local folder to create; an existing one only with ``force`` and only if it is a token
-    folder (or empty): --force never deletes a folder of something else."""
-    fs, path = fs_and_path(out)
-    if not isinstance(fs, LocalFileSystem):
+    folder (or empty): --force never deletes a folder of something else. A URL is refused by
+    its scheme, before fsspec loads the store's driver: without s3fs installed an ``s3://``
+    --out said "install s3fs", which would only have led to this refusal."""
+    remote = "://" in str(out) and not str(out).startswith("file://")
+    fs, path = (None, None) if remote else fs_and_path(out)
+    if remote or not isinstance(fs, LocalFileSystem):
         raise MscaleError("token shards are written to a local folder", file=str(out),
                           field="--out",
                           fix="write them locally, then copy the folder to the store")
