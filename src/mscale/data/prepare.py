@@ -188,7 +188,8 @@ def _check_out(out: str, force: bool) -> str:
     folder (or empty): --force never deletes a folder of something else. A URL is refused by
     its scheme, before fsspec loads the store's driver: without s3fs installed an ``s3://``
     --out said "install s3fs", which would only have led to this refusal."""
-    remote = "://" in str(out) and not str(out).startswith("file://")
+    remote = ("://" in str(out) and "::" not in str(out)  # a chain: urls.py says why not
+              and not str(out).startswith("file://"))
     fs, path = (None, None) if remote else fs_and_path(out)
     if remote or not isinstance(fs, LocalFileSystem):
         raise MscaleError("token shards are written to a local folder", file=str(out),
