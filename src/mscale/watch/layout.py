@@ -92,7 +92,7 @@ class JobLayout:
             names = tuple(expand_hostlist(hostlist))
         elif names is None:
             names = tuple(f"node{i}" for i in range(nodes))
-        if len(names) < nodes:
+        if len(names) != nodes if hostlist else len(names) < nodes:  # keep no name unplaced
             raise MscaleError(f"the {'hostlist' if hostlist else 'plan'} names {len(names)} "
                               f"nodes, the layout needs {nodes}",
                               field="--hostlist",

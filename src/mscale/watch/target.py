@@ -181,11 +181,6 @@ def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | N
         per_node = ranks_per_node
     elif planned:
         per_node = base.ranks_per_node
-        if hosts and hosts != world // per_node:  # which hosts the ranks ran on is unknown
-            raise MscaleError(f"--hostlist names {hosts} nodes; the plan's {world} ranks at "
-                              f"{per_node} a node fill {world // per_node}", field="--hostlist",
-                              fix=f"give the job's own {world // per_node} nodes in rank order, "
-                                  "or --ranks-per-node")
     else:
         if hosts and (t * p * d) % hosts:
             raise MscaleError(f"--hostlist names {hosts} nodes, which {t * p * d} ranks do not "

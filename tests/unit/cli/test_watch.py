@@ -150,7 +150,7 @@ def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
     (["{small}"], "the records have 4 ranks, the layout 8"),
     (["{run}", "--hostlist", "gpu[1-"], "--hostlist: bad hostlist 'gpu[1-': unbalanced brackets"),
     (["{run}", "--tp", "2", "--hostlist", "gpu[1-3]"],  # the plan's 2 ranks a node: 4 nodes
-     "--hostlist: --hostlist names 3 nodes; the plan's 8 ranks at 2 a node fill 4"),
+     "--hostlist: the hostlist names 3 nodes, the layout needs 4"),
 ])
 def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
     empty = tmp_path / "empty"

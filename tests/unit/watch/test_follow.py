@@ -255,8 +255,9 @@ def test_a_flag_over_a_plan_replaces_its_field_only(tmp_path):
     assert refilled.ranks_per_node == 4 and not refilled.named
     renamed = layout_source(target, hostlist="gpu[1-4]")(8)  # the plan's 2 a node, renamed
     assert renamed.ranks_per_node == 2 and renamed.node_name(3) == "gpu2" and renamed.named
-    with pytest.raises(MscaleError, match="names 8 nodes; the plan's 8 ranks at 2 a node fill 4"):
-        layout_source(target, hostlist="gpu[1-8]")(8)  # which 4 of them ran is not known
+    for extra in ({}, {"ranks_per_node": 2}):  # which 4 of the 8 ran is not known
+        with pytest.raises(MscaleError, match="the hostlist names 8 nodes, the layout needs 4"):
+            layout_source(target, hostlist="gpu[1-8]", **extra)(8)
     wider = layout_source(target, dp=4)(16)
     assert wider.micro_batches == plan.micro_batches // 2 and wider.vpp == plan.vpp
     smaller = layout_source(target, tp=2, pp=2)(4)  # records of another job than the plan's
