@@ -214,10 +214,11 @@ def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
     kind) raises, as at open (exit 3)."""
     manifest = has_manifest(spec)
     problems: list[str] = []
+    missing: list[str] = []
     try:
         if manifest:  # the manifest promises its files: anything wrong with them is damage
-            problems += verify_checksums(spec.rstrip("/"), chunk_bytes)
-        if not any(p.endswith(")") and ": missing (" in p for p in problems):
+            problems += verify_checksums(spec.rstrip("/"), chunk_bytes, missing)
+        if not missing:
             # a checksum says a file changed; the structure says how (a truncated .bin: its
             # size against the index), so it is checked too unless a file is missing
             open_dataset(spec, check_indexes=True)

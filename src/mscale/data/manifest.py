@@ -128,14 +128,18 @@ def check_shard(m: dict, i: int, url: str, dtype: np.dtype, **found: int) -> Non
                       "manifest.dtype")
 
 
-def verify_checksums(folder: str, chunk_bytes: int = 8 << 20) -> list[str]:
-    """Every shard's .bin and .idx hashed against the manifest's sha256: one line per mismatch."""
+def verify_checksums(folder: str, chunk_bytes: int = 8 << 20,
+                     missing: list[str] | None = None) -> list[str]:
+    """Every shard's .bin and .idx hashed against the manifest's sha256: one line per mismatch.
+    ``missing`` (if given) collects the URLs of the files that are not there."""
     problems = []
     for i, s in enumerate(load_manifest(folder)["shards"]):
         for ext in ("bin", "idx"):
             url = join(folder, f"{s['prefix']}.{ext}")
             if kind(url) != "file":
                 problems.append(f"{url}: missing (manifest.shards[{i}].prefix)")
+                if missing is not None:
+                    missing.append(url)
                 continue
             got = sha256(url, chunk_bytes)
             if got != s[f"{ext}_sha256"]:
