@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from mscale.ckpt import catalog, commit
 from mscale.ckpt.agree import WAIT_POLL_S, agree
-from mscale.ckpt.committer import Committer, Emit, InFlight, disk_full
+from mscale.ckpt.committer import Committer, Emit, InFlight
 from mscale.ckpt.live import LiveRank
 from mscale.ckpt.locate import likely_writers
 from mscale.ckpt.load import CheckpointReader, has_optimizer, install, read_for_rank
@@ -51,6 +51,7 @@ from mscale.ckpt.snapshot import CopyGate, HostArena, ready_event, rng_states, s
 from mscale.ckpt.writer import BackgroundWriter, WriteHooks, snapshot_and_write
 from mscale.config.base import validate
 from mscale.config.plan import Plan
+from mscale.runs.atomic import is_disk_full
 
 
 class Checkpointer:
@@ -224,7 +225,7 @@ class Checkpointer:
                   "gate_waited_s": fl.gate.waited_s, "waited_s": fl.waited_s}
         if error is not None:
             report["error"] = f"{type(error).__name__}: {error}"
-            report["disk_full"] = disk_full(error)
+            report["disk_full"] = is_disk_full(error)
             return report
         res, copy_s = fl.future.result()
         report.update(shard=res.info, write_s=res.seconds, copy_s=copy_s, raw_bytes=res.raw_bytes,

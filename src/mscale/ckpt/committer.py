@@ -11,14 +11,13 @@ No collective runs here.
 from __future__ import annotations
 
 import contextlib
-import errno
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from mscale.ckpt import catalog, commit
 from mscale.ckpt.manifest import TrainState
-from mscale.runs.atomic import DiskFullError
+from mscale.runs.atomic import is_disk_full
 
 Emit = Callable[..., None]
 """``emit(kind=, severity=, step=, message=, evidence=)``: appends an event (rank 0 only)."""
@@ -139,7 +138,7 @@ class Committer:
         latest = latest if latest is not None else self.latest()
         with contextlib.suppress(Exception):  # a dead attempt; the next start removes it too
             catalog.remove(catalog.join(self.root, fl.name))
-        then = self._then(fl, latest, disk_full(e))
+        then = self._then(fl, latest, is_disk_full(e))
         self.failed[fl.step] = f"checkpoint {fl.name} written but not committed: {e}"
         self.emit(kind="checkpoint_failed", severity="critical", step=fl.step,
                   message=f"{self.failed[fl.step]}; {then}",
@@ -179,13 +178,6 @@ class Committer:
         self.fatal = (f"checkpoint {fl.name} failed: the disk is full; {keep}; free space on "
                       f"{self.root}, then resume")
         return f"the job stops at the next step boundary (a full disk), {keep}"
-
-
-def disk_full(exc: BaseException) -> bool:
-    """A full filesystem or quota, however the writer or the commit reported it."""
-    if isinstance(exc, DiskFullError):
-        return True
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _evidence(fl: InFlight, reports: list[dict]) -> dict:

@@ -70,6 +70,12 @@ class DiskFullError(MscaleError):
                        "elsewhere, then resume from the last checkpoint")
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """A full filesystem or quota, however it was reported: a `DiskFullError`, or a raw
+    ENOSPC/EDQUOT from code that writes outside this module (the checkpoint writer, fsspec)."""
+    return isinstance(exc, DiskFullError) or (isinstance(exc, OSError) and exc.errno in _FULL)
+
+
 @contextmanager
 def disk_full_as_error(url: str) -> Iterator[None]:
     """Turn ENOSPC/EDQUOT raised inside the block into `DiskFullError` naming ``url``."""

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from mscale.config.records import DataSkips
 from mscale.errors import MscaleError
-from mscale.runs.atomic import DiskFullError
+from mscale.runs.atomic import is_disk_full
 from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
 from mscale.runs.lock import (LOCK_HELD_ENV, RunLock, next_attempt, ownership_lost,
@@ -37,12 +37,6 @@ from mscale.train.failure import ReportedFailure, report_failure
 
 
 T = TypeVar("T")
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return isinstance(exc, DiskFullError)
 
 
 UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.ESTALE)
