@@ -121,7 +121,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if opts.recheck and not finished:
         checker = Rechecker(run, plan, launch.plan if launch and launch.plan else plan_url,
                             launch, since=failure_time(run))
-    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker)
+    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker,
+                                          plan=plan if plan_url == run.plan else None)
     reasons: list[str] = []
     refusal = rp = skip = None
     try:

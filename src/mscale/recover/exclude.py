@@ -56,17 +56,20 @@ Recheck = Callable[[list[str]], dict[str, "str | None"]]
 
 
 def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None = None,
-                      now: float | None = None) -> Exclusions:
-    """The nodes to keep out and why (module docstring for the rules)."""
+                      now: float | None = None, plan: Plan | None = None) -> Exclusions:
+    """The nodes to keep out and why (module docstring for the rules). ``plan``: the run's
+    plan.yaml when the caller has already loaded it (a 12,288-rank plan is not parsed again);
+    else it is read here, if there is one."""
     now = time.time() if now is None else now
     reasons: dict[str, str] = {}
     notes: list[str] = []
-    ours = _plan_nodes(run)
+    plan = plan if plan is not None else _run_plan(run)
+    ours = set(plan.cluster.node_names()) if plan is not None else None
     for node, why in quarantined(run, now).items():
         if ours is not None and node not in ours:  # still kept out of a new allocation
             why += " (not one of the run's nodes: only a new allocation avoids it)"
         reasons.setdefault(node, why)
-    for node, why in preflight_bad(run, notes).items():
+    for node, why in preflight_bad(run, notes, plan).items():
         reasons.setdefault(node, why)
     # a suspect already kept out is not re-checked: a preflight on a node with a degraded link
     # is slow (minutes under SLURM) and could not bring it back anyway
@@ -76,11 +79,9 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
                       notes=notes)
 
 
-def _plan_nodes(run: RunDir) -> set[str] | None:
-    """The nodes of the run's plan, None without one (checked elsewhere: the diagnosis)."""
-    if not _exists(run.plan):
-        return None
-    return set(load_model(Plan, run.plan).cluster.node_names())
+def _run_plan(run: RunDir) -> Plan | None:
+    """The run's plan.yaml, None without one (checked elsewhere: the diagnosis)."""
+    return load_model(Plan, run.plan) if _exists(run.plan) else None
 
 
 def _exists(url: str) -> bool:
@@ -101,13 +102,15 @@ def quarantined(run: RunDir, now: float) -> dict[str, str]:
     return out
 
 
-def preflight_bad(run: RunDir, notes: list[str] | None = None) -> dict[str, str]:
-    """Nodes a CRITICAL preflight check blamed, when preflight ran for the run's plan and of
-    its failed attempt (`about_attempt`); the bad nodes passed over are said in ``notes``."""
-    if not _exists(run.preflight) or not _exists(run.plan):
+def preflight_bad(run: RunDir, notes: list[str] | None = None,
+                  plan: Plan | None = None) -> dict[str, str]:
+    """Nodes a CRITICAL preflight check blamed, when preflight ran for the run's plan (``plan``,
+    else read from the run) and of its failed attempt (`about_attempt`); the bad nodes passed
+    over are said in ``notes``."""
+    plan = plan if plan is not None else _run_plan(run)
+    if not _exists(run.preflight) or plan is None:
         return {}
     report = load_model(PreflightReport, run.preflight)  # a record: NaN is a measurement
-    plan = load_model(Plan, run.plan)
     if not ran_for(report, plan):
         return {}
     bad = blamed(report)

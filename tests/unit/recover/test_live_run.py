@@ -118,7 +118,8 @@ def faked(monkeypatch, run):
     monkeypatch.setattr(stages, "choose_checkpoint", lambda r, d, verify="quick":
                         CheckpointChoice(path=str(run / "ckpt/step-000008"), step=8,
                                          reason="latest"))
-    monkeypatch.setattr(stages, "decide_exclusions", lambda r, d, recheck=None: Exclusions())
+    monkeypatch.setattr(stages, "decide_exclusions",
+                        lambda r, d, recheck=None, plan=None: Exclusions())
 
 
 def in_use(err: str, run: Path, pid: int, host: str = HOST) -> bool:
