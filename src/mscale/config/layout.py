@@ -107,15 +107,22 @@ def even_split(layers: int, stages: int) -> list[int]:
         for i in range(extra):  # no middle stage: the first end, then the last
             counts[i] += 1
         return counts
-    take = min(extra, middle)
-    if take:
-        half = (take - 1) // 2 if stages % 2 == 0 else take // 2  # even: two central stages
-        lo = (stages - 1) // 2 - half
-        for i in range(lo, lo + take):
-            counts[i] += 1
+    lo, take = centre_window(extra, stages)
+    for i in range(lo, lo + take):
+        counts[i] += 1
     if extra > middle:  # every middle stage has one; then the first end (extra < stages)
         counts[0] += 1
     return counts
+
+
+def centre_window(extra: int, stages: int) -> tuple[int, int]:
+    """(first stage, count) of the middle stages `even_split` gives an extra block: the
+    ``min(extra, stages - 2)`` nearest the centre, the lower index first on a tie (an even count
+    of stages has two central ones). The planner prices pipeline ranks from it without
+    building the split (planner/cost.py `rank_layer_counts`)."""
+    take = min(extra, max(stages - 2, 0))
+    half = (take - 1) // 2 if stages % 2 == 0 else take // 2
+    return (stages - 1) // 2 - half, take
 
 
 def check_layout(layout: LayoutConfig, model: ModelConfig, training: TrainingConfig,

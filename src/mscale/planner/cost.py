@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from mscale.config.cluster import ClusterConfig
-from mscale.config.layout import LayoutConfig, even_split
+from mscale.config.layout import LayoutConfig, centre_window, even_split
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
 from mscale.planner import flops
@@ -229,8 +229,7 @@ def rank_layer_counts(layers: int, pp: int, vpp: int) -> LayerCounts:
         base, extra = divmod(layers, pp)
         if pp <= 2:
             return base + 1, base + 1, base + (extra > 1), 0, 0, 1
-        take = min(extra, pp - 2)
-        lo = (pp - 1) // 2 - ((take - 1) // 2 if pp % 2 == 0 else take // 2)
+        lo, take = centre_window(extra, pp)
         return (base + 1, base + (extra > pp - 2), base, base + (lo <= 1 < lo + take),
                 base + 1, lo)
     split = even_split(layers, stages)
