@@ -36,6 +36,7 @@ from mscale.ckpt.limits import MAX_MANIFEST_BYTES
 from mscale.ckpt.manifest import (COMMITTED, MANIFEST, MANIFEST_SCHEMA_VERSION, MODEL_ALIAS,
                                   CommitMarker, Manifest, ShardInfo, TensorInfo, TrainState,
                                   manifest_bytes, sha256)
+from mscale.ckpt.slices import contains, span
 from mscale.errors import MscaleError
 from mscale.runs.atomic import write_bytes_atomic
 
@@ -125,12 +126,8 @@ def _holds(it, index: tuple[int, ...]) -> bool:
     for an empty tensor, whether it is the slice at the origin."""
     if math.prod(it.shape) == 0:
         return it.flat[0] == 0 and all(a == 0 for a, _ in it.box)
-    flat = 0
-    for i, (a, b) in zip(index, it.box):
-        if not a <= i < b:
-            return False
-        flat = flat * (b - a) + (i - a)
-    return it.flat[0] <= flat < it.flat[1]
+    point = tuple((i, i + 1) for i in index)
+    return contains(it.box, point) and it.flat[0] <= span(it.box, point)[0] < it.flat[1]
 
 
 def build_manifest(step: int, reports: list[dict], *, codec: str, level: int, chunk_bytes: int,

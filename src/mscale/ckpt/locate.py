@@ -24,7 +24,7 @@ import itertools
 from dataclasses import dataclass
 
 from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, optim_key, tensor_key
-from mscale.ckpt.ownership import (Item, RankLayout, model_needs, optim_needs,
+from mscale.ckpt.ownership import (Item, RankLayout, layout_record, model_needs, optim_needs,
                                    replica_layouts, write_items)
 from mscale.ckpt.slices import intersect, region_boxes
 from mscale.parallel.buckets import BufferLayout
@@ -38,8 +38,8 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
     old, new = saved_plan.layout, plan.layout
     if optimizer and new.zero_stage == 0 and rl.dp_rank != 0:
         # DP rank 0 reads the replicas' optimizer state and broadcasts it (load.py); at the same
-        # layout the RNG states are read from the rank's own shard
-        return {rl.rank} if layout_of(old) == layout_of(new) else set()
+        # layout (as the checkpointer compares it) the RNG states come from the rank's own shard
+        return {rl.rank} if layout_record(saved_plan) == layout_record(plan) else set()
     if (old.tp, old.pp, old.vpp) != (new.tp, new.pp, new.vpp) or (
             optimizer and (old.zero_stage == 0) != (new.zero_stage == 0)):  # other writers
         return _resplit_writers(saved_plan, optim_needs(rl) if optimizer else model_needs(rl),
@@ -58,12 +58,6 @@ def likely_writers(saved_plan, plan, rl: RankLayout, optimizer: bool) -> set[int
             if shards is None or shard_index(placement, r, hierarchical) in shards:
                 out.add(r)
     return out
-
-
-def layout_of(layout) -> tuple:
-    """What must be equal for a rank to read its own RNG states back (`ownership.layout_record`,
-    which the checkpointer compares, less the world they imply)."""
-    return (layout.tp, layout.pp, layout.vpp, layout.dp, layout.zero_stage)
 
 
 def _resplit_writers(saved_plan, needs: list[Item], optimizer: bool) -> set[int]:
