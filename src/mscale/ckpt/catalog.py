@@ -169,16 +169,21 @@ def resolve(path: str) -> str:
 
 
 def _pointed(latest: str) -> str:
-    """The checkpoint a ``latest`` file names, which must exist: a pointer to a step that is
-    not there is the pointer's fault, not a checkpoint "never completed"."""
-    name = read_pointer(latest)
+    """The checkpoint a ``latest`` file names, which must exist (`pointed_target`)."""
+    return pointed_target(latest, read_pointer(latest), EXIT_CRITICAL,
+                          "pass one that exists (mscale ckpt ls lists them), or rewrite latest "
+                          "to name it")
+
+
+def pointed_target(latest: str, name: str, code: int, fix: str) -> str:
+    """The checkpoint ``name`` that the pointer file ``latest`` holds, checked to exist: a
+    pointer to a step that is not there is the pointer's fault (``latest`` named, exit ``code``),
+    not a checkpoint "never completed" or a missing manifest."""
     target = join(parent(latest), name)
     fs, p = fs_and_path(target)
     if not fs.isdir(p):
-        raise MscaleError(f"names {name}, which does not exist", file=latest,
-                          code=EXIT_CRITICAL,
-                          fix="pass one that exists (mscale ckpt ls lists them), or rewrite "
-                              "latest to name it")
+        raise MscaleError(f"names {name}, which does not exist", file=latest, code=code,
+                          fix=fix)
     return target
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from mscale.ckpt import catalog
 from mscale.ckpt.manifest import Manifest
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.runs.atomic import fs_and_path
 
 
@@ -122,14 +122,10 @@ def _latest_target(root: str) -> str | None:
     name = catalog.read_latest(root)  # an MscaleError naming latest when it is not a step name
     if name is None:
         return None
-    target = catalog.join(root, name)
-    fs, path = fs_and_path(target)
-    if not fs.isdir(path):
-        raise MscaleError(f"names {name}, which does not exist",
-                          file=catalog.join(root, catalog.LATEST),
-                          fix="rewrite it with the newest committed checkpoint (mscale ckpt ls "
-                              "lists them), or pass --resume RUN_DIR/ckpt/step-NNNNNN")
-    return target
+    return catalog.pointed_target(
+        catalog.join(root, catalog.LATEST), name, EXIT_BAD_INPUT,
+        "rewrite it with the newest committed checkpoint (mscale ckpt ls lists them), or pass "
+        "--resume RUN_DIR/ckpt/step-NNNNNN")
 
 
 def tidy(root: str, found: list[catalog.Entry], step: int, keep: str | None) -> list[str]:
