@@ -217,19 +217,9 @@ def for_plan(plan, rank: int, meta: dict | None = None) -> RankLayout:
     ``meta``: `meta_params` by (pp, tp) rank, shared by the calls for one plan's ranks (an offline
     convert plans them all before writing): building the meta modules is most of the cost, and
     every DP replica holds the same (read only here)."""
-    layout = plan.layout
-    placement = placement_for(plan)
-    coord = placement.coord(rank)
-    key = (coord.pp, coord.tp)
-    params, table = (meta or {}).get(key) or meta_params(plan, *key)
-    if meta is not None:
-        meta[key] = (params, table)
-    buffer = BufferLayout(params, table, layout.dp, bucket_numel(bucket_bytes(plan.training)))
-    shard = owned_shard(placement, rank, layout.zero_stage, layout.dp_reduce == "hierarchical")
-    return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,
-                      dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
-                      zero_stage=layout.zero_stage, params=_slots(params, table),
-                      pieces=_pieces(buffer.pieces(shard)))
+    coord = placement_for(plan).coord(rank)
+    params, table, buffer = _coordinate(plan, coord.pp, coord.tp, meta)
+    return _rank_layout(plan, rank, _slots(params, table), buffer)
 
 
 def replica_layouts(plan, pp_rank: int, tp_rank: int,
@@ -238,22 +228,34 @@ def replica_layouts(plan, pp_rank: int, tp_rank: int,
     rank 0 first, each as `for_plan` builds it. The replicas differ only in their ZeRO shard, so
     the buffer layout, the parameter slots and the model split are built once: a resume at a new
     TP/PP split looks at every replica of a few coordinates (locate.py)."""
-    layout = plan.layout
-    placement = placement_for(plan)
+    params, table, buffer = _coordinate(plan, pp_rank, tp_rank, meta)
+    slots, owner, placement = _slots(params, table), [], placement_for(plan)
+    for d in range(plan.layout.dp):
+        rl = _rank_layout(plan, placement.rank(d, pp_rank, tp_rank), slots, buffer, owner)
+        owner = rl.model_owner()
+        yield rl
+
+
+def _coordinate(plan, pp_rank: int, tp_rank: int, meta: dict | None):
+    """The meta parameters of coordinate (pp, tp), their table (cached in ``meta``) and the
+    gradient buffer's layout over them."""
     key = (pp_rank, tp_rank)
     params, table = (meta or {}).get(key) or meta_params(plan, *key)
     if meta is not None:
         meta[key] = (params, table)
-    buffer = BufferLayout(params, table, layout.dp, bucket_numel(bucket_bytes(plan.training)))
-    slots, owner = _slots(params, table), []
-    for d in range(layout.dp):
-        rank = placement.rank(d, pp_rank, tp_rank)
-        shard = owned_shard(placement, rank, layout.zero_stage,
-                            layout.dp_reduce == "hierarchical")
-        rl = RankLayout(rank=rank, dp_rank=d, pp_rank=pp_rank, tp_rank=tp_rank,
-                        dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
-                        zero_stage=layout.zero_stage, params=slots,
-                        pieces=_pieces(buffer.pieces(shard)), _model_owner=owner)
-        owner = rl.model_owner()
-        yield rl
+    buffer = BufferLayout(params, table, plan.layout.dp,
+                          bucket_numel(bucket_bytes(plan.training)))
+    return params, table, buffer
 
+
+def _rank_layout(plan, rank: int, slots: list[ParamSlot], buffer: BufferLayout,
+                 owner: list[int] | None = None) -> RankLayout:
+    """``rank``'s layout over its coordinate's ``slots`` and ``buffer``; ``owner``: the model
+    split when another replica computed it already."""
+    layout, placement = plan.layout, placement_for(plan)
+    coord = placement.coord(rank)
+    shard = owned_shard(placement, rank, layout.zero_stage, layout.dp_reduce == "hierarchical")
+    return RankLayout(rank=rank, dp_rank=coord.dp, pp_rank=coord.pp, tp_rank=coord.tp,
+                      dp_size=layout.dp, pp_size=layout.pp, tp_size=layout.tp,
+                      zero_stage=layout.zero_stage, params=slots,
+                      pieces=_pieces(buffer.pieces(shard)), _model_owner=owner or [])
