@@ -140,9 +140,9 @@ def _pointer_name(data: bytes, url: str) -> str:
 
 def resolve(path: str) -> str:
     """A checkpoint directory from what a user may pass: the directory itself (or its
-    manifest.json), a ``latest`` pointer file, a run's ``ckpt`` directory, or a run directory
-    (its latest checkpoint). Any other file is bad input, not a damaged pointer: only a file
-    called ``latest`` is read as one."""
+    manifest.json), a ``latest`` pointer file (what it names), a run's ``ckpt`` directory, or a
+    run directory (for these two, what ``--resume auto`` would load: `auto_choice`). Any other
+    file is bad input, not a damaged pointer: only a file called ``latest`` is read as one."""
     fs, p = fs_and_path(path)
     if fs.exists(p) and not fs.isdir(p):
         if basename(p) == MANIFEST:
@@ -158,14 +158,26 @@ def resolve(path: str) -> str:
             or STEP_DIR.match(basename(p)):  # a commit marker alone: a damaged checkpoint
         return path
     for root in (join(path, "ckpt"), path):
-        if fs.exists(fs_and_path(join(root, LATEST))[1]):
-            return _pointed(join(root, LATEST))
+        chosen = _auto_target(root)
+        if chosen:
+            return chosen
     if fs.exists(join(p, "config.json")):  # a HuggingFace model folder
         raise MscaleError("a HuggingFace model folder, not an mscale checkpoint", file=path,
                           fix=f"convert it first: mscale ckpt convert {path} DST --plan PLAN, "
                               "then resume from DST (docs/ckpt.md)")
-    raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest)", file=path,
-                      fix="pass a step-NNNNNN checkpoint directory or a run directory that has one")
+    raise MscaleError("no checkpoint here (no manifest.json, no ckpt/latest, no committed "
+                      "ckpt/step-NNNNNN)", file=path,
+                      fix="pass a step-NNNNNN checkpoint directory or a run directory with one")
+
+
+def _auto_target(root: str) -> str | None:
+    """What ``--resume auto`` would load from the checkpoints under ``root`` (`auto_choice`), or
+    None when ``root`` holds neither a ``latest`` nor a committed checkpoint. A ``latest`` that
+    names nothing is an error, as it is for train."""
+    fs, p = fs_and_path(join(root, LATEST))
+    latest = _pointed(join(root, LATEST)) if fs.exists(p) else None
+    name = auto_choice(entries(root, sizes=False), basename(latest) if latest else None)
+    return join(root, name) if name else None
 
 
 def _pointed(latest: str) -> str:
@@ -357,6 +369,22 @@ def read_latest(ckpt_root: str) -> str | None:
     _not_a_link(url)
     data = read_bytes(url)
     return None if data is None else _pointer_name(data, url)
+
+
+def auto_choice(found: list[Entry], latest: str | None) -> str | None:
+    """The checkpoint ``--resume auto`` continues from (its name), given the run's `entries` and
+    the name its ``latest`` holds: the pointer's, unless a committed checkpoint is newer than
+    it, or there is no pointer (a crash between a commit and its pointer, a pointer deleted by
+    hand): then the newest committed one. None: no pointer and nothing committed. The one rule
+    for train's resume, `resolve` (ls, verify, convert of a run) and recover's choice, so that
+    the checkpoint an operator verifies or exports is the one a relaunch loads."""
+    committed = [e for e in found if e.committed]
+    if not committed:
+        return latest
+    named = next((e for e in committed if e.name == latest), None) if latest else None
+    if latest is None or (named is not None and committed[-1].step > named.step):
+        return committed[-1].name
+    return latest
 
 
 def advance_latest(ckpt_root: str, name: str) -> str | None:

@@ -70,15 +70,27 @@ def ckpt_root(run_dir: str) -> str:
 
 def list_checkpoints(run_dir: str) -> Listing:
     """Every checkpoint of a run with its status and pin, and the warnings: a ``latest`` that
-    cannot be read or names no committed checkpoint here, a manifest that cannot be read, a
-    directory whose name and manifest disagree on the step, a ``KEEP`` that cannot be read."""
+    cannot be read or names no committed checkpoint here, a committed checkpoint newer than
+    ``latest`` or no ``latest`` at all (a resume then loads another: `catalog.auto_choice`), a
+    manifest that cannot be read, a directory whose name and manifest disagree on the step, a
+    ``KEEP`` that cannot be read."""
     root = ckpt_root(run_dir)
     listing = Listing(run=run_dir, latest=None)
+    readable = True
     try:
         listing.latest = catalog.read_latest(root)
     except MscaleError as e:
         listing.warnings.append(str(e))
-    listing.checkpoints = [row(e, listing.latest, root) for e in catalog.entries(root)]
+        readable = False
+    found = catalog.entries(root)
+    listing.checkpoints = [row(e, listing.latest, root) for e in found]
+    auto = catalog.auto_choice(found, listing.latest)
+    if readable and auto != listing.latest:  # a newer committed one, or none: a resume loads it
+        said = (f"names {listing.latest}, but {auto} is committed and newer" if listing.latest
+                else f"is missing; {auto} is the newest committed checkpoint")
+        listing.warnings.append(f"{catalog.join(root, catalog.LATEST)} {said} (a crash between "
+                                "a commit and its pointer?): `mscale train --resume auto`, and "
+                                f"ckpt verify and convert of the run, use {auto}")
     if listing.latest and not any(r["latest"] and r["status"] == "committed"
                                   for r in listing.checkpoints):
         listing.warnings.append(f"{catalog.join(root, catalog.LATEST)} names {listing.latest}, "

@@ -103,17 +103,10 @@ def _newest(root: str, found: list[catalog.Entry]) -> str | None:
     """``auto``: what ``latest`` names, unless a committed checkpoint is newer (a crash between
     its ``COMMITTED`` and the pointer, or no pointer at all): that one, complete and checked by
     its marker, rather than resuming an interval back and moving it aside, or a fresh run that
-    would move them all aside and train from step 0 again."""
-    committed = [e for e in found if e.committed]
+    would move them all aside and train from step 0 again (`catalog.auto_choice`)."""
     latest = _latest_target(root)
-    if not committed:
-        return latest
-    newest = committed[-1]
-    named = next((e for e in committed if e.name == catalog.basename(latest)), None) \
-        if latest else None
-    if latest is None or (named is not None and newest.step > named.step):
-        return catalog.join(root, newest.name)
-    return latest
+    name = catalog.auto_choice(found, catalog.basename(latest) if latest else None)
+    return None if name is None else catalog.join(root, name)
 
 
 def _latest_target(root: str) -> str | None:

@@ -49,6 +49,21 @@ def test_resolve_accepts_run_ckpt_latest_and_dir(tmp_path, tensors):
         catalog.resolve(str(tmp_path / "none"))
 
 
+def test_resolve_of_a_run_takes_what_resume_auto_loads(tmp_path, tensors):
+    """``ckpt verify RUN`` and ``ckpt convert RUN`` followed ``latest`` as written: after a
+    crash between a commit and its pointer they checked and exported an older checkpoint than
+    the relaunch loads, and without a ``latest`` they said "no checkpoint here"."""
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [3, 5], tensors)
+    catalog.write_latest(str(root), "step-000003")
+    for given in (tmp_path / "run", root):
+        assert catalog.resolve(str(given)) == catalog.join(str(root), "step-000005")
+    assert catalog.resolve(str(root / "latest")).endswith("step-000003")  # the pointer, as told
+    (root / "latest").unlink()
+    assert catalog.resolve(str(tmp_path / "run")).endswith("step-000005")
+    assert choose_resume(str(root), "auto").path.endswith("step-000005")
+
+
 def test_resolve_refuses_a_file_that_is_not_a_pointer_as_bad_input(tmp_path):
     """`mscale ckpt verify RUN/plan.yaml` is a wrong argument (exit 3), not a damaged `latest`
     pointer (exit 2) whose fix would be to rewrite the user's plan file."""

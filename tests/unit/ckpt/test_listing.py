@@ -83,6 +83,22 @@ def test_latest_naming_no_committed_checkpoint_and_a_bad_latest_are_warnings(run
     assert listing.latest is None and "NUL byte" in listing.warnings[0]
 
 
+def test_a_committed_checkpoint_newer_than_latest_or_no_latest_is_a_warning(run):
+    """A crash between a commit and its pointer: ls marked the pointer's older checkpoint latest
+    with exit 0, while a resume (and now verify and convert of the run) load the newer one."""
+    p = plan(tp=2, dp=2, zero=1)
+    write_synthetic(str(run / "ckpt" / "step-000007"), p, global_state(p), step=7)
+    (run / "ckpt" / "latest").write_text("step-000005")
+    listing = list_checkpoints(str(run))
+    assert [r["latest"] for r in listing.checkpoints] == [True, False]
+    [w] = listing.warnings
+    assert "names step-000005, but step-000007 is committed and newer" in w
+    assert "--resume auto" in w and w.endswith("use step-000007")
+    (run / "ckpt" / "latest").unlink()
+    [w] = list_checkpoints(str(run)).warnings
+    assert "latest is missing; step-000007 is the newest committed checkpoint" in w
+
+
 def test_a_manifest_edited_after_its_commit_is_a_warning_not_committed(run):
     """ls trusted the marker's presence: an altered manifest, which verify and a resume refuse,
     was listed as committed and latest, exit 0."""
