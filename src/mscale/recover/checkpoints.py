@@ -7,8 +7,11 @@ checkpoint needs ``s < b`` (the state before the bad step, from which step ``b``
 retried). Newer checkpoints are walked newest first, and every one passed over is listed with
 why: uncommitted (its write never finished), at or after the bad step, or failed verification
 (a corrupted ``latest`` target is passed over with the problem verify found). ``is_latest`` is
-True only when ``latest`` names the choice, i.e. when ``--resume auto`` would load it; a missing
-or broken pointer is listed as ``latest`` in ``rejected`` and the relaunch must name the path.
+True only when ``--resume auto`` would load the choice (`catalog.auto_choice`: what ``latest``
+names, or a committed checkpoint newer than it); a broken pointer is listed as ``latest`` in
+``rejected`` and the relaunch must name the path. ``rollback`` is True when a committed
+checkpoint newer than the choice is passed over: trained steps are lost (the verdict is
+degraded, and recover pins the choice). A crash between a commit and its pointer loses nothing.
 ``abandoned-…`` directories (moved aside by an earlier rollback) are out of the run's timeline
 and never chosen.
 
@@ -61,17 +64,19 @@ def choose_checkpoint(run: RunDir, diagnosis: Diagnosis,
         if why is not None:
             rejected.append({"name": e.name, "why": why})
             continue
-        # True only when `--resume auto` would load this very checkpoint: a missing or broken
-        # pointer means the relaunch must name the path (auto would start fresh, or fail)
-        is_latest = latest_problem is None and e.name == latest
+        # True only when `--resume auto` would load this very checkpoint (catalog.auto_choice:
+        # the pointer's, or a committed one newer than it); a broken pointer means the relaunch
+        # must name the path (auto would fail)
+        is_latest = latest_problem is None and e.name == catalog.auto_choice(found, latest)
+        rollback = any(f.committed and f.step > e.step for f in found)
         return CheckpointChoice(path=catalog.join(run.ckpt, e.name), step=e.step,
-                                reason=_reason(e.step, bad, verify, rejected, is_latest),
-                                rejected=rejected, is_latest=is_latest)
+                                reason=_reason(e.step, bad, verify, rejected, rollback),
+                                rejected=rejected, is_latest=is_latest, rollback=rollback)
     none = "no checkpoint" if not found else f"none of the {len(found)} checkpoint(s)"
     before = f" before step {bad}" if bad is not None else ""
     # whether the run may start over from step 0 is the verdict's call (decide.py), not said here
     return CheckpointChoice(path=None, step=None, reason=f"{none} is usable{before}",
-                            rejected=rejected, is_latest=False)
+                            rejected=rejected, is_latest=False, rollback=False)
 
 
 def names_damaged(run: RunDir, diagnosis: Diagnosis) -> str | None:
@@ -134,9 +139,9 @@ def _why_not(run: RunDir, e: catalog.Entry, bad: int | None, verify: str) -> str
 
 
 def _reason(step: int, bad: int | None, verify: str, rejected: list[dict],
-            is_latest: bool) -> str:
+            rollback: bool) -> str:
     """One sentence: why this checkpoint."""
-    what = "the latest checkpoint" if is_latest else "the newest usable checkpoint"
+    what = "the newest usable checkpoint" if rollback else "the latest checkpoint"
     head = f"step {step}: {what}, committed and passing {verify} verify"
     if bad is not None:
         head += f", before the first bad step {bad}"

@@ -16,6 +16,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from mscale.ckpt.options import CkptOptions
 from mscale.config.plan import Plan
 from mscale.config.records import DataSkip, Event
 from mscale.errors import EXIT_INTERRUPTED, MscaleError
@@ -27,7 +28,8 @@ from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, Re
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
 from mscale.recover.recheck import Rechecker, failure_time
-from mscale.recover.relaunch import Change, Launch, recorded_launch, relaunch
+from mscale.recover.relaunch import (Change, Launch, option_value, recorded_launch,
+                                     relaunch)
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
@@ -145,7 +147,9 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     if how.refusal:
         refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal
-    if diagnosis.symptom == "disk_full" and (full := room.shortfall(run, choice.path)):
+    if diagnosis.symptom == "disk_full" and (full := room.shortfall(
+            run, choice.path, _ckpt_keep(opts.command or (launch.argv if launch else None)),
+            pinned=choice.rollback)):
         refusal = f"{refusal}; {full}" if refusal else full
     if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
         foreign = (f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
@@ -166,6 +170,13 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
         launcher=how.launcher,
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
+
+
+def _ckpt_keep(command: list[str] | None) -> int:
+    """The ``--ckpt-keep`` the relaunch runs with: its command's, else the default."""
+    value = option_value(command or [], "--ckpt-keep")
+    default = CkptOptions.model_fields["keep"].default
+    return int(value) if value and value.isdigit() else default
 
 
 def _recheck_notes(checker: Rechecker | None, diagnosis: Diagnosis,
@@ -246,7 +257,7 @@ def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan |
                        "layout uses them with the same global batch)")
         if rp.batch_changed:
             out.append(f"global batch changed to {rp.global_batch} (--allow-batch-change)")
-    if choice.path is not None and not choice.is_latest:
+    if choice.path is not None and choice.rollback:
         passed = ", ".join(f"{r.get('name')} ({r.get('why')})" for r in choice.rejected)
         out.append(f"rolled back to step {choice.step}" + (f", passing over {passed}"
                                                             if passed else ""))
@@ -273,7 +284,7 @@ def apply_plan(plan: RecoveryPlan) -> str:
         _write_replan(run, plan)
         if plan.data_skip:
             stages.record_data_skip(run, DataSkip.model_validate(plan.data_skip))
-        if plan.checkpoint.path and not plan.checkpoint.is_latest:  # a rollback's target
+        if plan.checkpoint.path and plan.checkpoint.rollback:  # a rollback's target
             stages.pin_checkpoint(run, plan.checkpoint.path,
                                   f"rollback target chosen by recover ({plan.checkpoint.reason})")
     url = _next_decision(run)

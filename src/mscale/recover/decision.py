@@ -105,7 +105,10 @@ class CheckpointChoice:
     """Newer checkpoints not used: ``{"name": ..., "why": ...}`` (failed verify, after the bad
     step, uncommitted)."""
     is_latest: bool = True
-    """False when it is older than what ``latest`` names (a rollback: the verdict is degraded)."""
+    """True when ``--resume auto`` loads it (the relaunch needs no ``--resume``)."""
+    rollback: bool = False
+    """A committed checkpoint newer than it is passed over: trained steps are lost (the verdict
+    is degraded, and recover pins it). Not so after a crash between a commit and ``latest``."""
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -103,8 +103,27 @@ def test_a_broken_latest_pointer_is_reported(run):
     c = choose_checkpoint(run, diag())
     assert c.step == 6 and not c.is_latest
     assert c.rejected[0]["why"].startswith("unreadable pointer")
-    os.remove(f"{run.ckpt}/latest")
-    assert not choose_checkpoint(run, diag()).is_latest
+    os.remove(f"{run.ckpt}/latest")  # no pointer: --resume auto loads the newest committed
+    c = choose_checkpoint(run, diag())
+    assert c.step == 6 and c.is_latest and not c.rollback
+
+
+def test_a_crash_between_a_commit_and_its_pointer_loses_nothing(run):
+    """``latest`` still names step 4 while step 6 is committed: --resume auto loads step 6
+    (ckpt/resume.py), so the relaunch needs no --resume, and nothing is rolled back or pinned.
+    A user trial's SIGKILL in that window had recover say "rolled back to step 6" and pin it."""
+    catalog.write_latest(run.ckpt, "step-000004")
+    c = choose_checkpoint(run, diag())
+    assert c.step == 6 and c.is_latest and not c.rollback and c.rejected == []
+    assert c.reason.startswith("step 6: the latest checkpoint")
+
+
+def test_a_rollback_passes_over_a_newer_committed_checkpoint(run):
+    c = choose_checkpoint(run, diag(bad_step=5, cls="numerics", symptom="divergence"))
+    assert c.step == 4 and c.rollback and not c.is_latest
+    catalog.write_latest(run.ckpt, "step-000099")  # a broken pointer alone: no rollback
+    c = choose_checkpoint(run, diag())
+    assert c.step == 6 and not c.rollback and not c.is_latest
 
 
 def test_unknown_verify_mode(run):

@@ -125,13 +125,22 @@ def test_a_storage_failure_names_the_filesystem_to_check_and_keeps_every_node(ru
     assert any("check the filesystem of the run directory" in r for r in plan.reasons)
 
 
+def committed(run, step: int, size: int = 5000) -> None:
+    """A checkpoint directory of ``size`` bytes with a commit marker (what retention counts)."""
+    ckpt = run / f"ckpt/step-{step:06d}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "rank-00000.bin").write_bytes(b"x" * size)
+    (ckpt / "COMMITTED").write_text("{}")
+
+
 def test_a_full_disk_still_full_is_refused_saying_how_much_to_free(run, fakes, monkeypatch):
     """Relaunched into the same full filesystem, the job would fail at its next save (and a
-    supervisor would relaunch it again): refused until there is room for one checkpoint."""
+    supervisor would relaunch it again): refused until there is room for one checkpoint, when
+    the run holds --ckpt-keep (3) of them already."""
     fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "disk_full"
     fakes.diagnosis.suspect_nodes = []
-    (run / "ckpt/step-000010").mkdir()
-    (run / "ckpt/step-000010/rank-00000.bin").write_bytes(b"x" * 5000)
+    for step in (6, 8, 10):
+        committed(run, step, size=5000 if step == 10 else 10)
     usage = shutil.disk_usage(run)
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
     plan = plan_recovery(str(run))
@@ -140,6 +149,33 @@ def test_a_full_disk_still_full_is_refused_saying_how_much_to_free(run, fakes, m
     assert "1.0 KB free" in why and "free at least 4.0 KB" in why and "run recover again" in why
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=10**9))
     assert plan_recovery(str(run)).verdict == "relaunchable"
+
+
+def test_room_counts_the_saves_before_retention_deletes_one(run, fakes, monkeypatch):
+    """Old checkpoints deleted to make room: with one committed checkpoint left and --ckpt-keep
+    3, the relaunch writes three more before retention deletes any, so room for one is not
+    enough (a user trial's relaunch met the full disk again at its second save). The job's own
+    --ckpt-keep counts, and a checkpoint pinned by hand is never deleted, so it counts not."""
+    fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "disk_full"
+    fakes.diagnosis.suspect_nodes = []
+    committed(run, 10)
+    usage = shutil.disk_usage(run)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=6000))
+    plan = plan_recovery(str(run))
+    [why] = [r for r in plan.reasons if "still full" in r]
+    assert "writes 3 checkpoints of 5.0 KB" in why and "--ckpt-keep 3" in why
+    assert "free at least 9.0 KB" in why and plan.verdict == "unrecoverable"
+    committed(run, 8)
+    committed(run, 6)
+    assert plan_recovery(str(run)).verdict == "relaunchable"  # 3 kept: one save, then a deletion
+    (run / "ckpt/step-000006/KEEP").write_text('{"reason": "the paper figure", "who": "me"}')
+    [why] = [r for r in plan_recovery(str(run)).reasons if "still full" in r]
+    assert "writes 2 checkpoints" in why
+    own = ["mscale", "train", "plan.yaml", "--run-dir", str(run), "--ckpt-keep", "1"]
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=2000))
+    [why] = [r for r in plan_recovery(str(run), RecoverOptions(command=own)).reasons
+             if "still full" in r]
+    assert "one checkpoint takes 5.0 KB" in why
 
 
 def test_a_moved_run_is_relaunched_into_itself_not_where_it_was_started(run, fakes, tmp_path):
@@ -206,7 +242,7 @@ def test_rollback_with_data_skip_resumes_from_the_older_checkpoint(run, fakes):
     fakes.diagnosis = Diagnosis(cls="numerics", symptom="divergence", summary="loss diverged",
                                 failed_step=14, bad_step=12)
     fakes.choice = CheckpointChoice(path=str(run / "ckpt/step-000010"), step=10, reason="before",
-                                    is_latest=False,
+                                    is_latest=False, rollback=True,
                                     rejected=[{"name": "step-000012", "why": "at the bad step"}])
     fakes.skip = DataSkip(after_step=10, skip_steps=2, reason="divergence at 12")
     plan = plan_recovery(str(run))
@@ -272,7 +308,7 @@ def tree(root) -> dict:
 def test_dry_run_writes_nothing_apply_writes_decision_event_skip_and_pin(run, fakes):
     fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "dead"})
     fakes.replan = shrunk(run)
-    fakes.choice.is_latest = False
+    fakes.choice.is_latest, fakes.choice.rollback = False, True
     fakes.skip = DataSkip(after_step=10, skip_steps=1)
     before = tree(run)
     plan = plan_recovery(str(run))
