@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from mscale.config.plan import Plan
 from mscale.config.preflight import PreflightReport
 from mscale.hostlist import collect_hostlist
+from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, METRICS_TAIL_BYTES, read_jsonl_tail
 from mscale.recover.exclude import report_time
 from mscale.recover.relaunch import Launch
-from mscale.runs.atomic import fs_and_path, read_jsonl
+from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
 
 Srun = Callable[[list[str], float], tuple[int, str, str]]
@@ -57,18 +58,27 @@ seconds at world 8 on CPUs, docs/preflight.md) with room for a busy queue."""
 
 def failure_time(run: RunDir) -> float:
     """When the last attempt stopped: its stop/hang/nan event, else its last metrics record,
-    else its start; 0 when the run recorded nothing."""
-    events = read_jsonl(run.events)
+    else its start; 0 when the run recorded nothing. Read from the files' tails, as the
+    diagnosis reads them (a bad line skipped): a 12,288-rank run's metrics.jsonl holds ~1.9 MB
+    a step, and reading it whole took minutes and as many GB for one timestamp."""
+    events, _ = read_jsonl_tail(run.events, JSONL_TAIL_BYTES)
+    events = [e for e in events if isinstance(e, dict)]
     starts = [i for i, e in enumerate(events) if e.get("kind") == "start"
               and e.get("source", "train") == "train"]
     after = events[starts[-1]:] if starts else events
-    ends = [e.get("time", 0.0) for e in after if e.get("kind") in ("stop", "hang", "nan")]
+    ends = [_time(e) for e in after if e.get("kind") in ("stop", "hang", "nan")]
     if ends:
-        return float(ends[-1])
-    metrics = read_jsonl(run.metrics)
+        return ends[-1]
+    metrics = [m for m in read_jsonl_tail(run.metrics, METRICS_TAIL_BYTES)[0]
+               if isinstance(m, dict)]
     if metrics:
-        return float(metrics[-1].get("time", 0.0))
-    return float(after[0].get("time", 0.0)) if after else 0.0
+        return _time(metrics[-1])
+    return _time(after[0]) if after else 0.0
+
+
+def _time(record: dict) -> float:
+    t = record.get("time", 0.0)
+    return float(t) if isinstance(t, (int, float)) else 0.0
 
 
 def read_report(url: str, notes: list[str] | None = None) -> PreflightReport | None:

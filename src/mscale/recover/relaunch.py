@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from mscale.ckpt import catalog
 from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.diagnose.evidence import evidence_of
-from mscale.runs.atomic import read_jsonl
+from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, read_jsonl_tail
 from mscale.runs.rundir import RunDir
 
 Runner = Callable[[list[str]], tuple[int, str]]
@@ -33,6 +33,10 @@ Runner = Callable[[list[str]], tuple[int, str]]
 _FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
                         "--allow-data-change", "--debug", "-h", "--help"}
 """``mscale train`` options that take no value; every other ``--option`` takes one."""
+
+
+MAX_EVENTS_BYTES = 1 << 30
+"""How far back `recorded_launch` reads for a start older than the diagnosis's tail."""
 
 
 @dataclass
@@ -83,9 +87,13 @@ class Change:
 
 def recorded_launch(run: RunDir) -> Launch | None:
     """The launch of the run's last ``train`` start, None when no start event recorded one (or
-    the record is damaged: the events file is evidence, never a reason for recover to crash)."""
-    starts = [e for e in read_jsonl(run.events) if isinstance(e, dict)
-              and e.get("kind") == "start" and e.get("source", "train") == "train"]
+    the record is damaged: the events file is evidence, never a reason for recover to crash).
+    Read as the diagnosis reads it: the file's tail, a bad line skipped (it stopped recover
+    with exit 3); the whole file only when a start is older than the tail."""
+    events, problems = read_jsonl_tail(run.events, JSONL_TAIL_BYTES)
+    starts = _train_starts(events)
+    if not starts and problems:  # cut short (or a segment unreadable): look further back
+        starts = _train_starts(read_jsonl_tail(run.events, MAX_EVENTS_BYTES)[0])
     if not starts:
         return None
     ev = evidence_of(starts[-1])
@@ -99,6 +107,11 @@ def recorded_launch(run: RunDir) -> Launch | None:
                   nodes=[str(n) for n in nodes] if isinstance(nodes, list) else [],
                   slurm=slurm if isinstance(slurm, dict) and slurm else None,
                   launcher=str(ev.get("launcher") or ("local" if local else "unknown")))
+
+
+def _train_starts(events: list) -> list[dict]:
+    return [e for e in events if isinstance(e, dict)
+            and e.get("kind") == "start" and e.get("source", "train") == "train"]
 
 
 def _text(value) -> str | None:

@@ -371,6 +371,14 @@ def checker(run, launch, srun=None) -> Rechecker:
                      since=failure_time(RunDir(str(run))), **kw)
 
 
+def test_the_failure_time_skips_a_bad_events_line(run):
+    """Read as the diagnosis reads the files (their tails, a bad line skipped): a line that is
+    not JSON stopped recover's re-check with exit 3."""
+    with open(run / "events.jsonl", "a") as f:
+        f.write("NOT JSON\n")
+    assert failure_time(RunDir(str(run))) == T_FAIL
+
+
 def test_a_preflight_report_newer_than_the_failure_answers(run):
     assert failure_time(RunDir(str(run))) == T_FAIL
     (run / "preflight.json").write_text(report(T_FAIL + 5).model_dump_json())

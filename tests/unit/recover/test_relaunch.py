@@ -217,6 +217,21 @@ def test_recorded_launch_is_the_last_train_start(tmp_path):
     assert recorded_launch(run) is None
 
 
+def test_a_bad_events_line_does_not_stop_the_recorded_launch(tmp_path, monkeypatch):
+    """A line that is not JSON (a hand edit, a damaged disk) is skipped, as the diagnosis skips
+    it: the whole-file reader stopped recover with exit 3. A start older than the tail the
+    diagnosis reads is still found, further back."""
+    from mscale.recover import relaunch as rl
+
+    start = {"kind": "start", "source": "train", "evidence": {"launch": {
+        "argv": ["mscale", "train", "p.yaml"], "local": 2}}}
+    filler = json.dumps({"kind": "info", "source": "train", "message": "x" * 200}) + "\n"
+    (tmp_path / "events.jsonl").write_text(json.dumps(start) + "\nNOT JSON\n" + filler * 50)
+    assert recorded_launch(RunDir(str(tmp_path))).local == 2
+    monkeypatch.setattr(rl, "JSONL_TAIL_BYTES", 1000)  # the start lies before the tail
+    assert recorded_launch(RunDir(str(tmp_path))).argv == ["mscale", "train", "p.yaml"]
+
+
 def test_a_given_sbatch_command_gets_node_flags_before_its_script(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n")
