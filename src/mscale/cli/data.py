@@ -50,7 +50,7 @@ class ProgressLine(ThrottledLine):
         super().__init__(label, stream, tick_s, plain_every_s, clock)
         self.total_bytes: int | None = None
 
-    def text(self, documents: int, tokens: int | None, nbytes: int) -> str:
+    def text(self, documents: int, tokens: int | None, nbytes: int, pending: int = 0) -> str:
         elapsed = self.elapsed()
         parts = [f"{documents:,} documents"]
         if tokens is not None:
@@ -62,11 +62,15 @@ class ProgressLine(ThrottledLine):
         parts.append(read)
         if tokens is not None:
             parts.append(f"{_n(tokens / elapsed)} tokens/s")
-        return f"{self.label}: " + ", ".join(parts) + f", {elapsed:.0f} s"
+        text = f"{self.label}: " + ", ".join(parts) + f", {elapsed:.0f} s"
+        if pending:  # one large document is one batch: minutes without another figure moving
+            text += f"; {_mb(pending)} being tokenized"
+        return text
 
-    def __call__(self, documents: int, tokens: int | None, nbytes: int = 0) -> None:
+    def __call__(self, documents: int, tokens: int | None, nbytes: int = 0,
+                 pending: int = 0) -> None:
         if self.due():
-            self.show(self.text(documents, tokens, nbytes))
+            self.show(self.text(documents, tokens, nbytes, pending))
 
 
 @data_app.command("prepare")

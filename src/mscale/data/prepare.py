@@ -3,13 +3,12 @@
 What it reads (.txt, .jsonl, .parquet, compressed or not; files, folders, globs, URLs) and in
 which order is `mscale.data.corpus` (docs/data.md).
 
-How: the main process reads documents in input order and sends batches of them to ``workers``
-processes (forkserver or spawn: never a fork of a process whose tokenizer threads may run; a
-worker exits if the main process dies; Ctrl-C is the main process's). Each worker builds the
-tokenizer once from the JSON text the main process hashed, encodes a batch with ``encode_batch``
-and appends the end-of-document id to every document. The results come back in submission order,
-at most ``2 × workers`` batches in flight, and the main process writes the shards with
-`IndexedWriter`. The output is therefore byte-identical whatever the worker count.
+How: the main process reads documents in input order, cuts them into batches and hands them to
+`mscale.data.encode.Encoder` (``workers`` processes, or one daemon thread), which appends the
+end-of-document id to every document and hands the results back in submission order; the main
+process writes the shards with `IndexedWriter`. The output is therefore byte-identical whatever
+the worker count. While it waits for a batch (one .txt file is one document, and one large
+document takes minutes) it keeps reporting what is being tokenized.
 
 Atomic as a whole: everything is written into ``OUT.tmp-<pid>`` beside OUT and renamed to OUT
 at the end; a failure removes the temporary folder. An existing OUT is refused unless ``force``,
@@ -22,12 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import threading
-import time
-from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -35,6 +28,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from mscale.data.corpus import Skipped, expand_inputs, iter_documents
+from mscale.data.encode import Encoder, default_workers
 from mscale.data.indexed import IndexedWriter
 from mscale.data.manifest import FORMAT, MANIFEST, VERSION
 from mscale.data.storage import check_parents, fsync_dir
@@ -51,8 +45,9 @@ BATCH_BYTES = 1 << 20
 """A batch sent to a worker: at most this many documents or bytes of text, ~0.1–1 s of encoding.
 Batches are cut by the input alone, never by the worker count."""
 
-Progress = Callable[[int, int, int], None]
-"""Called after every batch written: (documents, tokens, bytes of text read)."""
+Progress = Callable[[int, int, int, int], None]
+"""Called after every batch written, and every `encode.WAIT_S` while waiting for one: (documents,
+tokens, bytes of input written, bytes of input being tokenized)."""
 
 
 # --- tokenizing -----------------------------------------------------------------------------
@@ -79,106 +74,6 @@ def _batches(docs: Iterator[tuple[str, int]]) -> Iterator[_Batch]:
             texts, nbytes, size, empty = [], 0, 0, 0
     if texts or nbytes or empty:
         yield _Batch(texts, nbytes, empty)
-
-
-_WORKER: dict = {}
-
-
-def _init_worker(tok_json: str, eod: int, dtype: str, main_pid: int | None = None) -> None:
-    """In each worker: one tokenizer, its own thread pool off (the processes are the pool)."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    if main_pid is not None:  # a worker process
-        # Ctrl-C is the main process's: it stops the pool and removes the temporary folder
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        threading.Thread(target=_exit_with, args=(main_pid,), daemon=True).start()
-    from tokenizers import Tokenizer
-
-    _WORKER.update(tok=Tokenizer.from_str(tok_json), eod=eod, dtype=np.dtype(dtype))
-
-
-def _exit_with(pid: int, every_s: float = 1.0) -> None:
-    """A worker whose main process died (kill -9) exits too, rather than wait forever for work."""
-    while True:
-        time.sleep(every_s)
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:  # the pid was reused by another user's process
-            os._exit(1)
-
-
-def _encode(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of every document, end-of-document id appended, back to back; and their lengths.
-    No special tokens besides (no BOS): documents are separated by EOD alone."""
-    tok, eod = _WORKER["tok"], _WORKER["eod"]
-    flat: list[int] = []
-    lengths = np.empty(len(texts), dtype=np.int64)
-    for i, enc in enumerate(tok.encode_batch(texts, add_special_tokens=False)):
-        ids = enc.ids
-        flat += ids
-        flat.append(eod)
-        lengths[i] = len(ids) + 1
-    return np.array(flat, dtype=_WORKER["dtype"]), lengths
-
-
-class _Encoder:
-    """Encodes batches on ``workers`` processes, results in submission order, at most
-    ``2 × workers`` in flight (the reader never runs ahead of the writer by more)."""
-
-    def __init__(self, workers: int, tok_json: str, eod: int, dtype: str) -> None:
-        import multiprocessing as mp
-
-        self.workers = workers
-        self._args = (tok_json, eod, dtype)
-        self._pool = None
-        if workers > 1:
-            methods = mp.get_all_start_methods()
-            ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-            self._pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(*self._args, os.getpid()))
-
-    def map(self, batches: Iterable[_Batch]) -> Iterator[tuple[_Batch, np.ndarray, np.ndarray]]:
-        if self._pool is None:  # one worker: this process, its tokenizer threads off
-            saved = os.environ.get("TOKENIZERS_PARALLELISM")
-            _init_worker(*self._args)
-            try:
-                for b in batches:
-                    yield (b, *_encode(b.texts))
-            finally:
-                _WORKER.clear()
-                if saved is None:
-                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
-                else:
-                    os.environ["TOKENIZERS_PARALLELISM"] = saved
-            return
-        window: deque = deque()
-        try:
-            for b in batches:
-                window.append((b, self._pool.submit(_encode, b.texts)))
-                if len(window) >= 2 * self.workers:
-                    b0, fut = window.popleft()
-                    yield (b0, *fut.result())
-            while window:
-                b0, fut = window.popleft()
-                yield (b0, *fut.result())
-        except BrokenProcessPool:
-            raise MscaleError("a tokenizer worker process died (killed, out of memory, or it "
-                              "could not start)",
-                              field="--workers",
-                              fix="rerun; with less memory per worker, pass fewer --workers"
-                              ) from None
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -258,7 +153,8 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
     """Tokenize ``inputs`` with ``tokenizer`` into shards under ``out``; returns the manifest.
 
     ``on_start`` gets what was resolved before any work (files, bytes, workers, vocabulary, EOD,
-    dtype); ``progress`` is called after every batch written. ``on_skip`` (``--skip-bad``):
+    dtype); ``progress`` (`Progress`) after every batch written and every second or so while one
+    is being tokenized. ``on_skip`` (``--skip-bad``):
     unreadable records and files are skipped, each handed to it and listed in the manifest
     (``skipped``, the first `corpus.SKIPPED_LISTED`; ``skipped_count``), instead of stopping
     the run.
@@ -321,9 +217,14 @@ def _write_shards(docs, tmp: str, workers: int, tok_json: str, eod: int, dtype: 
     documents = tokens = nbytes = empty = 0
     writer: IndexedWriter | None = None
     in_shard = 0
-    encoder = _Encoder(workers, tok_json, eod, dtype)
+    encoder = Encoder(workers, tok_json, eod, dtype)
+
+    def report() -> None:
+        if progress is not None:
+            progress(documents, tokens, nbytes, encoder.pending_bytes)
+
     try:
-        for batch, flat, lengths in encoder.map(_batches(docs)):
+        for batch, flat, lengths in encoder.map(_batches(docs), on_wait=report):
             offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
             for first, stop, roll in _runs(lengths.tolist(), in_shard, shard_tokens):
@@ -340,15 +241,18 @@ def _write_shards(docs, tmp: str, workers: int, tok_json: str, eod: int, dtype: 
             tokens += int(flat.size)
             nbytes += batch.nbytes
             empty += batch.empty
-            if progress is not None:
-                progress(documents, tokens, nbytes)
+            report()
         if writer is not None:
             shards.append(_shard_entry(writer.close()))
             writer = None
+    except BaseException:
+        encoder.abort()  # Ctrl-C, a bad record: the workers stop now, not after their batches
+        raise
+    else:
+        encoder.close()
     finally:
         if writer is not None:
             writer.abort()
-        encoder.close()
     return shards, documents, tokens, empty
 
 

@@ -196,8 +196,8 @@ def test_progress_reports_documents_tokens_and_bytes(tokenizer, tmp_path, monkey
                 progress=lambda *a: seen.append(a), on_start=started.append)
     assert started[0]["files"] == 1 and started[0]["bytes"] == corpus.stat().st_size
     assert started[0]["workers"] == 1 and started[0]["eod_token"] == "<|endoftext|>"
-    assert [d for d, _, _ in seen] == [4, 8, 10]
-    assert seen[-1] == (10, m["tokens"], corpus.stat().st_size)
+    assert [d for d, _, _, _ in seen] == [4, 8, 10]
+    assert seen[-1] == (10, m["tokens"], corpus.stat().st_size, 0)
 
 
 # --- bad input: one MscaleError naming the file (and line, field), nothing left behind ------

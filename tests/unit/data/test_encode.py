@@ -1,0 +1,112 @@
+"""mscale.data.encode: the main thread never encodes, so it reports while a large document is
+being tokenized and an interruption stops the worker processes at once instead of waiting for
+their batches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from mscale.data import encode
+from mscale.data.encode import Encoder, terminate_workers
+from mscale.data.prepare import prepare
+
+from .test_prepare import decoded, text, tokenizer  # noqa: F401 - a fixture
+
+
+@dataclass
+class Batch:
+    texts: list
+    nbytes: int
+
+
+def test_progress_goes_on_while_one_large_document_is_tokenized(tokenizer, tmp_path,  # noqa: F811
+                                                                monkeypatch):
+    """One .txt file is one batch: its encoding is held until the main thread has reported it
+    in flight (it encoded inline with one worker, and reported only per finished batch)."""
+    monkeypatch.setattr(encode, "WAIT_S", 0.01)
+    reported = threading.Event()
+    real = encode._Codec.encode
+
+    def held(self, texts):
+        assert reported.wait(60), "the main thread never reported the batch in flight"
+        return real(self, texts)
+
+    monkeypatch.setattr(encode._Codec, "encode", held)
+    big = tmp_path / "big.txt"
+    big.write_text(text(7, 200))
+    seen = []
+
+    def progress(*a):
+        seen.append(a)
+        if a[3]:
+            reported.set()
+
+    m = prepare([str(big)], tokenizer, str(tmp_path / "out"), workers=1, progress=progress)
+    size = big.stat().st_size
+    assert seen[0] == (0, 0, 0, size)  # nothing written yet, the whole file being tokenized
+    assert seen[-1] == (1, m["tokens"], size, 0)
+    assert decoded(tmp_path / "out", tokenizer) == [text(7, 200)]
+
+
+def test_one_worker_encodes_on_a_daemon_thread(tokenizer, monkeypatch):  # noqa: F811
+    """So that Ctrl-C reaches the main thread at once and the process need not wait for it."""
+    where = []
+    real = encode._Codec.encode
+
+    def spy(self, texts):
+        where.append(threading.current_thread())
+        return real(self, texts)
+
+    monkeypatch.setattr(encode._Codec, "encode", spy)
+    tok_json = open(tokenizer, encoding="utf-8").read()
+    enc = Encoder(1, tok_json, 0, "uint16")
+    got = list(enc.map([Batch(["the model"], 9), Batch(["a rank"], 6)]))
+    enc.close()
+    assert [b.nbytes for b, _, _ in got] == [9, 6] and all(f[-1] == 0 for _, f, _ in got)
+    assert len(where) == 2 and where[0] is not threading.main_thread() and where[0].daemon
+
+
+def test_an_interruption_terminates_busy_worker_processes_at_once(tokenizer):  # noqa: F811
+    """Ctrl-C while the workers encode: they are terminated, not waited for (the pool's
+    shutdown(wait=True) waited for every batch in flight, 29 s for a 28 MB file)."""
+    tok_json = open(tokenizer, encoding="utf-8").read()
+    enc = Encoder(2, tok_json, 0, "uint16", wait_s=0.05)
+    enc._submit = lambda texts: enc._pool.submit(time.sleep, 120)  # a batch that takes minutes
+    waits = []
+
+    def on_wait():
+        waits.append(enc.pending_bytes)
+        if len(waits) == 3:
+            raise KeyboardInterrupt
+
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in enc.map([Batch(["x"], 10), Batch(["y"], 20)], on_wait=on_wait):
+            pass
+    processes = list(enc._pool._processes.values())
+    assert processes
+    enc.abort()
+    assert time.monotonic() - t0 < 60
+    assert waits == [30, 30, 30]  # both batches in flight, reported while waiting
+    assert not any(p.is_alive() for p in processes)
+
+
+def test_terminate_workers_cancels_the_queue_and_stops_the_processes():
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"))
+    running = pool.submit(time.sleep, 120)
+    queued = [pool.submit(time.sleep, 120) for _ in range(3)]
+    while not running.running():
+        time.sleep(0.01)
+    processes = list(pool._processes.values())
+    t0 = time.monotonic()
+    terminate_workers(pool)
+    assert time.monotonic() - t0 < 60
+    assert not any(p.is_alive() for p in processes)
+    assert queued[-1].cancelled()
