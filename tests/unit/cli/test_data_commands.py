@@ -89,3 +89,40 @@ def test_inspect_checks_every_index_of_a_prepared_folder(cli, tmp_path):
     idx.write_bytes(idx.read_bytes()[:34])  # the header alone
     code, stdout, err = cli("data", "inspect", str(tmp_path / "ds"))
     assert code == 3 and str(idx) in err and "idx.sequence_count" in err, stdout + err
+
+
+def test_the_progress_line_names_what_is_being_tokenized():
+    """A large document is one batch: documents and tokens stand still for minutes, so the line
+    says what is in flight."""
+    import io
+
+    from mscale.cli.data import ProgressLine
+
+    now = [0.0]
+    line = ProgressLine("prepare", stream=io.StringIO(), clock=lambda: now[0])
+    line.total_bytes = 28_200_000
+    now[0] = 2.0
+    line(0, 0, 0, 28_200_000)
+    assert line.stream.getvalue() == ("prepare: 0 documents, 0 tokens, 0.0 KB of 28.2 MB (0%), "
+                                      "0 tokens/s, 2 s; 28.2 MB being tokenized\n")
+
+
+def test_an_interrupted_prepare_says_so_leaves_nothing_and_exits_130(cli, tmp_path,
+                                                                     monkeypatch):
+    from mscale.data import encode
+
+    (tmp_path / "a.txt").write_text("the slowest rank waits " * 50)
+    code, _, _ = cli("data", "tokenizer", str(tmp_path / "a.txt"), "--vocab", "280", "-o",
+                     str(tmp_path / "t.json"))
+    assert code == 0
+
+    def interrupted(self, texts):
+        raise KeyboardInterrupt  # Ctrl-C, as the encoding thread hands it to the main thread
+
+    monkeypatch.setattr(encode._Codec, "encode", interrupted)
+    out = tmp_path / "out"
+    code, _, err = cli("data", "prepare", str(tmp_path / "a.txt"), "--tokenizer",
+                       str(tmp_path / "t.json"), "--out", str(out), "--workers", "1")
+    assert code == 130 and err.splitlines()[-1] == f"prepare: interrupted; nothing was " \
+                                                    f"written to {out}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "t.json"]
