@@ -36,7 +36,8 @@ class DataSource(StrictModel):
     path: str = Field(min_length=1, max_length=4096)
     """A folder written by ``mscale data prepare``, a Megatron-LM prefix (``name`` for
     ``name.bin`` + ``name.idx``), a flat token file (nanoGPT's ``.bin``), or a glob of prefixes;
-    a local path or an fsspec URL."""
+    a local path or an fsspec URL. A relative path is taken from the current directory (where
+    ``mscale`` runs), not from the plan file's."""
     weight: float = Field(default=1.0, gt=0, le=1e6)
     """Share of the blend, relative to the other sources' weights (normalised)."""
 
@@ -52,7 +53,8 @@ class DataConfig(StrictModel):
     """``synthetic``: a seeded learnable stream (demos, tests); ``tokens``: real token data from
     ``path`` or ``sources``."""
     path: str | None = Field(default=None, min_length=1, max_length=4096)
-    """One source, the same as ``sources: [{path: ...}]``."""
+    """One source, the same as ``sources: [{path: ...}]`` (relative: from the current
+    directory)."""
     sources: list[DataSource] = Field(default_factory=list, max_length=4096)
     """Several sources blended by weight."""
     dtype: Literal["uint16", "uint32"] = "uint16"

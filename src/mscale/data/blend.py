@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mscale.config.training import DataConfig, DataSource
-from mscale.data.datasets import open_dataset
+from mscale.data.datasets import SourceNotFound, open_dataset
 from mscale.data.indexed import TokenDataset
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
 from mscale.data.storage import Retry, set_default_retry
@@ -103,6 +103,12 @@ def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[Da
         try:
             opened.append((source, open_dataset(source.path, dtype=dtype, flat_only=True),
                            where))
+        except SourceNotFound as e:  # the field's own error: the caller may name the plan file
+            e.message, e.file, e.field = f"{source.path}: {e.message}", None, where
+            if e.relative:
+                e.fix = ("run mscale from the directory the plan's data paths are relative to, "
+                         f"or write an absolute path in {where}")
+            raise
         except MscaleError as e:
             if e.field is None or not e.field.startswith("training."):
                 e.message = f"{e.message} (named by {where})"

@@ -10,6 +10,7 @@ extension, as Megatron's ``--data-path`` does (``data/*/shard-00000``): it then 
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -149,9 +150,29 @@ def open_dataset(spec: str, *, dtype: str | None = None, flat_only: bool = False
     elif kind(spec + ".idx") == "file":
         shards = [open_prefix(spec)]
     else:
-        raise _bad("no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)", spec,
-                   None, "check the path")
+        raise SourceNotFound.of(spec)
     return _checked(spec, shards, None if flat_only else want)
+
+
+class SourceNotFound(MscaleError):
+    """A spec that names nothing. ``relative``: a local relative path, which is taken from the
+    current directory, not from the plan's or the command's: the usual cause when the same
+    command works from another directory, so the message names the directory it was taken
+    from."""
+
+    relative: bool = False
+
+    @classmethod
+    def of(cls, spec: str) -> "SourceNotFound":
+        what = "no such file, folder or Megatron prefix (PREFIX.bin + PREFIX.idx)"
+        local = "://" not in spec and "::" not in spec
+        if not local or os.path.isabs(os.path.expanduser(spec)):
+            return cls(what, file=spec, fix="check the path")
+        e = cls(f"{what}; a relative path is taken from the current directory "
+                f"({os.getcwd()}): {os.path.abspath(spec)}", file=spec,
+                fix="run from the directory the path is relative to, or give an absolute path")
+        e.relative = True
+        return e
 
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".yml", ".txt", ".md", ".py", ".csv", ".parquet",

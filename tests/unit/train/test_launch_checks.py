@@ -35,3 +35,23 @@ def test_a_launched_rank_leaves_the_data_and_run_checks_to_its_worker(tmp_path, 
         monkeypatch.setenv("WORLD_SIZE", "8")
         monkeypatch.setenv("RANK", rank)
         assert check_before_launch(str(path), options, 0).layout.world_size == 8
+
+
+def test_a_missing_relative_data_path_names_the_plan_and_the_current_directory(tmp_path,
+                                                                               monkeypatch):
+    """`cd /tmp && mscale train /path/plans/cpu-text.yaml`: the plan's relative data path is
+    taken from /tmp; the error names the plan, its field and the directory it was taken from."""
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml")).model_dump(mode="json", exclude_none=True)
+    plan["training"]["data"] = {"kind": "tokens", "path": "runs/demo/tokens"}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(MscaleError) as e:
+        check_before_launch(str(path), TrainOptions(run_dir=str(tmp_path / "run")), 8)
+    assert e.value.file == str(path) and e.value.field == "training.data.path"
+    assert f"current directory ({elsewhere})" in e.value.message
+    assert "absolute path" in e.value.fix

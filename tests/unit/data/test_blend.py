@@ -1,0 +1,45 @@
+"""mscale.data.blend: a source that names nothing is the field's error; a relative path says
+it was taken from the current directory, and which one."""
+
+from __future__ import annotations
+
+import pytest
+
+from mscale.config.training import DataConfig
+from mscale.data.blend import open_sources
+from mscale.data.datasets import open_dataset
+from mscale.errors import MscaleError
+
+
+def test_a_missing_relative_source_names_the_current_directory_and_the_fix(tmp_path,
+                                                                           monkeypatch):
+    """From another directory, the plan's `runs/demo-text-data/tokens` said only "check the
+    path": the user could not tell it had been looked for under the current directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MscaleError) as e:
+        open_sources(DataConfig(kind="tokens", path="runs/demo/tokens"))
+    assert e.value.field == "training.data.path" and e.value.file is None  # the plan's, if known
+    assert e.value.message.startswith("runs/demo/tokens: no such file")
+    assert f"current directory ({tmp_path})" in e.value.message
+    assert str(tmp_path / "runs" / "demo" / "tokens") in e.value.message
+    assert "absolute path in training.data.path" in e.value.fix
+    assert "directory the plan's data paths are relative to" in e.value.fix
+
+
+def test_a_missing_blend_source_names_its_own_field(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = DataConfig(kind="tokens", sources=[{"path": str(tmp_path / "gone")},
+                                             {"path": "b/tokens"}])
+    with pytest.raises(MscaleError) as e:
+        open_sources(cfg)
+    assert e.value.field == "training.data.sources[0].path"
+    assert "relative" not in e.value.message and e.value.fix == "check the path"  # absolute
+
+
+def test_open_dataset_says_where_a_relative_spec_was_looked_for(tmp_path, monkeypatch):
+    """`data inspect runs/x` from the wrong directory: the same words, no plan involved."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(MscaleError) as e:
+        open_dataset("runs/x")
+    assert e.value.file == "runs/x" and str(tmp_path / "runs" / "x") in e.value.message
+    assert "absolute path" in e.value.fix
