@@ -94,6 +94,23 @@ def _unknown(url: str, exts: tuple[str, ...]) -> MscaleError:
                            "read this extension as plain text, one document per file")
 
 
+def _nothing_matches(spec: str, files: list[str], exts: tuple[str, ...]) -> MscaleError:
+    """A glob without a readable match: none at all (a typo, a pattern the shell expanded), or
+    files of types not read here, whose extensions are named with the --text-ext that reads
+    them (as for a folder of them)."""
+    if not files:
+        return MscaleError("no file matches this pattern", file=spec, field="INPUT",
+                           fix="check the pattern (quote it so the shell does not expand it)")
+    found = sorted({os.path.splitext(f.rsplit("/", 1)[-1])[1].lower() or "no extension"
+                    for f in files})
+    example = next((e for e in found if e.startswith(".")), ".EXT")
+    return MscaleError(f"{len(files):,} file(s) match, none of a type read here "
+                       f"({', '.join(found)})", file=spec, field="INPUT",
+                       fix=f"pass --text-ext {example} to read them as plain text, one document "
+                           f"per file, or match {', '.join(exts + JSONL_EXTS + PARQUET_EXTS)} "
+                           "files")
+
+
 def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> list[Source]:
     """Every file the inputs name, in order: a file as given, a folder's matching files
     (recursive, sorted, hidden ones skipped), a glob's matches (sorted). Duplicates read once."""
@@ -128,13 +145,12 @@ def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> li
                                       fix=f"put {', '.join(exts + JSONL_EXTS + PARQUET_EXTS)} "
                                           "files in it, or --text-ext EXT for other text files")
             elif _GLOB.search(path):
-                for p in sorted(fs.glob(path)):
-                    if fs.isfile(p) and classify(p, exts) is not None:
+                files = [p for p in sorted(fs.glob(path)) if fs.isfile(p)]
+                for p in files:
+                    if classify(p, exts) is not None:
                         found.append((fs.unstrip_protocol(p), _url(fs, p), fs.size(p)))
                 if not found:
-                    raise MscaleError("no readable file matches this pattern", file=str(spec),
-                                      field="INPUT", fix="check the pattern (quote it so the "
-                                      "shell does not expand it) and the file extensions")
+                    raise _nothing_matches(str(spec), files, exts)
             else:
                 raise MscaleError("input not found", file=str(spec), field="INPUT",
                                   fix="check the path (a file, a folder or a glob)")

@@ -251,7 +251,23 @@ def test_missing_input_and_unknown_extension(tokenizer, tmp_path):
     bad(tokenizer, tmp_path, [str(tmp_path / "d.parquet.gz")], "compressed .parquet")
     (tmp_path / "empty").mkdir()
     bad(tokenizer, tmp_path, [str(tmp_path / "empty")], "holds no file")
-    bad(tokenizer, tmp_path, [str(tmp_path / "*.jsonl")], "no readable file matches")
+    bad(tokenizer, tmp_path, [str(tmp_path / "*.jsonl")], "no file matches")
+
+
+def test_a_glob_of_files_not_read_here_says_how_many_and_names_text_ext(tokenizer, tmp_path):
+    """`corpA/*.py` matching 5 files said "no readable file matches this pattern" and "check
+    the pattern"; the folder and single-file forms named --text-ext."""
+    corpus = tmp_path / "corpA"
+    corpus.mkdir()
+    for i in range(5):
+        (corpus / f"m{i}.py").write_text("print(1)")
+    e = bad(tokenizer, tmp_path, [str(corpus / "*.py")], "5 file")
+    assert e.message == "5 file(s) match, none of a type read here (.py)"
+    assert e.file == str(corpus / "*.py") and e.field == "INPUT"
+    assert "--text-ext .py" in e.fix
+    m = prepare([str(corpus / "*.py")], tokenizer, str(tmp_path / "out"), workers=1,
+                text_exts=[".py"])
+    assert m["documents"] == 5
 
 
 def test_bad_tokenizer_and_eod(tokenizer, tmp_path):
