@@ -9,9 +9,9 @@ import sys
 from typing import TYPE_CHECKING
 
 from mscale.config.records import Event
+from mscale.config.training import DataConfig
 from mscale.train.console import moved_aside_line, resume_text, start_line
-from mscale.train.data import (DataIdentity, describe_data, held_out_repeats,
-                               never_evaluated)
+from mscale.train.data import DataIdentity, held_out_repeats, never_evaluated
 from mscale.train.off_gpu import off_gpu_line
 from mscale.train.resumed import is_own, model_note, resume_notes
 from mscale.train.session import RunSession, Start, launch_record
@@ -107,3 +107,36 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
     for note in notes + ([model] if model else []):
         say(engine, note)
         event(s, kind="info", severity="warning", step=first, message=note)
+
+
+def describe_data(cfg: DataConfig) -> str:
+    """One line for the start of a run: what it trains on, e.g. ``data: blend of 2 sources:
+    src_a 25%, src_b 75%; held-out 5% of each``."""
+    if cfg.kind != "tokens":
+        return "data: synthetic (a seeded stream; held-out: the same chain, other draws)"
+    train = cfg.train_sources
+    total = sum(s.weight for s in train)
+    if len(train) == 1:
+        text = f"data: {train[0].path}"
+    else:
+        text = (f"data: blend of {len(train)} sources: "
+                + ", ".join(f"{s.path} {_percent(s.weight / total)}" for s in train))
+    if cfg.eval_sources:
+        text += "; held-out: " + ", ".join(s.path for s in cfg.eval_sources)
+    elif cfg.eval_fraction:
+        text += f"; held-out {_percent(cfg.eval_fraction)}" + (" of each" if len(train) > 1 else "")
+    else:
+        text += "; no held-out split"
+    return text
+
+
+def _percent(x: float) -> str:
+    """A share, rounded but never to "0%" when above 0 nor to "100%" when below 1: a weight of 1
+    beside 1,000,000 is a real share, which "0%" said was not read at all."""
+    p = 100 * x
+    if 0 < p < 0.05:
+        return "<0.1%"
+    if 99.95 <= p < 100:
+        return ">99.9%"
+    whole = abs(p - round(p)) < 0.05 or (p >= 10 and round(p) < 100)
+    return f"{p:.0f}%" if whole else f"{p:.1f}%"

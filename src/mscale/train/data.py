@@ -372,29 +372,3 @@ def held_out_repeats(source, reads: int) -> str | None:
             f"than their share ({'; '.join(over)}): those are read more than once, and the "
             "held-out loss weighs them more (raise eval_fraction, or lower "
             "training.eval.batches)")
-
-
-def describe_data(cfg: DataConfig) -> str:
-    """One line for the start of a run: what it trains on, e.g. ``data: blend of 2 sources:
-    src_a 25%, src_b 75%; held-out 5% of each``."""
-    if cfg.kind != "tokens":
-        return "data: synthetic (a seeded stream; held-out: the same chain, other draws)"
-    train = cfg.train_sources
-    total = sum(s.weight for s in train)
-    if len(train) == 1:
-        text = f"data: {train[0].path}"
-    else:
-        text = (f"data: blend of {len(train)} sources: "
-                + ", ".join(f"{s.path} {_percent(s.weight / total)}" for s in train))
-    if cfg.eval_sources:
-        text += "; held-out: " + ", ".join(s.path for s in cfg.eval_sources)
-    elif cfg.eval_fraction:
-        text += f"; held-out {_percent(cfg.eval_fraction)}" + (" of each" if len(train) > 1 else "")
-    else:
-        text += "; no held-out split"
-    return text
-
-
-def _percent(x: float) -> str:
-    p = 100 * x
-    return f"{p:.0f}%" if abs(p - round(p)) < 0.05 or p >= 10 else f"{p:.1f}%"

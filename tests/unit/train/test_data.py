@@ -256,18 +256,6 @@ def test_a_held_out_shard_a_training_glob_includes_is_refused(tmp_path):
     assert e.value.field == "training.data.eval_sources[0].path"
 
 
-def test_the_start_line_says_the_sources_their_shares_and_the_held_out_part():
-    from mscale.train.data import describe_data
-
-    blend = DataConfig(sources=[{"path": "src_a"}, {"path": "src_b", "weight": 3}],
-                       eval_fraction=0.05)
-    assert describe_data(blend) == "data: blend of 2 sources: src_a 25%, src_b 75%; held-out 5% of each"
-    assert describe_data(DataConfig(path="t.bin")) == "data: t.bin; no held-out split"
-    assert describe_data(DataConfig(path="a", eval_sources=[{"path": "h"}])) == \
-        "data: a; held-out: h"
-    assert describe_data(DataConfig()).startswith("data: synthetic")
-
-
 def test_a_held_out_split_nobody_evaluates_is_said():
     from mscale.config.training import TrainingConfig
     from mscale.train.data import never_evaluated
