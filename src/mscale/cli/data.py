@@ -50,7 +50,8 @@ class ProgressLine(ThrottledLine):
         super().__init__(label, stream, tick_s, plain_every_s, clock)
         self.total_bytes: int | None = None
 
-    def text(self, documents: int, tokens: int | None, nbytes: int, pending: int = 0) -> str:
+    def text(self, documents: int, tokens: int | None, nbytes: int, pending: int = 0,
+             note: str = "") -> str:
         elapsed = self.elapsed()
         parts = [f"{documents:,} documents"]
         if tokens is not None:
@@ -65,12 +66,16 @@ class ProgressLine(ThrottledLine):
         text = f"{self.label}: " + ", ".join(parts) + f", {elapsed:.0f} s"
         if pending:  # one large document is one batch: minutes without another figure moving
             text += f"; {_mb(pending)} being tokenized"
-        return text
+        return text + (f"; {note}" if note else "")
 
     def __call__(self, documents: int, tokens: int | None, nbytes: int = 0,
-                 pending: int = 0) -> None:
+                 pending: int = 0, note: str = "") -> None:
         if self.due():
-            self.show(self.text(documents, tokens, nbytes, pending))
+            self.show(self.text(documents, tokens, nbytes, pending, note))
+
+
+def _inputs_shown(inputs: list[str]) -> str:
+    return ", ".join(inputs[:3]) + (f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else "")
 
 
 @data_app.command("prepare")
@@ -113,8 +118,8 @@ def prepare_cmd(
     def on_start(info: dict) -> None:
         if info["bytes_known"]:
             line.total_bytes = info["bytes"]
-        shown = ", ".join(inputs[:3]) + (f" (+{len(inputs) - 3} more)" if len(inputs) > 3 else "")
-        line.say(f"prepare: {info['files']:,} file(s), {_mb(info['bytes'])}, from {shown}; "
+        line.say(f"prepare: {info['files']:,} file(s), {_mb(info['bytes'])}, from "
+                 f"{_inputs_shown(inputs)}; "
                  f"tokenizer {info['tokenizer']} (vocab {info['vocab_size']:,}, eod "
                  f"{info['eod_id']} {info['eod_token']!r}, {info['dtype']}); "
                  f"{info['workers']} worker(s) → {out}")
@@ -207,13 +212,33 @@ def tokenizer_cmd(
     from mscale.data.tokenizer import train_tokenizer
 
     line = ProgressLine("tokenizer")
+
+    def on_start(info: dict) -> None:
+        if info["bytes_known"]:
+            line.total_bytes = info["bytes"]
+        line.say(f"tokenizer: {info['files']:,} file(s), {_mb(info['bytes'])}, from "
+                 f"{_inputs_shown(inputs)}; byte-level BPE, vocab {info['vocab_size']:,} → "
+                 f"{info['out']}")
+        line.restart()
+
+    def progress(documents: int, nbytes: int, merging_s: float | None) -> None:
+        line(documents, None, nbytes,
+             note="" if merging_s is None else f"computing merges, {merging_s:.0f} s")
+
     t0 = time.monotonic()
     try:
-        r = train_tokenizer(inputs, vocab, out, text_field=text_field, column=column,
-                            text_exts=text_ext, force=force,
-                            progress=lambda docs, nbytes: line(docs, None, nbytes),
-                            on_skip=_skip_reporter(line, "--json lists them")
-                            if skip_bad else None)
+        # SIGTERM stops like Ctrl-C: the training thread is a daemon, nothing half-written stays
+        with stop_signals_as_interrupt(signal.SIGTERM):
+            r = train_tokenizer(inputs, vocab, out, text_field=text_field, column=column,
+                                text_exts=text_ext, force=force, progress=progress,
+                                on_start=on_start,
+                                on_skip=_skip_reporter(line, "--json lists them")
+                                if skip_bad else None)
+    except KeyboardInterrupt:
+        line.close()
+        line.say(f"tokenizer: interrupted; nothing was written to {out}"
+                 + (" (the old file is kept)" if force else ""))
+        raise typer.Exit(130) from None
     finally:
         line.close()
     r["seconds"] = round(time.monotonic() - t0, 3)

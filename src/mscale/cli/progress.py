@@ -5,12 +5,14 @@ and it is throttled twice over: on a terminal one line redrawn in place (and era
 at most every ``tick_s``; elsewhere (CI, a pipe, a SLURM log) a plain line at most every
 ``plain_every_s``, so that a log shows the job moving without a line per tensor. The first line
 comes one interval after the start, so work that ends sooner shows its start line and its
-closing line only. Intervals and clock are injectable, so that tests never sleep.
+closing line only. Intervals and clock are injectable, so that tests never sleep. Thread-safe:
+a job's worker thread may `say` (a skipped record) while the main thread shows progress.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 
@@ -28,6 +30,7 @@ class ThrottledLine:
         self.clock = clock
         self.started = self.last = clock()
         self._shown = False
+        self._lock = threading.RLock()  # `say` closes, under the same lock
 
     def restart(self) -> None:
         """Count time (rate, the first interval) from now: the work proper begins."""
@@ -38,30 +41,34 @@ class ThrottledLine:
 
     def due(self) -> bool:
         """True, once per interval, when a progress line may be shown now."""
-        now = self.clock()
-        if now - self.last < self.every:
-            return False
-        self.last = now
-        return True
+        with self._lock:
+            now = self.clock()
+            if now - self.last < self.every:
+                return False
+            self.last = now
+            return True
 
     def show(self, line: str) -> None:
-        if self.tty:
-            self.stream.write("\r" + line + "\x1b[K")
-            self._shown = True
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        with self._lock:
+            if self.tty:
+                self.stream.write("\r" + line + "\x1b[K")
+                self._shown = True
+            else:
+                self.stream.write(line + "\n")
+            self.stream.flush()
 
     def close(self) -> None:
         """Erase a redrawn line, so that what follows (the closing line, an error) stands
         alone."""
-        if self._shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._shown = False
+        with self._lock:
+            if self._shown:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self._shown = False
 
     def say(self, text: str) -> None:
         """A line of its own (the start line, a skipped record), above any progress line."""
-        self.close()
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        with self._lock:
+            self.close()
+            self.stream.write(text + "\n")
+            self.stream.flush()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from mscale.data.corpus import Skipped, expand_inputs, iter_documents
@@ -29,6 +31,9 @@ SPECIAL = "<|endoftext|>"
 MIN_VOCAB = 257
 """256 byte symbols plus the special token: a byte-level BPE can encode anything with these."""
 MAX_VOCAB = 1 << 20
+WAIT_S = 0.5
+"""How often `train_tokenizer` reports while the training runs (the merges take seconds to
+minutes with nothing else to show)."""
 
 _HOW_TO_GET = ("save the model's tokenizer.json on a machine with network (e.g. `hf download "
                "ORG/MODEL tokenizer.json --local-dir DIR`), then pass that file or DIR; or train "
@@ -155,10 +160,7 @@ def train_bpe(texts: Iterable[str], vocab: int) -> "Tokenizer":
     trained on ``texts``."""
     from tokenizers import pre_tokenizers
 
-    if not MIN_VOCAB <= vocab <= MAX_VOCAB:
-        raise MscaleError(f"vocabulary size {vocab} is out of range", field="--vocab",
-                          fix=f"pass {MIN_VOCAB} (the 256 bytes and {SPECIAL}) to {MAX_VOCAB}; "
-                              "1,000-4,000 suits a few MB of text")
+    _check_vocab(vocab)
     tok, trainer_cls = new_bpe()
     trainer = trainer_cls(vocab_size=vocab, special_tokens=[SPECIAL], show_progress=False,
                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -166,9 +168,43 @@ def train_bpe(texts: Iterable[str], vocab: int) -> "Tokenizer":
     return tok
 
 
+def _check_vocab(vocab: int) -> None:
+    if not MIN_VOCAB <= vocab <= MAX_VOCAB:
+        raise MscaleError(f"vocabulary size {vocab} is out of range", field="--vocab",
+                          fix=f"pass {MIN_VOCAB} (the 256 bytes and {SPECIAL}) to {MAX_VOCAB}; "
+                              "1,000-4,000 suits a few MB of text")
+
+
+def _train_watched(texts: Iterable[str], vocab: int, on_wait: Callable[[], None]) -> "Tokenizer":
+    """`train_bpe` on a daemon thread while this one calls ``on_wait`` every `WAIT_S`: the
+    merges gave no sign of life (13 s on 28 MB), and Ctrl-C waited for them (tokenizers releases
+    the GIL while it trains, measured). A daemon thread, so an interrupted process need not wait
+    for it either."""
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["tok"] = train_bpe(texts, vocab)
+        except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
+            result["error"] = e
+
+    worker = threading.Thread(target=run, name="mscale-bpe", daemon=True)
+    worker.start()
+    while True:
+        worker.join(WAIT_S)
+        if not worker.is_alive():
+            break
+        on_wait()
+    if "error" in result:
+        raise result["error"]
+    return result["tok"]
+
+
 def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: str = "text",
                     column: str = "text", text_exts: Iterable[str] = (), force: bool = False,
-                    progress=None, on_skip: Callable[[MscaleError], None] | None = None) -> dict:
+                    progress: Callable[[int, int, float | None], None] | None = None,
+                    on_start: Callable[[dict], None] | None = None,
+                    on_skip: Callable[[MscaleError], None] | None = None) -> dict:
     """Train a byte-level BPE on the documents of ``files`` (files, folders, globs: what
     `mscale.data.corpus` reads, as `prepare` does) and save it to ``out`` atomically.
 
@@ -176,12 +212,22 @@ def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: 
     as `prepare` does; the result then also has ``skipped_count`` and ``skipped`` (the first
     `corpus.SKIPPED_LISTED`, ``{"where", "why"}``), as its manifest does.
 
+    ``on_start`` gets what was resolved before any work (files, bytes, vocabulary, out);
+    ``progress`` is called every `WAIT_S` from this thread with (documents read, bytes read,
+    seconds spent computing the merges once every document is read, else None). ``on_skip`` is
+    called from the training thread.
+
     Returns ``{"out", "vocab_size", "eod_id", "documents", "bytes", "sha256"}``.
     """
     out = _check_out(str(out), force)
+    _check_vocab(vocab_size)
     sources = expand_inputs(files, text_exts=text_exts)
+    if on_start is not None:
+        on_start({"files": len(sources), "bytes": sum(s.size for s in sources),
+                  "bytes_known": all(s.kind != "parquet" and not s.compression for s in sources),
+                  "vocab_size": vocab_size, "out": out})
     skipped = Skipped(on_skip) if on_skip is not None else None
-    counts = {"documents": 0, "bytes": 0}
+    counts: dict = {"documents": 0, "bytes": 0, "read_at": None}
 
     def texts():
         for text, nbytes in iter_documents(sources, text_field=text_field, column=column,
@@ -190,11 +236,16 @@ def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: 
             if not text:
                 continue
             counts["documents"] += 1
-            if progress is not None:
-                progress(counts["documents"], counts["bytes"])
             yield text
+        counts["read_at"] = time.monotonic()  # the merges start
 
-    tok = train_bpe(texts(), vocab_size)
+    def waiting() -> None:
+        if progress is not None:
+            read_at = counts["read_at"]
+            progress(counts["documents"], counts["bytes"],
+                     None if read_at is None else time.monotonic() - read_at)
+
+    tok = _train_watched(texts(), vocab_size, waiting)
     if counts["documents"] == 0:
         why = (f"every input is empty or skipped ({skipped.count:,} unreadable)"
                if skipped is not None and skipped.count else "every input is empty")

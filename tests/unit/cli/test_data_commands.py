@@ -46,7 +46,8 @@ def test_without_skip_bad_the_first_bad_record_is_one_line_exit_3(cli, dirty, tm
     out = tmp_path / "t.json"
     code, stdout, err = cli("data", "tokenizer", str(dirty), "--vocab", "280", "-o", str(out))
     assert code == 3 and stdout == "" and not out.exists()
-    error, fix = err.splitlines()
+    start, error, fix = err.splitlines()  # the start line, then the error in one line and its fix
+    assert start.startswith("tokenizer: 2 file(s)")
     assert error.startswith(f"error: {dirty / 'a.jsonl'}:2: not JSON")
     assert fix.startswith("  fix: ") and "--skip-bad" in fix
 
@@ -126,3 +127,44 @@ def test_an_interrupted_prepare_says_so_leaves_nothing_and_exits_130(cli, tmp_pa
     assert code == 130 and err.splitlines()[-1] == f"prepare: interrupted; nothing was " \
                                                     f"written to {out}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "t.json"]
+
+
+def test_tokenizer_says_what_it_trains_on_before_it_starts(cli, tmp_path):
+    """It printed nothing until the end (13 s on 28 MB): now a start line as prepare's."""
+    (tmp_path / "a.txt").write_text("the slowest rank waits " * 50)
+    out = tmp_path / "t.json"
+    code, stdout, err = cli("data", "tokenizer", str(tmp_path / "a.txt"), "--vocab", "280",
+                            "-o", str(out))
+    assert code == 0, stdout + err
+    assert err.splitlines()[0] == (f"tokenizer: 1 file(s), 1.1 KB, from {tmp_path / 'a.txt'}; "
+                                   f"byte-level BPE, vocab 280 → {out}")
+
+
+def test_an_interrupted_tokenizer_says_so_writes_nothing_and_exits_130(cli, tmp_path,
+                                                                       monkeypatch):
+    from mscale.data import tokenizer as tok_mod
+
+    def interrupted(texts, vocab):
+        raise KeyboardInterrupt  # Ctrl-C, as the training thread hands it back
+
+    monkeypatch.setattr(tok_mod, "train_bpe", interrupted)
+    (tmp_path / "a.txt").write_text("the slowest rank waits")
+    out = tmp_path / "t.json"
+    code, _, err = cli("data", "tokenizer", str(tmp_path / "a.txt"), "--vocab", "280", "-o",
+                       str(out))
+    assert code == 130 and err.splitlines()[-1] == f"tokenizer: interrupted; nothing was " \
+                                                    f"written to {out}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+def test_the_progress_line_says_the_merges_are_being_computed():
+    import io
+
+    from mscale.cli.data import ProgressLine
+
+    now = [0.0]
+    line = ProgressLine("tokenizer", stream=io.StringIO(), clock=lambda: now[0])
+    now[0] = 14.0
+    line(1, None, 28_200_000, note="computing merges, 13 s")
+    assert line.stream.getvalue() == ("tokenizer: 1 documents, 28.2 MB, 14 s; computing merges, "
+                                      "13 s\n")

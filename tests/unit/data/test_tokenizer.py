@@ -184,3 +184,50 @@ def test_skip_bad_with_nothing_readable_left_says_so(tmp_path):
         train_tokenizer([str(tmp_path / "b.txt")], 300, str(tmp_path / "t.json"),
                         on_skip=lambda e: None)
     assert not (tmp_path / "t.json").exists()
+
+
+def test_training_reports_from_the_calling_thread_while_the_merges_run(tmp_path, monkeypatch):
+    """The merges took 13 s on 28 MB with nothing on the console: training runs on a daemon
+    thread and the caller's thread reports every WAIT_S, the merges' seconds once every document
+    is read. (Held here until the merges have been reported, so the test never depends on
+    timing.)"""
+    import threading
+
+    from mscale.data import tokenizer as tok_mod
+
+    monkeypatch.setattr(tok_mod, "WAIT_S", 0.01)
+    reported = threading.Event()
+    real = tok_mod.train_bpe
+
+    def held(texts, vocab):
+        texts = list(texts)  # every document read: the merges start
+        assert reported.wait(60), "the merges were never reported"
+        return real(texts, vocab)
+
+    monkeypatch.setattr(tok_mod, "train_bpe", held)
+    for i in range(3):
+        (tmp_path / f"doc{i}.txt").write_text(text(i))
+    size = sum((tmp_path / f"doc{i}.txt").stat().st_size for i in range(3))
+    seen, started, threads = [], [], []
+
+    def progress(documents, nbytes, merging_s):
+        seen.append((documents, nbytes, merging_s))
+        threads.append(threading.current_thread())
+        if merging_s is not None:
+            reported.set()
+
+    info = train_tokenizer([str(tmp_path)], 280, str(tmp_path / "t.json"), progress=progress,
+                           on_start=started.append)
+    assert started == [{"files": 3, "bytes": size, "bytes_known": True, "vocab_size": 280,
+                        "out": str(tmp_path / "t.json")}]
+    merging = [s for s in seen if s[2] is not None]
+    assert merging and merging[-1][:2] == (3, size) and merging[-1][2] >= 0
+    assert set(threads) == {threading.main_thread()}
+    assert info["documents"] == 3 and load_tokenizer(str(tmp_path / "t.json"))
+
+
+def test_an_error_in_the_training_thread_is_raised_in_the_caller(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{oops\n')
+    with pytest.raises(MscaleError, match="not JSON") as e:
+        train_tokenizer([str(tmp_path / "a.jsonl")], 280, str(tmp_path / "t.json"))
+    assert e.value.file == f"{tmp_path / 'a.jsonl'}:2" and not (tmp_path / "t.json").exists()
