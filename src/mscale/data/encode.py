@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Protocol
 
@@ -182,7 +183,7 @@ class Encoder:
             try:
                 flat, lengths = fut.result(timeout=self.wait_s)
                 break
-            except TimeoutError:  # concurrent.futures.TimeoutError is this one since 3.11
+            except FutureTimeout:  # the builtin TimeoutError from 3.11, its own class in 3.10
                 if on_wait is not None:
                     on_wait()
         self._window.popleft()

@@ -90,9 +90,16 @@ def test_an_interruption_terminates_busy_worker_processes_at_once(tokenizer):  #
     processes = list(enc._pool._processes.values())
     assert processes
     enc.abort()
-    assert time.monotonic() - t0 < 60
     assert waits == [30, 30, 30]  # both batches in flight, reported while waiting
-    assert not any(p.is_alive() for p in processes)
+    assert all_dead(processes, t0)
+
+
+def all_dead(processes, t0: float, within_s: float = 30.0) -> bool:
+    """Every process ended within ``within_s`` of ``t0``, not after its 120 s batch. Polled: the
+    pool's own manager thread may reap a terminated worker beside the caller's join."""
+    while any(p.is_alive() for p in processes) and time.monotonic() - t0 < within_s:
+        time.sleep(0.05)
+    return not any(p.is_alive() for p in processes) and time.monotonic() - t0 < within_s
 
 
 def test_terminate_workers_cancels_the_queue_and_stops_the_processes():
@@ -107,6 +114,8 @@ def test_terminate_workers_cancels_the_queue_and_stops_the_processes():
     processes = list(pool._processes.values())
     t0 = time.monotonic()
     terminate_workers(pool)
-    assert time.monotonic() - t0 < 60
-    assert not any(p.is_alive() for p in processes)
-    assert queued[-1].cancelled()
+    assert all_dead(processes, t0)
+    # the queued work ends too (cancelled, or failed with the pool: the manager thread decides)
+    while not queued[-1].done() and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    assert queued[-1].cancelled() or queued[-1].exception(timeout=0) is not None
