@@ -93,9 +93,10 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
     target = catalog.resolve(mode)
     committed = [e for e in found if e.committed]
     if committed and not catalog.in_run(target, root):  # a foreign path starts a run
-        # the run's latest; without one (a crash between a first commit and its pointer), its
-        # newest committed checkpoint: never the foreign one, which would move them all aside
-        return _latest_target(root) or catalog.join(root, committed[-1].name)
+        # then the run continues from what auto loads (its latest, or a committed checkpoint
+        # newer than it): never the foreign one, nor an older one, which would move the newer
+        # ones aside
+        return _newest(root, found)
     return target
 
 

@@ -141,6 +141,12 @@ def test_a_foreign_path_never_moves_the_runs_own_checkpoints_aside(tmp_path, ten
     point = choose_resume(str(root), f"{other}/latest")
     assert point.manifest.step == 7 and [n for n, _ in _names(str(root))] == [
         "step-000005", "step-000007"]
+    # latest lagging behind a committed checkpoint: what auto loads, not the pointer's older one,
+    # which moved step 7 aside while recover called the relaunch lossless (review, helper-79)
+    catalog.write_latest(str(root), "step-000005")
+    point = choose_resume(str(root), f"{other}/latest")
+    assert point.manifest.step == 7 and [n for n, _ in _names(str(root))] == [
+        "step-000005", "step-000007"]
 
 
 def test_auto_without_latest_continues_from_the_newest_committed(tmp_path, tensors):
