@@ -26,7 +26,7 @@ from typing import Callable
 
 from mscale.config.records import Event
 from mscale.errors import MscaleError
-from mscale.runs.atomic import read_jsonl
+from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, read_jsonl_tail
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import read_error_files
 from mscale.watch.stream import MetricsFeed
@@ -55,11 +55,15 @@ def failure_time(run: RunDir, since: float, seen_at: float) -> tuple[float, str]
 
 
 def read_events(run: RunDir) -> list[dict]:
-    """The run's events, or none when the file is damaged (supervise goes on without them)."""
+    """The run's recent events, as the diagnosis reads them: the file's tail, a bad line skipped
+    (a whole-file read of a damaged file gave none, and supervise took a halt for a failure or
+    a started job for one that never started); none when it cannot be read. Every caller looks
+    back from the end to the attempt's launch, which the tail holds."""
     try:
-        return read_jsonl(run.events)
-    except (OSError, ValueError, MscaleError):  # a damaged events file costs only a timestamp
+        events, _ = read_jsonl_tail(run.events, JSONL_TAIL_BYTES)
+    except (OSError, ValueError, MscaleError):  # unreadable costs only a timestamp
         return []
+    return [e for e in events if isinstance(e, dict)]
 
 
 @dataclass
