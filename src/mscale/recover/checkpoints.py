@@ -11,7 +11,8 @@ True only when ``--resume auto`` would load the choice (`catalog.auto_choice`: w
 names, or a committed checkpoint newer than it); a broken pointer is listed as ``latest`` in
 ``rejected`` and the relaunch must name the path. ``rollback`` is True when a committed
 checkpoint newer than the choice is passed over: trained steps are lost (the verdict is
-degraded, and recover pins the choice). A crash between a commit and its pointer loses nothing.
+degraded). A crash between a commit and its pointer loses nothing. Recover pins the choice when
+the relaunch names it (a rollback, or a broken pointer).
 ``abandoned-…`` directories (moved aside by an earlier rollback) are out of the run's timeline
 and never chosen.
 

@@ -148,8 +148,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if how.refusal:
         refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal
     if diagnosis.symptom == "disk_full" and (full := room.shortfall(
-            run, choice.path, _ckpt_keep(opts.command or (launch.argv if launch else None)),
-            pinned=choice.rollback)):
+            run, choice.path, _ckpt_keep(opts.command, launch.argv if launch else None),
+            pinned=not choice.is_latest)):
         refusal = f"{refusal}; {full}" if refusal else full
     if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
         foreign = (f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
@@ -172,11 +172,15 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
 
 
-def _ckpt_keep(command: list[str] | None) -> int:
-    """The ``--ckpt-keep`` the relaunch runs with: its command's, else the default."""
-    value = option_value(command or [], "--ckpt-keep")
-    default = CkptOptions.model_fields["keep"].default
-    return int(value) if value and value.isdigit() else default
+def _ckpt_keep(*commands: list[str] | None) -> int:
+    """The ``--ckpt-keep`` the relaunch runs with: the first command that sets it (the one
+    given to recover, then the job's recorded train command: a given ``sbatch job.sh`` holds
+    none, its script does), else the default."""
+    for command in commands:
+        value = option_value(command or [], "--ckpt-keep")
+        if value and value.isdigit():
+            return int(value)
+    return CkptOptions.model_fields["keep"].default
 
 
 def _recheck_notes(checker: Rechecker | None, diagnosis: Diagnosis,
@@ -284,9 +288,10 @@ def apply_plan(plan: RecoveryPlan) -> str:
         _write_replan(run, plan)
         if plan.data_skip:
             stages.record_data_skip(run, DataSkip.model_validate(plan.data_skip))
-        if plan.checkpoint.path and plan.checkpoint.rollback:  # a rollback's target
+        if plan.checkpoint.path and not plan.checkpoint.is_latest:  # the relaunch names it
+            what = "rollback target" if plan.checkpoint.rollback else "resume point"
             stages.pin_checkpoint(run, plan.checkpoint.path,
-                                  f"rollback target chosen by recover ({plan.checkpoint.reason})")
+                                  f"{what} chosen by recover ({plan.checkpoint.reason})")
     url = _next_decision(run)
     write_json_atomic(url, plan.to_json())
     severity = {"relaunchable": "info", "degraded": "warning", "unrecoverable": "critical",

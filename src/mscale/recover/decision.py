@@ -108,7 +108,9 @@ class CheckpointChoice:
     """True when ``--resume auto`` loads it (the relaunch needs no ``--resume``)."""
     rollback: bool = False
     """A committed checkpoint newer than it is passed over: trained steps are lost (the verdict
-    is degraded, and recover pins it). Not so after a crash between a commit and ``latest``."""
+    is degraded). Not so after a crash between a commit and ``latest``. Recover pins the choice
+    whenever the relaunch names it (not ``is_latest``), so that retention keeps what the
+    command's ``--resume`` points at."""
 
     def to_json(self) -> dict:
         return asdict(self)
