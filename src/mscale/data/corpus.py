@@ -167,6 +167,14 @@ def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> li
 
 # --- documents ------------------------------------------------------------------------------
 
+def input_size(sources: list[Source]) -> dict:
+    """What a start line says of the input: files, bytes on disk, and whether those bytes are
+    what the reader counts as read (not for parquet or compressed files), so that a progress
+    line may show a share of them."""
+    return {"files": len(sources), "bytes": sum(s.size for s in sources),
+            "bytes_known": all(s.kind != "parquet" and not s.compression for s in sources)}
+
+
 def _decode(raw: bytes, url: str, offset: int, line: int | None = None) -> str:
     try:
         return raw.decode("utf-8")

@@ -22,8 +22,7 @@ import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Protocol
 
@@ -179,13 +178,12 @@ class Encoder:
 
     def _next(self, on_wait: Callable[[], None] | None) -> tuple[Batch, np.ndarray, np.ndarray]:
         b, fut = self._window[0]
-        while True:
-            try:
-                flat, lengths = fut.result(timeout=self.wait_s)
-                break
-            except FutureTimeout:  # the builtin TimeoutError from 3.11, its own class in 3.10
-                if on_wait is not None:
-                    on_wait()
+        # wait(), not result(timeout): an encode that raised a TimeoutError of its own would
+        # read as "not yet" for ever
+        while not wait([fut], timeout=self.wait_s).done:
+            if on_wait is not None:
+                on_wait()
+        flat, lengths = fut.result()
         self._window.popleft()
         return b, flat, lengths
 

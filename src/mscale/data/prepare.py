@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from mscale.data.corpus import Skipped, expand_inputs, iter_documents
+from mscale.data.corpus import Skipped, expand_inputs, input_size, iter_documents
 from mscale.data.encode import Encoder, default_workers
 from mscale.data.indexed import IndexedWriter
 from mscale.data.manifest import FORMAT, MANIFEST, VERSION
@@ -176,10 +176,9 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
     sources = expand_inputs(inputs, text_exts=text_exts)
     workers = workers or default_workers()
     if on_start is not None:
-        on_start({"files": len(sources), "bytes": sum(s.size for s in sources),
-                  "bytes_known": all(s.kind != "parquet" and not s.compression for s in sources),
-                  "workers": workers, "tokenizer": tok_path, "vocab_size": vocab,
-                  "eod_id": eod, "eod_token": tok.id_to_token(eod), "dtype": dtype, "out": path})
+        on_start({**input_size(sources), "workers": workers, "tokenizer": tok_path,
+                  "vocab_size": vocab, "eod_id": eod, "eod_token": tok.id_to_token(eod),
+                  "dtype": dtype, "out": path})
 
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)  # ours from an earlier call in this process

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from mscale.data.corpus import Skipped, expand_inputs, iter_documents
+from mscale.data.corpus import Skipped, expand_inputs, input_size, iter_documents
 from mscale.data.storage import check_parents
 from mscale.errors import MscaleError
 
@@ -223,9 +223,7 @@ def train_tokenizer(files: list[str], vocab_size: int, out: str, *, text_field: 
     _check_vocab(vocab_size)
     sources = expand_inputs(files, text_exts=text_exts)
     if on_start is not None:
-        on_start({"files": len(sources), "bytes": sum(s.size for s in sources),
-                  "bytes_known": all(s.kind != "parquet" and not s.compression for s in sources),
-                  "vocab_size": vocab_size, "out": out})
+        on_start({**input_size(sources), "vocab_size": vocab_size, "out": out})
     skipped = Skipped(on_skip) if on_skip is not None else None
     counts: dict = {"documents": 0, "bytes": 0, "read_at": None}
 
