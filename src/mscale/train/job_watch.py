@@ -10,7 +10,7 @@ from mscale.config.plan import Plan
 from mscale.config.records import Event
 from mscale.distributed.launch import JobResult, describe_exit
 from mscale.distributed.stops import ended_by_stop
-from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.atomic import read_jsonl
 from mscale.runs.rundir import RunDir
 from mscale.train.failure import AFTERMATH
@@ -139,9 +139,13 @@ def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) 
 
     how = ("a second Ctrl-C stopped the workers at once, without a checkpoint" if result.forced
            else f"the workers ended on {result.stop_signal} before they could save a checkpoint")
-    latest = catalog.read_latest(run.ckpt)
-    last = (f"the last checkpoint is {catalog.join(run.ckpt, latest)}; the same command resumes "
-            "from it") if latest else "no checkpoint was saved yet"
+    try:  # what --resume auto loads: latest, or a committed checkpoint newer than it
+        resumed = catalog.auto_choice(catalog.entries(run.ckpt, sizes=False),
+                                      catalog.read_latest(run.ckpt))
+        last = (f"the last checkpoint is {catalog.join(run.ckpt, resumed)}; the same command "
+                "resumes from it") if resumed else "no checkpoint was saved yet"
+    except MscaleError as e:  # a damaged pointer: the next start names it too (exit 3)
+        last = f"{catalog.join(run.ckpt, catalog.LATEST)} cannot be read ({e.message})"
     line = f"interrupted: {how}; {last}"
     evidence = {"run_id": run_id, "reason": "interrupted", "signal": result.stop_signal,
                 "forced": result.forced, "code": EXIT_INTERRUPTED,

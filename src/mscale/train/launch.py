@@ -73,8 +73,10 @@ def startup_phases(options: TrainOptions) -> list[tuple[str, str]]:
 
 
 def _has_latest(catalog, root: str) -> bool:
+    """Whether ``--resume auto`` loads a checkpoint (latest, or a committed one newer)."""
     try:
-        return catalog.read_latest(root) is not None
+        found = catalog.entries(root, sizes=False)
+        return catalog.auto_choice(found, catalog.read_latest(root)) is not None
     except (MscaleError, OSError):  # check_before_launch said it all already
         return False
 

@@ -274,6 +274,24 @@ def test_an_interruption_without_a_checkpoint_is_a_warning_that_names_no_node(cl
     assert job["state"] == "interrupted" and job["nodes"] == [] and job["ranks"] == []
 
 
+def test_an_interruption_names_the_checkpoint_the_same_command_resumes_from(rd):
+    """After a crash between a commit and latest, the line named latest's older checkpoint,
+    while the same command (--resume auto) resumes from the newer one (review, helper-79)."""
+    import os
+
+    for step in (5, 7):
+        os.makedirs(rd.path(f"ckpt/step-00000{step}"))
+        with open(rd.path(f"ckpt/step-00000{step}/COMMITTED"), "w") as f:
+            f.write("{}")
+    with open(rd.path("ckpt/latest"), "w") as f:
+        f.write("step-000005")
+    result = JobResult(code=3, returncodes=[-9] * WORLD, failed_rank=0,
+                       alive_at_failure=list(range(1, WORLD)), stop_signal="SIGINT",
+                       forced=True)
+    line = record_interruption(rd, result, "local-1", rd.path("logs"))
+    assert f"the last checkpoint is {rd.path('ckpt/step-000007')}; the same command" in line
+
+
 def test_a_clean_finish_stays_healthy(cli, rd):
     own_stop(rd, 0, 15)
     code, lines, err = once(cli, rd)
