@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, files
 from mscale.ckpt.convert import reshard
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import RNG
@@ -104,7 +104,7 @@ def test_commits_were_recorded(run):
 def _slices(path: str, m) -> dict[int, set]:
     """Per rank the (tensor, box, flat range) it saved, RNG states aside (convert drops them)."""
     return {sh.rank: {(x.tensor, x.box_tuple(), tuple(x.flat))
-                      for x in catalog.shard_slices(path, m, sh)
+                      for x in files.shard_slices(path, m, sh)
                       if not x.tensor.startswith(f"{RNG}.")} for sh in m.shards}
 
 

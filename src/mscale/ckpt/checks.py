@@ -7,7 +7,7 @@ before returning: after it, every slice lies inside its tensor and its shard's r
 every chunk is no longer than the chunk size allows, and the step, layout and plan agree.
 What is left for `verify` is what needs the whole picture or the files: that slices tile each
 shard, that every element is stored exactly once, and the bytes themselves. The shard's real
-size is checked where it is opened (`catalog.open_shard`), so no read goes past it. A schema-2
+size is checked where it is opened (`files.open_shard`), so no read goes past it. A schema-2
 shard's slices are checked the same way when its index file is read (`parse_index`).
 """
 

@@ -29,7 +29,7 @@ from collections.abc import Collection
 import torch
 import torch.distributed as dist
 
-from mscale.ckpt.catalog import open_shard, shard_slices_many
+from mscale.ckpt.files import open_shard, shard_slices_many
 from mscale.ckpt.format import ChunkError, Decoder, torch_dtype
 from mscale.ckpt.live import LiveRank, OptimizerState
 from mscale.ckpt.manifest import MODEL, OPTIM_KEYS, Manifest, SliceInfo, split_key

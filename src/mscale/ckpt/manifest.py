@@ -102,7 +102,7 @@ def index_name(rank: int) -> str:
 def check_relative(path: str) -> str:
     """A manifest path must name a file directly inside the checkpoint directory: no absolute
     paths, no ``..``, no sub-directories, no odd characters. (Symlinks that leave the directory
-    are refused where files are opened: `catalog.open_inside`.)"""
+    are refused where files are opened: `files.open_inside`.)"""
     if not _SAFE_NAME.match(path) or path in (".", ".."):
         raise ValueError(f"shard path {path!r} must be a plain file name inside the checkpoint "
                          "directory (no '/', '..', absolute paths or odd characters)")

@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from mscale.ckpt import catalog
+from mscale.ckpt.files import open_shard, shard_slices_many
 from mscale.ckpt.format import ChunkError, Decoder, shard_checksum
 from mscale.ckpt.checks import parse_manifest
 from mscale.ckpt.manifest import COMMITTED, MANIFEST, Manifest, SliceInfo, itemsize, sha256
@@ -105,7 +106,7 @@ def slice_tables(ckpt: str, m: Manifest, problems: list[Problem]) -> Tables:
     """Every shard's slices (schema 2: its index file, read and checked; schema 1: inline); an
     index that cannot be used is a problem naming it, and its shard's slices stay unknown."""
     out: Tables = {}
-    for shard, got in zip(m.shards, catalog.shard_slices_many(ckpt, m, m.shards)):
+    for shard, got in zip(m.shards, shard_slices_many(ckpt, m, m.shards)):
         where = shard.index.path if shard.index is not None else MANIFEST
         if isinstance(got, MscaleError):
             problems.append(Problem(where, got.field, got.message))
@@ -227,7 +228,7 @@ def files(ckpt: str, m: Manifest, quick: bool, tally: Tally | None,
     for shard in m.shards:
         start = tally.done
         try:
-            with catalog.open_shard(ckpt, shard) as fh:
+            with open_shard(ckpt, shard) as fh:
                 if not quick and shard.path in tables:
                     out += _chunks(fh, shard, tables[shard.path], m, decoder, tally)
         except MscaleError as e:

@@ -27,11 +27,12 @@ from typing import Callable, Protocol
 
 import torch
 
-from mscale.ckpt.catalog import fs_and_path, is_local, join
+from mscale.ckpt.files import is_local, join
 from mscale.ckpt.format import Encoder, shard_checksum, write_slice
 from mscale.ckpt.manifest import (IndexRef, ShardIndex, ShardInfo, SliceInfo, index_name, sha256,
                                   shard_name)
 from mscale.ckpt.snapshot import CopyGate, HostArena, Snapshot, use_device
+from mscale.runs.atomic import fs_and_path
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, files
 from mscale.ckpt.convert import reshard
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.ownership import for_plan, write_items
@@ -75,7 +75,7 @@ def _slices_hold_their_regions(path, m, tensors) -> None:
     (cut here by plain indexing, not by the reader's assembly)."""
     with CheckpointReader(path, m) as r:
         for shard in m.shards:
-            for x in catalog.shard_slices(path, m, shard):
+            for x in files.shard_slices(path, m, shard):
                 box, (lo, hi) = x.box_tuple(), x.flat
                 want = tensors[x.tensor][tuple(slice(a, b) for a, b in box)].reshape(-1)[lo:hi]
                 assert torch.equal(r.read(x.tensor, box, (lo, hi)), want), (shard.path, x.tensor)
@@ -134,6 +134,6 @@ def test_converted_slices_are_the_ones_worked_out_by_hand(tmp_path, case):
     target = plan(**layout, bucket_mb=ONE_BUCKET_EACH)
     m = reshard(src, catalog.load_committed(src), f"{tmp_path}/b", target, level=0)
     written = {s.rank: {(x.tensor, x.box_tuple(), tuple(x.flat))
-                        for x in catalog.shard_slices(f"{tmp_path}/b", m, s)} for s in m.shards}
+                        for x in files.shard_slices(f"{tmp_path}/b", m, s)} for s in m.shards}
     assert written == _by_hand(tensors, layout["tp"], layout["dp"], shard)
     _slices_hold_their_regions(f"{tmp_path}/b", m, tensors)

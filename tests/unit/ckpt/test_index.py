@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, files
 from mscale.ckpt.commit import reported_tensors
 from mscale.ckpt.load import CheckpointReader, model_needs, optim_needs
 from mscale.ckpt.locate import likely_writers, overlapping_shards
@@ -60,7 +60,7 @@ def test_the_manifest_lists_shards_and_each_index_names_its_shard(saved):
     assert m.schema_version == 2 and len(m.shards) == p.layout.world_size
     for shard in m.shards:
         assert shard.slices == [] and shard.index.path == index_name(shard.rank)
-        slices = catalog.shard_slices(path, m, shard)
+        slices = files.shard_slices(path, m, shard)
         assert slices and {s.tensor for s in slices} <= set(m.tensors)
     assert verify(path).problems == []
 
@@ -124,7 +124,7 @@ def _holders(path, m, needs) -> set[int]:
     for it in needs:
         wanted.setdefault(it.key, []).extend(b for b, _ in region_boxes(it.box, it.flat))
     return {shard.rank for shard in m.shards
-            for s in catalog.shard_slices(path, m, shard) if s.tensor in wanted
+            for s in files.shard_slices(path, m, shard) if s.tensor in wanted
             and any(intersect(b, w) is not None for w in wanted[s.tensor]
                     for b, _ in region_boxes(s.box_tuple(), tuple(s.flat)))}
 
@@ -204,7 +204,7 @@ def _as_schema_1(path: str) -> None:
     doc["schema_version"] = 1
     for shard, entry in zip(m.shards, doc["shards"]):
         entry["slices"] = [json.loads(s.model_dump_json())
-                           for s in catalog.shard_slices(path, m, shard)]
+                           for s in files.shard_slices(path, m, shard)]
         entry.pop("index")
         os.remove(os.path.join(path, shard.index.path))
     raw = json.dumps(doc).encode()

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, files
 from mscale.ckpt.convert import convert, open_hf, reshard
 from mscale.ckpt.manifest import itemsize
 from mscale.ckpt.progress import Tally
@@ -45,7 +45,7 @@ def _raw_bytes(path: str) -> int:
     """The uncompressed bytes of every slice the manifest records."""
     m = catalog.load_committed(path)
     return sum((s.flat[1] - s.flat[0]) * itemsize(m.tensors[s.tensor].dtype)
-               for shard in m.shards for s in catalog.shard_slices(path, m, shard))
+               for shard in m.shards for s in files.shard_slices(path, m, shard))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_reshard_reports_every_byte_it_writes(src, tmp_path):
     info = seen.starts[0]
     assert info["tensors"] == len(m.tensors) and info["ranks"] == 4
     assert info["layout"] == m.layout
-    slices = sum(len(catalog.shard_slices(dst, m, s)) for s in m.shards)
+    slices = sum(len(files.shard_slices(dst, m, s)) for s in m.shards)
     assert len(seen.calls) >= slices  # a call per slice
 
 

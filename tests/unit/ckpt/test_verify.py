@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mscale.ckpt import catalog
+from mscale.ckpt import catalog, files
 from mscale.ckpt.commit import write_commit
 from mscale.ckpt.manifest import COMMITTED, MANIFEST
 from mscale.ckpt.writer import write_index
@@ -98,7 +98,7 @@ def _rewrite(ckpt, edit):
     """Edit the manifest and the shards' slice tables, and re-commit them, as a buggy writer
     would have."""
     m = catalog.load_manifest(str(ckpt))
-    tables = [catalog.shard_slices(str(ckpt), m, shard) for shard in m.shards]
+    tables = [files.shard_slices(str(ckpt), m, shard) for shard in m.shards]
     edit(m, tables)
     for shard, slices in zip(m.shards, tables):
         shard.index = write_index(str(ckpt), shard.rank, shard.path, slices)

@@ -172,7 +172,7 @@ CKPT_DAMAGE = re.compile(
     r"slices cover \d+ of \d+ elements|not a regular file|damaged or was altered|"
     r"does not match the commit marker|: missing(;|$)", re.IGNORECASE)
 """What the checkpoint package says of a damaged checkpoint file as a resume reads it
-(ckpt/format.py's chunk errors, catalog.open_shard, load.py, the manifest checks' fix
+(ckpt/format.py's chunk errors, files.open_shard, load.py, the manifest checks' fix
 ``untrusted.DAMAGED``): the bytes on disk are wrong, whoever reads them. Together with a path
 inside a checkpoint directory (`CKPT_DIR`), an error file of kind ``bad_input`` saying it is
 the ``ckpt_damaged`` fact, not bad input: a rollback to an older checkpoint gets past it. What is
