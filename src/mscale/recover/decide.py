@@ -28,8 +28,8 @@ from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, Re
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
 from mscale.recover.recheck import Rechecker, failure_time
-from mscale.recover.relaunch import (Change, Launch, option_value, recorded_launch,
-                                     relaunch)
+from mscale.recover.command import Change, option_value
+from mscale.recover.relaunch import Launch, recorded_launch, relaunch
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan

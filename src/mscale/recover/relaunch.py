@@ -1,12 +1,8 @@
-"""The relaunch command: the failed job's own command line, rewritten for what recover decided.
+"""The relaunch: which command, rewritten how (command.py), or a SLURM requeue.
 
-Why rewrite rather than compose: the operator's command carries things recover cannot know (the
-partition, the time limit, the venv's ``mscale``, test hooks, ``--steps``). So the command is
-the one ``train`` recorded in its ``start`` event (``evidence["launch"]``: argv, cwd, plan, local,
-nodes, slurm) or the one given with ``RecoverOptions.command``, and only what the recovery
-changes is touched: the plan argument (a re-planned plan), ``--local N`` (the new world),
-``--resume CKPT`` (a rollback), and the launcher's node flags (``srun``/``sbatch``
-``--exclude``/``--nodes``/``--ntasks``, ``torchrun --nnodes``). Under SLURM a job whose nodes,
+The command is the one ``train`` recorded in its ``start`` event (``evidence["launch"]``: argv,
+cwd, plan, local, nodes, slurm) or the one given with ``RecoverOptions.command``, and only what
+the recovery changes is touched (command.py says which words). Under SLURM a job whose nodes,
 plan and checkpoint are unchanged is simply requeued; a batch script is reused only when it can
 run unchanged (same world, same plan, latest checkpoint), since the ``srun`` line inside it
 names the old world and plan; otherwise the rewritten ``srun`` line is submitted with ``--wrap``.
@@ -21,19 +17,15 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mscale.ckpt import catalog
 from mscale.hostlist import collect_hostlist, expand_hostlist
+from mscale.recover.command import (Change, batch_note, option_value, resume_of,
+                                    rewrite_command, rewrite_train)
 from mscale.recover.diagnose.evidence import evidence_of
 from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, read_jsonl_tail
 from mscale.runs.rundir import RunDir
 
 Runner = Callable[[list[str]], tuple[int, str]]
 """Runs a command and returns (exit code, stdout); injected by tests in place of scontrol."""
-
-_FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
-                        "--allow-data-change", "--debug", "-h", "--help"}
-"""``mscale train`` options that take no value; every other ``--option`` takes one."""
-
 
 MAX_EVENTS_BYTES = 1 << 30
 """How far back `recorded_launch` reads for a start older than the diagnosis's tail."""
@@ -57,32 +49,6 @@ class Launch:
     """``job_id``, ``job_name``, ``nodelist``, ``nnodes`` under SLURM, else None."""
     launcher: str = "unknown"
     """``local``, ``slurm``, ``torchrun`` (the start event's launcher)."""
-
-
-@dataclass
-class Change:
-    """What the relaunch changes."""
-
-    world: int
-    """Ranks of the relaunch."""
-    nodes: list[str]
-    """Nodes it uses, in placement order."""
-    excluded: list[str] = field(default_factory=list)
-    """Nodes kept out (``--exclude``)."""
-    plan_path: str | None = None
-    """The re-planned plan, None when the old plan stands."""
-    resume: str | None = None
-    """Checkpoint to resume from when it is not the latest, else None (``--resume auto``)."""
-    allow_batch_change: bool = False
-    """The new plan changes the global batch: train must be told it may (its flag)."""
-    run_dir: str | None = None
-    """The run directory recover diagnosed (absolute, or a URL): the relaunch's ``--run-dir``.
-    The recorded one may be relative to the job's directory, or the run may have been moved
-    since; either way the relaunch must resume *this* run, not start a fresh one elsewhere."""
-
-    @property
-    def unchanged(self) -> bool:
-        return not self.excluded and self.plan_path is None and self.resume is None
 
 
 def recorded_launch(run: RunDir) -> Launch | None:
@@ -138,185 +104,12 @@ def launcher_of(launch: Launch | None, command: list[str] | None) -> str:
     return launch.launcher
 
 
-def _train_index(argv: list[str]) -> int | None:
-    """Index of the ``train`` word of ``mscale train`` (or ``python -m mscale... train``)."""
-    for i, a in enumerate(argv[1:], start=1):
-        prev = argv[i - 1]
-        if a == "train" and ("mscale" in os.path.basename(prev) or prev.startswith("mscale")):
-            return i
-    return None
-
-
-def _plan_index(args: list[str], start: int) -> int | None:
-    """Index of the plan (the first positional argument after ``train``)."""
-    i = start
-    while i < len(args):
-        a = args[i]
-        if a == "--":
-            return i + 1 if i + 1 < len(args) else None
-        if a.startswith("-"):
-            i += 1 if (a in _FLAGS_WITHOUT_VALUE or "=" in a) else 2
-            continue
-        return i
-    return None
-
-
-def set_option(args: list[str], flag: str, value: str, start: int = 0) -> list[str]:
-    """``args`` with ``flag value`` (or ``flag=value``) set to ``value``, appended if absent.
-    Long flags also match their ``=`` form; ``-N 4`` style short flags are matched as given."""
-    out = list(args)
-    for i in range(start, len(out)):
-        if out[i] == flag and i + 1 < len(out):
-            out[i + 1] = value
-            return out
-        if out[i].startswith(flag + "="):
-            out[i] = f"{flag}={value}"
-            return out
-    return out + [flag, value]
-
-
-def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, i = [], 0
-    while i < len(args):
-        if args[i] in flags:
-            i += 2
-            continue
-        if any(args[i].startswith(f + "=") for f in flags):
-            i += 1
-            continue
-        out.append(args[i])
-        i += 1
-    return out
-
-
-def rewrite_train(argv: list[str], change: Change, local: bool,
-                  cwd: str | None = None) -> list[str]:
-    """The ``mscale train`` part of a command with the new plan, ``--local N``, the diagnosed
-    ``--run-dir``, ``--resume`` and ``--allow-batch-change`` (when the plan changes the batch);
-    the launcher words before it are left to the caller. ``cwd``: where the command ran (a
-    relative ``--resume`` is read there), this process's when None."""
-    t = _train_index(argv)
-    if t is None:
-        return list(argv)
-    head, args = argv[: t + 1], argv[t + 1:]
-    if change.plan_path is not None:
-        p = _plan_index(args, 0)
-        if p is None:
-            args = [change.plan_path, *args]
-        else:
-            args[p] = change.plan_path
-    if local:
-        args = set_option(args, "--local", str(change.world))
-    if change.run_dir is not None:
-        args = set_option(args, "--run-dir", change.run_dir)
-    if change.resume is not None:
-        args = set_option(args, "--resume", change.resume)
-    elif _stale_rollback(args, change.run_dir, cwd) or resume_of(args) == "none":
-        # `none` refuses a run with checkpoints: recover resumes, so the latest it is
-        args = set_option(args, "--resume", "auto")
-    if change.allow_batch_change and "--allow-batch-change" not in args:
-        args = [*args, "--allow-batch-change"]
-    return head + args
-
-
-def option_value(args: list[str], flag: str) -> str | None:
-    """The value of the first ``flag value`` or ``flag=value`` in ``args`` (the one `set_option`
-    sets), None when absent."""
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def resume_of(args: list[str]) -> str | None:
-    """The value of ``--resume`` in ``args`` (either spelling), None when absent."""
-    return option_value(args, "--resume")
-
-
-def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None) -> bool:
-    """Whether ``args`` still carry an earlier recovery's rollback, ``--resume RUN/ckpt/step-N``
-    of this run (absolute, or relative to where the command ran), when this recovery resumes
-    from the latest: replayed, it would roll the run back to step N again and move the newer
-    checkpoints aside. (A path outside the run only starts it: train continues from the run's
-    own latest by itself.)"""
-    value = resume_of(args)
-    if not run_dir or "://" in run_dir or not value or "://" in value \
-            or value in ("auto", "none"):
-        return False
-    path = os.path.normpath(os.path.join(cwd or os.getcwd(), value))
-    return catalog.in_run(path, os.path.join(run_dir, "ckpt"))
-
-
 def replays_a_rollback(launch: Launch, change: Change) -> bool:
     """Whether the recorded command's ``--resume`` is one this relaunch must change (an earlier
     rollback's step, or ``none``): then SLURM must not requeue or release the job as it is, its
     command would roll the run back again on every restart."""
     fixed = rewrite_train(launch.argv, change, local=False, cwd=launch.cwd)
     return resume_of(fixed) != resume_of(launch.argv)
-
-
-def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
-    """srun/sbatch words with the node flags of the relaunch."""
-    out = _drop_option(prefix, ("-N", "--nodes", "-n", "--ntasks", "-x", "--exclude",
-                                "-w", "--nodelist"))
-    nodes = max(1, change.world // max(1, ranks_per_node))
-    extra = [f"--nodes={nodes}"]
-    if os.path.basename(prefix[0]) == "srun":
-        extra.append(f"--ntasks={change.world}")
-    if change.excluded:
-        extra.append(f"--exclude={collect_hostlist(change.excluded)}")
-    return out[:1] + extra + out[1:]
-
-
-def _torchrun_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
-    return set_option(prefix, "--nnodes", str(max(1, change.world // max(1, ranks_per_node))))
-
-
-def rewrite_command(command: list[str], change: Change, ranks_per_node: int) -> list[str]:
-    """Any launch command (``srun ... mscale train ...``, ``torchrun ... mscale train ...``,
-    ``mscale train ... --local N``) rewritten for ``change``."""
-    t = _train_index(command)
-    if t is None:
-        return _rewrite_batch(command, change, ranks_per_node)
-    exe = t - 1
-    prefix, train = command[:exe], command[exe:]
-    is_local = "--local" in train or any(a.startswith("--local=") for a in train)
-    train = rewrite_train(train, change, local=is_local)
-    if prefix and os.path.basename(prefix[0]) in ("srun", "sbatch"):
-        prefix = _slurm_prefix(prefix, change, ranks_per_node)
-    elif prefix and os.path.basename(prefix[0]) == "torchrun":
-        prefix = _torchrun_prefix(prefix, change, ranks_per_node)
-    return prefix + train
-
-
-def _rewrite_batch(command: list[str], change: Change, ranks_per_node: int) -> list[str]:
-    """``sbatch [...] script.sh`` or ``sbatch [...] --wrap "srun mscale train ..."``: the node
-    flags set among sbatch's own options (before the script), the wrapped line rewritten."""
-    if not command or os.path.basename(command[0]) not in ("sbatch", "srun"):
-        return list(command)
-    out = list(command)
-    for i, a in enumerate(out):
-        if a == "--wrap" and i + 1 < len(out):
-            out[i + 1] = shlex.join(rewrite_command(shlex.split(out[i + 1]), change,
-                                                    ranks_per_node))
-        elif a.startswith("--wrap="):
-            out[i] = "--wrap=" + shlex.join(rewrite_command(shlex.split(a[7:]), change,
-                                                            ranks_per_node))
-    end = next((i for i in range(1, len(out)) if os.path.isfile(out[i])), len(out))
-    return _slurm_prefix(out[:end], change, ranks_per_node) + out[end:]
-
-
-def _batch_note(command: list[str], change: Change) -> list[str]:
-    """A batch script keeps its own srun line and plan: say so when they should change."""
-    if _train_index(command) is not None or any(a == "--wrap" or a.startswith("--wrap=")
-                                                for a in command):
-        return []
-    if change.plan_path is None and change.resume is None:
-        return []
-    return ["the batch script's own srun line still names the old world, plan or checkpoint: "
-            "submit the rewritten train command instead (or let recover use the recorded one)"]
 
 
 def scontrol_job(job_id: str, run: Runner) -> dict[str, str]:
@@ -361,7 +154,7 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
     launcher = launcher_of(launch, command)
     if command:
         return Relaunch(launcher, rewrite_command(command, change, ranks_per_node),
-                        _batch_note(command, change))
+                        batch_note(command, change))
     if launch is None:
         return Relaunch(launcher, [], [NO_LAUNCH_NOTE])
     if launcher == "local":

@@ -40,7 +40,7 @@ from mscale.recover.child import Child
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog
-from mscale.recover.relaunch import option_value
+from mscale.recover.command import option_value
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 

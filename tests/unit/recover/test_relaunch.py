@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from mscale.recover.relaunch import (Change, Launch, launcher_of, recorded_launch, relaunch,
-                                     rewrite_command, rewrite_train, set_option)
+from mscale.recover.command import Change, rewrite_command, rewrite_train, set_option
+from mscale.recover.relaunch import Launch, launcher_of, recorded_launch, relaunch
 from mscale.runs.rundir import RunDir
 
 MSCALE = "/venv/bin/mscale"
@@ -272,13 +272,13 @@ def test_every_flag_of_mscale_train_is_known_to_take_no_value():
     """The rewrite reads ``--option VALUE`` pairs: a train flag missing from the list would eat
     the next argument when the command is rewritten."""
     from mscale.cli.app import build
-    from mscale.recover import relaunch as rl
+    from mscale.recover import command
 
     root = build()
     train = root.commands["train"]
     flags = {name for p in train.params if getattr(p, "is_flag", False)
              for name in [*p.opts, *p.secondary_opts]}
-    assert flags and flags <= rl._FLAGS_WITHOUT_VALUE, flags - rl._FLAGS_WITHOUT_VALUE
+    assert flags and flags <= command.FLAGS_WITHOUT_VALUE, flags - command.FLAGS_WITHOUT_VALUE
 
 
 def test_a_torchrun_relaunch_uses_the_torchrun_beside_the_jobs_python(tmp_path):
@@ -301,7 +301,6 @@ def test_a_torchrun_relaunch_uses_the_torchrun_beside_the_jobs_python(tmp_path):
 def test_an_earlier_rollback_is_not_replayed_when_resuming_the_latest(tmp_path):
     """The last relaunch carried --resume RUN/ckpt/step-4; resumed from the latest now, it
     would roll back to step 4 again (review, helper-47). A foreign start path is left to train."""
-    from mscale.recover.relaunch import Change, rewrite_train
 
     run = str(tmp_path / "run")
     argv = ["mscale", "train", "p.yaml", "--run-dir", run, "--resume", f"{run}/ckpt/step-000004"]
