@@ -50,21 +50,22 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
-    work.mkdir(parents=True, exist_ok=True)
-    found = None if args.rehearse or args.gpu else gpu_checks.detect_gpu()
-    gpu = args.gpu or (found[1] if found else gpu_checks.PLANS_GPU)
-    ctx = gpu_checks.Context(out=out, work=work, rehearse=args.rehearse,
-                             gpu=None if gpu.lower() == "none" else gpu)
-    if args.check:
-        return gpu_checks.run_one(args.check, ctx)
+    # Refused before the work folder exists, so a typo leaves no folder behind.
     names = args.only or [c.name for c in gpu_checks.CHECKS]
     unknown = sorted(set(names) - {c.name for c in gpu_checks.CHECKS})
     if unknown:
         ap.error(f"unknown check(s) {unknown}; known: {[c.name for c in gpu_checks.CHECKS]}")
-    report = out / "gpu-check.txt"
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
-        return drive([c for c in gpu_checks.CHECKS if c.name in names], ctx, args, report, found)
+        found = None if args.rehearse or args.gpu else gpu_checks.detect_gpu()
+        gpu = args.gpu or (found[1] if found else gpu_checks.PLANS_GPU)
+        ctx = gpu_checks.Context(out=out, work=work, rehearse=args.rehearse,
+                                 gpu=None if gpu.lower() == "none" else gpu)
+        if args.check:
+            return gpu_checks.run_one(args.check, ctx)
+        checks = [c for c in gpu_checks.CHECKS if c.name in names]
+        return drive(checks, ctx, args, out / "gpu-check.txt", found)
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
