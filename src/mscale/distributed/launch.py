@@ -1,41 +1,33 @@
 """Start N local worker processes of one `mscale` command and watch them to the end (``--local``).
 
 Shared by ``train --local`` and ``preflight --local``, which sit side by side above this layer.
-The watcher polls every 100 ms. The first worker to end abnormally (exit code 3, any other code
-outside 0–2, or a signal) is the job's failure; the others are stopped. At that moment it also
-notes which workers were still running and which were *stopped* (state ``T``: SIGSTOP, a
-debugger): when the failure is a collective timeout, those are the hung ranks the others waited
-for — the ones that never time out themselves.
-
-Start-up is shown while it lasts: the workers' phase markers and the view of them are
-distributed/startup.py.
+What the watch decides (the first abnormal end is the job's failure; the hung ranks it waited
+for) is distributed/watcher.py; the rendezvous port, distributed/ports.py. Start-up is shown
+while it lasts: the workers' phase markers and the view of them are distributed/startup.py.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from mscale.distributed import forkserver
 from mscale.distributed.lifeline import LIFELINE_ENV, LOG_FILE_ENV, Lifeline
 from mscale.distributed.startup import PHASE_FILE_ENV, StartupView, phase_file, read_phases
+from mscale.distributed.ports import free_port
 from mscale.distributed.stdio import guard_std_streams
 from mscale.distributed.stops import Notice, StopRequests, forwarded_signals, generic_notice
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.distributed.watcher import (GRACE_S, JobResult, describe_exit, first_failed,
+                                        watch_workers)
+from mscale.errors import MscaleError
 
 if TYPE_CHECKING:
     from mscale.config.plan import Plan
-    import subprocess
-
-GRACE_S = 15.0
-POLL_S = 0.1
 
 CLI_ENTRY = ("import sys, torch, mscale.cli.main as cli; "
              "from mscale.distributed.startup import mark_phase; "
@@ -58,32 +50,6 @@ CLI_PHASES: tuple[tuple[str, str], ...] = (("imported", "imported"),)
 """The phases a `CLI_ENTRY` worker marks, as (marker, label), in order."""
 
 
-@dataclass
-class JobResult:
-    """How a local job ended."""
-
-    code: int
-    """The job's contract exit code (0 done, 1 stopped on request, 2 NaN, 3 failed)."""
-    returncodes: list[int | None]
-    """Each worker's raw return code (negative: killed by that signal)."""
-    failed_rank: int | None = None
-    """The first worker to end abnormally; None when the job ended in agreement."""
-    alive_at_failure: list[int] = field(default_factory=list)
-    """Workers still running when the first failure was seen."""
-    stopped_at_failure: list[int] = field(default_factory=list)
-    """Of those, the ones whose process was stopped (SIGSTOP): certainly hung."""
-    failed_at: float | None = None
-    """When the watch saw the first abnormal end (``time.monotonic``)."""
-    stop_signal: str | None = None
-    """The first stop signal the launcher received (``SIGINT``), when it came before any
-    worker ended abnormally: the operator asked the job to stop. Whether an abnormal end after
-    it was the stop's doing is the caller's judgement (its codes, its error files)."""
-    forced: bool = False
-    """A second Ctrl-C killed the workers, without a checkpoint."""
-    abandoned: str | None = None
-    """Why the launcher killed the workers itself (`LocalJob.abandon`), None if it did not."""
-
-
 def check_local_count(local: int, plan: "Plan", plan_path: str) -> None:
     """``--local N`` must start the plan's world size. A GPU plan of several nodes is not for one
     machine: its fix names srun and torchrun, not ``--local 12288`` (12,288 processes here)."""
@@ -97,41 +63,6 @@ def check_local_count(local: int, plan: "Plan", plan_path: str) -> None:
            f"use --local {world}, or plan for {local} processes")
     raise MscaleError(f"--local {local} but the plan's layout needs {world} processes",
                       file=plan_path, field="layout", fix=fix)
-
-
-LISTEN_PORTS = (20000, 32768)
-"""Where a local job's rendezvous port is drawn from: below Linux's default ephemeral range
-(32768-60999). A port the kernel hands out for ``bind(0)`` lies in the range every outgoing
-connection draws its local port from, so between the check and rank 0's own bind a gloo
-connection of any other job could take it (``EADDRINUSE``, seen with two test workers beside a
-demo run)."""
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now, for a local job's rendezvous (the ``--local``
-    launchers and `mscale.distributed.spawn`): one of `LISTEN_PORTS` outside the kernel's
-    ephemeral range, else (a machine whose range covers them) any the kernel gives."""
-    low, high = _ephemeral_range()
-    ports = [p for p in range(*LISTEN_PORTS) if not low <= p <= high]
-    for port in random.sample(ports, min(64, len(ports))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(x) for x in f.read().split()[:2])
-            return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
 
 
 def worker_log_dir(run_dir: str, *parts: str) -> tuple[str, bool]:
@@ -267,7 +198,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             # it is not, and says so (distributed/lifeline.py), so none waits to be sure
             lifeline.tell_alive()
             view.close()  # a worker ended: what follows is about that, not the start
-            if not first_end_judged:  # once, at the first end seen, before `_watch` signals
+            if not first_end_judged:  # once, at the first end seen, before `watch_workers` signals
                 first_end_judged.append(True)  # any worker (its SIGTERMs, its SIGKILLs)
                 # a worker killed by a signal (SIGKILL, SIGSEGV) failed: no agreed stop (every
                 # rank exiting 3 at a full disk) ends that way; an operator's stop has its line
@@ -295,7 +226,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         stops.deliver()  # a stop asked for while workers were still starting reaches them all
-        result = _watch(procs, job.rank0_ends_job, on_poll)
+        result = watch_workers(procs, job.rank0_ends_job, on_poll)
         result.abandoned = abandoned[0] if abandoned else None
         view.close()
         for note in stops.take_notes():  # a kill ends the watching before its next poll
@@ -361,89 +292,12 @@ def _worker_env(job: LocalJob, rank: int, port: int, threads: str,
     return env
 
 
-def _abnormal(code: int | None) -> bool:
-    return code is not None and code not in (0, 1, 2)
-
-
-def describe_exit(code: int | None) -> str:
-    """A worker's end in words: ``killed by SIGKILL``, ``exited with code 3``."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def failure_seen_line(job: LocalJob, codes: list[int | None]) -> str:
     """Said the moment a worker is seen killed: the others then take seconds to stop (each
     writes what it saw of its peer's end) before the job's closing line, and the console was
     silent meanwhile."""
-    rank = _first_failed(codes)
+    rank = first_failed(codes)
     node = (f" on {job.node_names[rank // job.gpus_per_node]}"
             if len(job.node_names) > rank // job.gpus_per_node else "")
     return (f"rank {rank}{node} {describe_exit(codes[rank])}; stopping the other workers "
             f"(they record what they saw first, up to {GRACE_S:.0f} s)")
-
-
-def _first_failed(codes: list[int | None]) -> int:
-    """The rank that failed first among those that ended abnormally. A signal beats an exit
-    code: the peers of a killed rank exit 3 right after it, having lost their connection."""
-    bad = [r for r, c in enumerate(codes) if _abnormal(c)]
-    return min(bad, key=lambda r: (codes[r] >= 0, r))
-
-
-def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
-def _watch(procs: list[forkserver.Worker | subprocess.Popen], rank0_ends_job: bool = False,
-           on_poll: Callable[[list[int | None]], None] | None = None) -> JobResult:
-    result = JobResult(code=0, returncodes=[])
-    ended_by_rank0 = False
-    deadline: float | None = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            break
-        if on_poll is not None:
-            try:
-                on_poll(codes)
-            except Exception:  # noqa: BLE001 - showing progress must never stop the watching
-                pass
-        if deadline is None and rank0_ends_job and codes[0] == 0:
-            ended_by_rank0, deadline = True, time.monotonic() + GRACE_S
-            for p in procs[1:]:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-        elif deadline is None and any(c not in (None, 0) for c in codes):
-            bad = [r for r, c in enumerate(codes) if _abnormal(c)]
-            if bad:
-                result.failed_rank, result.failed_at = _first_failed(codes), time.monotonic()
-                result.alive_at_failure = [r for r, c in enumerate(codes) if c is None]
-                result.stopped_at_failure = [r for r in result.alive_at_failure
-                                             if _is_stopped(procs[r].pid)]
-            deadline = time.monotonic() + GRACE_S
-            for r, p in enumerate(procs):
-                if p.poll() is None:
-                    p.kill() if r in result.stopped_at_failure else p.send_signal(signal.SIGTERM)
-        elif deadline is not None and time.monotonic() > deadline:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        time.sleep(POLL_S)
-    result.returncodes = codes
-    if result.failed_rank is None and not ended_by_rank0 and any(_abnormal(c) for c in codes):
-        # every worker ended between two polls (a loaded machine): the same rule decides
-        result.failed_rank, result.failed_at = _first_failed(codes), time.monotonic()
-    if result.failed_rank is not None:
-        result.code = EXIT_BAD_INPUT
-    else:
-        result.code = max(codes)  # agreed stops: every rank exits 1 (halt) or 2 (NaN)
-    return result

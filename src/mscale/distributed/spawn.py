@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.multiprocessing as mp
 
-from mscale.distributed.launch import free_port  # the launcher's; tests and bench import it here
+from mscale.distributed.ports import free_port  # the launcher's; tests and bench import it here
 
 
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "mscale.distributed.spawn"]

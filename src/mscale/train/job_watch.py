@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mscale.config.plan import Plan
 from mscale.config.records import Event
-from mscale.distributed.launch import JobResult, describe_exit
+from mscale.distributed.watcher import JobResult, describe_exit
 from mscale.distributed.stops import ended_by_stop
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.atomic import read_jsonl

@@ -36,7 +36,8 @@ from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.rundir import RunDir
 from mscale.runs.targets import check_output
-from mscale.distributed.launch import JobResult, run_local_workers, worker_log_dir
+from mscale.distributed.launch import run_local_workers, worker_log_dir
+from mscale.distributed.watcher import JobResult
 from mscale.train.off_gpu import check_fits_without_gpus
 from mscale.train.options import TrainOptions
 

@@ -127,7 +127,8 @@ def test_a_ctrl_c_while_the_server_imports_its_preload_neither_kills_it_nor_prin
 
 
 def test_a_killed_worker_is_named_at_once_with_its_node():
-    from mscale.distributed.launch import LocalJob, describe_exit, failure_seen_line
+    from mscale.distributed.launch import LocalJob, failure_seen_line
+    from mscale.distributed.watcher import describe_exit
 
     job = LocalJob(4, 2, [], "logs", {}, node_names=("node1", "node2"))
     assert failure_seen_line(job, [None, None, -signal.SIGKILL, 3]).startswith(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from mscale.distributed.launch import _watch
+from mscale.distributed.watcher import watch_workers
 from mscale.distributed.startup import (PHASE_FILE_ENV, StartupView, mark_phase, phase_file,
                                         progress_text, reached, read_phases)
 
@@ -169,14 +169,14 @@ class _Proc:
 
 
 def test_the_watcher_calls_the_progress_hook_and_survives_its_errors(monkeypatch):
-    monkeypatch.setattr("mscale.distributed.launch.POLL_S", 0.0)
+    monkeypatch.setattr("mscale.distributed.watcher.POLL_S", 0.0)
     seen = []
 
     def hook(codes):
         seen.append(list(codes))
         raise RuntimeError("a broken console must not stop the watching")
 
-    result = _watch([_Proc([None, None, 0]), _Proc([None, None, 0])], on_poll=hook)
+    result = watch_workers([_Proc([None, None, 0]), _Proc([None, None, 0])], on_poll=hook)
     assert result.code == 0 and result.failed_rank is None
     assert seen == [[None, None], [None, None]]
 

@@ -17,7 +17,7 @@ import pytest
 
 from mscale.cli.options import build
 from mscale.config.preflight import CheckResult
-from mscale.distributed.launch import JobResult
+from mscale.distributed.watcher import JobResult
 from mscale.preflight import local
 from mscale.preflight.options import PreflightOptions
 from mscale.preflight.report import finish, publish

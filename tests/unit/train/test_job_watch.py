@@ -4,7 +4,7 @@ not explain stays a failure."""
 
 from __future__ import annotations
 
-from mscale.distributed.launch import JobResult
+from mscale.distributed.watcher import JobResult
 from mscale.train.job_watch import stopped_by_operator
 
 

@@ -17,7 +17,7 @@ from mscale.runs.rundir import RunDir
 from mscale.train.console import Summary, stop_line
 from mscale.train.control import Control
 from mscale.train.failure import classify, read_error_files, report_failure, write_error_file
-from mscale.distributed.launch import describe_exit
+from mscale.distributed.watcher import describe_exit
 from mscale.train.job_watch import JobResult
 from mscale.train.loop import with_steps
 from mscale.train.schedule import learning_rate

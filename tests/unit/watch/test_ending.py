@@ -16,7 +16,7 @@ import pytest
 
 from mscale.config.records import Event
 from mscale.errors import MscaleError
-from mscale.distributed.launch import JobResult
+from mscale.distributed.watcher import JobResult
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
 from mscale.train.failure import read_error_files, report_failure, write_error_file
