@@ -5,10 +5,10 @@ MegaScale runs self-check diagnostics on a suspect machine before it evicts it (
 "What MegaScale did"), and a 1,000-GPU job that loses a healthy node to one unlucky measurement
 pays for it in hours. After the first round, rank 0 collects every rank, pair and group whose
 figure was flagged (`suspects`) and broadcasts them; every rank measures them again under the
-same conditions as the first time (`remeasure`: the GEMM on every device at once, the pairs and
-groups one at a time on CPUs, as in the first round); rank 0 judges the second round against the
-first round's peers (`second_round_payloads`) and keeps, for each suspect, the less severe of its
-two verdicts (`combine`), with both figures and their spread in the evidence.
+same conditions as the first time (`runner.measure_again`: the GEMM on every device at once, the
+pairs and groups one at a time on CPUs, as in the first round); rank 0 judges the second round
+against the first round's peers (`second_round_payloads`) and keeps, for each suspect, the less
+severe of its two verdicts (`combine`), with both figures and their spread in the evidence.
 """
 
 from __future__ import annotations
