@@ -128,6 +128,10 @@ def _slurm_step_problem(counts: list[int], distribution: str) -> str | None:
         return (f"the step runs {','.join(map(str, counts))} tasks on its {len(counts)} nodes "
                 "(SLURM_STEP_TASKS_PER_NODE): a plan puts the same number on every node")
     nodes_way = distribution.split(":")[0].split(",")[0].strip().lower()
+    # One task a node is laid out alike by every distribution; srun then says cyclic (its
+    # default when tasks do not outnumber nodes), as in a `--ntasks-per-node=1` batch job.
+    if counts and max(counts) == 1:
+        return None
     if nodes_way and nodes_way not in ("block", "*"):
         return (f"srun's distribution is {distribution} (SLURM_DISTRIBUTION): ranks are not "
                 "laid out node by node as the plan places them")

@@ -76,6 +76,14 @@ def test_srun_tasks_per_node_are_read_per_node_and_an_uneven_or_cyclic_step_is_r
     assert _srun(SLURM_DISTRIBUTION="block:cyclic").step_layout_problem is None  # sockets only
 
 
+def test_one_task_a_node_is_not_refused_for_srun_s_default_cyclic_distribution():
+    """sbatch --ntasks-per-node=1: srun sets SLURM_DISTRIBUTION=cyclic, the same layout as block;
+    every rank refused it, with a fix that was the very line it ran."""
+    one = _srun(SLURM_PROCID="2", SLURM_NTASKS="4", SLURM_LOCALID="0", SLURM_NODEID="2",
+                SLURM_STEP_TASKS_PER_NODE="1(x4)", SLURM_DISTRIBUTION="cyclic")
+    assert one.local_world_size == 1 and one.step_layout_problem is None
+
+
 def test_every_rank_refuses_a_step_the_plan_cannot_match():
     from mscale.train.engine import check_node_matches
 
