@@ -65,7 +65,8 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
            evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
                      "layout": plan.layout.model_dump(mode="json"), "device": str(engine.device),
                      "launcher": engine.env.launcher,
-                     "launch": launch_record(engine.options.launch, plan)})
+                     "launch": launch_record(engine.options.launch, plan,
+                                             launcher=engine.env.launcher)})
     if engine.compiled:  # else the first step is a silent minute on a GPU
         say(engine, "the blocks are compiled (training.compile): the first step builds their "
              "kernels and takes longer than the rest; `compile: false` in the training file "

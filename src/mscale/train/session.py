@@ -228,15 +228,27 @@ def from_rank0(obj, rank: int):
     return broadcast_json(obj if rank == 0 else None, dist.group.WORLD)
 
 
-def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
+def launch_record(launch: dict | None, plan, env: dict | None = None,
+                  launcher: str | None = None) -> dict:
     """``evidence["launch"]`` of the start event: how to launch this job again (docs/train.md).
-    ``launch`` is what the CLI recorded (argv, cwd, plan, local); nodes and SLURM are added."""
+    ``launch`` is what the CLI recorded (argv, cwd, plan, local); nodes and SLURM are added.
+    Under srun (``launcher`` ``slurm``) the nodes are the step's own, in rank order: recover
+    names a rank's node and re-checks the job's nodes by them, and an allocation (one sbatch
+    --exclude'd) need not hold the plan's names."""
+    from mscale.hostlist import expand_hostlist
     from mscale.topology.placement import placement_for
 
     env = os.environ if env is None else env
     placement = placement_for(plan)
-    names = plan.cluster.node_names()
     used = sorted({placement.node(r) for r in range(placement.world)})
+    names = [plan.cluster.node_names()[i] for i in used]
+    if launcher == "slurm":
+        try:
+            step = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                                   or env.get("SLURM_NODELIST") or "")
+        except ValueError:
+            step = []
+        names = step if len(step) == len(used) else names
     slurm = None
     if env.get("SLURM_JOB_ID"):
         nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")
@@ -246,7 +258,7 @@ def launch_record(launch: dict | None, plan, env: dict | None = None) -> dict:
     base = {"argv": None, "cwd": None, "plan": None, "local": 0, **(launch or {})}
     # the node's offset from UTC: slurmstepd stamps its cancel lines in the node's local time,
     # and recover, maybe on a login node elsewhere, compares them with Unix times
-    return {**base, "nodes": [names[i] for i in used], "slurm": slurm,
+    return {**base, "nodes": names, "slurm": slurm,
             "utc_offset_s": time.localtime().tm_gmtoff}
 
 

@@ -242,6 +242,20 @@ def test_launch_record_names_nodes_in_order_and_slurm(tmp_path):
                             "nnodes": 2}
 
 
+def test_launch_record_under_srun_names_the_steps_nodes_not_the_plans(tmp_path):
+    """sbatch --exclude=node1 ran the plan's node[1-2] on node[2-3]: recording the plan's names
+    blamed node1 for rank 0's error and re-checked node[1-2], outside the allocation."""
+    from mscale.topology.placement import load_checked_plan
+
+    plan = load_checked_plan(small_plan(tmp_path))
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[2-4]",
+           "SLURM_STEP_NODELIST": "node[2-3]"}
+    assert launch_record({}, plan, env=env, launcher="slurm")["nodes"] == ["node2", "node3"]
+    assert launch_record({}, plan, env=env, launcher="local")["nodes"] == ["node1", "node2"]
+    odd = {**env, "SLURM_STEP_NODELIST": "node[2-4]"}  # not the plan's node count: its names
+    assert launch_record({}, plan, env=odd, launcher="slurm")["nodes"] == ["node1", "node2"]
+
+
 def test_launch_of_is_absolute_and_runnable(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.argv", ["/x/mscale/cli/main.py", "train", "p.yaml"])
