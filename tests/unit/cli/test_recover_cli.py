@@ -252,3 +252,20 @@ def test_execute_with_no_recorded_launch_relaunches_nothing_and_says_so(cli, run
     assert code == 3 and "recover: nothing relaunched" in err, out + err
     code, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
     assert code == 3 and json.loads(out)["exit_code"] == 3
+
+
+def test_execute_for_a_job_slurm_queued_again_keeps_its_verdict(cli, run, state, monkeypatch):
+    """A batch job already back in SLURM's queue (a requeue) needs no command: --execute said
+    "the run recorded no launch command" and ended 3, though the job would resume by itself."""
+    from mscale.recover import decide
+    from mscale.recover.relaunch import Relaunch
+
+    queued = Relaunch("slurm", [], ["SLURM has queued job 7 again itself (JobState=PENDING, "
+                                    "Restarts=1): when it starts it resumes from the latest "
+                                    "checkpoint; nothing to submit (`squeue -j 7` shows it)"])
+    monkeypatch.setattr(decide, "relaunch", lambda *a, **k: queued)
+    monkeypatch.setattr(decide, "apply_plan", lambda plan: None)
+    monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: pytest.fail("launched"))
+    code, out, err = cli("recover", str(run), "--execute", "--no-recheck")
+    assert code == 0 and "no launch command" not in err, out + err
+    assert "nothing to submit" in out
