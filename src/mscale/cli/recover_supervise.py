@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from mscale.cli.recover import recover_app
@@ -48,6 +50,12 @@ def supervise_cmd(
         raise MscaleError("no command to supervise", field="CMD",
                           fix="put the launch command after --, e.g. mscale recover supervise "
                               "-- mscale train plan.yaml --local 8 --run-dir runs/r1")
+    if os.path.basename(command[0]) == "sbatch" and not {"--wait", "-W"} & set(command[1:]):
+        # sbatch returns once the job is queued: its exit 0 would read as "trained to the end"
+        raise MscaleError("sbatch without --wait returns when the job is queued, not when it "
+                          "ends: supervise would take the submission for the job",
+                          field="CMD", fix="mscale recover supervise --run-dir RUN -- sbatch "
+                          "--wait job.sh")
     opts = SuperviseOptions(max_restarts=max_restarts, window_s=window, backoff_s=backoff,
                             watch=watch, watch_settings=parse_watch_settings(watch_set),
                             ckpt_wait_s=ckpt_wait, interval_s=interval,
