@@ -240,6 +240,15 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
         "again; a new job beside it would train twice into one run directory"))
 
 
+def _excluded_by(info: dict[str, str]) -> list[str]:
+    """The nodes ``scontrol show job`` says the job was kept off (``ExcNodeList``)."""
+    value = info.get("ExcNodeList") or "(null)"  # scontrol's word for none
+    try:
+        return expand_hostlist(value) if value != "(null)" else []
+    except ValueError:
+        return []
+
+
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
     """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
     around the rewritten ``srun`` line."""
@@ -260,8 +269,11 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
         return Relaunch("slurm", ["scontrol", "requeue", job_id])
     nnodes = max(1, change.world // max(1, ranks_per_node))
     head = ["sbatch", f"--nodes={nnodes}"]
-    if change.excluded:
-        head.append(f"--exclude={collect_hostlist(change.excluded)}")
+    # the job's own exclusions too (its #SBATCH --exclude, an earlier recovery's): a command
+    # line --exclude replaces the script's, and the bad nodes it kept out would come back
+    excluded = sorted({*change.excluded, *_excluded_by(info)})
+    if excluded:
+        head.append(f"--exclude={collect_hostlist(excluded)}")
     if slurm.get("job_name"):
         head.append(f"--job-name={slurm['job_name']}")
     script = info.get("Command", "")

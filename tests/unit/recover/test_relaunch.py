@@ -163,6 +163,20 @@ def test_slurm_reuses_the_batch_script_when_it_can_run_unchanged(tmp_path):
                            str(script)]
 
 
+def test_a_resubmission_keeps_the_nodes_the_job_already_kept_out(tmp_path):
+    """sbatch --exclude=node2 job.sh (or its #SBATCH --exclude) lost node3: the script was
+    resubmitted with --exclude=node3 alone, which replaces the job's, and ran on node2 again."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsrun mscale train plan.yaml --run-dir r\n")
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": str(script),
+                    "ExcNodeList": "node[2,7]"})
+    change = Change(world=8, nodes=["node1", "node4", "node5", "node6"], excluded=["node3"])
+    out = relaunch(slurm_launch(), change, 2, run=run)
+    assert out.command[:3] == ["sbatch", "--nodes=4", "--exclude=node[2-3,7]"]
+    wrapped = relaunch(slurm_launch(), shrink(resume="/abs/run/ckpt/step-000010"), 2, run=run)
+    assert wrapped.command[:3] == ["sbatch", "--nodes=3", "--exclude=node[2-3,7]"]
+
+
 def test_slurm_wraps_the_rewritten_srun_line_when_the_world_changes(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\n")
