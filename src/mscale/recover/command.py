@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from mscale.ckpt import catalog
-from mscale.hostlist import collect_hostlist
+from mscale.hostlist import collect_hostlist, expand_hostlist
 
 FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
                         "--allow-data-change", "--debug", "-h", "--help"}
@@ -160,6 +160,19 @@ def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None
     return catalog.in_run(path, os.path.join(run_dir, "ckpt"))
 
 
+def _excluded_in(args: list[str]) -> list[str]:
+    """The nodes ``-x``/``--exclude`` name in srun/sbatch words (either spelling, repeated)."""
+    out: list[str] = []
+    for i, a in enumerate(args):
+        value = args[i + 1] if a in ("-x", "--exclude") and i + 1 < len(args) else \
+            a.split("=", 1)[1] if a.startswith(("-x=", "--exclude=")) else None
+        try:
+            out += expand_hostlist(value) if value else []
+        except ValueError:
+            continue
+    return out
+
+
 def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:
     """srun/sbatch words with the node flags of the relaunch."""
     out = _drop_option(prefix, ("-N", "--nodes", "-n", "--ntasks", "-x", "--exclude",
@@ -168,8 +181,10 @@ def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> lis
     extra = [f"--nodes={nodes}"]
     if os.path.basename(prefix[0]) == "srun":
         extra.append(f"--ntasks={change.world}")
-    if change.excluded:
-        extra.append(f"--exclude={collect_hostlist(change.excluded)}")
+    # the nodes the command already kept out stay out (the user's, an earlier recovery's)
+    excluded = sorted({*change.excluded, *_excluded_in(prefix)})
+    if excluded:
+        extra.append(f"--exclude={collect_hostlist(excluded)}")
     return out[:1] + extra + out[1:]
 
 

@@ -68,8 +68,21 @@ def test_srun_command_gets_nodes_tasks_and_exclude():
     cmd = ["srun", "-N", "4", "-n", "8", "--ntasks-per-node=2", "--exclude=node9", MSCALE,
            "train", "plan.yaml", "--run-dir", "r"]
     out = rewrite_command(cmd, shrink(), ranks_per_node=2)
-    assert out == ["srun", "--nodes=3", "--ntasks=6", "--exclude=node3", "--ntasks-per-node=2",
-                   MSCALE, "train", "/runs/r1/recover/plan-0001.yaml", "--run-dir", "r"]
+    assert out == ["srun", "--nodes=3", "--ntasks=6", "--exclude=node[3,9]",
+                   "--ntasks-per-node=2", MSCALE, "train", "/runs/r1/recover/plan-0001.yaml",
+                   "--run-dir", "r"]
+
+
+def test_a_rewritten_command_keeps_the_nodes_it_already_excluded():
+    """supervise -- srun -x node9 …: the relaunch dropped the user's (or an earlier recovery's)
+    --exclude for the new one alone, so a node kept out came back in the next step."""
+    srun = ["srun", "-x", "node9", "--exclude", "node[7-8]", MSCALE, "train", "p.yaml"]
+    out = rewrite_command(srun, shrink(), ranks_per_node=2)
+    assert out[:4] == ["srun", "--nodes=3", "--ntasks=6", "--exclude=node[3,7-9]"]
+    assert "-x" not in out and "node9" not in out
+    sbatch = ["sbatch", "--wait", "-x", "node9", "job.sh"]
+    assert rewrite_command(sbatch, shrink(), 2) == ["sbatch", "--nodes=3", "--exclude=node[3,9]",
+                                                    "--wait", "job.sh"]
 
 
 def test_torchrun_command_gets_nnodes():
