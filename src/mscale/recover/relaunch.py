@@ -225,9 +225,7 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
     same_shape = change.plan_path is None and change.resume is None and \
         change.world == nodes_before * ranks_per_node
     if same_shape:
-        already = info.get("ExcNodeList") or "(null)"  # scontrol's word for none
-        kept_out = sorted({*change.excluded,
-                           *(expand_hostlist(already) if already != "(null)" else [])})
+        kept_out = sorted({*change.excluded, *_excluded_by(info)})
         notes = [f"SLURM has queued job {job_id} again itself ({state}): it is kept, told to "
                  f"stay off {collect_hostlist(change.excluded)}"]
         if held:
