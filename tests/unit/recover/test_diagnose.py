@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mscale.recover.diagnose import diagnose
-from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, T0, Run
+from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, GLOO_TIMEOUT, T0, Run
 
 
 @pytest.fixture
@@ -123,6 +123,22 @@ def test_a_rank_gone_silently_under_srun_is_the_suspect(run):
     d = diagnose(run.path)
     assert (d.cls, d.symptom) == ("network", "crash")
     assert d.suspect_ranks == [3] and d.suspect_nodes == ["node2"] and d.exit_code == 3
+
+
+def test_when_every_rank_timed_out_under_srun_none_is_named_and_the_report_says_why(run):
+    """SLURM continues a stopped rank (SIGCONT, then SIGTERM) when it ends the step: that rank
+    times out at once too, so every rank has a timeout file and none is the silent one."""
+    from mscale.recover.diagnose.hang import EVERY_RANK_WAITED
+
+    started(run)
+    for rank in range(4):
+        run.error_file(rank, 5 + rank / 100, "timeout", GLOO_TIMEOUT, node=f"node{rank + 1}")
+    run.event("hang", 6, severity="critical", ranks=[0], nodes=["node1"],  # rank 0's, as srun's
+              message="error (rank 0 on node1, timeout): ...",
+              evidence={"kind": "timeout", "error_file": "logs/rank0.error.json"})
+    d = diagnose(run.path)
+    assert d.symptom == "hang" and d.suspect_ranks == [] and d.suspect_nodes == []
+    assert any(e.text == f"suspect rank(s): {EVERY_RANK_WAITED}" for e in d.evidence)
 
 
 def test_srun_names_a_killed_task_and_its_node(run):

@@ -23,6 +23,12 @@ QUIET_GAP_S = 1.0
 """Log times closer than this do not tell two ranks apart (files are created together)."""
 PEER_KINDS = ("timeout", "network")
 """Error-file kinds a rank writes when it waited for a peer that never came."""
+EVERY_RANK_WAITED = (
+    "every rank timed out, so their error files cannot tell which one the others waited for (a "
+    "stopped rank times out too once it is continued: SLURM sends SIGCONT before its SIGTERM); "
+    "NCCL flight-recorder JSON dumps under RUN/logs/ would (docs/recover.md, \"What it reads, "
+    "and how much\")")
+"""Why no rank is named when every rank wrote a timeout or network error file."""
 
 
 def hung_ranks(ev: RunEvidence, hits: list[Hit]) -> tuple[list[int], str]:
@@ -38,8 +44,10 @@ def hung_ranks(ev: RunEvidence, hits: list[Hit]) -> tuple[list[int], str]:
     if world is None:
         return [], "no plan to tell the silent ranks"
     silent = [r for r in range(world) if r not in waited]
-    if not waited or not silent:
+    if not waited:
         return [], "no rank timed out waiting for another"
+    if not silent:
+        return [], EVERY_RANK_WAITED
     if len(silent) == 1:
         return silent, "the one rank that did not time out waiting"
     quiet = quietest(ev, silent)
