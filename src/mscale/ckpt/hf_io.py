@@ -19,7 +19,7 @@ from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_
 from mscale.ckpt.ownership import Item, meta_params
 from mscale.ckpt.progress import OnStart, Progress, Tally
 from mscale.ckpt.rewrite import write_layout
-from mscale.config.base import parse_json
+from mscale.config.json_reader import parse_json
 from mscale.config.files import read_bytes as read_config_bytes
 from mscale.config.plan import Plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError

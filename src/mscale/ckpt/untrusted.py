@@ -3,17 +3,17 @@
 A checkpoint directory is input like any other: ``manifest.json``, ``COMMITTED`` and ``latest``
 can be truncated, binary, UTF-16, absurdly large or nested 200,000 deep, and a checksum proves
 nothing when whoever changed the manifest also re-signed it. The JSON files go through
-`load_json`: config's one hardened reader (`mscale.config.base.parse_json`: size, UTF-8, nesting
-and numbers bounded before parsing) with a checkpoint's exit code (2, damaged) and fix; `text`
-decodes the ``latest`` pointer. What comes out is plain data for the schemas in manifest.py to
-check field by field.
+`load_json`: config's one hardened reader (`mscale.config.json_reader.parse_json`: size, UTF-8,
+nesting and numbers bounded before parsing) with a checkpoint's exit code (2, damaged) and fix;
+`text` decodes the ``latest`` pointer. What comes out is plain data for the schemas in
+manifest.py to check field by field.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mscale.config.base import parse_json
+from mscale.config.json_reader import parse_json
 from mscale.errors import EXIT_CRITICAL, MscaleError
 
 DAMAGED = "the checkpoint is damaged or was altered; use an older one (mscale ckpt ls)"

@@ -24,7 +24,7 @@ import json
 import statistics
 from dataclasses import dataclass, field
 
-from mscale.config.base import parse_json
+from mscale.config.json_reader import parse_json
 from mscale.config.files import read_text
 from mscale.config.vectors import decode_vector, is_encoded
 from mscale.errors import MscaleError

@@ -186,7 +186,7 @@ def test_cli_names_a_tampered_index_without_a_traceback(good, cli, tmp_path):
 
 
 def test_depth_is_bounded_before_parsing():
-    from mscale.config.base import json_depth as depth
+    from mscale.config.json_reader import json_depth as depth
 
     assert depth(b'{"a": [[1, 2], {"b": "[[[[{{"}]}') == 3
     assert depth(b'"\\"[[["') == 0 and depth(b"") == 0

@@ -11,7 +11,8 @@ import pytest
 
 from mscale.config import ClusterConfig, ModelConfig, TrainingConfig, load_plan
 from mscale.config import files as config_files
-from mscale.config.base import dump_yaml, load_model, parse_json, parse_yaml, read_text
+from mscale.config.base import dump_yaml, load_model, parse_yaml, read_text
+from mscale.config.json_reader import parse_json
 from mscale.config.layout import LayoutConfig
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
