@@ -40,7 +40,7 @@ def preflight_cmd(
     check_output(run_dir, "dir", "--run-dir")
     if prometheus:
         check_lasting(prometheus, "--prometheus")
-        check_output(prometheus, "file", "--prometheus")
+        check_output(prometheus, "file", "--prometheus", example="preflight.prom")
     check_inputs_here(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
     if local:
         from mscale.distributed.launch import check_local_count

@@ -58,10 +58,11 @@ def watch_cmd(
     from mscale.watch.outputs import OutputOptions, Outputs
     from mscale.watch.stream import MetricsFeed, records_to_window
 
-    for url, flag in ((prometheus, "--prometheus"), (report, "--report")):
+    for url, flag, example in ((prometheus, "--prometheus", "mscale.prom"),
+                               (report, "--report", "watch.html")):
         if url:
             check_lasting(url, flag)
-            check_output(url, kind="file", what=flag)
+            check_output(url, kind="file", what=flag, example=example)
     where = resolve_target(target)
     if once:
         require_run(where)

@@ -31,13 +31,15 @@ def check_lasting(url: str, what: str) -> None:
                           "(file://, s3://, gs://, ...)")
 
 
-def check_output(url: str, kind: Kind, what: str) -> None:
+def check_output(url: str, kind: Kind, what: str, example: str = "plan.yaml") -> None:
     """Raise MscaleError unless ``url`` can be written as a ``kind`` (a file or a directory).
 
     ``what`` names the option the path came from (``-o``, ``--run-dir``), so the message points at
-    what the user typed. Local paths are checked for real (the nearest existing ancestor must be a
-    writable directory, the path itself must not be of the other kind); for object stores only the
-    protocol is resolved, since their permissions show only on the first write.
+    what the user typed; ``example`` is the file name a directory given for a file is told to
+    hold (``mscale.prom`` for ``--prometheus``, not a plan). Local paths are checked for real
+    (the nearest existing ancestor must be a writable directory, the path itself must not be of
+    the other kind); for object stores only the protocol is resolved, since their permissions
+    show only on the first write.
     """
     fs, path = fs_and_path(url)  # an unknown protocol fails here
     if not isinstance(fs, LocalFileSystem):
@@ -46,7 +48,7 @@ def check_output(url: str, kind: Kind, what: str) -> None:
                               fix=f"give {what} a new or existing directory")
         return
     if os.path.lexists(path):
-        _check_existing(url, path, kind, what)
+        _check_existing(url, path, kind, what, example)
         return
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.lexists(parent):
@@ -112,11 +114,11 @@ def _read_only(path: str, url: str, what: str) -> None:
                               "remount it read-write")
 
 
-def _check_existing(url: str, path: str, kind: Kind, what: str) -> None:
+def _check_existing(url: str, path: str, kind: Kind, what: str, example: str) -> None:
     if kind == "file":
         if os.path.isdir(path):
             raise MscaleError(f"{what} names a directory, expected a file", file=url,
-                              fix=f"give {what} a file name, e.g. {os.path.join(url, 'plan.yaml')}")
+                              fix=f"give {what} a file name, e.g. {os.path.join(url, example)}")
         if not os.path.isfile(path):
             raise MscaleError(f"{what} names something that is not a regular file", file=url,
                               fix=f"give {what} a regular file path")

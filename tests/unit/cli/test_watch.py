@@ -169,6 +169,15 @@ def test_bad_input_exits_3_in_one_line(cli, run, tmp_path, args, needle):
     assert needle in err and "Traceback" not in err and err.startswith("error: ")
 
 
+@pytest.mark.parametrize("flag,name", [("--report", "watch.html"),
+                                       ("--prometheus", "mscale.prom")])
+def test_a_directory_for_an_output_file_is_told_a_file_name_of_its_kind(cli, run, tmp_path,
+                                                                         flag, name):
+    code, out, err = cli("watch", str(run), "--once", "--no-act", flag, str(tmp_path))
+    assert code == 3, out + err
+    assert f"e.g. {tmp_path / name}" in err and "plan.yaml" not in err
+
+
 def test_once_refuses_a_directory_that_is_not_a_run_naming_it_and_the_fix(cli, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -33,6 +33,17 @@ def test_wrong_kind(tmp_path):
         check_output(str(tmp_path), "file", "-o")
 
 
+def test_a_directory_given_for_a_file_is_told_a_name_of_that_kind(tmp_path):
+    """``--prometheus DIR`` was told "e.g. DIR/plan.yaml": a plan name for a textfile."""
+    with pytest.raises(MscaleError) as e:
+        check_output(str(tmp_path), "file", "-o")
+    assert e.value.fix.endswith(os.path.join(str(tmp_path), "plan.yaml"))
+    with pytest.raises(MscaleError) as e:
+        check_output(str(tmp_path), "file", "--prometheus", example="mscale.prom")
+    assert "plan.yaml" not in e.value.fix
+    assert e.value.fix.endswith(os.path.join(str(tmp_path), "mscale.prom"))
+
+
 def test_fifo_is_not_a_file(tmp_path):
     os.mkfifo(tmp_path / "p")
     with pytest.raises(MscaleError, match="not a regular file"):
