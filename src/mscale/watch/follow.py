@@ -286,7 +286,11 @@ class Follower:
         return new
 
     def _window(self, records: list[dict]) -> Window:
-        window = self.to_window(records, self.layout.world if self.layout else None)
+        try:
+            window = self.to_window(records, self.layout.world if self.layout else None)
+        except MscaleError as e:  # a record's own fault: name the file it is in
+            e.file = e.file or self.target.metrics
+            raise
         if self.layout is None:
             self.layout = self.layout_for(window.world)
             if self.layout.world != window.world:

@@ -178,6 +178,18 @@ def test_a_directory_for_an_output_file_is_told_a_file_name_of_its_kind(cli, run
     assert f"e.g. {tmp_path / name}" in err and "plan.yaml" not in err
 
 
+def test_a_record_with_a_short_vector_names_the_metrics_file(cli, tmp_path):
+    """The file was null ("error: compute_time: step 8: ..."): every other metrics error names
+    it, and the user has to find the line to move away."""
+    records = simulate(8, tp=2, pp=2, ranks_per_node=2, steps=10, seed=1)
+    records[7]["compute_time"] = records[7]["compute_time"][:1]
+    path = write(tmp_path / "m.jsonl", records)
+    code, out, err = cli("watch", path, "--once", "--no-act", "--json")
+    assert code == 3, out + err
+    error = json.loads(out)["error"]
+    assert error["file"] == path and error["field"] == "compute_time"
+
+
 def test_once_refuses_a_directory_that_is_not_a_run_naming_it_and_the_fix(cli, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
