@@ -1,8 +1,10 @@
 """Entry point of the ``mscale`` console script: runs the CLI and owns the exit codes.
 
 Exit codes (errors.py): 0 OK, 1 warning / stopped early on request, 2 critical, 3 bad input or
-could not run, 130 interrupted (Ctrl-C) before a command could stop in order. Every failure is
-reported here, once, for every command:
+could not run, 130 interrupted (Ctrl-C) before a command could stop in order, 141 stdout
+closed by its reader (``mscale plan ... | head``: 128 + SIGPIPE, as a shell reports ``yes |
+head``; rich's and click's own answer, 1, read as a warning). Every failure is reported here,
+once, for every command:
 
 - an MscaleError: its file, field, message and fix, with its own code;
 - a usage error (click exits 2): reported like an MscaleError naming the option, exit 3, so
@@ -26,6 +28,9 @@ from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
 EXIT_INTERRUPTED = 130
 """What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
+
+EXIT_PIPE_CLOSED = 141
+"""What a shell reports for a command whose stdout's reader went away (128 + SIGPIPE)."""
 
 _END_OF_OPTIONS = "--"
 
@@ -117,6 +122,10 @@ def _run(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     except Exit as e:
         return e.exit_code
+    except SystemExit as e:
+        if _stdout_closed(e):  # rich's and click's answer to EPIPE: exit 1, a "warning" here
+            return EXIT_PIPE_CLOSED
+        raise
     except Interrupted:
         return _interrupted(as_json)
     except Abort as e:  # typer's form of an EOFError: an input ended early, no request to stop
@@ -129,6 +138,16 @@ def _run(argv: list[str] | None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI's edge: no traceback reaches the user
         return _unexpected(e, debug, as_json, print_error)
     return rv if isinstance(rv, int) else 0
+
+
+def _stdout_closed(e: SystemExit) -> bool:
+    """The exit is a write's EPIPE: rich's console raises SystemExit(1) while handling the
+    BrokenPipeError (stdout then on /dev/null); click (in typer) calls sys.exit(1) after
+    replacing stdout with its flush-muting wrapper."""
+    from typer._click.utils import PacifyFlushWrapper
+
+    return (isinstance(e.__context__, BrokenPipeError)
+            or isinstance(sys.stdout, PacifyFlushWrapper))
 
 
 def _unexpected(e: Exception, debug: bool, as_json: bool, print_error) -> int:

@@ -92,6 +92,31 @@ def test_ctrl_c_is_one_line_and_130_and_an_eof_is_no_ctrl_c(cli, monkeypatch, ra
         assert code == 3 and err.lstrip("\n").startswith("error: internal error: EOFError")
 
 
+def test_a_stdout_closed_by_its_reader_is_141_not_the_warning_1(cli, monkeypatch):
+    """`mscale plan ... | head -1` exited 1, mscale's "warning": click answers EPIPE with
+    sys.exit(1). 141 is what a shell reports for a command whose pipe's reader went away."""
+    import errno
+
+    import mscale.planner.choose
+
+    def search(*a, **k):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # a write after head exited
+
+    monkeypatch.setattr(mscale.planner.choose, "search", search)
+    code, _, _ = cli("plan", *CPU)
+    assert code == 141
+
+    def rich_print(*a, **k):  # rich's Console: SystemExit(1) while handling the EPIPE
+        try:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+        except BrokenPipeError:
+            raise SystemExit(1) from None
+
+    monkeypatch.setattr(mscale.planner.choose, "search", rich_print)
+    code, _, _ = cli("plan", *CPU)
+    assert code == 141
+
+
 def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(cli, monkeypatch):
     import mscale.cli.app
 
