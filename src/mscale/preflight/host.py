@@ -66,14 +66,16 @@ def check_inputs_here(run_dir: str, *, sysfs_root: str = "/sys", storage_url: st
 def node_checks(run_dir: str, plan: Plan, *, level: str, sysfs_root: str = "/sys",
                 nvml: Any = None, storage_url: str | None = None, node: str | None = None,
                 env: Mapping[str, str] | None = None, ib_before: Snapshot | None = None,
-                ignore_pids: Collection[int] = ()) -> list[CheckResult]:
+                ignore_pids: Collection[int] = (),
+                timeout_s: float | None = None) -> list[CheckResult]:
     """Every host check of this node, blamed on ``node`` (default: the host name).
 
     ``ib_before``: a `mscale.preflight.ib_ports.snapshot` taken before the network tests, so
     the port counters' deltas cover the traffic; without it the window is this call (the
     storage probe). ``nvml``: a pynvml-like module (tests); ``env``: the node's environment
     (default os.environ); ``ignore_pids``: this job's processes on the node, which hold a GPU
-    context and are not leftovers.
+    context and are not leftovers; ``timeout_s``: the job's collective timeout, which the
+    node's other ranks wait for these checks under (it bounds the storage probe).
     """
     check_sysfs_root(sysfs_root)
     node = node or socket.gethostname()
@@ -84,7 +86,8 @@ def node_checks(run_dir: str, plan: Plan, *, level: str, sysfs_root: str = "/sys
         out += gpu_health(node, nvml, ignore_pids=ignore_pids)
     out += environment_checks(node, os.environ if env is None else env, gpu=gpu,
                               ib_devices={p.split("/")[0] for p in before.ports})
-    out += storage_checks(checkpoint_url(run_dir, storage_url), plan, node, level=level)
+    out += storage_checks(checkpoint_url(run_dir, storage_url), plan, node, level=level,
+                          timeout_s=timeout_s)
     after = snapshot(sysfs_root)
     if after.ports:
         out += judge_ports(before, after, node, expected_gbps=plan.cluster.nic_gbit_per_s,

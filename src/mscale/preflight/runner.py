@@ -236,7 +236,7 @@ def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, i
     try:
         return node_checks(opts.run_dir, plan, level=opts.level, sysfs_root=opts.sysfs_root,
                            storage_url=opts.storage_url, node=node, ib_before=ib_before,
-                           ignore_pids=pids)
+                           ignore_pids=pids, timeout_s=opts.timeout_s)
     except Exception as exc:  # noqa: BLE001 - one node's failure is its result, not the job's end
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         return [CheckResult(check="host_checks", entity_kind="node", entity=node, node=node,

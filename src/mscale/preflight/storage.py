@@ -40,6 +40,12 @@ HEADROOM = 1.5
 """Below this multiple of the need: WARNING. The write would then take more than 2/3 of the
 interval, so any slowdown (other jobs on the store) delays the next checkpoint. An assumption."""
 WHAT = "the checkpoint URL"
+BUDGET_SHARE = 0.3
+"""Of the job's ``--timeout``, what the write and, apart, the read may each take: the node's
+other ranks wait for its host checks in a collective bound by that timeout, so a probe of a
+slow store that ran on to its full size (1 GiB at ``full``: 120 s at 9 MB/s) failed the whole
+preflight (UNKNOWN, exit 3) instead of judging the store. Past it the probe stops, judged on
+the bytes it moved."""
 
 
 @dataclass(frozen=True)
@@ -98,28 +104,33 @@ def check_storage_url(url: str) -> None:
 
 def storage_checks(url: str, plan: Plan, node: str, *, level: str = "quick",
                    probe_bytes: int | None = None,
-                   fs: fsspec.AbstractFileSystem | None = None) -> list[CheckResult]:
+                   fs: fsspec.AbstractFileSystem | None = None,
+                   timeout_s: float | None = None) -> list[CheckResult]:
     """Write + fsync, then read back, ``probe_bytes`` at ``url``; judge both against the plan's
     need; report free space. ``fs`` replaces the filesystem resolved from ``url`` (tests pass a
-    throttled one). A store that fails midway (full, gone) is CRITICAL for this node."""
+    throttled one). A store that fails midway (full, gone) is CRITICAL for this node. With the
+    job's ``timeout_s``, the write and the read each stop after `BUDGET_SHARE` of it."""
     if fs is None:
         fs, path = fs_and_path(url)
     else:
         path = fs._strip_protocol(url)
     need = storage_need(plan)
     size = probe_bytes or PROBE_BYTES.get(level, PROBE_BYTES["quick"])
+    budget = None if timeout_s is None else BUDGET_SHARE * timeout_s
     try:
         with _probe_dir(fs, path) as probe:
-            write_s = _timed_write(fs, f"{probe}/probe.bin", size)
-            read_s, got = _timed_read(fs, f"{probe}/probe.bin")
+            write_s, wrote = _timed_write(fs, f"{probe}/probe.bin", size, budget)
+            read_s, got = _timed_read(fs, f"{probe}/probe.bin", budget)
     except Exception as e:  # noqa: BLE001 - a failing store is this node's finding, not a crash
         return [_result("storage_write", node, url, None, need, "CRITICAL",
                         f"writing {size} bytes failed ({type(e).__name__}: {_first_line(e)})")]
-    if got != size:
+    if got != wrote and (budget is None or read_s < budget):
         return [_result("storage_read", node, url, None, need, "CRITICAL",
-                        f"read back {got} of the {size} bytes written")]
-    out = [_judged("storage_write", node, url, size / write_s, need, "write + fsync"),
-           _judged("storage_read", node, url, size / read_s, need, "read back")]
+                        f"read back {got} of the {wrote} bytes written")]
+    out = [_judged("storage_write", node, url, wrote / write_s, need, "write + fsync",
+                   _short(wrote, size, budget)),
+           _judged("storage_read", node, url, got / read_s, need, "read back",
+                   _short(got, wrote, budget))]
     free = free_space(fs, path, need, node, url)
     return out + ([free] if free is not None else [])
 
@@ -173,12 +184,20 @@ def free_space(fs: fsspec.AbstractFileSystem, path: str, need: StorageNeed, node
                        evidence={"checkpoint_bytes": need.total_bytes, "free_bytes": free})
 
 
+def _short(moved: int, size: int, budget: float | None) -> str:
+    """The note of a probe stopped at its time budget, or nothing."""
+    if moved >= size or budget is None:
+        return ""
+    return (f" (cut short after {budget:.3g} s, {BUDGET_SHARE:g} of --timeout: "
+            f"{moved} of {size} bytes)")
+
+
 def _judged(check: str, node: str, url: str, bps: float, need: StorageNeed,
-            what: str) -> CheckResult:
+            what: str, note: str = "") -> CheckResult:
     ratio = bps / need.bytes_per_s
     status: Status = "CRITICAL" if ratio < 1 else "WARNING" if ratio < HEADROOM else "OK"
     secs = need.node_bytes / bps
-    msg = (f"{what} at {bps / 1e6:.1f} MB/s: this node's share of a checkpoint "
+    msg = (f"{what} at {bps / 1e6:.1f} MB/s{note}: this node's share of a checkpoint "
            f"({need.node_bytes / 1e9:.3g} GB) takes {secs:.3g} s against {need.target_s:.3g} s "
            f"({need.source})")
     if status == "CRITICAL":
@@ -220,10 +239,12 @@ def _probe_dir(fs: fsspec.AbstractFileSystem, path: str):
                 break
 
 
-def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int) -> float:
-    """Seconds to write ``size`` bytes and make them durable: fsync locally (then drop the
-    file's clean pages from the page cache so the read is not a memory copy), close (the
-    upload) elsewhere."""
+def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int,
+                 budget_s: float | None = None) -> tuple[float, int]:
+    """Seconds to write ``size`` bytes (fewer once ``budget_s`` has passed: at least one
+    block) and make them durable, and the bytes written: fsync locally (then drop the file's
+    clean pages from the page cache so the read is not a memory copy), close (the upload)
+    elsewhere."""
     block = os.urandom(min(BLOCK_BYTES, size))
     t0 = time.perf_counter()
     with fs.open(path, "wb") as f:
@@ -232,6 +253,8 @@ def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int) -> float:
             n = min(left, len(block))
             f.write(block[:n])
             left -= n
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                break
         f.flush()
         fd = _fileno(f)
         if fd is not None:
@@ -240,15 +263,20 @@ def _timed_write(fs: fsspec.AbstractFileSystem, path: str, size: int) -> float:
     if fd is not None and hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError), open(path, "rb") as g:
             os.posix_fadvise(g.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    return max(elapsed, 1e-9)
+    return max(elapsed, 1e-9), size - left
 
 
-def _timed_read(fs: fsspec.AbstractFileSystem, path: str) -> tuple[float, int]:
+def _timed_read(fs: fsspec.AbstractFileSystem, path: str,
+                budget_s: float | None = None) -> tuple[float, int]:
+    """Seconds to read the file back (its start only once ``budget_s`` has passed), and the
+    bytes read."""
     t0 = time.perf_counter()
     got = 0
     with fs.open(path, "rb") as f:
         while chunk := f.read(BLOCK_BYTES):
             got += len(chunk)
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                break
     return max(time.perf_counter() - t0, 1e-9), got
 
 

@@ -74,6 +74,27 @@ def test_throttled_store_is_critical_and_leaves_nothing():
     assert not fs.exists("/ckpt")
 
 
+def test_a_slow_store_is_judged_within_the_jobs_timeout(monkeypatch):
+    """The node's other ranks wait for its host checks under --timeout: a 1 GiB probe of a
+    slow store (`--level full`) ran past it, and the whole preflight ended UNKNOWN (exit 3)
+    blaming a lost peer. The probe now stops at its share of the timeout, judged on what it
+    moved."""
+    import mscale.preflight.storage as storage
+
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 128 << 10)
+    fs = ThrottledFS()
+    t0 = time.perf_counter()
+    results = storage_checks("throttled://ckpt", _plan(10), "node1", probe_bytes=2 << 20,
+                             fs=fs, timeout_s=1.0)
+    took = time.perf_counter() - t0
+    by = {r.check: r for r in results}
+    assert took < 1.0, took  # unbounded: 2 × 2.1 s
+    assert by["storage_write"].status == by["storage_read"].status == "CRITICAL"
+    assert 0.5 < by["storage_write"].value < 1.1
+    assert "cut short after 0.3 s" in by["storage_write"].message
+    assert not fs.exists("/ckpt")
+
+
 def test_fast_store_is_ok_with_free_space(tmp_path):
     url = str(tmp_path / "run" / "ckpt")
     results = storage_checks(url, _plan(0.01), "node1", probe_bytes=PROBE)
