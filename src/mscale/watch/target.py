@@ -188,8 +188,16 @@ def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | N
                               fix="give the job's own nodes in rank order, or --ranks-per-node")
         per_node = max(1, t * p * d // (hosts or 1))
     same_nodes = planned and not hosts and per_node == base.ranks_per_node
-    layout = JobLayout.from_flags(t, p, d, per_node, hostlist,
-                                  names=base.node_names if same_nodes else None)
+    try:
+        layout = JobLayout.from_flags(t, p, d, per_node, hostlist,
+                                      names=base.node_names if same_nodes else None)
+    except MscaleError as e:  # the placement's words are a cluster file's (gpus_per_node)
+        if not ranks_per_node or not (e.field or "").startswith("layout"):
+            raise
+        raise MscaleError(f"--ranks-per-node {ranks_per_node} does not fit the layout "
+                          f"tp {t} x pp {p} x dp {d}: {e.message}", field="--ranks-per-node",
+                          fix="give the job's ranks per node: a multiple of --tp that divides "
+                              "tp·pp·dp") from None
     if base is not None and p == base.pp:  # the plan's pipeline split still holds
         per_step = None if base.micro_batches is None else base.micro_batches * base.dp
         layout = replace(layout, vpp=base.vpp, stage_layers=base.stage_layers,

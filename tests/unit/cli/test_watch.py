@@ -145,6 +145,7 @@ def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
     (["{run}", "--hang-s", "0"], "--hang-s"),
     (["{run}", "--interval", "0"], "--interval"),
     (["{run}", "--tp", "3"], "tp"),
+    (["{run}", "--ranks-per-node", "3"], "error: --ranks-per-node: --ranks-per-node 3 does not"),
     (["{empty}"], "not a run directory: no plan.yaml, lock.json, metrics.jsonl or events.jsonl"),
     (["{started}"], "no metrics records"),
     (["{small}"], "the records have 4 ranks, the layout 8"),
