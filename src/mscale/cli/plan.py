@@ -138,7 +138,7 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
     ck = plan.checkpoint
     size = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM
     console.print(f"checkpoint every {ck.interval_steps} steps ({ck.interval_s:.0f} s; "
-                  f"{plan.estimate['checkpoint_interval_note']}): job MTBF {ck.mtbf_h:.1f} h, "
+                  f"{plan.estimate['checkpoint_interval_note']}): job MTBF {ck.mtbf_h:.3g} h, "
                   f"blocking cost {ck.checkpoint_cost_s:.2f} s, restart {ck.restart_s:.0f} s → "
                   f"effective training {100 * ck.effective_training:.1f}%; assumes "
                   f"{format_bytes(size)} per checkpoint ({CHECKPOINT_BYTES_PER_PARAM} B/param) "

@@ -62,12 +62,15 @@ def effective_fraction(interval_s: float, cost_s: float, restart_s: float, mtbf_
 
 
 def advise(params: float, world: int, nodes: int, step_time_s: float,
-           g: GoodputInputs = GoodputInputs()) -> tuple[CheckpointAdvice, str]:
+           g: GoodputInputs = GoodputInputs(),
+           run_steps: int | None = None) -> tuple[CheckpointAdvice, str]:
     """The checkpoint recommendation for a model of ``params`` parameters on ``world`` GPUs.
 
     The blocking cost is the two-stage checkpoint's snapshot to host memory (each GPU copies its
     own shard); the interval is never shorter than the background write of the whole checkpoint,
-    so one upload finishes before the next starts. Restart adds loading the checkpoint.
+    so one upload finishes before the next starts, nor longer than the run (``run_steps``, the
+    training file's steps: a tiny failure rate once asked for a 150-digit interval, which no
+    train reads). Restart adds loading the checkpoint.
     Returns the advice and a one-line note on what bound the interval.
     """
     total = params * CHECKPOINT_BYTES_PER_PARAM
@@ -80,6 +83,8 @@ def advise(params: float, world: int, nodes: int, step_time_s: float,
     if tau < write:
         tau, note = write, "raised to the background write time of one checkpoint"
     steps = max(1, round(tau / step_time_s))
+    if run_steps is not None and steps > run_steps:
+        steps, note = run_steps, f"{note}, capped at the run's {run_steps} steps"
     tau = steps * step_time_s
     eff = effective_fraction(tau, cost, restart, mtbf)
     advice = CheckpointAdvice(interval_steps=steps, interval_s=round(tau, 3),

@@ -40,7 +40,7 @@ def make_plan(pb: Problem, layout: LayoutConfig, cost: LayoutCost, name: str,
               goodput: GoodputInputs = GoodputInputs()) -> Plan:
     """A complete Plan: configs, layout, placement, estimate and checkpoint advice."""
     advice, note = advise(pb.model.num_parameters(), pb.cluster.world_size, pb.cluster.num_nodes,
-                          cost.step_time, goodput)
+                          cost.step_time, goodput, run_steps=pb.training.steps)
     estimate = estimate_record(pb, layout, cost)
     estimate["checkpoint_interval_note"] = note
     plan = Plan(name=name, cluster=pb.cluster, model=pb.model, training=pb.training,

@@ -75,7 +75,8 @@ def storage_need(plan: Plan) -> StorageNeed:
     advice, source = plan.checkpoint, "the plan's checkpoint interval"
     if advice is None:
         step_s = float(plan.estimate.get("step_time_s") or 1.0)
-        advice, _ = advise(params, plan.cluster.world_size, nodes, step_s)
+        advice, _ = advise(params, plan.cluster.world_size, nodes, step_s,
+                           run_steps=plan.training.steps)
         source = "the planner's checkpoint interval for this plan"
     return StorageNeed(node_bytes=total / nodes, total_bytes=total,
                        target_s=max(advice.interval_s, 1e-3), source=source)

@@ -33,3 +33,15 @@ def test_advice_interval_is_whole_steps_and_at_least_the_write():
     slow, _ = advise(params, 12288, 1536, 6.0)
     fewer, _ = advise(params, 12288, 768, 6.0)
     assert fewer.mtbf_h == pytest.approx(2 * slow.mtbf_h, rel=1e-3)
+
+
+def test_the_interval_never_outlasts_the_run():
+    """A tiny failure rate once gave a 150-digit interval that train refused to read."""
+    from mscale.planner.goodput import GoodputInputs
+
+    rare = GoodputInputs(failures_per_1000_node_days=1e-100)
+    a, note = advise(175e9, 12288, 1536, 6.0, rare, run_steps=5000)
+    assert a.interval_steps == 5000 and a.interval_s == pytest.approx(5000 * 6.0)
+    assert "capped at the run's 5000 steps" in note
+    usual, note = advise(175e9, 12288, 1536, 6.0, run_steps=5000)
+    assert usual.interval_steps < 5000 and "capped" not in note
