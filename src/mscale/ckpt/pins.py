@@ -50,6 +50,15 @@ class Pin:
     """Unix time it was pinned."""
 
 
+def target(path: str) -> str:
+    """The checkpoint directory a pin command acts on: ``path``, or for a ``latest`` pointer file
+    the checkpoint it names now (the pin stays on that step when ``latest`` moves on)."""
+    fs, p = fs_and_path(path)
+    if catalog.basename(p) == catalog.LATEST and fs.isfile(p):
+        return catalog.resolve(path)
+    return path
+
+
 def pin(ckpt: str, reason: str, who: str, now: float | None = None) -> Pin:
     """Pin the committed checkpoint directory ``ckpt`` (written atomically; pinning twice
     replaces the reason). An uncommitted directory is refused: the next start removes it

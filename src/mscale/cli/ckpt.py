@@ -121,25 +121,28 @@ def ls_cmd(
 
 @ckpt_app.command("pin")
 def pin_cmd(
-    path: str = typer.Argument(..., help="A committed checkpoint directory (RUN/ckpt/step-N)."),
+    path: str = typer.Argument(..., help="A committed checkpoint directory (RUN/ckpt/step-N), "
+                               "or RUN/ckpt/latest for the one it names now."),
     reason: str = typer.Option(..., "--reason", help="Why it is kept, in one sentence."),
     who: str = typer.Option("user", "--who", help="Who pins it."),
 ) -> None:
     """Keep a checkpoint whatever retention (--ckpt-keep) would delete: a KEEP file in it."""
-    from mscale.ckpt.pins import pin
+    from mscale.ckpt.pins import pin, target
 
+    path = target(path)
     pin(path, reason, who)
     console.print(f"pinned {path}: {reason}", soft_wrap=True, markup=False)
 
 
 @ckpt_app.command("unpin")
 def unpin_cmd(
-    path: str = typer.Argument(..., help="A pinned checkpoint directory."),
+    path: str = typer.Argument(..., help="A pinned checkpoint directory, or RUN/ckpt/latest."),
 ) -> None:
     """Release a pin (recover's rollback target, watch's divergence target, or yours): the
     next retention pass may delete the checkpoint. Exit 1 when it was not pinned."""
-    from mscale.ckpt.pins import unpin
+    from mscale.ckpt.pins import target, unpin
 
+    path = target(path)
     if not unpin(path):
         console.print(f"{path} was not pinned", soft_wrap=True, markup=False)
         raise typer.Exit(EXIT_WARNING)

@@ -52,6 +52,17 @@ def test_pin_unpin_and_refuse_uncommitted(run, tensors):
         pins.pin(f"{run.ckpt}/step-000009", "x", "me")
 
 
+def test_a_pin_of_latest_lands_on_the_step_it_names(run, tensors):
+    """`mscale ckpt pin RUN/ckpt/latest` was refused as "not a committed checkpoint"."""
+    _save(run, [2, 4], tensors)
+    catalog.advance_latest(run.ckpt, "step-000004")
+    latest = f"{run.ckpt}/latest"
+    assert pins.target(latest) == f"{run.ckpt}/step-000004"
+    pins.pin(pins.target(latest), "before the LR change", "me")
+    assert pins.pinned(run.ckpt) == ["step-000004"]
+    assert pins.target(f"{run.ckpt}/step-000002") == f"{run.ckpt}/step-000002"
+
+
 def test_unparsable_keep_still_pins(run, tensors):
     _save(run, [1, 2, 3, 4], tensors)
     with open(f"{run.ckpt}/step-000001/KEEP", "w") as f:
