@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from typing import Sequence
 
 # typer, click and the command modules are imported inside `run`, under its handling: a Ctrl-C
 # in the first fraction of a second, while they load, ends with one line and 130 like any other
@@ -47,16 +48,29 @@ def _take_debug(argv: list[str]) -> tuple[list[str], bool]:
     return [a for a in opts if a != "--debug"] + argv[len(opts):], True
 
 
-def _usage_error(e) -> MscaleError:
+def _usage_error(e, root=None, argv: Sequence[str] = ()) -> MscaleError:
     """A click usage error as an MscaleError: the same one line and ``fix:`` as every other
     error (click's own form is a usage banner and no fix), or the same --json document."""
     ctx = getattr(e, "ctx", None)
     param = getattr(e, "param", None)
     field = (param.opts[0] if param is not None and getattr(param, "opts", None)
              else getattr(e, "option_name", None))
-    path = ctx.command_path if ctx is not None else "mscale"
+    path = ctx.command_path if ctx is not None else _command_path(root, argv)
     message = e.format_message().replace("Value error, ", "")  # typer's choice check says it
     return MscaleError(message, field=field, fix=f"see `{path} --help`")
+
+
+def _command_path(root, argv: Sequence[str]) -> str:
+    """``mscale plan`` for ``plan --tp`` (an option missing its value comes with no context):
+    the leading words of ``argv`` that name commands under ``root``."""
+    words, group = ["mscale"], root
+    for word in argv:
+        sub = getattr(group, "commands", {}).get(word)
+        if sub is None:
+            break
+        words.append(word)
+        group = sub
+    return " ".join(words)
 
 
 def _internal_error(e: Exception) -> MscaleError:
@@ -112,13 +126,14 @@ def _run(argv: list[str] | None) -> int:
     as_json = "--json" in _options(argv)
     STATE["debug"] = debug
     configure_help(sys.stdout)
+    app = build()
     try:
-        rv = build().main(args=argv, standalone_mode=False, prog_name="mscale")
+        rv = app.main(args=argv, standalone_mode=False, prog_name="mscale")
     except NoArgsIsHelpError as e:  # `mscale ckpt` alone: the help is the answer
         e.show()
         return EXIT_BAD_INPUT
     except TyperException as e:  # usage errors and other click-style exceptions
-        print_error(_usage_error(e), as_json)
+        print_error(_usage_error(e, app, argv), as_json)
         return EXIT_BAD_INPUT
     except Exit as e:
         return e.exit_code

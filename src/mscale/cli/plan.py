@@ -120,7 +120,8 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
         rows.append(Row("given", *given))
     console.print(layout_table(pb, rows))
     console.print(losses_table(rows))
-    console.print(f"{result.count:,} layouts fit of {result.examined:,} costed.")
+    console.print(f"{result.count:,} layout{'' if result.count == 1 else 's'} fit"
+                  f"{'s' if result.count == 1 else ''} of {result.examined:,} costed.")
     if any(r.variants for r in rows):
         console.print("equal cost: other layouts the model prices the same (step time and "
                       "memory), folded into the row of the one ranked first, which is the one "

@@ -176,6 +176,16 @@ def test_help_names_arguments_in_capitals_and_lists_an_options_words(cli, args, 
     assert re.search(row, out), out
 
 
+@pytest.mark.parametrize("args, path", [
+    (["plan", "--tp"], "mscale plan"),           # click gives no context for a missing value
+    (["ckpt", "pin", "x", "--reason"], "mscale ckpt pin"),
+    (["nope"], "mscale"),
+])
+def test_a_usage_error_points_to_the_help_of_the_command_given(cli, args, path):
+    code, _, err = cli(*args)
+    assert code == 3 and err.endswith(f"\n  fix: see `{path} --help`\n"), err
+
+
 def test_usage_error_without_json_is_the_same_one_line_and_fix(cli):
     code, out, err = cli("plan", *CPU, "--top", "0")
     assert code == 3 and out == ""
