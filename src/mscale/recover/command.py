@@ -86,13 +86,19 @@ def set_option(args: list[str], flag: str, value: str, start: int = 0) -> list[s
     return out + [flag, value]
 
 
+def _attached(word: str, flag: str) -> str | None:
+    """The value of a short flag written with it (``-xnode9``, ``-N2``), else None."""
+    short = len(flag) == 2 and not flag.startswith("--")
+    return word[2:] if short and word.startswith(flag) and len(word) > 2 else None
+
+
 def _drop_option(args: list[str], flags: tuple[str, ...]) -> list[str]:
     out, i = [], 0
     while i < len(args):
         if args[i] in flags:
             i += 2
             continue
-        if any(args[i].startswith(f + "=") for f in flags):
+        if any(args[i].startswith(f + "=") or _attached(args[i], f) for f in flags):
             i += 1
             continue
         out.append(args[i])
@@ -161,11 +167,12 @@ def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None
 
 
 def _excluded_in(args: list[str]) -> list[str]:
-    """The nodes ``-x``/``--exclude`` name in srun/sbatch words (either spelling, repeated)."""
+    """The nodes ``-x``/``--exclude`` name in srun/sbatch words (any spelling: ``-x N``,
+    ``-xN``, ``--exclude=N``; repeated)."""
     out: list[str] = []
     for i, a in enumerate(args):
         value = args[i + 1] if a in ("-x", "--exclude") and i + 1 < len(args) else \
-            a.split("=", 1)[1] if a.startswith(("-x=", "--exclude=")) else None
+            a.split("=", 1)[1] if a.startswith(("-x=", "--exclude=")) else _attached(a, "-x")
         try:
             out += expand_hostlist(value) if value else []
         except ValueError:
