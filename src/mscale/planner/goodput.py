@@ -83,8 +83,12 @@ def advise(params: float, world: int, nodes: int, step_time_s: float,
     if tau < write:
         tau, note = write, "raised to the background write time of one checkpoint"
     steps = max(1, round(tau / step_time_s))
-    if run_steps is not None and steps > run_steps:
-        steps, note = run_steps, f"{note}, capped at the run's {run_steps} steps"
+    # the cap never goes below the write: an interval shorter than one upload is what the
+    # raise above prevents, and preflight would ask the store for more than it can need
+    cap = None if run_steps is None else max(run_steps, math.ceil(write / step_time_s))
+    if cap is not None and steps > cap:
+        steps, note = cap, (f"{note}, capped at the run's {run_steps} steps" if cap == run_steps
+                            else f"{note}, capped at one write ({cap} steps; the run is shorter)")
     tau = steps * step_time_s
     eff = effective_fraction(tau, cost, restart, mtbf)
     advice = CheckpointAdvice(interval_steps=steps, interval_s=round(tau, 3),

@@ -45,3 +45,14 @@ def test_the_interval_never_outlasts_the_run():
     assert "capped at the run's 5000 steps" in note
     usual, note = advise(175e9, 12288, 1536, 6.0, run_steps=5000)
     assert usual.interval_steps < 5000 and "capped" not in note
+
+
+def test_the_cap_at_the_run_never_makes_the_interval_shorter_than_one_write():
+    """A run shorter than one checkpoint's write (a smoke test of a large model) capped the
+    interval below the write time: the upload cannot finish within it, and preflight's storage
+    need (a checkpoint per interval) asked the store for more than the planner assumed."""
+    from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM, STORAGE_WRITE_GB_PER_S
+
+    write = 70e9 * CHECKPOINT_BYTES_PER_PARAM / (STORAGE_WRITE_GB_PER_S * 1e9)
+    a, _ = advise(70e9, 512, 64, 0.5, run_steps=2)
+    assert a.interval_s >= write
