@@ -199,3 +199,28 @@ def test_a_store_failing_on_most_nodes_blames_none_of_them(tmp_path):
            _storage("node4", "CRITICAL")]
     report = finish(plan, PreflightOptions(run_dir=str(tmp_path), plan_path="p.yaml"), 8, one, {})
     assert report.bad_nodes == ["node4"] and "blamed" not in report.results[3].evidence
+
+
+def test_the_budget_bounds_a_local_stores_fsync(tmp_path, monkeypatch):
+    """A local mount (NFS, Lustre) takes the probe's writes into the page cache at once and
+    moves them at the fsync: the budget, checked only between writes, let a 1 GiB fsync run on
+    past the job's timeout."""
+    import os
+
+    import mscale.preflight.storage as storage
+
+    monkeypatch.setattr(storage, "BLOCK_BYTES", 128 << 10)
+    done = {}
+
+    def slow_fsync(fd):  # 1 MB/s for what has not been synced yet
+        size = os.fstat(fd).st_size
+        time.sleep((size - done.get("n", 0)) / 1e6)
+        done["n"] = size
+
+    monkeypatch.setattr(storage.os, "fsync", slow_fsync)
+    t0 = time.perf_counter()
+    results = storage_checks(str(tmp_path / "ckpt"), _plan(10), "node1", probe_bytes=2 << 20,
+                             timeout_s=1.0)
+    assert time.perf_counter() - t0 < 1.0  # unbounded: 2.1 s
+    write = {r.check: r for r in results}["storage_write"]
+    assert write.status == "CRITICAL" and "cut short" in write.message
