@@ -50,7 +50,7 @@ def supervise_cmd(
         raise MscaleError("no command to supervise", field="CMD",
                           fix="put the launch command after --, e.g. mscale recover supervise "
                               "-- mscale train plan.yaml --local 8 --run-dir runs/r1")
-    if os.path.basename(command[0]) == "sbatch" and not {"--wait", "-W"} & set(command[1:]):
+    if os.path.basename(command[0]) == "sbatch" and not _sbatch_waits(command):
         # sbatch returns once the job is queued: its exit 0 would read as "trained to the end"
         raise MscaleError("sbatch without --wait returns when the job is queued, not when it "
                           "ends: supervise would take the submission for the job",
@@ -61,3 +61,18 @@ def supervise_cmd(
                             ckpt_wait_s=ckpt_wait, interval_s=interval,
                             allow_batch_change=allow_batch_change)
     raise typer.Exit(Supervisor(command, opts, run_dir=run_dir).run_all())
+
+
+def _sbatch_waits(command: list[str]) -> bool:
+    """Whether an sbatch line waits for its job: ``--wait``/``-W`` among sbatch's own options
+    (before the script, a file; after it they are the script's arguments) or ``SBATCH_WAIT``
+    set."""
+    if os.environ.get("SBATCH_WAIT"):
+        return True
+    for word in command[1:]:
+        if word in ("--wait", "-W"):
+            return True
+        if not word.startswith("-") and (word.endswith(".sh") or os.path.isfile(word)):
+            return False  # the script: what follows is its own arguments
+    return False
+

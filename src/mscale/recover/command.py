@@ -16,6 +16,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from mscale.ckpt import catalog
+from mscale.errors import MscaleError
 from mscale.hostlist import collect_hostlist, expand_hostlist
 
 FLAGS_WITHOUT_VALUE = {"--json", "--final-ckpt", "--no-final-ckpt", "--allow-batch-change",
@@ -166,18 +167,40 @@ def _stale_rollback(args: list[str], run_dir: str | None, cwd: str | None = None
     return catalog.in_run(path, os.path.join(run_dir, "ckpt"))
 
 
+EXCLUDE_FILE_BYTES = 1 << 20
+"""Largest ``--exclude`` file read (SLURM reads node names from a value holding a ``/``)."""
+
+
 def _excluded_in(args: list[str]) -> list[str]:
     """The nodes ``-x``/``--exclude`` name in srun/sbatch words (any spelling: ``-x N``,
-    ``-xN``, ``--exclude=N``; repeated)."""
+    ``-xN``, ``--exclude=N``; repeated; a value with a ``/`` is a file of names, as SLURM reads
+    it). One that cannot be read is bad input: dropped, the nodes it kept out would come back."""
     out: list[str] = []
     for i, a in enumerate(args):
         value = args[i + 1] if a in ("-x", "--exclude") and i + 1 < len(args) else \
             a.split("=", 1)[1] if a.startswith(("-x=", "--exclude=")) else _attached(a, "-x")
-        try:
-            out += expand_hostlist(value) if value else []
-        except ValueError:
-            continue
+        if value:
+            out += _exclude_value(value)
     return out
+
+
+def _exclude_value(value: str) -> list[str]:
+    fix = "write the nodes to keep out as a SLURM hostlist (--exclude=node[3,9]) in the command"
+    text = value
+    if "/" in value:
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = ",".join(f.read(EXCLUDE_FILE_BYTES).split())
+        except (OSError, UnicodeDecodeError) as e:
+            raise MscaleError(f"the command's --exclude file {value} cannot be read "
+                              f"({e.__class__.__name__}): recover would drop the nodes it keeps "
+                              "out", field="CMD", fix=fix) from None
+    try:
+        return expand_hostlist(text) if text else []
+    except ValueError as e:
+        raise MscaleError(f"the command's --exclude {value!r} is not a SLURM hostlist ({e}): "
+                          "recover would drop the nodes it keeps out", field="CMD",
+                          fix=fix) from None
 
 
 def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:

@@ -14,3 +14,18 @@ def test_sbatch_without_wait_is_refused_not_read_as_finished(cli, tmp_path, sbat
                          sbatch, "--nodes=4", "job.sh")
     assert code == 3 and "sbatch without --wait" in out + err and "finished" not in out + err
     assert not (run / "recover").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("words, env, waits", [
+    (["sbatch", "-N", "4", "--wait", "job.sh"], {}, True),
+    (["sbatch", "-W", "job.sh"], {}, True),
+    (["sbatch", "job.sh", "--wait"], {}, False),  # the script's own argument
+    (["sbatch", "job.sh"], {"SBATCH_WAIT": "1"}, True),
+])
+def test_what_counts_as_an_sbatch_that_waits(monkeypatch, words, env, waits):
+    from mscale.cli.recover_supervise import _sbatch_waits
+
+    monkeypatch.delenv("SBATCH_WAIT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert _sbatch_waits(words) is waits

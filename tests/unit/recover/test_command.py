@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from mscale.errors import MscaleError
 from mscale.recover.command import Change, rewrite_command
 
 
@@ -13,3 +16,21 @@ def test_attached_short_node_flags_are_replaced_and_their_exclusions_kept():
     out = rewrite_command(cmd, change, 4)
     assert out == ["srun", "--nodes=1", "--ntasks=4", "--exclude=node[3,9]",
                    "mscale", "train", "p.yaml"]
+
+
+def test_an_exclude_file_is_read_as_slurm_reads_it(tmp_path):
+    """srun's --exclude with a '/' names a file of nodes: appending to the path made an invalid
+    value."""
+    names = tmp_path / "bad-nodes"
+    names.write_text("node7\nnode[8-9]\n")
+    change = Change(world=4, nodes=[], excluded=["node3"])
+    out = rewrite_command(["srun", f"--exclude={names}", "mscale", "train", "p.yaml"], change, 4)
+    assert "--exclude=node[3,7-9]" in out and not any(str(names) in w for w in out)
+
+
+@pytest.mark.parametrize("value", ["node[3", "/nonexistent/bad-nodes"])
+def test_an_exclude_recover_cannot_read_is_refused_not_dropped(value):
+    change = Change(world=4, nodes=[], excluded=["node3"])
+    with pytest.raises(MscaleError, match="recover would drop the nodes it keeps out") as e:
+        rewrite_command(["srun", "-x", value, "mscale", "train", "p.yaml"], change, 4)
+    assert e.value.field == "CMD" and "hostlist" in e.value.fix
