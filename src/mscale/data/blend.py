@@ -106,8 +106,10 @@ def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[Da
         except SourceNotFound as e:  # the field's own error: the caller may name the plan file
             e.message, e.file, e.field = f"{source.path}: {e.message}", None, where
             if e.relative:
-                e.fix = ("run mscale from the directory the plan's data paths are relative to, "
-                         f"or write an absolute path in {where}")
+                e.fix = ("if it is not prepared yet, create it (mscale data prepare INPUT... "
+                         f"--tokenizer TOKENIZER --out {source.path}; docs/data.md); if it is "
+                         "elsewhere, run mscale from the directory the plan's data paths are "
+                         f"relative to, or write an absolute path in {where}")
             raise
         except MscaleError as e:
             if e.field is None or not e.field.startswith("training."):
