@@ -9,6 +9,7 @@ result and, with --json, one document.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -222,3 +223,17 @@ def convert_cmd(
                   f"{format_bytes(result['bytes'])}) from {result['src']}", soft_wrap=True)
     if result.get("note"):
         console.print(f"note: {result['note']}", soft_wrap=True, markup=False)
+    if plan:
+        console.print(f"next: {_train_from(plan, result)} trains from it (under your launcher: "
+                      "--local N, srun or torchrun)", soft_wrap=True, markup=False)
+
+
+def _train_from(plan: str, result: dict) -> str:
+    """The train command that starts from a converted checkpoint: its run's, when the run's
+    ``latest`` names it (``--resume auto`` loads it), else one that names it."""
+    dst = result["dst"]
+    if "latest" not in result:  # not inside a run: the run to train is the user's choice
+        return f"mscale train {plan} --resume {dst} --run-dir RUN"
+    run = os.path.dirname(os.path.dirname(dst.rstrip("/"))) or "."
+    resume = "" if result["latest"] == os.path.basename(dst.rstrip("/")) else f" --resume {dst}"
+    return f"mscale train {plan} --run-dir {run}{resume}"

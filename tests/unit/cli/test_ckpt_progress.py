@@ -39,7 +39,9 @@ def test_convert_says_what_it_starts_and_a_tiny_one_prints_no_progress(cli, good
     assert err.splitlines() == [f"convert: {good}/ckpt/step-000005 → {dst}, mscale at tp1 pp1 "
                                 "dp2 zero1 (2 ranks): 63 tensors, 1.3 MB before compression"]
     assert re.fullmatch(rf"wrote {dst} \(mscale, 63 tensors, [\d.]+ MB\) from "
-                        rf"{good}/ckpt/step-000005\n", out)
+                        rf"{good}/ckpt/step-000005\n"
+                        rf"next: mscale train \S+ --resume {dst} --run-dir RUN trains from it "
+                        r"\(under your launcher: --local N, srun or torchrun\)\n", out)
 
 
 def test_with_a_short_interval_the_progress_lines_appear(cli, good, tmp_path, monkeypatch):
@@ -108,3 +110,17 @@ def test_the_line_is_throttled_and_on_a_terminal_redrawn_then_erased():
         "verify: 400.0 MB of 400.0 MB (100%), 2.0 MB/s, 3 min\n")
     shown = tty.stream.getvalue()
     assert shown.count("\r") == 6 and shown.endswith("3 min\x1b[K\r\x1b[K")  # 5 draws, erased
+
+
+@pytest.mark.parametrize("result, command", [
+    ({"dst": "runs/r2/ckpt/step-000000", "latest": "step-000000"},
+     "mscale train p.yaml --run-dir runs/r2"),
+    ({"dst": "runs/r2/ckpt/step-000004", "latest": "step-000008"},
+     "mscale train p.yaml --run-dir runs/r2 --resume runs/r2/ckpt/step-000004"),
+    ({"dst": "out"}, "mscale train p.yaml --resume out --run-dir RUN"),
+])
+def test_a_convert_to_a_layout_names_the_train_command_that_starts_from_it(result, command):
+    """A newcomer who imported HF weights was left to guess how to train from them."""
+    from mscale.cli.ckpt import _train_from
+
+    assert _train_from("p.yaml", result) == command
