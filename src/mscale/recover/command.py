@@ -44,6 +44,9 @@ class Change:
     """The run directory recover diagnosed (absolute, or a URL): the relaunch's ``--run-dir``.
     The recorded one may be relative to the job's directory, or the run may have been moved
     since; either way the relaunch must resume *this* run, not start a fresh one elsewhere."""
+    released: list[str] = field(default_factory=list)
+    """Nodes back in the pool (their quarantine expired): dropped from the exclusions the
+    command or the job already had, which are otherwise kept."""
 
     @property
     def unchanged(self) -> bool:
@@ -212,7 +215,7 @@ def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> lis
     if os.path.basename(prefix[0]) == "srun":
         extra.append(f"--ntasks={change.world}")
     # the nodes the command already kept out stay out (the user's, an earlier recovery's)
-    excluded = sorted({*change.excluded, *_excluded_in(prefix)})
+    excluded = sorted({*change.excluded, *(set(_excluded_in(prefix)) - set(change.released))})
     if excluded:
         extra.append(f"--exclude={collect_hostlist(excluded)}")
     return out[:1] + extra + out[1:]

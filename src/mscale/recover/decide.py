@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from dataclasses import dataclass
 
 from mscale.ckpt.options import CkptOptions
@@ -24,6 +25,7 @@ from mscale.hostlist import collect_hostlist
 from mscale.recover import room, stages
 from mscale.recover.checkpoints import names_damaged
 from mscale.recover.child import Child
+from mscale.recover.exclude import released
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
@@ -143,7 +145,7 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                                                                          else None),
                     resume=None if choice.is_latest else _absolute(choice.path),
                     allow_batch_change=bool(rp and rp.batch_changed),
-                    run_dir=_absolute(run_dir))
+                    run_dir=_absolute(run_dir), released=released(run, time.time()))
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
     if how.refusal:
         refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal

@@ -102,6 +102,17 @@ def quarantined(run: RunDir, now: float) -> dict[str, str]:
     return out
 
 
+def released(run: RunDir, now: float) -> list[str]:
+    """Nodes whose quarantine.json entries have all expired at ``now``: back in the pool, so a
+    relaunch drops them from the exclusions the job's command or allocation still carries (an
+    earlier recovery put them there; watch quarantines for 24 h by default)."""
+    if not _exists(run.quarantine):
+        return []
+    q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
+    held = set(quarantined(run, now))
+    return sorted({e.node for e in q.entries} - held)
+
+
 def preflight_bad(run: RunDir, notes: list[str] | None = None,
                   plan: Plan | None = None) -> dict[str, str]:
     """Nodes a CRITICAL preflight check blamed, when preflight ran for the run's plan (``plan``,

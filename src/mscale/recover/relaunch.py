@@ -225,7 +225,7 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
     same_shape = change.plan_path is None and change.resume is None and \
         change.world == nodes_before * ranks_per_node
     if same_shape:
-        kept_out = sorted({*change.excluded, *_excluded_by(info)})
+        kept_out = _kept_out(change, info)
         notes = [f"SLURM has queued job {job_id} again itself ({state}): it is kept, told to "
                  f"stay off {collect_hostlist(change.excluded)}"]
         if held:
@@ -245,6 +245,11 @@ def _excluded_by(info: dict[str, str]) -> list[str]:
         return expand_hostlist(value) if value != "(null)" else []
     except ValueError:
         return []
+
+
+def _kept_out(change: Change, info: dict[str, str]) -> list[str]:
+    """The relaunch's exclusions and the job's own, less the nodes back in the pool."""
+    return sorted({*change.excluded, *(set(_excluded_by(info)) - set(change.released))})
 
 
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
@@ -269,7 +274,7 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> 
     head = ["sbatch", f"--nodes={nnodes}"]
     # the job's own exclusions too (its #SBATCH --exclude, an earlier recovery's): a command
     # line --exclude replaces the script's, and the bad nodes it kept out would come back
-    excluded = sorted({*change.excluded, *_excluded_by(info)})
+    excluded = _kept_out(change, info)
     if excluded:
         head.append(f"--exclude={collect_hostlist(excluded)}")
     if slurm.get("job_name"):

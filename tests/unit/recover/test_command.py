@@ -34,3 +34,10 @@ def test_an_exclude_recover_cannot_read_is_refused_not_dropped(value):
     with pytest.raises(MscaleError, match="recover would drop the nodes it keeps out") as e:
         rewrite_command(["srun", "-x", value, "mscale", "train", "p.yaml"], change, 4)
     assert e.value.field == "CMD" and "hostlist" in e.value.fix
+
+
+def test_a_node_back_in_the_pool_leaves_the_commands_exclusions():
+    """Kept out by an earlier recovery while quarantined; its quarantine expired since."""
+    change = Change(world=8, nodes=[], excluded=["node3"], released=["node9"])
+    cmd = ["srun", "--exclude=node[7,9]", "mscale", "train", "p.yaml"]
+    assert "--exclude=node[3,7]" in rewrite_command(cmd, change, 4)

@@ -12,7 +12,7 @@ import pytest
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import Quarantine, QuarantineEntry
 from mscale.recover.decision import Diagnosis
-from mscale.recover.exclude import decide_exclusions
+from mscale.recover.exclude import decide_exclusions, released
 from mscale.runs.atomic import write_json_atomic
 from mscale.runs.rundir import RunDir
 
@@ -73,6 +73,15 @@ def test_quarantine_entries_in_force(run):
     assert ex.nodes == ["node1", "node4"]
     assert ex.reasons["node1"] == "quarantine.json (until cleared): slow GPU"
     assert ex.reasons["node4"].startswith("quarantine.json (until 1970-01-12")
+
+
+def test_nodes_whose_quarantine_expired_are_released(run):
+    """Their exclusion by an earlier recovery lives on in the job's command (command.py keeps
+    what the command excluded): a node back in the pool must be named to be let back."""
+    assert released(run, NOW) == []
+    quarantine(run, ("node1", "slow GPU", None), ("node2", "hot", NOW - 1),
+               ("node3", "old", NOW - 5), ("node3", "again", NOW + 60))
+    assert released(run, NOW) == ["node2"]  # node3 still has an entry in force
 
 
 def test_preflight_for_this_plan_only(run):

@@ -137,6 +137,15 @@ def test_a_queued_again_job_is_told_to_keep_off_the_excluded_node():
     assert out.command == ["scontrol", "update", "JobId=42", "ExcNodeList=node[3,7]"]
 
 
+def test_a_node_back_in_the_pool_leaves_the_jobs_exclusions():
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "PENDING", "Restarts": "1", "ExcNodeList": "node[7,9]"})
+    change = Change(world=8, nodes=["node1", "node2", "node4", "node5"], excluded=["node3"],
+                    released=["node9"])  # its quarantine expired
+    out = relaunch(slurm_launch(), change, 2, run=run)
+    assert out.command == ["scontrol", "update", "JobId=42", "ExcNodeList=node[3,7]"]
+
+
 def test_a_queued_again_job_that_needs_a_new_plan_must_be_cancelled_first():
     run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
                     "JobState": "PENDING", "ExcNodeList": "(null)"})
