@@ -18,6 +18,7 @@ accepted anywhere too (``mscale plan --debug ...``), so it is taken out before t
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from typing import Sequence
@@ -156,13 +157,9 @@ def _run(argv: list[str] | None) -> int:
 
 
 def _stdout_closed(e: SystemExit) -> bool:
-    """The exit is a write's EPIPE: rich's console raises SystemExit(1) while handling the
-    BrokenPipeError (stdout then on /dev/null); click (in typer) calls sys.exit(1) after
-    replacing stdout with its flush-muting wrapper."""
-    from typer._click.utils import PacifyFlushWrapper
-
-    return (isinstance(e.__context__, BrokenPipeError)
-            or isinstance(sys.stdout, PacifyFlushWrapper))
+    """The exit is a write's EPIPE: rich's console and click (in typer) both call sys.exit(1)
+    while handling the write's OSError, so it is the exit's context."""
+    return isinstance(e.__context__, OSError) and e.__context__.errno == errno.EPIPE
 
 
 def _unexpected(e: Exception, debug: bool, as_json: bool, print_error) -> int:

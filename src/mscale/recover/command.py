@@ -198,12 +198,18 @@ def _exclude_value(value: str) -> list[str]:
             raise MscaleError(f"the command's --exclude file {value} cannot be read "
                               f"({e.__class__.__name__}): recover would drop the nodes it keeps "
                               "out", field="CMD", fix=fix) from None
+    return kept_out_nodes(text, f"the command's --exclude {value!r}", fix)
+
+
+def kept_out_nodes(text: str, what: str, fix: str) -> list[str]:
+    """The nodes of a hostlist that keeps nodes out of the job (``what`` names where it was
+    read); one that does not parse is bad input, never read as none: the nodes it kept out would
+    come back."""
     try:
         return expand_hostlist(text) if text else []
     except ValueError as e:
-        raise MscaleError(f"the command's --exclude {value!r} is not a SLURM hostlist ({e}): "
-                          "recover would drop the nodes it keeps out", field="CMD",
-                          fix=fix) from None
+        raise MscaleError(f"{what} is not a SLURM hostlist ({e}): recover would drop the nodes "
+                          "it keeps out", field="CMD", fix=fix) from None
 
 
 def _slurm_prefix(prefix: list[str], change: Change, ranks_per_node: int) -> list[str]:

@@ -17,8 +17,8 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mscale.hostlist import collect_hostlist, expand_hostlist
-from mscale.recover.command import (Change, batch_note, option_value, resume_of,
+from mscale.hostlist import collect_hostlist
+from mscale.recover.command import (Change, batch_note, kept_out_nodes, option_value, resume_of,
                                     rewrite_command, rewrite_train)
 from mscale.recover.diagnose.evidence import evidence_of
 from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, read_jsonl_tail
@@ -241,10 +241,8 @@ def _queued_again(job_id: str, info: dict[str, str], change: Change, ranks_per_n
 def _excluded_by(info: dict[str, str]) -> list[str]:
     """The nodes ``scontrol show job`` says the job was kept off (``ExcNodeList``)."""
     value = info.get("ExcNodeList") or "(null)"  # scontrol's word for none
-    try:
-        return expand_hostlist(value) if value != "(null)" else []
-    except ValueError:
-        return []
+    return [] if value == "(null)" else kept_out_nodes(
+        value, f"scontrol's ExcNodeList {value!r}", "check `scontrol show job` of the job")
 
 
 def _kept_out(change: Change, info: dict[str, str]) -> list[str]:

@@ -8,6 +8,7 @@ import shlex
 
 import pytest
 
+from mscale.errors import MscaleError
 from mscale.recover.command import Change, rewrite_command, rewrite_train, set_option
 from mscale.recover.relaunch import Launch, launcher_of, recorded_launch, relaunch
 from mscale.runs.rundir import RunDir
@@ -144,6 +145,14 @@ def test_a_node_back_in_the_pool_leaves_the_jobs_exclusions():
                     released=["node9"])  # its quarantine expired
     out = relaunch(slurm_launch(), change, 2, run=run)
     assert out.command == ["scontrol", "update", "JobId=42", "ExcNodeList=node[3,7]"]
+
+
+def test_an_exclusion_list_that_does_not_parse_is_refused_not_read_as_none():
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh",
+                    "JobState": "PENDING", "Restarts": "1", "ExcNodeList": "node[7"})
+    change = Change(world=8, nodes=["node1", "node2", "node4", "node5"], excluded=["node3"])
+    with pytest.raises(MscaleError, match="ExcNodeList 'node\\[7' is not a SLURM hostlist"):
+        relaunch(slurm_launch(), change, 2, run=run)
 
 
 def test_a_queued_again_job_that_needs_a_new_plan_must_be_cancelled_first():
