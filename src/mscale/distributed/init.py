@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from mscale.distributed import flight
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
 from mscale.topology.env import LaunchEnv
 
@@ -55,6 +56,7 @@ def init_distributed(env: LaunchEnv, timeout_s: float = DEFAULT_TIMEOUT_S,
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         check_rendezvous_host(env.master_addr)
+        flight.enable()  # before the first group: torch sizes the recorder then
         dist.init_process_group(
             backend=backend or pick_backend(), init_method=f"tcp://{env.master_addr}:{env.master_port}",
             rank=env.rank, world_size=env.world_size, timeout=timeout)

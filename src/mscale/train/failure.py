@@ -31,6 +31,7 @@ import time
 import traceback
 
 from mscale.config.records import Event
+from mscale.distributed import flight
 from mscale.distributed.lifeline import say_in_log
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
 from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
@@ -76,6 +77,9 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[:300]}"
 
 
+FLIGHT_KINDS = ("network", "timeout", "crash")
+"""Kinds after which this rank's flight record is dumped (`distributed/flight.py`): where it
+was in its collectives tells recover which rank the job waited for."""
 AFTERMATH = ("network", "timeout")
 """Kinds that are mostly another rank's failure seen from here (a peer died, a peer hung).
 Under ``--local`` such a line goes to the rank's log only: rank 0's would otherwise reach the
@@ -208,6 +212,8 @@ def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int
         return exc.code
     kind = classify(exc)
     path = write_error_file(run, rank, node, exc) if rank >= 0 else None
+    if kind in FLIGHT_KINDS and rank >= 0:
+        flight.write_dump(run.logs, rank)
     where = f"; details in {path}" if path else ""
     line = f"error (rank {rank} on {node}, {kind}): {_console_text(exc)}{where}"
     if os.environ.get("MSCALE_DEBUG"):  # `mscale --debug train ...`
