@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from mscale.recover.diagnose import flight
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
 from tests.faults import slowlink
 
@@ -126,6 +127,12 @@ def test_sigstop_hang(plan, reference, tmp_path):
     check_recovered(run, p, reference, resumed=max(committed_before_fault(run)))
     hang = [e for e in records(run / "events.jsonl") if e["kind"] == "hang"]
     assert hang and hang[0]["ranks"] == [1], hang
+    # what names it under srun, where no launcher watches the workers: the flight records its
+    # peers dumped as they timed out (rank 1, stopped, wrote none)
+    dumps = {int(f.stem.rsplit("rank", 1)[1]): json.loads(f.read_text())
+             for f in (run / "logs").glob("flight_recorder_rank*.json")}
+    assert 1 not in dumps and len(dumps) >= 2, sorted(dumps)
+    assert flight.culprits(dumps) == [1]
 
 
 def test_nan_at_step_k_rolls_back_before_it(plan, reference, tmp_path):

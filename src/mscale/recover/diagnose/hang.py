@@ -5,8 +5,9 @@ writes an error file saying so. In order of trust:
 
 1. the launcher's ``hang`` event (``--local``: it saw which workers were still running, or
    stopped, when the first timeout came);
-2. flight-recorder dumps: in a process group, the rank whose last enqueued collective is behind
-   its peers' never joined the collective they wait in;
+2. flight-recorder dumps: the rank the others waited for, that waited for nobody itself
+   (`flight.culprits`: it never joined the collective its peers were in, joined it only after
+   they had timed out, or left no dump);
 3. the ranks of the plan that wrote no timeout or network error file in this attempt, and of
    those, the one whose log went quiet first (oldest modification time, then the least
    written): the rank that logged least and last.
@@ -14,8 +15,7 @@ writes an error file saying so. In order of trust:
 
 from __future__ import annotations
 
-import json
-
+from mscale.recover.diagnose import flight
 from mscale.recover.diagnose.findings import Hit
 from mscale.recover.diagnose.evidence import RunEvidence
 
@@ -26,8 +26,8 @@ PEER_KINDS = ("timeout", "network")
 EVERY_RANK_WAITED = (
     "every rank timed out, so their error files cannot tell which one the others waited for (a "
     "stopped rank times out too once it is continued: SLURM sends SIGCONT before its SIGTERM); "
-    "NCCL flight-recorder JSON dumps under RUN/logs/ would (docs/recover.md, \"What it reads, "
-    "and how much\")")
+    "the flight-recorder dumps under RUN/logs/ would, and these did not (docs/recover.md, "
+    "\"What it reads, and how much\")")
 """Why no rank is named when every rank wrote a timeout or network error file."""
 
 
@@ -37,9 +37,9 @@ def hung_ranks(ev: RunEvidence, hits: list[Hit]) -> tuple[list[int], str]:
         if h.rule.key == "hang" and h.ranks:
             return sorted(h.ranks), "named by the launcher"
     waited = {r for r, rec in ev.error_files.items() if rec.get("kind") in PEER_KINDS}
-    behind = flight_behind(ev)
-    if behind:
-        return sorted(behind - waited) or sorted(behind), "behind its peers in the flight recorder"
+    named = flight_culprits(ev)
+    if named:
+        return named, "the rank its peers waited for, by the flight recorder"
     world = ev.world
     if world is None:
         return [], "no plan to tell the silent ranks"
@@ -68,47 +68,7 @@ def quietest(ev: RunEvidence, ranks: list[int]) -> int | None:
     return fewest[0] if len(fewest) == 1 else None
 
 
-def flight_behind(ev: RunEvidence) -> set[int]:
-    """Ranks whose last enqueued collective in a process group is behind the group's newest."""
-    seen: dict[str, dict[int, int]] = {}
-    for _, rank, doc in ev.flight:
-        if not doc:
-            continue
-        status = doc.get("pg_status") or {}
-        config = doc.get("pg_config") or {}
-        for pg, st in status.items() if isinstance(status, dict) else []:
-            n = _count(st.get("last_enqueued_collective") if isinstance(st, dict) else None)
-            if n is None:
-                continue
-            key = f"{pg}:{_members(config.get(pg) if isinstance(config, dict) else None)}"
-            seen.setdefault(key, {})[rank] = n
-    behind: set[int] = set()
-    for by_rank in seen.values():
-        if len(by_rank) < 2:
-            continue
-        newest = max(by_rank.values())
-        behind |= {r for r, n in by_rank.items() if n < newest}
-    return behind
-
-
-def _count(value) -> int | None:
-    """A sequence number as the dump has it: a number, or its text (the JSON dump's form)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return None
-
-
-def _members(cfg) -> str:
-    if not isinstance(cfg, dict):
-        return ""
-    ranks = cfg.get("ranks")
-    if isinstance(ranks, str):
-        try:
-            ranks = json.loads(ranks)
-        except ValueError:
-            return ranks
-    return ",".join(map(str, ranks)) if isinstance(ranks, list) else ""
+def flight_culprits(ev: RunEvidence) -> list[int]:
+    """The ranks this attempt's flight-recorder dumps say the others waited for."""
+    dumps = {rank: doc for _, rank, doc in ev.flight if doc}
+    return flight.culprits(dumps) if dumps else []
