@@ -45,8 +45,9 @@ class Change:
     The recorded one may be relative to the job's directory, or the run may have been moved
     since; either way the relaunch must resume *this* run, not start a fresh one elsewhere."""
     released: list[str] = field(default_factory=list)
-    """Nodes back in the pool (their quarantine expired): dropped from the exclusions the
-    command or the job already had, which are otherwise kept."""
+    """Nodes back in the pool (quarantine no longer holds them: expired, or cleared by hand;
+    `exclude.released`): dropped from the exclusions the command or the job already had,
+    which are otherwise kept."""
 
     @property
     def unchanged(self) -> bool:
@@ -261,8 +262,35 @@ def _rewrite_batch(command: list[str], change: Change, ranks_per_node: int) -> l
         elif a.startswith("--wrap="):
             out[i] = "--wrap=" + shlex.join(rewrite_command(shlex.split(a[7:]), change,
                                                             ranks_per_node))
-    end = next((i for i in range(1, len(out)) if os.path.isfile(out[i])), len(out))
+    end = _script_index(out)
     return _slurm_prefix(out[:end], change, ranks_per_node) + out[end:]
+
+
+def _script_index(command: list[str]) -> int:
+    """Where a ``sbatch`` command's batch script is (the first word naming a file; its own
+    options come before it), else its length."""
+    return next((i for i in range(1, len(command)) if os.path.isfile(command[i])),
+                len(command))
+
+
+def command_exclusions(command: list[str]) -> list[str]:
+    """The nodes a launch command keeps out, where `rewrite_command` reads them (and carries
+    them into the relaunch): the ``-x``/``--exclude`` of its ``srun``/``sbatch`` words, and of
+    a ``--wrap``'d line; sorted, none for other launchers."""
+    t = _train_index(command)
+    if t is not None:
+        prefix = command[:t - 1]
+        slurm = bool(prefix) and os.path.basename(prefix[0]) in ("srun", "sbatch")
+        return sorted(set(_excluded_in(prefix))) if slurm else []
+    if not command or os.path.basename(command[0]) not in ("sbatch", "srun"):
+        return []
+    out = set(_excluded_in(command[:_script_index(command)]))
+    for i, a in enumerate(command):
+        wrapped = command[i + 1] if a == "--wrap" and i + 1 < len(command) else \
+            a[7:] if a.startswith("--wrap=") else None
+        if wrapped:
+            out.update(command_exclusions(shlex.split(wrapped)))
+    return sorted(out)
 
 
 def batch_note(command: list[str], change: Change) -> list[str]:

@@ -41,3 +41,17 @@ def test_a_node_back_in_the_pool_leaves_the_commands_exclusions():
     change = Change(world=8, nodes=[], excluded=["node3"], released=["node9"])
     cmd = ["srun", "--exclude=node[7,9]", "mscale", "train", "p.yaml"]
     assert "--exclude=node[3,7]" in rewrite_command(cmd, change, 4)
+
+
+@pytest.mark.parametrize("cmd, nodes", [
+    (["srun", "-x", "node4", "-xnode5", "mscale", "train", "p.yaml"], ["node4", "node5"]),
+    (["sbatch", "--exclude=node2", "--wrap", "srun -x node[4,6] mscale train p.yaml"],
+     ["node2", "node4", "node6"]),
+    (["sbatch", "--wrap=srun --exclude=node7 mscale train p.yaml"], ["node7"]),
+    (["torchrun", "--nnodes=2", "mscale", "train", "p.yaml"], []),
+    (["mscale", "train", "p.yaml", "--local", "8"], [])])
+def test_the_nodes_a_command_keeps_out_are_read_where_the_rewrite_keeps_them(cmd, nodes):
+    """What the re-plan must not count is what the rewritten command goes on excluding."""
+    from mscale.recover.command import command_exclusions
+
+    assert command_exclusions(cmd) == nodes
