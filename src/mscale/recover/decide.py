@@ -25,13 +25,14 @@ from mscale.hostlist import collect_hostlist
 from mscale.recover import room, stages
 from mscale.recover.checkpoints import names_damaged
 from mscale.recover.child import Child
-from mscale.recover.exclude import released
+from mscale.recover.exclude import released, with_carried
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
 from mscale.recover.recheck import Rechecker, failure_time
 from mscale.recover.command import Change, option_value
-from mscale.recover.relaunch import Launch, recorded_launch, relaunch
+from mscale.recover.relaunch import (Launch, carried_exclusions, job_info, recorded_launch,
+                                     relaunch)
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
@@ -125,8 +126,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if opts.recheck and not finished:
         checker = Rechecker(run, plan, launch.plan if launch and launch.plan else plan_url,
                             launch, since=failure_time(run))
-    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker,
-                                          plan=plan if plan_url == run.plan else None)
+    exclusions, back, info = _exclusions(run, diagnosis, checker, plan if plan_url == run.plan
+                                         else None, launch, opts.command)
     reasons: list[str] = []
     refusal = rp = skip = None
     try:
@@ -145,8 +146,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                                                                          else None),
                     resume=None if choice.is_latest else _absolute(choice.path),
                     allow_batch_change=bool(rp and rp.batch_changed),
-                    run_dir=_absolute(run_dir), released=released(run, time.time()))
-    how = relaunch(launch, change, ranks_per_node(plan), command=opts.command)
+                    run_dir=_absolute(run_dir), released=back)
+    how = relaunch(launch, change, ranks_per_node(plan), command=opts.command, info=info)
     if how.refusal:
         refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal
     if diagnosis.symptom == "disk_full" and (full := room.shortfall(
@@ -172,6 +173,21 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
         launcher=how.launcher,
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
+
+
+def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None,
+                plan: Plan | None, launch: Launch | None, command: list[str] | None
+                ) -> tuple[Exclusions, list[str], dict[str, str]]:
+    """This recovery's exclusions with the nodes the job itself keeps out folded in
+    (`exclude.with_carried`), the nodes quarantine released, and the SLURM job as scontrol
+    showed it (asked once: the relaunch reuses it). The job's own count: a relaunch that asked
+    for one of them would ask for more nodes than it may use, and srun refuses it."""
+    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker, plan=plan)
+    back = released(run, time.time())
+    info = job_info(launch, command)
+    exclusions = with_carried(exclusions, carried_exclusions(command, info), back,
+                              launch.nodes if launch else None)
+    return exclusions, back, info
 
 
 def _ckpt_keep(*commands: list[str] | None) -> int:
@@ -250,9 +266,10 @@ def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan |
                   skip: DataSkip | None) -> list[str]:
     out = []
     if rp is not None:
-        gone = [n for n in exclusions.nodes if n not in rp.nodes]
+        why = {**exclusions.carried, **exclusions.reasons}
+        gone = [n for n in exclusions.kept_out if n not in rp.nodes]
         out.append(f"{len(gone)} node(s) kept out: {collect_hostlist(gone)} ("
-                   + "; ".join(f"{n}: {exclusions.reasons.get(n, '?')}" for n in gone) + ")")
+                   + "; ".join(f"{n}: {why.get(n, '?')}" for n in gone) + ")")
         cost = ""
         if rp.old_step_time_s and rp.new_step_time_s is not None:
             pct = (rp.new_step_time_s / rp.old_step_time_s - 1) * 100

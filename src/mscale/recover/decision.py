@@ -127,6 +127,16 @@ class Exclusions:
     notes: list[str] = field(default_factory=list)
     """Evidence passed over and why, one sentence each (a preflight.json older than the failed
     attempt): a node named bad somewhere and not kept out must say why."""
+    carried: dict[str, str] = field(default_factory=dict)
+    """node → why, for the nodes the job itself already kept out (its command's
+    ``-x``/``--exclude``, its allocation's ``ExcNodeList``) that the failed attempt ran on and
+    quarantine did not release (`exclude.with_carried`): not this recovery's verdict, but the
+    relaunch keeps them out too, so the re-plan cannot count them."""
+
+    @property
+    def kept_out(self) -> list[str]:
+        """Every node the relaunch cannot use: this recovery's and the job's own, sorted."""
+        return sorted({*self.nodes, *self.carried})
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -23,12 +23,18 @@ Three sources, each trusted for what it can know:
    cost its node, and on one node the whole run. A NCCL/InfiniBand error stays firm. Software, numerics,
    user code, preemption and storage failures never exclude nodes: another node would fail the
    same way, and every exclusion costs capacity for the rest of the run.
+
+Besides these, the nodes the job itself already keeps out (its command's ``--exclude``, its
+allocation's) stay out of the relaunch; `with_carried` adds those that cost it a node, so that
+the re-plan counts only nodes it may use, and `released` names those quarantine let go.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from mscale.config.base import load_json_model, load_model
 from mscale.config.plan import Plan
@@ -50,6 +56,11 @@ PREFLIGHT_LEAD_S = 1800.0
 docs/recover.md runs preflight on its allocation just before train: a full preflight and train's
 start-up (process groups, the model) take minutes, not half an hour. A report older than that
 was written for an earlier job, whatever nodes it shares with this one."""
+
+QUARANTINED = "quarantine.json"
+"""How the reason of a node `quarantined` keeps out begins; an earlier recovery's decision
+document says by it which of the nodes it kept out quarantine held (`released`)."""
+_DECISION = re.compile(r"decision-(\d{4,})\.json$")
 
 Recheck = Callable[[list[str]], dict[str, "str | None"]]
 """node list → node → failure reason, or None when healthy; unreachable nodes absent."""
@@ -98,19 +109,64 @@ def quarantined(run: RunDir, now: float) -> dict[str, str]:
     for e in q.entries:
         if e.expires is None or e.expires > now:
             until = "until cleared" if e.expires is None else f"until {_when(e.expires)}"
-            out.setdefault(e.node, f"quarantine.json ({until}): {e.reason}"[:300])
+            out.setdefault(e.node, f"{QUARANTINED} ({until}): {e.reason}"[:300])
     return out
 
 
 def released(run: RunDir, now: float) -> list[str]:
-    """Nodes whose quarantine.json entries have all expired at ``now``: back in the pool, so a
+    """Nodes quarantine kept out once and no longer holds at ``now``: back in the pool, so a
     relaunch drops them from the exclusions the job's command or allocation still carries (an
-    earlier recovery put them there; watch quarantines for 24 h by default)."""
-    if not _exists(run.quarantine):
-        return []
-    q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
+    earlier recovery put them there). Once kept out: an entry in quarantine.json (all of its
+    entries expired: watch quarantines for 24 h by default), or a node an earlier recovery kept
+    out for its quarantine (`quarantined_before`) that has no entry left: an operator cleared
+    it by hand, or removed the file (QUARANTINE_FIX: that releases every node). A node the job
+    kept out for its own reasons, never quarantined, is not released."""
     held = set(quarantined(run, now))
-    return sorted({e.node for e in q.entries} - held)
+    listed = set()
+    if _exists(run.quarantine):
+        q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
+        listed = {e.node for e in q.entries}
+    return sorted((listed | quarantined_before(run)) - held)
+
+
+def quarantined_before(run: RunDir) -> set[str]:
+    """The nodes earlier recoveries kept out because quarantine.json held them, as their
+    decision documents (``RUN/recover/decision-NNNN.json``) give the reasons; the latest one to
+    keep a node out decides (a node back from quarantine that failed again was kept out on its
+    diagnosis: it stays out). One that cannot be read is passed over."""
+    out: set[str] = set()
+    for info in sorted((i for i in rd.listing(run.root, "recover", maxdepth=1)
+                        if _DECISION.search(i.source)), key=_decision_number):
+        try:
+            doc = rd.read_json(info)
+        except rd.Problem:
+            continue
+        reasons = (doc.get("exclusions") or {}).get("reasons") if isinstance(doc, dict) else None
+        for node, why in (reasons.items() if isinstance(reasons, dict) else ()):
+            if isinstance(why, str) and why.startswith(QUARANTINED):
+                out.add(node)
+            else:
+                out.discard(node)
+    return out
+
+
+def _decision_number(info: rd.FileInfo) -> int:
+    return int(_DECISION.search(info.source).group(1))
+
+
+def with_carried(exclusions: Exclusions, carried: dict[str, str], released: list[str],
+                 ran: list[str] | None) -> Exclusions:
+    """``exclusions`` with the nodes the job already kept out (``carried``: node → why, from its
+    command or allocation; `relaunch.carried_exclusions`) that cost the relaunch a node, so the
+    re-plan counts only what it may use: not ``released`` (the relaunch lets them back), not
+    this recovery's own (their reason says more), and among the nodes the failed attempt ran on
+    (``ran``; any when unknown). A node the attempt did not run on took no place of the plan:
+    an allocation need not hold the plan's names (docs/slurm.md), so the plan's name stood for
+    another machine, and the relaunch has as many without it."""
+    out, ran_on = set(released) | set(exclusions.nodes), None if not ran else set(ran)
+    kept = {n: why for n, why in sorted(carried.items())
+            if n not in out and (ran_on is None or n in ran_on)}
+    return replace(exclusions, carried=kept)
 
 
 def preflight_bad(run: RunDir, notes: list[str] | None = None,

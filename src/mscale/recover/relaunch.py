@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from mscale.hostlist import collect_hostlist
-from mscale.recover.command import (Change, batch_note, kept_out_nodes, option_value, resume_of,
-                                    rewrite_command, rewrite_train)
+from mscale.recover.command import (Change, batch_note, command_exclusions, kept_out_nodes,
+                                    option_value, resume_of, rewrite_command, rewrite_train)
 from mscale.recover.diagnose.evidence import evidence_of
 from mscale.recover.diagnose.read import JSONL_TAIL_BYTES, read_jsonl_tail
 from mscale.runs.rundir import RunDir
@@ -120,6 +120,32 @@ def scontrol_job(job_id: str, run: Runner) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
+def job_info(launch: Launch | None, command: list[str] | None,
+             run: Runner | None = None) -> dict[str, str]:
+    """`scontrol_job` of the recorded SLURM job when the relaunch is made from the recorded
+    launch (no ``command`` given), else {}. Read once per recovery: the re-plan must know the
+    nodes the job keeps out (`carried_exclusions`) before `relaunch` rewrites it (its ``info``).
+    ``run``: `run_quiet` when None."""
+    if command or launch is None or launcher_of(launch, None) != "slurm":
+        return {}
+    job_id = str((launch.slurm or {}).get("job_id") or "")
+    return scontrol_job(job_id, run or run_quiet) if job_id else {}
+
+
+BY_COMMAND = "kept out by the job's own command (its -x/--exclude) before this recovery"
+BY_ALLOCATION = "kept out of the job's allocation before this recovery (scontrol's ExcNodeList)"
+
+
+def carried_exclusions(command: list[str] | None, info: dict[str, str]) -> dict[str, str]:
+    """node → why, for the nodes the relaunch keeps out because the job already did, the ones
+    quarantine released included (`exclude.with_carried` drops them): the given ``command``'s
+    (`command_exclusions`), else the recorded job's ``ExcNodeList`` (``info``, `job_info`).
+    The same sources `relaunch` carries into its command, so the re-plan counts what it gets."""
+    if command:
+        return dict.fromkeys(command_exclusions(command), BY_COMMAND)
+    return dict.fromkeys(_excluded_by(info), BY_ALLOCATION)
+
+
 def run_quiet(cmd: list[str]) -> tuple[int, str]:
     """Run a short SLURM query; a missing binary or a hang is an answer, not an error."""
     try:
@@ -148,9 +174,11 @@ class Relaunch:
 
 
 def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
-             command: list[str] | None = None, run: Runner = run_quiet) -> Relaunch:
+             command: list[str] | None = None, run: Runner = run_quiet,
+             info: dict[str, str] | None = None) -> Relaunch:
     """The relaunch command for ``change``, from ``command`` when given, else the recorded
-    launch; an empty command with a note when neither says how the job was started."""
+    launch; an empty command with a note when neither says how the job was started. ``info``:
+    the SLURM job as `job_info` read it, which is then not asked again (None: asked here)."""
     launcher = launcher_of(launch, command)
     if command:
         return Relaunch(launcher, rewrite_command(command, change, ranks_per_node),
@@ -161,7 +189,7 @@ def relaunch(launch: Launch | None, change: Change, ranks_per_node: int,
         return Relaunch("local", rewrite_train(launch.argv, change, local=True,
                                                cwd=launch.cwd))
     if launcher == "slurm":
-        return _slurm(launch, change, ranks_per_node, run)
+        return _slurm(launch, change, ranks_per_node, run, info)
     if launcher == "torchrun":
         nnodes = max(1, change.world // max(1, ranks_per_node))
         cmd = [_torchrun_beside(launch.argv), f"--nnodes={nnodes}",
@@ -250,12 +278,14 @@ def _kept_out(change: Change, info: dict[str, str]) -> list[str]:
     return sorted({*change.excluded, *(set(_excluded_by(info)) - set(change.released))})
 
 
-def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner) -> Relaunch:
+def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner,
+           info: dict[str, str] | None) -> Relaunch:
     """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
     around the rewritten ``srun`` line."""
     slurm = launch.slurm or {}
     job_id = str(slurm.get("job_id") or "")
-    info = scontrol_job(job_id, run) if job_id else {}
+    if info is None:
+        info = scontrol_job(job_id, run) if job_id else {}
     batch = info.get("BatchFlag") == "1"
     stale = batch and change.resume is None and replays_a_rollback(launch, change)
     replay = batch and not stale  # the job may run again as it is

@@ -78,12 +78,13 @@ def plan_nodes(plan: Plan) -> list[str]:
 
 def replan(run: RunDir, plan: Plan, exclusions: Exclusions, *, allow_batch_change: bool = False,
            write: bool = True) -> Replan | None:
-    """The layout for the plan's nodes minus ``exclusions`` (module docstring); None when no
-    node of the plan is excluded. Writes ``RUN/recover/plan-<attempt>.yaml`` when ``write``
+    """The layout for the plan's nodes minus ``exclusions`` (module docstring): this recovery's
+    and those the job already kept out (`Exclusions.kept_out`); None when no node of the plan
+    is excluded. Writes ``RUN/recover/plan-<attempt>.yaml`` when ``write``
     (``plan_path`` names it either way). Raises MscaleError when no layout fits any of the
     remaining nodes."""
     nodes = plan_nodes(plan)
-    out = set(exclusions.nodes)
+    out = set(exclusions.kept_out)
     remaining = [n for n in nodes if n not in out]
     if len(remaining) == len(nodes):
         return None
@@ -91,8 +92,9 @@ def replan(run: RunDir, plan: Plan, exclusions: Exclusions, *, allow_batch_chang
     if not remaining:
         raise MscaleError(f"every node of the plan is excluded ({collect_hostlist(nodes)})",
                           file=run.plan, field="cluster.hostlist",
-                          fix="clear quarantine.json entries that no longer hold, or give the "
-                              "run other nodes, then run recover again")
+                          fix="clear quarantine.json entries that no longer hold (or the job's "
+                              "own --exclude of nodes it may use again), or give the run other "
+                              "nodes, then run recover again")
     fit = find_fit(plan, remaining, allow_batch_change)
     if fit is None:
         raise MscaleError(f"no layout runs global batch {batch} on any of the remaining "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 
-from mscale.recover.decision import Diagnosis, Evidence, RecoveryPlan
+from mscale.recover.decision import Diagnosis, Evidence, Exclusions, RecoveryPlan
 from mscale.recover.diagnose.classify import SOURCE_LOCATION
 
 EVIDENCE_LINES = 5
@@ -64,13 +64,26 @@ def _diagnosis_lines(d: Diagnosis) -> list[str]:
     return out + ([f"  {'; '.join(facts)}"] if facts else [])
 
 
+def _exclusion_lines(ex: Exclusions) -> list[str]:
+    """This recovery's exclusions, then the nodes the job had already kept out that the
+    relaunch cannot use either (the re-plan counts both): an operator must tell a verdict of
+    this failure from the job's own earlier choice."""
+    mine = "none" if not ex.nodes else f"{len(ex.nodes)} node(s)"
+    out = [f"exclusions: {mine}" + (" by this recovery" if ex.carried else "")]
+    out += [f"  {n}: {ex.reasons.get(n, '')}" for n in ex.nodes]
+    if ex.carried:
+        out.append(f"kept out by the job already: {len(ex.carried)} node(s) the failed attempt "
+                   "ran on")
+        out += [f"  {n}: {why}" for n, why in ex.carried.items()]
+    return out
+
+
 def _decision_lines(plan: RecoveryPlan) -> list[str]:
     c, ex, rp = plan.checkpoint, plan.exclusions, plan.replan
     out = [f"checkpoint: {c.path} (step {c.step}) — {c.reason}" if c.path else
            f"checkpoint: none — {c.reason}"]
     out += [f"  passed over {r.get('name')}: {r.get('why')}" for r in c.rejected]
-    out.append("exclusions: none" if not ex.nodes else f"exclusions: {len(ex.nodes)} node(s)")
-    out += [f"  {n}: {ex.reasons.get(n, '')}" for n in ex.nodes]
+    out += _exclusion_lines(ex)
     if rp is not None:
         out.append(f"re-plan: {rp.old_layout} -> {rp.layout}, {rp.world} ranks on "
                    f"{len(rp.nodes)} node(s)" + (f", plan {rp.plan_path}" if rp.plan_path else ""))

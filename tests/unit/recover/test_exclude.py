@@ -11,8 +11,8 @@ import pytest
 
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import Quarantine, QuarantineEntry
-from mscale.recover.decision import Diagnosis
-from mscale.recover.exclude import decide_exclusions, released
+from mscale.recover.decision import Diagnosis, Exclusions
+from mscale.recover.exclude import decide_exclusions, released, with_carried
 from mscale.runs.atomic import write_json_atomic
 from mscale.runs.rundir import RunDir
 
@@ -82,6 +82,45 @@ def test_nodes_whose_quarantine_expired_are_released(run):
     quarantine(run, ("node1", "slow GPU", None), ("node2", "hot", NOW - 1),
                ("node3", "old", NOW - 5), ("node3", "again", NOW + 60))
     assert released(run, NOW) == ["node2"]  # node3 still has an entry in force
+
+
+def decision(run, number, reasons):
+    """An earlier recovery's decision document, with the reasons it kept nodes out."""
+    write_json_atomic(f"{run.recover}/decision-{number:04d}.json",
+                      {"exclusions": {"nodes": sorted(reasons), "reasons": reasons}})
+
+
+def test_a_node_cleared_from_quarantine_by_hand_is_released_like_an_expired_one(run):
+    """An operator who deletes node3's entry (or the whole file, as QUARANTINE_FIX says) means
+    it is back in the pool; the earlier recovery's --exclude of it must not outlive that. A node
+    kept out for another reason (node2: its diagnosis), or never by recover, stays out."""
+    decision(run, 1, {"node3": "quarantine.json (until cleared): slow GPU",
+                      "node2": "diagnosis: gpu failure (crash): Xid 79"})
+    quarantine(run, ("node3", "slow GPU", None))
+    assert released(run, NOW) == []  # still held
+    quarantine(run)  # the operator cleared it
+    assert released(run, NOW) == ["node3"]
+    Path(run.quarantine).unlink()
+    assert released(run, NOW) == ["node3"]
+
+
+def test_the_latest_recovery_to_keep_a_node_out_says_why(run):
+    """node3 came back from quarantine, failed again, and was kept out on its diagnosis (no
+    quarantine entry): it is not released. Decisions are ordered by number, not by name."""
+    decision(run, 9999, {"node3": "quarantine.json (until cleared): slow GPU"})
+    decision(run, 10000, {"node3": "diagnosis: gpu failure (crash): Xid 79"})
+    assert released(run, NOW) == []
+
+
+def test_the_jobs_own_exclusions_count_only_where_they_cost_the_relaunch_a_node():
+    mine = Exclusions(nodes=["node3"], reasons={"node3": "diagnosis"})
+    carried = {n: "the command's" for n in ("node2", "node3", "node4", "node5", "node9")}
+    out = with_carried(mine, carried, released=["node2"],
+                       ran=["node1", "node2", "node3", "node4", "node5"])
+    # node2 released, node3 this recovery's, node9 not among the nodes the attempt ran on
+    assert out.carried == {"node4": "the command's", "node5": "the command's"}
+    assert out.kept_out == ["node3", "node4", "node5"] and out.nodes == ["node3"]
+    assert with_carried(mine, {"node9": "x"}, [], ran=None).kept_out == ["node3", "node9"]
 
 
 def test_preflight_for_this_plan_only(run):
