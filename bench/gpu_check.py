@@ -12,7 +12,8 @@ would not finish inside the time budget is skipped with a line saying so. Run di
 ``--rehearse`` runs the same code paths on the CPU with a tiny model (inductor builds CPU
 kernels), so a typo or an API change is found before a GPU minute is spent; what only a GPU can
 show (sync detection, fused-kernel names, async timers) is said to be unchecked, not passed.
-The checks are in `bench/gpu_checks.py`; what each measures is in its docstring.
+The checks are in `bench/gpu_checks.py`; what each measures is in its docstring (the plans and
+runs they share: `bench/gpu_plans.py`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module of checks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules of checks
 import gpu_checks  # noqa: E402
+import gpu_plans  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RANK = ("FAIL", "PASS", "INFO", "SKIP")
@@ -58,9 +60,9 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        found = None if args.rehearse or args.gpu else gpu_checks.detect_gpu()
-        gpu = args.gpu or (found[1] if found else gpu_checks.PLANS_GPU)
-        ctx = gpu_checks.Context(out=out, work=work, rehearse=args.rehearse,
+        found = None if args.rehearse or args.gpu else gpu_plans.detect_gpu()
+        gpu = args.gpu or (found[1] if found else gpu_plans.PLANS_GPU)
+        ctx = gpu_plans.Context(out=out, work=work, rehearse=args.rehearse,
                                  gpu=None if gpu.lower() == "none" else gpu)
         if args.check:
             return gpu_checks.run_one(args.check, ctx)
@@ -73,7 +75,7 @@ def main() -> int:
 
 def drive(checks, ctx, args, report: Path, found: tuple[str, str | None] | None = None) -> int:
     """Run each check in a subprocess, in order, within the budget; the summary table last.
-    ``found``: the GPU nvidia-smi named and its preset (`gpu_checks.detect_gpu`)."""
+    ``found``: the GPU nvidia-smi named and its preset (`gpu_plans.detect_gpu`)."""
     t0 = time.monotonic()
     results: list[tuple[str, str, float]] = []
     with open(report, "a", buffering=1) as log:
@@ -107,7 +109,7 @@ def drive(checks, ctx, args, report: Path, found: tuple[str, str | None] | None 
 
 def gpu_line(ctx, found: tuple[str, str | None] | None) -> str:
     """What the figures are measured on, and against which peak: the report's second line."""
-    plans = gpu_checks.PLANS_GPU
+    plans = gpu_plans.PLANS_GPU
     if ctx.gpu is None:
         return (f"WARNING: {found[0] if found else 'this GPU'} has no preset "
                 "(src/mscale/config/gpus.py): plans as written, every MFU below is against the "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks, run ON the device machine by a session lent one (one H200, the GPU the plans are
-# written for; an H100 or H800 gets them retargeted, see gpu_checks.retarget; 4 GPUs add hier-dp):
+# written for; an H100 or H800 gets them retargeted, see gpu_plans.retarget; 4 GPUs add hier-dp):
 #   here:   bash scripts/gpu-wheels.sh          (the wheels the GPU image lacks, into .whl/)
 #           .venv/bin/python bench/gpu_check.py --rehearse   (the same checks on the CPU, first)
 #   device: bash bench/gpu_check.sh             (run tool: carry [".whl"], timeout_s 600)

@@ -7,7 +7,7 @@ allocator's rounding. One process on one GPU (world 1: one GPU cannot host two N
 the real engine for two steps per case; the peak after the engine is built is compared with
 `planner.memory.rank_memory` for the same plan, priced for the stack the run used: ``mscale``
 when the engine compiled its blocks (the default on CUDA), ``mscale-eager`` when it did not
-(``--eager``, i.e. ``training.compile: false``, or the CPU), as `gpu_checks.predicted_step_s`
+(``--eager``, i.e. ``training.compile: false``, or the CPU), as `gpu_plans.predicted_step_s`
 prices a plan's step time. Each line names that stack. PASS within −5%..+10% of the measured peak.
 
 Measured on one H200 before the engine compiled by default, i.e. eager (torch CUDA build of the
@@ -101,7 +101,7 @@ def planner_figures(case: dict, gpu: str | None, compiled: bool) -> tuple[dict, 
     """The planner's bytes for ``case`` as the run built it, and the stack that priced them.
 
     ``training.compile`` is set to what the engine did (`Engine.compiled`), so the `Problem`
-    (the plan's model, training and cluster, as `gpu_checks.predicted_step_s` builds it) prices
+    (the plan's model, training and cluster, as `gpu_plans.predicted_step_s` builds it) prices
     the default stack as ``mscale`` when the blocks ran compiled and ``mscale-eager`` when not;
     a case whose training names another stack keeps it. ``gpu``: the GPU preset whose cluster
     prices it (None: the case's CPU cluster); the stack does not depend on it once compile is

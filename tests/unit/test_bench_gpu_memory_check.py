@@ -1,6 +1,6 @@
 """bench/gpu_memory_check.py, the parts a CPU can check: the planner's figure is priced for the
 stack the run used (compiled: ``mscale``; not: ``mscale-eager``; a training file's own stack
-kept), as gpu_checks prices a plan, and each line names that stack. The run itself (a GPU, or
+kept), as gpu_plans prices a plan, and each line names that stack. The run itself (a GPU, or
 ``--cpu``: ~15 s a case) is not repeated here."""
 
 from __future__ import annotations
