@@ -165,7 +165,8 @@ def check_nosync(ctx: Context) -> bool:
     step_s = timer.end_step()["step"]
     print(f"INFO: run_micro_batches: {len(syncs)} synchronizing call(s) {syncs[:3]}; the host "
           f"returned after {host_s * 1e3:.1f} ms of a {step_s * 1e3:.1f} ms step; control "
-          f"float(loss): {len(control)} seen; loss {float(loss):.4f} ({loss.dtype}, {loss.device})")
+          f"float(loss): {len(control)} seen; loss {float(loss):.4f} "
+          f"({loss.dtype}, {loss.device})")
     if not cuda:
         print("SKIP: sync detection needs CUDA (the engine ran the step on the CPU)")
         return True
