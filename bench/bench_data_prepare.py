@@ -82,7 +82,7 @@ def run_prepare(corpus: str, tokenizer: str, out: str, workers: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     first = []
 
-    def progress(documents, tokens, nbytes):
+    def progress(documents, tokens, nbytes, *_):  # and pending bytes: not timed here
         if not first:
             first.append(time.perf_counter() - t0)
         for pid, c in descendants_cpu().items():  # before the pool's workers exit

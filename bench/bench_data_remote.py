@@ -146,7 +146,7 @@ def bench_remote(args, tmp: str, shape: dict) -> dict:
            "shape": args.remote_shape, "seq_len": shape["seq_len"],
            "micro_batch": shape["micro_batch"],
            "block_mib": storage.open_blob.__kwdefaults__["block_bytes"] / 2**20,
-           "cache_blocks": storage.CACHE_BLOCKS, "cases": {}}
+           "cache_mib": storage.CACHE_BYTES / 2**20, "cases": {}}
     try:
         upload(f"{tmp}/tokens-w1", f"{root}/a")
         upload(f"{tmp}/tokens-w2", f"{root}/b")

@@ -62,7 +62,7 @@ def report_loader(res: dict) -> None:
 
 def report_remote(r: dict) -> None:
     print(f"\n3. remote: slowmem:// ({r['latency_ms']} ms a range read), blocks "
-          f"{r['block_mib']:g} MiB x {r['cache_blocks']} cached per file; {r['shape']} shape "
+          f"{r['block_mib']:g} MiB, {r['cache_mib']:g} MiB cached per process; {r['shape']} shape "
           f"(seq {r['seq_len']} x mb {r['micro_batch']}), fake step {r['step_s']} s over "
           f"{r['micro_batches']} micro-batches")
     print(f"   {'source (.bin per source)':<31} {'read_ahead':>10} {'wait share':>11} "
