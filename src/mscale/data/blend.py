@@ -132,6 +132,9 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
             (a, b), (c, d) = split_documents(ds.num_tokens, cfg.eval_fraction, seq_len,
                                              ds.next_document_start)
         except MscaleError as e:
+            if e.file is not None:  # the index read for the cut: its own file is the culprit
+                e.message = f"{e.message} (named by {where})"
+                raise
             raise MscaleError(f"{e.message} in this source ({ds.num_tokens:,} tokens, "
                               f"{_documents(ds)})", file=ds.url,
                               field=e.field or f"{field}.eval_fraction", fix=e.fix) from None

@@ -3,12 +3,14 @@ it was taken from the current directory, and which one."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mscale.config.training import DataConfig
-from mscale.data.blend import open_sources
+from mscale.data.blend import build_splits, open_sources
 from mscale.data.datasets import open_dataset
 from mscale.errors import MscaleError
+from tests.unit.data.folders import prepared
 
 
 def test_a_missing_relative_source_names_the_current_directory_and_the_fix(tmp_path,
@@ -45,3 +47,17 @@ def test_open_dataset_says_where_a_relative_spec_was_looked_for(tmp_path, monkey
         open_dataset("runs/x")
     assert e.value.file == "runs/x" and str(tmp_path / "runs" / "x") in e.value.message
     assert "absolute path" in e.value.fix
+
+
+def test_a_damaged_index_read_for_the_held_out_cut_is_named_itself(tmp_path):
+    """The error named the folder with "in this source (N tokens, M documents)", not the
+    truncated `.idx`: the one file to restore."""
+    prepared(tmp_path / "d", [list(range(1, 40))] * 10)
+    idx = tmp_path / "d" / "shard-00000.idx"
+    idx.write_bytes(idx.read_bytes()[:20])
+    cfg = DataConfig(path=str(tmp_path / "d"), eval_fraction=0.3)
+    with pytest.raises(MscaleError) as e:
+        build_splits(cfg, 8, 1, 300)
+    assert e.value.file == str(idx) and e.value.field == "idx.header"
+    assert e.value.message.endswith("(named by training.data.path)")
+    assert "in this source" not in e.value.message
