@@ -38,9 +38,10 @@ class Part:
 class BlendedSamples:
     """The samples of one split (``"train"`` or ``"eval"``) of a training file's datasets."""
 
-    def __init__(self, parts: list[Part], weights: list[float], seed: int, shuffle: bool):
+    def __init__(self, parts: list[Part], weights: list[float], seed: int, shuffle: bool,
+                 vocab: int | None = None):
         self.parts, self.seq_len = parts, parts[0].packed.seq_len
-        self.weights = list(weights)
+        self.weights, self.vocab = list(weights), vocab
         self.mixture = Mixture([p.packed.count for p in parts], weights, seed, shuffle)
 
     @property
@@ -51,10 +52,25 @@ class BlendedSamples:
         """[len(ks), seq_len + 1] int64 tokens."""
         source, sample = self.mixture.locate(np.asarray(ks, dtype=np.int64))
         out = np.empty((len(source), self.seq_len + 1), dtype=np.int64)
+        starts = []
         for row, (i, j) in enumerate(zip(source.tolist(), sample.tolist())):
             packed = self.parts[i].packed
             start = packed.start + j * self.seq_len
             out[row] = self.parts[i].dataset.read(start, start + self.seq_len + 1)
+            starts.append(start)
+        if self.vocab is not None and out.size and int(out.max()) >= self.vocab:
+            # `check_vocab` reads only each source's first MiB at open: an id past the
+            # embedding further in would otherwise stop a rank with torch's bare IndexError,
+            # a "crash" that recover relaunches into the same sample
+            row = int(np.argmax(out.max(axis=1) >= self.vocab))
+            part, start = self.parts[int(source[row])], starts[row]
+            raise MscaleError(f"token id {int(out[row].max())} >= the model's vocab "
+                              f"{self.vocab} in tokens [{start:,}, "
+                              f"{start + self.seq_len + 1:,}) of this source",
+                              file=part.dataset.url, field=part.field,
+                              fix="re-prepare the source with the model's tokenizer (mscale "
+                                  "data verify names a damaged shard), or check the dtype of a "
+                                  "flat file")
         return out
 
     def sample(self, k: int) -> np.ndarray:
@@ -143,11 +159,12 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
             held.append((Part(ds, _packed(ds, seq_len, c, d, where), where), source.weight))
     for source, ds, where in opened[n_train:]:
         held.append((Part(ds, _packed(ds, seq_len, 0, ds.num_tokens, where), where), source.weight))
-    train_samples = BlendedSamples([p for p, _ in train], [w for _, w in train], seed, cfg.shuffle)
+    train_samples = BlendedSamples([p for p, _ in train], [w for _, w in train], seed, cfg.shuffle,
+                                   vocab)
     eval_samples = None
     if held:
         eval_samples = BlendedSamples([p for p, _ in held], [w for _, w in held],
-                                      seed ^ EVAL_SEED_SALT, cfg.shuffle)
+                                      seed ^ EVAL_SEED_SALT, cfg.shuffle, vocab)
     return train_samples, eval_samples
 
 

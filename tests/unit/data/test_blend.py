@@ -49,6 +49,21 @@ def test_open_dataset_says_where_a_relative_spec_was_looked_for(tmp_path, monkey
     assert "absolute path" in e.value.fix
 
 
+def test_an_id_past_the_vocabulary_beyond_the_first_mib_is_bad_input_naming_the_source(tmp_path):
+    """Open checks the first MiB of ids; one further in reached the embedding and stopped the
+    rank with torch's bare `IndexError: index out of range in self`, classed as a crash."""
+    ids = np.full((1 << 20) + 4096, 7, dtype=np.uint16)
+    ids[(1 << 20) + 100:] = 60000  # a flat file's tail written by another tokenizer
+    ids.tofile(tmp_path / "t.bin")
+    train, _ = build_splits(DataConfig(path=str(tmp_path / "t.bin"), shuffle=False), 63, 1, 512)
+    assert train.samples(list(range(16))).max() == 7  # the head reads as before
+    with pytest.raises(MscaleError) as e:
+        train.samples([(1 << 20) // 63 + 1])
+    assert e.value.file == str(tmp_path / "t.bin") and e.value.field == "training.data.path"
+    assert "token id 60000 >= the model's vocab 512" in e.value.message
+    assert "tokenizer" in e.value.fix
+
+
 def test_a_damaged_index_read_for_the_held_out_cut_is_named_itself(tmp_path):
     """The error named the folder with "in this source (N tokens, M documents)", not the
     truncated `.idx`: the one file to restore."""
