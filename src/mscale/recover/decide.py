@@ -251,7 +251,11 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back
         reasons.append("the filesystem was full: free space (or keep fewer checkpoints) before "
                        "the relaunch, or it fails again at its next checkpoint")
-    if diagnosis.cls == "storage" and diagnosis.symptom == "crash":  # nor here: the filesystem
+    if diagnosis.rule == "data_store_down":  # the data's store, not the run's filesystem
+        reasons.append("the remote data store stopped answering (training.data): check that it "
+                       "answers before the relaunch, or raise training.data.remote_retry_s if "
+                       "its outages outlast the retries")
+    elif diagnosis.cls == "storage" and diagnosis.symptom == "crash":  # nor here: the filesystem
         reasons.append("the storage failed (an I/O error, a read-only filesystem, a permission): "
                        "check the filesystem of the run directory and its checkpoints before "
                        "the relaunch, or it fails the same way")

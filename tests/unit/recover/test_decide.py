@@ -125,6 +125,15 @@ def test_a_storage_failure_names_the_filesystem_to_check_and_keeps_every_node(ru
     assert any("check the filesystem of the run directory" in r for r in plan.reasons)
 
 
+def test_a_data_store_down_names_the_store_not_the_run_directorys_filesystem(run, fakes):
+    fakes.diagnosis.cls, fakes.diagnosis.symptom = "storage", "crash"
+    fakes.diagnosis.rule = "data_store_down"
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "relaunchable" and plan.exclusions.nodes == []
+    assert any("remote data store stopped answering" in r for r in plan.reasons)
+    assert not any("check the filesystem of the run directory" in r for r in plan.reasons)
+
+
 def committed(run, step: int, size: int = 5000) -> None:
     """A checkpoint directory of ``size`` bytes with a commit marker (what retention counts)."""
     ckpt = run / f"ckpt/step-{step:06d}"

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from mscale.errors import MscaleError
 from mscale.recover.diagnose import diagnose
 from tests.unit.recover.diag_runs import GLOO_CLOSED, GLOO_RESET, GLOO_TIMEOUT, T0, Run
 
@@ -258,6 +259,27 @@ def test_storage_errors(run, msg, transient):
     run.launcher_stop(6, rid, 3, "exited with code 3", "crash", [3, 3, 3, 3])
     d = diagnose(run.path)
     assert (d.cls, d.symptom, d.transient) == ("storage", "crash", transient)
+
+
+def test_a_data_store_down_past_its_retries_is_transient_storage_not_bad_input(run):
+    """data/storage.py's error after its retries is an MscaleError (exit 3, kind bad_input),
+    which recover read as "fix the input, do not relaunch": a store's outage ended the job for
+    good although the same command resumes once the store answers."""
+    from mscale.data.storage import Retry
+    from mscale.train.failure import one_line
+
+    def down():
+        raise ConnectionError("store down")
+
+    with pytest.raises(MscaleError) as e:
+        Retry(retries=1, backoff_s=0.0).call("s3://corpus/web/shard-00003.bin",
+                                             "bytes[262144:524288]", down)
+    rid = started(run)
+    run.error_file(0, 5, "bad_input", one_line(e.value))
+    run.launcher_stop(6, rid, 0, "exited with code 3", "bad_input", [3, 3])
+    d = diagnose(run.path)
+    assert (d.cls, d.symptom, d.transient) == ("storage", "crash", True)
+    assert "data store" in d.summary
 
 
 def test_a_run_directory_gone_read_only_is_storage_not_a_crash_of_rank_0(run):

@@ -75,6 +75,11 @@ TEXT_RULES: tuple[Rule, ...] = (
        "a stale network-filesystem handle"),
     _t("read_only", r"Read-only file system|(?-i:\bEROFS\b)", "storage", "crash", False, 80,
        "the filesystem went read-only"),
+    # a remote training.data store that stayed down past data.remote_retry_s (data/storage.py's
+    # words): its error file says bad_input (an MscaleError, exit 3), but the input is fine and
+    # a relaunch resumes once the store answers, so it outweighs the bad_input fact
+    _t("data_store_down", r"failed after \d+ attempts \(timeout [\d.e+]+ s each\)", "storage",
+       "crash", True, 92, "the remote data store did not answer (training.data)"),
     _t("no_permission", r"\[Errno 13\] Permission denied|(?-i:\bEACCES\b)", "storage",
        "crash", False, 55, "a file of the run could not be written: permission denied"),
     # memory
