@@ -122,7 +122,8 @@ class Retry:
                 raise _permanent(url, e) from None
             except Exception as e:  # any backend's transient error (OSError, botocore, aiohttp...)
                 last = e
-        raise MscaleError(f"{what} failed after {attempts} attempts (timeout {self.timeout_s:g} s "
+        # ``what`` is the field, which the error line prints before the message already
+        raise MscaleError(f"failed after {attempts} attempts (timeout {self.timeout_s:g} s "
                           f"each); last error: {type(last).__name__}: {last}", file=url,
                           field=what,
                           fix="check that the store is reachable and the file readable, then "

@@ -126,6 +126,8 @@ def test_persistent_failure_is_one_clear_error(remote):
     assert "after 3 attempts" in text and "ConnectionResetError" in text
     assert e.value.file == "flaky://" + remote and e.value.field == "bytes[0:1024]"
     assert e.value.code == 3 and FlakyFS.calls == 3
+    # the field once: "URL: bytes[0:1024]: bytes[0:1024] failed after ..." said it twice
+    assert text.count("bytes[0:1024]") == 1
 
 
 def test_a_hanging_store_times_out(remote):
