@@ -323,7 +323,23 @@ def verify_cmd(
     """Hash every shard's .bin and .idx against the manifest. Exit 2 names the bad shard."""
     from mscale.data.datasets import has_manifest, verify_dataset
 
-    problems = verify_dataset(spec)
+    line = ThrottledLine("verify")
+
+    def progress(done: int, files: int, nbytes: int, total: int) -> None:
+        # a corpus of thousands of shards hashes for an hour: say what, then how far
+        if not done:
+            line.say(f"verify: {spec}: {files:,} file(s), {_mb(total)} of .bin, hashed "
+                     "against manifest.json")
+            line.restart()
+        elif line.due():
+            rate = nbytes / line.elapsed() / 1e6
+            line.show(f"verify: {done:,} of {files:,} file(s), {_mb(nbytes)} of {_mb(total)}, "
+                      f"{rate:,.0f} MB/s, {line.elapsed():.0f} s")
+
+    try:
+        problems = verify_dataset(spec, progress=progress)
+    finally:
+        line.close()
     # a damaged source may not open: its figures are the healthy one's alone
     d = None if problems else _describe(spec, None)
     checked = has_manifest(spec)

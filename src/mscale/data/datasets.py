@@ -225,20 +225,20 @@ def _checked(spec: str, shards: list[Shard], want: np.dtype | None) -> TokenData
     return TokenDataset(spec, shards)
 
 
-def verify_dataset(spec: str, chunk_bytes: int = 8 << 20) -> list[str]:
+def verify_dataset(spec: str, chunk_bytes: int = 8 << 20, progress=None) -> list[str]:
     """Problems found in a source that exists: each shard's .bin and .idx hashed against the
     manifest's sha256 (a missing one named), then the structure checked by opening it. A source
     without our manifest has no checksums: opening it is the whole check.
 
     A damaged source is a failed check (problems: ``data verify`` exits 2), not bad input; what
     holds no token data at all (an empty folder, a path that names nothing, a file of another
-    kind) raises, as at open (exit 3)."""
+    kind) raises, as at open (exit 3). ``progress``: `manifest.verify_checksums`'s."""
     manifest = has_manifest(spec)
     problems: list[str] = []
     missing: list[str] = []
     try:
         if manifest:  # the manifest promises its files: anything wrong with them is damage
-            problems += verify_checksums(spec.rstrip("/"), chunk_bytes, missing)
+            problems += verify_checksums(spec.rstrip("/"), chunk_bytes, missing, progress)
         if not missing:
             # a checksum says a file changed; the structure says how (a truncated .bin: its
             # size against the index), so it is checked too unless a file is missing

@@ -170,3 +170,20 @@ def test_the_progress_line_says_the_merges_are_being_computed():
     line(1, None, 28_200_000, note="computing merges, 13 s")
     assert line.stream.getvalue() == ("tokenizer: 1 documents, 28.2 MB, 14 s; computing merges, "
                                       "13 s\n")
+
+
+def test_verify_says_what_it_hashes_before_it_starts(cli, tmp_path):
+    """A corpus of thousands of shards hashes for an hour: verify said nothing until its
+    verdict. Now a start line on stderr (stdout stays the verdict), then progress."""
+    from mscale.data.manifest import verify_checksums
+    from tests.unit.data.test_indexed import DOCS, write_manifest
+
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    code, stdout, err = cli("data", "verify", str(tmp_path / "ds"))
+    assert code == 0 and stdout.startswith("OK "), stdout + err
+    assert err.startswith(f"verify: {tmp_path / 'ds'}: 4 file(s), ") and "manifest.json" in err
+    seen = []
+    verify_checksums(str(tmp_path / "ds"), progress=lambda *a: seen.append(a))
+    total = seen[0][3]
+    assert [a[:2] for a in seen] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
+    assert seen[-1][2:] == (total, total) and total > 0
