@@ -86,3 +86,37 @@ def test_damaged_dumps_name_nobody_and_raise_nothing():
             {"pg_status": [], GROUPS_KEY: {"g": "not ranks"}},
             {"entries": [entry("g", 1, 1.0) | {"collective_seq_id": True}]}]
     assert culprits(dict(enumerate(junk))) == []
+
+
+def test_a_stage_that_timed_out_in_an_unrecorded_transfer_is_not_named():
+    """tp2·pp2 under srun, rank 1 stopped (behind in its TP group) then continued: it failed on
+    a lost peer. Rank 3, the next stage, timed out receiving rank 1's activations, which gloo
+    does not record: its last record is a world all-reduce every rank completed, and rank 2
+    waits for it in TP. It timed out, so it was waiting: only rank 1 is named."""
+    groups = {"w": [0, 1, 2, 3], **TP, "pp02": [0, 2], "pp13": [1, 3]}
+    dumps = {0: dump(groups, entry("w", 5, 1.0), entry("tp01", 10, 2.0)),
+             1: dump(groups, entry("w", 5, 1.0), entry("tp01", 9, 1.9)),
+             2: dump(groups, entry("w", 5, 1.0), entry("tp23", 20, 2.0)),
+             3: dump(groups, entry("tp23", 19, 0.9), entry("w", 5, 1.0))}
+    assert culprits(dumps, timed_out={0, 2, 3}) == [1]
+    assert culprits(dumps) == [1, 3]  # what the error files add
+
+
+def test_a_late_or_missing_rank_is_named_though_it_timed_out_itself():
+    world = {"w": [0, 1, 2, 3]}
+    dumps = {0: dump(world, entry("w", 7, 10.0)), 1: dump(world, entry("w", 7, 10.2)),
+             2: dump(world, entry("w", 7, 19.0))}
+    assert culprits(dumps, timed_out={0, 1, 2}) == [2, 3]
+
+
+def test_real_dumps_of_a_stopped_rank_under_srun():
+    """The dumps of a real SIGSTOP hang under the local SLURM (the fixture's ``about``): every
+    rank failed (timeouts, lost peers), so the error files name nobody; the dumps name rank 1.
+    Rank 5, the stage after it, timed out in a receive gloo does not record."""
+    import json
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parent / "data" / "flight_srun_sigstop.json").read_text())
+    dumps = {int(r): d for r, d in real["dumps"].items()}
+    assert sorted(dumps) == list(range(8)) and 5 in real["timed_out"]
+    assert culprits(dumps, timed_out=set(real["timed_out"])) == [1]

@@ -8,8 +8,10 @@ it failed: where it was blocked. A blocked rank waited for the members of that g
   - enqueued it only after this rank's timeout had passed (a stopped rank continued by SLURM's
     SIGCONT, that arrived when its peers had given up).
 Those are edges of a wait-for graph. Most waiting is a cascade (a rank stuck in its TP group
-is behind in its DP group, so its DP peers wait for it): the culprits are the waited-for ranks
-that wait for nobody. Groups are compared by name: torch numbers ``pg_id`` per process.
+is behind in its DP group, so its DP peers wait for it): the culprits are the ranks waited for
+that left no dump or arrived late, and those behind that wait for nobody and did not time out
+themselves (one that timed out waited for someone, perhaps in a transfer gloo does not record).
+Groups are compared by name: torch numbers ``pg_id`` per process.
 
 The dumps come from `mscale.distributed.flight` (JSON, with each group's members) or from
 torch's JSON dump (members in ``pg_config``, a group's count in ``pg_status``).
@@ -44,39 +46,52 @@ class RankFlight:
     """Its last entry is a point-to-point transfer: whom it waited for is not told here."""
 
 
-def culprits(dumps: dict[int, dict]) -> list[int]:
+def culprits(dumps: dict[int, dict], timed_out: set[int] | frozenset = frozenset()) -> list[int]:
     """The ranks the others waited for, by the dumps of the ranks that wrote one (rank -> the
-    dump's JSON object); [] when the dumps do not tell."""
+    dump's JSON object); [] when the dumps do not tell. ``timed_out``: the ranks whose own error
+    was a timeout: they waited for someone, so they are named only on evidence of their own
+    (no dump, or a late arrival). A rank's last recorded collective is not always where it was
+    blocked: gloo records no point-to-point transfer, so a pipeline stage waiting for its
+    neighbour's activations looks like a rank that waits for nobody."""
     flights = {r: parse(doc) for r, doc in dumps.items()}
     members = group_members(dumps.values())
     edges = {r: waits_for(r, f, flights, members) for r, f in flights.items()}
-    waited = set().union(*edges.values()) if edges else set()
-    roots = {m for m in waited if m not in flights
-             or (not edges.get(m) and not flights[m].p2p_last)}
+    roots = set()
+    for waits in edges.values():
+        for m, why in waits.items():
+            if why != BEHIND or (not edges.get(m) and not flights[m].p2p_last
+                                 and m not in timed_out):
+                roots.add(m)
     if roots or any(f.blocked or f.p2p_last for f in flights.values()):
         return sorted(roots)
     return sorted(_behind(flights))  # counts alone (torch's dumps without entries)
 
 
+ABSENT, BEHIND, LATE = "absent", "behind", "late"
+"""Why a rank waited for a member: it left no dump, had not enqueued the collective yet, or
+enqueued it after the waiting rank's timeout."""
+
+
 def waits_for(rank: int, f: RankFlight, flights: dict[int, RankFlight],
-              members: dict[str, list[int]]) -> set[int]:
-    """The members of the group ``rank`` was blocked in that it waited for (module docstring)."""
+              members: dict[str, list[int]]) -> dict[int, str]:
+    """The members of the group ``rank`` was blocked in that it waited for, and why (module
+    docstring)."""
     b = f.blocked
     if b is None or f.p2p_last or b.group not in members:
-        return set()
-    out = set()
+        return {}
+    out = {}
     for m in members[b.group]:
         if m == rank:
             continue
         other = flights.get(m)
         if other is None:
-            out.add(m)
+            out[m] = ABSENT
             continue
         seq = other.seqs.get(b.group)
         if seq is not None and seq < b.seq:
-            out.add(m)
+            out[m] = BEHIND
         elif seq == b.seq and _late(other.created.get((b.group, b.seq)), b):
-            out.add(m)
+            out[m] = LATE
     return out
 
 

@@ -71,4 +71,5 @@ def quietest(ev: RunEvidence, ranks: list[int]) -> int | None:
 def flight_culprits(ev: RunEvidence) -> list[int]:
     """The ranks this attempt's flight-recorder dumps say the others waited for."""
     dumps = {rank: doc for _, rank, doc in ev.flight if doc}
-    return flight.culprits(dumps) if dumps else []
+    timed_out = {r for r, rec in ev.error_files.items() if rec.get("kind") == "timeout"}
+    return flight.culprits(dumps, timed_out) if dumps else []
