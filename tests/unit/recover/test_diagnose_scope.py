@@ -152,6 +152,17 @@ def test_damaged_files_are_evidence_not_a_crash(run):
             "quarantine.json"} <= sources
 
 
+def test_a_deeply_nested_dump_is_a_problem_not_a_crash(run):
+    """json.loads raises RecursionError (not a ValueError) on deep nesting: recover stopped
+    with 'internal error' on a 400 KB flight-recorder dump."""
+    run.start(0.0)
+    run.file("logs/flight_recorder_rank0.json",
+             '{"entries": ' + "[" * 200_000 + "]" * 200_000 + "}", t=5)
+    d = diagnose(run.path)
+    assert any(e.source == "logs/flight_recorder_rank0.json" and "nested" in e.text
+               for e in d.evidence)
+
+
 def test_logs_are_read_from_their_tail_only(run, monkeypatch):
     monkeypatch.setattr(read, "LOG_TAIL_BYTES", 4096)
     monkeypatch.setattr(read.read_tail, "__defaults__", (4096, None))

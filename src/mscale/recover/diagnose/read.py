@@ -145,6 +145,8 @@ def read_json(info: FileInfo, cap: int = JSON_CAP_BYTES) -> object:
         return json.loads(text)
     except ValueError as e:
         raise Problem(f"not valid JSON ({e})") from None
+    except RecursionError:  # a few hundred KB of nested brackets, well under any cap
+        raise Problem("not valid JSON (nested too deeply to read)") from None
 
 
 def read_jsonl_tail(url: str, limit: int) -> tuple[list[dict], list[str]]:
