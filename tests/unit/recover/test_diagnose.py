@@ -282,6 +282,31 @@ def test_a_data_store_down_past_its_retries_is_transient_storage_not_bad_input(r
     assert "data store" in d.summary
 
 
+@pytest.mark.parametrize("url,error,down", [
+    ("/data/web/shard-3.bin", OSError(40, "Too many levels of symbolic links"), False),
+    ("/data/web/shard-3.bin", OSError(36, "File name too long"), False),
+    ("/mnt/nfs/web/shard-3.bin", TimeoutError("no answer within 60 s"), True),
+    ("gs://corpus/web/shard-3.bin", OSError(5, "Input/output error"), True)])
+def test_a_local_path_past_its_retries_is_a_store_down_only_when_it_timed_out(run, url, error,
+                                                                               down):
+    """Local paths are listed through the same retries: a symlink loop or a name too long for
+    the filesystem read as 'the remote data store did not answer', transient, and recover
+    relaunched into the same failure."""
+    from mscale.data.storage import Retry
+    from mscale.train.failure import one_line
+
+    def fail():
+        raise error
+
+    with pytest.raises(MscaleError) as e:
+        Retry(retries=1, backoff_s=0.0).call(url, "list", fail)
+    rid = started(run)
+    run.error_file(0, 5, "bad_input", one_line(e.value))
+    run.launcher_stop(6, rid, 0, "exited with code 3", "bad_input", [3, 3])
+    d = diagnose(run.path)
+    assert (d.rule == "data_store_down") is down, (d.rule, d.summary)
+
+
 def test_a_run_directory_gone_read_only_is_storage_not_a_crash_of_rank_0(run):
     """The events file could not take a stop either: rank 0's console line is the record."""
     started(run)

@@ -78,8 +78,12 @@ TEXT_RULES: tuple[Rule, ...] = (
     # a remote training.data store that stayed down past data.remote_retry_s (data/storage.py's
     # words): its error file says bad_input (an MscaleError, exit 3), but the input is fine and
     # a relaunch resumes once the store answers, so it outweighs the bad_input fact
-    _t("data_store_down", r"failed after \d+ attempts \(timeout [\d.e+]+ s each\)", "storage",
-       "crash", True, 92, "the remote data store did not answer (training.data)"),
+    # Local paths are listed through the same retries: there only a timeout (a hung network
+    # mount) is a store down; a too-long name, a symlink loop or EIO is not fixed by a relaunch
+    _t("data_store_down", r"[a-z][\w+.-]*://[^\n]*?failed after \d+ attempts \(timeout "
+       r"[\d.e+]+ s each\)|failed after \d+ attempts \(timeout [\d.e+]+ s each\); last error: "
+       r"TimeoutError", "storage", "crash", True, 92,
+       "the remote data store did not answer (training.data)"),
     _t("no_permission", r"\[Errno 13\] Permission denied|(?-i:\bEACCES\b)", "storage",
        "crash", False, 55, "a file of the run could not be written: permission denied"),
     # memory
