@@ -58,14 +58,19 @@ class BlendedSamples:
             start = packed.start + j * self.seq_len
             out[row] = self.parts[i].dataset.read(start, start + self.seq_len + 1)
             starts.append(start)
-        if self.vocab is not None and out.size and int(out.max()) >= self.vocab:
+        if self.vocab is not None and out.size and (int(out.max()) >= self.vocab
+                                                    or int(out.min()) < 0):
             # `check_vocab` reads only each source's first MiB at open: an id past the
             # embedding further in would otherwise stop a rank with torch's bare IndexError,
-            # a "crash" that recover relaunches into the same sample
-            row = int(np.argmax(out.max(axis=1) >= self.vocab))
+            # a "crash" that recover relaunches into the same sample. Negative: an int32
+            # dataset's -1 (a tokenizer's pad id), which the embedding refuses as well
+            bad = (out.max(axis=1) >= self.vocab) | (out.min(axis=1) < 0)
+            row = int(np.argmax(bad))
             part, start = self.parts[int(source[row])], starts[row]
-            raise MscaleError(f"token id {int(out[row].max())} >= the model's vocab "
-                              f"{self.vocab} in tokens [{start:,}, "
+            low, high = int(out[row].min()), int(out[row].max())
+            what = (f"token id {low} < 0" if low < 0 else
+                    f"token id {high} >= the model's vocab {self.vocab}")
+            raise MscaleError(f"{what} in tokens [{start:,}, "
                               f"{start + self.seq_len + 1:,}) of this source",
                               file=part.dataset.url, field=part.field,
                               fix="re-prepare the source with the model's tokenizer (mscale "
@@ -213,6 +218,10 @@ def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = Tr
                               "vocabulary is padded)")
     head = ds.read(0, min(ds.num_tokens, 1 << 20))
     top = int(head.max()) if head.size else 0
+    if head.size and int(head.min()) < 0:  # an int32 dataset's -1 (a tokenizer's pad id)
+        raise MscaleError(f"token id {int(head.min())} < 0", file=ds.url, field=where,
+                          fix="re-prepare the source with the model's tokenizer, without "
+                              "negative (padding) ids")
     if top >= vocab:
         raise MscaleError(f"token id {top} >= the model's vocab {vocab}", file=ds.url, field=where,
                           fix="check the dtype of a flat file, or the tokenizer and model.vocab "

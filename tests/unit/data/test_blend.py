@@ -64,6 +64,30 @@ def test_an_id_past_the_vocabulary_beyond_the_first_mib_is_bad_input_naming_the_
     assert "tokenizer" in e.value.fix
 
 
+def test_a_negative_id_is_bad_input_at_open_and_when_its_sample_is_read(tmp_path):
+    """An int32 dataset holds -1 (a tokenizer's pad id): the checks looked at the largest id
+    only, and torch's embedding stopped the rank with a bare IndexError."""
+    from mscale.data.indexed import IndexedWriter
+
+    head = np.full((1 << 20) + 4096, 7, dtype=np.int64)
+    tail = head.copy()
+    head[100] = -1
+    tail[(1 << 20) + 100] = -1
+    for name, ids in (("head", head), ("tail", tail)):
+        w = IndexedWriter(str(tmp_path / name), "int32")
+        w.add_document(ids)
+        w.close()
+    with pytest.raises(MscaleError, match="token id -1 < 0"):
+        build_splits(DataConfig(path=str(tmp_path / "head.bin"), shuffle=False), 63, 1, 512)
+    train, _ = build_splits(DataConfig(path=str(tmp_path / "tail.bin"), shuffle=False), 63, 1,
+                            512)
+    assert train.samples(list(range(16))).min() == 7
+    with pytest.raises(MscaleError) as e:
+        train.samples([(1 << 20) // 63 + 1])
+    assert "token id -1 < 0 in tokens" in e.value.message
+    assert e.value.file == str(tmp_path / "tail.bin")
+
+
 def test_a_damaged_index_read_for_the_held_out_cut_is_named_itself(tmp_path):
     """The error named the folder with "in this source (N tokens, M documents)", not the
     truncated `.idx`: the one file to restore."""
