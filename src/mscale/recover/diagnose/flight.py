@@ -9,8 +9,9 @@ it failed: where it was blocked. A blocked rank waited for the members of that g
     SIGCONT, that arrived when its peers had given up).
 Those are edges of a wait-for graph. Most waiting is a cascade (a rank stuck in its TP group
 is behind in its DP group, so its DP peers wait for it): the culprits are the ranks waited for
-that left no dump or arrived late, and those behind that wait for nobody and did not time out
-themselves (one that timed out waited for someone, perhaps in a transfer gloo does not record).
+that left no dump or arrived late; failing those, the ones behind that wait for nobody and did
+not time out themselves (one that timed out waited for someone, perhaps in a transfer gloo does
+not record; `culprits`).
 Groups are compared by name: torch numbers ``pg_id`` per process.
 
 The dumps come from `mscale.distributed.flight` (JSON, with each group's members) or from
@@ -49,19 +50,21 @@ class RankFlight:
 def culprits(dumps: dict[int, dict], timed_out: set[int] | frozenset = frozenset()) -> list[int]:
     """The ranks the others waited for, by the dumps of the ranks that wrote one (rank -> the
     dump's JSON object); [] when the dumps do not tell. ``timed_out``: the ranks whose own error
-    was a timeout: they waited for someone, so they are named only on evidence of their own
-    (no dump, or a late arrival). A rank's last recorded collective is not always where it was
-    blocked: gloo records no point-to-point transfer, so a pipeline stage waiting for its
-    neighbour's activations looks like a rank that waits for nobody."""
+    was a timeout.
+
+    A rank waited for that left no dump or arrived late is named on evidence of its own, and
+    then only those are. Otherwise the ranks behind that wait for nobody are, less those that
+    timed out: a rank's last recorded collective is not always where it was blocked (gloo
+    records no point-to-point transfer, so a pipeline stage waiting for its neighbour's
+    activations looks like a rank that waits for nobody), and one that timed out was waiting.
+    A rank stopped and continued (SLURM's SIGCONT) fails on a lost peer, not a timeout."""
     flights = {r: parse(doc) for r, doc in dumps.items()}
     members = group_members(dumps.values())
     edges = {r: waits_for(r, f, flights, members) for r, f in flights.items()}
-    roots = set()
-    for waits in edges.values():
-        for m, why in waits.items():
-            if why != BEHIND or (not edges.get(m) and not flights[m].p2p_last
-                                 and m not in timed_out):
-                roots.add(m)
+    waited = {m: why for waits in edges.values() for m, why in waits.items()}
+    seen = {m for m, why in waited.items() if why != BEHIND}  # its own evidence: no dump, late
+    roots = seen or {m for m in waited if not edges.get(m) and not flights[m].p2p_last
+                     and m not in timed_out}
     if roots or any(f.blocked or f.p2p_last for f in flights.values()):
         return sorted(roots)
     return sorted(_behind(flights))  # counts alone (torch's dumps without entries)
