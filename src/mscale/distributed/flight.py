@@ -13,7 +13,8 @@ unpickling runs code, so recover never reads one. A failing rank (`train/failure
 record as JSON to ``RUN/logs/flight_recorder_rank<N>.json`` instead: torch's JSON dump with two
 changes.
 
-- The member ranks of each of its groups are added under ``mscale_groups`` (torch's own
+- The attempt it belongs to is added (``mscale_attempt``), and the member ranks of each of its
+  groups under ``mscale_groups`` (torch's own
   ``pg_config`` lists none for gloo): recover needs them to name a member that left no record at
   all (a rank killed while it was stopped).
 - The entries are cut to the newest of each group and the newest `KEEP_NEWEST` overall: all that
@@ -42,6 +43,16 @@ KEEP_NEWEST = 64
 """Entries kept overall in a dump (beside each group's newest)."""
 GROUPS_KEY = "mscale_groups"
 """The added field: process group name -> the global ranks in it (the groups this rank is in)."""
+ATTEMPT_KEY = "mscale_attempt"
+"""The added field: the run's attempt this process belongs to (`note_attempt`), so that recover
+reads a dump for the attempt that wrote it, and never an earlier attempt's left in ``logs/``
+(a file's time cannot tell them apart when a relaunch follows within seconds)."""
+_attempt: list[int] = []
+
+
+def note_attempt(number: int) -> None:
+    """The attempt this process trains in, once every rank knows it (train/session.py)."""
+    _attempt[:] = [number]
 
 
 def enable(environ: dict | None = None) -> None:
@@ -79,6 +90,8 @@ def record() -> dict | None:
     doc = json.loads(dump(True, False))
     doc["entries"] = trimmed(doc.get("entries") or [])
     doc[GROUPS_KEY] = group_members()
+    if _attempt:
+        doc[ATTEMPT_KEY] = _attempt[0]
     return doc
 
 

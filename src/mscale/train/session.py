@@ -28,6 +28,7 @@ from mscale.errors import MscaleError
 from mscale.runs.atomic import is_disk_full
 from mscale.urls import fs_and_path
 from mscale.runs.history import PlanChange, record_plan
+from mscale.distributed import flight
 from mscale.runs.lock import (LOCK_HELD_ENV, RunLock, next_attempt, ownership_lost,
                               run_id_from_env)
 from mscale.runs.rundir import RunDir
@@ -191,6 +192,7 @@ def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = 
         report=lambda exc: ReportedFailure(report_failure(s.run, 0, node, exc)))
     change, skips = claimed or (None, None)
     s.attempt, skips = share_start(s.attempt, skips, env.rank)
+    flight.note_attempt(s.attempt)  # a dump of this process names the attempt it belongs to
     return Start(change, skips)
 
 

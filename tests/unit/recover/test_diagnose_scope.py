@@ -80,6 +80,26 @@ def test_flight_recorder_json_names_the_rank_behind(run):
     assert any("flight recorder" in e.text for e in d.evidence)
 
 
+def test_a_flight_dump_of_an_earlier_attempt_is_not_read_for_this_one(run):
+    """Attempt 2 started 5 s after attempt 1's ranks dumped (within the start's slack for file
+    times): rank 1's old dump, behind, must not be read as attempt 2's evidence; each dump
+    names its attempt (`flight.ATTEMPT_KEY`)."""
+    from mscale.distributed.flight import ATTEMPT_KEY, GROUPS_KEY
+
+    def dump(attempt: int, seq: int, t: float) -> str:
+        entry = {"pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+                 "is_p2p": False, "time_created_ns": int(t * 1e9), "timeout_ms": 5000}
+        return json.dumps({"entries": [entry], GROUPS_KEY: {"0": [0, 1, 2]},
+                           ATTEMPT_KEY: attempt})
+    run.start(0.0, attempt=1)
+    run.file("logs/flight_recorder_rank1.json", dump(1, 3, 9.0), t=9)
+    run.start(14.0, attempt=2)
+    for rank in (0, 2):
+        run.file(f"logs/flight_recorder_rank{rank}.json", dump(2, 8, 30.0), t=30)
+    ev = collect(run.path)
+    assert sorted(r for _, r, doc in ev.flight if doc) == [0, 2]
+
+
 def test_a_pickled_flight_recorder_dump_is_named_but_never_unpickled(run, tmp_path):
     marker = tmp_path / "pwned"
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from mscale.config.plan import Plan, load_plan
+from mscale.distributed.flight import ATTEMPT_KEY
 from mscale.errors import MscaleError
 import mscale.recover.diagnose.read as rd
 from mscale.recover.decision import Evidence
@@ -318,7 +319,8 @@ def _elastic_file(ev: RunEvidence, f: rd.FileInfo) -> None:
 
 
 def _flight_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
-    """A JSON dump is read (capped); a pickled one is only named: unpickling runs code."""
+    """A JSON dump is read (capped); a pickled one is only named: unpickling runs code. One
+    that names its attempt (`flight.ATTEMPT_KEY`, train's own) counts for that attempt only."""
     try:
         head = rd.read_head(f.url).lstrip()
     except rd.Problem as e:
@@ -332,7 +334,14 @@ def _flight_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
     except rd.Problem as e:
         ev.problem(f.source, f"flight-recorder dump {e}")
         return
-    ev.flight.append((f, rank, doc if isinstance(doc, dict) else None))
+    if not isinstance(doc, dict):
+        ev.flight.append((f, rank, None))
+        return
+    attempt = doc.get(ATTEMPT_KEY)
+    if isinstance(attempt, int) and ev.attempt.number is not None \
+            and attempt != ev.attempt.number:
+        return  # an earlier attempt's, written within the slack of this one's start
+    ev.flight.append((f, rank, doc))
 
 
 def _last_metrics(ev: RunEvidence, run: RunDir) -> dict | None:
