@@ -67,12 +67,10 @@ def _sbatch_waits(command: list[str]) -> bool:
     """Whether an sbatch line waits for its job: ``--wait``/``-W`` among sbatch's own options
     (before the script, a file; after it they are the script's arguments) or ``SBATCH_WAIT``
     set."""
+    from mscale.recover.command import batch_script_index
+
     if os.environ.get("SBATCH_WAIT"):
         return True
-    for word in command[1:]:
-        if word in ("--wait", "-W"):
-            return True
-        if not word.startswith("-") and (word.endswith(".sh") or os.path.isfile(word)):
-            return False  # the script: what follows is its own arguments
-    return False
+    own = command[1:batch_script_index(command)]  # after the script: its own arguments
+    return any(w in ("--wait", "-W") for w in own)
 

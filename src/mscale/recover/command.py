@@ -262,15 +262,39 @@ def _rewrite_batch(command: list[str], change: Change, ranks_per_node: int) -> l
         elif a.startswith("--wrap="):
             out[i] = "--wrap=" + shlex.join(rewrite_command(shlex.split(a[7:]), change,
                                                             ranks_per_node))
-    end = _script_index(out)
+    end = batch_script_index(out)
     return _slurm_prefix(out[:end], change, ranks_per_node) + out[end:]
 
 
-def _script_index(command: list[str]) -> int:
-    """Where a ``sbatch`` command's batch script is (the first word naming a file; its own
-    options come before it), else its length."""
-    return next((i for i in range(1, len(command)) if os.path.isfile(command[i])),
-                len(command))
+def batch_script_index(command: list[str]) -> int:
+    """Where a ``sbatch`` command's batch script is, else its length: its first word that is
+    neither an option nor an option's value (sbatch's own options come before it; after it,
+    the script's arguments). An option's value may name a file too: ``--exclude
+    /etc/bad-nodes job.sh``, ``-o /logs/existing.out job.sh``."""
+    for i in range(1, len(command)):
+        if not command[i].startswith("-") and not _takes_value(command[i - 1]):
+            return i
+    return len(command)
+
+
+SBATCH_BARE_FLAGS = frozenset({
+    "-h", "--help", "-H", "--hold", "-Q", "--quiet", "-W", "--wait", "-v", "--verbose",
+    "-V", "--version", "-O", "--overcommit", "-s", "--oversubscribe", "-k", "--no-kill",
+    "--exclusive", "--requeue", "--no-requeue", "--parsable", "--test-only", "--use-min-nodes",
+    "--contiguous", "--spread-job", "--ignore-pbs", "--get-user-env", "--nice", "--propagate",
+    "--reboot"})
+"""sbatch's options that take no value, or take one only after ``=`` (``--exclusive=user``);
+every other option written alone takes the next word (sbatch(1))."""
+
+
+def _takes_value(word: str) -> bool:
+    """Whether the word after ``word`` is its value: an option without ``=`` (or a short one
+    with nothing attached) that is not a bare flag."""
+    if not word.startswith("-") or word == "-" or "=" in word:
+        return False
+    if not word.startswith("--") and len(word) > 2:
+        return False  # -xnode3, -N2: the value is attached
+    return word not in SBATCH_BARE_FLAGS
 
 
 def command_exclusions(command: list[str]) -> list[str]:
@@ -284,7 +308,7 @@ def command_exclusions(command: list[str]) -> list[str]:
         return sorted(set(_excluded_in(prefix))) if slurm else []
     if not command or os.path.basename(command[0]) not in ("sbatch", "srun"):
         return []
-    out = set(_excluded_in(command[:_script_index(command)]))
+    out = set(_excluded_in(command[:batch_script_index(command)]))
     for i, a in enumerate(command):
         wrapped = command[i + 1] if a == "--wrap" and i + 1 < len(command) else \
             a[7:] if a.startswith("--wrap=") else None

@@ -21,6 +21,8 @@ def test_sbatch_without_wait_is_refused_not_read_as_finished(cli, tmp_path, sbat
     (["sbatch", "-W", "job.sh"], {}, True),
     (["sbatch", "job.sh", "--wait"], {}, False),  # the script's own argument
     (["sbatch", "job.sh"], {"SBATCH_WAIT": "1"}, True),
+    (["sbatch", "-x", "/etc/hosts", "--wait", "job.sh"], {}, True),  # a value, not the script
+    (["sbatch", "--wrap", "srun --wait=0 true"], {}, False),
 ])
 def test_what_counts_as_an_sbatch_that_waits(monkeypatch, words, env, waits):
     from mscale.cli.recover_supervise import _sbatch_waits

@@ -55,3 +55,18 @@ def test_the_nodes_a_command_keeps_out_are_read_where_the_rewrite_keeps_them(cmd
     from mscale.recover.command import command_exclusions
 
     assert command_exclusions(cmd) == nodes
+
+
+def test_a_batch_jobs_option_value_that_names_a_file_is_not_taken_for_its_script(tmp_path):
+    """`sbatch --exclude /etc/bad-nodes job.sh`: the exclude file was taken for the batch
+    script, so the new options went after it, where sbatch hands them to the script."""
+    names, script, log = tmp_path / "bad-nodes", tmp_path / "job.sh", tmp_path / "old.out"
+    names.write_text("node7\n")
+    script.write_text("#!/bin/bash\nsrun mscale train p.yaml\n")
+    log.write_text("")
+    change = Change(world=4, nodes=[], excluded=["node3"])
+    for opts in (["--exclude", str(names)], ["-o", str(log), "-x", str(names)],
+                 ["--wait", "-x", str(names)]):
+        out = rewrite_command(["sbatch", *opts, str(script)], change, 4)
+        assert out[-1] == str(script), out
+        assert "--exclude=node[3,7]" in out, out
