@@ -253,6 +253,39 @@ def check_timers(ctx: Context) -> bool:
     return ok
 
 
+def check_flight(ctx: Context) -> bool:
+    """The flight recorder under the GPU backends ("cpu:gloo,cuda:nccl", world 1): which record
+    holds the CUDA tensors' collectives (the dump's own entries, gloo's, or ``mscale_nccl``),
+    and their states. recover compares the CPU record only so far (distributed/flight.py)."""
+    import torch
+    import torch.distributed as dist
+
+    from mscale.distributed import flight
+    from mscale.distributed.init import init_distributed
+    from mscale.distributed.spawn import free_port
+    from mscale.topology.env import LaunchEnv
+
+    env = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                    master_addr="127.0.0.1", master_port=free_port(), launcher="bench",
+                    hostname="localhost")
+    init_distributed(env, timeout_s=60)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for _ in range(3):
+        dist.all_reduce(torch.ones(8, device=device))
+        dist.all_reduce(torch.ones(8))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    doc = flight.record() or {}
+    own = [e.get("profiling_name") for e in doc.get("entries", [])]
+    nccl = [(e.get("profiling_name"), e.get("state"))
+            for e in (doc.get(flight.NCCL_KEY) or {}).get("entries", [])]
+    print(f"INFO: flight record ({device}): own entries {own}; {flight.NCCL_KEY} {nccl}")
+    found = len(own) + len(nccl) >= 6
+    print(f"{'PASS' if found else 'FAIL'}: the 6 collectives are in the dump "
+          f"({len(own)} in its entries, {len(nccl)} in {flight.NCCL_KEY})")
+    return found
+
+
 def check_hier_dp(ctx: Context) -> bool:
     """bench/gpu_hier_check.py when the machine has 4 GPUs (2 'nodes' x 2)."""
     import torch
@@ -278,6 +311,7 @@ CHECKS = [  # the headline figures first; the cheap checks last still run if the
           check_eager_1b),
     Check("sdpa", 20, "SDPA runs a fused attention kernel", check_sdpa),
     Check("timers", 20, "event timers against the wall clock", check_timers),
+    Check("flight", 20, "the flight recorder's dump holds the NCCL collectives", check_flight),
     Check("hier-dp", 120, "hierarchical DP reduction on NCCL from one thread (4 GPUs)",
           check_hier_dp),
 ]

@@ -48,6 +48,13 @@ ATTEMPT_KEY = "mscale_attempt"
 reads a dump for the attempt that wrote it, and never an earlier attempt's left in ``logs/``
 (a file's time cannot tell them apart when a relaunch follows within seconds)."""
 _attempt: list[int] = []
+NCCL_KEY = "mscale_nccl"
+"""On a GPU: what torch's NCCL dump returns (``_dump_nccl_trace_json``), trimmed alike, beside
+the main record (``_dump_fr_trace_json``: on this CPU build, gloo's). Kept for people and
+tools; recover's comparison reads the main record only so far: NCCL enqueues ahead of the
+device, so where a rank was blocked is the oldest collective not completed, not the newest
+enqueued. Which record holds which collectives on a GPU is what bench/gpu_checks.py
+``flight`` reports; not yet run on one."""
 
 
 def note_attempt(number: int) -> None:
@@ -89,10 +96,20 @@ def record() -> dict | None:
         return None
     doc = json.loads(dump(True, False))
     doc["entries"] = trimmed(doc.get("entries") or [])
+    nccl = getattr(c10d, "_dump_nccl_trace_json", None)
+    if nccl is not None and dump is not nccl and _cuda_in_use():
+        doc[NCCL_KEY] = json.loads(nccl(True, False))
+        doc[NCCL_KEY]["entries"] = trimmed(doc[NCCL_KEY].get("entries") or [])
     doc[GROUPS_KEY] = group_members()
     if _attempt:
         doc[ATTEMPT_KEY] = _attempt[0]
     return doc
+
+
+def _cuda_in_use() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def trimmed(entries: list[dict]) -> list[dict]:
