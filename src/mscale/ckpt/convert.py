@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from typing import Callable
 
 from mscale.ckpt import catalog
@@ -176,5 +177,5 @@ def _summary(src: str, dst: str, fmt: str, m: Manifest) -> dict:
         if out["latest"] != catalog.basename(dst):
             out["note"] = (f"{catalog.join(root, catalog.LATEST)} still names {out['latest']}, "
                            f"newer than step {m.step}: resume from this checkpoint with "
-                           f"--resume {dst}")
+                           f"--resume {shlex.quote(dst)}")  # copied into a shell
     return out

@@ -10,6 +10,7 @@ result and, with --json, one document.
 from __future__ import annotations
 
 import os
+import shlex
 from typing import Optional
 
 import typer
@@ -231,9 +232,13 @@ def convert_cmd(
 def _train_from(plan: str, result: dict) -> str:
     """The train command that starts from a converted checkpoint: its run's, when the run's
     ``latest`` names it (``--resume auto`` loads it), else one that names it."""
+    # Quoted: the line is for copying into a shell, and a path with a space (`runs/run 2`)
+    # printed bare splits into two arguments there.
+    q = shlex.quote
     dst = result["dst"]
     if "latest" not in result:  # not inside a run: the run to train is the user's choice
-        return f"mscale train {plan} --resume {dst} --run-dir RUN"
+        return f"mscale train {q(plan)} --resume {q(dst)} --run-dir RUN"
     run = os.path.dirname(os.path.dirname(dst.rstrip("/"))) or "."
-    resume = "" if result["latest"] == os.path.basename(dst.rstrip("/")) else f" --resume {dst}"
-    return f"mscale train {plan} --run-dir {run}{resume}"
+    resume = ("" if result["latest"] == os.path.basename(dst.rstrip("/"))
+              else f" --resume {q(dst)}")
+    return f"mscale train {q(plan)} --run-dir {q(run)}{resume}"

@@ -115,3 +115,14 @@ def test_hf_config_json_that_is_not_utf8_json_is_named(run, tmp_path, cli, good,
     code, out, err = cli("ckpt", "convert", str(hf), str(tmp_path / "out"), "--plan", _plan(good))
     assert code == 3 and no_crash(code, out, err) and "config.json" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_notes_resume_path_is_quoted_for_the_shell(good, cli, tmp_path):
+    """The note's `--resume DST` is for pasting into a shell: a run directory with a space
+    printed bare there is two arguments."""
+    run = copy_run(good, tmp_path / "my run")
+    older = tmp_path / "older"
+    (run / "ckpt" / "step-000002").rename(older)
+    dst = run / "ckpt" / "step-000002"
+    code, out, err = cli("ckpt", "convert", str(older), str(dst), "--plan", _plan(good), "--json")
+    assert code == 0 and json.loads(out)["note"].endswith(f"--resume '{dst}'")

@@ -118,6 +118,10 @@ def test_the_line_is_throttled_and_on_a_terminal_redrawn_then_erased():
     ({"dst": "runs/r2/ckpt/step-000004", "latest": "step-000008"},
      "mscale train p.yaml --run-dir runs/r2 --resume runs/r2/ckpt/step-000004"),
     ({"dst": "out"}, "mscale train p.yaml --resume out --run-dir RUN"),
+    # a path with a space, printed bare, is two arguments once pasted into a shell
+    ({"dst": "sp ace/run 2/ckpt/step-000000", "latest": "step-000000"},
+     "mscale train p.yaml --run-dir 'sp ace/run 2'"),
+    ({"dst": "my out"}, "mscale train p.yaml --resume 'my out' --run-dir RUN"),
 ])
 def test_a_convert_to_a_layout_names_the_train_command_that_starts_from_it(result, command):
     """A newcomer who imported HF weights was left to guess how to train from them."""
