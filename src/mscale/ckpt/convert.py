@@ -61,7 +61,11 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False, le
         told = announce(on_start, src=src, dst=dst, format=fmt)
         m = _cleanup_on_error(dst, lambda: import_hf(src, dst, target, level, progress, told))
         return _summary(src, dst, fmt, m)
-    ckpt = catalog.resolve(src)
+    try:
+        ckpt = catalog.resolve(src)
+    except MscaleError:
+        _refuse_hf_without_safetensors(src)
+        raise
     manifest = catalog.load_committed(ckpt)
     if to_hf:
         told = announce(on_start, src=ckpt, dst=dst, format="hf-safetensors")
@@ -73,6 +77,23 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False, le
     told = announce(on_start, src=ckpt, dst=dst, format="mscale")
     m = _cleanup_on_error(dst, lambda: reshard(ckpt, manifest, dst, target, level, progress, told))
     return _summary(ckpt, dst, "mscale", m)
+
+
+def _refuse_hf_without_safetensors(src: str) -> None:
+    """An HF folder without ``*.safetensors`` (``pytorch_model.bin``, or weights not yet
+    copied) is no HF source to `is_hf_dir`, and `catalog.resolve`'s refusal says "convert it
+    first: mscale ckpt convert SRC DST --plan PLAN": the very command that was just run."""
+    fs, root = fs_and_path(src)
+    if not (fs.isdir(root) and fs.exists(f"{root}/config.json")):
+        return
+    names = sorted(catalog.basename(p) for p in fs.ls(root, detail=False))
+    pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
+    what = (f"its weights are pickled PyTorch files ({', '.join(pickled[:3])}), which mscale "
+            "never unpickles" if pickled else "it holds no *.safetensors file")
+    raise MscaleError(f"an HF model folder, but {what}", file=src,
+                      fix="save the weights as safetensors (transformers: "
+                          "model.save_pretrained(DIR, safe_serialization=True)) beside "
+                          "config.json, then convert that folder")
 
 
 def _ancestors(dst: str) -> list[str]:

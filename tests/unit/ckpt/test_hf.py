@@ -202,3 +202,20 @@ def test_import_trains_at_the_plans_seq_len_whatever_max_position_embeddings(tmp
     with pytest.raises(MscaleError) as e:
         hf.fit_to_plan(hf_config.model_from_hf_config(data, "c"), other, 1, "c")
     assert e.value.field == "model.layers"
+
+
+@pytest.mark.parametrize("weights, said", [
+    (None, "no *.safetensors"), ("pytorch_model.bin", "pytorch_model.bin")])
+def test_an_hf_folder_without_safetensors_is_named_as_one(tmp_path, weights, said):
+    """Importing an HF folder whose weights are pickled (or missing) was refused with "convert
+    it first: mscale ckpt convert SRC DST --plan PLAN": the command that had just been run."""
+    src = tmp_path / "hf"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    if weights:
+        (src / weights).write_bytes(b"\x80\x02")
+    for kw in ({"plan": str(tmp_path / "p.yaml")}, {"to_hf": True}):
+        with pytest.raises(MscaleError) as e:
+            convert(str(src), str(tmp_path / "out"), **kw)
+        assert said in str(e.value) and "safe_serialization" in e.value.fix
+        assert "convert it first" not in e.value.fix and not (tmp_path / "out").exists()
