@@ -125,11 +125,13 @@ def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
     fs, root = fs_and_path(path)
     config = read_hf_config(catalog.join(path, "config.json"))
     tensors: dict[str, torch.Tensor] = {}
+    held: dict[str, str] = {}  # tensor name -> the file it came from
     for p in sorted(fs.ls(root, detail=False)):
         if not p.endswith(".safetensors"):
             continue
         with fs.open(p, "rb") as fh:
             entries, _, start = safetensors.read_header(fh, p)
+            _refuse_twice_held(entries, p, held)
             if catalog.is_local(fs):
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
                 for e in entries:
@@ -141,6 +143,21 @@ def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
             else:
                 tensors.update({e.name: safetensors.read_tensor(fh, e, start) for e in entries})
     return config, tensors
+
+
+def _refuse_twice_held(entries, path: str, held: dict[str, str]) -> None:
+    """Every ``*.safetensors`` of the folder is read, so a tensor in two of them (a stale
+    shard of an earlier export, a copy kept aside) would be taken from whichever sorts last,
+    silently: refuse it, naming both files."""
+    for e in entries:
+        if e.name in held:
+            raise MscaleError(
+                f"also in {catalog.basename(held[e.name])}: two files of the "
+                "folder hold it, and which one the weights come from would be a guess",
+                file=path, field=e.name, code=EXIT_BAD_INPUT,
+                fix="remove or move away the file that is not part of the model (every "
+                    "*.safetensors in the folder is read)")
+        held[e.name] = path
 
 
 def read_hf_config(url: str) -> object:

@@ -219,3 +219,20 @@ def test_an_hf_folder_without_safetensors_is_named_as_one(tmp_path, weights, sai
             convert(str(src), str(tmp_path / "out"), **kw)
         assert said in str(e.value) and "safe_serialization" in e.value.fix
         assert "convert it first" not in e.value.fix and not (tmp_path / "out").exists()
+
+
+def test_a_tensor_in_two_safetensors_files_is_refused(tmp_path):
+    """Every *.safetensors of the folder is read: a stale copy beside model.safetensors gave
+    its (here zeroed) weights to the import, whichever sorted last, without a word."""
+    p = plan()
+    weights = {k: v for k, v in global_state(p, optimizer=False).items()
+               if k.startswith(f"{MODEL}/")}
+    src = str(tmp_path / "run" / "ckpt" / "step-000001")
+    write_synthetic(src, p, weights, step=1)
+    convert(src, str(tmp_path / "hf"), to_hf=True)
+    data = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    n = 8 + struct.unpack("<Q", data[:8])[0]
+    (tmp_path / "hf" / "zz-old.safetensors").write_bytes(data[:n] + bytes(len(data) - n))
+    with pytest.raises(MscaleError) as e:
+        open_hf(str(tmp_path / "hf"))
+    assert e.value.file.endswith("zz-old.safetensors") and "model.safetensors" in str(e.value)
