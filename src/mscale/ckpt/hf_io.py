@@ -29,13 +29,44 @@ MAX_HF_FILE = 5_000_000_000
 """Bytes per safetensors file before starting another (HF's default shard size)."""
 
 
-def _model_names(cfg) -> list[str]:
-    """Global parameter names in the model's own order (embedding, blocks, norm, head)."""
+def _model_table(cfg):
+    """The model's parameters at tp 1, pp 1 (global names and shapes), in its own order
+    (embedding, blocks, norm, head)."""
     from types import SimpleNamespace
 
     plan = SimpleNamespace(layout=SimpleNamespace(tp=1, pp=1, sequence_parallel=False,
                                                   recompute="none"), model=cfg)
-    return meta_params(plan, 0, 0)[1].names
+    return meta_params(plan, 0, 0)[1]
+
+
+def _model_names(cfg) -> list[str]:
+    """Global parameter names in the model's own order (embedding, blocks, norm, head)."""
+    return _model_table(cfg).names
+
+
+def _check_weights(by_name: dict[str, torch.Tensor], cfg, src: str) -> None:
+    """Every weight the model needs is there at its shape, checked from the headers before the
+    start line and the first byte written: found during the write, a missing one failed a
+    conversion already announced and under way (at 70B, after minutes of writing)."""
+    missing, wrong = [], []
+    for spec in _model_table(cfg):
+        if spec.name not in by_name:
+            missing.append(hf.to_hf(spec.name))
+            continue
+        need = hf.hf_shape(spec.name, spec.global_shape, cfg)
+        if tuple(by_name[spec.name].shape) != need:
+            wrong.append(f"{hf.to_hf(spec.name)} has shape {list(by_name[spec.name].shape)}, "
+                         f"the model needs {list(need)}")
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        raise MscaleError(f"{shown} {'is' if len(missing) == 1 else 'are'} missing", file=src,
+                          field="tensors", code=EXIT_BAD_INPUT,
+                          fix="the HF directory must hold every weight of the model (a sharded "
+                              "one: every model-0000N-of-0000M.safetensors)")
+    if wrong:
+        raise MscaleError("; ".join(wrong[:5]), file=src, field="tensors", code=EXIT_BAD_INPUT,
+                          fix="use the HF weights of the model config.json describes")
 
 
 def _hf_sizes(src: str, manifest: Manifest, cfg) -> dict[str, int]:
@@ -203,6 +234,7 @@ def import_hf(src: str, dst: str, plan: Plan, level: int = 1, progress: Progress
         region = hf.padded_region(name, full, it.box, cfg).to(torch.float32)
         return region.reshape(-1)[it.flat[0]: it.flat[1]]
 
+    _check_weights(by_name, cfg, src)
     state = TrainState(step=0, samples=0)
     return write_layout(dst, plan, source, state, optimizer=False, level=level,
                         progress=progress, on_start=on_start)

@@ -236,3 +236,30 @@ def test_a_tensor_in_two_safetensors_files_is_refused(tmp_path):
     with pytest.raises(MscaleError) as e:
         open_hf(str(tmp_path / "hf"))
     assert e.value.file.endswith("zz-old.safetensors") and "model.safetensors" in str(e.value)
+
+
+def test_missing_hf_weights_are_refused_before_the_start_line(tmp_path):
+    """A missing weight (a shard of a sharded export not copied) was found while writing: the
+    conversion had announced its start and written shards first."""
+    from mscale.config.base import dump_yaml
+
+    p = plan()
+    weights = {k: v for k, v in global_state(p, optimizer=False).items()
+               if k.startswith(f"{MODEL}/")}
+    src = str(tmp_path / "run" / "ckpt" / "step-000001")
+    write_synthetic(src, p, weights, step=1)
+    convert(src, str(tmp_path / "hf"), to_hf=True)
+    _, tensors = open_hf(str(tmp_path / "hf"))
+    kept = {k: v.clone() for k, v in tensors.items() if k not in ("lm_head.weight",
+                                                                    "model.norm.weight")}
+    del tensors
+    with open(tmp_path / "hf" / "model.safetensors", "wb") as fh:
+        safetensors.write(fh, [(k, v.dtype, tuple(v.shape)) for k, v in kept.items()],
+                          kept.__getitem__)
+    (tmp_path / "plan.yaml").write_text(dump_yaml(p))
+    started = []
+    with pytest.raises(MscaleError) as e:
+        convert(str(tmp_path / "hf"), str(tmp_path / "out"), plan=str(tmp_path / "plan.yaml"),
+                on_start=started.append)
+    assert "lm_head.weight" in str(e.value) and "model.norm.weight" in str(e.value)
+    assert started == [] and not (tmp_path / "out").exists()
