@@ -24,7 +24,7 @@ releases one; ``mscale ckpt ls`` shows them.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from mscale.ckpt import catalog, untrusted
 from mscale.ckpt.limits import MAX_SMALL_BYTES
@@ -68,6 +68,11 @@ def pin(ckpt: str, reason: str, who: str, now: float | None = None) -> Pin:
         raise MscaleError("not a committed checkpoint (no COMMITTED marker): cannot pin it",
                           file=ckpt, fix="pin a committed step-NNNNNN directory "
                                          "(mscale ckpt ls lists them)")
+    if not reason.strip():  # `ls` shows a pin by its reason: a blank one is a pin unseen
+        raise MscaleError("a pin needs a reason: `mscale ckpt ls` shows the pin by it, and a "
+                          "blank one leaves the checkpoint kept with nothing in the list to "
+                          "say so", field="--reason",
+                          fix='say why it is kept, e.g. --reason "before the LR change"')
     p = Pin(reason=reason, who=who, time=time.time() if now is None else now)
     write_json_atomic(catalog.join(ckpt, KEEP), asdict(p))
     return p
@@ -95,10 +100,13 @@ def read_pin(ckpt: str) -> Pin | None:
         return None
     try:
         doc = untrusted.load_json(data, catalog.join(ckpt, KEEP), "pin", MAX_SMALL_BYTES)
-        return Pin(reason=str(doc["reason"]), who=str(doc["who"]), time=float(doc["time"]))
+        pin = Pin(reason=str(doc["reason"]), who=str(doc["who"]), time=float(doc["time"]))
     except (MscaleError, ValueError, KeyError, TypeError):
         return Pin(reason="KEEP file present (not readable as a pin record)", who="unknown",
                    time=0.0)
+    # A blank reason (written before `pin` refused one, or by hand) still pins: said so, or
+    # `ls` would show the kept checkpoint as unpinned.
+    return pin if pin.reason.strip() else replace(pin, reason="(no reason given)")
 
 
 def is_pinned(ckpt: str) -> bool:

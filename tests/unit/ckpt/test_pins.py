@@ -141,3 +141,17 @@ def test_watch_pins_the_divergence_rollback_target(run, tensors):
     assert pins.pinned(run.ckpt) == ["step-000020"]
     [ev] = [e for e in read_jsonl(run.events) if e["kind"] == "divergence"]
     assert ev["evidence"]["pinned"] is True
+
+
+def test_a_pin_has_a_reason_and_a_blank_one_still_shows(run, tensors):
+    """`ckpt pin --reason ''` pinned the checkpoint, and `ls` showed its pinned column empty:
+    a checkpoint retention keeps, with nothing to say so."""
+    _save(run, [2], tensors)
+    ck = f"{run.ckpt}/step-000002"
+    for blank in ("", "  "):
+        with pytest.raises(MscaleError) as e:
+            pins.pin(ck, blank, "me")
+        assert e.value.field == "--reason" and not pins.is_pinned(ck)
+    with open(f"{ck}/KEEP", "w") as f:  # one written by hand, or by an older mscale
+        f.write('{"reason": "", "who": "me", "time": 1.0}')
+    assert pins.read_pin(ck) == pins.Pin("(no reason given)", "me", 1.0)
