@@ -92,6 +92,7 @@ def verify(path: str, quick: bool = False, progress: Progress | None = None,
         on_start({"path": ckpt, "quick": quick, "step": rep.step, "shards": rep.shards,
                   "tensors": rep.tensors, "bytes": rep.bytes, "layout": rep.layout})
     _marker(ckpt, (raw, manifest), rep)
+    _name(ckpt, manifest, rep)
     tables = slice_tables(ckpt, manifest, rep.problems)
     rep.problems += structure(manifest, tables)
     rep.problems += files(ckpt, manifest, quick, Tally(rep.bytes, progress), tables)
@@ -115,6 +116,19 @@ def slice_tables(ckpt: str, m: Manifest, problems: list[Problem]) -> Tables:
         else:
             out[shard.path] = got
     return out
+
+
+def _name(ckpt: str, manifest: Manifest, rep: Report) -> None:
+    """A ``step-NNNNNN`` directory holds step NNNNNN: `ls`, retention, ``latest`` and
+    ``--resume auto`` go by the name, a resume by the manifest. A step-4 checkpoint renamed (or
+    copied) to step-000008 passed verify, and ``--resume auto`` took it for the newest,
+    abandoning the real step 6 and rolling the run back to step 4."""
+    m = catalog.STEP_DIR.match(catalog.basename(ckpt))
+    if m and int(m.group(1)) != manifest.step:
+        rep.problems.append(Problem(MANIFEST, "step", f"step {manifest.step}, but the directory "
+                                    f"is named {catalog.basename(ckpt)}: rename it "
+                                    f"{catalog.step_dir(manifest.step)} (ls, retention and "
+                                    "--resume auto go by the name)"))
 
 
 def _marker(ckpt: str, parsed, rep: Report) -> None:

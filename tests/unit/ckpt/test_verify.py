@@ -174,3 +174,18 @@ def test_cli_ls_and_bad_input(ckpt, cli, tmp_path):
     assert code == 3
     code, _, err = cli("ckpt", "convert", str(ckpt), str(tmp_path / "x"))
     assert code == 3 and "--plan" in err
+
+
+def test_a_directory_named_for_another_step_fails(ckpt, cli):
+    """A step-5 checkpoint copied to step-000008 verified OK, and `--resume auto` took it for
+    the newest by its name: a resume rolled the run back to step 5, abandoning newer ones."""
+    moved = ckpt.parent / "step-000008"
+    ckpt.rename(moved)
+    rep = verify(str(moved), quick=True)
+    assert [(p.file, p.field) for p in rep.problems] == [(MANIFEST, "step")]
+    assert "step-000005" in rep.problems[0].message
+    code, out, _ = cli("ckpt", "verify", str(moved))
+    assert code == 2 and "FAILED" in out
+    other = ckpt.parent.parent / "kept-aside"  # any other name says nothing about the step
+    moved.rename(other)
+    assert _problems(other) == []
