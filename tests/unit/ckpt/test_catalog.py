@@ -289,3 +289,21 @@ def test_removing_a_checkpoint_uncommits_it_first(tmp_path, tensors, monkeypatch
     with pytest.raises(OSError):
         catalog.remove(f"{root}/step-000002")
     assert _names(root) == [("step-000002", False), ("step-000004", True)]
+
+
+def test_a_checkpoint_named_for_another_step_is_refused_at_resume(tmp_path, tensors):
+    """A step-2 checkpoint copied to step-000008: --resume auto took it for the newest by its
+    name, moved the real step-000006 aside and rolled the run back to step 2."""
+    import shutil
+
+    from mscale.ckpt.resume import check_resume
+
+    root = tmp_path / "run" / "ckpt"
+    _make(str(root), [2, 6], tensors)
+    shutil.copytree(root / "step-000002", root / "step-000008")
+    for resume in (check_resume, choose_resume):
+        with pytest.raises(MscaleError) as e:
+            resume(str(root), "auto")
+        assert e.value.file == f"{root}/step-000008" and "step-000002" in e.value.fix
+    assert _names(str(root)) == [("step-000002", True), ("step-000006", True),
+                                 ("step-000008", True)]  # nothing moved aside
