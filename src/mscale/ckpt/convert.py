@@ -136,9 +136,10 @@ def check_not_live(dst: str) -> None:
         if rec is not None:
             d = _shown(d, dst)
             halt = RunDir(d).path("control", "halt")
-            raise MscaleError(
+            raise MscaleError(  # halt quoted: the touch is for pasting into a shell
                 f"{d} is in use by a running job ({holder_text(rec)}): ckpt convert does not "
-                f"write into a live run; stop the job first (touch {halt}) or write "
+                f"write into a live run; stop the job first (touch {shlex.quote(halt)}) or "
+                "write "
                 f"{catalog.basename(dst)} outside {d}", code=EXIT_BAD_INPUT)
 
 

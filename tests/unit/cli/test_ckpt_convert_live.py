@@ -127,3 +127,16 @@ def test_another_hosts_fresh_lock_is_live(cli, good, src, live):
     code, out, err = cli("ckpt", "convert", str(src), str(live / "ckpt" / "step-000002"),
                          "--plan", str(good.parent / "plan.yaml"))
     assert code == 3 and re.search(r"\(pid 4242 on gpu-node-17, heartbeat \d+ s ago\)", err), err
+
+
+def test_the_halt_to_touch_is_quoted_for_the_shell(cli, good, src, tmp_path):
+    """`touch my run/control/halt`, pasted from the refusal, touches two other files and stops
+    nothing."""
+    live = copy_run(good, tmp_path / "my run")
+    lock = RunLock(str(live), "training").acquire()
+    try:
+        code, _, err = cli("ckpt", "convert", str(src), str(live / "ckpt" / "step-000013"),
+                           "--plan", str(good.parent / "plan.yaml"))
+        assert code == 3 and f"(touch '{live}/control/halt')" in err, err
+    finally:
+        lock.release()
