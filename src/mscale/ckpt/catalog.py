@@ -158,6 +158,20 @@ def load_marker(ckpt: str) -> CommitMarker | None:
     return None if data is None else parse_marker(data, join(ckpt, COMMITTED))
 
 
+def named_right(target: str, manifest: Manifest) -> Manifest:
+    """``manifest``, when the directory ``target`` is not a ``step-NNNNNN`` of another step:
+    ``--resume auto`` and a run given to convert pick by the name, so a step-4 checkpoint
+    copied to step-000008 was taken for the newest (a resume rolled the run back to step 4,
+    moving the real newer checkpoints aside; a convert exported step 4). Exit 3, naming it."""
+    m = STEP_DIR.match(basename(target))
+    if m and int(m.group(1)) != manifest.step:
+        raise MscaleError(f"holds step {manifest.step}, but its name says step "
+                          f"{int(m.group(1))}", file=target, field="step",
+                          fix=f"rename it {step_dir(manifest.step)} (or move it out of the "
+                              "run); mscale ckpt ls lists the run's checkpoints")
+    return manifest
+
+
 def load_committed(ckpt: str) -> Manifest:
     """The manifest of a committed checkpoint; refuses an uncommitted or altered one (exit 2)."""
     raw = read_bytes(join(ckpt, MANIFEST), MAX_MANIFEST_BYTES)

@@ -49,7 +49,7 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     """Rank 0: the checkpoint to load (None: start fresh) after tidying ``root`` (RUN/ckpt)."""
     found = catalog.entries(root, sizes=False)
     target = _target(root, mode, found)
-    manifest = _named_right(target, catalog.load_committed(target)) if target else None
+    manifest = catalog.named_right(target, catalog.load_committed(target)) if target else None
     step = manifest.state.step if manifest else 0
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
@@ -77,21 +77,8 @@ def check_resume(root: str, mode: str) -> Manifest | None:
     """What `choose_resume` would load, checked without changing anything: for a launcher to
     refuse a bad ``--resume`` or ``latest`` (naming the file) before any worker starts."""
     target = _target(root, mode, catalog.entries(root, sizes=False))
-    return _named_right(target, catalog.load_committed(target)) if target else None
+    return catalog.named_right(target, catalog.load_committed(target)) if target else None
 
-
-def _named_right(target: str, manifest: Manifest) -> Manifest:
-    """A ``step-NNNNNN`` directory must hold step NNNNNN: ``--resume auto`` picks by the name,
-    so a step-4 checkpoint copied to step-000008 was taken for the newest, and the resume
-    rolled the run back to step 4, moving the real newer checkpoints aside."""
-    m = catalog.STEP_DIR.match(catalog.basename(target))
-    if m and int(m.group(1)) != manifest.step:
-        right = catalog.step_dir(manifest.step)
-        raise MscaleError(f"holds step {manifest.step}, but its name says step "
-                          f"{int(m.group(1))}", file=target, field="step",
-                          fix=f"rename it {right} (or move it out of the run), then resume; "
-                              "mscale ckpt ls lists the run's checkpoints")
-    return manifest
 
 
 def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:

@@ -126,3 +126,15 @@ def test_the_notes_resume_path_is_quoted_for_the_shell(good, cli, tmp_path):
     dst = run / "ckpt" / "step-000002"
     code, out, err = cli("ckpt", "convert", str(older), str(dst), "--plan", _plan(good), "--json")
     assert code == 0 and json.loads(out)["note"].endswith(f"--resume '{dst}'")
+
+
+def test_a_source_named_for_another_step_is_refused(run, cli, tmp_path):
+    """A step-2 checkpoint copied to step-000009: converting the run took it for the newest by
+    its name and exported step 2 as the run's weights."""
+    import shutil
+
+    shutil.copytree(run / "ckpt" / "step-000002", run / "ckpt" / "step-000009")
+    for src in (run, run / "ckpt" / "step-000009"):
+        code, out, err = cli("ckpt", "convert", str(src), str(tmp_path / "hf"), "--to-hf")
+        assert code == 3 and no_crash(code, out, err) and "rename it step-000002" in err, err
+        assert not (tmp_path / "hf").exists()
