@@ -341,12 +341,21 @@ class Follower:
         base = dict(self.watcher.summary()) if self.watcher is not None else {}
         out = {**base, "records": self.records, "restarts": self.restarts,
                "findings_total": len(self.findings)}
+        # `worst` and `emitted` are the session's, as the exit code is: the judge of a restart
+        # starts afresh, and a slow node found in the attempt before the relaunch without it
+        # left a summary saying "ok" under exit code 2. self.findings holds every finding of
+        # the session (the job's end and failed saves included while they stand).
+        emitted: dict[str, int] = {}
+        for f in self.findings:
+            emitted[f.kind] = emitted.get(f.kind, 0) + 1
+        out["emitted"] = emitted
+        out["worst"] = max([out.get("worst", "ok")] + [f.severity for f in self.findings],
+                           key=SEVERITY.get)
         if self.report_end:
             out["job"] = self.job_end.as_dict() if self.job_end is not None else None
         if self.ended is not None:  # the verdict counts the job's end like any finding
-            for key in ("worst", "worst_open"):
-                out[key] = max(out.get(key, "ok"), self.ended.severity, key=SEVERITY.get)
-            out["emitted"] = {**out.get("emitted", {}), "stop": 1}
+            out["worst_open"] = max(out.get("worst_open", "ok"), self.ended.severity,
+                                    key=SEVERITY.get)
             out["open"] = out.get("open", 0) + 1
         return out
 

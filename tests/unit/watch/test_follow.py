@@ -17,6 +17,7 @@ from mscale.runs.rundir import RunDir
 from mscale.watch.actions import ActionConfig, Actor
 from mscale.watch.findings import Finding
 from mscale.watch.follow import EventFeed, Follower, JobState
+from mscale.watch.judge import SEVERITY
 from mscale.watch.stream import MetricsFeed, records_to_window
 from mscale.watch.target import layout_source, require_run, resolve_target
 from mscale.watch.window import PER_RANK, SCALARS, Window
@@ -54,8 +55,10 @@ class Judge:
     def open_findings(self):
         return []
 
-    def summary(self):
-        return {"rows": len(self.rows)}
+    def summary(self):  # as the real judge's: of its own attempt only
+        mine = [f for step, f in self.emit.items() if step in self.rows]
+        return {"rows": len(self.rows), "emitted": {f.kind: 1 for f in mine},
+                "worst": max((f.severity for f in mine), key=SEVERITY.get, default="ok")}
 
 
 class Out:
@@ -146,6 +149,21 @@ def test_restart_starts_a_fresh_judge(tmp_path):
     f.poll()
     f.poll()
     assert len(judges) == 2 and judges[1].rows == [1, 2] and f.restarts == 1
+
+
+def test_summary_keeps_the_worst_of_an_attempt_before_a_restart(tmp_path):
+    # A slow node found in attempt 1, then the job relaunched without it: the exit code is 2,
+    # and so must the summary's worst be (it read "ok" from the fresh judge of attempt 2).
+    slow = Finding(kind="straggler", severity="critical", message="node3 slow link",
+                   cause="slow_link", ranks=[4, 5], nodes=["node3"], first_step=3, last_step=3)
+    f, rd, judges = make(tmp_path, [recs(1, 2, 3), recs(1, 2)], emit={3: slow},
+                         restart_at={2})
+    f.poll()
+    f.poll()
+    assert len(judges) == 2 and f.findings == [slow]
+    s = f.summary()
+    assert s["worst"] == "critical" and s["emitted"] == {"straggler": 1}
+    assert s["findings_total"] == 1
 
 
 def test_once_judges_what_is_there_and_needs_records(tmp_path):
