@@ -100,6 +100,12 @@ def resolve_target(url: str) -> Target:
         run = RunDir(url.rstrip("/"))
         return Target(url, run.metrics, run, run.plan)
     parent = RunDir(url.rsplit("/", 1)[0] if "/" in url else ".")
+    if url.rsplit("/", 1)[-1] == "events.jsonl" and _exists(url) and _exists(parent.metrics):
+        # A run's event log beside its metrics is an easy slip of the operator's tab key; read
+        # as metrics it failed on its first line with "a record has no integer step", which
+        # sent them to the metrics schema instead of to the path.
+        raise MscaleError("this is the run's event log, not its metrics", file=url,
+                          fix=f"pass the run directory ({parent.root}) or its metrics.jsonl")
     if not _exists(url):
         return Target(url, url, None, parent.plan)
     plan = _existing(parent.plan)

@@ -215,6 +215,19 @@ def test_resolve_target(tmp_path):
     assert e.value.file == str(not_a_target) and "not a run directory" in str(e.value)
 
 
+def test_a_runs_event_log_is_refused_naming_the_run(tmp_path):
+    # `mscale watch RUN/events.jsonl`: read as metrics it failed on "a record has no integer
+    # step" and pointed at the metrics schema; the error must say what the file is instead.
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    (tmp_path / "run" / "events.jsonl").write_text('{"kind": "start"}\n')
+    with pytest.raises(MscaleError) as e:
+        resolve_target(rd.events)
+    assert e.value.file == rd.events and "event log" in e.value.message
+    assert rd.root in e.value.fix and "metrics.jsonl" in e.value.fix
+
+
 def test_a_path_that_does_not_exist_yet_is_resolved_by_its_name(tmp_path):
     """A live watch started before the job was scheduled: the run directory (or metrics file)
     it names does not exist yet. It resolves, so a live watch can wait for it."""
