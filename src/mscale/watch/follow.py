@@ -219,7 +219,9 @@ class Follower:
             self.records += len(records)
         alive = self.job.alive()
         if alive and self.watcher is not None:
-            new += self.watcher.check_hang(self.clock(), self.feed.last_record_time)
+            start = (self.job.started or {}).get("time")
+            new += self.watcher.check_hang(self.clock(), self.feed.last_record_time,
+                                           start if isinstance(start, (int, float)) else None)
         self.findings += new
         # the job's own stop is its record: not handed to the actor
         self.actor.handle(new, alive, nodes_named=self.layout.named if self.layout else True)

@@ -232,18 +232,30 @@ class Watcher:
             return cfg.hang_startup_s
         return max(cfg.hang_min_s, cfg.hang_factor * ref)
 
-    def check_hang(self, now: float, last_record_time: float | None) -> list[Finding]:
-        """A hang finding when no record came for `hang_limit` seconds (once per hang)."""
+    def check_hang(self, now: float, last_record_time: float | None,
+                   attempt_start: float | None = None) -> list[Finding]:
+        """A hang finding when no record came for `hang_limit` seconds (once per hang).
+
+        ``attempt_start``: the newest attempt started after the last record (a relaunch that
+        has not finished its first step). Its silence counts from its start, and it is given
+        the startup allowance (``hang_startup_s``: loading a checkpoint, compiling): measured
+        from the previous attempt's last record with that attempt's step time, a relaunch
+        still loading was called a stuck job."""
         if last_record_time is None:
             return []
         idle, limit = now - last_record_time, self.hang_limit()
+        after = f"after step {self.last_step}"
+        if attempt_start is not None and attempt_start > last_record_time:
+            idle = now - attempt_start  # an explicit --hang-s still stands
+            limit = limit if self.cfg.hang_s is not None else max(limit, self.cfg.hang_startup_s)
+            after = f"since the newest attempt started (resuming after step {self.last_step})"
         found = []
         if idle > limit:
             found = [Finding(
                 kind="hang", severity="critical", first_step=self.last_step,
                 last_step=self.last_step,
-                message=f"no new metrics for {idle:.0f} s (limit {limit:.0f} s) after step "
-                        f"{self.last_step}: the job is stuck",
+                message=f"no new metrics for {idle:.0f} s (limit {limit:.0f} s) {after}: "
+                        "the job is stuck",
                 evidence={"rule": "no new record for longer than the hang limit",
                           "idle_s": idle, "limit_s": limit, "last_step": self.last_step},
                 advice="look for the rank that stopped (logs/rank<N>.log, py-spy dump); halt "

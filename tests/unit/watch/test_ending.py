@@ -427,7 +427,7 @@ class _Quiet:
         self.last_step = int(window.steps[-1])
         return []
 
-    def check_hang(self, now, last):
+    def check_hang(self, now, last, attempt_start=None):
         return []
 
     def open_findings(self):

@@ -48,8 +48,9 @@ class Judge:
         self.rows += window.steps.tolist()
         return [f for step, f in self.emit.items() if step in window.steps.tolist()]
 
-    def check_hang(self, now, last):
+    def check_hang(self, now, last, attempt_start=None):
         self.hang_checks += 1
+        self.attempt_start = attempt_start
         return []
 
     def open_findings(self):
@@ -137,6 +138,16 @@ def test_hang_is_judged_only_while_the_job_is_alive(tmp_path):
     event(rd, "stop")
     f.poll()
     assert judges[0].hang_checks == 1 and f.job.stopped
+
+
+def test_hang_is_judged_from_the_newest_attempts_start(tmp_path):
+    # the judge must know when the newest attempt started: a relaunch still loading is
+    # silent since its start, not since the previous attempt's last record
+    f, rd, judges = make(tmp_path, [recs(1)])
+    event(rd, "start", attempt=2)
+    hold_lock(rd)
+    f.poll()
+    assert judges[0].attempt_start == f.job.started["time"] > f.feed.last_record_time
 
 
 def test_a_metrics_file_alone_counts_as_alive_only_when_followed_live(tmp_path):

@@ -94,6 +94,28 @@ def test_hang_after_the_limit_once_and_cleared_by_new_records():
     assert Watcher(t.layout, WatchConfig(hang_s=5)).check_hang(10.0, 4.0)[0].kind == "hang"
 
 
+def test_a_relaunch_loading_is_no_hang_until_the_startup_allowance_from_its_start():
+    # Attempt 1's last record 1000 s ago, a relaunch started 5 s ago and still loading: the
+    # silence was counted from the old record against the old step time, a critical "stuck".
+    t = generate(**KW, steps=40, seed=6)
+    w = Watcher(t.layout)
+    w.feed(t.window())
+    last = float(t.scalars["time"][-1])
+    start = last + 995
+    assert w.check_hang(last + 1000, last, attempt_start=start) == []
+    startup = WatchConfig().hang_startup_s
+    assert w.check_hang(start + startup - 1, last, attempt_start=start) == []
+    (h,) = w.check_hang(start + startup + 1, last, attempt_start=start)
+    assert h.kind == "hang" and "since the newest attempt started" in h.message
+    # a start before the last record is the running attempt's own: the usual limit
+    w2 = Watcher(t.layout)
+    w2.feed(t.window())
+    assert len(w2.check_hang(last + 61, last, attempt_start=last - 5)) == 1
+    # an explicit --hang-s is the operator's limit, startup or not
+    w3 = Watcher(t.layout, WatchConfig(hang_s=5))
+    assert w3.check_hang(start + 6, last, attempt_start=start)[0].kind == "hang"
+
+
 def test_summary_and_config_checks():
     t = generate(**KW, steps=80, seed=7, inject=[Injection("nan", 70)])
     w = Watcher(t.layout)
