@@ -130,7 +130,7 @@ def test_export_with_llama3_scaling_loads_in_transformers(tmp_path):
         for t in model.parameters():
             t.mul_(10 if t.dim() > 1 else 1)
     weights = {tensor_key(MODEL, n): t.detach() for n, t in model.named_parameters()}
-    src = str(tmp_path / "run" / "ckpt" / "step-000001")
+    src = str(tmp_path / "run" / "ckpt" / "step-000005")
     write_synthetic(src, p, weights)
     convert(src, str(tmp_path / "hf"), to_hf=True)
     ref = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
