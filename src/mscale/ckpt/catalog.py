@@ -158,15 +158,24 @@ def load_marker(ckpt: str) -> CommitMarker | None:
     return None if data is None else parse_marker(data, join(ckpt, COMMITTED))
 
 
-def named_right(target: str, manifest: Manifest) -> Manifest:
-    """``manifest``, when the directory ``target`` is not a ``step-NNNNNN`` of another step:
-    ``--resume auto`` and a run given to convert pick by the name, so a step-4 checkpoint
-    copied to step-000008 was taken for the newest (a resume rolled the run back to step 4,
-    moving the real newer checkpoints aside; a convert exported step 4). Exit 3, naming it."""
-    m = STEP_DIR.match(basename(target))
-    if m and int(m.group(1)) != manifest.step:
-        raise MscaleError(f"holds step {manifest.step}, but its name says step "
-                          f"{int(m.group(1))}", file=target, field="step",
+def misnamed(ckpt: str, step: int) -> int | None:
+    """The step a ``step-NNNNNN`` directory's name says, when the checkpoint in it is at
+    another ``step``; None otherwise (or for another name). `ls`, retention, ``latest`` and
+    ``--resume auto`` go by the name, a resume by the manifest: a step-4 checkpoint copied to
+    step-000008 was taken for the newest (a resume rolled the run back to step 4, moving the
+    real newer checkpoints aside; a convert exported step 4)."""
+    m = STEP_DIR.match(basename(ckpt))
+    return int(m.group(1)) if m and int(m.group(1)) != step else None
+
+
+def load_named(ckpt: str) -> Manifest:
+    """`load_committed`, refusing (exit 3, naming it) a directory named for another step
+    (`misnamed`): what a resume or a convert of a run picks by its name must hold that step."""
+    manifest = load_committed(ckpt)
+    said = misnamed(ckpt, manifest.step)
+    if said is not None:
+        raise MscaleError(f"holds step {manifest.step}, but its name says step {said}",
+                          file=ckpt, field="step",
                           fix=f"rename it {step_dir(manifest.step)} (or move it out of the "
                               "run); mscale ckpt ls lists the run's checkpoints")
     return manifest

@@ -66,7 +66,7 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False, le
     except MscaleError:
         _refuse_hf_without_safetensors(src)
         raise
-    manifest = catalog.named_right(ckpt, catalog.load_committed(ckpt))
+    manifest = catalog.load_named(ckpt)
     if to_hf:
         told = announce(on_start, src=ckpt, dst=dst, format="hf-safetensors")
         return {"src": ckpt, "dst": dst, **_cleanup_on_error(

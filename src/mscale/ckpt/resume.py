@@ -49,7 +49,7 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
     """Rank 0: the checkpoint to load (None: start fresh) after tidying ``root`` (RUN/ckpt)."""
     found = catalog.entries(root, sizes=False)
     target = _target(root, mode, found)
-    manifest = catalog.named_right(target, catalog.load_committed(target)) if target else None
+    manifest = catalog.load_named(target) if target else None
     step = manifest.state.step if manifest else 0
     cleaned = tidy(root, found, step, keep=catalog.basename(target) if target else None)
     if manifest is None:
@@ -77,8 +77,7 @@ def check_resume(root: str, mode: str) -> Manifest | None:
     """What `choose_resume` would load, checked without changing anything: for a launcher to
     refuse a bad ``--resume`` or ``latest`` (naming the file) before any worker starts."""
     target = _target(root, mode, catalog.entries(root, sizes=False))
-    return catalog.named_right(target, catalog.load_committed(target)) if target else None
-
+    return catalog.load_named(target) if target else None
 
 
 def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:

@@ -119,12 +119,9 @@ def slice_tables(ckpt: str, m: Manifest, problems: list[Problem]) -> Tables:
 
 
 def _name(ckpt: str, manifest: Manifest, rep: Report) -> None:
-    """A ``step-NNNNNN`` directory holds step NNNNNN: `ls`, retention, ``latest`` and
-    ``--resume auto`` go by the name, a resume by the manifest. A step-4 checkpoint renamed (or
-    copied) to step-000008 passed verify, and ``--resume auto`` took it for the newest,
-    abandoning the real step 6 and rolling the run back to step 4."""
-    m = catalog.STEP_DIR.match(catalog.basename(ckpt))
-    if m and int(m.group(1)) != manifest.step:
+    """A ``step-NNNNNN`` directory holds step NNNNNN (`catalog.misnamed`): one renamed (or
+    copied) from another step passed verify, and ``--resume auto`` took it by its name."""
+    if catalog.misnamed(ckpt, manifest.step) is not None:
         rep.problems.append(Problem(MANIFEST, "step", f"step {manifest.step}, but the directory "
                                     f"is named {catalog.basename(ckpt)}: rename it "
                                     f"{catalog.step_dir(manifest.step)} (ls, retention and "

@@ -172,18 +172,25 @@ def test_padded_region_reads_real_rows_and_zeros_beyond(rows):
     assert torch.equal(got, whole[rows[0]: rows[1], 8:24])
 
 
-def test_import_trains_at_the_plans_seq_len_whatever_max_position_embeddings(tmp_path):
-    """config.json's max_position_embeddings is the context the model supports (131,072 for
-    Llama-3.1), not a training length: an import into a plan of a shorter seq_len was refused
-    as "a different model" (model.seq_len), so no real LLaMA could be fine-tuned."""
-    from mscale.config.base import dump_yaml
-
+def exported_hf(tmp_path):
+    """The test plan's model weights, written as a step-1 checkpoint and exported to
+    ``tmp_path/hf``: (plan, weights by checkpoint key)."""
     p = plan()
     weights = {k: v for k, v in global_state(p, optimizer=False).items()
                if k.startswith(f"{MODEL}/")}
     src = str(tmp_path / "run" / "ckpt" / "step-000001")
     write_synthetic(src, p, weights, step=1)
     convert(src, str(tmp_path / "hf"), to_hf=True)
+    return p, weights
+
+
+def test_import_trains_at_the_plans_seq_len_whatever_max_position_embeddings(tmp_path):
+    """config.json's max_position_embeddings is the context the model supports (131,072 for
+    Llama-3.1), not a training length: an import into a plan of a shorter seq_len was refused
+    as "a different model" (model.seq_len), so no real LLaMA could be fine-tuned."""
+    from mscale.config.base import dump_yaml
+
+    p, weights = exported_hf(tmp_path)
     cfg_file = tmp_path / "hf" / "config.json"
     data = json.loads(cfg_file.read_text())
     data.pop("mscale_model")
@@ -224,12 +231,7 @@ def test_an_hf_folder_without_safetensors_is_named_as_one(tmp_path, weights, sai
 def test_a_tensor_in_two_safetensors_files_is_refused(tmp_path):
     """Every *.safetensors of the folder is read: a stale copy beside model.safetensors gave
     its (here zeroed) weights to the import, whichever sorted last, without a word."""
-    p = plan()
-    weights = {k: v for k, v in global_state(p, optimizer=False).items()
-               if k.startswith(f"{MODEL}/")}
-    src = str(tmp_path / "run" / "ckpt" / "step-000001")
-    write_synthetic(src, p, weights, step=1)
-    convert(src, str(tmp_path / "hf"), to_hf=True)
+    exported_hf(tmp_path)
     data = (tmp_path / "hf" / "model.safetensors").read_bytes()
     n = 8 + struct.unpack("<Q", data[:8])[0]
     (tmp_path / "hf" / "zz-old.safetensors").write_bytes(data[:n] + bytes(len(data) - n))
@@ -243,12 +245,7 @@ def test_missing_hf_weights_are_refused_before_the_start_line(tmp_path):
     conversion had announced its start and written shards first."""
     from mscale.config.base import dump_yaml
 
-    p = plan()
-    weights = {k: v for k, v in global_state(p, optimizer=False).items()
-               if k.startswith(f"{MODEL}/")}
-    src = str(tmp_path / "run" / "ckpt" / "step-000001")
-    write_synthetic(src, p, weights, step=1)
-    convert(src, str(tmp_path / "hf"), to_hf=True)
+    p, _ = exported_hf(tmp_path)
     _, tensors = open_hf(str(tmp_path / "hf"))
     kept = {k: v.clone() for k, v in tensors.items() if k not in ("lm_head.weight",
                                                                     "model.norm.weight")}
