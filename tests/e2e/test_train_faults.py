@@ -84,10 +84,20 @@ def test_sigstop_is_named_as_the_hung_rank_within_the_timeout(tmp_path):
     assert "rank(s) 1 on node1 stopped answering" in out
 
 
-def test_halt_as_a_directory_then_resume_with_a_json_summary(tmp_path):
+def test_a_second_job_is_refused_then_a_halt_as_a_directory_and_a_json_resume(tmp_path):
+    """One job for two checks (each job start costs seconds of CPU): while it runs, a second
+    job on its run directory is refused; then it is halted and resumed."""
     run = tmp_path / "run"
     proc = start(tmp_path, run, "--steps", "500")
-    wait_for_steps(proc, run, 2)
+    try:
+        wait_for_steps(proc, run, 1)
+        p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run))
+        assert p.returncode == 3 and "Traceback" not in p.stderr
+        assert "run directory is in use" in p.stderr and "lock.json" in p.stderr
+        wait_for_steps(proc, run, 2)
+    except BaseException:
+        proc.kill()
+        raise
     (run / "control" / "halt").mkdir()
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
@@ -113,25 +123,19 @@ def test_halt_as_a_directory_then_resume_with_a_json_summary(tmp_path):
     assert sorted(os.listdir(run / "plans")) == ["plan-0001.yaml", "plan-0002.yaml"]
 
 
-def test_a_second_job_on_the_same_run_directory_is_refused(tmp_path):
+def test_the_start_event_records_the_launch_and_another_model_is_refused_there(tmp_path):
     run = tmp_path / "run"
-    proc = start(tmp_path, run, "--steps", "500")
-    try:
-        wait_for_steps(proc, run, 1)
-        p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run))
-        assert p.returncode == 3 and "Traceback" not in p.stderr
-        assert "run directory is in use" in p.stderr and "lock.json" in p.stderr
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-    assert proc.returncode == 1
-
-
-def test_another_model_is_refused_in_a_used_run_directory(tmp_path):
-    run = tmp_path / "run"
-    p = mscale("train", small_plan(tmp_path), "--local", "4", "--run-dir", str(run), "--steps",
-               "1", "--no-final-ckpt")
+    plan = small_plan(tmp_path)
+    p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "1",
+               "--no-final-ckpt")
     assert p.returncode == 0, p.stdout + p.stderr
+    [start] = [e for e in records(run / "events.jsonl") if e["kind"] == "start"]
+    launch = start["evidence"]["launch"]
+    assert launch["argv"][1:] == ["train", plan, "--local", "4", "--run-dir", str(run),
+                                  "--steps", "1", "--no-final-ckpt"]
+    assert launch["cwd"] == str(REPO) and launch["plan"] == plan and launch["local"] == 4
+    assert launch["nodes"] == ["node1", "node2"]
+
     other = Path(small_plan(tmp_path))
     other.write_text(other.read_text().replace("seed: 1234", "seed: 99"))
     p = mscale("train", str(other), "--local", "4", "--run-dir", str(run))
@@ -353,20 +357,6 @@ def test_a_rank_stopped_inside_a_checkpoint_write_fails_the_job_within_the_timeo
     assert not (run / "ckpt" / "step-000003" / "COMMITTED").exists()
     log = (run / "logs" / "rank1.log").read_text()
     assert "--inject-ckpt-hang: this rank SIGSTOPs itself" in log
-
-
-def test_start_event_records_the_launch(tmp_path):
-    run = tmp_path / "run"
-    plan = small_plan(tmp_path)
-    p = mscale("train", plan, "--local", "4", "--run-dir", str(run), "--steps", "1",
-               "--no-final-ckpt")
-    assert p.returncode == 0, p.stdout + p.stderr
-    [start] = [e for e in records(run / "events.jsonl") if e["kind"] == "start"]
-    launch = start["evidence"]["launch"]
-    assert launch["argv"][1:] == ["train", plan, "--local", "4", "--run-dir", str(run),
-                                  "--steps", "1", "--no-final-ckpt"]
-    assert launch["cwd"] == str(REPO) and launch["plan"] == plan and launch["local"] == 4
-    assert launch["nodes"] == ["node1", "node2"]
 
 
 def token_plan(tmp_path: Path, name: str, tokens) -> str:
