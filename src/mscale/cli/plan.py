@@ -4,24 +4,20 @@ the chosen plan. Thin: parse, call mscale.planner, print, pick the exit code (do
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
-from mscale.config.base import dump_yaml
-from mscale.planner.choose import Choice, choose, load_parts
-from mscale.ckpt.listing import format_bytes
-from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM
 from mscale.planner.goodput import GoodputInputs
-from mscale.planner.planfile import make_plan
-from mscale.planner.report import (Row, distinct, json_document, layout_table, losses_table,
-                                   memory_table, rejects_table)
-from mscale.planner.search import describe
 from mscale.planner.stacks import STACKS
-from mscale.runs.atomic import write_text_atomic
-from mscale.runs.targets import check_lasting, check_output
+
+if TYPE_CHECKING:
+    from mscale.planner.choose import Choice
+
+# The search, its report and the checkpoint catalogue (numpy and more) are imported when `plan`
+# runs, not when the CLI starts: every mscale command loads this module to build its parser.
 
 
 def _finite(value: float) -> float:
@@ -79,6 +75,13 @@ def plan_cmd(
                                                   "datasheet ones. Repeatable."),
 ) -> None:
     """Rank every valid parallel layout by predicted step time; write the best as plan.yaml."""
+    from mscale.config.base import dump_yaml
+    from mscale.planner.choose import choose, load_parts
+    from mscale.planner.planfile import make_plan
+    from mscale.planner.report import json_document
+    from mscale.runs.atomic import write_text_atomic
+    from mscale.runs.targets import check_lasting, check_output
+
     if output:  # a search that cannot write its result is wasted: check the destination first
         check_lasting(output, "-o")
         check_output(output, "file", "-o")
@@ -111,6 +114,12 @@ planner's word: the cost model's rates are those of GPUs."""
 
 def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bool,
                  write_gbps: float) -> None:
+    from mscale.ckpt.listing import format_bytes
+    from mscale.planner.constants import CHECKPOINT_BYTES_PER_PARAM
+    from mscale.planner.report import (Row, distinct, layout_table, losses_table, memory_table,
+                                       rejects_table)
+    from mscale.planner.search import describe
+
     result, given, pb = choice.result, choice.given, choice.problem
     console.print(f"stack: {pb.stack_profile.name}"
                   + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
