@@ -213,8 +213,9 @@ class Entry:
     """One checkpoint directory of a run, as `ls` shows it."""
 
     name: str
-    step: int
-    """The step its name says."""
+    step: int | None
+    """The step its name says (a directory not named step-NNNNNN: its manifest's, None when
+    that cannot be read)."""
     committed: bool
     bytes: int
     layout: dict | None
@@ -226,7 +227,8 @@ class Entry:
 
 def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
     """The step-NNNNNN directories under a run's ckpt/, oldest first. With ``sizes`` (``ls``),
-    also their sizes and what their manifests say; retention and resume need only the names."""
+    also their sizes and what their manifests say (`entry`); retention and resume need only
+    the names."""
     fs, root = fs_and_path(ckpt_root)
     if not fs.isdir(root):
         return []
@@ -236,21 +238,42 @@ def entries(ckpt_root: str, sizes: bool = True) -> list[Entry]:
         m = STEP_DIR.match(name)
         if not m or info.get("type") != "directory":
             continue
-        committed = fs.exists(join(root, name, COMMITTED))
-        entry = Entry(name, int(m.group(1)), committed, 0, None)
-        if sizes:
-            try:
-                entry.bytes = sum(f.get("size") or 0 for f in fs.ls(join(root, name), detail=True))
-            except FileNotFoundError:  # removed since the listing (a failed save cleaned up)
-                continue
-        if sizes and committed:
-            try:  # checked against its marker, as a resume checks it: an edited one is refused
-                manifest = load_committed(join(ckpt_root, name))
-                entry.layout, entry.manifest_step = manifest.layout, manifest.step
-            except MscaleError as e:
-                entry.problem = f"{e.field + ': ' if e.field else ''}{e.message}"
-        out.append(entry)
+        try:
+            out.append(entry(ckpt_root, name, sizes))
+        except FileNotFoundError:  # removed since the listing (a failed save cleaned up)
+            continue
     return sorted(out, key=lambda e: e.step)
+
+
+def entry(ckpt_root: str, name: str, sizes: bool = True) -> Entry:
+    """One checkpoint directory ``name`` under ``ckpt_root``; its step is its name's (for a
+    directory not named step-NNNNNN, its manifest's). With ``sizes``, its size on disk
+    (`dir_bytes`) and, when committed, its layout from its checked manifest."""
+    ckpt = join(ckpt_root, name)
+    m = STEP_DIR.match(name)
+    fs, marker = fs_and_path(join(ckpt, COMMITTED))
+    committed = fs.exists(marker)
+    out = Entry(name, int(m.group(1)) if m else None, committed, 0, None)
+    if sizes:
+        out.bytes = dir_bytes(ckpt)
+    if sizes and committed:
+        try:  # checked against its marker, as a resume checks it: an edited one is refused
+            manifest = load_committed(ckpt)
+            out.layout, out.manifest_step = manifest.layout, manifest.step
+        except MscaleError as e:
+            out.problem = f"{e.field + ': ' if e.field else ''}{e.message}"
+    if out.step is None:
+        out.step = out.manifest_step
+    return out
+
+
+def dir_bytes(ckpt: str) -> int:
+    """A checkpoint's size on disk: every file in its directory (shards, their index files,
+    the manifest, the commit marker, a pin). The one size `ls` and `verify` print, so that the
+    two agree on the same checkpoint. FileNotFoundError when the directory is gone."""
+    fs, path = fs_and_path(ckpt)
+    return sum(f.get("size") or 0 for f in fs.ls(path, detail=True)
+               if f.get("type") != "directory")
 
 
 def read_latest(ckpt_root: str) -> str | None:

@@ -191,8 +191,10 @@ def _cleanup_on_error(dst: str, work: Callable):
 
 
 def _summary(src: str, dst: str, fmt: str, m: Manifest) -> dict:
+    """What a conversion to an mscale checkpoint wrote; ``bytes`` its size on disk, as
+    ``ckpt ls`` and ``ckpt verify`` print it (`catalog.dir_bytes`)."""
     out = {"src": src, "dst": dst, "format": fmt, "tensors": len(m.tensors),
-           "bytes": sum(s.bytes for s in m.shards), "layout": m.layout, "step": m.step}
+           "bytes": catalog.dir_bytes(dst), "layout": m.layout, "step": m.step}
     if in_run(dst):
         root = catalog.parent(dst)
         out["latest"] = catalog.read_latest(root)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from mscale.ckpt import catalog
+from mscale.ckpt.manifest import COMMITTED, MANIFEST
 from mscale.ckpt.pins import read_pin
 from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path
@@ -51,6 +52,11 @@ class Listing:
     """One `row` per step directory, oldest first."""
     warnings: list[str] = field(default_factory=list)
     """What needs a look; any makes ``ls`` exit 1."""
+    checkpoint: str | None = None
+    """The one checkpoint listed when ``ls`` was given a checkpoint, not a run (`one_given`)."""
+    run_dir: str | None = None
+    """With ``checkpoint``: the run directory it belongs to (``ls RUN_DIR`` lists them all),
+    None when it lies in no run's ``ckpt/``."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -63,9 +69,45 @@ def ckpt_root(run_dir: str) -> str:
     root = run_dir if catalog.basename(run_dir) == "ckpt" else catalog.join(run_dir, "ckpt")
     fs, path = fs_and_path(root)
     if not fs.isdir(path):
-        raise MscaleError("no ckpt/ directory here", file=run_dir,
-                          fix="pass a run directory that `mscale train --run-dir` wrote")
+        gone = not fs.exists(fs_and_path(run_dir)[1])
+        raise MscaleError("no such directory" if gone else "no ckpt/ directory here",
+                          file=run_dir, fix="pass a run directory that `mscale train --run-dir` "
+                                            "wrote (RUN_DIR), or one checkpoint in it "
+                                            "(RUN_DIR/ckpt/step-NNNNNN)")
     return root
+
+
+def one_given(path: str) -> str | None:
+    """The checkpoint directory when ``path`` names one checkpoint rather than a run: a
+    ``step-NNNNNN`` directory or any directory holding a manifest or commit marker, its
+    ``manifest.json``, or a ``latest`` pointer (what it names). None for anything else (a run,
+    its ``ckpt/``): `ckpt_root` then says what is wrong."""
+    fs, p = fs_and_path(path)
+    name = catalog.basename(p)
+    if fs.isdir(p):
+        if name == "ckpt" or fs.isdir(catalog.join(p, "ckpt")):
+            return None
+        if catalog.STEP_DIR.match(name) or any(fs.exists(catalog.join(p, f))
+                                               for f in (MANIFEST, COMMITTED)):
+            return path
+        return None
+    if name in (MANIFEST, catalog.LATEST) and fs.exists(p):
+        return catalog.resolve(path)  # a bad pointer is named as one
+    return None
+
+
+def list_one(given: str, ckpt: str) -> Listing:
+    """``ls`` of one checkpoint (`one_given`): its row, with ``latest`` read beside it, and the
+    warnings about it alone; the run's own warnings are for ``ls RUN_DIR``."""
+    root, name = catalog.parent(ckpt), catalog.basename(ckpt)
+    try:
+        latest = catalog.read_latest(root)
+    except MscaleError:  # a damaged pointer beside it: ``ls RUN_DIR`` says so
+        latest = None
+    r = row(catalog.entry(root, name), latest, root)
+    run = catalog.parent(root) if catalog.basename(root) == "ckpt" else None
+    return Listing(run=given, latest=latest, checkpoints=[r], checkpoint=ckpt, run_dir=run,
+                   warnings=[f"{r['name']}: {r['note']}"] if r["note"] else [])
 
 
 def list_checkpoints(run_dir: str) -> Listing:
@@ -73,7 +115,11 @@ def list_checkpoints(run_dir: str) -> Listing:
     cannot be read or names no committed checkpoint here, a committed checkpoint newer than
     ``latest`` or no ``latest`` at all (a resume then loads another: `catalog.auto_choice`), a
     manifest that cannot be read, a directory whose name and manifest disagree on the step, a
-    ``KEEP`` that cannot be read."""
+    ``KEEP`` that cannot be read. Given one checkpoint instead of a run, that one alone
+    (`list_one`)."""
+    one = one_given(run_dir)
+    if one is not None:
+        return list_one(run_dir, one)
     root = ckpt_root(run_dir)
     listing = Listing(run=run_dir, latest=None)
     readable = True

@@ -45,6 +45,9 @@ class Report:
     committed: bool = False
     shards: int = 0
     bytes: int = 0
+    """Its size on disk, every file of the directory (`catalog.dir_bytes`): what ``ls`` shows."""
+    shard_bytes: int = 0
+    """The shards' bytes as the manifest records them: what the check reads (``progress``)."""
     tensors: int = 0
     layout: dict | None = None
     problems: list[Problem] = field(default_factory=list)
@@ -60,8 +63,9 @@ class Report:
 def verify(path: str, quick: bool = False, progress: Progress | None = None,
            on_start: OnStart | None = None) -> Report:
     """Verify the checkpoint at ``path`` (a directory, a ``latest`` pointer, or a run).
-    ``on_start`` is told what will be read (path, step, shards, tensors, bytes) once the manifest
-    parsed; ``progress`` the shard bytes checked, a shard's sizes alone with ``quick``
+    ``on_start`` is told what will be read (path, step, shards, tensors, its size on disk as
+    ``bytes`` and the shards' as ``shard_bytes``) once the manifest parsed; ``progress`` the
+    shard bytes checked, a shard's sizes alone with ``quick``
     (ckpt/progress.py). A manifest that does not parse ends the check before either."""
     ckpt = catalog.resolve(path)
     rep = Report(path=ckpt, quick=quick)
@@ -87,15 +91,17 @@ def verify(path: str, quick: bool = False, progress: Progress | None = None,
         return rep
     rep.step, rep.shards, rep.tensors = manifest.step, len(manifest.shards), len(manifest.tensors)
     rep.layout = manifest.layout
-    rep.bytes = sum(s.bytes for s in manifest.shards)
+    rep.shard_bytes = sum(s.bytes for s in manifest.shards)
+    rep.bytes = catalog.dir_bytes(ckpt)
     if on_start is not None:
         on_start({"path": ckpt, "quick": quick, "step": rep.step, "shards": rep.shards,
-                  "tensors": rep.tensors, "bytes": rep.bytes, "layout": rep.layout})
+                  "tensors": rep.tensors, "bytes": rep.bytes, "shard_bytes": rep.shard_bytes,
+                  "layout": rep.layout})
     _marker(ckpt, (raw, manifest), rep)
     _name(ckpt, manifest, rep)
     tables = slice_tables(ckpt, manifest, rep.problems)
     rep.problems += structure(manifest, tables)
-    rep.problems += files(ckpt, manifest, quick, Tally(rep.bytes, progress), tables)
+    rep.problems += files(ckpt, manifest, quick, Tally(rep.shard_bytes, progress), tables)
     return rep
 
 

@@ -87,17 +87,21 @@ def _convert_start(info: dict) -> str:
 
 
 def _verify_start(info: dict) -> str:
-    """``runs/r1/ckpt/step-000005, step 5, 4 shards, 24 tensors, 1.2 GB: reading every chunk``."""
+    """``runs/r1/ckpt/step-000005, step 5, 4 shards, 24 tensors, 1.2 GB on disk (1.1 GB in
+    shards): reading every chunk``: the size on disk is what ``ls`` shows, the shards' what the
+    progress lines count."""
     from mscale.ckpt.listing import format_bytes
 
     how = "shard sizes only (--quick)" if info["quick"] else "reading every chunk"
     return (f"{info['path']}, step {info['step']}, {info['shards']} shards, {info['tensors']} "
-            f"tensors, {format_bytes(info['bytes'])}: {how}")
+            f"tensors, {format_bytes(info['bytes'])} on disk "
+            f"({format_bytes(info['shard_bytes'])} in shards): {how}")
 
 
 @ckpt_app.command("ls")
 def ls_cmd(
-    run_dir: str = typer.Argument(..., help="Run directory (or its ckpt/ directory)."),
+    run_dir: str = typer.Argument(..., help="Run directory (or its ckpt/ directory), or one "
+                                  "checkpoint (RUN_DIR/ckpt/step-NNNNNN) to list alone."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """List a run's checkpoints: step, size, committed or partial, layout, which is latest.
@@ -109,12 +113,17 @@ def ls_cmd(
     if as_json:
         print_json(listing.to_json())
     else:
-        table = Table("checkpoint", "step", "status", "size", "layout", "latest", "pinned")
+        table = Table("checkpoint", "step", "status", "size on disk", "layout", "latest",
+                      "pinned")
         for r in listing.checkpoints:
-            table.add_row(r["name"], str(r["step"]), r["status"], format_bytes(r["bytes"]),
-                          layout_text(r["layout"]), "*" if r["latest"] else "",
-                          r["pin"]["reason"] if r["pin"] else "")
+            table.add_row(r["name"], "-" if r["step"] is None else str(r["step"]), r["status"],
+                          format_bytes(r["bytes"]), layout_text(r["layout"]),
+                          "*" if r["latest"] else "", r["pin"]["reason"] if r["pin"] else "")
         console.print(table)
+        if listing.run_dir is not None:
+            console.print(f"{listing.checkpoints[0]['name']} alone: `mscale ckpt ls "
+                          f"{shlex.quote(listing.run_dir)}` lists every checkpoint of the run",
+                          soft_wrap=True, markup=False)
         for w in listing.warnings:
             console.print(f"warning: {w}", soft_wrap=True, markup=False)
     if listing.warnings:
@@ -171,7 +180,7 @@ def verify_cmd(
         print_json(report.to_json())
     elif report.ok:
         console.print(f"OK {report.path}: step {report.step}, {report.shards} shards, "
-                      f"{report.tensors} tensors, {format_bytes(report.bytes)}, "
+                      f"{report.tensors} tensors, {format_bytes(report.bytes)} on disk, "
                       f"{layout_text(report.layout)}"
                       + (" (quick: sizes only)" if quick else ""), soft_wrap=True)
     else:
@@ -220,8 +229,9 @@ def convert_cmd(
     if as_json:
         print_json(result)
         return
+    size = format_bytes(result["bytes"]) + ("" if to_hf else " on disk")
     console.print(f"wrote {result['dst']} ({result['format']}, {result['tensors']} tensors, "
-                  f"{format_bytes(result['bytes'])}) from {result['src']}", soft_wrap=True)
+                  f"{size}) from {result['src']}", soft_wrap=True)
     if result.get("note"):
         console.print(f"note: {result['note']}", soft_wrap=True, markup=False)
     if plan:

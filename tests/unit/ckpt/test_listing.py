@@ -48,7 +48,9 @@ def test_a_clean_run_lists_committed_latest_and_no_warning(run):
         assert (row["status"], row["latest"], row["pin"], row["note"]) == ("committed", True,
                                                                           None, None)
         assert row["layout"]["tp"] == 2 and row["bytes"] > 0
-    assert list(listing.to_json()) == ["run", "latest", "checkpoints", "warnings"]
+    assert list(listing.to_json()) == ["run", "latest", "checkpoints", "warnings", "checkpoint",
+                                       "run_dir"]
+    assert (listing.checkpoint, listing.run_dir) == (None, None)
 
 
 def test_partial_directories_pins_and_their_fallback(run):
@@ -112,7 +114,53 @@ def test_a_manifest_edited_after_its_commit_is_a_warning_not_committed(run):
 def test_no_ckpt_directory_is_bad_input(tmp_path):
     with pytest.raises(MscaleError, match="no ckpt/ directory") as e:
         list_checkpoints(str(tmp_path))
-    assert e.value.code == 3
+    assert e.value.code == 3 and "RUN_DIR/ckpt/step-NNNNNN" in e.value.fix
+    with pytest.raises(MscaleError, match="no such directory"):
+        list_checkpoints(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("given", ["ckpt/step-000005", "ckpt/step-000005/", "ckpt/latest",
+                                   "ckpt/step-000005/manifest.json"])
+def test_one_checkpoint_given_is_listed_alone_with_its_run_named(run, cli, given):
+    """``ls RUN/ckpt/step-000004`` (a checkpoint where a run was expected) said "no ckpt/
+    directory here" and sent the user to `mscale train --run-dir`'s directory, unnamed."""
+    p = plan(tp=2, dp=2, zero=1)
+    write_synthetic(str(run / "ckpt" / "step-000003"), p, global_state(p), step=3)
+    listing = list_checkpoints(str(run / given))
+    [r] = listing.checkpoints
+    assert (r["name"], r["step"], r["status"], r["latest"]) == ("step-000005", 5, "committed",
+                                                                True)
+    assert listing.run_dir == str(run) and listing.warnings == []
+    assert listing.checkpoint.rstrip("/").endswith("ckpt/step-000005")
+    code, out, _ = cli("ckpt", "ls", str(run / given))
+    assert code == 0 and "step-000003" not in out
+    assert f"step-000005 alone: `mscale ckpt ls {run}` lists every checkpoint of the run" in out
+
+
+def test_a_checkpoint_outside_a_run_lists_its_manifests_step(run, tmp_path):
+    out = tmp_path / "converted"
+    shutil.copytree(run / "ckpt" / "step-000005", out)
+    [r] = list_checkpoints(str(out)).checkpoints
+    assert (r["name"], r["step"], r["status"]) == ("converted", 5, "committed")
+    assert list_checkpoints(str(out)).run_dir is None
+
+
+def test_ls_verify_and_convert_print_the_same_size_on_disk(run, tmp_path):
+    """ls summed every file (index files, manifest, marker), verify the shards alone: for one
+    checkpoint they printed two sizes under the same word."""
+    from mscale.ckpt.convert import convert
+    from mscale.ckpt.verify import verify
+    from mscale.config.base import dump_yaml
+
+    ckpt = run / "ckpt" / "step-000005"
+    pins.pin(str(ckpt), "kept", "me")
+    rep = verify(str(ckpt))
+    [r] = list_checkpoints(str(run)).checkpoints
+    on_disk = sum(f.stat().st_size for f in ckpt.iterdir())
+    assert r["bytes"] == rep.bytes == on_disk and rep.shard_bytes < rep.bytes
+    (tmp_path / "p.yaml").write_text(dump_yaml(plan(tp=1, dp=2)))
+    done = convert(str(ckpt), str(tmp_path / "out"), plan=str(tmp_path / "p.yaml"))
+    assert done["bytes"] == verify(str(tmp_path / "out")).bytes
 
 
 def test_unpin_refuses_what_is_not_a_checkpoint(tmp_path):

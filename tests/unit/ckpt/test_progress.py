@@ -33,9 +33,10 @@ class Seen:
     def progress(self, done: int, total: int) -> None:
         self.calls.append((done, total))
 
-    def check(self, total: int) -> None:
-        """One start; progress monotonic, one total throughout, ending at ``total``."""
-        assert len(self.starts) == 1 and self.starts[0]["bytes"] == total
+    def check(self, total: int, key: str = "bytes") -> None:
+        """One start telling ``total`` as ``key``; progress monotonic, one total throughout,
+        ending at ``total``."""
+        assert len(self.starts) == 1 and self.starts[0][key] == total
         done = [d for d, _ in self.calls]
         assert len(done) > 1 and done == sorted(done) and done[-1] == total
         assert {t for _, t in self.calls} == {total}
@@ -119,7 +120,7 @@ def test_verify_reports_the_shard_bytes_it_checks(src, quick):
     seen = Seen()
     rep = verify(src, quick=quick, progress=seen.progress, on_start=seen.on_start)
     assert rep.ok
-    seen.check(rep.bytes)
+    seen.check(rep.shard_bytes, "shard_bytes")
     info = seen.starts[0]
     assert (info["path"], info["step"], info["shards"], info["quick"]) == (src, 5, 4, quick)
     per_shard = len(catalog.load_committed(src).shards)
@@ -137,7 +138,7 @@ def test_verify_counts_a_missing_or_short_shard_whole(src, tmp_path):
     seen = Seen()
     rep = verify(str(bad), progress=seen.progress, on_start=seen.on_start)
     assert {p.file for p in rep.problems} == {"rank-00001.bin", "rank-00002.bin"}
-    seen.check(rep.bytes)
+    seen.check(rep.shard_bytes, "shard_bytes")
 
 
 def test_a_manifest_that_does_not_parse_starts_nothing(src, tmp_path):

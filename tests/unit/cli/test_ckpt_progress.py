@@ -38,7 +38,7 @@ def test_convert_says_what_it_starts_and_a_tiny_one_prints_no_progress(cli, good
     assert code == 0
     assert err.splitlines() == [f"convert: {good}/ckpt/step-000005 → {dst}, mscale at tp1 pp1 "
                                 "dp2 zero1 (2 ranks): 63 tensors, 1.3 MB before compression"]
-    assert re.fullmatch(rf"wrote {dst} \(mscale, 63 tensors, [\d.]+ MB\) from "
+    assert re.fullmatch(rf"wrote {dst} \(mscale, 63 tensors, [\d.]+ MB on disk\) from "
                         rf"{good}/ckpt/step-000005\n"
                         rf"next: mscale train \S+ --resume {dst} --run-dir RUN trains from it "
                         r"\(under your launcher: --local N, srun or torchrun\)\n", out)
@@ -80,8 +80,8 @@ def test_verify_says_what_it_reads(cli, good):
     for flag, how in (([], "reading every chunk"), (["--quick"], "shard sizes only (--quick)")):
         code, out, err = cli("ckpt", "verify", ckpt, *flag)
         assert code == 0 and out.startswith(f"OK {ckpt}: step 5, 2 shards, 63 tensors, ")
-        assert err.splitlines() == [f"verify: {ckpt}, step 5, 2 shards, 63 tensors, 1.3 MB: "
-                                    f"{how}"]
+        assert err.splitlines() == [f"verify: {ckpt}, step 5, 2 shards, 63 tensors, 1.3 MB on "
+                                    f"disk (1.3 MB in shards): {how}"]
 
 
 def test_a_refused_convert_prints_its_error_alone(cli, good, tmp_path):
