@@ -15,6 +15,7 @@ import shlex
 from typing import Callable
 
 from mscale.ckpt import catalog
+from mscale.ckpt.hf_files import hf_files
 from mscale.ckpt.hf_io import export_hf, import_hf, is_hf_dir, open_hf, read_hf_config
 from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.ckpt.manifest import Manifest
@@ -58,9 +59,10 @@ def convert(src: str, dst: str, plan: str | None = None, to_hf: bool = False, le
         target = load_checked_plan(plan)
         _check_step_name(dst, 0)
         fmt = "mscale, model only, from HF"
-        told = announce(on_start, src=src, dst=dst, format=fmt)
+        not_read = hf_files(src).not_read  # a file the index lists but lacks: refused here
+        told = announce(on_start, src=src, dst=dst, format=fmt, not_read=not_read)
         m = _cleanup_on_error(dst, lambda: import_hf(src, dst, target, level, progress, told))
-        return _summary(src, dst, fmt, m)
+        return {**_summary(src, dst, fmt, m), **({"not_read": not_read} if not_read else {})}
     try:
         ckpt = catalog.resolve(src)
     except MscaleError:

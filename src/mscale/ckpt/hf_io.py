@@ -14,6 +14,7 @@ import mmap
 import torch
 
 from mscale.ckpt import catalog, hf, hf_config, safetensors
+from mscale.ckpt.hf_files import INDEX, check_mapped, hf_files
 from mscale.ckpt.load import CheckpointReader
 from mscale.ckpt.manifest import MODEL, Manifest, TrainState, split_key, tensor_key
 from mscale.ckpt.ownership import Item, meta_params
@@ -148,21 +149,24 @@ def _dtype(name: str) -> torch.dtype:
 def is_hf_dir(path: str) -> bool:
     fs, root = fs_and_path(path)
     return fs.isdir(root) and fs.exists(f"{root}/config.json") and any(
-        p.endswith(".safetensors") for p in fs.ls(root, detail=False))
+        p.endswith((".safetensors", f"/{INDEX}")) for p in fs.ls(root, detail=False))
 
 
 def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    """config.json and every tensor of an HF directory (memory-mapped when local)."""
-    fs, root = fs_and_path(path)
+    """config.json and the tensors of an HF directory (memory-mapped when local): those its
+    model.safetensors.index.json maps, each from its file, or without one every tensor of
+    every ``*.safetensors`` (`hf_files`)."""
+    fs, _ = fs_and_path(path)
     config = read_hf_config(catalog.join(path, "config.json"))
+    chosen = hf_files(path)
     tensors: dict[str, torch.Tensor] = {}
     held: dict[str, str] = {}  # tensor name -> the file it came from
-    for p in sorted(fs.ls(root, detail=False)):
-        if not p.endswith(".safetensors"):
-            continue
+    for url in chosen.files:
+        p = fs_and_path(url)[1]
         with fs.open(p, "rb") as fh:
-            entries, _, start = safetensors.read_header(fh, p)
-            _refuse_twice_held(entries, p, held)
+            entries, _, start = safetensors.read_header(fh, url)
+            entries = check_mapped(entries, url, chosen.weight_map)
+            _refuse_twice_held(entries, url, held)
             if catalog.is_local(fs):
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
                 for e in entries:
@@ -177,17 +181,18 @@ def open_hf(path: str) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def _refuse_twice_held(entries, path: str, held: dict[str, str]) -> None:
-    """Every ``*.safetensors`` of the folder is read, so a tensor in two of them (a stale
-    shard of an earlier export, a copy kept aside) would be taken from whichever sorts last,
-    silently: refuse it, naming both files."""
+    """Without an index every ``*.safetensors`` of the folder is read, so a tensor in two of
+    them (a stale shard of an earlier export, a copy kept aside) would be taken from whichever
+    sorts last, silently: refuse it, naming both files. (An index maps each tensor to one
+    file: `hf_files.check_mapped` reads it from there alone.)"""
     for e in entries:
         if e.name in held:
             raise MscaleError(
                 f"also in {catalog.basename(held[e.name])}: two files of the "
                 "folder hold it, and which one the weights come from would be a guess",
                 file=path, field=e.name, code=EXIT_BAD_INPUT,
-                fix="remove or move away the file that is not part of the model (every "
-                    "*.safetensors in the folder is read)")
+                fix="remove or move away the file that is not part of the model (without "
+                    f"a {INDEX}, every *.safetensors in the folder is read)")
         held[e.name] = path
 
 

@@ -83,7 +83,15 @@ def _convert_start(info: dict) -> str:
     else:
         what = f"{info['format']} at {layout_text(info['layout'])} ({info['ranks']} ranks)"
         size = f"{format_bytes(info['bytes'])} before compression"
-    return f"{info['src']} → {info['dst']}, {what}: {info['tensors']} tensors, {size}"
+    skipped = ""
+    if info.get("not_read"):  # stray files beside a sharded model's index
+        from mscale.ckpt.hf_files import INDEX
+
+        skipped = (f"; not read, not in {INDEX}: "
+                   + ", ".join(info["not_read"][:5])
+                   + (f" and {len(info['not_read']) - 5} more" if len(info["not_read"]) > 5
+                      else ""))
+    return f"{info['src']} → {info['dst']}, {what}: {info['tensors']} tensors, {size}{skipped}"
 
 
 def _verify_start(info: dict) -> str:
