@@ -35,6 +35,7 @@ from mscale.config.plan import Plan
 from mscale.errors import MscaleError
 from mscale.runs.atomic import fs_and_path, write_text_atomic
 from mscale.runs.rundir import RunDir
+from mscale.urls import location_key
 
 IDENTITY = ("model.", "training.global_batch", "training.seed", "training.optimizer",
             "training.data.")
@@ -106,9 +107,32 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _comparable(plan: Plan, placement: bool) -> dict[str, Any]:
+def _comparable(plan: Plan, placement: bool, located: bool = True) -> dict[str, Any]:
+    """The plan's fields to compare, flattened; ``training.data`` as `same_spelling` gives it
+    (``located``: sources by location, for the comparison; else as written, for the words)."""
     exclude = set(_IGNORED_TOP) | (set() if placement else {"placement"})
-    return _flatten(plan.model_dump(mode="json", exclude=exclude))
+    dumped = plan.model_dump(mode="json", exclude=exclude)
+    dumped["training"]["data"] = same_spelling(dumped["training"]["data"], located)
+    return _flatten(dumped)
+
+
+def same_spelling(data: dict, located: bool = True) -> dict:
+    """A dumped ``training.data`` with (``located``) each source, ``path`` or an entry of
+    ``sources``/``eval_sources``, named by its location (`location_key`): ``./data/x``,
+    ``data/x/``, its absolute path or ``file://`` URL and a symlink to it are one local source;
+    a URL is one but for a trailing slash. A spelling changes no sample: compared as written, a
+    resume spelling a source another way was refused as a changed recipe. Another location
+    stays another."""
+    if not located:
+        return data
+    out = dict(data)
+    if isinstance(out.get("path"), str):
+        out["path"] = location_key(out["path"])
+    for key in ("sources", "eval_sources"):
+        if isinstance(out.get(key), list):
+            out[key] = [{**s, "path": location_key(s["path"])} if isinstance(s, dict)
+                        and isinstance(s.get("path"), str) else s for s in out[key]]
+    return out
 
 
 def _short(value: Any) -> str:
@@ -164,6 +188,7 @@ def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
             fix="keep the run's global batch, or pass --allow-batch-change to continue the data "
                 "from the samples already consumed with the new batch")
     if refused:
+        a, b = _comparable(old, placement, False), _comparable(new, placement, False)
         shown = "; ".join(_describe(k, a.get(k), b.get(k)) for k in refused[:3])
         more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
         raise MscaleError(

@@ -30,6 +30,7 @@ from mscale.config.training import TrainingConfig
 from mscale.errors import MscaleError
 from mscale.train.data import DataIdentity
 from mscale.train.schedule import learning_rate
+from mscale.urls import location_key
 
 
 def resume_notes(state, training: TrainingConfig, data: DataIdentity | None, own: bool,
@@ -88,9 +89,11 @@ def data_differences(state, data: DataIdentity | None, checkpoint: str) -> str |
 
 
 def source_changes(saved: list[dict], now: list[dict]) -> list[str]:
-    """What changed between two lists of source records (`data.identities`), one phrase each."""
-    before = {(r["role"], r["path"]): r for r in saved}
-    after = {(r["role"], r["path"]): r for r in now}
+    """What changed between two lists of source records (`data.identities`), one phrase each.
+    Sources are matched by location (`location_key`), not spelling: ``./data/x``, ``data/x/``
+    and its absolute path are one source (each side named as its run wrote it)."""
+    before = {(r["role"], location_key(r["path"])): r for r in saved}
+    after = {(r["role"], location_key(r["path"])): r for r in now}
     out = []
     for key, a in before.items():
         b = after.get(key)

@@ -147,3 +147,33 @@ def test_a_refused_blend_change_shows_the_difference_not_a_truncated_list():
     assert ("training.data.sources: src_b weight 1 -> 2; src_c added (weight 1)"
             in info.value.message) and "..." not in info.value.message
     assert "--allow-data-change" in info.value.fix
+
+
+@pytest.mark.parametrize("before, after", [
+    ("./data/x", "data/x"), ("data/x/", "data/x"), ("data/x", "{cwd}/data/x"),
+    ("data/x", "file://{cwd}/data/x"), ("s3://bucket/x/", "s3://bucket/x")])
+def test_a_source_spelled_another_way_is_the_same_recipe(tmp_path, monkeypatch, before, after):
+    """A resume naming a source as ./data/x (or with a trailing slash, or its absolute path)
+    where the run wrote data/x was refused as 'another model or training recipe'."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "x").mkdir(parents=True)
+    after = after.format(cwd=tmp_path)
+    for field in ("path", "sources"):
+        def data(p):
+            return {"kind": "tokens", field: p if field == "path" else [
+                {"path": "data/y", "weight": 2.0}, {"path": p}]}
+        change = check_plan_change(_plan(training={"data": data(before)}),
+                                   _plan(training={"data": data(after)}))
+        assert change.kind == "same", (field, change.fields)
+
+
+@pytest.mark.parametrize("before, after", [
+    ("data/x", "data/y"), ("data/x", "data/x/sub"), ("s3://bucket/x", "s3://bucket/y"),
+    ("s3://bucket/x", "s3://other/x")])
+def test_another_location_is_still_another_recipe(tmp_path, monkeypatch, before, after):
+    monkeypatch.chdir(tmp_path)
+    old = {"data": {"kind": "tokens", "sources": [{"path": before}]}}
+    new = {"data": {"kind": "tokens", "sources": [{"path": after}]}}
+    with pytest.raises(MscaleError) as info:
+        check_plan_change(_plan(training=old), _plan(training=new), source="RUN/plan.yaml")
+    assert f"{after} added (weight 1); {before} removed" in info.value.message

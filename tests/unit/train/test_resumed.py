@@ -105,6 +105,19 @@ def test_weights_and_sources_added_or_removed_are_said_as_such():
     assert "src_b was removed (weight 3)" in notes[0] and "src_c was added (weight 1)" in notes[0]
 
 
+def test_a_source_spelled_another_way_on_resume_is_the_same_source(tmp_path, monkeypatch):
+    """The checkpoint recorded ./src_a and src_b/ as the run named them; a resume naming them
+    src_a and by absolute path was refused as changed data (src_a removed, added...)."""
+    monkeypatch.chdir(tmp_path)
+    saved = [_source("./src_a"), _source("src_b/", "1" * 16, weight=3.0)]
+    now = DataIdentity(1234, [_source("src_a"), _source(f"{tmp_path}/src_b", "1" * 16,
+                                                         weight=3.0)])
+    assert resume_notes(_state(data_sources=saved), TOKENS, now, True, CKPT) == []
+    other = DataIdentity(1234, [_source("src_c"), now.sources[1]])  # another place: refused
+    with pytest.raises(MscaleError, match="./src_a was removed"):
+        resume_notes(_state(data_sources=saved), TOKENS, other, True, CKPT)
+
+
 def test_a_checkpoint_without_source_records_falls_back_to_the_first_sample():
     now = DataIdentity(999, BLEND)
     with pytest.raises(MscaleError, match="first sample's checksum 1234, now 999"):
