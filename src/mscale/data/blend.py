@@ -109,9 +109,29 @@ def check_held_out_apart(cfg: DataConfig, field: str = "training.data") -> None:
                                   "end of each source with eval_fraction")
 
 
+def check_sources_distinct(cfg: DataConfig, field: str = "training.data") -> None:
+    """A source listed twice in ``sources`` (or ``eval_sources``), however spelled
+    (`location_key`), is almost surely a typo for another source: blended twice, it would get
+    the sum of both weights without a word. Refused, naming the second entry and both fixes.
+    Checked where a run opens its data, as `check_held_out_apart` is."""
+    for key, sources in (("sources", cfg.sources), ("eval_sources", cfg.eval_sources)):
+        first: dict[str, int] = {}
+        for i, s in enumerate(sources):
+            j = first.setdefault(location_key(s.path), i)
+            if j == i:
+                continue
+            raise MscaleError(f"{s.path} is listed twice (also {key}[{j}]: {sources[j].path}): "
+                              "it would be blended twice, with the sum of both weights",
+                              field=f"{field}.{key}[{i}].path",
+                              fix="if it is a typo, name the source you meant; to give it more "
+                                  f"weight, keep one entry with weight "
+                                  f"{sources[j].weight + s.weight:g} (both summed)")
+
+
 def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:
     """Open every source named by the training file (train, then held-out): (source, dataset,
     field naming it). Raises the first source's error with its field attached."""
+    check_sources_distinct(cfg, field)
     check_held_out_apart(cfg, field)
     set_default_retry(Retry.within(cfg.remote_retry_s))  # every read of this process's sources
     # data.dtype speaks for flat files only; an index records its own (a default is no claim)

@@ -100,3 +100,29 @@ def test_a_damaged_index_read_for_the_held_out_cut_is_named_itself(tmp_path):
     assert e.value.file == str(idx) and e.value.field == "idx.header"
     assert e.value.message.endswith("(named by training.data.path)")
     assert "in this source" not in e.value.message
+
+
+@pytest.mark.parametrize("key, second", [("sources", "./web/"), ("sources", "{tmp}/web"),
+                                         ("eval_sources", "held")])
+def test_a_source_listed_twice_is_refused_naming_the_entry_and_both_fixes(tmp_path,
+                                                                        monkeypatch, key, second):
+    """A blend naming data/web twice trained with 'data: blend of 3 sources: data/web 33%,
+    data/code 33%, data/web 33%': a typo for another source silently doubled one."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("web", "code", "held"):
+        prepared(tmp_path / name, [np.arange(1, 200)] * 4)
+    first = "web" if key == "sources" else "held"
+    listed = [{"path": first, "weight": 2}, {"path": "code"},
+              {"path": second.format(tmp=tmp_path), "weight": 3}]
+    cfg = (DataConfig(kind="tokens", sources=listed) if key == "sources" else
+           DataConfig(kind="tokens", sources=[{"path": "web"}], eval_sources=listed))
+    with pytest.raises(MscaleError) as e:
+        open_sources(cfg)
+    assert e.value.code == 3 and e.value.field == f"training.data.{key}[2].path"
+    assert f"listed twice (also {key}[0]: {first})" in e.value.message
+    assert "name the source you meant" in e.value.fix and "weight 5 (both summed)" in e.value.fix
+    listed[2]["path"] = "other"  # a different source is fine
+    prepared(tmp_path / "other", [np.arange(1, 200)] * 4)
+    cfg = (DataConfig(kind="tokens", sources=listed) if key == "sources" else
+           DataConfig(kind="tokens", sources=[{"path": "web"}], eval_sources=listed))
+    assert len(open_sources(cfg)) == (3 if key == "sources" else 4)
