@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 from mscale.cli.app import app
-from mscale.cli.output import console, print_json
+from mscale.cli.output import console, counted, print_json
 from mscale.cli.progress import ThrottledLine
 from mscale.ckpt.limits import MAX_LEVEL, MIN_LEVEL
 from mscale.errors import EXIT_CRITICAL, EXIT_WARNING, MscaleError
@@ -81,7 +81,8 @@ def _convert_start(info: dict) -> str:
         what = f"HF safetensors in {info['files']} file(s)"
         size = format_bytes(info["bytes"])
     else:
-        what = f"{info['format']} at {layout_text(info['layout'])} ({info['ranks']} ranks)"
+        what = (f"{info['format']} at {layout_text(info['layout'])} "
+                f"({counted(info['ranks'], 'rank')})")
         size = f"{format_bytes(info['bytes'])} before compression"
     skipped = ""
     if info.get("not_read"):  # stray files beside a sharded model's index
@@ -91,7 +92,8 @@ def _convert_start(info: dict) -> str:
                    + ", ".join(info["not_read"][:5])
                    + (f" and {len(info['not_read']) - 5} more" if len(info["not_read"]) > 5
                       else ""))
-    return f"{info['src']} → {info['dst']}, {what}: {info['tensors']} tensors, {size}{skipped}"
+    return (f"{info['src']} → {info['dst']}, {what}: {counted(info['tensors'], 'tensor')}, "
+            f"{size}{skipped}")
 
 
 def _verify_start(info: dict) -> str:
@@ -101,8 +103,8 @@ def _verify_start(info: dict) -> str:
     from mscale.ckpt.listing import format_bytes
 
     how = "shard sizes only (--quick)" if info["quick"] else "reading every chunk"
-    return (f"{info['path']}, step {info['step']}, {info['shards']} shards, {info['tensors']} "
-            f"tensors, {format_bytes(info['bytes'])} on disk "
+    return (f"{info['path']}, step {info['step']}, {counted(info['shards'], 'shard')}, "
+            f"{counted(info['tensors'], 'tensor')}, {format_bytes(info['bytes'])} on disk "
             f"({format_bytes(info['shard_bytes'])} in shards): {how}")
 
 
@@ -187,9 +189,9 @@ def verify_cmd(
     if as_json:
         print_json(report.to_json())
     elif report.ok:
-        console.print(f"OK {report.path}: step {report.step}, {report.shards} shards, "
-                      f"{report.tensors} tensors, {format_bytes(report.bytes)} on disk, "
-                      f"{layout_text(report.layout)}"
+        console.print(f"OK {report.path}: step {report.step}, {counted(report.shards, 'shard')}"
+                      f", {counted(report.tensors, 'tensor')}, {format_bytes(report.bytes)} on "
+                      f"disk, {layout_text(report.layout)}"
                       + (" (quick: sizes only)" if quick else ""), soft_wrap=True)
     else:
         table = Table("file", "field", "problem", title=f"FAILED {report.path}")
@@ -238,7 +240,8 @@ def convert_cmd(
         print_json(result)
         return
     size = format_bytes(result["bytes"]) + ("" if to_hf else " on disk")
-    console.print(f"wrote {result['dst']} ({result['format']}, {result['tensors']} tensors, "
+    console.print(f"wrote {result['dst']} ({result['format']}, "
+                  f"{counted(result['tensors'], 'tensor')}, "
                   f"{size}) from {result['src']}", soft_wrap=True)
     if result.get("note"):
         console.print(f"note: {result['note']}", soft_wrap=True, markup=False)

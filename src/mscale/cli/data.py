@@ -17,7 +17,7 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.interrupt import stop_signals_as_interrupt
-from mscale.cli.output import console, print_json
+from mscale.cli.output import console, counted, print_json
 from mscale.cli.progress import ThrottledLine
 from mscale.errors import EXIT_CRITICAL, EXIT_WARNING
 
@@ -53,7 +53,7 @@ class ProgressLine(ThrottledLine):
     def text(self, documents: int, tokens: int | None, nbytes: int, pending: int = 0,
              note: str = "") -> str:
         elapsed = self.elapsed()
-        parts = [f"{documents:,} documents"]
+        parts = [counted(documents, "document")]
         if tokens is not None:
             parts.append(f"{_n(tokens)} tokens")
         read = _mb(nbytes)
@@ -148,7 +148,7 @@ def prepare_cmd(
             raise typer.Exit(EXIT_WARNING)  # as without --json: something was skipped
         return
     skipped = m.get("empty_documents_skipped", 0)
-    console.print(f"wrote {out}: {len(m['shards'])} shard(s), {m['documents']:,} documents, "
+    console.print(f"wrote {out}: {len(m['shards'])} shard(s), {counted(m['documents'], 'document')}, "
                   f"{m['tokens']:,} tokens ({m['dtype']}) in {seconds:.1f} s: "
                   f"{_n(m['tokens'] / seconds)} tokens/s"
                   + (f"; {skipped:,} empty document(s) skipped" if skipped else ""),
@@ -248,7 +248,7 @@ def tokenizer_cmd(
             raise typer.Exit(EXIT_WARNING)  # as prepare --json: something was skipped
         return
     console.print(f"wrote {r['out']}: byte-level BPE, vocab {r['vocab_size']:,}, <|endoftext|> = "
-                  f"{r['eod_id']}, trained on {r['documents']:,} documents ({_mb(r['bytes'])}) "
+                  f"{r['eod_id']}, trained on {counted(r['documents'], 'document')} ({_mb(r['bytes'])}) "
                   f"in {r['seconds']:.1f} s", soft_wrap=True, markup=False)
     _warn_skipped(r, "--json lists them")
 
@@ -300,7 +300,8 @@ def inspect_cmd(
     extra = ""
     if d["vocab_size"] is not None:
         extra = f", vocab {d['vocab_size']:,}, eod {d['eod_id']}"
-    docs = "no document boundaries" if d["documents"] is None else f"{d['documents']:,} documents"
+    docs = ("no document boundaries" if d["documents"] is None
+            else counted(d["documents"], "document"))
     console.print(f"{spec}: {d['kind']}, {d['tokens']:,} tokens, {docs}, {d['dtype']}{extra}, "
                   f"{len(d['shards'])} shard(s)", soft_wrap=True, markup=False)
     table = Table("shard", "tokens", "documents", "bytes")

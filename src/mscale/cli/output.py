@@ -40,6 +40,12 @@ def configure_help(stream) -> None:
     rich_utils.MAX_WIDTH = _width(stream)
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``, ``12,288 ranks``: a count with its noun in the right number
+    (a plain ``s`` plural: every noun the console counts takes one)."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def print_json(obj: Any) -> None:
     """Write one machine-readable document to stdout."""
     sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")

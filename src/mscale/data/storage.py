@@ -123,7 +123,8 @@ class Retry:
             except Exception as e:  # any backend's transient error (OSError, botocore, aiohttp...)
                 last = e
         # ``what`` is the field, which the error line prints before the message already
-        raise MscaleError(f"failed after {attempts} attempts (timeout {self.timeout_s:g} s "
+        tries = f"{attempts} attempt" + ("s" if attempts != 1 else "")  # remote_retry_s: 0
+        raise MscaleError(f"failed after {tries} (timeout {self.timeout_s:g} s "
                           f"each); last error: {type(last).__name__}: {last}", file=url,
                           field=what,
                           fix="check that the store is reachable and the file readable, then "

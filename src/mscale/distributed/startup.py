@@ -69,7 +69,7 @@ def progress_text(counts: Sequence[int], labels: Sequence[str], nprocs: int,
 
     ``counts[i]``: how many workers reached phase ``i`` (or a later one)."""
     parts = ", ".join(f"{label} {n}/{nprocs}" for label, n in zip(labels, counts))
-    return f"starting {nprocs} workers ({elapsed_s:.0f} s): {parts}"
+    return f"starting {nprocs} worker{'s' if nprocs != 1 else ''} ({elapsed_s:.0f} s): {parts}"
 
 
 class StartupView:

@@ -24,7 +24,8 @@ def layout_text(plan: Plan) -> str:
 
 def start_line(plan: Plan, world: int, launcher: str, run_dir: str, run_id: str, attempt: int,
                device: str) -> str:
-    return (f"training {plan.name}: {layout_text(plan)} on {world} processes ({launcher}, {device}), "
+    processes = f"{world} process" + ("es" if world != 1 else "")
+    return (f"training {plan.name}: {layout_text(plan)} on {processes} ({launcher}, {device}), "
             f"run {run_id} attempt {attempt}, run directory {run_dir}")
 
 

@@ -281,7 +281,8 @@ def _run_workers(plan_path, plan, options, nprocs, as_json, run, run_id, env, lo
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if as_json else \
         (lambda m: print(m, flush=True))
     per_node = plan.cluster.gpus_per_node
-    say(f"starting {nprocs} workers on this machine: {layout_text(plan)}, "
+    workers = f"{nprocs} worker" + ("s" if nprocs != 1 else "")
+    say(f"starting {workers} on this machine: {layout_text(plan)}, "
         f"{-(-nprocs // per_node)} node(s) of {min(per_node, nprocs)}; run directory "
         f"{options.run_dir}, logs in {logs}")
     note = oversubscription_note(os.environ.get("OMP_NUM_THREADS"), nprocs, os.cpu_count())

@@ -128,3 +128,17 @@ def test_a_convert_to_a_layout_names_the_train_command_that_starts_from_it(resul
     from mscale.cli.ckpt import _train_from
 
     assert _train_from("p.yaml", result) == command
+
+
+def test_a_one_rank_checkpoint_is_counted_in_the_singular(cli, tmp_path):
+    """A conversion to a one-process plan said '(1 ranks)', its verify '1 shards'."""
+    from mscale.cli.output import counted
+    from tests.unit.ckpt.helpers import global_state, plan, write_synthetic
+
+    assert (counted(1, "shard"), counted(0, "rank"), counted(12288, "rank")) == (
+        "1 shard", "0 ranks", "12,288 ranks")
+    ckpt = tmp_path / "ckpt" / "step-000005"
+    write_synthetic(str(ckpt), plan(), global_state(plan()))
+    code, out, err = cli("ckpt", "verify", str(ckpt))
+    assert code == 0 and out.startswith(f"OK {ckpt}: step 5, 1 shard, ")
+    assert err.startswith(f"verify: {ckpt}, step 5, 1 shard, ")

@@ -168,7 +168,7 @@ def test_the_progress_line_says_the_merges_are_being_computed():
     line = ProgressLine("tokenizer", stream=io.StringIO(), clock=lambda: now[0])
     now[0] = 14.0
     line(1, None, 28_200_000, note="computing merges, 13 s")
-    assert line.stream.getvalue() == ("tokenizer: 1 documents, 28.2 MB, 14 s; computing merges, "
+    assert line.stream.getvalue() == ("tokenizer: 1 document, 28.2 MB, 14 s; computing merges, "
                                       "13 s\n")
 
 

@@ -130,6 +130,14 @@ def test_persistent_failure_is_one_clear_error(remote):
     assert text.count("bytes[0:1024]") == 1
 
 
+def test_one_attempt_is_said_in_the_singular(remote):
+    """data.remote_retry_s: 0 (no retry) said "failed after 1 attempts"."""
+    FlakyFS.fail = 10**6
+    blob = open_blob("flaky://" + remote, retry=Retry.within(0), block_bytes=1024)
+    with pytest.raises(MscaleError, match=r"failed after 1 attempt \(timeout 60 s each\)"):
+        blob.read(0, 10)
+
+
 def test_a_hanging_store_times_out(remote):
     FlakyFS.hang = True
     blob = open_blob("flaky://" + remote, retry=Retry(1, backoff_s=0.001, timeout_s=0.05))

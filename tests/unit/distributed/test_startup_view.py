@@ -67,6 +67,8 @@ def test_the_furthest_phase_counts_even_if_an_earlier_marker_is_missing():
 def test_the_text_counts_workers_per_phase():
     text = progress_text([4, 2, 0], ["imported", "rendezvous", "model built"], 4, 12.4)
     assert text == "starting 4 workers (12 s): imported 4/4, rendezvous 2/4, model built 0/4"
+    one = progress_text([0, 0, 0], ["imported", "rendezvous", "model built"], 1, 3.0)
+    assert one.startswith("starting 1 worker (3 s): ")  # said "1 workers" under --local 1
 
 
 def test_not_a_terminal_a_plain_line_only_after_the_interval():

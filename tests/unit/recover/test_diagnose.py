@@ -261,10 +261,12 @@ def test_storage_errors(run, msg, transient):
     assert (d.cls, d.symptom, d.transient) == ("storage", "crash", transient)
 
 
-def test_a_data_store_down_past_its_retries_is_transient_storage_not_bad_input(run):
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_data_store_down_past_its_retries_is_transient_storage_not_bad_input(run, retries):
     """data/storage.py's error after its retries is an MscaleError (exit 3, kind bad_input),
     which recover read as "fix the input, do not relaunch": a store's outage ended the job for
-    good although the same command resumes once the store answers."""
+    good although the same command resumes once the store answers. With remote_retry_s 0 it
+    says "after 1 attempt" (not "1 attempts"): the same rule."""
     from mscale.data.storage import Retry
     from mscale.train.failure import one_line
 
@@ -272,8 +274,8 @@ def test_a_data_store_down_past_its_retries_is_transient_storage_not_bad_input(r
         raise ConnectionError("store down")
 
     with pytest.raises(MscaleError) as e:
-        Retry(retries=1, backoff_s=0.0).call("s3://corpus/web/shard-00003.bin",
-                                             "bytes[262144:524288]", down)
+        Retry(retries=retries, backoff_s=0.0).call("s3://corpus/web/shard-00003.bin",
+                                                   "bytes[262144:524288]", down)
     rid = started(run)
     run.error_file(0, 5, "bad_input", one_line(e.value))
     run.launcher_stop(6, rid, 0, "exited with code 3", "bad_input", [3, 3])

@@ -87,3 +87,14 @@ def test_a_rollback_says_where_the_newer_checkpoints_went():
     assert line.startswith("moved step-000010 to abandoned-step-000010-17")
     assert "runs/r/ckpt" in line and "ckpt ls" in line and "removed" not in line
     assert moved_aside_line(cleaned[:1], "runs/r/ckpt") is None
+
+
+def test_the_start_line_counts_processes_in_the_right_number():
+    """--local 1 said 'training cpu-tiny: tp1·pp1·dp1 on 1 processes'."""
+    from mscale.topology.placement import load_checked_plan
+    from mscale.train.console import start_line
+    from tests.conftest import PLANS
+
+    plan = load_checked_plan(str(PLANS / "cpu-tiny.yaml"))
+    assert " on 1 process (local, cpu), " in start_line(plan, 1, "local", "r", "id", 1, "cpu")
+    assert " on 8 processes (local, cpu), " in start_line(plan, 8, "local", "r", "id", 1, "cpu")

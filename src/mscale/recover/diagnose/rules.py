@@ -80,8 +80,8 @@ TEXT_RULES: tuple[Rule, ...] = (
     # a relaunch resumes once the store answers, so it outweighs the bad_input fact
     # Local paths are listed through the same retries: there only a timeout (a hung network
     # mount) is a store down; a too-long name, a symlink loop or EIO is not fixed by a relaunch
-    _t("data_store_down", r"[a-z][\w+.-]*://[^\n]*?failed after \d+ attempts \(timeout "
-       r"[\d.e+]+ s each\)|failed after \d+ attempts \(timeout [\d.e+]+ s each\); last error: "
+    _t("data_store_down", r"[a-z][\w+.-]*://[^\n]*?failed after \d+ attempts? \(timeout "
+       r"[\d.e+]+ s each\)|failed after \d+ attempts? \(timeout [\d.e+]+ s each\); last error: "
        r"TimeoutError", "storage", "crash", True, 92,
        "the remote data store did not answer (training.data)"),
     _t("no_permission", r"\[Errno 13\] Permission denied|(?-i:\bEACCES\b)", "storage",
