@@ -84,17 +84,17 @@ def _plain_name(name: str) -> bool:
 
 def check_mapped(entries, path: str, weight_map: dict[str, str] | None) -> list:
     """The header ``entries`` of file ``path`` to read: with an index, the tensors it maps to
-    this file, each of which the file must hold (an error names the file and the tensor);
-    without one, all of them."""
+    this file, each of which the file must hold (an error names the file and the tensor), and
+    those it maps nowhere (transformers loads a listed file whole); not a copy of a tensor it
+    maps to another file. Without an index, all of them."""
     if weight_map is None:
         return list(entries)
     name = catalog.basename(path)
-    held = {e.name: e for e in entries}
-    wanted = [t for t, f in weight_map.items() if f == name]
-    for tensor in wanted:
-        if tensor not in held:
+    held = {e.name for e in entries}
+    for tensor, where in weight_map.items():
+        if where == name and tensor not in held:
             raise MscaleError(f"does not hold {tensor}, which {INDEX} maps to it", file=path,
                               field=tensor, code=EXIT_BAD_INPUT,
                               fix=f"use the files and the {INDEX} of one save_pretrained (an "
                                   "index of another save names other files' contents)")
-    return [held[t] for t in wanted]
+    return [e for e in entries if weight_map.get(e.name, name) == name]

@@ -71,6 +71,17 @@ def test_the_index_chooses_the_files_and_the_file_of_each_tensor(sharded, tmp_pa
     assert f"; not read, not in {INDEX}: zz-old.safetensors" in err.splitlines()[0]
 
 
+def test_a_tensor_of_a_listed_file_the_index_leaves_out_is_still_read(sharded, tmp_path):
+    """transformers loads a listed file whole: a weight the weight_map omits is not missing."""
+    hf, plan, weights, doubled = sharded
+    index = json.loads((hf / INDEX).read_text())
+    left_out = next(k for k, f in index["weight_map"].items() if f == FIRST and k != doubled)
+    del index["weight_map"][left_out]
+    (hf / INDEX).write_text(json.dumps(index))
+    convert(str(hf), str(tmp_path / "out"), plan=plan)
+    _imported(tmp_path / "out", weights)
+
+
 def test_a_file_the_index_lists_that_is_missing_is_named(sharded, tmp_path):
     hf, plan, _, _ = sharded
     (hf / SECOND).unlink()
