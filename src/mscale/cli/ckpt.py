@@ -114,7 +114,8 @@ def ls_cmd(
                                   "checkpoint (RUN_DIR/ckpt/step-NNNNNN) to list alone."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """List a run's checkpoints: step, size, committed or partial, layout, which is latest.
+    """List a run's checkpoints (or one, named alone): step, size on disk, committed or
+    partial, layout, which is latest.
     Exit 1 when something needs a look: a `latest` that names no checkpoint, a manifest that
     cannot be read, a directory whose name and manifest disagree on the step."""
     from mscale.ckpt.listing import format_bytes, layout_text, list_checkpoints
