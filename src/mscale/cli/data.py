@@ -148,7 +148,8 @@ def prepare_cmd(
             raise typer.Exit(EXIT_WARNING)  # as without --json: something was skipped
         return
     skipped = m.get("empty_documents_skipped", 0)
-    console.print(f"wrote {out}: {len(m['shards'])} shard(s), {counted(m['documents'], 'document')}, "
+    console.print(f"wrote {out}: {len(m['shards'])} shard(s), "
+                  f"{counted(m['documents'], 'document')}, "
                   f"{m['tokens']:,} tokens ({m['dtype']}) in {seconds:.1f} s: "
                   f"{_n(m['tokens'] / seconds)} tokens/s"
                   + (f"; {skipped:,} empty document(s) skipped" if skipped else ""),
@@ -248,7 +249,8 @@ def tokenizer_cmd(
             raise typer.Exit(EXIT_WARNING)  # as prepare --json: something was skipped
         return
     console.print(f"wrote {r['out']}: byte-level BPE, vocab {r['vocab_size']:,}, <|endoftext|> = "
-                  f"{r['eod_id']}, trained on {counted(r['documents'], 'document')} ({_mb(r['bytes'])}) "
+                  f"{r['eod_id']}, trained on {counted(r['documents'], 'document')} "
+                  f"({_mb(r['bytes'])}) "
                   f"in {r['seconds']:.1f} s", soft_wrap=True, markup=False)
     _warn_skipped(r, "--json lists them")
 
