@@ -130,8 +130,10 @@ def job_end(event: dict, start: dict | None = None) -> JobEnd:
         cause, sev = "hang", "critical"
         code = EXIT_BAD_INPUT if code is None else code
     else:
-        if code is None and severity == "critical":
-            code = EXIT_BAD_INPUT  # the launcher's or a failed rank 0's stop: the job exits 3
+        if code is None and severity == "critical" and why != "died":
+            # the launcher's or a failed rank 0's stop: the job exits 3. A death watch inferred
+            # (liveness.py) has no exit code anyone saw: a SIGKILLed launcher exits 137
+            code = EXIT_BAD_INPUT
         if code == EXIT_OK or (code is None and severity not in ("warning", "critical")):
             cause, sev = "finished", "ok"
         elif why == "interrupted" or code == EXIT_WARNING or (code is None

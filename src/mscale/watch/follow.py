@@ -6,9 +6,7 @@ checks for a hang while the job is alive, acts, and hands the results to the out
 events before metrics makes "the job stopped" safe to act on: the stop event is written after
 the job's last record, so the metrics pass that follows it has seen every step.
 
-The job is alive while ``lock.json`` is held by a live holder (runs/lock.py) and no ``stop``
-follows its latest ``start``. A metrics file alone has neither; it counts as alive while watch
-follows it live (hangs are judged), never with ``--once``.
+Whether the job is alive, and whether it ended without recording it, is watch/liveness.py's.
 
 How the newest attempt ended is judged too (``report_end``, the CLI): once the job's latest
 lifecycle event is a ``stop`` or ``hang`` and every record before it is judged, an end other than
@@ -33,8 +31,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from mscale.errors import MscaleError
-from mscale.runs.lock import RunLock, stale_reason
-from mscale.runs.rundir import RunDir
 from mscale.watch import ending
 from mscale.watch.actions import Actor
 from mscale.watch.ending import JobEnd
@@ -42,93 +38,10 @@ from mscale.watch.findings import Finding
 from mscale.watch.history import History
 from mscale.watch.judge import SEVERITY
 from mscale.watch.layout import JobLayout
+from mscale.watch.liveness import JobState
 from mscale.watch.tail import JsonlTail
 from mscale.watch.target import Target
 from mscale.watch.window import Window
-
-LIFECYCLE = ("start", "stop", "hang")
-"""Events of ``train`` that open (start) or close (stop, hang) a job's life."""
-
-
-class JobState:
-    """Whether the job writing the run is alive (module docstring)."""
-
-    def __init__(self, run: RunDir | None, follows_live: bool, clock: Callable[[], float]):
-        self.run, self.clock = run, clock
-        self.follows_live = follows_live
-        self.last: str | None = None
-        """The latest lifecycle event kind of ``train``."""
-        self.event: dict | None = None
-        """That event itself: a stop's severity, exit code and reason say how the job ended."""
-        self.started: dict | None = None
-        """The latest ``start`` (the attempt's number and run id)."""
-        self.death: dict | None = None
-        """A stop watch infers at this poll (`observe_death`), None while none is."""
-        self.event_of_death: dict | None = None
-        """The last death seen, kept so that the same one is one event across polls."""
-        self._lock = RunLock(run.root, "watch") if run is not None else None
-
-    def observe(self, events: list[dict]) -> None:
-        for ev in events:
-            if ev.get("source", "train") == "train" and ev.get("kind") in LIFECYCLE:
-                self.last, self.event = ev["kind"], ev
-                if ev["kind"] == "start":
-                    self.started = ev
-
-    @property
-    def stopped(self) -> bool:
-        return self.last in ("stop", "hang") or self.death is not None
-
-    @property
-    def end_event(self) -> dict | None:
-        """The event that ended the newest attempt: its own, or a death `observe_death` saw."""
-        if self.last in ("stop", "hang"):
-            return self.event
-        return self.death
-
-    def end(self) -> JobEnd | None:
-        """How the newest attempt ended; None while it runs (or before any lifecycle event)."""
-        return ending.job_end(self.end_event, self.started) if self.stopped else None
-
-    def observe_death(self) -> None:
-        """Judge, at every poll, whether a job is gone without a recorded end: the attempt
-        started, no ``stop`` or ``hang`` followed, and its lock's holder is dead or past its
-        lease. Under torchrun or srun a SIGKILLed rank 0 leaves nothing else (no launcher
-        records it); watch read such a run as healthy, exit 0. Withdrawn when the holder looks
-        alive again (a heartbeat late past its lease, then back)."""
-        self.death = None
-        if self._lock is None or self.started is None or self.last != "start":
-            return
-        try:
-            rec = self._lock.holder()
-        except MscaleError:
-            return
-        run_id = (self.started.get("evidence") or {}).get("run_id")
-        why = stale_reason(rec, self.clock()) if rec is not None else None
-        if why is None or (run_id and rec.run_id != run_id):
-            return
-        holder = [rec.host, rec.pid, rec.run_id]
-        seen = self.event_of_death
-        if seen is not None and seen["evidence"]["holder"] == holder:
-            self.death = seen  # the same death: the same event, judged once
-            return
-        self.death = self.event_of_death = {
-            "kind": "stop", "source": "watch", "severity": "critical", "time": self.clock(),
-            "message": f"the job ended without recording its end: its lock's holder "
-                       f"({rec.host}, pid {rec.pid}) is gone: {why}",
-            "evidence": {"reason": "died", "run_id": rec.run_id, "holder": holder}}
-
-    def alive(self) -> bool:
-        if self._lock is None:
-            return self.follows_live
-        if self.stopped:
-            return False
-        try:
-            rec = self._lock.holder()
-        except MscaleError:  # a torn or foreign lock file: say nothing about the job
-            return False
-        return rec is not None and stale_reason(rec, self.clock()) is None
-
 
 class EventFeed:
     """New records of ``events.jsonl`` (tail.py `JsonlTail`: what was appended since the last
@@ -206,7 +119,7 @@ class Follower:
     def poll(self) -> int:
         """One pass (module docstring); returns how many new metrics records it judged."""
         saves = self._read_events()
-        self.job.observe_death()
+        saves += self._observe_death()
         records = self.feed.poll()
         if getattr(self.feed, "restarted", False):
             self._restart()
@@ -217,6 +130,7 @@ class Follower:
             self.rises = self.watcher.escalated
             self.history.add(window)
             self.records += len(records)
+        self.job.date_death(getattr(self.watcher, "last_step", None), self.feed.last_record_time)
         alive = self.job.alive()
         if alive and self.watcher is not None:
             start = (self.job.started or {}).get("time")
@@ -255,6 +169,23 @@ class Follower:
             return []
         self.findings.append(self.ended)
         return [self.ended]
+
+    def _observe_death(self) -> list[dict]:
+        """Look at the lock for a job gone without recording its end (liveness.py), then read
+        the events again: a job writes its stop before it lets its lock go, so a stop (or a
+        relaunch's start) that came between the two reads is seen, not taken for a death.
+        Returns the ``start`` and ``checkpoint_failed`` events read again (`_read_events`)."""
+        saves: list[dict] = []
+        for _ in range(3):
+            self.job.observe_death()
+            if self.job.death is None:
+                return saves
+            before = (self.job.last, self.job.started)
+            saves += self._read_events()
+            if (self.job.last, self.job.started) == before:
+                return saves
+        self.job.death = None  # lifecycle events still coming: a job is writing them
+        return saves
 
     def _read_events(self) -> list[dict]:
         """Read the new events; returns the job's ``start`` and ``checkpoint_failed`` among them

@@ -10,7 +10,10 @@ gives it. Each case checks the one line an operator reads and the exit code a CI
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import time
 
 import pytest
 
@@ -52,6 +55,16 @@ def event(rd: RunDir, **fields) -> None:
 def start(rd: RunDir, attempt: int) -> None:
     event(rd, kind="start", message=f"training cpu-tiny on {WORLD} processes (local)",
           evidence={"run_id": f"local-{attempt}", "attempt": attempt, "launcher": "local"})
+
+
+def running(rd: RunDir, attempt: int = 1) -> None:
+    """The attempt's job holds the run's lock (this process: alive, on this host): without a
+    lock, a start with no stop after it is a job gone without recording its end."""
+    now = time.time()
+    with open(rd.lock, "w") as f:
+        json.dump({"run_id": f"local-{attempt}", "host": socket.gethostname(),
+                   "pid": os.getpid(), "since": now, "heartbeat": now, "lease_s": 120.0,
+                   "token": "t"}, f)
 
 
 def own_stop(rd: RunDir, code: int, step: int, reason: str | None = None,
@@ -167,12 +180,59 @@ def test_a_death_is_withdrawn_when_the_holder_beats_again(rd):
         lock.release()
 
 
-def test_a_live_or_released_lock_is_no_death(cli, rd):
+def test_a_live_lock_is_no_death_however_old_the_last_record(cli, rd):
+    """A slow job is not a dead one: its lock's heartbeat is a thread of its own."""
     from mscale.runs.lock import RunLock
 
     with RunLock(rd.root, "local-1"):  # this process: alive
         assert verdict(cli, rd)["summary"]["job"] is None
-    assert verdict(cli, rd)["summary"]["job"] is None  # released: nothing says it died
+
+
+@pytest.mark.parametrize("steps", [15, 0])
+def test_a_start_without_a_stop_or_a_lock_is_a_job_gone(cli, tmp_path, steps):
+    """The whole job SIGKILLed (launcher and ranks) or its node rebooted, and lock.json removed
+    since (the lock's own refusal says to remove it once the job is dead): nothing holds the run,
+    no stop was written. watch --once said "open alerts 0", exit 0; it says which attempt ended
+    after which step, since when, and exits 2."""
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
+    for attempt in (1, 2):  # attempt 1 crashed and was relaunched: attempt 2 is the newest
+        event(run, kind="start", time=time.time() - 1200, message="training",
+              evidence={"run_id": f"local-{attempt}", "attempt": attempt})
+    recs = records(1, steps) if steps else []
+    for r in recs:
+        r["time"] = time.time() - 600  # ten minutes ago
+    append_metrics(run, recs)
+    code, lines, err = once(cli, run)
+    assert code == 2, err
+    when = ("after step 15 (its last record " if steps else "before its first step (started ")
+    assert lines[-1].startswith(f"CRITICAL job stopped: attempt 2 ended without recording its "
+                                f"end {when}"), lines
+    assert lines[-1].endswith(f"no job holds the run directory ({run.lock} is gone)"), lines
+    if steps:
+        assert "10 min ago" in lines[-1]
+    job = verdict(cli, run)["summary"]["job"]
+    assert (job["state"], job["attempt"], job["exit_code"]) == ("crashed", 2, None)
+    assert job["step"] == (15 if steps else None)
+
+
+def test_a_stop_written_as_the_lock_is_let_go_is_no_death(rd, monkeypatch):
+    """A job writes its stop, then releases its lock. A watch that read the events before the
+    stop and the lock after the release must not call the finish a death."""
+    from mscale.watch.liveness import JobState
+
+    f = follower(rd, report_end=True)
+    real = JobState.observe_death
+
+    def job_finishes_meanwhile(self):
+        if self.last == "start" and not self.stopped:
+            own_stop(rd, 0, 15)  # the stop lands just before the lock is looked at
+        real(self)
+
+    monkeypatch.setattr(JobState, "observe_death", job_finishes_meanwhile)
+    f.poll()
+    assert f.job_end is not None and f.job_end.cause == "finished" and f.ended is None
 
 
 def test_the_job_end_is_not_recorded_again_as_a_watch_event(cli, rd):
@@ -323,6 +383,7 @@ def test_a_crash_relaunched_to_a_clean_finish_is_ok(cli, rd):
 def test_a_relaunch_still_running_is_not_judged_by_the_crash_before_it(cli, rd):
     launcher_failure(rd, 5, -9)
     start(rd, 2)
+    running(rd, 2)
     append_metrics(rd, records(11, 20, seed=2))
     code, lines, err = once(cli, rd)
     assert code == 0 and not [x for x in lines if "job stopped" in x], err
@@ -358,6 +419,7 @@ def test_no_records_and_no_stop_is_still_nothing_to_judge(cli, tmp_path):
     run.create()
     shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
     start(run, 1)
+    running(run)
     code, out, err = cli("watch", run.root, "--once", "--no-act")
     assert code == 3 and "no metrics records to judge" in err
 
@@ -376,6 +438,7 @@ def _stop_after(monkeypatch, polls: int, write) -> None:
 
 
 def test_a_live_watch_says_the_job_stopped_and_why(cli, rd, monkeypatch):
+    running(rd)
     _stop_after(monkeypatch, 3, lambda: launcher_failure(rd, 5, -9))
     code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
     assert code == 2, out + err
@@ -384,6 +447,7 @@ def test_a_live_watch_says_the_job_stopped_and_why(cli, rd, monkeypatch):
 
 
 def test_a_live_watch_json_and_jsonl_carry_the_end(cli, rd, monkeypatch):
+    running(rd)
     _stop_after(monkeypatch, 2, lambda: own_stop(rd, 2, 15, "nan", "loss nan"))
     code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05", "--jsonl")
     [stop] = [json.loads(x) for x in out.splitlines()]
@@ -394,6 +458,7 @@ def test_a_live_watch_json_and_jsonl_carry_the_end(cli, rd, monkeypatch):
 
 
 def test_a_live_watch_of_a_clean_finish_exits_0(cli, rd, monkeypatch):
+    running(rd)
     _stop_after(monkeypatch, 2, lambda: own_stop(rd, 0, 15))
     code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
     assert code == 0 and "job stopped" not in out, out + err
@@ -448,6 +513,7 @@ def test_a_start_after_the_end_withdraws_it(rd):
     f.poll()
     assert f.ended is not None and f.findings == [f.ended] and f.open_findings() == [f.ended]
     start(rd, 2)
+    running(rd, 2)
     f.poll()
     assert f.ended is None and f.findings == [] and f.summary()["job"] is None
 

@@ -115,6 +115,7 @@ def event(rd, kind, **kw):
 def test_live_stops_once_the_stop_is_seen_and_every_record_judged(tmp_path):
     f, rd, judges = make(tmp_path, [recs(1, 2), [], recs(3)])
     event(rd, "start")
+    hold_lock(rd)
     naps = []
 
     def sleep(s):
