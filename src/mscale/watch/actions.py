@@ -206,7 +206,8 @@ class Actor:
             t = float(ev.get("time") or 0)
             for p in [p for p in self.pending if t >= p.requested_at]:
                 self.pending.remove(p)
-                self._quarantine_now(p.finding, ev, "after the requested checkpoint was committed")
+                self._quarantine_now(p.finding, ev, "after the requested checkpoint was committed",
+                                     job_running=True)
 
     def tick(self, job_alive: bool) -> None:
         """Past its bound, or once the job stopped, a pending quarantine goes ahead unconfirmed."""
@@ -215,7 +216,8 @@ class Actor:
             self.pending.remove(p)
             why = ("the job stopped before committing the requested checkpoint" if not job_alive
                    else f"no checkpoint committed within {self.config.ckpt_wait_s:.0f} s")
-            self._quarantine_now(p.finding, None, f"unconfirmed: {why}", severity="warning")
+            self._quarantine_now(p.finding, None, f"unconfirmed: {why}", severity="warning",
+                                 job_running=job_alive)
 
     def _request(self, name: str, f: Finding) -> None:
         body = {"source": "watch", "time": self.clock(), "finding": f.kind, "cause": f.cause,
@@ -247,8 +249,9 @@ class Actor:
                                   "or run watch with --no-act") from None
 
     def _quarantine_now(self, f: Finding, confirmed: dict | None, how: str,
-                        severity: str = "info") -> None:
-        """Add ``f``'s nodes to quarantine.json (those not already in force) and record it."""
+                        severity: str = "info", job_running: bool = False) -> None:
+        """Add ``f``'s nodes to quarantine.json (those not already in force) and record it.
+        ``job_running``: the job goes on with the node (the console says how to stop it)."""
         now = self.clock()
         q = self._quarantine()
         held = {e.node for e in q.entries if e.expires is None or e.expires > now}
@@ -269,7 +272,7 @@ class Actor:
         self.log.append({"action": "quarantine", "time": now, "nodes": added,
                          "already": sorted(set(f.nodes) - set(added)),
                          "checkpoint_confirmed": confirmed is not None, "how": how,
-                         "finding_key": _key_list(f)})
+                         "job_running": job_running, "finding_key": _key_list(f)})
         self._event("info", severity, f.last_step, f.ranks,
                     f.nodes, f"quarantined {', '.join(f.nodes)} {how}",
                     {**evidence, "action": "quarantine", "added": added})

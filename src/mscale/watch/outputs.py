@@ -13,6 +13,7 @@ command writes without saying so is one a newcomer does not know to look for.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -150,9 +151,12 @@ def action_text(entry: dict, url: str) -> str | None:
             parts.append(f"{', '.join(added)} quarantined {how} (quarantine.json)")
         if already:
             parts.append(f"{', '.join(already)} already quarantined")
+        if entry.get("job_running"):  # a quarantine does not stop the job: say what does
+            parts.append(f"the job runs on with it; to stop it now (a checkpoint is saved "
+                         f"first): {halt_command(url)}")
         return "; ".join(parts) + (f"; to relaunch without it once the job has stopped: "
-                                   f"mscale recover {url} --execute (or run the job under "
-                                   f"mscale recover supervise, which does both)")
+                                   f"mscale recover {shlex.quote(url)} --execute (or run the job "
+                                   f"under mscale recover supervise, which does both)")
     return None
 
 
@@ -168,5 +172,18 @@ def idle_text(f: Finding, url: str, acting: bool, run, named: bool = True) -> st
                 "directory to checkpoint and quarantine)")
     if acting:
         return "none: an earlier watch already recorded it (events.jsonl)"
-    return (f"none (--no-act): run mscale watch {url} without --no-act to checkpoint and "
+    return (f"none (--no-act): run mscale watch {shlex.quote(url)} without --no-act to "
+            f"checkpoint and "
             f"quarantine {', '.join(f.nodes)}, or run the job under mscale recover supervise")
+
+
+def halt_command(url: str) -> str:
+    """How to ask the job of run ``url`` to stop (train's control/halt), as a command to paste
+    into a shell: quoted, as every command watch prints. An object store has no ``touch``."""
+    from mscale.runs.rundir import RunDir
+
+    halt = RunDir(url).path("control", "halt")
+    local = halt.removeprefix("file://")
+    if "://" in local:
+        return f"write an empty object at {halt}"
+    return f"touch {shlex.quote(local)}"
