@@ -158,9 +158,13 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
         plan = target.plan_now()
         if not plan or not usable:
             return None
-        layout = JobLayout.from_plan(load_checked_plan(plan))
+        current = load_checked_plan(plan)
+        layout = JobLayout.from_plan(current)
         if layout.world != world and target.run is not None:
-            layout = _earlier_layout(target.run, world) or layout
+            earlier = _earlier_layout(target.run, world, current.model.layers)
+            if earlier is None and not given:
+                raise _no_earlier_layout(target.run, world, layout.world)
+            layout = earlier or layout
         return layout
 
     if not given:
@@ -211,10 +215,12 @@ def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | N
     return layout
 
 
-def _earlier_layout(run: RunDir, world: int) -> JobLayout | None:
+def _earlier_layout(run: RunDir, world: int, layers: int) -> JobLayout | None:
     """The layout of the newest recorded plan with ``world`` ranks: the records of an attempt
     before a re-plan (recover moved the run from 8 ranks to 6: plan.yaml is the new plan, its
-    history in RUN/plans/ keeps the old one). A `--once` read judges the old attempt first."""
+    history in RUN/plans/ keeps the old one). A `--once` read judges the old attempt first.
+    Without such a plan (a run directory copied without its plans/), the layout the attempt's
+    own ``start`` event records (`_started_layout`)."""
     from mscale.runs.history import plan_history
 
     for url in reversed(plan_history(run)):
@@ -224,7 +230,53 @@ def _earlier_layout(run: RunDir, world: int) -> JobLayout | None:
             continue
         if layout.world == world:
             return layout
+    return _started_layout(run, world, layers)
+
+
+def _started_layout(run: RunDir, world: int, layers: int) -> JobLayout | None:
+    """The layout of the newest ``start`` event of ``world`` ranks: train records its tp, pp,
+    dp, vpp and stage split (``evidence.layout``) and its nodes in rank order
+    (``evidence.launch.nodes``), enough to place every rank as its plan did (the rank map is
+    derived from them: topology/placement.py). ``layers``: the model's blocks, for the default
+    split (the model never changes within a run). The micro-batches per step are left to the
+    what-if's estimate: the plan's global batch is not in the event."""
+    from mscale.config.layout import even_split
+    from mscale.runs.atomic import read_jsonl
+
+    for ev in reversed(read_jsonl(run.events)):
+        if ev.get("source", "train") != "train" or ev.get("kind") != "start":
+            continue
+        evidence = ev.get("evidence") if isinstance(ev.get("evidence"), dict) else {}
+        lay, launch = evidence.get("layout"), evidence.get("launch")
+        nodes = launch.get("nodes") if isinstance(launch, dict) else None
+        if not isinstance(lay, dict) or not isinstance(nodes, list) or not nodes:
+            continue
+        tp, pp, dp, vpp = (lay.get(k, 1 if k == "vpp" else None) for k in ("tp", "pp", "dp",
+                                                                            "vpp"))
+        if not all(isinstance(v, int) and v > 0 for v in (tp, pp, dp, vpp)) \
+                or tp * pp * dp != world or world % len(nodes):
+            continue
+        try:
+            layout = JobLayout.from_flags(tp, pp, dp, world // len(nodes), vpp=vpp,
+                                          names=tuple(str(n) for n in nodes))
+        except MscaleError:
+            continue
+        split = lay.get("stage_layers") or (even_split(layers, pp) if pp > 1 else None)
+        return replace(layout, stage_layers=tuple(split) if pp > 1 and vpp == 1 else None)
     return None
+
+
+def _no_earlier_layout(run: RunDir, world: int, planned: int) -> MscaleError:
+    """Records of ``world`` ranks in a run whose plan.yaml has ``planned`` and that recorded
+    no layout of that size: mostly a re-planned run copied without its plans/ (and an
+    events.jsonl from before start events named their layout)."""
+    return MscaleError(
+        f"the records have {world} ranks and plan.yaml {planned}, and no layout of {world} "
+        f"ranks is recorded: no plan-NNNN.yaml of that size in plans/, no start event of "
+        f"events.jsonl naming one", file=run.path("plans"),
+        fix="a re-planned run copied without its plans/ folder: copy it along (train records "
+            "there every plan the run used); else give the job's --tp and --pp (its nodes are "
+            "then unnamed)")
 
 
 def plan_hints(target: Target, flags_given: bool) -> dict:

@@ -148,7 +148,7 @@ def test_once_names_a_live_job_that_stopped_writing_as_a_hang(cli, tmp_path):
     (["{run}", "--ranks-per-node", "3"], "error: --ranks-per-node: --ranks-per-node 3 does not"),
     (["{empty}"], "not a run directory: no plan.yaml, lock.json, metrics.jsonl or events.jsonl"),
     (["{started}"], "no metrics records"),
-    (["{small}"], "the records have 4 ranks, the layout 8"),
+    (["{small}"], "the records have 4 ranks and plan.yaml 8, and no layout of 4 ranks"),
     (["{run}", "--hostlist", "gpu[1-"], "--hostlist: bad hostlist 'gpu[1-': unbalanced brackets"),
     (["{run}", "--tp", "2", "--hostlist", "gpu[1-3]"],  # the plan's 2 ranks a node: 4 nodes
      "--hostlist: the hostlist names 3 nodes, the layout needs 4"),

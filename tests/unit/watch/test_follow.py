@@ -332,8 +332,9 @@ def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
     f = Follower(target=target, layout_for=layout_source(target), make_watcher=Judge,
                  feed=Feed([recs(1, world=4)]), events=None, to_window=to_window,
                  actor=Actor(None), outputs=Out(), live=False)
-    with pytest.raises(MscaleError, match="4 ranks, the layout 8"):
+    with pytest.raises(MscaleError, match="the records have 4 ranks and plan.yaml 8") as e:
         f.poll()
+    assert e.value.file == rd.path("plans")  # where the plan of that size would be
 
 
 def test_a_plan_written_after_watch_started_lays_out_the_records(tmp_path):

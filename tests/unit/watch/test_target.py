@@ -1,0 +1,51 @@
+"""watch/target.py: the layout of each attempt of a re-planned run, with and without plans/."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+from mscale.topology.placement import load_checked_plan
+from mscale.watch.layout import JobLayout
+from mscale.watch.target import layout_source, resolve_target
+
+from tests.conftest import PLANS
+from tests.unit.watch.replanned import SLOW_NODE, SLOW_RANK, replanned_run
+
+
+def test_a_replanned_run_copied_without_plans_is_laid_out_by_its_start_events(cli, tmp_path):
+    """The 8-rank attempt before the re-plan took its layout from RUN/plans/ alone: copied
+    without it, watch stopped with 'the records have 8 ranks, the layout 4' and a fix pointing at
+    the plan. train's start event records the layout and the nodes in rank order."""
+    rd = replanned_run(str(tmp_path / "run"))
+    shutil.rmtree(rd.path("plans"))
+    layout = layout_source(resolve_target(rd.root))(8)
+    planned = JobLayout.from_plan(load_checked_plan(str(PLANS / "cpu-tiny.yaml")))
+    # what the plan of that attempt gives, but the micro-batches (the what-if estimates them)
+    assert layout == replace(planned, micro_batches=None)
+    assert layout.node_names == ("node1", "node2", "node3", "node4") and layout.named
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
+    doc = json.loads(out)
+    assert code == doc["exit_code"] == 2, err
+    [slow] = [f for f in doc["findings"] if f["kind"] == "straggler"]
+    assert (slow["cause"], slow["ranks"], slow["nodes"]) == ("slow_device", [SLOW_RANK],
+                                                             [SLOW_NODE])
+
+
+def test_without_plans_or_a_recorded_layout_it_names_the_missing_folder(cli, tmp_path):
+    rd = replanned_run(str(tmp_path / "run"))
+    shutil.rmtree(rd.path("plans"))
+    events = [json.loads(x) for x in open(rd.events)]
+    for e in events:  # start events of an older train, which did not record the layout
+        e["evidence"].pop("layout", None)
+    with open(rd.events, "w") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events))
+    code, out, err = cli("watch", rd.root, "--once", "--no-act")
+    assert code == 3 and "Traceback" not in err, err
+    assert err.startswith(f"error: {rd.path('plans')}: the records have 8 ranks and plan.yaml "
+                          "4, and no layout of 8 ranks is recorded"), err
+    assert "fix: a re-planned run copied without its plans/ folder: copy it along" in err
+    # the fix's other way works: the old attempt judged on --tp/--pp, its nodes unnamed
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--tp", "2", "--pp", "2")
+    assert code == 2 and "straggler/slow_device rank 5" in out, err
