@@ -35,13 +35,18 @@ from mscale.watch import ending
 from mscale.watch.actions import Actor
 from mscale.watch.ending import JobEnd
 from mscale.watch.findings import Finding
-from mscale.watch.history import History
+from mscale.watch.history import AttemptHistory, History
 from mscale.watch.judge import SEVERITY
 from mscale.watch.layout import JobLayout
 from mscale.watch.liveness import JobState
 from mscale.watch.tail import JsonlTail
 from mscale.watch.target import Target
 from mscale.watch.window import Window
+
+KEPT_ATTEMPTS = 4
+"""Earlier attempts whose records the report keeps (each is a `History`: about 24 MB at 12,288
+ranks). A run relaunched more often shows its newest ones and says how many it left out."""
+
 
 class EventFeed:
     """New records of ``events.jsonl`` (tail.py `JsonlTail`: what was appended since the last
@@ -106,6 +111,12 @@ class Follower:
     """The ``stop`` finding of the newest attempt's abnormal end, while it stands."""
     job_end: JobEnd | None = None
     """How the newest attempt ended (a clean finish too), once judged."""
+    earlier: list[AttemptHistory] = field(default_factory=list)
+    """The attempts before the current one (the newest `KEPT_ATTEMPTS`), for the report."""
+    attempts_dropped: int = 0
+    """Earlier attempts no longer kept."""
+    attempt: int | None = None
+    """The current attempt's number (its start event), None when unknown."""
     failed_saves: list[Finding] = field(default_factory=list)
     """The newest attempt's failed checkpoints (``report_end`` only), reported as the job's own
     record, like its end: never recorded again by the actor."""
@@ -232,14 +243,43 @@ class Follower:
                                   fix="give the job's --tp/--pp/--dp (or its plan.yaml)")
             self.watcher = self.make_watcher(self.layout)
         if self.history is None or self.history.world != window.world:
+            if self.history is not None:
+                self._keep_attempt()
             self.history = History(window.world)
+            self.attempt = self._attempt_of(records)
         return window
+
+    def _attempt_of(self, records: list[dict]) -> int | None:
+        """The number of the attempt that wrote ``records``: that of the newest ``start`` event
+        written before its first record (the events are read before the metrics)."""
+        t = records[0].get("time") if records else None
+        if not isinstance(t, (int, float)):
+            return None
+        before = [s for s in self.job.starts if isinstance(s.get("time"), (int, float))
+                  and s["time"] <= t]
+        n = (before[-1].get("evidence") or {}).get("attempt") if before else None
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+    def _keep_attempt(self) -> None:
+        """The attempt that ended keeps its curves and heat maps for the report, the newest
+        `KEPT_ATTEMPTS` of them: watch's memory stays bounded over any number of relaunches."""
+        self.earlier.append(AttemptHistory(self.attempt, self.history, self.layout))
+        if len(self.earlier) > KEPT_ATTEMPTS:
+            self.earlier.pop(0)
+            self.attempts_dropped += 1
+
+    def attempts(self) -> list[AttemptHistory]:
+        """The attempts the report shows, oldest first, the current one last."""
+        now = [AttemptHistory(self.attempt, self.history, self.layout)] if self.history else []
+        return self.earlier + now
 
     def _restart(self) -> None:
         """The job restarted in the same run directory: judge the new attempt from scratch
         (its layout may differ: the plan is read again)."""
         self.restarts += 1
-        self.layout = self.watcher = None
+        if self.history is not None:
+            self._keep_attempt()
+        self.layout = self.watcher = self.history = None
 
     def _note_waiting(self, since: float, noted: float | None) -> float | None:
         """While no record has come, one line saying what watch waits for, at the first look and

@@ -9,8 +9,11 @@ first record; the newest steps are never merged away before older ones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from mscale.watch.layout import JobLayout
 from mscale.watch.window import SCALARS, Window
 
 
@@ -101,3 +104,28 @@ class History:
         m = self.ranks.means()
         part = m[:, : self.world] if which == "compute" else m[:, self.world:]
         return self.ranks.steps(), part.T
+
+
+@dataclass(frozen=True)
+class AttemptHistory:
+    """One attempt of the job as the report shows it: its records, on its own layout. A re-plan
+    (recover relaunched on fewer nodes) changes the ranks and nodes, and the attempt before it
+    is the one whose heat map shows the straggler."""
+
+    number: int | None
+    """The attempt's number from its ``start`` event; None when no event names it."""
+    history: History
+    layout: JobLayout | None
+
+    def label(self) -> str:
+        """``attempt 1: tp 2 × pp 2 × dp 2 on node1, node2, node3, node4 (steps 1–15)``."""
+        steps = self.history.ranks.steps()
+        which = f"attempt {self.number}" if self.number is not None else "an attempt"
+        span = f" (steps {steps[0]}–{steps[-1]})" if len(steps) else ""
+        lay = self.layout
+        if lay is None:
+            return which + span
+        names = list(lay.node_names) if lay.named else []
+        where = (", ".join(names[:16]) + (f" (+{len(names) - 16})" if len(names) > 16 else "")
+                 if names else f"{len(lay.node_names)} unnamed node(s)")
+        return f"{which}: tp {lay.tp} × pp {lay.pp} × dp {lay.dp} on {where}{span}"

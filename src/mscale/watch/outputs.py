@@ -120,7 +120,8 @@ class Outputs:
             run = follower.target.run
             report.write_report(self.options.report, report.render(
                 follower.target.url, follower.history, follower.layout, follower.findings,
-                follower.actor.log, summary, code, timeline.latest(run.trace) if run else None))
+                follower.actor.log, summary, code, timeline.latest(run.trace) if run else None,
+                attempts=follower.attempts(), dropped=follower.attempts_dropped))
             self.note(f"wrote watch report: {self.options.report}")
         if self.options.as_json:
             doc = sinks.document(follower.target.url, follower.findings,

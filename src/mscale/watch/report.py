@@ -7,10 +7,11 @@ or global state is touched and the import happens only when a report is asked fo
 
 What it shows: loss, gradient-norm and throughput curves; per-rank × step heat maps of compute
 time and of communication wait with lines at node boundaries (a straggler is a bright compute
-row and a dark wait row; its peers are the opposite); and every finding with its evidence and
-what watch did about it; and, when the run recorded a timeline (`train --trace-every`), the
-newest traced step per stage, with the schedule replayed from its own durations
-(watch/timeline.py).
+row and a dark wait row; its peers are the opposite), one pair per attempt, labelled by its
+number and nodes (a re-plan changes both: the attempt before it is where the straggler was);
+and every finding with its evidence and what watch did about it; and, when the run recorded a
+timeline (`train --trace-every`), the newest traced step per stage, with the schedule replayed
+from its own durations (watch/timeline.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from mscale.runs.atomic import write_text_atomic
 from mscale.watch.actions import finding_dict
 from mscale.watch.findings import Finding
-from mscale.watch.history import History
+from mscale.watch.history import AttemptHistory, History
 from mscale.watch.layout import JobLayout
 
 MAX_NODE_LINES = 128
@@ -46,18 +47,26 @@ def _svg(fig) -> str:
     return text[text.index("<svg"):]
 
 
-def _curves(history: History) -> str:
+def _curves(attempts: list[AttemptHistory]) -> str:
+    """The curves of every attempt kept, on one step axis (a relaunch resumes at its
+    checkpoint's step, so its curve overlaps the end of the one before)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(10, 6.5))
     axes = fig.subplots(3, 1, sharex=True)
+    several = len(attempts) > 1
     for ax, (name, label) in zip(axes, (("loss", "loss"), ("grad_norm", "gradient norm"),
                                         ("tokens_per_s", "tokens/s"))):
-        steps, values = history.scalar(name)
-        ax.plot(steps, values, lw=1.2, label="train" if name == "loss" else None)
-        if name == "loss" and history.evals:
-            at, held = zip(*history.evals)
-            ax.plot(at, held, "o-", ms=3, lw=1, label="held-out (eval)")
+        for a in attempts:
+            steps, values = a.history.scalar(name)
+            which = f"attempt {a.number}" if a.number is not None else "an attempt"
+            ax.plot(steps, values, lw=1.2,
+                    label=(which if several else "train") if name == "loss" else None)
+            if name == "loss" and a.history.evals:
+                at, held = zip(*a.history.evals)
+                ax.plot(at, held, "o-", ms=3, lw=1,
+                        label="held-out (eval)" + (f", {which}" if several else ""))
+        if name == "loss" and (several or any(a.history.evals for a in attempts)):
             ax.legend(loc="upper right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -147,8 +156,10 @@ def _timeline(trace_url: str, layout: JobLayout | None) -> str:
 
 def render(target: str, history: History | None, layout: JobLayout | None,
            findings: list[Finding], actions: list[dict], summary: dict, code: int,
-           trace_url: str | None = None) -> str:
-    """The whole page as one string."""
+           trace_url: str | None = None, attempts: list[AttemptHistory] | None = None,
+           dropped: int = 0) -> str:
+    """The whole page as one string. ``attempts``: every attempt kept, oldest first (default:
+    ``history`` on ``layout`` alone); ``dropped``: earlier attempts no longer kept."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mscale watch: "
              f"{html.escape(target)}</title><style>{_CSS}</style></head><body>",
              f"<h1>mscale watch</h1><p><b>{html.escape(target)}</b> — exit code {code} "
@@ -167,10 +178,19 @@ def render(target: str, history: History | None, layout: JobLayout | None,
               html.escape(str(a.get("action"))),
               html.escape(json.dumps({k: v for k, v in a.items() if k not in ("time", "action")},
                                      default=str))] for a in actions], ["time", "action", ""]))
-    if history is not None and history.scalars.used:
-        parts += ["<h2>Curves</h2>", _curves(history), "<h2>Per-rank time</h2>",
-                  _heat(history, layout, "compute", "compute time per rank"),
-                  _heat(history, layout, "wait", "communication wait per rank")]
+    if attempts is None:
+        attempts = [AttemptHistory(None, history, layout)] if history is not None else []
+    attempts = [a for a in attempts if a.history.scalars.used]
+    if attempts:
+        parts += ["<h2>Curves</h2>", _curves(attempts), "<h2>Per-rank time</h2>"]
+        if dropped:
+            parts.append(f"<p>{dropped} earlier attempt(s) not kept: watch keeps the newest "
+                         f"{len(attempts)}.</p>")
+        for a in attempts:  # a re-plan changes the ranks and nodes: one pair of maps each
+            parts += [f"<h3>{html.escape(a.label())}</h3>" if len(attempts) > 1 or dropped
+                      else "",
+                      _heat(a.history, a.layout, "compute", "compute time per rank"),
+                      _heat(a.history, a.layout, "wait", "communication wait per rank")]
     else:
         parts.append("<p>No metrics records yet.</p>")
     if trace_url:
