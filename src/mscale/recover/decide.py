@@ -25,7 +25,7 @@ from mscale.hostlist import collect_hostlist
 from mscale.recover import room, stages
 from mscale.recover.checkpoints import names_damaged
 from mscale.recover.child import Child
-from mscale.recover.exclude import released, with_carried
+from mscale.recover.exclude import released, slurm_names, with_carried
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
@@ -33,6 +33,7 @@ from mscale.recover.recheck import Rechecker, failure_time
 from mscale.recover.command import Change, option_value
 from mscale.recover.relaunch import (Launch, carried_exclusions, job_info, recorded_launch,
                                      relaunch)
+from mscale.recover.replan import plan_nodes
 from mscale.runs.atomic import fs_and_path, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import load_checked_plan
@@ -126,14 +127,15 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     if opts.recheck and not finished:
         checker = Rechecker(run, plan, launch.plan if launch and launch.plan else plan_url,
                             launch, since=failure_time(run))
-    exclusions, back, info = _exclusions(run, diagnosis, checker, plan if plan_url == run.plan
-                                         else None, launch, opts.command)
+    ran = plan_nodes(plan, launch.nodes if launch else None)
+    exclusions, back, info = _exclusions(run, diagnosis, checker, plan, plan_url == run.plan,
+                                         launch, opts.command)
     reasons: list[str] = []
     refusal = rp = skip = None
     try:
         if not finished:
-            rp = stages.replan(run, plan, exclusions, allow_batch_change=opts.allow_batch_change,
-                               write=False)
+            rp = stages.replan(run, plan, exclusions, ran=ran,
+                               allow_batch_change=opts.allow_batch_change, write=False)
     except MscaleError as e:
         rp, refusal = None, f"no layout fits the remaining nodes: {e.message}"
     if not finished:
@@ -175,18 +177,20 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
 
 
-def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None,
-                plan: Plan | None, launch: Launch | None, command: list[str] | None
+def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None, plan: Plan,
+                is_run_plan: bool, launch: Launch | None, command: list[str] | None
                 ) -> tuple[Exclusions, list[str], dict[str, str]]:
     """This recovery's exclusions with the nodes the job itself keeps out folded in
     (`exclude.with_carried`), the nodes quarantine released, and the SLURM job as scontrol
     showed it (asked once: the relaunch reuses it). The job's own count: a relaunch that asked
-    for one of them would ask for more nodes than it may use, and srun refuses it."""
-    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker, plan=plan)
-    back = released(run, time.time())
+    for one of them would ask for more nodes than it may use, and srun refuses it. Every name
+    is the one the attempt ran under (SLURM's, under srun: `exclude.slurm_names`)."""
+    ran = launch.nodes if launch else None
+    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker,
+                                          plan=plan if is_run_plan else None, ran=ran)
+    back = released(run, time.time(), slurm_names(plan, ran))
     info = job_info(launch, command)
-    exclusions = with_carried(exclusions, carried_exclusions(command, info), back,
-                              launch.nodes if launch else None)
+    exclusions = with_carried(exclusions, carried_exclusions(command, info), back, ran)
     return exclusions, back, info
 
 
@@ -333,9 +337,10 @@ def _write_replan(run: RunDir, plan: RecoveryPlan) -> None:
     and a different one is refused rather than launched."""
     if plan.replan is None or plan.replan.plan_path is None:
         return
-    old, _ = _run_plan(run, recorded_launch(run))
-    rp = stages.replan(run, old, plan.exclusions, allow_batch_change=plan.replan.batch_changed,
-                       write=True)
+    rec = recorded_launch(run)
+    old, _ = _run_plan(run, rec)
+    rp = stages.replan(run, old, plan.exclusions, ran=plan_nodes(old, rec.nodes if rec else None),
+                       allow_batch_change=plan.replan.batch_changed, write=True)
     if rp is None or rp.layout != plan.replan.layout:
         raise MscaleError("the re-plan changed since the dry run", file=run.root,
                           fix="run `mscale recover` again and act on its new plan")

@@ -39,13 +39,14 @@ from dataclasses import replace
 from mscale.config.base import load_json_model, load_model
 from mscale.config.plan import Plan
 from mscale.config.preflight import PreflightReport
-from mscale.config.records import QUARANTINE_FIX, Quarantine
+from mscale.config.records import QUARANTINE_FIX, Quarantine, QuarantineEntry
 from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.decision import Diagnosis, Exclusions
 import mscale.recover.diagnose.read as rd
 from mscale.recover.diagnose.evidence import Attempt, last_attempt
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir
+from mscale.topology.placement import placement_for
 
 HARDWARE = ("gpu", "network")
 """Failure classes whose suspects are kept out."""
@@ -67,16 +68,19 @@ Recheck = Callable[[list[str]], dict[str, "str | None"]]
 
 
 def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None = None,
-                      now: float | None = None, plan: Plan | None = None) -> Exclusions:
+                      now: float | None = None, plan: Plan | None = None,
+                      ran: list[str] | None = None) -> Exclusions:
     """The nodes to keep out and why (module docstring for the rules). ``plan``: the run's
     plan.yaml when the caller has already loaded it (a 12,288-rank plan is not parsed again);
-    else it is read here, if there is one."""
+    else it is read here, if there is one. ``ran``: the nodes the failed attempt ran on, in
+    placement order, as its start event recorded them (SLURM's names under srun): a quarantine
+    entry by the plan's name is read as SLURM's (`slurm_names`)."""
     now = time.time() if now is None else now
     reasons: dict[str, str] = {}
     notes: list[str] = []
     plan = plan if plan is not None else _run_plan(run)
-    ours = set(plan.cluster.node_names()) if plan is not None else None
-    for node, why in quarantined(run, now).items():
+    ours = set(plan.cluster.node_names()) | set(ran or ()) if plan is not None else None
+    for node, why in quarantined(run, now, slurm_names(plan, ran)).items():
         if ours is not None and node not in ours:  # still kept out of a new allocation
             why += " (not one of the run's nodes: only a new allocation avoids it)"
         reasons.setdefault(node, why)
@@ -90,6 +94,21 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
                       notes=notes)
 
 
+def slurm_names(plan: Plan | None, ran: list[str] | None) -> dict[str, str]:
+    """The plan's name → SLURM's name of each node the failed attempt ran on, where they differ
+    (``gpu[01-04]`` planned, ``node[1-4]`` given): watch, whose layout knows only the plan,
+    quarantines a node by the plan's name; SLURM, the re-plan and the relaunch's ``--exclude``
+    know it by its own. Empty when the names agree, when the attempt's nodes are not known in
+    placement order, or when a plan name is also one of the attempt's nodes (``node[1-4]``
+    planned, ``node[2-5]`` given): such a name could mean either node."""
+    if plan is None or not ran:
+        return {}
+    planned = plan.cluster.node_names()[: placement_for(plan).num_nodes]
+    if len(planned) != len(ran) or set(planned) & set(ran):
+        return {}
+    return dict(zip(planned, ran))
+
+
 def _run_plan(run: RunDir) -> Plan | None:
     """The run's plan.yaml, None without one (checked elsewhere: the diagnosis)."""
     return load_model(Plan, run.plan) if _exists(run.plan) else None
@@ -100,32 +119,39 @@ def _exists(url: str) -> bool:
     return fs.isfile(path)
 
 
-def quarantined(run: RunDir, now: float) -> dict[str, str]:
-    """Nodes quarantine.json keeps out at ``now``, with its reason."""
-    if not _exists(run.quarantine):
-        return {}
-    q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
+def quarantined(run: RunDir, now: float,
+                names: dict[str, str] | None = None) -> dict[str, str]:
+    """Nodes quarantine.json keeps out at ``now``, with its reason; an entry by a plan name in
+    ``names`` (`slurm_names`) keeps out the node SLURM knows by the other name."""
     out = {}
-    for e in q.entries:
+    for e in _entries(run):
         if e.expires is None or e.expires > now:
             until = "until cleared" if e.expires is None else f"until {_when(e.expires)}"
-            out.setdefault(e.node, f"{QUARANTINED} ({until}): {e.reason}"[:300])
+            node = (names or {}).get(e.node, e.node)
+            alias = f" (entered as {e.node}, the plan's name for {node})" if node != e.node \
+                else ""
+            out.setdefault(node, f"{QUARANTINED} ({until}): {e.reason}{alias}"[:300])
     return out
 
 
-def released(run: RunDir, now: float) -> list[str]:
+def _entries(run: RunDir) -> list[QuarantineEntry]:
+    if not _exists(run.quarantine):
+        return []
+    return load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX).entries
+
+
+def released(run: RunDir, now: float, names: dict[str, str] | None = None) -> list[str]:
     """Nodes quarantine kept out once and no longer holds at ``now``: back in the pool, so a
     relaunch drops them from the exclusions the job's command or allocation still carries (an
     earlier recovery put them there). Once kept out: an entry in quarantine.json (all of its
     entries expired: watch quarantines for 24 h by default), or a node an earlier recovery kept
     out for its quarantine (`quarantined_before`) that has no entry left: an operator cleared
     it by hand, or removed the file (QUARANTINE_FIX: that releases every node). A node the job
-    kept out for its own reasons, never quarantined, is not released."""
-    held = set(quarantined(run, now))
-    listed = set()
-    if _exists(run.quarantine):
-        q = load_json_model(Quarantine, run.quarantine, fix=QUARANTINE_FIX)
-        listed = {e.node for e in q.entries}
+    kept out for its own reasons, never quarantined, is not released. ``names``: as for
+    `quarantined`."""
+    names = names or {}
+    held = set(quarantined(run, now, names))
+    listed = {names.get(e.node, e.node) for e in _entries(run)}
     return sorted((listed | quarantined_before(run)) - held)
 
 

@@ -16,13 +16,15 @@ The order of preference, cheapest change first:
 The new plan is the planner's (`planner.planfile.make_plan`: placement re-derived, estimate
 recomputed) on the cluster narrowed to the nodes used — hostlist and node count — so `--local N`
 (which names node ``i`` by the cluster's ``node_names()[i]``, ``gpus_per_node`` ranks each),
-srun and the placement all agree on which node is which. The old plan's checkpoint-interval
-advice is kept, absent included (the run's save cadence does not move under it). Before it is
-returned the plan is loaded back with `load_checked_plan` and compared with the run's plan by
-`check_plan_change`, the same checks `train` makes, so a plan train would refuse is never
-written. A new global batch passes them only as train passes it under ``--allow-batch-change``,
-which the relaunch then adds (recover/relaunch.py); the data continues from the samples the
-checkpoint consumed (`ckpt.manifest.TrainState.samples`, train/data.py).
+srun and the placement all agree on which node is which. Under SLURM the nodes are those the
+failed attempt ran on, by SLURM's names (`plan_nodes`), when the plan names them otherwise. The
+old plan's checkpoint-interval advice is kept, absent included (the run's save cadence does not
+move under it). Before it is returned the plan is loaded back with `load_checked_plan` and
+compared with the run's plan by `check_plan_change`, the same checks `train` makes, so a plan
+train would refuse is never written. A new global batch passes them only as train passes it
+under ``--allow-batch-change``, which the relaunch then adds (recover/relaunch.py); the data
+continues from the samples the checkpoint consumed (`ckpt.manifest.TrainState.samples`,
+train/data.py).
 """
 
 from __future__ import annotations
@@ -70,20 +72,27 @@ class Fit:
     batch_changed: bool = False
 
 
-def plan_nodes(plan: Plan) -> list[str]:
+def plan_nodes(plan: Plan, ran: list[str] | None = None) -> list[str]:
     """The nodes ``plan`` runs on, in placement order (node ``i`` hosts ranks
-    ``i·gpus_per_node …``): the cluster's names, as `--local`, srun and train name them."""
-    return plan.cluster.node_names()[: placement_for(plan).num_nodes]
+    ``i·gpus_per_node …``). ``ran``: the nodes the failed attempt ran on, in that order, as its
+    start event recorded them (train records the step's SLURM names under srun, the plan's
+    elsewhere); those when there are as many, else the cluster's names. An allocation need not
+    hold the plan's names (``gpu[01-04]`` planned, ``node[1-4]`` given): SLURM, the diagnosis,
+    the re-check and every exclusion name the node by SLURM's name, so the re-plan must too."""
+    names = plan.cluster.node_names()[: placement_for(plan).num_nodes]
+    return list(ran) if ran and len(ran) == len(names) else names
 
 
-def replan(run: RunDir, plan: Plan, exclusions: Exclusions, *, allow_batch_change: bool = False,
+def replan(run: RunDir, plan: Plan, exclusions: Exclusions, *,
+           ran: list[str] | None = None, allow_batch_change: bool = False,
            write: bool = True) -> Replan | None:
     """The layout for the plan's nodes minus ``exclusions`` (module docstring): this recovery's
     and those the job already kept out (`Exclusions.kept_out`); None when no node of the plan
-    is excluded. Writes ``RUN/recover/plan-<attempt>.yaml`` when ``write``
-    (``plan_path`` names it either way). Raises MscaleError when no layout fits any of the
-    remaining nodes."""
-    nodes = plan_nodes(plan)
+    is excluded. ``ran``: the failed attempt's nodes by the names it ran under (`plan_nodes`);
+    the new plan names the nodes it keeps by those names. Writes
+    ``RUN/recover/plan-<attempt>.yaml`` when ``write`` (``plan_path`` names it either way).
+    Raises MscaleError when no layout fits any of the remaining nodes."""
+    nodes = plan_nodes(plan, ran)
     out = set(exclusions.kept_out)
     remaining = [n for n in nodes if n not in out]
     if len(remaining) == len(nodes):

@@ -47,8 +47,8 @@ def state(run, monkeypatch):
     monkeypatch.setattr(stages, "diagnose", lambda d: s["diagnosis"])
     monkeypatch.setattr(stages, "choose_checkpoint", lambda r, d, verify="quick": s["choice"])
     monkeypatch.setattr(stages, "decide_exclusions",
-                        lambda r, d, recheck=None, plan=None: s["exclusions"])
-    monkeypatch.setattr(stages, "replan", lambda r, p, e, allow_batch_change=False,
+                        lambda r, d, recheck=None, plan=None, **_: s["exclusions"])
+    monkeypatch.setattr(stages, "replan", lambda r, p, e, allow_batch_change=False, ran=None,
                         write=True: s["replan"])
     monkeypatch.setattr(stages, "data_skip_for", lambda d, c, skips=None: None)
     return s

@@ -66,12 +66,12 @@ class Fakes:
         self.calls = []
 
     def install(self, monkeypatch):
-        def exclusions(run, diagnosis, recheck=None, plan=None):
+        def exclusions(run, diagnosis, recheck=None, plan=None, ran=None):
             if recheck is not None:
                 self.rechecked = recheck(diagnosis.suspect_nodes)
             return self.exclusions
 
-        def replan(run, plan, exclusions, *, allow_batch_change=False, write=True):
+        def replan(run, plan, exclusions, *, ran=None, allow_batch_change=False, write=True):
             self.calls.append(("replan", write, allow_batch_change))
             if isinstance(self.replan, Exception):
                 raise self.replan

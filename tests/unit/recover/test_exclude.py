@@ -75,6 +75,23 @@ def test_quarantine_entries_in_force(run):
     assert ex.reasons["node4"].startswith("quarantine.json (until 1970-01-12")
 
 
+def test_a_plan_name_in_quarantine_is_read_as_slurms_name(run):
+    """watch quarantines by the plan's name; the attempt ran under SLURM's names: the entry
+    keeps out (and its expiry releases) the node SLURM knows. With names in common between
+    the two lists a name could mean either node: it is taken as written."""
+    attempt(run, "slurm", slurm={"job_id": "7", "nodelist": "gpu[1-4]"})
+    ran = ["gpu1", "gpu2", "gpu3", "gpu4"]
+    quarantine(run, ("node3", "slow GPU", None), ("node2", "hot", NOW - 1))
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW, ran=ran)
+    assert ex.nodes == ["gpu3"]
+    assert ex.reasons["gpu3"] == ("quarantine.json (until cleared): slow GPU (entered as node3, "
+                                  "the plan's name for gpu3)")
+    assert released(run, NOW, {"node2": "gpu2"}) == ["gpu2"]
+    ex = decide_exclusions(run, diag(cls="software"), now=NOW, ran=["node2", "node3", "node4",
+                                                                   "node5"])
+    assert ex.nodes == ["node3"] and "entered as" not in ex.reasons["node3"]
+
+
 def test_nodes_whose_quarantine_expired_are_released(run):
     """Their exclusion by an earlier recovery lives on in the job's command (command.py keeps
     what the command excluded): a node back in the pool must be named to be let back."""

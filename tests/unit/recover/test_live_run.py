@@ -119,7 +119,7 @@ def faked(monkeypatch, run):
                         CheckpointChoice(path=str(run / "ckpt/step-000008"), step=8,
                                          reason="latest"))
     monkeypatch.setattr(stages, "decide_exclusions",
-                        lambda r, d, recheck=None, plan=None: Exclusions())
+                        lambda r, d, recheck=None, plan=None, **_: Exclusions())
 
 
 def in_use(err: str, run: Path, pid: int, host: str = HOST) -> bool:

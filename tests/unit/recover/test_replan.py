@@ -82,6 +82,22 @@ def test_search_when_tp_pp_cannot_stay_and_local_names_follow(run):
     assert check_plan_change(tiny(), new).relayout
 
 
+def test_slurms_names_count_when_the_plan_names_its_nodes_otherwise(run):
+    """The plan names gpu[01-04]; SLURM ran the attempt on node[1-4] (its start event's nodes)
+    and node3 is excluded by SLURM's name: the re-plan subtracts it (it used to find no plan
+    node excluded and relaunch on 4 nodes of 3), and the new plan names the nodes left so."""
+    data = yaml.safe_load(PLAN.read_text())
+    data["cluster"]["hostlist"] = "gpu[01-04]"
+    plan = Plan.model_validate(data)
+    ran = ["node1", "node2", "node3", "node4"]
+    assert plan_nodes(plan, ran) == ran and plan_nodes(plan, ran[:3]) == plan_nodes(plan)
+    assert replan(run, plan, out("gpu03"), ran=ran) is None  # not a node SLURM knows
+    rp = replan(run, plan, out("node3"), ran=ran)
+    assert rp.world == 6 and rp.nodes == ["node1", "node2", "node4"]
+    new = load_checked_plan(rp.plan_path)
+    assert new.cluster.hostlist == "node[1-2,4]" and plan_nodes(new) == rp.nodes
+
+
 def test_largest_subset_when_no_layout_fits_all_remaining(run):
     """A 2-layer model on 3 nodes of 2: 6 ranks cannot split a batch of 16 (pp <= 2): two
     nodes run it, the third stays idle, and the batch is not touched."""

@@ -1,0 +1,87 @@
+"""plan_recovery under SLURM with the real exclusion, re-plan and relaunch stages (the diagnosis
+and the checkpoint faked, scontrol answered): SLURM's node names against the plan's."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mscale.config.records import Quarantine, QuarantineEntry
+from mscale.recover import relaunch, stages
+from mscale.recover.decide import RecoverOptions, plan_recovery
+from mscale.recover.decision import CheckpointChoice, Diagnosis
+
+from tests.conftest import PLANS
+
+SLURM_NODES = ["node1", "node2", "node3", "node4"]
+T_FAIL = 1000.0
+
+
+@dataclass
+class Job:
+    path: Path
+    scontrol: dict[str, str]
+    """What `scontrol show job` answers, a test may change it."""
+    diagnosis: Diagnosis
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch) -> Job:
+    """A run of cpu-tiny (8 ranks) whose plan names gpu[01-04]; SLURM job 7 ran its attempt on
+    node[1-4] and rank 5 on node3 died of a GPU fault."""
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)
+    plan = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
+    plan["cluster"]["hostlist"] = "gpu[01-04]"
+    (run / "plan.yaml").write_text(yaml.safe_dump(plan))
+    argv = ["/venv/bin/mscale", "train", str(run / "plan.yaml"), "--run-dir", str(run)]
+    events = [
+        {"kind": "start", "source": "train", "time": T_FAIL - 60, "evidence": {
+            "launcher": "slurm", "attempt": 1, "launch": {
+                "argv": argv, "cwd": str(tmp_path), "plan": str(run / "plan.yaml"), "local": 0,
+                "nodes": SLURM_NODES, "slurm": {"job_id": "7", "job_name": "j",
+                                                "nodelist": "node[1-4]", "nnodes": 4}}}},
+        {"kind": "stop", "source": "train", "time": T_FAIL, "ranks": [5], "nodes": ["node3"]}]
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    scontrol = {"JobId": "7", "JobState": "FAILED", "BatchFlag": "1", "Partition": "debug",
+                "Command": "/nonexistent/job.sh", "ExcNodeList": "(null)"}
+    monkeypatch.setattr(relaunch, "run_quiet", lambda argv: (0, " ".join(
+        f"{k}={v}" for k, v in scontrol.items())))
+    diagnosis = Diagnosis(cls="gpu", symptom="crash", summary="rank 5 on node3: Xid 79",
+                          suspect_ranks=[5], suspect_nodes=["node3"], attempt=1)
+    monkeypatch.setattr(stages, "diagnose", lambda run_dir: diagnosis)
+    monkeypatch.setattr(stages, "choose_checkpoint", lambda r, d, verify="quick":
+                        CheckpointChoice(path=None, step=None, reason="none yet"))
+    return Job(run, scontrol, diagnosis)
+
+
+def quarantine(run: Path, *entries):
+    q = Quarantine(entries=[QuarantineEntry(node=n, reason="slow GPU", since=since,
+                                            expires=expires) for n, since, expires in entries])
+    (run / "quarantine.json").write_text(q.model_dump_json())
+
+
+def test_slurms_names_are_subtracted_when_the_plan_names_its_nodes_otherwise(job):
+    """node3, SLURM's name for the plan's gpu03, is kept out: the re-plan must count 3 nodes
+    (it subtracted by the plan's names, found none excluded, and asked SLURM for 4 nodes
+    without node3: 'relaunch as before' on a 4-node partition that sbatch refuses)."""
+    plan = plan_recovery(str(job.path), RecoverOptions(recheck=False))
+    assert plan.exclusions.nodes == ["node3"] and plan.verdict == "degraded"
+    assert plan.replan is not None and plan.replan.world == 6
+    assert plan.replan.nodes == ["node1", "node2", "node4"]
+    assert "--nodes=3" in plan.command and "--exclude=node3" in plan.command
+
+
+def test_a_quarantine_entry_by_the_plans_name_keeps_out_slurms_node(job):
+    """watch names a node by the plan (gpu03): the relaunch must exclude it by SLURM's name
+    (sbatch refuses an --exclude of a node it does not know), and the re-plan count it."""
+    job.diagnosis.cls, job.diagnosis.suspect_nodes = "software", []
+    quarantine(job.path, ("gpu03", 0.0, None))
+    plan = plan_recovery(str(job.path), RecoverOptions(recheck=False))
+    assert plan.exclusions.nodes == ["node3"]
+    assert "entered as gpu03, the plan's name for node3" in plan.exclusions.reasons["node3"]
+    assert "--exclude=node3" in plan.command and "--nodes=3" in plan.command
