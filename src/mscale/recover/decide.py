@@ -183,15 +183,17 @@ def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None, pl
     """This recovery's exclusions with the nodes the job itself keeps out folded in
     (`exclude.with_carried`), the nodes quarantine released, and the SLURM job as scontrol
     showed it (asked once: the relaunch reuses it). The job's own count: a relaunch that asked
-    for one of them would ask for more nodes than it may use, and srun refuses it. Every name
-    is the one the attempt ran under (SLURM's, under srun: `exclude.slurm_names`)."""
+    for one of them would ask for more nodes than it may use, and srun refuses it; and a suspect
+    among them is not re-checked (it stays out whatever a re-check says). Every name is the
+    one the attempt ran under (SLURM's, under srun: `exclude.slurm_names`)."""
     ran = launch.nodes if launch else None
-    exclusions = stages.decide_exclusions(run, diagnosis, recheck=checker,
-                                          plan=plan if is_run_plan else None, ran=ran)
     back = released(run, time.time(), slurm_names(plan, ran))
     info = job_info(launch, command)
-    exclusions = with_carried(exclusions, carried_exclusions(command, info), back, ran)
-    return exclusions, back, info
+    carried = carried_exclusions(command, info)
+    exclusions = stages.decide_exclusions(
+        run, diagnosis, recheck=checker, plan=plan if is_run_plan else None, ran=ran,
+        kept={n: why for n, why in carried.items() if n not in back and (not ran or n in ran)})
+    return with_carried(exclusions, carried, back, ran), back, info
 
 
 def _ckpt_keep(*commands: list[str] | None) -> int:

@@ -69,12 +69,15 @@ Recheck = Callable[[list[str]], dict[str, "str | None"]]
 
 def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None = None,
                       now: float | None = None, plan: Plan | None = None,
-                      ran: list[str] | None = None) -> Exclusions:
+                      ran: list[str] | None = None,
+                      kept: dict[str, str] | None = None) -> Exclusions:
     """The nodes to keep out and why (module docstring for the rules). ``plan``: the run's
     plan.yaml when the caller has already loaded it (a 12,288-rank plan is not parsed again);
     else it is read here, if there is one. ``ran``: the nodes the failed attempt ran on, in
     placement order, as its start event recorded them (SLURM's names under srun): a quarantine
-    entry by the plan's name is read as SLURM's (`slurm_names`)."""
+    entry by the plan's name is read as SLURM's (`slurm_names`). ``kept``: node → why, the
+    nodes the job itself already keeps out (`relaunch.carried_exclusions`, less those released):
+    a suspect among them is not re-checked, and one line of ``notes`` says so."""
     now = time.time() if now is None else now
     reasons: dict[str, str] = {}
     notes: list[str] = []
@@ -88,7 +91,9 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
         reasons.setdefault(node, why)
     # a suspect already kept out is not re-checked: a preflight on a node with a degraded link
     # is slow (minutes under SLURM) and could not bring it back anyway
-    for node, why in suspects(diagnosis, recheck, skip=set(reasons)).items():
+    kept = {n: why for n, why in (kept or {}).items() if n not in reasons}
+    for node, why in suspects(diagnosis, recheck, skip={*reasons, *kept}, notes=notes,
+                              kept=kept).items():
         reasons.setdefault(node, why)
     return Exclusions(nodes=sorted(reasons), reasons={n: reasons[n] for n in sorted(reasons)},
                       notes=notes)
@@ -302,11 +307,18 @@ def ran_for(report: PreflightReport, plan: Plan) -> bool:
 
 
 def suspects(diagnosis: Diagnosis, recheck: Recheck | None,
-             skip: set[str] = frozenset()) -> dict[str, str]:
+             skip: set[str] = frozenset(), notes: list[str] | None = None,
+             kept: dict[str, str] | None = None) -> dict[str, str]:
     """The diagnosis's suspect nodes to keep out (rule 3 of the module docstring), ``skip``
-    left alone (already out for another reason)."""
+    left alone (already out for another reason). A suspect the job itself already keeps out
+    (``kept``: node → why) is not re-checked either: one line of ``notes`` says so."""
     nodes = sorted(set(diagnosis.suspect_nodes) - set(skip))
-    if not nodes or diagnosis.cls not in (*HARDWARE, "unknown"):
+    if diagnosis.cls not in (*HARDWARE, "unknown"):
+        return {}
+    for node in sorted(set(diagnosis.suspect_nodes) & set(kept or {})):
+        if notes is not None:
+            notes.append(f"suspect {node} not re-checked: already {kept[node]}")
+    if not nodes:
         return {}
     guess = diagnosis.cls == "unknown" or diagnosis.rule in LOST_PEER_RULES  # re-check decides
     if guess and recheck is None:

@@ -66,7 +66,7 @@ class Fakes:
         self.calls = []
 
     def install(self, monkeypatch):
-        def exclusions(run, diagnosis, recheck=None, plan=None, ran=None):
+        def exclusions(run, diagnosis, recheck=None, plan=None, ran=None, kept=None):
             if recheck is not None:
                 self.rechecked = recheck(diagnosis.suspect_nodes)
             return self.exclusions

@@ -1,5 +1,6 @@
 """plan_recovery under SLURM with the real exclusion, re-plan and relaunch stages (the diagnosis
-and the checkpoint faked, scontrol answered): SLURM's node names against the plan's."""
+and the checkpoint faked, scontrol answered): SLURM's node names against the plan's, and a
+suspect the job already keeps out."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mscale.config.records import Quarantine, QuarantineEntry
 from mscale.recover import relaunch, stages
 from mscale.recover.decide import RecoverOptions, plan_recovery
 from mscale.recover.decision import CheckpointChoice, Diagnosis
+from mscale.recover.recheck import Rechecker
 
 from tests.conftest import PLANS
 
@@ -85,3 +87,19 @@ def test_a_quarantine_entry_by_the_plans_name_keeps_out_slurms_node(job):
     assert plan.exclusions.nodes == ["node3"]
     assert "entered as gpu03, the plan's name for node3" in plan.exclusions.reasons["node3"]
     assert "--exclude=node3" in plan.command and "--nodes=3" in plan.command
+
+
+def test_a_suspect_the_job_already_keeps_out_is_not_re_checked(job, monkeypatch):
+    """The operator took node3 off the job after the failure (scontrol update ExcNodeList):
+    a re-check could not bring it back, so none is run, and one line says why."""
+    asked = []
+    monkeypatch.setattr(Rechecker, "__call__", lambda self, nodes: asked.append(nodes) or {})
+    job.scontrol["ExcNodeList"] = "node3"
+    plan = plan_recovery(str(job.path), RecoverOptions())
+    assert asked == [] and plan.exclusions.nodes == []
+    assert list(plan.exclusions.carried) == ["node3"] and plan.replan.world == 6
+    line = ("suspect node3 not re-checked: already kept out of the job's allocation before "
+            "this recovery (scontrol's ExcNodeList)")
+    assert plan.exclusions.notes == [line] and line in plan.reasons
+    assert "--exclude=node3" in plan.command
+
