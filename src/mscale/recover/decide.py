@@ -322,7 +322,8 @@ def apply_plan(plan: RecoveryPlan) -> str:
             stages.pin_checkpoint(run, plan.checkpoint.path,
                                   f"{what} chosen by recover ({plan.checkpoint.reason})")
     url = _next_decision(run)
-    write_json_atomic(url, plan.to_json())
+    # its time dates what it let back (`exclude.let_back`) against later quarantine entries
+    write_json_atomic(url, {**plan.to_json(), "time": time.time()})
     severity = {"relaunchable": "info", "degraded": "warning", "unrecoverable": "critical",
                 "finished": "info"}
     d = plan.diagnosis

@@ -132,6 +132,10 @@ class Exclusions:
     ``-x``/``--exclude``, its allocation's ``ExcNodeList``) that the failed attempt ran on and
     quarantine did not release (`exclude.with_carried`): not this recovery's verdict, but the
     relaunch keeps them out too, so the re-plan cannot count them."""
+    released: list[str] = field(default_factory=list)
+    """Nodes the job already kept out that the relaunch lets back, quarantine no longer holding
+    them (`exclude.released`). The decision document records them: once let back, a node that
+    is in the job's exclusions again was put there by an operator since, and stays out."""
 
     @property
     def kept_out(self) -> list[str]:

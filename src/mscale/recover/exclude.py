@@ -152,33 +152,67 @@ def released(run: RunDir, now: float, names: dict[str, str] | None = None) -> li
     entries expired: watch quarantines for 24 h by default), or a node an earlier recovery kept
     out for its quarantine (`quarantined_before`) that has no entry left: an operator cleared
     it by hand, or removed the file (QUARANTINE_FIX: that releases every node). A node the job
-    kept out for its own reasons, never quarantined, is not released. ``names``: as for
-    `quarantined`."""
+    kept out for its own reasons, never quarantined, is not released; nor is one an earlier
+    recovery already let back (`let_back`) that no quarantine entry has named since: it is in
+    the job's exclusions again because an operator put it there after that, and the latest word
+    is theirs. ``names``: as for `quarantined`."""
     names = names or {}
     held = set(quarantined(run, now, names))
-    listed = {names.get(e.node, e.node) for e in _entries(run)}
-    return sorted((listed | quarantined_before(run)) - held)
+    entries = _entries(run)
+    listed = {names.get(e.node, e.node) for e in entries}
+    again = {n for n, when in let_back(run).items()
+             if not any(names.get(e.node, e.node) == n and e.since > when for e in entries)}
+    return sorted((listed | quarantined_before(run)) - held - again)
 
 
-def quarantined_before(run: RunDir) -> set[str]:
-    """The nodes earlier recoveries kept out because quarantine.json held them, as their
-    decision documents (``RUN/recover/decision-NNNN.json``) give the reasons; the latest one to
-    keep a node out decides (a node back from quarantine that failed again was kept out on its
-    diagnosis: it stays out). One that cannot be read is passed over."""
-    out: set[str] = set()
+def _decisions(run: RunDir) -> list[dict]:
+    """Earlier recoveries' decision documents (``RUN/recover/decision-NNNN.json``), oldest
+    first by number; one that cannot be read is passed over."""
+    out = []
     for info in sorted((i for i in rd.listing(run.root, "recover", maxdepth=1)
                         if _DECISION.search(i.source)), key=_decision_number):
         try:
             doc = rd.read_json(info)
         except rd.Problem:
             continue
-        reasons = (doc.get("exclusions") or {}).get("reasons") if isinstance(doc, dict) else None
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def quarantined_before(run: RunDir) -> set[str]:
+    """The nodes earlier recoveries kept out because quarantine.json held them, as their
+    decision documents give the reasons; the latest one to keep a node out decides (a node back
+    from quarantine that failed again was kept out on its diagnosis: it stays out), and one
+    that let the node back ends it (`let_back`)."""
+    out: set[str] = set()
+    for doc in _decisions(run):
+        ex = doc.get("exclusions") if isinstance(doc.get("exclusions"), dict) else {}
+        reasons = ex.get("reasons")
         for node, why in (reasons.items() if isinstance(reasons, dict) else ()):
             if isinstance(why, str) and why.startswith(QUARANTINED):
                 out.add(node)
             else:
                 out.discard(node)
+        out -= set(_names(ex.get("released")))
     return out
+
+
+def let_back(run: RunDir) -> dict[str, float]:
+    """node → when the latest recovery that let it back decided so: the nodes an earlier
+    recovery dropped from the job's own exclusions because quarantine released them
+    (``exclusions.released`` of its decision document, and its ``time``; 0 without one)."""
+    out: dict[str, float] = {}
+    for doc in _decisions(run):
+        ex = doc.get("exclusions") if isinstance(doc.get("exclusions"), dict) else {}
+        when = doc.get("time")
+        for node in _names(ex.get("released")):
+            out[node] = float(when) if isinstance(when, (int, float)) else 0.0
+    return out
+
+
+def _names(value) -> list[str]:
+    return [n for n in value if isinstance(n, str)] if isinstance(value, list) else []
 
 
 def _decision_number(info: rd.FileInfo) -> int:
@@ -189,15 +223,17 @@ def with_carried(exclusions: Exclusions, carried: dict[str, str], released: list
                  ran: list[str] | None) -> Exclusions:
     """``exclusions`` with the nodes the job already kept out (``carried``: node → why, from its
     command or allocation; `relaunch.carried_exclusions`) that cost the relaunch a node, so the
-    re-plan counts only what it may use: not ``released`` (the relaunch lets them back), not
-    this recovery's own (their reason says more), and among the nodes the failed attempt ran on
+    re-plan counts only what it may use: not ``released`` (the relaunch lets them back: they
+    are recorded as ``released``, so that a later recovery knows they were), not this
+    recovery's own (their reason says more), and among the nodes the failed attempt ran on
     (``ran``; any when unknown). A node the attempt did not run on took no place of the plan:
     an allocation need not hold the plan's names (docs/slurm.md), so the plan's name stood for
     another machine, and the relaunch has as many without it."""
     out, ran_on = set(released) | set(exclusions.nodes), None if not ran else set(ran)
     kept = {n: why for n, why in sorted(carried.items())
             if n not in out and (ran_on is None or n in ran_on)}
-    return replace(exclusions, carried=kept)
+    back = sorted(n for n in carried if n in set(released) and n not in exclusions.nodes)
+    return replace(exclusions, carried=kept, released=back)
 
 
 def preflight_bad(run: RunDir, notes: list[str] | None = None,

@@ -66,8 +66,8 @@ def _diagnosis_lines(d: Diagnosis) -> list[str]:
 
 def _exclusion_lines(ex: Exclusions) -> list[str]:
     """This recovery's exclusions, then the nodes the job had already kept out that the
-    relaunch cannot use either (the re-plan counts both): an operator must tell a verdict of
-    this failure from the job's own earlier choice."""
+    relaunch cannot use either (the re-plan counts both), and those it lets back: an operator
+    must tell a verdict of this failure from the job's own earlier choice."""
     mine = "none" if not ex.nodes else f"{len(ex.nodes)} node(s)"
     out = [f"exclusions: {mine}" + (" by this recovery" if ex.carried else "")]
     out += [f"  {n}: {ex.reasons.get(n, '')}" for n in ex.nodes]
@@ -75,6 +75,9 @@ def _exclusion_lines(ex: Exclusions) -> list[str]:
         out.append(f"kept out by the job already: {len(ex.carried)} node(s) the failed attempt "
                    "ran on")
         out += [f"  {n}: {why}" for n, why in ex.carried.items()]
+    if ex.released:  # recorded: kept out again later, it was an operator's doing
+        out.append(f"let back by this recovery: {', '.join(ex.released)} (kept out by the job "
+                   "for quarantine, which no longer holds it)")
     return out
 
 

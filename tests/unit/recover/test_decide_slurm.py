@@ -1,6 +1,6 @@
 """plan_recovery under SLURM with the real exclusion, re-plan and relaunch stages (the diagnosis
-and the checkpoint faked, scontrol answered): SLURM's node names against the plan's, and a
-suspect the job already keeps out."""
+and the checkpoint faked, scontrol answered): SLURM's node names against the plan's, the job's
+own exclusions against quarantine's releases, and a suspect the job already keeps out."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import yaml
 
 from mscale.config.records import Quarantine, QuarantineEntry
 from mscale.recover import relaunch, stages
-from mscale.recover.decide import RecoverOptions, plan_recovery
+from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
 from mscale.recover.decision import CheckpointChoice, Diagnosis
 from mscale.recover.recheck import Rechecker
+from mscale.recover.report import render
 
 from tests.conftest import PLANS
 
@@ -87,6 +88,35 @@ def test_a_quarantine_entry_by_the_plans_name_keeps_out_slurms_node(job):
     assert plan.exclusions.nodes == ["node3"]
     assert "entered as gpu03, the plan's name for node3" in plan.exclusions.reasons["node3"]
     assert "--exclude=node3" in plan.command and "--nodes=3" in plan.command
+
+
+def srun_command(run: Path, exclude: str) -> list[str]:
+    """supervise's CMD inside the allocation, with the operator's own srun -x."""
+    return ["srun", "-x", exclude, "-N4", "-n8", "/venv/bin/mscale", "train",
+            str(run / "plan.yaml"), "--run-dir", str(run)]
+
+
+def test_a_node_let_back_then_excluded_by_hand_stays_out(job):
+    """node3's quarantine expired and recovery 1 let it back (dropped it from the job's -x);
+    the operator then put it in the job's -x again: that latest word stands. It used to be let
+    back again on every recovery (an expired entry, or an old decision's quarantine reason)."""
+    job.diagnosis.cls, job.diagnosis.suspect_nodes = "software", []
+    quarantine(job.path, ("node3", 0.0, 10.0))
+    opts = RecoverOptions(recheck=False, command=srun_command(job.path, "node3"))
+    first = plan_recovery(str(job.path), opts)
+    assert first.exclusions.released == ["node3"] and "node3" not in " ".join(first.command)
+    assert ("let back by this recovery: node3 (kept out by the job for quarantine, which no "
+            "longer holds it)") in render(first, executed=False, decision=None)
+    apply_plan(first)
+    doc = json.loads((job.path / "recover/decision-0001.json").read_text())
+    assert doc["exclusions"]["released"] == ["node3"] and doc["time"] > 10.0
+    again = plan_recovery(str(job.path), opts)  # the operator's -x node3 after that release
+    assert again.exclusions.released == [] and "--exclude=node3" in again.command
+    assert again.exclusions.carried == {"node3": relaunch.BY_COMMAND}
+    # quarantined anew since the release (dated back to 100 here), and expired: let back again
+    (job.path / "recover/decision-0001.json").write_text(json.dumps({**doc, "time": 100.0}))
+    quarantine(job.path, ("node3", 0.0, 10.0), ("node3", 200.0, 300.0))
+    assert plan_recovery(str(job.path), opts).exclusions.released == ["node3"]
 
 
 def test_a_suspect_the_job_already_keeps_out_is_not_re_checked(job, monkeypatch):

@@ -129,6 +129,23 @@ def test_the_latest_recovery_to_keep_a_node_out_says_why(run):
     assert released(run, NOW) == []
 
 
+def test_a_node_let_back_is_not_released_again_until_quarantined_anew(run):
+    """Recovery 1 let node3 back (its decision's exclusions.released, at its time): node3 in
+    the job's exclusions after that was put there by an operator, and stays; its old expired
+    entry and recovery 0's quarantine reason no longer release it. A quarantine entry newer
+    than the release does, once it no longer holds."""
+    decision(run, 1, {"node3": "quarantine.json (until cleared): slow GPU"})
+    write_json_atomic(f"{run.recover}/decision-0002.json",
+                      {"time": NOW - 100, "exclusions": {"nodes": [], "reasons": {},
+                                                         "released": ["node3"]}})
+    quarantine(run, ("node3", "slow GPU", NOW - 200))
+    assert released(run, NOW) == []
+    q = Quarantine(entries=[QuarantineEntry(node="node3", reason="hot", since=NOW - 50,
+                                            expires=NOW - 1)])
+    write_json_atomic(run.quarantine, q.model_dump(mode="json"))
+    assert released(run, NOW) == ["node3"]
+
+
 def test_the_jobs_own_exclusions_count_only_where_they_cost_the_relaunch_a_node():
     mine = Exclusions(nodes=["node3"], reasons={"node3": "diagnosis"})
     carried = {n: "the command's" for n in ("node2", "node3", "node4", "node5", "node9")}
