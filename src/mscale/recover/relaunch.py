@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mscale.hostlist import collect_hostlist
+from mscale.hostlist import collect_hostlist, expand_hostlist
 from mscale.recover.command import (Change, batch_note, command_exclusions, kept_out_nodes,
                                     option_value, resume_of, rewrite_command, rewrite_train)
 from mscale.recover.diagnose.evidence import evidence_of
@@ -278,6 +278,23 @@ def _kept_out(change: Change, info: dict[str, str]) -> list[str]:
     return sorted({*change.excluded, *(set(_excluded_by(info)) - set(change.released))})
 
 
+def _step_left_out(launch: Launch, excluded: list[str]) -> list[str]:
+    """The nodes of the job's allocation (``SLURM_JOB_NODELIST``, recorded) that its training
+    step (``SLURM_STEP_NODELIST``: the recorded nodes) did not run on, less those the relaunch
+    keeps out anyway. Why: a step may have run on fewer nodes than its allocation because the
+    batch script's ``srun -x`` kept one out, and SLURM records that -x nowhere recover can
+    read (the step's environment, scontrol's ExcNodeList: the allocation's); or the step just
+    asked for fewer. Recover cannot tell which, so it says so instead of guessing."""
+    nodelist = (launch.slurm or {}).get("nodelist")
+    if not isinstance(nodelist, str) or not launch.nodes:
+        return []
+    try:
+        allocation = expand_hostlist(nodelist)
+    except ValueError:  # a damaged record: nothing to say about it
+        return []
+    return sorted(set(allocation) - set(launch.nodes) - set(excluded))
+
+
 def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner,
            info: dict[str, str] | None) -> Relaunch:
     """requeue when nothing changes, the batch script when it can run as it is, else ``--wrap``
@@ -318,6 +335,12 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner,
                      "is resubmitted rewritten with --wrap (its other #SBATCH options are not)")
     elif not info:
         notes.append(f"SLURM no longer knows job {job_id or '?'}: submitted with --wrap")
+    idle = _step_left_out(launch, excluded)
+    if idle:
+        notes.append(f"the job's allocation held {collect_hostlist(idle)}, which its training "
+                     "step did not run on: an srun -x inside the batch script leaves no trace "
+                     "recover can read, so the relaunch does not keep it out; to keep a node "
+                     "out, put it in the script's #SBATCH --exclude or the job's ExcNodeList")
     if info.get("Partition"):
         head.append(f"--partition={info['Partition']}")
     if launch.cwd:

@@ -226,6 +226,23 @@ def test_slurm_wraps_the_rewritten_srun_line_when_the_world_changes(tmp_path):
     assert "old world" in out.notes[0]
 
 
+def test_a_wrapped_relaunch_says_which_nodes_of_the_allocation_its_step_left_out(tmp_path):
+    """The batch script ran `srun -x node3 -N3 ...` in a node[1-4] allocation: the step ran on
+    node[1-2,4]. SLURM records that -x nowhere (the step's environment, ExcNodeList), so the
+    --wrap'd relaunch cannot keep node3 out; it must say so rather than drop it unremarked."""
+    launch = slurm_launch()
+    launch.nodes = ["node1", "node2", "node4"]
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": "/abs/job.sh"})
+    change = Change(world=4, nodes=["node1", "node4"], excluded=["node2"],
+                    plan_path="/abs/run/recover/plan-0002.yaml")
+    out = relaunch(launch, change, 2, run=run)
+    assert "--wrap" in out.command and "--exclude=node2" in out.command
+    assert out.notes[-1].startswith("the job's allocation held node3, which its training step "
+                                    "did not run on: an srun -x inside the batch script")
+    launch.nodes = NODES  # the step ran on the whole allocation: nothing to say
+    assert not any("allocation held" in n for n in relaunch(launch, change, 2, run=run).notes)
+
+
 def test_slurm_job_no_longer_known_is_wrapped_with_a_note():
     out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=scontrol(None))
     assert out.command[0] == "sbatch" and "--wrap" in out.command
