@@ -18,7 +18,7 @@ import pytest
 from mscale.errors import MscaleError
 from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan
 from mscale.recover.supervise import (SuperviseOptions, Supervisor, backoff_for, find_run_dir,
-                                      quarantined)
+                                      job_nodes, quarantined)
 from mscale.runs.rundir import RunDir
 
 JOB = r'''
@@ -232,6 +232,18 @@ def test_quarantined_ignores_expired_and_unreadable(tmp_path):
         {"node": "a", "reason": "r", "since": 1.0, "expires": 50.0},
         {"node": "b", "reason": "r", "since": 2.0}]}))
     assert quarantined(run, 100.0) == {"b": 2.0}
+
+
+def test_the_jobs_nodes_include_slurms_names_for_them(tmp_path):
+    """Plan gpu[01-04], SLURM's node[1-4]: an operator's quarantine of node3 (SLURM's name,
+    as quarantine.json is documented) is this job's node, not another job's to leave alone."""
+    plan = (Path(__file__).resolve().parents[3] / "plans" / "cpu-tiny.yaml").read_text()
+    (tmp_path / "plan.yaml").write_text(plan.replace("node[1-4]", "gpu[01-04]"))
+    start = {"kind": "start", "source": "train", "time": 1.0, "evidence": {"launch": {
+        "argv": ["mscale", "train"], "nodes": ["node1", "node2", "node3", "node4"]}}}
+    (tmp_path / "events.jsonl").write_text(json.dumps(start) + "\n")
+    nodes = job_nodes(RunDir(str(tmp_path)))
+    assert {"node3", "gpu03"} <= nodes and "node7" not in nodes
 
 
 def test_a_command_that_cannot_start_is_bad_input(tmp_path):
