@@ -81,8 +81,10 @@ class Follower:
     """State of one watch session (module docstring)."""
 
     target: Target
-    layout_for: Callable[[int], JobLayout]
-    """The layout for a job of this many ranks (from the plan, flags, or flat)."""
+    layout_for: Callable[[int, dict | None], JobLayout]
+    """The layout for a job of this many ranks (from the plan, flags, or flat), given the
+    ``start`` event of the attempt that wrote the records (None: unknown), whose nodes name the
+    plan's under SLURM (watch/target.py `launched_names`)."""
     make_watcher: Callable[[JobLayout], object]
     feed: Feed
     events: EventFeed | None
@@ -236,7 +238,7 @@ class Follower:
             e.file = e.file or self.target.metrics
             raise
         if self.layout is None:
-            self.layout = self.layout_for(window.world)
+            self.layout = self.layout_for(window.world, self._start_of(records))
             if self.layout.world != window.world:
                 raise MscaleError(f"the records have {window.world} ranks, the layout "
                                   f"{self.layout.world}", file=self.target.metrics,
@@ -249,15 +251,19 @@ class Follower:
             self.attempt = self._attempt_of(records)
         return window
 
-    def _attempt_of(self, records: list[dict]) -> int | None:
-        """The number of the attempt that wrote ``records``: that of the newest ``start`` event
-        written before its first record (the events are read before the metrics)."""
+    def _start_of(self, records: list[dict]) -> dict | None:
+        """The ``start`` event of the attempt that wrote ``records``: the newest one written
+        before its first record (the events are read before the metrics)."""
         t = records[0].get("time") if records else None
         if not isinstance(t, (int, float)):
             return None
         before = [s for s in self.job.starts if isinstance(s.get("time"), (int, float))
                   and s["time"] <= t]
-        n = (before[-1].get("evidence") or {}).get("attempt") if before else None
+        return before[-1] if before else None
+
+    def _attempt_of(self, records: list[dict]) -> int | None:
+        """The number of the attempt that wrote ``records`` (its `_start_of` event's)."""
+        n = ((self._start_of(records) or {}).get("evidence") or {}).get("attempt")
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     def _keep_attempt(self) -> None:

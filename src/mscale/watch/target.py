@@ -128,7 +128,8 @@ def _exists(url: str) -> bool:
 def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
                   dp: int | None = None, ranks_per_node: int | None = None,
                   hostlist: str | None = None,
-                  note: Callable[[str], None] = lambda line: None) -> Callable[[int], JobLayout]:
+                  note: Callable[[str], None] = lambda line: None
+                  ) -> Callable[[int, dict | None], JobLayout]:
     """How to lay out a job of ``world`` ranks: the run's plan with any field a flag gives
     replaced (`_with_flags`), else every rank on its own (rank-level rules only; nodes and
     stages unknown). A plan that does not load fails now, before any work, unless flags are
@@ -152,7 +153,7 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
             note(f"{target.plan_now()} set aside ({e.message.splitlines()[0]}): the layout "
                  "comes from the flags alone")
 
-    def from_plan(world: int) -> JobLayout | None:
+    def from_plan(world: int, start: dict | None) -> JobLayout | None:
         # read when the first records come, and again for each attempt: the plan may be
         # written after watch starts, and a restarted job may run a new layout (runs/history.py)
         plan = target.plan_now()
@@ -165,11 +166,26 @@ def layout_source(target: Target, tp: int | None = None, pp: int | None = None,
             if earlier is None and not given:
                 raise _no_earlier_layout(target.run, world, layout.world)
             layout = earlier or layout
-        return layout
+        return launched_names(layout, start)
 
     if not given:
-        return lambda world: from_plan(world) or JobLayout.flat(world)
-    return lambda world: _with_flags(world, from_plan(world), flags, hosts)
+        return lambda world, start=None: from_plan(world, start) or JobLayout.flat(world)
+    return lambda world, start=None: _with_flags(world, from_plan(world, start), flags, hosts)
+
+
+def launched_names(layout: JobLayout, start: dict | None) -> JobLayout:
+    """The plan's layout with its nodes named as the attempt's ``start`` event records them
+    (``evidence.launch.nodes``, in node order: train/session.py `launch_record`). Under srun
+    these are SLURM's names, which a plan need not use (a plan of ``gpu[01-04]`` run on
+    ``node[1-4]``): a straggler is then named, and quarantined, by the name that recover's
+    exclude list and SLURM know. Under ``--local`` they are the plan's own. Another count of
+    nodes than the layout's (a relaunch the plan does not describe) leaves the plan's names."""
+    launch = ((start or {}).get("evidence") or {}).get("launch")
+    nodes = launch.get("nodes") if isinstance(launch, dict) else None
+    if (not layout.named or not isinstance(nodes, list) or len(nodes) != len(layout.node_names)
+            or not all(isinstance(n, str) and n for n in nodes)):
+        return layout
+    return replace(layout, node_names=tuple(nodes))
 
 
 def _with_flags(world: int, base: JobLayout | None, flags: tuple, hosts: int | None) -> JobLayout:

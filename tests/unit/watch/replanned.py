@@ -35,14 +35,16 @@ def _records(rd: RunDir, recs: list[dict], at: float) -> None:
             f.write(json.dumps({**r, "time": at + i}) + "\n")
 
 
-def replanned_run(root: str) -> RunDir:
+def replanned_run(root: str, nodes: tuple[str, ...] = ("node1", "node2", "node3", "node4")
+                  ) -> RunDir:
+    """``nodes``: the names the start events record (SLURM's may not be the plan's)."""
     rd = RunDir(root)
     rd.create()
     shutil.copy(PLANS / "cpu-tiny.yaml", rd.plan)
     old = load_model(Plan, rd.plan)
     record_plan(rd, old)
     t0 = time.time() - 3600
-    _start(rd, 1, t0, 2, ["node1", "node2", "node3", "node4"])
+    _start(rd, 1, t0, 2, list(nodes))
     slow = simulate(8, tp=2, pp=2, ranks_per_node=2, steps=40, seed=1,
                     inject=[Injection("slow_device", 10, SLOW_RANK, magnitude=1.5)])
     _records(rd, slow, t0 + 10)
@@ -50,7 +52,7 @@ def replanned_run(root: str) -> RunDir:
         "cluster": old.cluster.model_copy(update={"nodes": 2, "hostlist": "node[1-2]"}),
         "layout": old.layout.model_copy(update={"dp": 1})})
     record_plan(rd, new, allow_batch_change=True)
-    _start(rd, 2, t0 + 600, 1, ["node1", "node2"])
+    _start(rd, 2, t0 + 600, 1, list(nodes[:2]))
     healthy = simulate(4, tp=2, pp=2, ranks_per_node=2, steps=60, seed=2)
     _records(rd, [r for r in healthy if r["step"] >= 31], t0 + 610)
     rd.append_record(rd.events, Event(source="train", kind="stop", time=t0 + 700, step=60,

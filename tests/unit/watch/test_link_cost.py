@@ -109,7 +109,7 @@ def _follow(tmp_path, act: bool, trace=None, config=None, jsonl=False) -> str:
     out = io.StringIO()
     outputs = Outputs(OutputOptions(jsonl=jsonl), stream=out, notes=io.StringIO())
     records = trace.records()
-    f = Follower(target=target, layout_for=lambda world: trace.layout,
+    f = Follower(target=target, layout_for=lambda world, start=None: trace.layout,
                  make_watcher=lambda layout: Watcher(layout, config),
                  feed=_Feed([records[i:i + 5] for i in range(0, len(records), 5)]),
                  events=EventFeed(rd.events), to_window=records_to_window,

@@ -49,3 +49,20 @@ def test_without_plans_or_a_recorded_layout_it_names_the_missing_folder(cli, tmp
     # the fix's other way works: the old attempt judged on --tp/--pp, its nodes unnamed
     code, out, err = cli("watch", rd.root, "--once", "--no-act", "--tp", "2", "--pp", "2")
     assert code == 2 and "straggler/slow_device rank 5" in out, err
+
+
+def test_nodes_are_named_as_the_start_event_records_them(cli, tmp_path):
+    """Under srun, train records SLURM's names for the step's nodes (train/session.py
+    `launch_record`); a plan of node[1-4] run on cn[01-04] had watch name, and quarantine,
+    node3, a name SLURM does not know, for a slow rank on cn03."""
+    rd = replanned_run(str(tmp_path / "run"), nodes=("cn01", "cn02", "cn03", "cn04"))
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
+    assert code == 2, err
+    [slow] = [f for f in json.loads(out)["findings"] if f["kind"] == "straggler"]
+    assert (slow["ranks"], slow["nodes"]) == ([SLOW_RANK], ["cn03"])
+    # a hostlist given to watch is the operator's word: it names the nodes, not the records
+    start = next(json.loads(x) for x in open(rd.events) if '"start"' in x)
+    target = resolve_target(rd.root)
+    assert layout_source(target)(8, start).node_names == ("cn01", "cn02", "cn03", "cn04")
+    assert layout_source(target, hostlist="h[1-4]")(8, start).node_names == ("h1", "h2", "h3",
+                                                                            "h4")
