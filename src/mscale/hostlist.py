@@ -9,13 +9,26 @@ as well: preflight and recover to write node lists (an exclude list, srun's and 
 
 from __future__ import annotations
 
+import re
+
 import hostlist as _hl
 
+_SEPARATORS = re.compile(r"\s*,\s*|\s+")
+"""What separates hosts: a comma, blanks or both. SLURM splits on blanks as on commas
+(``scontrol show hostnames "node1, node2"`` names node1 and node2); python-hostlist does not,
+and ``node1, node2`` became a node named `` node2`` that no launcher reports and no
+``--exclude`` matches."""
 
-def expand_hostlist(text: str) -> list[str]:
-    """``node[1-3]`` → ``['node1', 'node2', 'node3']``; raises ValueError on bad syntax."""
+
+def expand_hostlist(text: str, unique: bool = True) -> list[str]:
+    """``node[1-3]`` → ``['node1', 'node2', 'node3']``; raises ValueError on bad syntax.
+
+    Hosts may be separated by commas and/or blanks, as SLURM takes them. ``unique`` (default)
+    drops repeated names, keeping the first; False keeps them, for a caller that must refuse
+    them (a cluster file's node list)."""
     try:
-        return _hl.expand_hostlist(text.strip())
+        return _hl.expand_hostlist(_SEPARATORS.sub(",", text.strip()),
+                                   allow_duplicates=not unique)
     except _hl.BadHostlist as e:
         raise ValueError(f"bad hostlist {text!r}: {e}") from None
 

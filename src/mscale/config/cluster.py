@@ -7,6 +7,7 @@ pods, often oversubscribed, which data-parallel traffic should avoid.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -63,10 +64,7 @@ class ClusterConfig(StrictModel):
     @model_validator(mode="after")
     def _consistent(self) -> "ClusterConfig":
         if self.hostlist is not None:
-            try:
-                count = len(expand_hostlist(self.hostlist))
-            except ValueError as e:
-                raise FieldError("hostlist", str(e)) from None
+            count = _count_hosts(self.hostlist)
             if self.nodes is None:
                 object.__setattr__(self, "nodes", count)
             elif self.nodes != count:
@@ -123,6 +121,25 @@ class ClusterConfig(StrictModel):
         if self.hostlist:
             return expand_hostlist(self.hostlist)
         return [f"node{i:05d}" for i in range(self.num_nodes)]
+
+
+def _count_hosts(hostlist: str) -> int:
+    """How many nodes a cluster file's hostlist names; a node named twice or none at all is
+    refused (a node list given twice would otherwise be one node fewer than written, and a
+    ``nodes:`` that agreed with the text be told it disagrees)."""
+    try:
+        names = expand_hostlist(hostlist, unique=False)
+    except ValueError as e:
+        raise FieldError("hostlist", str(e)) from None
+    if not names:
+        raise FieldError("hostlist", "names no node; write the nodes in SLURM syntax, e.g. "
+                         "node[001-016], or drop hostlist and give nodes")
+    twice = sorted(n for n, k in Counter(names).items() if k > 1)
+    if twice:
+        raise FieldError("hostlist", f"{_short(hostlist)} names {', '.join(twice[:3])}"
+                         f"{' ...' if len(twice) > 3 else ''} more than once; list each node "
+                         "once")
+    return len(names)
 
 
 def _short(text: str, limit: int = 60) -> str:

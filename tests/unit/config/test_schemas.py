@@ -21,6 +21,27 @@ def test_hostlist_sets_and_checks_node_count():
         ClusterConfig(hostlist="n[001-004,007]", nodes=4, gpu="H100")
 
 
+def test_hostlist_blanks_separate_nodes_as_in_slurm():
+    """``node1, node2`` named a node `` node2`` that no launcher reports and no --exclude
+    matched; SLURM reads blanks as separators."""
+    c = ClusterConfig(hostlist="node1, node2  node[3-4]\tgpu-x", gpu="H100")
+    assert c.node_names() == ["node1", "node2", "node3", "node4", "gpu-x"]
+    assert c.num_nodes == 5
+
+
+@pytest.mark.parametrize("hostlist, says", [
+    ("node[1-4],node2", "names node2 more than once"),
+    ("n[1-3] n[2-3]", "names n2, n3 more than once"),
+    (" ", "names no node"),
+    (",", "names no node"),
+])
+def test_hostlist_naming_a_node_twice_or_none_is_refused(hostlist, says):
+    """A repeated node used to be dropped silently: one node fewer than written, and a
+    ``nodes:`` counting what was written told it disagreed."""
+    with pytest.raises(ValueError, match=says):
+        ClusterConfig(hostlist=hostlist, gpu="H100")
+
+
 def test_unknown_field_names_file_and_field(tmp_path):
     f = tmp_path / "m.yaml"
     f.write_text("layers: 2\nhidden: 64\nheads: 4\nvocab: 10\nseq_len: 8\nhiden: 3\n")
