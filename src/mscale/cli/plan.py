@@ -4,6 +4,7 @@ the chosen plan. Thin: parse, call mscale.planner, print, pick the exit code (do
 from __future__ import annotations
 
 import math
+import sys
 from typing import TYPE_CHECKING, Optional
 
 import typer
@@ -100,6 +101,8 @@ def plan_cmd(
     if as_json:
         print_json(json_document(choice.result, top, choice.given, plan.model_dump(
             mode="json", exclude_none=True, exclude={"placement"}), explain))
+        if output:  # stdout is the document; a file written unannounced is one nobody knows of
+            sys.stderr.write(f"wrote {output}: {describe(plan.layout)}\n")
         return
     _print_human(choice, top, plan, output, explain, write_gbps)
 

@@ -49,6 +49,18 @@ def test_json_is_one_document(cli):
     assert "rejected" in doc
 
 
+def test_json_with_output_names_the_file_on_stderr(cli, tmp_path):
+    """With --json and -o the plan was written without a word: stdout holds the document
+    alone, stderr says what was written, as preflight's --json does."""
+    out = tmp_path / "plan.yaml"
+    code, stdout, err = cli("plan", *CPU, "--json", "--top", "1", "-o", str(out))
+    assert code == 0, err
+    doc = json.loads(stdout)
+    assert err == f"wrote {out}: tp1 pp1 dp8 mb2 z1\n" and out.is_file()
+    assert load_plan(str(out)).layout.model_dump(mode="json", exclude_none=True) == \
+        doc["plan"]["layout"]
+
+
 def test_given_layout_is_shown_next_to_the_best(cli, tmp_path):
     out = tmp_path / "p.yaml"
     # MegaScale's layout on MegaScale's stack (its own engine frees what this one keeps)
