@@ -227,7 +227,7 @@ def measure_pairs(rank: int, placement: Placement, device: torch.device, level: 
     pace = Pace() if pace is None else pace
     pairs = [p for p in plan_pairs(placement) if only is None or p in only]
     progress = progress or LinkProgress("p2p", "pairs", 0, None)
-    progress.total = len(pairs) * PASSES[level]
+    progress.total, progress.passes = len(pairs) * PASSES[level], PASSES[level]
     best: dict[tuple, dict] = {}
     cut: set[tuple] = set()  # the same on every rank: every rank skips the same turns
     for _ in range(PASSES[level]):
@@ -300,7 +300,7 @@ def measure_groups(groups: ParallelGroups, device: torch.device, level: str,
     todo = [(kind, tuple(m)) for kind in KINDS for m in getattr(placement, f"{kind}_groups")
             if len(m) >= 2 and (only is None or (kind, tuple(m)) in only)]
     progress = progress or LinkProgress("collectives", "groups", 0, None)
-    progress.total = len(todo) * PASSES[level]
+    progress.total, progress.passes = len(todo) * PASSES[level], PASSES[level]
     best: dict[tuple, dict] = {}
     cut: set[tuple] = set()  # the same on every rank: every rank skips the same turns
     for _ in range(PASSES[level]):  # by algbw: a pass cut short timed a smaller buffer

@@ -40,11 +40,17 @@ TICKER = Ticker()
 
 
 class LinkProgress:
-    """How far one phase's link tests are, for rank 0: items done of the total, the slowest
-    figure so far and how many were cut short (`network`)."""
+    """How far one phase's link tests are, for rank 0: the pass and the items done in it, the
+    slowest figure so far and how many were cut short (`network`).
 
-    def __init__(self, label: str, noun: str, total: int, ticker: Ticker | None) -> None:
+    Every link is measured in `passes` passes (network.PASSES), so ``total`` counts each item
+    once per pass; the line says ``pass 1/2, 6/12 pairs``, not ``6/24 pairs``, which read as 24
+    pairs where the plan has 12 (and ``6/6 groups`` under a re-check of 3 groups)."""
+
+    def __init__(self, label: str, noun: str, total: int, ticker: Ticker | None,
+                 passes: int = 1) -> None:
         self.label, self.noun, self.total, self.ticker = label, noun, total, ticker
+        self.passes = passes
         self.done = 0
         self.cut = 0
         self.slowest: tuple[float, str] | None = None
@@ -60,16 +66,24 @@ class LinkProgress:
             self.cut += int(cut)
             if value == value and (self.slowest is None or value < self.slowest[0]):
                 self.slowest = (value, f"{what} {value:.4g} {unit}")
-        if self.ticker is not None:
+        if self.ticker is not None and self.done < self.total:  # the last: `finish` says it
             self.ticker.line(self.text(), force=False)
 
     def text(self) -> str:
-        out = f"preflight {self.label}: {self.done}/{self.total} {self.noun}"
+        out = f"preflight {self.label}: {self._how_far()} {self.noun}"
         if self.slowest is not None:
             out += f", slowest so far {self.slowest[1]}"
         if self.cut:
             out += f", {self.cut} test(s) cut short (far below their peers)"
         return out
+
+    def _how_far(self) -> str:
+        """``6/12`` of the items, after ``pass 1/2, `` when there are several passes."""
+        per = self.total // self.passes if self.passes > 1 else 0
+        if not per:
+            return f"{self.done}/{self.total}"
+        now = max(1, min(-(-self.done // per), self.passes))  # a pass just ended: its own
+        return f"pass {now}/{self.passes}, {self.done - (now - 1) * per}/{per}"
 
     def finish(self) -> None:
         """A last line, only for a phase long enough to have needed progress lines."""

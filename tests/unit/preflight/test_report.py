@@ -65,19 +65,43 @@ def test_progress_lines_are_throttled_and_say_how_far_and_the_slowest_so_far():
     clock = [0.0]
     out = io.StringIO()
     ticker = Ticker(every_s=5.0, out=out, clock=lambda: clock[0])
-    progress = LinkProgress("p2p", "pairs", 24, ticker)
+    progress = LinkProgress("p2p", "pairs", 24, ticker, passes=2)  # 12 pairs, 2 passes
     clock[0] = 1.0
     progress.add([("tp pair 0<->1 on node1", 2.0, "GB/s", False)])
     assert out.getvalue() == ""  # within the interval
     clock[0] = 6.0
     progress.add([("dp pair 4<->6 on node3<->node4", 0.004, "GB/s", True)])
-    assert out.getvalue() == ("preflight p2p: 2/24 pairs, slowest so far dp pair 4<->6 on "
-                              "node3<->node4 0.004 GB/s, 1 test(s) cut short (far below their "
-                              "peers) (at 6.0 s)\n")
+    assert out.getvalue() == ("preflight p2p: pass 1/2, 2/12 pairs, slowest so far dp pair "
+                              "4<->6 on node3<->node4 0.004 GB/s, 1 test(s) cut short (far "
+                              "below their peers) (at 6.0 s)\n")
     ticker.line("preflight [4/5] collectives")  # a phase line: always, and resets the interval
     clock[0] = 10.0
     progress.add([("tp pair 2<->3 on node2", 2.0, "GB/s", False)])
     assert out.getvalue().count("\n") == 2
     progress.finish()  # 9 s since it started: a last line
-    assert out.getvalue().splitlines()[-1].startswith("preflight p2p: 3/24 pairs")
+    assert out.getvalue().splitlines()[-1].startswith("preflight p2p: pass 1/2, 3/12 pairs")
     assert LinkProgress("x", "pairs", 1, None).add([("a", 1.0, "GB/s", False)]) is None
+
+
+def test_progress_counts_pairs_per_pass_and_says_the_end_once():
+    """`6/24 pairs` read as 24 pairs where the plan had 12 measured twice (a re-check of 3
+    groups said `6/6 groups`), and a phase whose last item came as a line was due said the
+    same line twice, the second time with `- done`."""
+    import io
+
+    from mscale.preflight.progress import LinkProgress, Ticker
+
+    clock = [0.0]
+    out = io.StringIO()
+    progress = LinkProgress("recheck collectives", "groups", 6, Ticker(5.0, out, lambda: clock[0]),
+                            passes=2)
+    for t, figures in ((6.0, 3), (12.0, 1), (18.0, 2)):  # end of pass 1; pass 2; the last two
+        clock[0] = t
+        progress.add([("g", 1.0, "GB/s", False)] * figures)
+    progress.finish()
+    assert [line.split(" groups")[0] for line in out.getvalue().splitlines()] == [
+        "preflight recheck collectives: pass 1/2, 3/3",
+        "preflight recheck collectives: pass 2/2, 1/3",
+        "preflight recheck collectives: pass 2/2, 3/3"]
+    assert out.getvalue().splitlines()[-1].endswith("- done (at 18.0 s)")
+    assert LinkProgress("p2p", "pairs", 5, None).text() == "preflight p2p: 0/5 pairs"
