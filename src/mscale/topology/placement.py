@@ -142,17 +142,35 @@ def placement_record(plan: Plan) -> PlacementRecord:
                            groups=GroupsRecord(tp=p.tp_groups, pp=p.pp_groups, dp=p.dp_groups))
 
 
+REGENERATE = ("regenerate the plan with `mscale plan`, or delete the placement section to have "
+              "it derived")
+
+
 def check_placement_record(plan: Plan, source: str | None = None) -> None:
-    """Refuse a plan whose written rank map or groups differ from the derived ones."""
+    """Refuse a plan whose written rank map, groups or node names differ from the derived ones.
+
+    The names too: preflight and train name nodes from ``cluster.hostlist`` while recover reads
+    ``placement.nodes``, so a hostlist edited by hand (a spare swapped in) with the old names
+    left below made one node two names: preflight excluded the new one, recover blamed the old.
+    """
     assert plan.placement is not None
     expected = placement_record(plan)
     for field in ("ranks", "groups"):
         if getattr(plan.placement, field) != getattr(expected, field):
             raise MscaleError(f"placement.{field} does not match the layout "
                               f"tp={plan.layout.tp} pp={plan.layout.pp} dp={plan.layout.dp}",
-                              file=source, field=f"placement.{field}",
-                              fix="regenerate the plan with `mscale plan`, or delete the "
-                                  "placement section to have it derived")
+                              file=source, field=f"placement.{field}", fix=REGENERATE)
+    if plan.placement.nodes != expected.nodes:
+        where = ("cluster.hostlist" if plan.cluster.hostlist
+                 else "the cluster (no hostlist: generic names)")
+        raise MscaleError(f"the written node names ({_few(plan.placement.nodes)}) are not "
+                          f"those of {where} ({_few(expected.nodes)})", file=source,
+                          field="placement.nodes", fix=REGENERATE)
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    """The first node names of a list, for a one-line error."""
+    return ", ".join(names[:shown]) + (f" ... ({len(names)} in all)" if len(names) > shown else "")
 
 
 def load_checked_plan(path: str) -> Plan:

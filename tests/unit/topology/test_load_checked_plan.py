@@ -44,6 +44,22 @@ def test_a_hand_edited_map_is_refused(tmp_path, edit, field):
     assert (e.value.field, e.value.file) == (field, path)
 
 
+def test_node_names_that_are_not_the_hostlists_are_refused(tmp_path):
+    """The hostlist edited by hand, the written names left: train and preflight named the
+    nodes from the hostlist, recover from placement.nodes."""
+    path = write_plan(tmp_path)
+    data = yaml.safe_load(open(path))
+    data["cluster"]["hostlist"] = "spare1,node[2-4]"
+    open(path, "w").write(yaml.safe_dump(data))
+    with pytest.raises(MscaleError) as e:
+        load_checked_plan(path)
+    assert (e.value.field, e.value.file) == ("placement.nodes", path)
+    assert "node1, node2, node3 ... (4 in all)" in e.value.message and "spare1" in e.value.message
+    del data["placement"]  # the fix the error gives: the placement is derived again
+    open(path, "w").write(yaml.safe_dump(data))
+    assert load_checked_plan(path).placement is None
+
+
 def test_the_written_map_and_an_absent_one_load(tmp_path):
     assert load_checked_plan(write_plan(tmp_path)).placement is not None
     assert load_checked_plan(str(PLANS / "cpu-tiny.yaml")).placement is None
