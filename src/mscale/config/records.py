@@ -7,10 +7,11 @@ instead of misreading it.
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_serializer, model_validator
+from pydantic import ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from mscale.config.base import StrictModel
 from mscale.config.vectors import COMPACT_MIN_RANKS, decode_vector, encode_vector, is_encoded
@@ -27,6 +28,8 @@ LINK_SCALE = 1e-3
 few percent of a step (tens of milliseconds), and coarser integers compress better: the three
 vectors add ~35 kB a step at 12,288 ranks (191 kB in all) where 1 µs would add ~105 kB
 (docs/benchmarks.md, "watch")."""
+HOSTLIST_SYNTAX = re.compile(r"[\s,\[\]]")
+"""What never appears in one host name: a hostlist's separators and brackets, blanks."""
 _NON_FINITE_AS_NULL = ("loss", "grad_norm", "clip_threshold", "lr", "tokens_per_s")
 """Required numbers that JSON writes as null when they are NaN or infinite (it has no NaN)."""
 
@@ -175,6 +178,17 @@ class QuarantineEntry(RecordModel):
     """Unix time after which it may be used again; None = until a human clears it."""
     evidence: dict[str, Any] = {}
     """The numbers behind the decision."""
+
+    @field_validator("node")
+    @classmethod
+    def _one_node(cls, node: str) -> str:
+        """One host name: a hand-written ``gpu[017,203]`` (a hostlist) or a blank crashed
+        preflight's exclude list (an internal error after every measurement), and matched no
+        node of a job."""
+        if not node or HOSTLIST_SYNTAX.search(node):
+            raise ValueError(f"{node!r} is not one node name (a hostlist, or blanks?); write one "
+                             "entry per node, named as SLURM names it (node017)")
+        return node
 
 
 QUARANTINE_FIX = ("correct the JSON by hand (a trailing comma, a missing quote) or remove the "

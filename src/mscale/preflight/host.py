@@ -19,6 +19,7 @@ from mscale.config.preflight import CheckResult
 from mscale.preflight.environment import environment_checks
 from mscale.preflight.gpu_health import gpu_health
 from mscale.preflight.ib_ports import Snapshot, check_sysfs_root, judge_ports, snapshot
+from mscale.preflight.report import quarantined
 from mscale.preflight.storage import check_storage_url, storage_checks
 from mscale.runs.rundir import RunDir
 
@@ -36,9 +37,12 @@ def checkpoint_url(run_dir: str, storage_url: str | None) -> str:
 
 def check_inputs(run_dir: str, *, sysfs_root: str = "/sys",
                       storage_url: str | None = None) -> None:
-    """Raise MscaleError (exit 3) for a sysfs root that is not a sysfs tree or a checkpoint URL
-    that cannot be written; leaves nothing behind."""
+    """Raise MscaleError (exit 3) for a sysfs root that is not a sysfs tree, a run directory's
+    ``quarantine.json`` that does not read, or a checkpoint URL that cannot be written; leaves
+    nothing behind. The quarantine is read here too, not only by rank 0 at the end: a hand
+    edit that broke it failed the job after every measurement, and none was kept."""
     check_sysfs_root(sysfs_root)
+    quarantined(run_dir)
     check_storage_url(checkpoint_url(run_dir, storage_url))
 
 

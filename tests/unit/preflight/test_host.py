@@ -43,6 +43,22 @@ def test_bad_inputs_are_exit_3(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("text, says", [
+    ('{"entries": [', "not valid JSON"),
+    ('{"entries": [{"node": "gpu[017,203]", "reason": "by hand"}]}', "not one node name"),
+    ('{"entries": [{"node": "node1 ", "reason": "by hand"}]}', "not one node name"),
+])
+def test_a_quarantine_that_does_not_read_is_refused_before_any_measuring(tmp_path, text, says):
+    """Read by rank 0 only when the report was assembled, a broken quarantine.json failed the
+    job after every measurement, none kept; a hostlist written as one entry's node crashed
+    the exclude list (an internal error)."""
+    (tmp_path / "quarantine.json").write_text(text)
+    with pytest.raises(MscaleError, match=says) as e:
+        check_inputs(str(tmp_path), sysfs_root=FIXTURE)
+    assert e.value.code == 3 and e.value.file == str(tmp_path / "quarantine.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quarantine.json"]
+
+
 @pytest.mark.parametrize("env, checks", [
     ({}, {"sysfs", "storage"}),  # no launcher: this process is the job
     ({"RANK": "0", "WORLD_SIZE": "8"}, {"sysfs", "storage"}),  # torchrun rank 0
