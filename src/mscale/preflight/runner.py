@@ -27,7 +27,7 @@ from mscale.preflight.options import PreflightOptions
 from mscale.preflight.network import Pace, measure_groups, measure_pairs
 from mscale.preflight.progress import TICKER, LinkProgress
 from mscale.preflight.recheck import Suspects, suspects
-from mscale.topology.env import LaunchEnv, node_name
+from mscale.topology.env import LaunchEnv, check_node_matches, node_name
 from mscale.topology.placement import placement_for
 
 def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
@@ -261,6 +261,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
 
     env = read_launch_env(command="preflight", world=plan.layout.world_size)
     check_world(plan, env, opts.plan_path)
+    check_node_matches(plan, env)  # where train would refuse: links other than the job's
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, env.local_world_size)))
     init_distributed(env, opts.timeout_s)

@@ -151,3 +151,34 @@ def node_name(env: LaunchEnv, plan: "Plan") -> str:
         if 0 <= index < len(names):
             return names[index]
     return env.hostname
+
+
+def check_node_matches(plan: "Plan", env: LaunchEnv) -> None:
+    """Refuse to run when the launcher put this rank on a different node than the plan says:
+    TP groups would then cross nodes and every step would crawl over the NICs. Train and
+    preflight both ask it of every rank before the rendezvous (preflight must test the links
+    the job will use: the same launch line train refuses would have it test others)."""
+    from mscale.topology.placement import placement_for  # same package; placement is heavier
+
+    placement = placement_for(plan)
+    if env.step_layout_problem:  # every rank sees it: all refuse now, none waits for the rest
+        raise MscaleError(env.step_layout_problem, field="placement",
+                          fix=f"srun -N {plan.cluster.nodes} --ntasks-per-node "
+                              f"{plan.cluster.gpus_per_node} (block distribution, SLURM's "
+                              "default)")
+    if env.world_size != placement.world:
+        raise MscaleError(f"the launcher started {env.world_size} processes but the plan needs "
+                          f"{placement.world}", field="layout",
+                          fix=f"launch exactly {placement.world} processes (e.g. --local "
+                              f"{placement.world}, srun -n {placement.world}, or torchrun "
+                              "--nnodes × --nproc-per-node making as many)")
+    if env.local_world_size != plan.cluster.gpus_per_node and env.launcher != "torchrun":
+        raise MscaleError(f"{env.local_world_size} processes per node, plan says "
+                          f"{plan.cluster.gpus_per_node}", field="cluster.gpus_per_node",
+                          fix="launch gpus_per_node processes per node (srun --ntasks-per-node)")
+    if placement.node(env.rank) != env.node_rank:
+        raise MscaleError(f"rank {env.rank} runs on node index {env.node_rank} but the plan "
+                          f"places it on node {placement.node(env.rank)}", field="placement",
+                          fix="launch ranks in node order (srun block distribution; torchrun "
+                              f"--nproc-per-node {plan.cluster.gpus_per_node}, the plan's "
+                              "gpus_per_node, with --node-rank matching the plan)")

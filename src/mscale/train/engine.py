@@ -17,14 +17,13 @@ from mscale.config.plan import Plan
 from mscale.config.records import DataSkips
 from mscale.distributed.groups import ParallelGroups, build_groups
 from mscale.distributed.init import init_distributed, pick_device
-from mscale.errors import MscaleError
 from mscale.parallel.data import GradBuffer, data_parallel
 from mscale.parallel.param_gather import ParamGather
 from mscale.parallel.precision import Precision
 from mscale.parallel.shard_layout import bucket_bytes
 from mscale.parallel.spec import ParamTable
 from mscale.parallel.zero import DistributedOptimizer
-from mscale.topology.env import LaunchEnv
+from mscale.topology.env import LaunchEnv, check_node_matches
 from mscale.topology.placement import placement_for
 from mscale.parallel.pipeline.runner import PipelineStage, build_stage
 from mscale.train.clip import AdaptiveClipper
@@ -82,33 +81,6 @@ class Engine:
         return LiveRank(plan=self.plan, groups=self.groups, device=self.device, params=self.params,
                         table=self.table, optimizer=self.optimizer, clipper=self.clipper,
                         timeout_s=self.options.timeout_s)
-
-
-def check_node_matches(plan: Plan, env: LaunchEnv) -> None:
-    """Refuse to run when the launcher put this rank on a different node than the plan says:
-    TP groups would then cross nodes and every step would crawl over the NICs."""
-    placement = placement_for(plan)
-    if env.step_layout_problem:  # every rank sees it: all refuse now, none waits for the rest
-        raise MscaleError(env.step_layout_problem, field="placement",
-                          fix=f"srun -N {plan.cluster.nodes} --ntasks-per-node "
-                              f"{plan.cluster.gpus_per_node} (block distribution, SLURM's "
-                              "default)")
-    if env.world_size != placement.world:
-        raise MscaleError(f"the launcher started {env.world_size} processes but the plan needs "
-                          f"{placement.world}", field="layout",
-                          fix=f"launch exactly {placement.world} processes (e.g. --local "
-                              f"{placement.world}, srun -n {placement.world}, or torchrun "
-                              "--nnodes × --nproc-per-node making as many)")
-    if env.local_world_size != plan.cluster.gpus_per_node and env.launcher != "torchrun":
-        raise MscaleError(f"{env.local_world_size} processes per node, plan says "
-                          f"{plan.cluster.gpus_per_node}", field="cluster.gpus_per_node",
-                          fix="launch gpus_per_node processes per node (srun --ntasks-per-node)")
-    if placement.node(env.rank) != env.node_rank:
-        raise MscaleError(f"rank {env.rank} runs on node index {env.node_rank} but the plan "
-                          f"places it on node {placement.node(env.rank)}", field="placement",
-                          fix="launch ranks in node order (srun block distribution; torchrun "
-                              f"--nproc-per-node {plan.cluster.gpus_per_node}, the plan's "
-                              "gpus_per_node, with --node-rank matching the plan)")
 
 
 def build_engine(plan: Plan, env: LaunchEnv, options: TrainOptions, *, attempt: int = 1,

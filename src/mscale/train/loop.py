@@ -25,14 +25,14 @@ from mscale.errors import EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_OK, EXIT_WARNING
 from mscale.planner.flops import model_flops
 from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
-from mscale.topology.env import LaunchEnv
+from mscale.topology.env import LaunchEnv, check_node_matches
 from mscale.topology.placement import placement_for
 from mscale.train.announce import announce, announce_resume, event, say
 from mscale.train.console import Summary, checkpoint_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import (DataIdentity, check_same_data_everywhere,
                                source_fingerprint)
-from mscale.train.engine import Engine, build_engine, check_node_matches
+from mscale.train.engine import Engine, build_engine
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter

@@ -85,7 +85,7 @@ def test_one_task_a_node_is_not_refused_for_srun_s_default_cyclic_distribution()
 
 
 def test_every_rank_refuses_a_step_the_plan_cannot_match():
-    from mscale.train.engine import check_node_matches
+    from mscale.topology.env import check_node_matches
 
     plan = load_checked_plan(str(PLANS / "cpu-tiny.yaml"))
     for rank, node in ((0, "0"), (5, "2"), (7, "3")):  # even those placed where the plan says
