@@ -30,6 +30,16 @@ def test_probe_flags_a_node_mismatch():
     assert probe(PLAN, read_launch_env(env))["node_match"] is False
 
 
+def test_probe_names_a_launch_train_and_preflight_would_refuse():
+    """srun -N 3 -n 8 (3,3,2 tasks): rank 0 sits where the plan puts it, node_match true, yet
+    every rank of the job refuses the step; the dry run said nothing of it."""
+    assert probe(PLAN, read_launch_env(slurm_env(0)))["launch_problem"] is None
+    env = {**slurm_env(0), "SLURM_STEP_TASKS_PER_NODE": "3(x2),2"}
+    rec = probe(PLAN, read_launch_env(env))
+    assert rec["node_match"] and "runs 3,3,2 tasks on its 3 nodes" in rec["launch_problem"]
+    assert "fix: srun -N 4 --ntasks-per-node 2" in rec["launch_problem"]
+
+
 def test_probe_refuses_a_wrong_world_size():
     with pytest.raises(MscaleError, match="needs 8"):
         probe(PLAN, read_launch_env(slurm_env(0, ntasks=2)))
