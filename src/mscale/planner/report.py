@@ -183,8 +183,11 @@ def rejects_table(rejects: Rejects, examined: int) -> Table:
     t.add_column("count", justify="right")
     t.add_column("reason")
     t.add_column("example")
-    for reason, n, ex in rejects.rows():
+    rows = rejects.rows()
+    for reason, n, ex in rows:
         t.add_row(f"{n:,}", reason, ex)
+    if not rows:  # an empty table read as a failure to explain
+        t.add_row("0", "none: every layout the search enumerated fits", "-")
     return t
 
 

@@ -49,6 +49,15 @@ def test_json_is_one_document(cli):
     assert "rejected" in doc
 
 
+def test_explain_says_when_nothing_was_rejected(cli):
+    """The demo's files leave no layout rejected: --explain printed a table with no row."""
+    code, stdout, _ = cli("plan", *CPU, "--explain", "--top", "1")
+    assert code == 0
+    assert "none: every layout the search enumerated fits" in stdout
+    _, gpt, _ = cli("plan", *GPT, "--explain", "--top", "1")
+    assert "none: every layout" not in gpt and "memory" in gpt
+
+
 def test_json_with_output_names_the_file_on_stderr(cli, tmp_path):
     """With --json and -o the plan was written without a word: stdout holds the document
     alone, stderr says what was written, as preflight's --json does."""
