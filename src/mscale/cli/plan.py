@@ -11,6 +11,7 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.output import console, print_json
+from mscale.config.plan import PLAN_NAME_MAX
 from mscale.planner.goodput import GoodputInputs
 from mscale.planner.stacks import STACKS
 
@@ -29,6 +30,20 @@ def _finite(value: float) -> float:
     return value
 
 
+def _plan_name(value: Optional[str]) -> Optional[str]:
+    """A name `train` prints in its one-line start and records: a name past the schema's 200
+    characters ended the command, after the search, in an internal error (a pydantic
+    traceback's summary); an empty one fell back to the model's without a word; a control
+    character broke the start line in two."""
+    if value is None:
+        return None
+    if not value.strip() or len(value) > PLAN_NAME_MAX or not value.isprintable():
+        raise typer.BadParameter(f"{value[:40]!r}{'...' if len(value) > 40 else ''}: give a "
+                                 f"printable name of 1 to {PLAN_NAME_MAX} characters, or leave "
+                                 "--name out for the model's")
+    return value
+
+
 @app.command("plan")
 def plan_cmd(
     cluster: str = typer.Option(..., "--cluster", help="Cluster YAML (plans/clusters/); a path "
@@ -42,7 +57,8 @@ def plan_cmd(
     top: int = typer.Option(5, "--top", min=1, help="Show the best N layouts."),
     explain: bool = typer.Option(False, "--explain", help="Show why layouts were rejected."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
-    name: Optional[str] = typer.Option(None, "--name", help="Plan name (default: the model's)."),
+    name: Optional[str] = typer.Option(None, "--name", callback=_plan_name,
+                                       help="Plan name (default: the model's)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Evaluate this layout (a layout "
                                          "YAML or a plan) next to the best."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Given layout: tensor-parallel size."),

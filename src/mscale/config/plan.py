@@ -65,12 +65,16 @@ class CheckpointAdvice(StrictModel):
     """Expected share of wall time spent making progress (goodput), 0..1."""
 
 
+PLAN_NAME_MAX = 200
+"""Longest plan name (`mscale plan --name`)."""
+
+
 class Plan(StrictModel):
     """A complete, runnable plan."""
 
     schema_version: int = Field(default=PLAN_SCHEMA_VERSION, ge=1, le=PLAN_SCHEMA_VERSION)
     """Version of the plan schema."""
-    name: str = Field(default="plan", max_length=200)
+    name: str = Field(default="plan", max_length=PLAN_NAME_MAX)
     """Run name."""
     cluster: ClusterConfig
     """The cluster the plan was made for."""

@@ -128,6 +128,18 @@ def test_option_errors_name_the_option(cli):
         assert code == 3 and f"--failure-rate: {value} is not a positive finite number" in err
 
 
+@pytest.mark.parametrize("name", ["x" * 201, "", "  ", "a\nb"])
+def test_a_name_train_could_not_print_is_a_usage_error(cli, tmp_path, name):
+    """Past 200 characters the search ran and then ended in 'internal error: ValidationError';
+    an empty name fell back to the model's silently, a newline broke train's start line."""
+    out = tmp_path / "p.yaml"
+    code, _, err = cli("plan", *CPU, "--top", "1", "--name", name, "-o", str(out))
+    assert code == 3 and err.startswith("error: --name: ") and "printable name" in err, err
+    assert "internal error" not in err and not out.exists()
+    code, _, _ = cli("plan", *CPU, "--top", "1", "--name", "x" * 200, "-o", str(out))
+    assert code == 0 and load_plan(str(out)).name == "x" * 200
+
+
 @pytest.mark.parametrize("args,field", [(["--tp", "3"], "layout.tp"),
                                         (["--tp", "2", "--pp", "3"], "layout.pp")])
 def test_bad_given_layout_exits_3_with_field(cli, args, field):
