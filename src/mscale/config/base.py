@@ -33,6 +33,9 @@ except AttributeError:  # pragma: no cover - pyyaml built without libyaml
 REFERENCE = "docs/config-reference.md"
 _LISTS = f"{REFERENCE} lists every field with its type and bounds"
 FIX = f"correct the field; {_LISTS}"
+MAPPING_FIX = ("write one `field: value` per line (nodes: 4), not a list (- ...) or a lone value; "
+               f"{_LISTS}")
+"""A file (or section) that is not a mapping has no field to correct: say what it should be."""
 
 
 class StrictModel(BaseModel):
@@ -297,7 +300,7 @@ def validate(model: type[M], data: Any, source: str | None, prefix: str = "") ->
         raise MscaleError("file is empty", file=source, fix="fill in the required fields")
     if not isinstance(data, (dict, BaseModel)):
         raise MscaleError(f"expected a mapping of fields, found a {_kind(data)}", file=source,
-                          field=prefix.rstrip(".") or None, fix=FIX)
+                          field=prefix.rstrip(".") or None, fix=MAPPING_FIX)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -46,6 +46,15 @@ def test_non_utf8_files_are_named_as_such(tmp_path, data, what):
     assert what in err.message and "UTF-8" in err.fix
 
 
+@pytest.mark.parametrize("text, kind", [("- nodes: 4\n- gpu: A100\n", "list"),
+                                        ("A100\n", "string"), ("4\n", "number")])
+def test_a_file_that_is_not_a_mapping_is_told_what_to_be(tmp_path, text, kind):
+    """Its fix said 'correct the field', of a file that has none."""
+    err = refused(ClusterConfig, tmp_path, text)
+    assert err.message == f"expected a mapping of fields, found a {kind}"
+    assert err.fix.startswith("write one `field: value` per line")
+
+
 def test_unreadable_file(tmp_path, monkeypatch):
     f = tmp_path / "plan.yaml"
     f.write_text(TRAINING)
