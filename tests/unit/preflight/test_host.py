@@ -33,6 +33,26 @@ def test_gpu_plan_without_nvml_or_ports_is_unknown_not_ok(tmp_path):
     assert by["gpu_health"] == "UNKNOWN" and by["ib_port"] == "UNKNOWN"
 
 
+@pytest.mark.parametrize("sysfs", ["none", "two-hdr-ports"])
+def test_a_one_node_gpu_plan_does_not_judge_the_nics_it_never_uses(tmp_path, sysfs):
+    """plans/gpu-1b-h200.yaml (one H200, nics_per_node left at its default 8): a box with no
+    InfiniBand was UNKNOWN (the job's exit 3), one with two HDR ports CRITICAL (6 of 8
+    missing), its only node excluded. A 4-node plan still judges them."""
+    root = FIXTURE if sysfs == "two-hdr-ports" else str(tmp_path / "sys")
+    (tmp_path / "sys" / "class").mkdir(parents=True)
+    nvml = fake_nvml({}, init_error="Driver Not Loaded")
+    one = load_plan(str(PLANS / "gpu-1b-h200.yaml"))
+    out = node_checks(str(tmp_path / "run"), one, level="quick", sysfs_root=root, nvml=nvml,
+                      node="n", env={})
+    assert "ib_port" not in {r.check for r in out}
+    four = load_plan(str(PLANS / "cpu-tiny.yaml"))
+    four.cluster.gpu = four.cluster.gpu.model_copy(update={"name": "H100"})
+    out = node_checks(str(tmp_path / "run"), four, level="quick", sysfs_root=root, nvml=nvml,
+                      node="n", env={})
+    assert {r.status for r in out if r.check == "ib_port"} == (
+        {"UNKNOWN"} if sysfs == "none" else {"OK"})
+
+
 def test_bad_inputs_are_exit_3(tmp_path):
     with pytest.raises(MscaleError, match="sysfs") as e:
         check_inputs(str(tmp_path), sysfs_root=str(tmp_path))
