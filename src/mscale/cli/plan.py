@@ -97,10 +97,13 @@ def plan_cmd(
     from mscale.planner.planfile import make_plan
     from mscale.planner.report import json_document
     from mscale.runs.atomic import write_text_atomic
-    from mscale.runs.targets import check_lasting, check_output
+    from mscale.runs.targets import check_lasting, check_not_an_input, check_output
 
     if output:  # a search that cannot write its result is wasted: check the destination first
         check_lasting(output, "-o")
+        check_not_an_input(output, "-o", [("--cluster", cluster), ("--model", model),
+                                          ("--training", training),
+                                          *(("--calibrate", c) for c in calibrate or [])])
         check_output(output, "file", "-o")
     options = {"tp": tp, "pp": pp, "vpp": vpp, "micro_batch": micro_batch, "sequence_parallel": sp,
                "recompute": recompute, "zero_stage": zero, "dp_reduce": dp_reduce}

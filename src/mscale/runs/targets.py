@@ -31,6 +31,21 @@ def check_lasting(url: str, what: str) -> None:
                           "(file://, s3://, gs://, ...)")
 
 
+def check_not_an_input(url: str, what: str, inputs: list[tuple[str, str]]) -> None:
+    """Refuse a destination that is one of the command's own inputs (``inputs``: (option,
+    path) pairs), compared by resolved path locally and as written otherwise: ``mscale plan
+    --training t.yaml -o t.yaml`` replaced the training file with the plan, its comments lost,
+    and the next run of the same line was refused as 'a whole plan given as --training'."""
+    def key(u: str) -> str:
+        return u if "://" in u else os.path.realpath(u)
+
+    for option, path in inputs:
+        if path and key(path) == key(url):
+            raise MscaleError(f"this is the {option} file: writing there would replace that "
+                              "input", file=url, field=what,
+                              fix=f"give {what} another file, e.g. plan.yaml")
+
+
 def check_output(url: str, kind: Kind, what: str, example: str = "plan.yaml") -> None:
     """Raise MscaleError unless ``url`` can be written as a ``kind`` (a file or a directory).
 

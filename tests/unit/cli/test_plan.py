@@ -49,6 +49,28 @@ def test_json_is_one_document(cli):
     assert "rejected" in doc
 
 
+@pytest.mark.parametrize("option", ["--cluster", "--model", "--training", "--calibrate"])
+def test_output_that_is_an_input_is_refused_before_it_is_replaced(cli, tmp_path, monkeypatch,
+                                                                  option):
+    """'--training t.yaml -o t.yaml' replaced the training file with the plan (its comments
+    lost); the same line run again was then refused as a whole plan given as --training."""
+    monkeypatch.chdir(tmp_path)
+    args = dict(zip(CPU[::2], CPU[1::2]))
+    mine = tmp_path / "mine.yaml"
+    if option == "--calibrate":
+        mine.write_text('{"measured": {"gemm_tflops": {"median": 0.1, "n": 384, '
+                        '"dtype": "float32"}}}')
+    else:
+        mine.write_text(open(args[option]).read())
+        args[option] = str(mine)
+    before = mine.read_text()
+    extra = ["--calibrate", str(mine)] if option == "--calibrate" else []
+    code, _, err = cli("plan", *[x for kv in args.items() for x in kv], *extra, "--top", "1",
+                       "-o", "./mine.yaml")
+    assert code == 3 and f"error: ./mine.yaml: -o: this is the {option} file" in err, err
+    assert mine.read_text() == before
+
+
 def test_explain_says_when_nothing_was_rejected(cli):
     """The demo's files leave no layout rejected: --explain printed a table with no row."""
     code, stdout, _ = cli("plan", *CPU, "--explain", "--top", "1")
