@@ -29,7 +29,8 @@ def preflight_cmd(
     # every flag in **flags is a field of PreflightOptions, help = its docstring
     from mscale.preflight.host import check_inputs_here
     from mscale.preflight.options import options_from_env
-    from mscale.runs.targets import check_lasting, check_output
+    from mscale.runs.rundir import RunDir
+    from mscale.runs.targets import check_lasting, check_not_an_input, check_output
     from mscale.topology.placement import load_checked_plan
 
     opts = options_from_env() or build_options(PreflightOptions, flags, run_dir=run_dir,
@@ -40,6 +41,10 @@ def preflight_cmd(
     check_output(run_dir, "dir", "--run-dir")
     if prometheus:
         check_lasting(prometheus, "--prometheus")
+        run = RunDir(run_dir)  # what preflight and recover read there, and the plan
+        check_not_an_input(prometheus, "--prometheus", [
+            ("plan", plan), ("run directory's preflight.json", run.preflight),
+            ("run directory's quarantine.json", run.quarantine)])
         check_output(prometheus, "file", "--prometheus", example="preflight.prom")
     check_inputs_here(run_dir, sysfs_root=sysfs_root, storage_url=storage_url)
     if local:

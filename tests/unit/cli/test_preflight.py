@@ -63,3 +63,21 @@ def test_the_local_launcher_hands_each_worker_its_options_whole(monkeypatch):
     got = options.options_from_env()
     assert got == opts.model_copy(update={"as_json": False})
     assert got.inject_slow == {5: 4.0} and env["MSCALE_PREFLIGHT_LOGS"] == "/logs"
+
+
+@pytest.mark.parametrize("target", ["plan", "preflight.json", "quarantine.json"])
+def test_a_textfile_that_would_replace_an_input_is_refused_first(cli, tmp_path, target):
+    """--prometheus naming the plan wrote the textfile over it at the end of the run (and the
+    report or quarantine.json, which recover reads, likewise)."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text((PLANS / "cpu-tiny.yaml").read_text())
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "quarantine.json").write_text('{"entries": []}')
+    path = plan if target == "plan" else run / target
+    before = path.read_text() if path.exists() else None
+    code, _, err = cli("preflight", str(plan), "--run-dir", str(run), "--local", "8",
+                       "--prometheus", str(path))
+    assert code == 3 and "error: " in err and "--prometheus: this is the " in err, err
+    assert (path.read_text() if path.exists() else None) == before
+    assert sorted(p.name for p in run.iterdir()) == ["quarantine.json"]
