@@ -112,6 +112,7 @@ def check_matches(cal: Calibration, gpu: str) -> None:
 def load_calibration(paths: list[str]) -> Calibration:
     """Read every file (preflight.json or metrics.jsonl) into one Calibration."""
     cal = Calibration()
+    seen: dict[str, str] = {}  # kind → the file of that kind already read
     for path in paths:
         text = read_text(path, limit=MAX_METRICS_BYTES)
         first = text.lstrip()[:1]
@@ -119,11 +120,24 @@ def load_calibration(paths: list[str]) -> Calibration:
             raise MscaleError("empty calibration file", file=path,
                               fix="give a preflight.json or a run's metrics.jsonl")
         lines = [ln for ln in text.split("\n") if ln.strip()]  # JSONL: "\n" ends a record
-        if len(lines) > 1 and lines[0].lstrip().startswith("{") and '"step"' in lines[0]:
+        metrics = len(lines) > 1 and lines[0].lstrip().startswith("{") and '"step"' in lines[0]
+        _one_of_a_kind(seen, "a run's metrics.jsonl" if metrics else "a preflight report", path)
+        if metrics:
             _read_metrics(cal, lines, path)
         else:
             _read_preflight(cal, parse_json(text, path), path)
     return cal
+
+
+def _one_of_a_kind(seen: dict[str, str], kind: str, path: str) -> None:
+    """Refuse a second file of a kind: each overwrote the first's figures field by field (a
+    GEMM from one preflight, bandwidths from another), while the console named both as
+    applied."""
+    if kind in seen:
+        raise MscaleError(f"{kind} again: {seen[kind]} was given first, and the two would mix "
+                          "their figures", file=path, field="--calibrate",
+                          fix="give one preflight.json and/or one metrics.jsonl")
+    seen[kind] = path
 
 
 def _number(value, path: str, field_name: str, positive: bool = True) -> float:

@@ -144,6 +144,21 @@ def test_bad_calibration_files(tmp_path, text, message):
     assert e.value.file == str(f)
 
 
+def test_two_files_of_one_kind_are_refused(tmp_path):
+    """Two preflight reports mixed field by field (the second's GEMM, the first's bandwidths
+    where the second had none), and the console said both were applied."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, second = preflight(tmp_path / "a"), preflight(tmp_path / "b", gemm=100.0)
+    with pytest.raises(MscaleError, match="a preflight report again") as e:
+        load_calibration([str(first), str(second)])
+    assert e.value.file == str(second) and str(first) in e.value.message
+    with pytest.raises(MscaleError, match="metrics.jsonl again"):
+        load_calibration([str(metrics(tmp_path / "a", 12.0)), str(metrics(tmp_path / "b", 9.0))])
+    both = load_calibration([str(first), str(metrics(tmp_path, 12.0))])  # one of each: fine
+    assert both.gemm_tflops == 180.0 and both.step_time_s == pytest.approx(12.0)
+
+
 def test_cli_stack_option(cli):
     code, out, err = cli("plan", *GPT, "--stack", "megatron-lm", "--json", "--top", "1")
     assert code == 0, err
