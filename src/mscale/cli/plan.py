@@ -63,9 +63,11 @@ def plan_cmd(
                                          "YAML or a plan) next to the best."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Given layout: tensor-parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Given layout: pipeline stages."),
-    vpp: Optional[int] = typer.Option(None, "--vpp", help="Given layout: virtual stages per rank."),
+    vpp: Optional[int] = typer.Option(None, "--vpp",
+                                      help="Given layout: virtual stages per rank."),
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Given layout."),
-    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp", help="Given layout: sequence parallel."),
+    sp: Optional[bool] = typer.Option(None, "--sp/--no-sp",
+                                      help="Given layout: sequence parallel."),
     recompute: Optional[str] = typer.Option(None, "--recompute", metavar="none|selective|full",
                                             help="Given layout: activation recompute."),
     zero: Optional[int] = typer.Option(None, "--zero", help="Given layout: ZeRO stage 0|1|2."),
@@ -96,6 +98,7 @@ def plan_cmd(
     from mscale.planner.choose import choose, load_parts
     from mscale.planner.planfile import make_plan
     from mscale.planner.report import json_document
+    from mscale.planner.search import describe
     from mscale.runs.atomic import write_text_atomic
     from mscale.runs.targets import check_lasting, check_not_an_input, check_output
 
