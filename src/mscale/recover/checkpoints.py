@@ -41,6 +41,8 @@ from mscale.runs.rundir import RunDir
 
 VERIFY_MODES = get_args(Verify)
 FAILED_READING = "the relaunch failed reading it"
+UNCOMMITTED = "uncommitted: its write never finished (no COMMITTED marker)"
+"""Why a save that never committed is passed over: nothing it held was ever a checkpoint."""
 """How a checkpoint the last attempt failed reading is passed over (then what the read said)."""
 
 
@@ -122,7 +124,7 @@ def _latest(run: RunDir) -> tuple[str | None, str | None]:
 def _why_not(run: RunDir, e: catalog.Entry, bad: int | None, verify: str) -> str | None:
     """Why checkpoint ``e`` cannot be resumed from, or None when it can."""
     if not e.committed:
-        return "uncommitted: its write never finished (no COMMITTED marker)"
+        return UNCOMMITTED
     if bad is not None and e.step >= bad:
         return (f"holds the state after step {e.step}, not before the first bad step {bad}")
     try:

@@ -23,7 +23,7 @@ from mscale.config.records import DataSkip, Event
 from mscale.errors import EXIT_INTERRUPTED, MscaleError
 from mscale.hostlist import collect_hostlist
 from mscale.recover import room, stages
-from mscale.recover.checkpoints import names_damaged
+from mscale.recover.checkpoints import UNCOMMITTED, names_damaged
 from mscale.recover.child import Child
 from mscale.recover.exclude import released, slurm_names, with_carried
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
@@ -237,9 +237,11 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     progress = diagnosis.failed_step or 0
     # an operator's interruption without a checkpoint (a second Ctrl-C: exit 130) chose to lose
     # its steps; a failure, a scancel whose grace ran out or a halt did not, and damaged
-    # checkpoints passed over are never the operator's choice
+    # checkpoints passed over are never the operator's choice. A save the Ctrl-C cut short is
+    # left uncommitted (train.md): it never was a checkpoint, so passing it over loses nothing
     chosen_loss = (diagnosis.cls == "none" and diagnosis.symptom == "stopped"
-                   and diagnosis.exit_code == EXIT_INTERRUPTED and not choice.rejected)
+                   and diagnosis.exit_code == EXIT_INTERRUPTED
+                   and all(r.get("why") == UNCOMMITTED for r in choice.rejected))
     if choice.path is None and (progress > 0 or choice.rejected) and not chosen_loss:
         refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
                        f"{progress}: restarting from step 0 (--resume none) is a human's call")

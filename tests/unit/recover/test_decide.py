@@ -14,6 +14,7 @@ from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import DataSkip
 from mscale.errors import MscaleError
 from mscale.recover import decide, exclude, stages
+from mscale.recover.checkpoints import UNCOMMITTED
 from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
 from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, Replan
 from mscale.recover.recheck import Rechecker, failure_time, judge_report
@@ -299,6 +300,21 @@ def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes)
     assert "the stop saved no checkpoint: steps 1-7 are trained again, from step 0" in \
         plan.reasons
     fakes.diagnosis.exit_code = None  # a scancel whose grace ran out: nobody chose the loss
+    assert plan_recovery(str(run)).verdict == "unrecoverable"
+
+
+def test_a_second_ctrl_c_during_the_first_save_starts_over_degraded(run, fakes):
+    """The Ctrl-C cut the run's first save short: its directory is left uncommitted (never a
+    checkpoint, train.md), so passing it over loses nothing the operator did not choose to lose;
+    a committed checkpoint passed over (damaged) still makes it a human's call."""
+    fakes.diagnosis = Diagnosis(cls="none", symptom="stopped", summary="the operator "
+                                "interrupted the job", failed_step=6, exit_code=130)
+    fakes.choice = CheckpointChoice(path=None, step=None, reason="none of the 1 is usable",
+                                    rejected=[{"name": "step-000003", "why": UNCOMMITTED}])
+    fakes.exclusions = Exclusions()
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "degraded" and plan.exit_code == 1 and plan.command
+    fakes.choice.rejected.append({"name": "step-000002", "why": "failed quick verify: x"})
     assert plan_recovery(str(run)).verdict == "unrecoverable"
 
 
