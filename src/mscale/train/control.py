@@ -52,6 +52,17 @@ class Decision:
     def stop(self) -> bool:
         return self.halt or self.signal or self.abort
 
+    @property
+    def message(self) -> str:
+        """The ``control``/``signal`` event's message for a checkpoint or stop request."""
+        parts = []
+        if self.checkpoint:
+            parts.append("checkpoint requested: saving at this step boundary")
+        if self.halt or self.signal:
+            parts.append("saving a checkpoint, then halting at this step boundary"
+                         + (" on a signal" if self.signal else " on a control/halt request"))
+        return "; ".join(parts)
+
 
 class Control:
     """Polls the control directory on rank 0 and agrees on a decision with every rank."""

@@ -44,6 +44,7 @@ from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start
                                   open_session)
 from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
+from mscale.train.waiting import said_while_waiting
 
 
 def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
@@ -135,13 +136,20 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     code, stop = _loop(engine, s, ckpt, control, first, summary)
     engine.param_buffer.wait()  # parameter all-gathers of the last step
     engine.loader.close()
-    ckpt.close()  # a save in flight is finished and committed before the process exits
+    with _waiting(engine, ckpt, "the stop" if stop else "the end of the run"):
+        ckpt.close()  # a save in flight is finished and committed before the process exits
     code, stop = _kept_at_the_end(engine, ckpt, code, stop)
     figures = _finish(engine, s, code, stop, summary, control.signal_name)
     s.release()
     if engine.options.json_summary and engine.env.rank == 0:
         print(json.dumps({"run_dir": s.run.root, **figures}, indent=2, default=str), flush=True)
     return code
+
+
+def _waiting(engine: Engine, ckpt: Checkpointer, purpose: str):
+    """Rank 0's lines while ``purpose`` waits for the save in flight (train/waiting.py)."""
+    inflight = ckpt.inflight if engine.env.rank == 0 else None
+    return said_while_waiting(lambda line: say(engine, line), inflight, purpose)
 
 
 def _kept_at_the_end(engine: Engine, ckpt: Checkpointer, code: int, stop):
@@ -284,7 +292,8 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             return after.stop
         saving, trace_next = after.saving, after.trace
     if ckpt.due(steps, final=True) and first < steps:
-        ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
+        with _waiting(engine, ckpt, f"the final save of step {steps}"):
+            ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None
 
 
@@ -317,7 +326,7 @@ def _at_boundary(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Con
     if decision.checkpoint or decision.stop:
         event(s, kind="signal" if decision.signal else "control",
               step=done, severity="warning" if decision.stop else "info",
-              message=_decision_message(decision),
+              message=decision.message,
               evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
                         "signal": decision.signal})
     reason = ckpt.due(done, requested=decision.checkpoint or decision.stop)
@@ -326,7 +335,9 @@ def _at_boundary(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Con
     if lost is not None:
         return Boundary(stop=(EXIT_BAD_INPUT, ("abort", done, lost)))
     if reason:
-        ckpt.save(done, reason, lr=lr)
+        with _waiting(engine, ckpt, f"the save of step {done}"
+                      + (" before the stop" if decision.stop else "")):
+            ckpt.save(done, reason, lr=lr)
     if decision.stop:
         why = "signal" if decision.signal else "halt"
         return Boundary(stop=(EXIT_WARNING, (why, done, "a checkpoint is saved before the "
@@ -390,14 +401,3 @@ def _finish(engine: Engine, s: RunSession, code: int, stop, summary: Summary,
            message=f"training process exited with code {code}"
            + (f" ({stop[0]})" if stop else ""), evidence=figures)
     return figures
-
-
-def _decision_message(decision) -> str:
-    parts = []
-    if decision.checkpoint:
-        parts.append("checkpoint requested: saving at this step boundary")
-    if decision.halt or decision.signal:
-        parts.append("saving a checkpoint, then halting at this step boundary"
-                     + (" on a signal" if decision.signal else " on a control/halt request"))
-    return "; ".join(parts)
-

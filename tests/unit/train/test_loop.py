@@ -4,6 +4,7 @@ before any save it starts, interval or requested."""
 
 from __future__ import annotations
 
+import re
 import time
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import pytest
 from mscale.errors import EXIT_BAD_INPUT, EXIT_WARNING
 from mscale.runs.rundir import RunDir
 from mscale.train.control import Control
+from mscale.train import waiting
 from mscale.train.loop import Boundary, _at_boundary
 from mscale.train.session import Journal, RunSession
 
@@ -22,6 +24,8 @@ class Saves:
 
     def __init__(self, interval: int):
         self.interval, self.started, self.fatal = interval, [], None
+        self.inflight = None  # the save still being written (`Checkpointer.inflight`)
+        self.write_s = 0.0  # how long `save` waits for it
 
     def poll(self) -> None:
         pass
@@ -32,6 +36,7 @@ class Saves:
         return "interval" if step % self.interval == 0 else None
 
     def save(self, step: int, reason: str, lr: float | None = None) -> None:
+        time.sleep(self.write_s)
         self.started.append((step, reason))
 
 
@@ -47,7 +52,8 @@ def job(tmp_path, monkeypatch):
     s.lock = RunLock(run.root, "job-a").acquire()
     s.token = s.lock.record.token
     engine = SimpleNamespace(plan=SimpleNamespace(training=SimpleNamespace(steps=100)),
-                             env=SimpleNamespace(rank=0))
+                             env=SimpleNamespace(rank=0),
+                             options=SimpleNamespace(json_summary=False))
     control_dir = tmp_path / "run" / "control"
     control_dir.mkdir(exist_ok=True)
     yield SimpleNamespace(run=run, s=s, engine=engine, control_dir=control_dir,
@@ -100,3 +106,23 @@ def test_an_interval_save_after_a_takeover_stops_without_saving(job):
     after = _boundary(job, 9)
     assert after.stop[0] == EXIT_BAD_INPUT and "run lock taken over" in after.stop[1][2]
     assert job.saves.started == []
+
+
+def test_a_halt_that_waits_for_a_slow_save_says_so_while_it_waits(job, monkeypatch, capsys):
+    """A save still being written holds the halt's own save: the console says so every
+    `waiting.NOTICE_EVERY_S` (10 s) instead of staying silent until the commit, minutes on a
+    slow filesystem, while an operator wonders whether to press Ctrl-C again."""
+    monkeypatch.setattr(waiting, "NOTICE_EVERY_S", 0.05)
+    job.saves.inflight = SimpleNamespace(name="step-000003")
+    job.saves.write_s = 0.3
+    (job.control_dir / "halt").touch()
+    after = _boundary(job, 5)
+    assert after.stop is not None and job.saves.started == [(6, "request")]
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 2, lines
+    assert re.fullmatch(r"checkpoint step-000003 still being written after \d+ s; the save of "
+                        r"step 6 before the stop waits for it", lines[0]), lines
+    job.saves.inflight, job.saves.started = None, []  # nothing in flight: nothing said
+    (job.control_dir / "halt").touch()
+    _boundary(job, 6)
+    assert capsys.readouterr().out == ""

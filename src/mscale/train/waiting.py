@@ -1,0 +1,45 @@
+"""Rank 0's console lines while the training thread waits for a checkpoint write.
+
+Why: a save that is slower than the steps between saves (a loaded filesystem) holds the job at
+the next save, at a halt and at the end; the checkpointer warns only every ``--timeout`` seconds
+(120 by default), so an operator who pressed Ctrl-C saw nothing for minutes and could only guess
+whether a second Ctrl-C (which drops the save) was needed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+NOTICE_EVERY_S = 10.0
+"""Seconds between the lines while the wait lasts: the console's longest silence."""
+
+
+@contextmanager
+def said_while_waiting(say: Callable[[str], None], inflight, purpose: str,
+                       every_s: float | None = None) -> Iterator[None]:
+    """Run the body (a call that may wait for the save ``inflight``, a `ckpt.committer.InFlight`
+    or None); each ``every_s`` (`NOTICE_EVERY_S`) it lasts, ``say`` one line naming the save and
+    ``purpose`` (what waits for it: "the stop", "the save of step 6"). Nothing in flight:
+    nothing is said."""
+    if inflight is None:
+        yield
+        return
+    every_s = every_s or NOTICE_EVERY_S
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def notice() -> None:
+        while not done.wait(every_s):
+            say(f"checkpoint {inflight.name} still being written after "
+                f"{time.monotonic() - t0:.0f} s; {purpose} waits for it")
+
+    thread = threading.Thread(target=notice, name="ckpt-wait-notice", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
