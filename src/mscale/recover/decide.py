@@ -244,7 +244,8 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
                    and all(r.get("why") == UNCOMMITTED for r in choice.rejected))
     if choice.path is None and (progress > 0 or choice.rejected) and not chosen_loss:
         refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
-                       f"{progress}: restarting from step 0 (--resume none) is a human's call")
+                       f"{progress}: restarting from step 0 is a human's call "
+                       f"({_how_to_start_over(choice)})")
     if refused:
         reasons += refused
         return "unrecoverable"
@@ -272,6 +273,15 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
                        "fault, not a node's (check the filesystem; `mscale ckpt verify` reads "
                        "every chunk of a checkpoint)")
     return "degraded" if degraded else "relaunchable"
+
+
+def _how_to_start_over(choice: CheckpointChoice) -> str:
+    """The way a person starts the run over: train refuses ``--resume none`` on a run that
+    holds committed checkpoints, damaged ones included (ckpt/resume.py)."""
+    if any(r.get("why") != UNCOMMITTED for r in choice.rejected):
+        return ("train it in a new --run-dir: --resume none is refused while this one holds "
+                "committed checkpoints")
+    return "the job's own command with --resume none"
 
 
 def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan | None,

@@ -300,7 +300,10 @@ def test_an_operators_stop_without_a_checkpoint_starts_over_degraded(run, fakes)
     assert "the stop saved no checkpoint: steps 1-7 are trained again, from step 0" in \
         plan.reasons
     fakes.diagnosis.exit_code = None  # a scancel whose grace ran out: nobody chose the loss
-    assert plan_recovery(str(run)).verdict == "unrecoverable"
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "unrecoverable"
+    assert any("human's call (the job's own command with --resume none)" in r
+               for r in plan.reasons), plan.reasons
 
 
 def test_a_second_ctrl_c_during_the_first_save_starts_over_degraded(run, fakes):
@@ -315,7 +318,11 @@ def test_a_second_ctrl_c_during_the_first_save_starts_over_degraded(run, fakes):
     plan = plan_recovery(str(run))
     assert plan.verdict == "degraded" and plan.exit_code == 1 and plan.command
     fakes.choice.rejected.append({"name": "step-000002", "why": "failed quick verify: x"})
-    assert plan_recovery(str(run)).verdict == "unrecoverable"
+    plan = plan_recovery(str(run))
+    assert plan.verdict == "unrecoverable"
+    # train refuses --resume none on a run holding a committed checkpoint, damaged or not
+    assert any("human's call (train it in a new --run-dir: --resume none is refused" in r
+               for r in plan.reasons), plan.reasons
 
 
 def test_nothing_to_lose_without_a_checkpoint_starts_over(run, fakes):
