@@ -88,7 +88,8 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
     what that checkpoint trained (data, schedule, model) as a line and a warning event. A
     changed source of the run directory's own checkpoint stops the run (train/resumed.py)."""
     plan = engine.plan
-    resumed = resume_text(ckpt.resumed_from, first, plan.training.steps)
+    own = ckpt.resumed_from is None or is_own(ckpt.resumed_from, s.run.ckpt)
+    resumed = resume_text(ckpt.resumed_from, first, plan.training.steps, own)
     if resumed is None and s.attempt > 1 and engine.options.ckpt.resume == "auto":
         say(engine, f"no checkpoint in {s.run.ckpt} to resume from: attempt {s.attempt} "
             "trains from step 0 (what earlier attempts trained without a checkpoint is lost)")

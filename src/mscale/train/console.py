@@ -29,11 +29,13 @@ def start_line(plan: Plan, world: int, launcher: str, run_dir: str, run_id: str,
             f"run {run_id} attempt {attempt}, run directory {run_dir}")
 
 
-def resume_text(resumed_from: str | None, step: int, steps: int) -> str | None:
+def resume_text(resumed_from: str | None, step: int, steps: int,
+                own: bool = True) -> str | None:
     """The resume line, or None when nothing was loaded. Keyed on the checkpoint loaded, not on
     its step: an HF import (`mscale ckpt convert HF_DIR DST --plan PLAN`) is step 0, and a run
-    started from one must say so as loudly as any other resume."""
-    return None if resumed_from is None else resume_line(resumed_from, step, steps)
+    started from one must say so as loudly as any other resume. ``own``: the checkpoint is the
+    run directory's own (not another run's, given with ``--resume PATH``)."""
+    return None if resumed_from is None else resume_line(resumed_from, step, steps, own)
 
 
 def moved_aside_line(cleaned: list[str], ckpt_dir: str) -> str | None:
@@ -46,13 +48,15 @@ def moved_aside_line(cleaned: list[str], ckpt_dir: str) -> str | None:
             "resumed from); delete them when they are no longer wanted")
 
 
-def resume_line(path: str, step: int, steps: int) -> str:
+def resume_line(path: str, step: int, steps: int, own: bool = True) -> str:
     if step < steps:
         return f"resumed from {path} (step {step}); continuing to step {steps}"
     reached = f"at step {steps}" if step == steps else f"past step {steps}"
+    # another run's checkpoint only starts this run: its run directory is already a new one
+    over = "use a new --run-dir to start over" if own else \
+        "leave out --resume to train this run from step 0"
     return (f"resumed from {path} (step {step}): training.steps is {steps} and the run is "
-            f"already {reached}, nothing to train (raise --steps, or use a new --run-dir to "
-            "start over)")
+            f"already {reached}, nothing to train (raise --steps, or {over})")
 
 
 def checkpoint_line(kind: str, message: str, evidence: dict) -> str | None:

@@ -21,6 +21,16 @@ def test_a_resume_from_a_later_step_and_a_fresh_start():
     assert resume_text(None, 0, 40) is None  # nothing loaded: a fresh run says nothing
 
 
+def test_another_runs_checkpoint_at_the_end_is_not_told_to_use_a_new_run_dir():
+    """`--resume OTHER/ckpt/step-N` into a new run directory with --steps N: that directory is
+    already new, so the way to start over is to leave out --resume."""
+    own = resume_text("R/ckpt/step-000040", 40, 40)
+    assert own.endswith("nothing to train (raise --steps, or use a new --run-dir to start over)")
+    other = resume_text("OTHER/ckpt/step-000040", 40, 40, own=False)
+    assert other.endswith("nothing to train (raise --steps, or leave out --resume to train "
+                          "this run from step 0)"), other
+
+
 def _record(step: int, seconds: float, mfu: float):
     from mscale.config.records import MetricsRecord
 
