@@ -174,7 +174,8 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
         exclusions=exclusions, replan=rp, data_skip=skip.model_dump(mode="json") if skip else None,
         launcher=how.launcher,
-        command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons)
+        command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons,
+        cwd=launch.cwd if launch else None)
 
 
 def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None, plan: Plan,
@@ -373,8 +374,7 @@ def launch(plan: RecoveryPlan, stdout=None) -> int:
         raise MscaleError("no relaunch command" + (": the run is unrecoverable"
                                                    if plan.verdict == "unrecoverable" else ""),
                           file=plan.run_dir, fix="see the reasons in the report")
-    rec = recorded_launch(RunDir(plan.run_dir))
-    cwd = rec.cwd if rec and rec.cwd and os.path.isdir(rec.cwd) else None
+    cwd = plan.cwd if plan.cwd and os.path.isdir(plan.cwd) else None
     # its own process group, recover's Ctrl-C passed on: the job halts with a checkpoint
     return Child(plan.command, cwd=cwd, stdout=stdout, field="command",
                  fix="check that the launcher is installed and on PATH").wait()

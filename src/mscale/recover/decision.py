@@ -193,6 +193,9 @@ class RecoveryPlan:
     """How the run was launched: ``local``, ``slurm`` (sbatch/srun), ``torchrun``."""
     command: list[str] = field(default_factory=list)
     """The relaunch command, argv form (empty when unrecoverable)."""
+    cwd: str | None = None
+    """The directory the command runs in: the job's own, as its start event recorded it (the
+    command's relative paths are taken from there); None when unknown."""
     reasons: list[str] = field(default_factory=list)
     """Why the verdict, one sentence each (every degradation and every refusal)."""
 

@@ -112,7 +112,9 @@ def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]
     lines += ["why:"] + [f"  - {r}" for r in plan.reasons]
     if plan.command:
-        lines += ["", f"relaunch ({plan.launcher}):", f"  {shlex.join(plan.command)}"]
+        # its relative paths are the job's: a command copied into another directory fails
+        where = f", from {plan.cwd}" if plan.cwd else ""
+        lines += ["", f"relaunch ({plan.launcher}{where}):", f"  {shlex.join(plan.command)}"]
     if executed:
         lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
                                                              else "")]

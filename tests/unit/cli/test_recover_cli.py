@@ -69,7 +69,7 @@ def test_default_command_takes_the_run_dir_and_prints_the_report(cli, run, state
     assert "diagnosis: gpu / crash — rank 5 on node3" in out
     assert "  events.jsonl [rank 5, node3]: rank 5 killed by SIGKILL" in out
     assert "checkpoint: " in out and "(step 10) — newest committed" in out
-    assert "relaunch (local):" in out and "dry run: nothing written" in out
+    assert f"relaunch (local, from {run.parent}):" in out and "dry run: nothing written" in out
     assert not (run / "recover").exists()
     code2, out2, _ = cli("recover", "diagnose", str(run))  # the default command by name
     assert (code2, out2) == (code, out)

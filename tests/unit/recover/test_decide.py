@@ -110,6 +110,7 @@ def test_a_transient_crash_is_relaunched_as_it_was(run, fakes):
     assert plan.verdict == "relaunchable" and plan.exit_code == 0 and plan.launcher == "local"
     assert plan.command[-4:] == ["--local", "8", "--steps", "20"]
     assert plan.reasons == ["relaunch as before, from step 10"]
+    assert plan.cwd == str(run.parent)  # the job's own directory, where --execute runs it
 
 
 def test_a_full_disk_is_relaunched_with_a_word_to_free_space(run, fakes):

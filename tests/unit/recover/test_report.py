@@ -36,3 +36,14 @@ def test_the_report_keeps_its_sections_and_cuts_evidence():
 def test_an_executed_plan_names_its_decision_file():
     text = render(_plan([]), executed=True, decision="runs/r1/recover/decision-0001.json")
     assert text.endswith("decision written to runs/r1/recover/decision-0001.json; relaunching\n")
+
+
+def test_the_relaunch_names_the_directory_its_relative_paths_are_taken_from():
+    """A job started as `mscale train ../plans/p.yaml` from /work/jobs: the command shown keeps
+    the relative plan (it is the job's own), so the report says where to run it; copied into
+    another directory it would fail with 'file not found'."""
+    plan = _plan([], command=("mscale", "train", "../plans/p.yaml"))
+    plan.cwd = "/work/jobs"
+    lines = render(plan, executed=False, decision=None).splitlines()
+    assert "relaunch (local, from /work/jobs):" in lines and "  mscale train ../plans/p.yaml" \
+        in lines
