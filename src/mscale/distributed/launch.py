@@ -221,7 +221,8 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             else set()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, shielded) if shielded else None
         try:
-            _start(job, procs, logs, tees, view, lifeline)
+            with view.ticking():  # this thread is busy starting them: the view draws itself
+                _start(job, procs, logs, tees, view, lifeline)
         finally:
             if mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -252,9 +253,11 @@ def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView
     lifeline, closed, stops them)."""
     port = free_port()
     threads = str(max(1, (os.cpu_count() or 1) // job.nprocs))
+    for rank in range(job.nprocs):  # a previous attempt's markers go before the view reads any
+        open(phase_file(job.log_dir, rank), "w", encoding="utf-8").close()
     for rank in range(job.nprocs):
         env = _worker_env(job, rank, port, threads, lifeline.address)
-        with open(env[PHASE_FILE_ENV], "w", encoding="utf-8") as f:  # a previous attempt's go
+        with open(env[PHASE_FILE_ENV], "w", encoding="utf-8") as f:
             f.write(f"spawned {time.time():.3f}\n")
         log = open(env[LOG_FILE_ENV], "wb")
         logs.append(log)

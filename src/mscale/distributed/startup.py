@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Sequence, TextIO
+from contextlib import contextmanager
+from typing import Callable, Iterator, Sequence, TextIO
 
 PHASE_FILE_ENV = "MSCALE_PHASE_FILE"
 """Where a ``--local`` worker appends its start-up phase markers (set by the launcher)."""
@@ -129,6 +130,29 @@ class StartupView:
                     self._shown = text
             elif now - self.last_line >= self.plain_every_s:
                 self._write(text + "\n", now)
+
+    @contextmanager
+    def ticking(self) -> Iterator[None]:
+        """Poll from a thread of its own while the body runs: the launcher's thread is busy
+        starting the workers then (the first start loads torch into the fork server: 5 s here,
+        24 s on a loaded machine, more from a shared filesystem), and the console stayed silent
+        after the launcher's first line until every worker had been started."""
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(self.tick_s):
+                try:
+                    self.poll()
+                except (OSError, ValueError):  # the console is gone: the start goes on
+                    return
+
+        thread = threading.Thread(target=tick, name="startup-view", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def line(self, text: str) -> None:
         """A line of rank 0's output (with its newline), written above the status line."""

@@ -190,3 +190,57 @@ def test_on_a_terminal_a_line_wider_than_it_is_cut_so_that_it_can_be_redrawn():
     line = out.getvalue()
     assert line.startswith("\rstarting 4 workers") and line.endswith("...\x1b[K")
     assert len(line) - len("\r\x1b[K") == 39
+
+
+class _Started:
+    """A worker `forkserver.start` returned: it has ended with exit 0."""
+
+    pid = 1
+
+    def poll(self) -> int:
+        return 0
+
+    def send_signal(self, sig: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
+def test_the_view_draws_itself_while_the_launcher_is_still_starting_workers(tmp_path,
+                                                                             monkeypatch):
+    """Starting the first worker loads torch into the fork server: 5 s on an idle 2-core
+    machine, 24 s on a loaded one. The launcher's thread is inside `_start` all that time, so
+    the view must tick on its own; a previous attempt's markers (every worker "ready") are
+    cleared before it reads any, or the view would end at once as if the start were over."""
+    import functools
+    import time
+
+    from mscale.distributed import launch
+    from mscale.distributed.lifeline import Lifeline
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank in range(2):  # what the previous attempt's workers marked
+        (logs / f"rank{rank}.startup").write_text("spawned 1.0\nimported 2.0\nready 3.0\n")
+    seen_at_start = []
+
+    def slow_start(entry, args, env, out_fd, preload):
+        seen_at_start.append(read_phases(phase_file(str(logs), 1)))
+        time.sleep(0.5)  # the fork server importing torch
+        return _Started()
+
+    out = io.StringIO()
+    monkeypatch.setattr(launch.forkserver, "start", slow_start)
+    monkeypatch.setattr(launch, "StartupView", functools.partial(
+        StartupView, tick_s=0.02, plain_every_s=0.1, tty=False))
+    monkeypatch.setattr(launch.sys, "stdout", out)
+    job = launch.LocalJob(2, 2, [], str(logs), {}, phases=PHASES, preload=())
+    lifeline = Lifeline(backlog=4)
+    try:
+        launch._run_workers(job, lifeline)
+    finally:
+        lifeline.close()
+    assert seen_at_start[0] == []  # rank 1's old "ready" was gone before rank 0 started
+    assert "starting 2 workers (0 s): imported 0/2, rendezvous 0/2" in out.getvalue(), \
+        out.getvalue()
