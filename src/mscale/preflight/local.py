@@ -32,7 +32,8 @@ from mscale.distributed.launch import CLI_PRELOAD, run_local_workers, worker_log
 from mscale.distributed.stops import ended_by_stop
 from mscale.errors import EXIT_INTERRUPTED
 from mscale.preflight import judge
-from mscale.preflight.report import finish, publish, render, say_written
+from mscale.preflight.report import finish, publish, say_written
+from mscale.preflight.table import render
 from mscale.preflight.options import OPTIONS_ENV, PreflightOptions
 from mscale.runs.atomic import fs_and_path
 from mscale.runs.rundir import RunDir

@@ -19,6 +19,7 @@ from mscale.config.records import QUARANTINE_FIX, Quarantine
 from mscale.hostlist import collect_hostlist
 from mscale.preflight import judge, recheck
 from mscale.preflight.storage import blame_storage
+from mscale.preflight.table import render
 from mscale.runs.atomic import fs_and_path, write_bytes_atomic, write_json_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.placement import placement_for
@@ -322,90 +323,3 @@ def _written_since(url: str, since: float) -> bool:
         return False
     mtime = info.get("mtime")
     return not isinstance(mtime, (int, float)) or mtime >= since - 1.0
-
-
-def render(report: PreflightReport, as_json: bool) -> None:
-    """The table (NODE · RANK · CHECK · VALUE · EXPECTED · STATUS) and the exclude line, or JSON."""
-    import json
-    import sys
-
-    if as_json:
-        sys.stdout.write(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
-        sys.stdout.flush()
-        return
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}
-    table = Table(title=f"preflight ({report.level}, world {report.world})")
-    for col in ("NODE", "RANK", "CHECK", "ENTITY", "VALUE", "EXPECTED", "STATUS"):
-        table.add_column(col, overflow="fold")
-    for r in sorted(report.results, key=lambda r: (-judge.SEVERITY[r.status], r.check, r.entity)):
-        value = "-" if r.value is None else f"{r.value:.4g} {r.unit}"
-        table.add_row(*(escape(x) for x in (
-            r.node or "", ",".join(map(str, r.ranks)) if len(r.ranks) <= 4 else
-            f"{len(r.ranks)} ranks", r.check, r.entity, value, r.expected)),
-            f"[{colour[r.status]}]{r.status}[/]")
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    console.print(table)
-    for line in failure_lines(report.results):
-        console.print(line, markup=False)
-    j = report.judging
-    if j:
-        again = (f"; {j['rechecked']} suspect(s) measured again, {j['cleared']} cleared"
-                 if j.get("rechecked") else "")
-        console.print(f"judged with the {j['name']} tolerance (below {j['device_warn']:g} x the "
-                      f"peers' median for GEMM, {j['link_warn']:g} for links, critical below "
-                      f"{j['critical']:g}: {j['why']}){again}", markup=False)
-    console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
-    if report.exclude:
-        console.print(f"exclude: sbatch --exclude={report.exclude}")
-
-
-def failure_lines(results: list[CheckResult]) -> list[str]:
-    """One line per failure, except that the slow links (pairs, groups) blamed on the same node
-    share one line, naming them by check: a node with a degraded NIC is slow on every link it
-    is on, and twenty lines that each end "node3 is at fault" hide the one thing to do. The
-    table and the JSON keep every result."""
-    order: list[CheckResult | tuple[str, str]] = []  # a result, or a (status, node) of links
-    links: dict[tuple[str, str], list[CheckResult]] = {}
-    for r in results:
-        if r.status not in ("WARNING", "CRITICAL"):
-            continue
-        if not (r.node and r.entity_kind in ("pair", "group")):
-            order.append(r)
-            continue
-        key = (r.status, r.node)
-        if key not in links:
-            links[key] = []
-            order.append(key)
-        links[key].append(r)
-    lines = []
-    for item in order:
-        if isinstance(item, tuple) and len(links[item]) > 1:
-            lines.append(_node_line(*item, links[item]))
-            continue
-        r = links[item][0] if isinstance(item, tuple) else item
-        lines.append(f"{r.status}: {r.check} {r.entity} ({r.node or 'no single node'}): "
-                     f"{r.message}")
-    return lines
-
-
-def _node_line(status: str, node: str, links: list[CheckResult]) -> str:
-    """``CRITICAL: node3 is at fault: ... (15 links, ...): p2p 4-5, 4-6; allreduce tp[4,5]``."""
-    checks: dict[str, list[str]] = {}
-    for r in links:
-        checks.setdefault(r.check, []).append(r.entity)
-    named = "; ".join(f"{check} {', '.join(entities)}" for check, entities in checks.items())
-    fracs = [r.evidence["fraction_of_median"] for r in links
-             if r.evidence.get("fraction_of_median") is not None]
-    notes = [f"{len(links)} links"]
-    if fracs:
-        notes.append(f"down to {min(fracs):.2g} x their peers' median")
-    if all(r.evidence.get("rounds") for r in links):
-        notes.append("slow in both rounds")
-    if cut := sum(1 for r in links if r.evidence.get("cut_short")):
-        notes.append(f"{cut} cut short")
-    return (f"{status}: {node} is at fault, its rank(s) slow on every peer set "
-            f"({', '.join(notes)}): {named}")

@@ -34,7 +34,8 @@ def test_the_slow_links_blamed_on_one_node_share_one_line_and_the_report_keeps_t
         tmp_path):
     from mscale.config.base import load_model
     from mscale.config.plan import Plan
-    from mscale.preflight.report import assemble, failure_lines
+    from mscale.preflight.report import assemble
+    from mscale.preflight.table import failure_lines
 
     from tests.unit.preflight.test_judge import _opts, _payloads
 
@@ -105,3 +106,25 @@ def test_progress_counts_pairs_per_pass_and_says_the_end_once():
         "preflight recheck collectives: pass 2/2, 3/3"]
     assert out.getvalue().splitlines()[-1].endswith("- done (at 18.0 s)")
     assert LinkProgress("p2p", "pairs", 5, None).text() == "preflight p2p: 0/5 pairs"
+
+
+def test_past_a_small_job_the_ok_results_are_counted_not_listed():
+    """12,288 ranks give tens of thousands of OK results: listed, they buried the failures in
+    a batch log. A small job's table lists every result, as before."""
+    from mscale.config.preflight import CheckResult
+    from mscale.preflight.table import SHOWN_OK, table_rows
+
+    def result(check, i, status="OK"):
+        return CheckResult(check=check, entity=f"e{i}", entity_kind="rank", status=status,
+                           node="node1", ranks=[i], value=1.0, unit="x", expected="-",
+                           message="m")
+
+    small = [result("gemm", i) for i in range(SHOWN_OK)] + [result("p2p", 0, "CRITICAL")]
+    shown, folded = table_rows(small)
+    assert len(shown) == len(small) and shown[0].status == "CRITICAL" and folded == ""
+    big = [result("gemm", i) for i in range(12288)] + [result("p2p", i) for i in range(90)]
+    big.append(result("p2p", 7, "WARNING"))
+    shown, folded = table_rows(big)
+    assert [r.status for r in shown] == ["WARNING"]
+    assert folded == ("OK: 12,378 results not listed (gemm 12,288, p2p 90); --json and "
+                      "preflight.json keep every one")
