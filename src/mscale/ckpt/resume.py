@@ -84,13 +84,18 @@ def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:
     if mode == "none":
         committed = [e.name for e in found if e.committed]
         if committed:
-            raise MscaleError(f"the run already has committed checkpoints ({committed[-1]}, ...)",
-                              file=root, field="--resume",
+            which = (f"a committed checkpoint ({committed[0]})" if len(committed) == 1 else
+                     f"{len(committed)} committed checkpoints (the newest {committed[-1]})")
+            raise MscaleError(f"the run already has {which}", file=root, field="--resume",
                               fix="continue it with --resume auto, or use a new --run-dir")
         return None
     if mode == "auto":
         return _newest(root, found)
-    target = catalog.resolve(mode)
+    try:
+        target = catalog.resolve(mode)
+    except MscaleError as e:  # the path came from --resume: the error names the option
+        e.field = e.field or "--resume"
+        raise
     committed = [e for e in found if e.committed]
     if committed and not catalog.in_run(target, root):  # a foreign path starts a run
         # then the run continues from what auto loads (its latest, or a committed checkpoint

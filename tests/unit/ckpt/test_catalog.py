@@ -86,8 +86,13 @@ def test_choose_resume_tidies(tmp_path, tensors):
     _make(root, [2, 4, 6], tensors, partial=[8])
     point = choose_resume(root, "auto")
     assert point.manifest.step == 6 and "removed step-000008 (never committed)" in point.cleaned
-    with pytest.raises(MscaleError, match="already has committed"):
+    with pytest.raises(MscaleError, match=r"already has 3 committed checkpoints \(the newest "
+                       r"step-000006\)") as e:
         choose_resume(root, "none")
+    assert e.value.field == "--resume"
+    with pytest.raises(MscaleError, match="no such checkpoint") as e:  # a typo'd --resume path
+        choose_resume(root, str(tmp_path / "bogus"))
+    assert e.value.field == "--resume"
     point = choose_resume(root, f"{root}/step-000004")  # a rollback
     assert point.manifest.step == 4
     names = [n for n, _ in _names(root)]

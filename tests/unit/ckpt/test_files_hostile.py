@@ -155,7 +155,7 @@ def test_check_resume_loads_without_tidying(run):
     assert check_resume(str(run / "ckpt"), "auto").step == 5
     assert check_resume(str(run / "ckpt"), str(run / "ckpt" / "step-000002")).step == 2
     assert (run / "ckpt" / "step-000009").is_dir() and (run / "ckpt" / "step-000005").is_dir()
-    with pytest.raises(MscaleError, match="already has committed"):
+    with pytest.raises(MscaleError, match="already has 2 committed checkpoints"):
         check_resume(str(run / "ckpt"), "none")
 
 
