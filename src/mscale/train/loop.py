@@ -44,6 +44,7 @@ from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start
                                   open_session)
 from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
+from mscale.train.stall import noticing
 from mscale.train.waiting import said_while_waiting
 
 
@@ -184,8 +185,9 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
             scalars.scalar("eval/loss", baseline.loss, 0)
             scalars.scalar("eval/perplexity", baseline.perplexity, 0)
     try:
-        with progress:
-            return _steps(engine, s, ckpt, control, first, summary, progress, scalars)
+        with progress, noticing(lambda line: say(engine, line), opts.timeout_s,
+                                enabled=engine.env.rank == 0) as stall:
+            return _steps(engine, s, ckpt, control, first, summary, progress, scalars, stall)
     finally:
         if scalars is not None:
             scalars.close()
@@ -235,9 +237,10 @@ def _evaluate_if_due(engine: Engine, step: int):
 
 
 def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, first: int,
-           summary: Summary, progress: ProgressReporter,
-           scalars) -> tuple[int, tuple[str, int, str] | None]:
-    """The steps themselves (`_loop` holds the progress display and TensorBoard log)."""
+           summary: Summary, progress: ProgressReporter, scalars,
+           stall) -> tuple[int, tuple[str, int, str] | None]:
+    """The steps themselves (`_loop` holds the progress display, TensorBoard log and the line
+    said while a step stalls, train/stall.py)."""
     plan, opts, g = engine.plan, engine.options, engine.groups
     steps = plan.training.steps
     timer = StepTimer(engine.device)
@@ -281,6 +284,7 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             s.journal.append(s.run.metrics, rec)
             summary.add(rec)
             progress.update(rec)
+            stall.finished(step + 1)
             if scalars is not None:
                 scalars.record(rec)
         if engine.env.rank == 0:
