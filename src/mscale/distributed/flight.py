@@ -8,10 +8,16 @@ what torchtitan turns on with ``comm.trace_buf_size``); recover does that compar
 (`mscale.recover.diagnose.hang`). torch records for gloo as well as NCCL (gloo since torch 2.7),
 so the CPU path is tested end to end.
 
-Why our own dump and not torch's dump-on-timeout: torch writes that one as a pickle, and
-unpickling runs code, so recover never reads one. A failing rank (`train/failure.py`) writes its
-record as JSON to ``RUN/logs/flight_recorder_rank<N>.json`` instead: torch's JSON dump with two
-changes.
+A failing rank (`train/failure.py`) writes its record as JSON to
+``RUN/logs/flight_recorder_rank<N>.json``: torch's JSON dump with two changes (below). Under
+NCCL the process may not get that far: the watchdog that finds a collective past its timeout
+tears the process down. Torch's own dump on timeout is then the record, so train turns it on
+(``TORCH_NCCL_DUMP_ON_TIMEOUT``) and points it into the run (`point_torch_dump`:
+``RUN/logs/nccl_trace_attempt<K>_rank_<N>``); recover reads that pickle as plain data only
+(`mscale.recover.diagnose.read.read_plain_pickle`: a pickle naming any class or function is
+refused, so nothing in it runs). Whether torch takes the file name set after its process groups
+exist is what the GPU check ``flight`` shows (bench/gpu_checks.py); until then a dump may still
+go to torch's default, ``/tmp/nccl_trace_rank_<N>`` on each node.
 
 - The attempt it belongs to is added (``mscale_attempt``), and the member ranks of each of its
   groups under ``mscale_groups`` (torch's own
@@ -57,17 +63,46 @@ enqueued. Which record holds which collectives on a GPU is what bench/gpu_checks
 ``flight`` reports; not yet run on one."""
 
 
+DUMP_ON_TIMEOUT_ENV = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+"""NCCL's watchdog dumps the recorder before it tears a timed-out process down (read when a
+process group is made)."""
+DUMP_FILE_ENVS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+"""Where that dump goes: a prefix the rank is appended to (the second is the name torch read
+before the recorder served gloo too; both are set, an operator's either stands)."""
+
+
 def note_attempt(number: int) -> None:
     """The attempt this process trains in, once every rank knows it (train/session.py)."""
     _attempt[:] = [number]
 
 
 def enable(environ: dict | None = None) -> None:
-    """Turn the recorder on for the process groups created after this call, unless the operator
-    set its size (any value, 0 included: theirs stands)."""
+    """Turn the recorder on for the process groups created after this call, and NCCL's dump on
+    a timeout, unless the operator set them (any value, 0 included: theirs stands)."""
     env = os.environ if environ is None else environ
     if BUFFER_ENV not in env and LEGACY_BUFFER_ENV not in env:
         env[BUFFER_ENV] = str(DEFAULT_ENTRIES)
+    env.setdefault(DUMP_ON_TIMEOUT_ENV, "1")
+
+
+def torch_dump_prefix(logs_dir: str, attempt: int) -> str:
+    """The path torch's own dump takes, its rank appended: recover reads it for that attempt
+    only (recover/diagnose/evidence.py ``_FLIGHT``)."""
+    return os.path.join(logs_dir, f"nccl_trace_attempt{attempt}_rank_")
+
+
+def point_torch_dump(logs_dir: str, attempt: int, environ: dict | None = None) -> str | None:
+    """Send torch's dump on an NCCL timeout to the run's ``logs/`` under this attempt's name,
+    unless the operator chose a place, or the run directory is not a local path (torch writes
+    with a plain file stream). Returns the prefix set, or None."""
+    env = os.environ if environ is None else environ
+    logs_dir = logs_dir.removeprefix("file://")
+    if any(name in env for name in DUMP_FILE_ENVS) or "://" in logs_dir:
+        return None
+    prefix = torch_dump_prefix(os.path.abspath(logs_dir), attempt)
+    for name in DUMP_FILE_ENVS:
+        env[name] = prefix
+    return prefix
 
 
 def enabled(environ: dict | None = None) -> bool:

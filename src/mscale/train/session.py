@@ -193,6 +193,7 @@ def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = 
     change, skips = claimed or (None, None)
     s.attempt, skips = share_start(s.attempt, skips, env.rank)
     flight.note_attempt(s.attempt)  # a dump of this process names the attempt it belongs to
+    flight.point_torch_dump(s.run.logs, s.attempt)  # NCCL's own, on a timeout
     return Start(change, skips)
 
 

@@ -10,9 +10,11 @@ from mscale.recover.diagnose.evidence import _FLIGHT
 def test_on_by_default_and_an_operators_size_stands():
     env: dict = {}
     flight.enable(env)
-    assert env == {flight.BUFFER_ENV: str(flight.DEFAULT_ENTRIES)} and flight.enabled(env)
-    for theirs in ({flight.BUFFER_ENV: "0"}, {flight.LEGACY_BUFFER_ENV: "0"},
-                   {flight.BUFFER_ENV: "50"}):
+    assert env == {flight.BUFFER_ENV: str(flight.DEFAULT_ENTRIES),
+                   flight.DUMP_ON_TIMEOUT_ENV: "1"} and flight.enabled(env)
+    for theirs in ({flight.BUFFER_ENV: "0", flight.DUMP_ON_TIMEOUT_ENV: "0"},
+                   {flight.LEGACY_BUFFER_ENV: "0", flight.DUMP_ON_TIMEOUT_ENV: "0"},
+                   {flight.BUFFER_ENV: "50", flight.DUMP_ON_TIMEOUT_ENV: "1"}):
         env = dict(theirs)
         flight.enable(env)
         assert env == theirs
@@ -23,7 +25,24 @@ def test_on_by_default_and_an_operators_size_stands():
 
 def test_the_dump_name_is_one_recover_reads():
     m = _FLIGHT.search(flight.dump_name(12))
-    assert m and int(m.group(3)) == 12
+    assert m and int(m.group("rank")) == 12 and m.group("attempt") is None
+
+
+def test_torchs_own_dump_goes_to_the_runs_logs_under_its_attempt(tmp_path):
+    """NCCL's watchdog may end a timed-out process before train can dump: torch's dump on a
+    timeout is then the record, named so that recover reads it for its attempt alone."""
+    env: dict = {}
+    prefix = flight.point_torch_dump(str(tmp_path / "logs"), 3, env)
+    assert prefix == str(tmp_path / "logs" / "nccl_trace_attempt3_rank_")
+    assert all(env[name] == prefix for name in flight.DUMP_FILE_ENVS)
+    m = _FLIGHT.search((prefix + "17").rsplit("/", 1)[-1])  # torch appends the rank
+    assert m and (m.group("attempt"), m.group("rank")) == ("3", "17")
+    theirs = {flight.DUMP_FILE_ENVS[1]: "/scratch/fr_"}  # an operator's place stands
+    assert flight.point_torch_dump(str(tmp_path), 3, theirs) is None
+    assert theirs == {flight.DUMP_FILE_ENVS[1]: "/scratch/fr_"}
+    assert flight.point_torch_dump("s3://bucket/run/logs", 3, env := {}) is None and env == {}
+    assert flight.point_torch_dump(f"file://{tmp_path}/logs", 1, env) == \
+        str(tmp_path / "logs" / "nccl_trace_attempt1_rank_")
 
 
 def test_a_dump_keeps_every_groups_newest_entry_and_the_newest_overall():
