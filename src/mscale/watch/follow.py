@@ -143,7 +143,9 @@ class Follower:
             self.rises = self.watcher.escalated
             self.history.add(window)
             self.records += len(records)
-        self.job.date_death(getattr(self.watcher, "last_step", None), self.feed.last_record_time)
+        if getattr(self.feed, "caught_up", True):  # held records of a later attempt: not yet
+            self.job.date_death(getattr(self.watcher, "last_step", None),
+                                self.feed.last_record_time)
         alive = self.job.alive()
         if alive and self.watcher is not None:
             start = (self.job.started or {}).get("time")
