@@ -101,9 +101,10 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
 
 def slurm_names(plan: Plan | None, ran: list[str] | None) -> dict[str, str]:
     """The plan's name → SLURM's name of each node the failed attempt ran on, where they differ
-    (``gpu[01-04]`` planned, ``node[1-4]`` given): watch, whose layout knows only the plan,
-    quarantines a node by the plan's name; SLURM, the re-plan and the relaunch's ``--exclude``
-    know it by its own. Empty when the names agree, when the attempt's nodes are not known in
+    (``gpu[01-04]`` planned, ``node[1-4]`` given): a watch that named nodes by the plan (one
+    older than its naming by the start event) quarantined a node by the plan's name; SLURM, the
+    re-plan and the relaunch's ``--exclude`` know it by its own. Applied to watch's entries
+    alone (`_slurm_name`). Empty when the names agree, when the attempt's nodes are not known in
     placement order, or when a plan name is also one of the attempt's nodes (``node[1-4]``
     planned, ``node[2-5]`` given): such a name could mean either node."""
     if plan is None or not ran:
@@ -126,17 +127,30 @@ def _exists(url: str) -> bool:
 
 def quarantined(run: RunDir, now: float,
                 names: dict[str, str] | None = None) -> dict[str, str]:
-    """Nodes quarantine.json keeps out at ``now``, with its reason; an entry by a plan name in
-    ``names`` (`slurm_names`) keeps out the node SLURM knows by the other name."""
+    """Nodes quarantine.json keeps out at ``now``, with its reason; an entry watch wrote by a
+    plan name in ``names`` (`slurm_names`) keeps out the node SLURM knows by the other name."""
     out = {}
     for e in _entries(run):
         if e.expires is None or e.expires > now:
             until = "until cleared" if e.expires is None else f"until {_when(e.expires)}"
-            node = (names or {}).get(e.node, e.node)
+            node = _slurm_name(e, names)
             alias = f" (entered as {e.node}, the plan's name for {node})" if node != e.node \
                 else ""
             out.setdefault(node, f"{QUARANTINED} ({until}): {e.reason}{alias}"[:300])
     return out
+
+
+_BY_WATCH = "watch: "
+"""How the reason of an entry watch wrote begins (watch/actions.py `_quarantine_now`)."""
+
+
+def _slurm_name(e: QuarantineEntry, names: dict[str, str] | None) -> str:
+    """The node entry ``e`` keeps out. Only watch ever wrote a plan's name (before it named
+    nodes by the start event's ``launch.nodes``); an entry written by hand names the node as
+    SLURM knows it (`QuarantineEntry.node`), and a plan's name can be a real node outside the
+    allocation (``node[1-4]`` planned, ``node[5-8]`` given: node2 entered by hand is node2, not
+    node6)."""
+    return (names or {}).get(e.node, e.node) if e.reason.startswith(_BY_WATCH) else e.node
 
 
 def _entries(run: RunDir) -> list[QuarantineEntry]:
@@ -159,9 +173,9 @@ def released(run: RunDir, now: float, names: dict[str, str] | None = None) -> li
     names = names or {}
     held = set(quarantined(run, now, names))
     entries = _entries(run)
-    listed = {names.get(e.node, e.node) for e in entries}
+    listed = {_slurm_name(e, names) for e in entries}
     again = {n for n, when in let_back(run).items()
-             if not any(names.get(e.node, e.node) == n and e.since > when for e in entries)}
+             if not any(_slurm_name(e, names) == n and e.since > when for e in entries)}
     return sorted((listed | quarantined_before(run)) - held - again)
 
 

@@ -62,8 +62,8 @@ def job(tmp_path, monkeypatch) -> Job:
     return Job(run, scontrol, diagnosis)
 
 
-def quarantine(run: Path, *entries):
-    q = Quarantine(entries=[QuarantineEntry(node=n, reason="slow GPU", since=since,
+def quarantine(run: Path, *entries, reason: str = "slow GPU"):
+    q = Quarantine(entries=[QuarantineEntry(node=n, reason=reason, since=since,
                                             expires=expires) for n, since, expires in entries])
     (run / "quarantine.json").write_text(q.model_dump_json())
 
@@ -83,11 +83,30 @@ def test_a_quarantine_entry_by_the_plans_name_keeps_out_slurms_node(job):
     """watch names a node by the plan (gpu03): the relaunch must exclude it by SLURM's name
     (sbatch refuses an --exclude of a node it does not know), and the re-plan count it."""
     job.diagnosis.cls, job.diagnosis.suspect_nodes = "software", []
-    quarantine(job.path, ("gpu03", 0.0, None))
+    quarantine(job.path, ("gpu03", 0.0, None), reason="watch: slow GPU")
     plan = plan_recovery(str(job.path), RecoverOptions(recheck=False))
     assert plan.exclusions.nodes == ["node3"]
     assert "entered as gpu03, the plan's name for node3" in plan.exclusions.reasons["node3"]
     assert "--exclude=node3" in plan.command and "--nodes=3" in plan.command
+
+
+def test_an_entry_made_by_hand_names_the_node_as_slurm_knows_it(job):
+    """A plan of node[1-4] run on node[5-8], and node2 (a real node outside the allocation)
+    quarantined by hand: it was read as the plan's name for node6, so node6, healthy, was kept
+    out (the job shrunk to 3 nodes) and node2 was left out of a resubmission's --exclude."""
+    plan = yaml.safe_load((job.path / "plan.yaml").read_text())
+    plan["cluster"]["hostlist"] = "node[1-4]"
+    (job.path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    events = [json.loads(x) for x in (job.path / "events.jsonl").read_text().splitlines()]
+    launch = events[0]["evidence"]["launch"]
+    launch["nodes"], launch["slurm"]["nodelist"] = ["node5", "node6", "node7", "node8"], \
+        "node[5-8]"
+    (job.path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    job.diagnosis.cls, job.diagnosis.suspect_nodes = "software", []
+    quarantine(job.path, ("node2", 0.0, None))
+    plan = plan_recovery(str(job.path), RecoverOptions(recheck=False))
+    assert plan.exclusions.nodes == ["node2"] and plan.replan is None
+    assert "--exclude=node2" in plan.command and "node6" not in " ".join(plan.command)
 
 
 def srun_command(run: Path, exclude: str) -> list[str]:

@@ -81,11 +81,11 @@ def test_a_plan_name_in_quarantine_is_read_as_slurms_name(run):
     the two lists a name could mean either node: it is taken as written."""
     attempt(run, "slurm", slurm={"job_id": "7", "nodelist": "gpu[1-4]"})
     ran = ["gpu1", "gpu2", "gpu3", "gpu4"]
-    quarantine(run, ("node3", "slow GPU", None), ("node2", "hot", NOW - 1))
+    quarantine(run, ("node3", "watch: slow GPU", None), ("node2", "watch: hot", NOW - 1))
     ex = decide_exclusions(run, diag(cls="software"), now=NOW, ran=ran)
     assert ex.nodes == ["gpu3"]
-    assert ex.reasons["gpu3"] == ("quarantine.json (until cleared): slow GPU (entered as node3, "
-                                  "the plan's name for gpu3)")
+    assert ex.reasons["gpu3"] == ("quarantine.json (until cleared): watch: slow GPU (entered as "
+                                  "node3, the plan's name for gpu3)")
     assert released(run, NOW, {"node2": "gpu2"}) == ["gpu2"]
     ex = decide_exclusions(run, diag(cls="software"), now=NOW, ran=["node2", "node3", "node4",
                                                                    "node5"])
