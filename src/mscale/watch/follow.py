@@ -26,6 +26,7 @@ with small fakes and its pieces with real traces.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -119,6 +120,8 @@ class Follower:
     """Earlier attempts no longer kept."""
     attempt: int | None = None
     """The current attempt's number (its start event), None when unknown."""
+    _layout_start: dict | None = None
+    """The ``start`` event of the attempt the current layout is for (`_start_of`)."""
     failed_saves: list[Finding] = field(default_factory=list)
     """The newest attempt's failed checkpoints (``report_end`` only), reported as the job's own
     record, like its end: never recorded again by the actor."""
@@ -137,12 +140,14 @@ class Follower:
         if getattr(self.feed, "restarted", False):
             self._restart()
         window, new, self.rises = None, [], []
-        if records:
-            window = self._window(records)
+        for part in self._by_attempt(records):
+            if self.layout is not None and self._start_of(part) is not self._layout_start:
+                self._restart()  # a relaunch whose steps go on: its start event says so
+            window = self._window(part)
             new += self.watcher.feed(window)
             self.rises = self.watcher.escalated
             self.history.add(window)
-            self.records += len(records)
+            self.records += len(part)
         if getattr(self.feed, "caught_up", True):  # held records of a later attempt: not yet
             self.job.date_death(getattr(self.watcher, "last_step", None),
                                 self.feed.last_record_time)
@@ -240,7 +245,8 @@ class Follower:
             e.file = e.file or self.target.metrics
             raise
         if self.layout is None:
-            self.layout = self.layout_for(window.world, self._start_of(records))
+            self._layout_start = self._start_of(records)
+            self.layout = self.layout_for(window.world, self._layout_start)
             if self.layout.world != window.world:
                 raise MscaleError(f"the records have {window.world} ranks, the layout "
                                   f"{self.layout.world}", file=self.target.metrics,
@@ -252,6 +258,26 @@ class Follower:
             self.history = History(window.world)
             self.attempt = self._attempt_of(records)
         return window
+
+    def _by_attempt(self, records: list[dict]) -> list[list[dict]]:
+        """``records`` cut where a ``start`` event falls between two of them. The feed cuts
+        where a step goes back or the ranks change; a relaunch that resumes at the step after
+        its checkpoint (a preemption's requeue) changes neither, but may run on other nodes:
+        judged on the attempt before's layout, a slow rank on the new node was named, and
+        quarantined, as the node it replaced."""
+        starts = sorted(s["time"] for s in self.job.starts
+                        if isinstance(s.get("time"), (int, float)))
+        parts, begin, before = [], 0, None
+        for i, r in enumerate(records):
+            t = r.get("time")
+            if not isinstance(t, (int, float)) or not starts:
+                continue
+            k = bisect.bisect_right(starts, t)  # how many starts precede this record
+            if before is not None and k != before:
+                parts.append(records[begin:i])
+                begin = i
+            before = k
+        return [p for p in parts + [records[begin:]] if p]
 
     def _start_of(self, records: list[dict]) -> dict | None:
         """The ``start`` event of the attempt that wrote ``records``: the newest one written

@@ -66,3 +66,34 @@ def test_nodes_are_named_as_the_start_event_records_them(cli, tmp_path):
     assert layout_source(target)(8, start).node_names == ("cn01", "cn02", "cn03", "cn04")
     assert layout_source(target, hostlist="h[1-4]")(8, start).node_names == ("h1", "h2", "h3",
                                                                             "h4")
+
+
+def test_a_relaunch_that_goes_on_at_the_next_step_is_named_by_its_own_start(cli, tmp_path):
+    """Attempt 1 on cn01-cn04 stopped at step 40 (a preemption's checkpoint), attempt 2 resumed
+    at 41 on cn01, cn02, cn05, cn04: no step went back and the ranks were as many, so watch
+    judged it on attempt 1's layout and named its slow rank 5 cn03, a node the job no longer
+    ran on (and would have quarantined it, not cn05)."""
+    import time
+
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.runs.history import record_plan
+    from mscale.runs.rundir import RunDir
+    from mscale.watch.sim import Injection, simulate
+    from tests.unit.watch.replanned import _records, _start
+
+    rd = RunDir(str(tmp_path / "run"))
+    rd.create()
+    shutil.copy(PLANS / "cpu-tiny.yaml", rd.plan)
+    record_plan(rd, load_model(Plan, rd.plan))
+    t0 = time.time() - 3600
+    _start(rd, 1, t0, 2, ["cn01", "cn02", "cn03", "cn04"])
+    _records(rd, simulate(8, tp=2, pp=2, ranks_per_node=2, steps=40, seed=1), t0 + 10)
+    _start(rd, 2, t0 + 600, 2, ["cn01", "cn02", "cn05", "cn04"])
+    slow = simulate(8, tp=2, pp=2, ranks_per_node=2, steps=100, seed=2,
+                    inject=[Injection("slow_device", 50, SLOW_RANK, magnitude=1.5)])
+    _records(rd, [r for r in slow if r["step"] > 40], t0 + 610)
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
+    assert code == 2, err
+    [found] = [f for f in json.loads(out)["findings"] if f["kind"] == "straggler"]
+    assert (found["ranks"], found["nodes"]) == ([SLOW_RANK], ["cn05"])
