@@ -125,7 +125,9 @@ def check_sources_distinct(cfg: DataConfig, field: str = "training.data") -> Non
                               field=f"{field}.{key}[{i}].path",
                               fix="if it is a typo, name the source you meant; to give it more "
                                   f"weight, keep one entry with weight "
-                                  f"{sources[j].weight + s.weight:g} (both summed)")
+                                  f"{sources[j].weight + s.weight:g} (both summed; a run that "
+                                  "trained with both entries resumes on the one with "
+                                  "--allow-data-change, as for any change of its data)")
 
 
 def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:

@@ -120,7 +120,8 @@ def test_a_source_listed_twice_is_refused_naming_the_entry_and_both_fixes(tmp_pa
         open_sources(cfg)
     assert e.value.code == 3 and e.value.field == f"training.data.{key}[2].path"
     assert f"listed twice (also {key}[0]: {first})" in e.value.message
-    assert "name the source you meant" in e.value.fix and "weight 5 (both summed)" in e.value.fix
+    assert "name the source you meant" in e.value.fix and "weight 5 (both summed" in e.value.fix
+    assert "--allow-data-change" in e.value.fix
     listed[2]["path"] = "other"  # a different source is fine
     prepared(tmp_path / "other", [np.arange(1, 200)] * 4)
     cfg = (DataConfig(kind="tokens", sources=listed) if key == "sources" else
