@@ -130,7 +130,8 @@ def check_sources_distinct(cfg: DataConfig, field: str = "training.data") -> Non
                                   "--allow-data-change, as for any change of its data)")
 
 
-def open_sources(cfg: DataConfig, field: str = "training.data") -> list[tuple[DataSource, TokenDataset, str]]:
+def open_sources(cfg: DataConfig, field: str = "training.data"
+                 ) -> list[tuple[DataSource, TokenDataset, str]]:
     """Open every source named by the training file (train, then held-out): (source, dataset,
     field naming it). Raises the first source's error with its field attached."""
     check_sources_distinct(cfg, field)
@@ -185,7 +186,8 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
         if d > c:
             held.append((Part(ds, _packed(ds, seq_len, c, d, where), where), source.weight))
     for source, ds, where in opened[n_train:]:
-        held.append((Part(ds, _packed(ds, seq_len, 0, ds.num_tokens, where), where), source.weight))
+        part = Part(ds, _packed(ds, seq_len, 0, ds.num_tokens, where), where)
+        held.append((part, source.weight))
     train_samples = BlendedSamples([p for p, _ in train], [w for _, w in train], seed, cfg.shuffle,
                                    vocab)
     eval_samples = None

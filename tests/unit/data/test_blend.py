@@ -27,7 +27,8 @@ def test_a_missing_relative_source_names_the_current_directory_and_the_fix(tmp_p
     assert "absolute path in training.data.path" in e.value.fix
     assert "directory the plan's data paths are relative to" in e.value.fix
     # run from the right directory before the data exist, the fix says how to make them
-    assert "mscale data prepare INPUT... --tokenizer TOKENIZER --out runs/demo/tokens" in e.value.fix
+    assert ("mscale data prepare INPUT... --tokenizer TOKENIZER --out runs/demo/tokens"
+            in e.value.fix)
 
 
 def test_a_missing_blend_source_names_its_own_field(tmp_path, monkeypatch):
