@@ -100,19 +100,21 @@ def quarantined(run: RunDir, now: float) -> dict[str, float]:
 
 
 def job_nodes(run: RunDir) -> set[str] | None:
-    """The nodes of the plan the job runs (``RUN/plan.yaml``), and those its latest attempt
-    ran on as its start event recorded them: under srun SLURM's names, which need not be the
-    plan's (an operator quarantines ``node3``, watch the plan's ``gpu03``). None when the plan
-    cannot be read."""
+    """The nodes the job's latest attempt ran on, as its start event recorded them (under srun
+    SLURM's names, which need not be the plan's; watch and an operator quarantine by those),
+    else, before any start event, those of the plan it runs (``RUN/plan.yaml``). A plan name
+    that is another node's SLURM name would otherwise halt the job for a node it never used.
+    None when neither can be read."""
     from mscale.config.plan import load_plan
     from mscale.recover.relaunch import recorded_launch
 
+    launch = recorded_launch(run)
+    if launch and launch.nodes:
+        return set(launch.nodes)
     try:
-        names = set(load_plan(run.plan).cluster.node_names())
+        return set(load_plan(run.plan).cluster.node_names())
     except Exception:  # noqa: BLE001 - unknown nodes: act on every new entry
         return None
-    launch = recorded_launch(run)
-    return names | set(launch.nodes if launch else ())
 
 
 def _say(line: str) -> None:

@@ -234,16 +234,18 @@ def test_quarantined_ignores_expired_and_unreadable(tmp_path):
     assert quarantined(run, 100.0) == {"b": 2.0}
 
 
-def test_the_jobs_nodes_include_slurms_names_for_them(tmp_path):
-    """Plan gpu[01-04], SLURM's node[1-4]: an operator's quarantine of node3 (SLURM's name,
-    as quarantine.json is documented) is this job's node, not another job's to leave alone."""
+def test_the_jobs_nodes_are_slurms_names_for_them(tmp_path):
+    """Plan node[1-4], run by SLURM on node[5-8]: an operator's quarantine of node7 (SLURM's
+    name, as quarantine.json is documented) is this job's node, and one of node2 is another
+    job's, not this one's to halt for (it bears a plan name only). Before any start event the
+    plan's names are all there is."""
     plan = (Path(__file__).resolve().parents[3] / "plans" / "cpu-tiny.yaml").read_text()
-    (tmp_path / "plan.yaml").write_text(plan.replace("node[1-4]", "gpu[01-04]"))
+    (tmp_path / "plan.yaml").write_text(plan)
+    assert job_nodes(RunDir(str(tmp_path))) == {"node1", "node2", "node3", "node4"}
     start = {"kind": "start", "source": "train", "time": 1.0, "evidence": {"launch": {
-        "argv": ["mscale", "train"], "nodes": ["node1", "node2", "node3", "node4"]}}}
+        "argv": ["mscale", "train"], "nodes": ["node5", "node6", "node7", "node8"]}}}
     (tmp_path / "events.jsonl").write_text(json.dumps(start) + "\n")
-    nodes = job_nodes(RunDir(str(tmp_path)))
-    assert {"node3", "gpu03"} <= nodes and "node7" not in nodes
+    assert job_nodes(RunDir(str(tmp_path))) == {"node5", "node6", "node7", "node8"}
 
 
 def test_a_command_that_cannot_start_is_bad_input(tmp_path):
