@@ -20,9 +20,9 @@ Three sources, each trusted for what it can know:
    failure known only as a lost peer or a timeout (`LOST_PEER_RULES`: what every rank sees
    when another is killed, under torchrun with no other word of it), only a failed re-check
    excludes (a measured fault is evidence enough; a guess is not): a SIGKILLed torchrun worker
-   cost its node, and on one node the whole run. A NCCL/InfiniBand error stays firm. Software, numerics,
-   user code, preemption and storage failures never exclude nodes: another node would fail the
-   same way, and every exclusion costs capacity for the rest of the run.
+   cost its node, and on one node the whole run. A NCCL/InfiniBand error stays firm. Software,
+   numerics, user code, preemption and storage failures never exclude nodes: another node
+   would fail the same way, and every exclusion costs capacity for the rest of the run.
 
 Besides these, the nodes the job itself already keeps out (its command's ``--exclude``, its
 allocation's) stay out of the relaunch; `with_carried` adds those that cost it a node, so that
@@ -82,7 +82,9 @@ def decide_exclusions(run: RunDir, diagnosis: Diagnosis, recheck: Recheck | None
     reasons: dict[str, str] = {}
     notes: list[str] = []
     plan = plan if plan is not None else _run_plan(run)
-    ours = set(plan.cluster.node_names()) | set(ran or ()) if plan is not None else None
+    # the nodes the attempt ran on (SLURM's names); the plan's stand in only when unknown: a
+    # plan name outside the allocation (node[1-4] planned, node[5-8] given) is not the run's
+    ours = set(ran) if ran else (set(plan.cluster.node_names()) if plan is not None else None)
     for node, why in quarantined(run, now, slurm_names(plan, ran)).items():
         if ours is not None and node not in ours:  # still kept out of a new allocation
             why += " (not one of the run's nodes: only a new allocation avoids it)"

@@ -107,6 +107,8 @@ def test_an_entry_made_by_hand_names_the_node_as_slurm_knows_it(job):
     plan = plan_recovery(str(job.path), RecoverOptions(recheck=False))
     assert plan.exclusions.nodes == ["node2"] and plan.replan is None
     assert "--exclude=node2" in plan.command and "node6" not in " ".join(plan.command)
+    # and it is said to be outside the run (a plan name is not one of the run's nodes)
+    assert "not one of the run's nodes" in plan.exclusions.reasons["node2"]
 
 
 def srun_command(run: Path, exclude: str) -> list[str]:
