@@ -9,7 +9,7 @@
 # prediction), the ~3B plan, a plain compiled PyTorch loop of the 1B model (mscale / reference),
 # no host sync in the micro-batches, the GPU checkpoint round trip, the 1B eager (compiled /
 # eager, losses agree), SDPA's fused kernel, event timers, the flight recorder, torch's dump on
-# an NCCL timeout (where it lands, whether recover reads it), hierarchical DP (4 GPUs).
+# an NCCL timeout (where it lands, what it names), hierarchical DP (4 GPUs).
 # $OUT gets gpu-check.txt, gpu-ckpt-check.txt and each run's metrics (<gpu>_<what>_metrics.jsonl,
 # e.g. h200_1b_compiled_metrics.jsonl: commit them under bench/data/); run directories stay in
 # /tmp. Exit 1 if a check failed.

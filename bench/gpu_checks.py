@@ -288,7 +288,7 @@ def check_flight(ctx: Context) -> bool:
 
 def check_nccl_dump(ctx: Context) -> bool:
     """bench/gpu_nccl_dump_check.py: torch's own dump when NCCL's watchdog ends a timed-out
-    process lands under the run's logs/ and recover reads it (needs a GPU)."""
+    process lands under the run's logs/ and names the pending all-reduce (needs a GPU)."""
     import torch
 
     if ctx.rehearse or not torch.cuda.is_available():
@@ -324,8 +324,8 @@ CHECKS = [  # the headline figures first; the cheap checks last still run if the
     Check("sdpa", 20, "SDPA runs a fused attention kernel", check_sdpa),
     Check("timers", 20, "event timers against the wall clock", check_timers),
     Check("flight", 20, "the flight recorder's dump holds the NCCL collectives", check_flight),
-    Check("nccl-dump", 40, "torch's dump on an NCCL timeout: under the run's logs/, read by "
-          "recover", check_nccl_dump),
+    Check("nccl-dump", 40, "torch's dump on an NCCL timeout: under the run's logs/, naming the "
+          "all-reduce", check_nccl_dump),
     Check("hier-dp", 120, "hierarchical DP reduction on NCCL from one thread (4 GPUs)",
           check_hier_dp),
 ]

@@ -13,11 +13,11 @@ A failing rank (`train/failure.py`) writes its record as JSON to
 NCCL the process may not get that far: the watchdog that finds a collective past its timeout
 tears the process down. Torch's own dump on timeout is then the record, so train turns it on
 (``TORCH_NCCL_DUMP_ON_TIMEOUT``) and points it into the run (`point_torch_dump`:
-``RUN/logs/nccl_trace_attempt<K>_rank_<N>``); recover reads that pickle as plain data only
-(`mscale.recover.diagnose.read.read_plain_pickle`: a pickle naming any class or function is
-refused, so nothing in it runs). Whether torch takes the file name set after its process groups
-exist is what the GPU check ``flight`` shows (bench/gpu_checks.py); until then a dump may still
-go to torch's default, ``/tmp/nccl_trace_rank_<N>`` on each node.
+``RUN/logs/nccl_trace_attempt<K>_rank_<N>``), where it stays with the run for torch's own
+analyser (``torchfrtrace``); it is a pickle, so recover names it as evidence of its attempt and
+never unpickles it. Whether torch takes the file name set after its process groups exist is
+what the GPU check ``nccl-dump`` shows (bench/gpu_checks.py); until then a dump may still go to
+torch's default, ``/tmp/nccl_trace_rank_<N>`` on each node.
 
 - The attempt it belongs to is added (``mscale_attempt``), and the member ranks of each of its
   groups under ``mscale_groups`` (torch's own

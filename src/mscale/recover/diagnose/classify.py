@@ -185,9 +185,9 @@ def _context(ev: RunEvidence) -> list[Evidence]:
                                 f"{entry.get('reason', '')}"[:300], node=str(entry["node"])))
     for info, rank, doc in ev.flight:
         if doc is None:
-            out.append(Evidence(info.source, "flight-recorder dump present, not read (not "
-                                "JSON, nor a pickle of plain data: loading it could run code); "
-                                "analyse it with torchfrtrace where you trust it", rank=rank))
+            out.append(Evidence(info.source, "flight-recorder dump in pickle format: present, "
+                                "not read (never unpickled); analyse it with torchfrtrace",
+                                rank=rank))
     return out
 
 

@@ -3,8 +3,7 @@
 `collect(run_dir)` lists and reads, never trusting a file to be whole or small
 (`mscale.recover.diagnose.read`): ``events.jsonl`` (the attempt's window), the per-rank error files
 (`mscale.train.failure`) and logs, torchelastic error files (``logs/**/error.json``), SLURM output
-files, flight-recorder dumps (JSON, and torch's pickles of plain data, read; any other is named as
-present and not read), the
+files, flight-recorder dumps (JSON read; a pickle is named as present and never unpickled), the
 last metrics record, ``preflight.json``, ``quarantine.json`` and the plan. Missing files are
 normal (watch or preflight may never have run); a damaged one becomes a `problems` line.
 
@@ -35,8 +34,6 @@ BEGIN_SLACK_S = 60.0
 rank 0 writes the start, and node clocks differ by seconds."""
 LIFECYCLE = ("start", "stop", "hang")
 
-PICKLE_PROTO = b"\x80"
-"""The first byte of a pickle of protocol 2 or later (torch writes protocol 2)."""
 _RANK_LOG = re.compile(r"^logs/rank(\d+)\.log$")
 _RANK_ERR = re.compile(r"^logs/rank(\d+)\.error\.json$")
 _ELASTIC = re.compile(r"(^|/)error\.json$")
@@ -92,8 +89,7 @@ class RunEvidence:
     slurm: list[rd.FileInfo] = field(default_factory=list)
     """SLURM output files of this attempt (``slurm-*.out`` in the run or logs directory)."""
     flight: list[tuple[rd.FileInfo, int, dict | None]] = field(default_factory=list)
-    """Flight-recorder dumps: (file, rank, the document, or None for one not read: a pickle that
-    names a class or function, which would run code)."""
+    """Flight-recorder dumps: (file, rank, JSON document or None for a pickle, never read)."""
     last_metrics: dict | None = None
     """The newest metrics record (any attempt: the last step the run completed)."""
     preflight: dict | None = None
@@ -327,21 +323,19 @@ def _elastic_file(ev: RunEvidence, f: rd.FileInfo) -> None:
 
 
 def _flight_file(ev: RunEvidence, f: rd.FileInfo, rank: int) -> None:
-    """A JSON dump is read (capped), and so is a pickled one of plain data (torch's, written by
-    the NCCL watchdog on a timeout): `read.read_plain_pickle` refuses any pickle that names a
-    class or function, so nothing in it runs. Anything else is only named. One that names its
-    attempt (`flight.ATTEMPT_KEY`, train's own) counts for that attempt only."""
+    """A JSON dump is read (capped); a pickled one (torch's own, on an NCCL timeout) is only
+    named: unpickling runs code. One that names its attempt (`flight.ATTEMPT_KEY`, train's own;
+    or in its file name, where train pointed torch's) counts for that attempt only."""
     try:
         head = rd.read_head(f.url).lstrip()
     except rd.Problem as e:
         ev.problem(f.source, str(e))
         return
-    if not head.startswith((b"{", PICKLE_PROTO)):
+    if not head.startswith(b"{"):
         ev.flight.append((f, rank, None))
         return
     try:
-        doc = (rd.read_json(f, rd.FLIGHT_CAP_BYTES) if head.startswith(b"{") else
-               rd.read_plain_pickle(f, rd.FLIGHT_CAP_BYTES))
+        doc = rd.read_json(f, rd.FLIGHT_CAP_BYTES)
     except rd.Problem as e:
         ev.problem(f.source, f"flight-recorder dump {e}")
         return

@@ -9,9 +9,7 @@ evidence, not a crash of recover. Paths are local paths or fsspec URLs.
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 from dataclasses import dataclass
 
 from mscale.runs.atomic import fs_and_path
@@ -27,7 +25,7 @@ METRICS_TAIL_BYTES = 4 * 1024 * 1024
 12,288-rank run is ~1.9 MB with plain vectors, so the tail holds about two; ~190 KB in the compact
 form `train` writes from 1,024 ranks on: docs/benchmarks.md, "watch")."""
 FLIGHT_CAP_BYTES = 64 * 1024 * 1024
-"""Largest flight-recorder dump read (train's JSON, torch's pickle)."""
+"""Largest flight-recorder JSON dump read."""
 MAX_FILES = 100_000
 """Files listed under logs/ at most (a run of 12,288 ranks has ~25,000)."""
 MAX_SEGMENTS = 10_000
@@ -149,42 +147,6 @@ def read_json(info: FileInfo, cap: int = JSON_CAP_BYTES) -> object:
         raise Problem(f"not valid JSON ({e})") from None
     except RecursionError:  # a few hundred KB of nested brackets, well under any cap
         raise Problem("not valid JSON (nested too deeply to read)") from None
-
-
-class _PlainData(pickle.Unpickler):
-    """An unpickler that builds only what pickle's own opcodes build (dicts, lists, tuples,
-    strings, bytes, numbers, bools, None). Loading a pickle runs code only through the classes
-    and functions it names (``find_class``: GLOBAL, STACK_GLOBAL, INST, OBJ, EXT) or its
-    persistent ids; both are refused here, so a pickle that names anything is an error and
-    nothing in it runs. torch's flight-recorder dumps are plain data (no GLOBAL: checked on the
-    dump of a real gloo group in tests/unit/recover/test_flight_pickle.py)."""
-
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"it names {module}.{name}: only plain data is read")
-
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("it holds a persistent id: only plain data is read")
-
-
-def read_plain_pickle(info: FileInfo, cap: int) -> object:
-    """A pickle of plain data (`_PlainData`) read whole, refused past ``cap`` bytes. Raises
-    `Problem`."""
-    if info.size > cap:
-        raise Problem(f"{info.size} bytes, over the {cap}-byte cap: not read")
-    try:
-        fs, path = fs_and_path(info.url)
-        with fs.open(path, "rb") as f:
-            raw = f.read(cap + 1)
-    except (OSError, ValueError) as e:
-        raise Problem(f"unreadable: {type(e).__name__}: {e}") from None
-    if len(raw) > cap:
-        raise Problem(f"over the {cap}-byte cap: not read")
-    try:
-        return _PlainData(io.BytesIO(raw)).load()
-    except pickle.UnpicklingError as e:
-        raise Problem(f"not read: {e}") from None
-    except Exception as e:  # noqa: BLE001 - a damaged pickle fails in many ways; one line each
-        raise Problem(f"not a readable pickle ({type(e).__name__}: {e})") from None
 
 
 def read_jsonl_tail(url: str, limit: int) -> tuple[list[dict], list[str]]:
