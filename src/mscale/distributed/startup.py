@@ -17,6 +17,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Sequence, TextIO
 
+from mscale.distributed import periodic
+
 PHASE_FILE_ENV = "MSCALE_PHASE_FILE"
 """Where a ``--local`` worker appends its start-up phase markers (set by the launcher)."""
 
@@ -137,22 +139,15 @@ class StartupView:
         starting the workers then (the first start loads torch into the fork server: 5 s here,
         24 s on a loaded machine, more from a shared filesystem), and the console stayed silent
         after the launcher's first line until every worker had been started."""
-        stop = threading.Event()
+        def tick() -> bool:
+            try:
+                self.poll()
+            except (OSError, ValueError):  # the console is gone: the start goes on
+                return True
+            return False
 
-        def tick() -> None:
-            while not stop.wait(self.tick_s):
-                try:
-                    self.poll()
-                except (OSError, ValueError):  # the console is gone: the start goes on
-                    return
-
-        thread = threading.Thread(target=tick, name="startup-view", daemon=True)
-        thread.start()
-        try:
+        with periodic.every(self.tick_s, tick, "startup-view"):
             yield
-        finally:
-            stop.set()
-            thread.join()
 
     def line(self, text: str) -> None:
         """A line of rank 0's output (with its newline), written above the status line."""

@@ -17,6 +17,8 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from mscale.distributed import periodic
+
 STALL_MIN_S = 30.0
 """The shortest silence worth a line: a step of a big model takes seconds, a save or a held-out
 evaluation between steps some more."""
@@ -30,9 +32,9 @@ RECENT = 16
 
 
 class StallNotice:
-    """``begin()`` before the loop, ``finished(step)`` after each step's record; in between, a
-    thread says one line when the current step outlasts `threshold` and again each time that
-    much more has passed."""
+    """``begin()`` before the loop, ``finished(step)`` after each step's record; in between,
+    `tick` (called from a thread: `noticing`) says one line when the current step outlasts
+    `threshold` and again each time that much more has passed."""
 
     def __init__(self, say: Callable[[str], None], timeout_s: float,
                  clock: Callable[[], float] = time.monotonic, poll_s: float = 1.0):
@@ -42,9 +44,7 @@ class StallNotice:
         """The newest finished step (1-based); None before the attempt's first."""
         self.since: float | None = None
         self._noted_at: float | None = None
-        self._done = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def threshold(self) -> float:
         if not self.recent:
@@ -53,8 +53,6 @@ class StallNotice:
 
     def begin(self) -> None:
         self.since = self.clock()
-        self._thread = threading.Thread(target=self._watch, name="stall-notice", daemon=True)
-        self._thread.start()
 
     def finished(self, step: int) -> None:
         now = self.clock()
@@ -63,13 +61,8 @@ class StallNotice:
                 self.recent.append(now - self.since)
             self.last_step, self.since, self._noted_at = step, now, None
 
-    def close(self) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join()
-
     def check(self) -> str | None:
-        """The line to say now, if any (the thread's body, callable alone for tests)."""
+        """The line to say now, if any (`tick`'s, callable alone for tests)."""
         now = self.clock()
         with self._lock:
             if self.since is None:
@@ -86,11 +79,10 @@ class StallNotice:
                 f"is hung, the others wait for it up to --timeout {self.timeout_s:g} s, then "
                 "the job stops and names it")
 
-    def _watch(self) -> None:
-        while not self._done.wait(self.poll_s):
-            line = self.check()
-            if line:
-                self.say(line)
+    def tick(self) -> None:
+        line = self.check()
+        if line:
+            self.say(line)
 
 
 class _Silent:
@@ -109,7 +101,5 @@ def noticing(say: Callable[[str], None], timeout_s: float, enabled: bool
         return
     notice = StallNotice(say, timeout_s)
     notice.begin()
-    try:
+    with periodic.every(notice.poll_s, notice.tick, "stall-notice"):
         yield notice
-    finally:
-        notice.close()

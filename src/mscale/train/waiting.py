@@ -8,10 +8,11 @@ whether a second Ctrl-C (which drops the save) was needed.
 
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
+
+from mscale.distributed import periodic
 
 NOTICE_EVERY_S = 10.0
 """Seconds between the lines while the wait lasts: the console's longest silence."""
@@ -27,19 +28,11 @@ def said_while_waiting(say: Callable[[str], None], inflight, purpose: str,
     if inflight is None:
         yield
         return
-    every_s = every_s or NOTICE_EVERY_S
-    done = threading.Event()
     t0 = time.monotonic()
 
     def notice() -> None:
-        while not done.wait(every_s):
-            say(f"checkpoint {inflight.name} still being written after "
-                f"{time.monotonic() - t0:.0f} s; {purpose} waits for it")
+        say(f"checkpoint {inflight.name} still being written after "
+            f"{time.monotonic() - t0:.0f} s; {purpose} waits for it")
 
-    thread = threading.Thread(target=notice, name="ckpt-wait-notice", daemon=True)
-    thread.start()
-    try:
+    with periodic.every(every_s or NOTICE_EVERY_S, notice, "ckpt-wait-notice"):
         yield
-    finally:
-        done.set()
-        thread.join()
