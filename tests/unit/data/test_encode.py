@@ -97,11 +97,22 @@ def test_an_interruption_terminates_busy_worker_processes_at_once(tokenizer):  #
 
 
 def all_dead(processes, t0: float, within_s: float = 30.0) -> bool:
-    """Every process ended within ``within_s`` of ``t0``, not after its 120 s batch. Polled: the
-    pool's own manager thread may reap a terminated worker beside the caller's join."""
-    while any(p.is_alive() for p in processes) and time.monotonic() - t0 < within_s:
+    """Every process ended within ``within_s`` of ``t0``, not after its 120 s batch: gone, or a
+    zombie its parent has not reaped yet. Judged from /proc, not `Process.is_alive`: a forkserver
+    worker's end reaches its parent only once the fork server reaps it and writes the status, a
+    step that took over 30 s in a loaded run (load 10 on two cores) after the worker had died."""
+    pids = [p.pid for p in processes]
+    while any(_running(pid) for pid in pids) and time.monotonic() - t0 < within_s:
         time.sleep(0.05)
-    return not any(p.is_alive() for p in processes) and time.monotonic() - t0 < within_s
+    return not any(_running(pid) for pid in pids) and time.monotonic() - t0 < within_s
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_terminate_workers_cancels_the_queue_and_stops_the_processes():
