@@ -14,7 +14,6 @@ import gc
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from mscale.ckpt import catalog
 from mscale.ckpt.checkpointer import Checkpointer
@@ -28,6 +27,7 @@ from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, check_node_matches
 from mscale.topology.placement import placement_for
 from mscale.train.announce import announce, announce_resume, event, say
+from mscale.train.boundary import at_boundary
 from mscale.train.console import Summary, checkpoint_line, stop_line
 from mscale.train.control import Control
 from mscale.train.data import (DataIdentity, check_same_data_everywhere,
@@ -45,7 +45,7 @@ from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start
 from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
 from mscale.train.stall import noticing
-from mscale.train.waiting import said_while_waiting
+from mscale.train.waiting import rank0_waiting
 
 
 def train(plan: Plan, options: TrainOptions, env: LaunchEnv) -> int:
@@ -137,7 +137,7 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     code, stop = _loop(engine, s, ckpt, control, first, summary)
     engine.param_buffer.wait()  # parameter all-gathers of the last step
     engine.loader.close()
-    with _waiting(engine, ckpt, "the stop" if stop else "the end of the run"):
+    with rank0_waiting(engine, ckpt, "the stop" if stop else "the end of the run"):
         ckpt.close()  # a save in flight is finished and committed before the process exits
     code, stop = _kept_at_the_end(engine, ckpt, code, stop)
     figures = _finish(engine, s, code, stop, summary, control.signal_name)
@@ -145,12 +145,6 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     if engine.options.json_summary and engine.env.rank == 0:
         print(json.dumps({"run_dir": s.run.root, **figures}, indent=2, default=str), flush=True)
     return code
-
-
-def _waiting(engine: Engine, ckpt: Checkpointer, purpose: str):
-    """Rank 0's lines while ``purpose`` waits for the save in flight (train/waiting.py)."""
-    inflight = ckpt.inflight if engine.env.rank == 0 else None
-    return said_while_waiting(lambda line: say(engine, line), inflight, purpose)
 
 
 def _kept_at_the_end(engine: Engine, ckpt: Checkpointer, code: int, stop):
@@ -278,87 +272,33 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
                                clip_threshold=result.threshold, lr=result.lr,
                                tokens=tokens_per_step, flops_per_step=flops,
                                peak_flops_per_device=peak, extra=flags)
-            if held_out is not None:
-                rec.eval_loss, rec.eval_perplexity = held_out.loss, held_out.perplexity
-                rec.extra["eval_s"] = round(held_out.seconds, 4)
-            s.journal.append(s.run.metrics, rec)
-            summary.add(rec)
-            progress.update(rec)
+            _report_step(s, rec, held_out, summary, progress)
             stall.finished(step + 1)
             if scalars is not None:
                 scalars.record(rec)
-        if engine.env.rank == 0:
             _note_new_epochs(engine, s, step, epochs)
         if timer.events is not None:  # every rank traced this step: the same decision
             _write_trace(engine, s, step + 1, timer.events)
-        after = _at_boundary(engine, s, ckpt, control, step, result.lr)
+        after = at_boundary(engine, s, ckpt, control, step, result.lr)
         if after.stop is not None:
             return after.stop
         saving, trace_next = after.saving, after.trace
     if ckpt.due(steps, final=True) and first < steps:
-        with _waiting(engine, ckpt, f"the final save of step {steps}"):
+        with rank0_waiting(engine, ckpt, f"the final save of step {steps}"):
             ckpt.save(steps, "final", lr=learning_rate(plan.training, steps - 1))
     return EXIT_OK, None
 
 
-@dataclass
-class Boundary:
-    """What the loop does after a step (`_at_boundary`)."""
-
-    stop: tuple[int, tuple[str, int, str]] | None = None
-    """The loop returns this (exit code, (why, step, detail)); None: it goes on."""
-    saving: bool = False
-    """A save started here: its host copy overlaps the next step (the record's flag)."""
-    trace: bool = False
-    """Record the next step's timeline (an operator's control/trace)."""
-
-
-def _at_boundary(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, step: int,
-                 lr: float) -> Boundary:
-    """Collective, after (0-based) ``step`` on every rank: the save in flight polled, rank 0's
-    trouble and the operator's requests agreed, then the save that is due started. Rank 0 reads
-    lock.json before any save: with the trouble check when an interval or final save is due,
-    else when a request starts one (`_lock_before_requested_save`)."""
-    done = step + 1
-    ckpt.poll()  # before the stop decision: a save failed on a full disk stops here
-    interval_due = bool(ckpt.due(done, final=done == engine.plan.training.steps))
-    trouble = s.trouble(save_due=engine.env.rank == 0 and interval_due) or ckpt.fatal
-    decision = control.poll(abort=trouble is not None)
-    if decision.abort:
-        return Boundary(stop=(EXIT_BAD_INPUT, ("abort", done, trouble or "rank 0 could not go "
-                                                "on (its output says why)")))
-    if decision.checkpoint or decision.stop:
-        event(s, kind="signal" if decision.signal else "control",
-              step=done, severity="warning" if decision.stop else "info",
-              message=decision.message,
-              evidence={"checkpoint": decision.checkpoint, "halt": decision.halt,
-                        "signal": decision.signal})
-    reason = ckpt.due(done, requested=decision.checkpoint or decision.stop)
-    lost = _lock_before_requested_save(s, control, engine.env.rank) \
-        if reason and not interval_due else None
-    if lost is not None:
-        return Boundary(stop=(EXIT_BAD_INPUT, ("abort", done, lost)))
-    if reason:
-        with _waiting(engine, ckpt, f"the save of step {done}"
-                      + (" before the stop" if decision.stop else "")):
-            ckpt.save(done, reason, lr=lr)
-    if decision.stop:
-        why = "signal" if decision.signal else "halt"
-        return Boundary(stop=(EXIT_WARNING, (why, done, "a checkpoint is saved before the "
-                                             "stop; the same command resumes")))
-    return Boundary(saving=bool(reason), trace=decision.trace)
-
-
-def _lock_before_requested_save(s: RunSession, control: Control, rank: int) -> str | None:
-    """Collective, before a save that a request (control file, signal) started at a boundary
-    where no interval or final save was due, so rank 0 has not read lock.json yet: it does now,
-    as `RunSession.trouble` does before those, and every rank learns whether to stop instead.
-    A job woken past its lease by a SIGTERM would otherwise truncate the shard files of a step
-    the run's new owner committed. One more small all-reduce, only when a request came."""
-    trouble = s.trouble(save_due=True) if rank == 0 else None
-    if not control.agree(trouble is not None):
-        return None
-    return trouble or "rank 0 could not go on (its output says why)"
+def _report_step(s: RunSession, rec, held_out, summary: Summary,
+                 progress: ProgressReporter) -> None:
+    """Rank 0: the step's `metrics.jsonl` record, with the held-out loss when one was taken,
+    appended, counted in the closing summary and shown on the progress display."""
+    if held_out is not None:
+        rec.eval_loss, rec.eval_perplexity = held_out.loss, held_out.perplexity
+        rec.extra["eval_s"] = round(held_out.seconds, 4)
+    s.journal.append(s.run.metrics, rec)
+    summary.add(rec)
+    progress.update(rec)
 
 
 _WAITING = {"halt": "saves a checkpoint and stops", "checkpoint": "saves a checkpoint",
@@ -370,7 +310,8 @@ def _write_trace(engine: Engine, s: RunSession, step: int, events) -> None:
     """Collective: gather this step's timeline to rank 0, which writes it (train/trace.py)."""
     plan, env = engine.plan, engine.env
     limit = trace.events_limit(engine.micro_batches, plan.layout.vpp)
-    rows = trace.collect(events, limit, trace.traced_ranks(plan.layout, engine.options.trace_ranks))
+    ranks = trace.traced_ranks(plan.layout, engine.options.trace_ranks)
+    rows = trace.collect(events, limit, ranks)
     if env.rank != 0:
         return
     places = trace.rank_places(plan.layout, plan.cluster.node_names(),

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from mscale.distributed import periodic
+from mscale.train.announce import say
+
+if TYPE_CHECKING:
+    from mscale.ckpt.checkpointer import Checkpointer
+    from mscale.train.engine import Engine
 
 NOTICE_EVERY_S = 10.0
 """Seconds between the lines while the wait lasts: the console's longest silence."""
@@ -36,3 +41,10 @@ def said_while_waiting(say: Callable[[str], None], inflight, purpose: str,
 
     with periodic.every(every_s or NOTICE_EVERY_S, notice, "ckpt-wait-notice"):
         yield
+
+
+def rank0_waiting(engine: Engine, ckpt: Checkpointer, purpose: str):
+    """Rank 0's lines while ``purpose`` waits for ``ckpt``'s save in flight; other ranks say
+    nothing (`said_while_waiting` with nothing in flight)."""
+    inflight = ckpt.inflight if engine.env.rank == 0 else None
+    return said_while_waiting(lambda line: say(engine, line), inflight, purpose)

@@ -92,29 +92,3 @@ def test_trouble_reads_the_lock_when_a_save_starts(tmp_path, monkeypatch):
     assert s.trouble(save_due=True).startswith("run lock taken over by run job-b")
     monkeypatch.setattr(RunSession, "lock_lost", lambda self: 1 / 0)
     assert s.trouble(save_due=True) is None
-
-
-def test_a_requested_save_reads_the_lock_first(tmp_path, monkeypatch):
-    """A save that a signal or control file starts at a boundary with no interval save due is
-    preceded by rank 0's read of lock.json, agreed by every rank: a job woken past its lease by
-    SIGTERM stops without opening a shard file."""
-    import time
-
-    from mscale.runs.lock import LOCK_HELD_ENV, RunLock
-    from mscale.train.control import Control
-    from mscale.train.loop import _lock_before_requested_save
-
-    run = RunDir(str(tmp_path / "run"))
-    monkeypatch.delenv(LOCK_HELD_ENV, raising=False)
-    s = RunSession(run, Journal(run, enabled=True), "job-a")
-    s.lock = RunLock(run.root, "job-a").acquire()
-    s.token = s.lock.record.token
-    control = Control(None, 0)
-    assert _lock_before_requested_save(s, control, rank=0) is None
-    later = time.time() + 3600
-    RunLock(run.root, "job-b", clock=lambda: later).acquire()
-    assert _lock_before_requested_save(s, control, rank=0).startswith(
-        "run lock taken over by run job-b")
-    monkeypatch.setattr(Control, "agree", staticmethod(lambda flag, group=None: True))
-    assert _lock_before_requested_save(s, control, rank=1).startswith(  # told by rank 0
-        "rank 0 could not go on")

@@ -1,4 +1,4 @@
-"""The loop's step boundary (`loop._at_boundary`), on one process: what it decides from the
+"""The step boundary (`boundary.at_boundary`), on one process: what it decides from the
 operator's requests, rank 0's trouble and the checkpointer, and that rank 0 reads lock.json
 before any save it starts, interval or requested."""
 
@@ -14,7 +14,7 @@ from mscale.errors import EXIT_BAD_INPUT, EXIT_WARNING
 from mscale.runs.rundir import RunDir
 from mscale.train.control import Control
 from mscale.train import waiting
-from mscale.train.loop import Boundary, _at_boundary
+from mscale.train.boundary import Boundary, at_boundary, lock_before_requested_save
 from mscale.train.session import Journal, RunSession
 
 
@@ -62,7 +62,7 @@ def job(tmp_path, monkeypatch):
 
 
 def _boundary(job, step: int):
-    return _at_boundary(job.engine, job.s, job.saves, job.control, step, lr=1e-3)
+    return at_boundary(job.engine, job.s, job.saves, job.control, step, lr=1e-3)
 
 
 def _take_over(job) -> None:
@@ -126,3 +126,25 @@ def test_a_halt_that_waits_for_a_slow_save_says_so_while_it_waits(job, monkeypat
     (job.control_dir / "halt").touch()
     _boundary(job, 6)
     assert capsys.readouterr().out == ""
+
+
+def test_a_requested_save_reads_the_lock_first(tmp_path, monkeypatch):
+    """A save that a signal or control file starts at a boundary with no interval save due is
+    preceded by rank 0's read of lock.json, agreed by every rank: a job woken past its lease by
+    SIGTERM stops without opening a shard file."""
+    from mscale.runs.lock import LOCK_HELD_ENV, RunLock
+
+    run = RunDir(str(tmp_path / "run"))
+    monkeypatch.delenv(LOCK_HELD_ENV, raising=False)
+    s = RunSession(run, Journal(run, enabled=True), "job-a")
+    s.lock = RunLock(run.root, "job-a").acquire()
+    s.token = s.lock.record.token
+    control = Control(None, 0)
+    assert lock_before_requested_save(s, control, rank=0) is None
+    later = time.time() + 3600
+    RunLock(run.root, "job-b", clock=lambda: later).acquire()
+    assert lock_before_requested_save(s, control, rank=0).startswith(
+        "run lock taken over by run job-b")
+    monkeypatch.setattr(Control, "agree", staticmethod(lambda flag, group=None: True))
+    assert lock_before_requested_save(s, control, rank=1).startswith(  # told by rank 0
+        "rank 0 could not go on")
