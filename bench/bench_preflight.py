@@ -2,7 +2,7 @@
 
 Not a test; prints figures (no pass/fail).
 
-1. all-reduce bus bandwidth of one group as preflight measures it (`preflight.network`:
+1. all-reduce bus bandwidth of one group as preflight measures it (`preflight.busbw`:
    train's collective wrappers, a barrier before each timed iteration, best of the level's
    iterations) / a plain ``dist.all_reduce`` loop of the same tensor size on the same group
    (best iteration, the same nccl-tests busbw formula)                         goal within 5 %
@@ -36,18 +36,18 @@ def _both(rank: int, world: int, nbytes: int, iters: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from mscale.preflight import network
+    from mscale.preflight import busbw, pace
     from mscale.preflight.compute import Slowdown
 
     group = dist.new_group(list(range(world)))
-    network.ITERS["bench"] = iters
+    pace.ITERS["bench"] = iters
     numel = (nbytes // 4) // world * world
     t = torch.ones(numel)
     dist.all_reduce(t, group=group)
     ours = plain = 0.0
     for _ in range(3):  # alternate, so neither side is always the first, colder one
-        mine = network._time_group("dp", list(range(world)), group, nbytes,
-                                   torch.device("cpu"), "bench", Slowdown())
+        mine = busbw.time_group("dp", list(range(world)), group, nbytes,
+                                torch.device("cpu"), "bench", Slowdown())
         ours = max(ours, next(x for x in mine if x["op"] == "allreduce")["busbw"])
         best = float("inf")
         for _ in range(iters):
@@ -55,7 +55,7 @@ def _both(rank: int, world: int, nbytes: int, iters: int) -> dict:
             t0 = time.perf_counter()
             dist.all_reduce(t, group=group)
             best = min(best, time.perf_counter() - t0)
-        plain = max(plain, numel * 4 / best / 1e9 * network.bus_factor("allreduce", world))
+        plain = max(plain, numel * 4 / best / 1e9 * busbw.bus_factor("allreduce", world))
     return {"preflight": ours, "plain": plain}
 
 

@@ -41,9 +41,9 @@ TICKER = Ticker()
 
 class LinkProgress:
     """How far one phase's link tests are, for rank 0: the pass and the items done in it, the
-    slowest figure so far and how many were cut short (`network`).
+    slowest figure so far and how many were cut short (`pace.py`).
 
-    Every link is measured in `passes` passes (network.PASSES), so ``total`` counts each item
+    Every link is measured in `passes` passes (pace.PASSES), so ``total`` counts each item
     once per pass; the line says ``pass 1/2, 6/12 pairs``, not ``6/24 pairs``, which read as 24
     pairs where the plan has 12 (and ``6/6 groups`` under a re-check of 3 groups)."""
 

@@ -22,9 +22,11 @@ import torch.distributed as dist
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.preflight.busbw import measure_groups
 from mscale.preflight.compute import Slowdown, gemm_tflops
 from mscale.preflight.options import PreflightOptions
-from mscale.preflight.network import Pace, measure_groups, measure_pairs
+from mscale.preflight.network import measure_pairs
+from mscale.preflight.pace import Pace
 from mscale.preflight.progress import TICKER, LinkProgress
 from mscale.preflight.recheck import Suspects, suspects
 from mscale.topology.env import LaunchEnv, check_node_matches, node_name
