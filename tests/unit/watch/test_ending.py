@@ -1,123 +1,27 @@
-"""How the job's newest attempt ended (watch/ending.py), end to end through ``mscale watch``.
-
-The stop and hang events are written by train's own writers wherever they can be called without a
-job (the ``--local`` launcher's `record_failure`, a failed rank's `report_failure` under srun);
-rank 0's own stop at a finish or an agreed stop is written in the shape `train/loop.py: _finish`
-gives it. Each case checks the one line an operator reads and the exit code a CI job reads, with
-``--once`` and live.
+"""How the job's newest attempt ended (watch/ending.py), as it recorded it, through ``mscale watch
+--once``: a killed, raising or hung rank, rank 0's own stop by its reason, an interruption, a clean
+finish, a relaunch; each case checks the one line an operator reads and the exit code a CI job
+reads. The run is written by train's own writers (ending_runs.py); an end nobody recorded:
+test_ending_unrecorded.py; a live watch: test_ending_live.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import time
 
 import pytest
 
-from mscale.config.records import Event
-from mscale.errors import MscaleError
 from mscale.distributed.watcher import JobResult
+from mscale.errors import MscaleError
 from mscale.runs.rundir import RunDir
-from mscale.topology.placement import load_checked_plan
-from mscale.train.failure import read_error_files, report_failure, write_error_file
-from mscale.train.job_watch import record_failure, record_interruption
-from mscale.watch.actions import ActionConfig, Actor
+from mscale.train.failure import report_failure, write_error_file
+from mscale.train.job_watch import record_interruption
 from mscale.watch.ending import MAX_REASON, job_end
-from mscale.watch.follow import EventFeed, Follower
 from mscale.watch.sim import simulate
-from mscale.watch.stream import MetricsFeed, records_to_window
-from mscale.watch.target import layout_source, resolve_target
 
 from tests.conftest import PLANS
-
-KILLED = "CRITICAL job stopped: rank 5 on node3 killed by SIGKILL (exit 3)"
-WORLD = 8
-
-
-def records(first: int, last: int, seed: int = 1) -> list[dict]:
-    """Healthy records of the cpu-tiny layout (tp 2 × pp 2 × dp 2, two ranks a node)."""
-    recs = simulate(WORLD, tp=2, pp=2, ranks_per_node=2, steps=last, seed=seed)
-    return [r for r in recs if r["step"] >= first]
-
-
-def append_metrics(rd: RunDir, recs: list[dict]) -> None:
-    with open(rd.metrics, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in recs))
-
-
-def event(rd: RunDir, **fields) -> None:
-    rd.append_record(rd.events, Event(source="train", **fields))
-
-
-def start(rd: RunDir, attempt: int) -> None:
-    event(rd, kind="start", message=f"training cpu-tiny on {WORLD} processes (local)",
-          evidence={"run_id": f"local-{attempt}", "attempt": attempt, "launcher": "local"})
-
-
-def running(rd: RunDir, attempt: int = 1) -> None:
-    """The attempt's job holds the run's lock (this process: alive, on this host): without a
-    lock, a start with no stop after it is a job gone without recording its end."""
-    now = time.time()
-    with open(rd.lock, "w") as f:
-        json.dump({"run_id": f"local-{attempt}", "host": socket.gethostname(),
-                   "pid": os.getpid(), "since": now, "heartbeat": now, "lease_s": 120.0,
-                   "token": "t"}, f)
-
-
-def own_stop(rd: RunDir, code: int, step: int, reason: str | None = None,
-             detail: str | None = None, attempt: int = 1, signal: str | None = None) -> None:
-    """Rank 0's stop at the end of the loop (train/loop.py: _finish)."""
-    figures = {"code": code, "last_checkpoint": None, "run_id": f"local-{attempt}",
-               "attempt": attempt}
-    if reason:
-        figures["reason"] = reason
-        if detail:
-            figures["detail"] = detail
-    if signal:
-        figures["signal"] = signal
-    event(rd, kind="stop", severity="info" if code == 0 else "warning", step=step,
-          message=f"training process exited with code {code}" + (f" ({reason})" if reason
-                                                                  else ""),
-          evidence=figures)
-
-
-def launcher_failure(rd: RunDir, rank: int, returncode: int, attempt: int = 1,
-                     stopped: tuple[int, ...] = ()) -> None:
-    """The --local launcher's stop/hang event (train/job_watch.py: record_failure)."""
-    codes = [3] * WORLD
-    codes[rank] = returncode
-    result = JobResult(code=3, returncodes=codes, failed_rank=rank,
-                       alive_at_failure=[r for r in range(WORLD) if r != rank],
-                       stopped_at_failure=list(stopped))
-    record_failure(rd, load_checked_plan(str(PLANS / "cpu-tiny.yaml")), result,
-                   f"local-{attempt}", rd.path("logs"), read_error_files(rd),
-                   started=0.0)  # the simulated records' clock starts near 0
-
-
-@pytest.fixture
-def rd(tmp_path) -> RunDir:
-    """A run directory of the cpu-tiny plan whose attempt 1 wrote 15 healthy steps."""
-    run = RunDir(str(tmp_path / "run"))
-    run.create()
-    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
-    start(run, 1)
-    append_metrics(run, records(1, 15))
-    return run
-
-
-def once(cli, rd: RunDir, *args: str) -> tuple[int, list[str], str]:
-    code, out, err = cli("watch", rd.root, "--once", "--no-act", *args)
-    return code, out.splitlines(), err
-
-
-def verdict(cli, rd: RunDir) -> dict:
-    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
-    doc = json.loads(out)
-    assert doc["exit_code"] == code, err
-    return doc
+from tests.unit.watch.ending_runs import (KILLED, WORLD, append_metrics, launcher_failure, once,
+                                          own_stop, records, running, start, verdict)
 
 
 def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
@@ -137,102 +41,6 @@ def test_a_killed_rank_is_critical_with_its_reason_in_one_line(cli, rd):
     assert stop in doc["open"] and stop["message"] == KILLED.removeprefix("CRITICAL ")
     assert stop["severity"] == "critical" and "mscale recover" in stop["advice"]
     assert stop["last_step"] == 15
-
-
-def test_a_job_gone_without_recording_its_end_is_critical(cli, rd):
-    """torchrun's rank 0 SIGKILLed: no launcher writes a stop. Its lock's holder is dead: the
-    job ended (exit 2), not a healthy run (exit 0)."""
-    import subprocess
-    import sys
-
-    subprocess.run([sys.executable, "-c", "import os, sys; from mscale.runs.lock import RunLock;"
-                    " RunLock(sys.argv[1], 'local-1').acquire(); os._exit(0)", rd.root],
-                   check=True, timeout=60)
-    doc = verdict(cli, rd)
-    job = doc["summary"]["job"]
-    assert doc["exit_code"] == 2 and job["state"] == "crashed", doc["summary"]
-    assert "ended without recording its end" in job["reason"] and "no longer exists" in \
-        job["reason"]
-
-
-def test_a_death_is_withdrawn_when_the_holder_beats_again(rd):
-    """A heartbeat late past its lease (a filesystem stall) read as dead for good (review)."""
-    import json as _json
-
-    from mscale.runs.lock import RunLock
-
-    f = follower(rd, report_end=True)
-    lock = RunLock(rd.root, "local-1").acquire()
-    try:
-        path = rd.path("lock.json")
-        rec = _json.loads(open(path).read())
-        stale = {**rec, "heartbeat": rec["heartbeat"] - 10_000}
-        open(path, "w").write(_json.dumps(stale))
-        f.poll()
-        assert f.job.stopped and f.ended is not None and not f.job.alive()
-        first = f.ended
-        f.poll()
-        assert f.ended is first  # the same death: one finding, not one a poll
-        open(path, "w").write(_json.dumps(rec))  # it beats again
-        f.poll()
-        assert not f.job.stopped and f.ended is None and f.job.alive()
-    finally:
-        lock.release()
-
-
-def test_a_live_lock_is_no_death_however_old_the_last_record(cli, rd):
-    """A slow job is not a dead one: its lock's heartbeat is a thread of its own."""
-    from mscale.runs.lock import RunLock
-
-    with RunLock(rd.root, "local-1"):  # this process: alive
-        assert verdict(cli, rd)["summary"]["job"] is None
-
-
-@pytest.mark.parametrize("steps", [15, 0])
-def test_a_start_without_a_stop_or_a_lock_is_a_job_gone(cli, tmp_path, steps):
-    """The whole job SIGKILLed (launcher and ranks) or its node rebooted, and lock.json removed
-    since (the lock's own refusal says to remove it once the job is dead): nothing holds the run,
-    no stop was written. watch --once said "open alerts 0", exit 0; it says which attempt ended
-    after which step, since when, and exits 2."""
-    run = RunDir(str(tmp_path / "run"))
-    run.create()
-    shutil.copy(PLANS / "cpu-tiny.yaml", run.plan)
-    for attempt in (1, 2):  # attempt 1 crashed and was relaunched: attempt 2 is the newest
-        event(run, kind="start", time=time.time() - 1200, message="training",
-              evidence={"run_id": f"local-{attempt}", "attempt": attempt})
-    recs = records(1, steps) if steps else []
-    for r in recs:
-        r["time"] = time.time() - 600  # ten minutes ago
-    append_metrics(run, recs)
-    code, lines, err = once(cli, run)
-    assert code == 2, err
-    when = ("after step 15 (its last record " if steps else "before its first step (started ")
-    assert lines[-1].startswith(f"CRITICAL job stopped: attempt 2 ended without recording its "
-                                f"end {when}"), lines
-    assert lines[-1].endswith(f"no job holds the run directory ({run.lock} is gone)"), lines
-    if steps:
-        assert "10 min ago" in lines[-1]
-    job = verdict(cli, run)["summary"]["job"]
-    assert (job["state"], job["attempt"], job["exit_code"]) == ("crashed", 2, None)
-    assert job["step"] == (15 if steps else None)
-
-
-def test_a_stop_written_as_the_lock_is_let_go_is_no_death(rd, monkeypatch):
-    """A job writes its stop, then releases its lock. A watch that read the events before the
-    stop and the lock after the release must not call the finish a death."""
-    from mscale.watch.liveness import JobState
-
-    f = follower(rd, report_end=True)
-    real = JobState.observe_death
-
-    def job_finishes_meanwhile(self):
-        if self.last == "start" and not self.stopped:
-            own_stop(rd, 0, 15)  # the stop lands just before the lock is looked at
-        real(self)
-
-    monkeypatch.setattr(JobState, "observe_death", job_finishes_meanwhile)
-    f.poll()
-    assert f.job_end is not None and f.job_end.cause == "finished" and f.ended is None
 
 
 def test_the_job_end_is_not_recorded_again_as_a_watch_event(cli, rd):
@@ -424,48 +232,6 @@ def test_no_records_and_no_stop_is_still_nothing_to_judge(cli, tmp_path):
     assert code == 3 and "no metrics records to judge" in err
 
 
-def _stop_after(monkeypatch, polls: int, write) -> None:
-    """Run ``write`` (the job's end) once the live watch has looked ``polls`` times."""
-    real, seen = Follower.poll, []
-
-    def poll(self):
-        seen.append(1)
-        if len(seen) == polls:
-            write()
-        return real(self)
-
-    monkeypatch.setattr(Follower, "poll", poll)
-
-
-def test_a_live_watch_says_the_job_stopped_and_why(cli, rd, monkeypatch):
-    running(rd)
-    _stop_after(monkeypatch, 3, lambda: launcher_failure(rd, 5, -9))
-    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
-    assert code == 2, out + err
-    lines = out.splitlines()  # the status line came at the first look; the end is the last word
-    assert lines[-1] == KILLED and lines[0].startswith("step 15 | loss"), out
-
-
-def test_a_live_watch_json_and_jsonl_carry_the_end(cli, rd, monkeypatch):
-    running(rd)
-    _stop_after(monkeypatch, 2, lambda: own_stop(rd, 2, 15, "nan", "loss nan"))
-    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05", "--jsonl")
-    [stop] = [json.loads(x) for x in out.splitlines()]
-    assert code == 2 and stop["kind"] == "stop" and stop["cause"] == "nan", err
-    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05", "--json")
-    doc = json.loads(out)
-    assert code == doc["exit_code"] == 2 and doc["summary"]["worst"] == "critical"
-
-
-def test_a_live_watch_of_a_clean_finish_exits_0(cli, rd, monkeypatch):
-    running(rd)
-    _stop_after(monkeypatch, 2, lambda: own_stop(rd, 0, 15))
-    code, out, err = cli("watch", rd.root, "--no-act", "--interval", "0.05")
-    assert code == 0 and "job stopped" not in out, out + err
-    assert out.splitlines()[-2].endswith("open alerts 0")
-    assert out.splitlines()[-1].startswith("OK job finished at step 15")
-
-
 def test_the_prometheus_severity_counts_the_end(cli, rd, tmp_path):
     launcher_failure(rd, 5, -9)
     prom = tmp_path / "watch.prom"
@@ -473,57 +239,6 @@ def test_the_prometheus_severity_counts_the_end(cli, rd, tmp_path):
     text = prom.read_text()
     assert code == 2 and f'mscale_watch_severity{{run="{rd.root}"}} 2.0' in text, text
     assert 'kind="stop"' in text
-
-
-def follower(rd: RunDir, report_end: bool) -> Follower:
-    target = resolve_target(rd.root)
-    return Follower(target=target, layout_for=layout_source(target),
-                    make_watcher=lambda layout: _Quiet(), feed=MetricsFeed(rd.metrics),
-                    events=EventFeed(rd.events), to_window=records_to_window,
-                    actor=Actor(rd, ActionConfig(act=False)), outputs=_Nothing(), live=True,
-                    report_end=report_end)
-
-
-class _Quiet:
-    last_step = None
-    escalated: list = []
-
-    def feed(self, window):
-        self.last_step = int(window.steps[-1])
-        return []
-
-    def check_hang(self, now, last, attempt_start=None):
-        return []
-
-    def open_findings(self):
-        return []
-
-    def summary(self):
-        return {"worst": "ok", "worst_open": "ok", "emitted": {}, "open": 0}
-
-
-class _Nothing:
-    def poll(self, follower, window, new):
-        pass
-
-
-def test_a_start_after_the_end_withdraws_it(rd):
-    f = follower(rd, report_end=True)
-    launcher_failure(rd, 5, -9)
-    f.poll()
-    assert f.ended is not None and f.findings == [f.ended] and f.open_findings() == [f.ended]
-    start(rd, 2)
-    running(rd, 2)
-    f.poll()
-    assert f.ended is None and f.findings == [] and f.summary()["job"] is None
-
-
-def test_recovers_supervisor_leaves_the_end_to_itself(rd):
-    """supervise builds followers without report_end: the old attempt's stop is no finding."""
-    f = follower(rd, report_end=False)
-    launcher_failure(rd, 5, -9)
-    f.poll()
-    assert f.ended is None and f.findings == [] and "job" not in f.summary()
 
 
 def test_an_event_without_severity_or_code_is_a_finish():

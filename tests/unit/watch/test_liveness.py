@@ -9,7 +9,7 @@ import time
 from mscale.runs.rundir import RunDir
 
 from tests.conftest import PLANS
-from tests.unit.watch.test_ending import append_metrics, event, once, records, verdict
+from tests.unit.watch.ending_runs import append_metrics, event, once, records, verdict
 
 
 def test_a_relaunched_attempt_gone_is_dated_by_its_own_last_step(cli, tmp_path):
