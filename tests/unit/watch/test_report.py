@@ -8,7 +8,7 @@ from mscale.watch.follow import KEPT_ATTEMPTS
 
 from tests.unit.watch.pages import network_references
 from tests.unit.watch.replanned import replanned_run
-from tests.unit.watch.test_follow import make, recs
+from tests.unit.watch.follow_fakes import make, recs
 
 
 def test_a_replanned_runs_report_shows_each_attempts_heat_maps(cli, tmp_path):
