@@ -3,7 +3,8 @@
 The records copy what `mscale train --local 4` wrote when a rank was killed, stopped (SIGSTOP),
 fed a NaN, halted and finished (train/job_watch.py's stop/hang events, train/failure.py's error
 files, train/loop.py's start/stop/nan events, watch/actions.py's findings), with times chosen by
-the test so that attempts can be told apart.
+the test so that attempts can be told apart. ``run`` is a fixture (an empty `Run`): a module
+imports it by name, as recover's tests hold runs of several shapes, each module's own ``run``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.conftest import PLANS
@@ -126,3 +128,16 @@ class Run:
                                     "lr": 1e-4, "tokens": 1024, "tokens_per_s": 3000.0,
                                     "step_time": [0.3] * 4, "compute_time": [0.2] * 4,
                                     "comm_wait": [0.05] * 4, "data_time": [0.01] * 4}) + "\n")
+
+
+@pytest.fixture
+def run(tmp_path) -> Run:
+    """An empty run directory of the cpu-tiny plan to write a failure into."""
+    return Run(tmp_path / "run")
+
+
+def started(run: Run, steps: int = 3) -> str:
+    """Attempt 1 started and recorded ``steps`` steps; returns its run id."""
+    rid = run.start(0.0)
+    run.metrics(range(1, steps + 1), t=1.0)
+    return rid

@@ -1,107 +1,26 @@
-"""plan_recovery's verdicts and reasons over faked stages, the re-check (preflight.json, SLURM,
---local), apply_plan's writes, and a dry run that writes nothing."""
+"""plan_recovery's verdicts and reasons over faked stages (decide_fakes.py), room after a full
+disk, apply_plan's writes, and a dry run that writes nothing. The re-check of suspect nodes:
+test_recheck.py; the nodes the job itself keeps out: test_decide_own_exclusions.py; SLURM with the
+real stages: test_decide_slurm.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import time
 
 import pytest
 
-from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import DataSkip
 from mscale.errors import MscaleError
-from mscale.recover import decide, exclude, stages
+from mscale.recover import decide
 from mscale.recover.checkpoints import UNCOMMITTED
 from mscale.recover.decide import RecoverOptions, apply_plan, plan_recovery
 from mscale.recover.decision import CheckpointChoice, Diagnosis, Exclusions, Replan
-from mscale.recover.recheck import Rechecker, failure_time, judge_report
-from mscale.recover.relaunch import Launch
 from mscale.runs.rundir import RunDir
-from mscale.topology.placement import load_checked_plan
 
-from tests.conftest import PLANS
-
-NODES = ["node1", "node2", "node3", "node4"]
-T_FAIL = 1000.0
-
-
-def write_events(run, events):
-    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-
-
-@pytest.fixture
-def run(tmp_path):
-    """A run directory of the cpu-tiny plan (8 ranks on node[1-4]) whose --local 8 attempt
-    stopped at T_FAIL."""
-    run = tmp_path / "run"
-    (run / "ckpt").mkdir(parents=True)
-    shutil.copy(PLANS / "cpu-tiny.yaml", run / "plan.yaml")
-    argv = ["/venv/bin/mscale", "train", str(run / "plan.yaml"), "--run-dir", str(run),
-            "--local", "8", "--steps", "20"]
-    write_events(run, [
-        {"kind": "start", "source": "train", "time": T_FAIL - 60, "evidence": {
-            "launcher": "local", "attempt": 1, "launch": {
-                "argv": argv, "cwd": str(tmp_path), "plan": str(run / "plan.yaml"), "local": 8,
-                "nodes": NODES, "slurm": None}}},
-        {"kind": "stop", "source": "train", "time": T_FAIL, "ranks": [5], "nodes": ["node3"]}])
-    return run
-
-
-class Fakes:
-    """The stages as plain data; each test sets what it needs."""
-
-    def __init__(self, run):
-        self.run = run
-        self.diagnosis = Diagnosis(cls="gpu", symptom="crash", summary="rank 5 on node3 died",
-                                   suspect_ranks=[5], suspect_nodes=["node3"], failed_step=12,
-                                   attempt=1)
-        self.choice = CheckpointChoice(path=str(run / "ckpt/step-000010"), step=10,
-                                       reason="newest that verifies")
-        self.exclusions = Exclusions()
-        self.replan = None
-        self.skip = None
-        self.rechecked = None
-        self.calls = []
-
-    def install(self, monkeypatch):
-        def exclusions(run, diagnosis, recheck=None, plan=None, ran=None, kept=None):
-            if recheck is not None:
-                self.rechecked = recheck(diagnosis.suspect_nodes)
-            return self.exclusions
-
-        def replan(run, plan, exclusions, *, ran=None, allow_batch_change=False, write=True):
-            self.calls.append(("replan", write, allow_batch_change))
-            if isinstance(self.replan, Exception):
-                raise self.replan
-            return self.replan
-
-        monkeypatch.setattr(stages, "diagnose", lambda run_dir: self.diagnosis)
-        monkeypatch.setattr(stages, "choose_checkpoint", lambda run, d, verify="quick":
-                            self.choice)
-        monkeypatch.setattr(stages, "decide_exclusions", exclusions)
-        monkeypatch.setattr(stages, "replan", replan)
-        monkeypatch.setattr(stages, "data_skip_for", lambda d, c, skips=None: self.skip)
-        monkeypatch.setattr(stages, "record_data_skip",
-                            lambda run, skip: self.calls.append(("skip", skip.skip_steps)))
-        monkeypatch.setattr(stages, "pin_checkpoint",
-                            lambda run, path, reason: self.calls.append(("pin", path)))
-        return self
-
-
-@pytest.fixture
-def fakes(run, monkeypatch):
-    return Fakes(run).install(monkeypatch)
-
-
-def shrunk(run) -> Replan:
-    return Replan(plan_path=str(run / "recover/plan-0001.yaml"), nodes=["node1", "node2"],
-                  world=4, layout="tp2 pp2 dp1 on 2 nodes (cpu-4x2)",
-                  old_layout="tp2 pp2 dp2 on 4 nodes (cpu-4x2)", old_step_time_s=1.0,
-                  new_step_time_s=1.8, global_batch=16, unused_nodes=["node4"],
-                  note="DP 2 -> 1, 2x more micro-batches")
+from tests.unit.recover.decide_fakes import (NODES, fakes, run,  # noqa: F401 - fixtures
+                                             shrunk, write_events)
 
 
 def test_a_transient_crash_is_relaunched_as_it_was(run, fakes):
@@ -386,142 +305,6 @@ def test_not_a_run_directory_is_bad_input(tmp_path, where):
     assert e.value.code == 3
 
 
-# --- re-checking suspect nodes -------------------------------------------------------------
-
-def report(t, bad=("node3",)) -> PreflightReport:
-    results = [CheckResult(check="gemm", entity_kind="rank", entity=f"rank {r}",
-                           node=NODES[r // 2], value=1.0, status="OK") for r in range(8)]
-    results[5] = CheckResult(check="gemm", entity_kind="rank", entity="rank 5", node="node3",
-                             value=0.2, status="CRITICAL", message="0.2x the median")
-    return PreflightReport(time=t, world=8, layout={"tp": 2, "pp": 2, "dp": 2},
-                           results=results, bad_nodes=list(bad))
-
-
-def checker(run, launch, srun=None) -> Rechecker:
-    plan = load_checked_plan(str(run / "plan.yaml"))
-    kw = {"srun": srun} if srun else {}
-    return Rechecker(RunDir(str(run)), plan, str(run / "plan.yaml"), launch,
-                     since=failure_time(RunDir(str(run))), **kw)
-
-
-def test_the_failure_time_skips_a_bad_events_line(run):
-    """Read as the diagnosis reads the files (their tails, a bad line skipped): a line that is
-    not JSON stopped recover's re-check with exit 3."""
-    with open(run / "events.jsonl", "a") as f:
-        f.write("NOT JSON\n")
-    assert failure_time(RunDir(str(run))) == T_FAIL
-
-
-def test_a_preflight_report_newer_than_the_failure_answers(run):
-    assert failure_time(RunDir(str(run))) == T_FAIL
-    (run / "preflight.json").write_text(report(T_FAIL + 5).model_dump_json())
-    got = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))(["node3", "node2"])
-    assert got["node2"] is None and "gemm: 0.2x the median" in got["node3"]
-    (run / "preflight.json").write_text(report(T_FAIL - 5).model_dump_json())  # before: ignored
-    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
-    assert c(["node3"]) == {} and "not re-checked" in c.notes[0]
-
-
-def test_a_damaged_preflight_report_is_said_not_passed_over(run):
-    (run / "preflight.json").write_text('{"time": "yesterday"}')
-    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
-    assert c(["node3"]) == {}
-    assert "is not a preflight report, not used" in c.notes[0], c.notes
-
-
-def test_a_preflight_report_without_a_time_does_not_answer(run):
-    """Read as it is, the model would give it the time of reading: newer than any failure."""
-    doc = json.loads(report(T_FAIL + 5).model_dump_json())
-    del doc["time"]
-    (run / "preflight.json").write_text(json.dumps(doc))
-    c = checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))
-    assert c(["node3"]) == {} and "not re-checked" in c.notes[0]
-
-
-def test_a_report_says_nothing_of_a_node_it_never_measured():
-    """bad_nodes also lists quarantine.json's nodes outside the job: no verdict of preflight's."""
-    assert judge_report(report(T_FAIL + 5, bad=("node3", "node9")), ["node3", "node9"]) == {
-        "node3": "preflight re-check failed (gemm: 0.2x the median)"}
-
-
-def test_a_stale_preflight_is_said_in_the_report_and_the_json(run, fakes, monkeypatch):
-    """An operator must see why a node preflight.json names bad is not kept out."""
-    from mscale.recover.report import render
-
-    monkeypatch.setattr(stages, "decide_exclusions", exclude.decide_exclusions)
-    fakes.diagnosis.cls, fakes.diagnosis.suspect_nodes = "software", []
-    (run / "preflight.json").write_text(report(T_FAIL - 2 * 86_400).model_dump_json())
-    plan = plan_recovery(str(run), RecoverOptions(recheck=False))
-    note = ("preflight.json from 1969-12-30 00:16 UTC predates attempt 1 (started 1970-01-01 "
-            "00:15 UTC): its bad nodes (node3) are not used")
-    assert plan.exclusions.nodes == [] and note in plan.reasons
-    assert plan.to_json()["exclusions"]["notes"] == [note]
-    assert f"  - {note}\n" in render(plan, executed=False, decision=None)
-
-
-def test_slurm_re_check_runs_preflight_on_the_jobs_nodes(run):
-    seen = []
-
-    def srun(argv, timeout):
-        if argv[0] == "sinfo":
-            return 0, "".join(f"{n} idle\n" for n in NODES), ""
-        seen.append(argv)
-        return 2, "rank 0 says hi\n" + report(time.time()).model_dump_json(), ""
-
-    launch = Launch(argv=["/venv/bin/mscale", "train"], nodes=NODES, launcher="slurm",
-                    slurm={"job_id": "7", "job_name": "j", "nodelist": "node[1-4]", "nnodes": 4})
-    got = checker(run, launch, srun)(["node3"])
-    assert "preflight re-check failed" in got["node3"]
-    argv = seen[0]
-    assert argv[:7] == ["srun", "--job-name=j-recheck", "--nodelist=node[1-4]", "--nodes=4",
-                        "--ntasks=8", "--ntasks-per-node=2", "--immediate=60"]
-    assert argv[7:10] == ["/venv/bin/mscale", "preflight", str(run / "plan.yaml")]
-
-
-def test_a_slurm_re_check_says_a_line_before_and_after_on_stderr_only(run, capsys):
-    """A re-check takes seconds to minutes: silence looks like a hang. stdout stays --json's."""
-    def srun(argv, timeout):
-        if argv[0] == "sinfo":
-            return 0, "".join(f"{n} idle\n" for n in NODES), ""
-        return 0, report(time.time()).model_dump_json(), ""
-
-    launch = Launch(argv=["mscale"], nodes=NODES, launcher="slurm", slurm={"job_id": "7"})
-    c = checker(run, launch, srun)
-    c(["node3"])
-    out, err = capsys.readouterr()
-    lines = err.splitlines()
-    assert out == "" and len(lines) == 2, err
-    assert lines[0].startswith("recover: re-checking node3 with preflight (up to 340 s)")
-    assert lines[1].startswith("recover: re-check of node3 done in ") and "node3: preflight " \
-        "re-check failed" in lines[1]
-
-
-def test_a_local_run_is_not_re_checked_and_says_nothing(run, capsys):
-    checker(run, Launch(argv=["mscale"], local=8, nodes=NODES))(["node3"])
-    assert capsys.readouterr().err == ""
-
-
-@pytest.mark.parametrize("state, excluded", [("drained", True), ("idle*", True), ("idle", False)])
-def test_a_slurm_re_check_blames_a_node_only_on_a_report_or_slurms_word(run, state, excluded):
-    calls = []
-
-    def srun(argv, timeout):
-        calls.append(argv[0])
-        if argv[0] == "sinfo":
-            return 0, f"node3 {state}\n", ""
-        return 1, "", "srun: error: node1: task 1: Exited with exit code 3\n"
-
-    launch = Launch(argv=["mscale"], nodes=NODES, launcher="slurm", slurm={"job_id": "7"})
-    c = checker(run, launch, srun)
-    got = c(["node3"])
-    if excluded:  # known before any srun: no minute spent waiting for a node that is down
-        assert got == {"node3": f"preflight could not run on it: SLURM reports it {state}"}
-        assert calls == ["sinfo"]
-    else:
-        assert got == {} and "the preflight job failed (srun exit 1: srun: error: node1" \
-            in c.notes[0]
-
-
 def test_run_plan_falls_back_to_the_recorded_plan(run, fakes):
     moved = run.parent / "elsewhere.yaml"
     shutil.move(run / "plan.yaml", moved)
@@ -530,14 +313,6 @@ def test_run_plan_falls_back_to_the_recorded_plan(run, fakes):
     write_events(run, events)
     plan, url = decide._run_plan(RunDir(str(run)), decide.recorded_launch(RunDir(str(run))))
     assert url == str(moved) and plan.layout.world_size == 8
-
-
-def test_a_suspect_re_checked_healthy_is_said_to_be_kept(run, fakes):
-    (run / "preflight.json").write_text(report(T_FAIL + 5, bad=()).model_dump_json())
-    fakes.diagnosis.suspect_nodes = ["node2"]
-    plan = plan_recovery(str(run))
-    assert fakes.rechecked == {"node2": None}
-    assert "node2 re-checked healthy by preflight: kept" in plan.reasons
 
 
 def test_a_job_that_failed_before_recording_its_plan_is_told_why_not_only_that(tmp_path):
@@ -557,94 +332,3 @@ def test_a_job_that_failed_before_recording_its_plan_is_told_why_not_only_that(t
     assert "the job stopped before it started training" in e.value.message
     assert "the launcher started 1 processes but the plan needs 8" in e.value.message
     assert "nothing to recover" in e.value.fix
-
-
-def srun_command(run, exclude: str) -> list[str]:
-    """supervise's CMD inside an allocation: the user's own srun -x."""
-    return ["srun", "-x", exclude, "-N4", "-n8", "/venv/bin/mscale", "train",
-            str(run / "plan.yaml"), "--run-dir", str(run)]
-
-
-@pytest.fixture
-def real_replan(fakes, monkeypatch):
-    """The stages' own re-plan over the faked diagnosis: what it counts is the point."""
-    from mscale.recover import replan
-
-    monkeypatch.setattr(stages, "replan", replan.replan)
-    fakes.diagnosis.cls, fakes.diagnosis.suspect_nodes = "software", []
-    return fakes
-
-
-def test_a_node_the_jobs_own_srun_keeps_out_is_not_counted_by_the_re_plan(run, real_replan):
-    """The attempt ran on node[1-4]; the command now keeps node4 out: re-planned for the nodes
-    left, the relaunch asks for no more nodes than srun may give it (it asked for 4 of 3)."""
-    from mscale.recover.report import render
-
-    plan = plan_recovery(str(run), RecoverOptions(recheck=False,
-                                                  command=srun_command(run, "node4")))
-    assert plan.exclusions.nodes == [] and list(plan.exclusions.carried) == ["node4"]
-    assert plan.replan is not None and "node4" not in plan.replan.nodes
-    assert f"--nodes={len(plan.replan.nodes)}" in plan.command
-    assert "--exclude=node4" in plan.command and plan.verdict == "degraded"
-    text = render(plan, executed=False, decision=None)
-    assert "exclusions: none by this recovery\n" in text
-    assert ("  node4: kept out by the job's own command (its -x/--exclude) before this "
-            "recovery\n") in text
-    assert any(r.startswith("1 node(s) kept out: node4 (node4: kept out by the job's own")
-               for r in plan.reasons)
-
-
-def test_a_jobs_exclusion_that_costs_the_relaunch_no_node_changes_nothing(run, real_replan):
-    """node9: not among the attempt's nodes (nor the plan's); node4: its quarantine expired,
-    so the relaunch lets it back. Either way the job relaunches as it was."""
-    from mscale.config.records import Quarantine, QuarantineEntry
-
-    q = Quarantine(entries=[QuarantineEntry(node="node4", reason="hot", expires=1.0)])
-    (run / "quarantine.json").write_text(q.model_dump_json())
-    plan = plan_recovery(str(run), RecoverOptions(recheck=False,
-                                                  command=srun_command(run, "node[4,9]")))
-    assert plan.exclusions.carried == {} and plan.replan is None
-    assert plan.verdict == "relaunchable" and "--exclude=node9" in plan.command
-
-
-def test_too_few_nodes_left_with_the_jobs_own_exclusions_is_refused_naming_them(run, fakes,
-                                                                                monkeypatch):
-    from mscale.recover import replan
-
-    monkeypatch.setattr(stages, "replan", replan.replan)
-    fakes.exclusions = Exclusions(nodes=["node3"], reasons={"node3": "diagnosis: gpu"})
-    plan = plan_recovery(str(run), RecoverOptions(recheck=False,
-                                                  command=srun_command(run, "node[1-2,4]")))
-    assert plan.verdict == "unrecoverable" and plan.command == []
-    assert "every node of the plan is excluded (node[1-4])" in plan.reasons[0]
-
-
-def test_the_slurm_jobs_excluded_nodes_are_asked_of_scontrol_once(run, real_replan,
-                                                                    monkeypatch):
-    """The recorded job's ExcNodeList (an operator's `scontrol update` since) counts in the
-    re-plan, and the relaunch uses the same answer instead of asking again."""
-    from mscale.recover import relaunch
-
-    asked = []
-
-    def scontrol(argv):
-        asked.append(argv)
-        return 0, ("JobId=7 JobState=FAILED BatchFlag=1 Command=/nonexistent/job.sh "
-                   "ExcNodeList=node2 Partition=debug")
-
-    monkeypatch.setattr(relaunch, "run_quiet", scontrol)
-    argv = ["/venv/bin/mscale", "train", str(run / "plan.yaml"), "--run-dir", str(run)]
-    write_events(run, [
-        {"kind": "start", "source": "train", "time": T_FAIL - 60, "evidence": {
-            "launcher": "slurm", "attempt": 1, "launch": {
-                "argv": argv, "cwd": str(run.parent), "plan": str(run / "plan.yaml"),
-                "local": 0, "nodes": NODES, "slurm": {"job_id": "7", "job_name": "j",
-                                                      "nodelist": "node[1-4]", "nnodes": 4}}}},
-        {"kind": "stop", "source": "train", "time": T_FAIL, "ranks": [5], "nodes": ["node3"]}])
-    plan = plan_recovery(str(run), RecoverOptions(recheck=False))
-    assert len(asked) == 1 and plan.exclusions.carried == {
-        "node2": "kept out of the job's allocation before this recovery (scontrol's "
-                 "ExcNodeList)"}
-    assert "node2" not in plan.replan.nodes and plan.command[0] == "sbatch"
-    assert f"--nodes={len(plan.replan.nodes)}" in plan.command
-    assert "--exclude=node2" in plan.command

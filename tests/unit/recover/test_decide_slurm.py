@@ -19,6 +19,7 @@ from mscale.recover.recheck import Rechecker
 from mscale.recover.report import render
 
 from tests.conftest import PLANS
+from tests.unit.recover.decide_fakes import srun_command
 
 SLURM_NODES = ["node1", "node2", "node3", "node4"]
 T_FAIL = 1000.0
@@ -111,12 +112,6 @@ def test_an_entry_made_by_hand_names_the_node_as_slurm_knows_it(job):
     assert "not one of the run's nodes" in plan.exclusions.reasons["node2"]
 
 
-def srun_command(run: Path, exclude: str) -> list[str]:
-    """supervise's CMD inside the allocation, with the operator's own srun -x."""
-    return ["srun", "-x", exclude, "-N4", "-n8", "/venv/bin/mscale", "train",
-            str(run / "plan.yaml"), "--run-dir", str(run)]
-
-
 def test_a_node_let_back_then_excluded_by_hand_stays_out(job):
     """node3's quarantine expired and recovery 1 let it back (dropped it from the job's -x);
     the operator then put it in the job's -x again: that latest word stands. It used to be let
@@ -153,4 +148,3 @@ def test_a_suspect_the_job_already_keeps_out_is_not_re_checked(job, monkeypatch)
             "this recovery (scontrol's ExcNodeList)")
     assert plan.exclusions.notes == [line] and line in plan.reasons
     assert "--exclude=node3" in plan.command
-

@@ -6,17 +6,10 @@ from __future__ import annotations
 import json
 import pickle
 
-import pytest
-
 from mscale.recover.diagnose import read
 from mscale.recover.diagnose import diagnose
 from mscale.recover.diagnose.evidence import collect
-from tests.unit.recover.diag_runs import GLOO_RESET, GLOO_TIMEOUT, Run
-
-
-@pytest.fixture
-def run(tmp_path) -> Run:
-    return Run(tmp_path / "run")
+from tests.unit.recover.diag_runs import GLOO_RESET, GLOO_TIMEOUT, run  # noqa: F401 - a fixture
 
 
 def test_the_launchers_hang_event_names_the_stopped_rank(run):
@@ -133,7 +126,8 @@ def test_only_the_last_attempt_counts(run):
     assert (d.attempt, d.symptom, d.suspect_ranks) == (2, "hang", [3])
     assert not any("SIGKILL" in e.text for e in d.evidence)
     ev = collect(run.path)
-    assert ev.attempt.run_id == rid2 and [e["kind"] for e in ev.attempt.events] == ["start", "hang"]
+    assert ev.attempt.run_id == rid2
+    assert [e["kind"] for e in ev.attempt.events] == ["start", "hang"]
 
 
 def test_an_old_error_file_does_not_outlive_a_finished_attempt(run):
