@@ -85,7 +85,7 @@ def test_a_chained_url_is_refused_in_one_line(cli, dirty, tmp_path, args):
 def test_inspect_checks_every_index_of_a_prepared_folder(cli, tmp_path):
     """Training opens a prepared folder from its manifest without reading its indexes; inspect,
     one process, still checks each one (docs/data.md): a truncated .idx is exit 3, named."""
-    from tests.unit.data.test_indexed import DOCS, write_manifest
+    from tests.unit.data.folders import DOCS, write_manifest
 
     write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
     idx = tmp_path / "ds" / "shard-00001.idx"
@@ -176,7 +176,7 @@ def test_verify_says_what_it_hashes_before_it_starts(cli, tmp_path):
     """A corpus of thousands of shards hashes for an hour: verify said nothing until its
     verdict. Now a start line on stderr (stdout stays the verdict), then progress."""
     from mscale.data.manifest import verify_checksums
-    from tests.unit.data.test_indexed import DOCS, write_manifest
+    from tests.unit.data.folders import DOCS, write_manifest
 
     write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
     code, stdout, err = cli("data", "verify", str(tmp_path / "ds"))

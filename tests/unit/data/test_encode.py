@@ -14,7 +14,7 @@ from mscale.data import encode
 from mscale.data.encode import Encoder, terminate_workers
 from mscale.data.prepare import prepare
 
-from .test_prepare import decoded, text, tokenizer  # noqa: F401 - a fixture
+from tests.unit.data.corpus_text import decoded, text
 
 
 @dataclass
@@ -23,7 +23,7 @@ class Batch:
     nbytes: int
 
 
-def test_progress_goes_on_while_one_large_document_is_tokenized(tokenizer, tmp_path,  # noqa: F811
+def test_progress_goes_on_while_one_large_document_is_tokenized(tokenizer, tmp_path,
                                                                 monkeypatch):
     """One .txt file is one batch: its encoding is held until the main thread has reported it
     in flight (it encoded inline with one worker, and reported only per finished batch)."""
@@ -52,7 +52,7 @@ def test_progress_goes_on_while_one_large_document_is_tokenized(tokenizer, tmp_p
     assert decoded(tmp_path / "out", tokenizer) == [text(7, 200)]
 
 
-def test_one_worker_encodes_on_a_daemon_thread(tokenizer, monkeypatch):  # noqa: F811
+def test_one_worker_encodes_on_a_daemon_thread(tokenizer, monkeypatch):
     """So that Ctrl-C reaches the main thread at once and the process need not wait for it."""
     where = []
     real = encode._Codec.encode
@@ -70,7 +70,7 @@ def test_one_worker_encodes_on_a_daemon_thread(tokenizer, monkeypatch):  # noqa:
     assert len(where) == 2 and where[0] is not threading.main_thread() and where[0].daemon
 
 
-def test_an_interruption_terminates_busy_worker_processes_at_once(tokenizer):  # noqa: F811
+def test_an_interruption_terminates_busy_worker_processes_at_once(tokenizer):
     """Ctrl-C while the workers encode: they are terminated, not waited for (the pool's
     shutdown(wait=True) waited for every batch in flight, 29 s for a 28 MB file)."""
     tok_json = open(tokenizer, encoding="utf-8").read()
