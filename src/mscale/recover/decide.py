@@ -108,20 +108,7 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
     diagnosis = stages.diagnose(run_dir)
     choice = stages.choose_checkpoint(run, diagnosis, verify=opts.verify)
     launch = recorded_launch(run)
-    try:
-        plan, plan_url = _run_plan(run, launch)
-    except MscaleError as e:
-        fs, plan_file = fs_and_path(run.plan)
-        never_started = choice.path is None and not fs.isfile(plan_file)
-        if not never_started:  # a plan.yaml that does not load: its own error says why
-            raise
-        first = f" {diagnosis.evidence[0].source}: {diagnosis.evidence[0].text}" \
-            if diagnosis.evidence else ""
-        raise MscaleError(f"{e.message}: the job stopped before it started training. "
-                          f"{diagnosis.summary}{first}", file=run.root,
-                          fix="fix that cause and start the job again (nothing was trained "
-                              "and no checkpoint written, so there is nothing to recover)"
-                          ) from None
+    plan, plan_url = _failed_plan(run, launch, diagnosis, choice)
     finished = diagnosis.symptom == "finished"  # nothing to recover: no re-check, no re-plan
     checker = None
     if opts.recheck and not finished:
@@ -150,17 +137,9 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
                     allow_batch_change=bool(rp and rp.batch_changed),
                     run_dir=_absolute(run_dir), released=back)
     how = relaunch(launch, change, ranks_per_node(plan), command=opts.command, info=info)
-    if how.refusal:
-        refusal = f"{refusal}; {how.refusal}" if refusal else how.refusal
-    if diagnosis.symptom == "disk_full" and (full := room.shortfall(
-            run, choice.path, _ckpt_keep(opts.command, launch.argv if launch else None),
-            pinned=not choice.is_latest)):
-        refusal = f"{refusal}; {full}" if refusal else full
-    if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
-        foreign = (f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
-                   f"one of this run's checkpoints ({diagnosis.damaged_error}): resume from "
-                   "another one (--resume), then run recover again")
-        refusal = f"{refusal}; {foreign}" if refusal else foreign
+    refusal = "; ".join(r for r in (refusal, how.refusal,
+                                     *_relaunch_refusals(run, diagnosis, choice, opts, launch))
+                        if r) or None
     if finished:  # exit 0 (docs/recover.md): a finished run is no failure, nor degraded
         verdict, reasons = "finished", ["the run finished: nothing to recover"]
     else:
@@ -176,6 +155,42 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         launcher=how.launcher,
         command=[] if verdict == "unrecoverable" or finished else how.command, reasons=reasons,
         cwd=launch.cwd if launch else None)
+
+
+def _failed_plan(run: RunDir, launch: Launch | None, diagnosis: Diagnosis,
+                 choice: CheckpointChoice) -> tuple[Plan, str]:
+    """`_run_plan`, and when there is none because the job stopped before it started training
+    (no checkpoint, no plan.yaml), an error that names that cause rather than the missing file."""
+    try:
+        return _run_plan(run, launch)
+    except MscaleError as e:
+        fs, plan_file = fs_and_path(run.plan)
+        never_started = choice.path is None and not fs.isfile(plan_file)
+        if not never_started:  # a plan.yaml that does not load: its own error says why
+            raise
+        first = f" {diagnosis.evidence[0].source}: {diagnosis.evidence[0].text}" \
+            if diagnosis.evidence else ""
+        raise MscaleError(f"{e.message}: the job stopped before it started training. "
+                          f"{diagnosis.summary}{first}", file=run.root,
+                          fix="fix that cause and start the job again (nothing was trained "
+                              "and no checkpoint written, so there is nothing to recover)"
+                          ) from None
+
+
+def _relaunch_refusals(run: RunDir, diagnosis: Diagnosis, choice: CheckpointChoice,
+                       opts: RecoverOptions, launch: Launch | None) -> list[str]:
+    """Why the relaunch would fail again however it is launched: a full disk that still lacks
+    room for one checkpoint (`room.shortfall`), or a damaged checkpoint outside this run."""
+    out = []
+    if diagnosis.symptom == "disk_full" and (full := room.shortfall(
+            run, choice.path, _ckpt_keep(opts.command, launch.argv if launch else None),
+            pinned=not choice.is_latest)):
+        out.append(full)
+    if diagnosis.damaged_checkpoint and names_damaged(run, diagnosis) is None:
+        out.append(f"the relaunch failed reading {diagnosis.damaged_checkpoint}, which is not "
+                   f"one of this run's checkpoints ({diagnosis.damaged_error}): resume from "
+                   "another one (--resume), then run recover again")
+    return out
 
 
 def _exclusions(run: RunDir, diagnosis: Diagnosis, checker: Rechecker | None, plan: Plan,
