@@ -13,8 +13,9 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from mscale.distributed import forkserver
 from mscale.distributed.lifeline import LIFELINE_ENV, LOG_FILE_ENV, Lifeline
@@ -211,21 +212,9 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     signals = forwarded_signals()
     old = {s: signal.signal(s, stops.handler) for s in signals}
     try:
-        # A closed terminal sends SIGHUP to its whole foreground process group: the fork server
-        # and multiprocessing's resource tracker, started here, would die of it (the workers'
-        # exit codes are read through the server; the tracker's loss spills tracebacks into
-        # every log). Started while this thread blocks SIGHUP, they and the workers forked from
-        # the server keep it blocked (a mask survives fork and exec; a handler does not). The
-        # launcher itself has its handler: a hangup during the start is forwarded, not lost.
-        shielded = {signal.SIGHUP} & set(signals) if hasattr(signal, "pthread_sigmask") \
-            else set()
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, shielded) if shielded else None
-        try:
-            with view.ticking():  # this thread is busy starting them: the view draws itself
-                _start(job, procs, logs, tees, view, lifeline)
-        finally:
-            if mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        # this thread is busy starting them: the view draws itself
+        with _sighup_blocked(signals), view.ticking():
+            _start(job, procs, logs, tees, view, lifeline)
         stops.deliver()  # a stop asked for while workers were still starting reaches them all
         result = watch_workers(procs, job.rank0_ends_job, on_poll)
         result.abandoned = abandoned[0] if abandoned else None
@@ -244,6 +233,25 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             t.join(timeout=5)
         for log in logs:
             log.close()
+
+
+@contextmanager
+def _sighup_blocked(signals: Sequence[int]) -> Iterator[None]:
+    """SIGHUP blocked on this thread for the body (when it is among the forwarded ``signals``).
+
+    A closed terminal sends SIGHUP to its whole foreground process group: the fork server and
+    multiprocessing's resource tracker, started here, would die of it (the workers' exit codes
+    are read through the server; the tracker's loss spills tracebacks into every log). Started
+    while this thread blocks SIGHUP, they and the workers forked from the server keep it blocked
+    (a mask survives fork and exec; a handler does not). The launcher itself has its handler: a
+    hangup during the start is forwarded, not lost."""
+    shielded = {signal.SIGHUP} & set(signals) if hasattr(signal, "pthread_sigmask") else set()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, shielded) if shielded else None
+    try:
+        yield
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView,
