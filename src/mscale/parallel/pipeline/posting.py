@@ -172,44 +172,67 @@ def replay_nccl(pp: int, vpp: int, m: int, *, plan: PlanFn = posting_plan,
     t_f = [float(t_f)] * pp if isinstance(t_f, (int, float)) else [float(x) for x in t_f]
     t_b = [float(t_b)] * pp if isinstance(t_b, (int, float)) else [float(x) for x in t_b]
     acts = [tuple(actions(pp, vpp, m, r)) for r in range(pp)]
-    batches: list[list[Batch]] = [[] for _ in range(pp)]
-    before: list[list[int]] = [[] for _ in range(pp)]  # actions computed before each batch
-    recv_at: list[dict[Message, int]] = [{} for _ in range(pp)]  # message → batch index
-    sends: dict[tuple[int, int], list[tuple[Message, int]]] = {}  # (src, dst) → (message, batch)
-    recvs: dict[tuple[int, int], list[tuple[Message, int]]] = {}
+    posted = _Posted(pp)
     for r in range(pp):
-        entries = plan(pp, vpp, m, r)
-        if len(entries) != len(acts[r]) + 1:
-            raise PostingError(f"rank {r}: {len(entries)} posting points for {len(acts[r])} "
-                               "actions (want one before each action and one after the last)")
-        made: set[Message] = set()
-        for k, entry in enumerate(entries):
-            if k > 0:
-                sent = produces(acts[r][k - 1], r, pp, vpp)
-                if sent is not None:
-                    made.add(sent)
-            for b in entry:
-                if not b:  # nothing to post (StageLink.post posts no empty batch)
-                    continue
-                i = len(batches[r])
-                batches[r].append(b)
-                before[r].append(k)
-                for msg in b.sends:
-                    if msg not in made:
-                        raise PostingError(f"rank {r} sends {describe(msg)} before computing it")
-                    made.discard(msg)  # each message leaves once
-                    sends.setdefault((r, owner(msg.dst, pp)[0]), []).append((msg, i))
-                for msg in b.recvs:
-                    if msg in recv_at[r]:
-                        raise PostingError(f"rank {r} receives {describe(msg)} twice")
-                    recv_at[r][msg] = i
-                    recvs.setdefault((owner(msg.src, pp)[0], r), []).append((msg, i))
-        for k, a in enumerate(acts[r]):
-            msg = needs(a, r, pp, vpp)
-            if msg is not None and (msg not in recv_at[r] or before[r][recv_at[r][msg]] > k):
-                raise PostingError(f"rank {r}: {a!r} needs {describe(msg)}, not received before it")
-    # rule 2: the i-th send from s to d meets the i-th receive on d from s
-    peers: list[list[list[tuple[int, int]]]] = [[[] for _ in bs] for bs in batches]
+        _post_rank(posted, r, plan(pp, vpp, m, r), acts[r], pp, vpp)
+    peers = _pair(posted)
+    return _timed(pp, vpp, acts, posted.batches, posted.before, posted.recv_at, peers, t_f, t_b,
+                  latency)
+
+
+class _Posted:
+    """Every rank's batches as its host posts them, with what `_timed` and `_pair` need."""
+
+    def __init__(self, pp: int):
+        self.batches: list[list[Batch]] = [[] for _ in range(pp)]
+        self.before: list[list[int]] = [[] for _ in range(pp)]  # actions computed before each
+        self.recv_at: list[dict[Message, int]] = [{} for _ in range(pp)]  # message → batch
+        self.sends: dict[tuple[int, int], list[tuple[Message, int]]] = {}  # (src, dst) → …
+        self.recvs: dict[tuple[int, int], list[tuple[Message, int]]] = {}  # (message, batch)
+
+
+def _post_rank(posted: _Posted, r: int, entries: Sequence[Sequence[Batch]],
+               acts: Sequence[Action], pp: int, vpp: int) -> None:
+    """Rank ``r``'s posting points (one before each action, one after the last) into
+    ``posted``, checking that it sends only what it computed, once, receives each message once,
+    and receives each action's input before it."""
+    if len(entries) != len(acts) + 1:
+        raise PostingError(f"rank {r}: {len(entries)} posting points for {len(acts)} "
+                           "actions (want one before each action and one after the last)")
+    batches, before, recv_at = posted.batches[r], posted.before[r], posted.recv_at[r]
+    made: set[Message] = set()
+    for k, entry in enumerate(entries):
+        if k > 0:
+            sent = produces(acts[k - 1], r, pp, vpp)
+            if sent is not None:
+                made.add(sent)
+        for b in entry:
+            if not b:  # nothing to post (StageLink.post posts no empty batch)
+                continue
+            i = len(batches)
+            batches.append(b)
+            before.append(k)
+            for msg in b.sends:
+                if msg not in made:
+                    raise PostingError(f"rank {r} sends {describe(msg)} before computing it")
+                made.discard(msg)  # each message leaves once
+                posted.sends.setdefault((r, owner(msg.dst, pp)[0]), []).append((msg, i))
+            for msg in b.recvs:
+                if msg in recv_at:
+                    raise PostingError(f"rank {r} receives {describe(msg)} twice")
+                recv_at[msg] = i
+                posted.recvs.setdefault((owner(msg.src, pp)[0], r), []).append((msg, i))
+    for k, a in enumerate(acts):
+        msg = needs(a, r, pp, vpp)
+        if msg is not None and (msg not in recv_at or before[recv_at[msg]] > k):
+            raise PostingError(f"rank {r}: {a!r} needs {describe(msg)}, not received before it")
+
+
+def _pair(posted: _Posted) -> list[list[list[tuple[int, int]]]]:
+    """NCCL's rule 2: the i-th send from s to d meets the i-th receive on d from s. Per rank and
+    batch, the (peer, peer's batch) pairs it meets; a mismatch or an unmatched message raises."""
+    sends, recvs = posted.sends, posted.recvs
+    peers: list[list[list[tuple[int, int]]]] = [[[] for _ in bs] for bs in posted.batches]
     for key in sorted(set(sends) | set(recvs)):
         out, into = sends.get(key, []), recvs.get(key, [])
         for (smsg, sb), (rmsg, rb) in zip(out, into):
@@ -223,7 +246,7 @@ def replay_nccl(pp: int, vpp: int, m: int, *, plan: PlanFn = posting_plan,
             extra = longer[n][0]
             raise PostingError(f"rank {key[0]} sends {len(out)} messages to rank {key[1]}, which "
                                f"receives {len(into)}: {describe(extra)} is never matched")
-    return _timed(pp, vpp, acts, batches, before, recv_at, peers, t_f, t_b, latency)
+    return peers
 
 
 def _timed(pp, vpp, acts, batches, before, recv_at, peers, t_f, t_b, latency):
