@@ -204,8 +204,11 @@ class ReportedFailure(Exception):
 def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
     """One line on stderr, the error file, and the exit code for ``exc``."""
     if isinstance(exc, KeyboardInterrupt):  # a second Ctrl-C (train/control.py)
+        if os.environ.get("MSCALE_LAUNCHER") == "local":  # its launcher says it, once, and
+            say_in_log(f"rank {rank}: interrupted\n")  # records it: this rank's log only
+            return EXIT_INTERRUPTED
         sys.stderr.write(f"rank {rank}: interrupted\n")
-        if rank == 0 and os.environ.get("MSCALE_LAUNCHER") != "local":  # --local's launcher does
+        if rank == 0:
             _interrupted_event(run)
         return EXIT_INTERRUPTED
     if isinstance(exc, SystemExit) and isinstance(exc.code, int):

@@ -79,13 +79,16 @@ def test_a_lost_peer_under_srun_is_said_on_stderr(tmp_path, capsys, monkeypatch)
 def test_a_second_ctrl_c_is_130_and_rank_0_records_it_where_no_launcher_does(
         tmp_path, capsys, monkeypatch, launcher):
     monkeypatch.setenv("MSCALE_LAUNCHER", launcher)
+    log = tmp_path / "rank0.log"
+    monkeypatch.setenv(LOG_FILE_ENV, str(log))
     run = RunDir(str(tmp_path))
     assert report_failure(run, 0, "node1", KeyboardInterrupt()) == 130
-    assert capsys.readouterr().err == "rank 0: interrupted\n"
     events = [json.loads(x) for x in open(run.events)] if os.path.exists(run.events) else []
-    if launcher == "local":  # the launcher writes its own, with every rank's code
-        assert events == []
+    if launcher == "local":  # the launcher says it (one reason line) and writes its own event,
+        assert capsys.readouterr().err == ""  # with every rank's code; the rank's log has it
+        assert log.read_text() == "rank 0: interrupted\n" and events == []
     else:
+        assert capsys.readouterr().err == "rank 0: interrupted\n"
         assert [(e["kind"], e["evidence"]["reason"], e["evidence"]["code"]) for e in events] \
             == [("stop", "interrupted", 130)]
 
