@@ -176,7 +176,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     procs: list = []
     logs: list = []
     tees: list[threading.Thread] = []
-    stops = StopRequests(procs, job.stop_notice)
+    stops = StopRequests(procs, job.stop_notice, tell=lifeline.tell_stop)
 
     first_end_judged = []
 

@@ -11,7 +11,9 @@ How: the launcher listens on a Unix socket for the whole job (`Lifeline`; an abs
 Linux, nothing on disk to leave behind; a socket file in a private temporary directory
 elsewhere) and gives its address to the workers (`LIFELINE_ENV`). Each worker connects once, at
 its start, and a daemon thread blocks reading the connection (`watch_launcher`). Nothing is ever
-sent on it but one byte, `ALIVE`, once the launcher has seen a worker end: the read returns
+sent on it but single bytes: `ALIVE`, once the launcher has seen a worker end, and a `STOP_SAID`
+byte naming the operator's stop signal before the launcher passes it on as SIGTERM (rank 0's
+closing line and stop event name the SIGINT or SIGHUP the operator sent). The read returns
 empty only when the launcher's process is gone — the kernel closes a process's sockets however
 it dies — so a worker knows at once, without polling. A launcher gone before a worker connects
 refuses the connection: the same verdict, at once.
@@ -71,6 +73,11 @@ exits anyway: a run directory on a stalled filesystem must not keep it alive."""
 ALIVE = b"A"
 """What the launcher sends each worker once it has seen a worker end: it is alive, and knows."""
 
+STOP_SAID = {b"I": "SIGINT", b"H": "SIGHUP", b"T": "SIGTERM"}
+"""What the launcher sends each worker just before it passes an operator's stop on as SIGTERM:
+the signal it got itself. The worker's SIGTERM alone would make a SIGINT or a SIGHUP sent to the
+launcher read as a scheduler's stop (a preemption) in rank 0's closing line and stop event."""
+
 ALIVE_RECHECK_S = 0.05
 """How long a worker told ``ALIVE`` still watches for its launcher's end before it believes the
 word: a launcher that died just after it would otherwise read as a network fault here while the
@@ -108,6 +115,7 @@ class Lifeline:
             raise
         self._conns: list[socket.socket] = []
         self._told = False
+        self._stop: bytes | None = None  # `tell_stop`'s byte, for workers that connect later
 
     def accept(self) -> int:
         """Accept the connections waiting; returns how many are held."""
@@ -123,7 +131,9 @@ class Lifeline:
                 break
             self._conns.append(conn)
             if self._told:  # a worker that connects after the word gets it too
-                _send_alive(conn)
+                _send(conn, ALIVE)
+            if self._stop:
+                _send(conn, self._stop)
         return len(self._conns)
 
     def tell_alive(self) -> None:
@@ -134,7 +144,18 @@ class Lifeline:
         self.accept()
         self._told = True
         for conn in self._conns:
-            _send_alive(conn)
+            _send(conn, ALIVE)
+
+    def tell_stop(self, name: str) -> None:
+        """Tell every worker which stop signal the launcher got (`STOP_SAID`), before it sends
+        them SIGTERM; once. Never blocks, never raises."""
+        said = next((b for b, n in STOP_SAID.items() if n == name), None)
+        if said is None or self._stop is not None:
+            return
+        self.accept()
+        self._stop = said
+        for conn in self._conns:
+            _send(conn, said)
 
     def close(self) -> None:
         for s in [*getattr(self, "_conns", []), self._sock]:
@@ -152,9 +173,9 @@ class Lifeline:
         self.close()
 
 
-def _send_alive(conn: socket.socket) -> None:
+def _send(conn: socket.socket, word: bytes) -> None:
     try:
-        conn.send(ALIVE, socket.MSG_DONTWAIT)
+        conn.send(word, socket.MSG_DONTWAIT)
     except OSError:  # that worker is gone, or its buffer full: it has its answer
         pass
 
@@ -167,12 +188,14 @@ class LauncherWatch:
     """A worker's end: a connection to the launcher's `Lifeline` and the thread that waits on
     it. ``on_gone(why)`` runs once, on that thread, when the launcher is gone (it normally ends
     the process); `gone` is set just before. `alive` is set when the launcher says it has seen
-    a worker end (`Lifeline.tell_alive`)."""
+    a worker end (`Lifeline.tell_alive`); `stop_said` names the stop signal the launcher got
+    (`Lifeline.tell_stop`), None until it says one."""
 
     def __init__(self, address: str, on_gone: Callable[[str], None]):
         self.address, self.on_gone = address, on_gone
         self.gone = threading.Event()
         self.alive = threading.Event()
+        self.stop_said: str | None = None
         self._answered = threading.Event()  # gone or alive: what wait_gone waits for
         self._lock = threading.Lock()
         self._fired = False
@@ -197,12 +220,20 @@ class LauncherWatch:
 
     def _wait(self, sock: socket.socket) -> None:
         try:
-            while sock.recv(4096):  # only ALIVE is ever sent
-                self.alive.set()
-                self._answered.set()
+            while words := sock.recv(4096):
+                self._heard(words)
         except OSError:
             pass
         self._fire("is gone: its connection to this worker closed")
+
+    def _heard(self, words: bytes) -> None:
+        for i in range(len(words)):
+            word = words[i:i + 1]
+            if word == ALIVE:
+                self.alive.set()
+                self._answered.set()
+            elif word in STOP_SAID:
+                self.stop_said = STOP_SAID[word]
 
     def _fire(self, why: str) -> None:
         with self._lock:
@@ -255,7 +286,19 @@ def watch_launcher(on_gone: Callable[[str], None] | None = None,
         on_gone = lambda why: stop_worker(  # noqa: E731
             f"error: the --local launcher {why}; this worker stops (a worker never outlives "
             "its launcher)")
-    return LauncherWatch(env[LIFELINE_ENV], on_gone).start()
+    global _WATCH
+    _WATCH = LauncherWatch(env[LIFELINE_ENV], on_gone).start()
+    return _WATCH
+
+
+_WATCH: LauncherWatch | None = None
+"""This worker's watch (`watch_launcher`), one per process: `launcher_stop_signal` reads it."""
+
+
+def launcher_stop_signal() -> str | None:
+    """The stop signal this worker's ``--local`` launcher said it got (``SIGHUP``), None when
+    it said none or there is no launcher to watch."""
+    return _WATCH.stop_said if _WATCH is not None else None
 
 
 def say_in_log(line: str, environ: dict[str, str] | None = None) -> None:

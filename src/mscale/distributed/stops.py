@@ -2,9 +2,10 @@
 
 The first stop signal (SIGINT: Ctrl-C; SIGTERM; SIGHUP: a closed terminal, unless ignored as under
 ``nohup``) is passed to every worker as SIGTERM, which a training worker reads as "save a
-checkpoint at the next step boundary, then stop" (train/control.py). A terminal's Ctrl-C also
-reaches the workers themselves (they share its process group); training reads that SIGINT the
-same way, so one Ctrl-C is one orderly stop.
+checkpoint at the next step boundary, then stop" (train/control.py); the workers are told its
+name first (``tell``, over the lifeline), so that what they record names the operator's
+signal. A terminal's Ctrl-C also reaches the workers themselves (they share its process
+group); training reads that SIGINT the same way, so one Ctrl-C is one orderly stop.
 
 A second Ctrl-C (more than `REPEAT_S` after the first) means *now*, as in most tools: the
 workers are killed at once. A checkpoint being
@@ -67,9 +68,13 @@ class StopRequests:
     ``procs``: the launcher's list of workers, appended to as they start."""
 
     def __init__(self, procs: Sequence, notice: Notice = generic_notice,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 tell: Callable[[str], None] | None = None):
         self.procs = procs
         self.notice = notice
+        self.tell = tell
+        """Tells the workers the first signal's name before they get SIGTERM for it
+        (`Lifeline.tell_stop`): the operator's SIGINT or SIGHUP is not the scheduler's SIGTERM."""
         self.clock = clock
         self.first: int | None = None
         """The first stop signal received; None while nobody asked."""
@@ -100,6 +105,8 @@ class StopRequests:
         if want is None or want == self._delivered:
             return
         self._delivered = want
+        if want == "term" and self.tell is not None:
+            self.tell(self.first_name)
         for p in list(self.procs):
             if p.poll() is None:
                 p.kill() if want == "kill" else p.send_signal(signal.SIGTERM)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mscale.distributed.lifeline import launcher_stop_signal
 from mscale.distributed.stops import REPEAT_S
 from mscale.runs.atomic import fs_and_path
 
@@ -93,8 +94,13 @@ class Control:
     @property
     def signal_name(self) -> str | None:
         """The first stop signal this rank received (``SIGINT``; under ``--local`` a Ctrl-C
-        comes before the launcher's SIGTERM), None if it received none."""
-        return signal.Signals(self.first_signal).name if self.first_signal else None
+        comes before the launcher's SIGTERM), None if it received none. A SIGTERM the
+        ``--local`` launcher passed on is named as the signal the launcher got (a SIGINT or a
+        SIGHUP sent to it alone): the operator's stop, not the scheduler's."""
+        if not self.first_signal:
+            return None
+        name = signal.Signals(self.first_signal).name
+        return (launcher_stop_signal() or name) if name == "SIGTERM" else name
 
     def waiting(self) -> list[tuple[str, float]]:
         """Rank 0, before the first step: the requests already there, with their times, left in

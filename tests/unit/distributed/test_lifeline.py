@@ -131,6 +131,24 @@ def test_a_launcher_that_saw_a_worker_end_answers_alive_at_once():
     assert watch.wait_gone(0) is True
 
 
+def test_the_launcher_names_its_stop_signal_to_every_worker_once():
+    """A SIGHUP or SIGINT to the launcher alone reaches the workers as SIGTERM: the word before
+    it names the launcher's signal; it is no "alive" answer."""
+    with Lifeline() as line:
+        watch = LauncherWatch(line.address, _Seen()).start()
+        _wait_until(lambda: line.accept() == 1, "the connection accepted")
+        line.tell_stop("SIGHUP")
+        line.tell_stop("SIGINT")  # once: the first stop is the one passed on
+        _wait_until(lambda: watch.stop_said is not None, "the stop signal heard")
+        assert watch.stop_said == "SIGHUP" and not watch.alive.is_set()
+        late = LauncherWatch(line.address, _Seen()).start()  # connects after the word
+        _wait_until(lambda: line.accept() == 2, "the late connection accepted")
+        _wait_until(lambda: late.stop_said == "SIGHUP", "the late worker told too")
+        line.tell_alive()
+        _wait_until(watch.alive.is_set, "alive heard after the stop word")
+        assert watch.stop_said == "SIGHUP"
+
+
 @pytest.mark.parametrize("environ", [
     {},  # a plain process
     {"MSCALE_LAUNCHER": "torchrun", LIFELINE_ENV: "@x"},  # not ours: the variable leaked

@@ -53,6 +53,15 @@ def test_the_first_stop_is_passed_on_as_sigterm_once_and_said_once():
     assert stops.take_notes() == ["asked by SIGINT"] and stops.take_notes() == []
 
 
+def test_the_workers_are_told_the_launchers_signal_before_its_sigterm():
+    procs, told = [FakeWorker()], []
+    stops = StopRequests(procs, tell=lambda name: told.append((name, list(procs[0].got))))
+    stops.handler(signal.SIGHUP, None)
+    stops.deliver()
+    stops.deliver()
+    assert told == [("SIGHUP", [])] and procs[0].got == [signal.SIGTERM]
+
+
 def test_a_second_ctrl_c_kills_but_a_repeat_within_a_second_is_the_same_press():
     procs, clock = [FakeWorker()], Clock()
     stops = StopRequests(procs, clock=clock)

@@ -37,9 +37,12 @@ def test_a_sigterm_stop_is_a_preemption(run):
     assert (d.cls, d.symptom, d.transient) == ("preemption", "preempted", True)
 
 
-def test_a_ctrl_c_stop_is_the_operators_request_not_a_preemption(run):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_a_ctrl_c_or_hangup_stop_is_the_operators_request_not_a_preemption(run, sig):
+    """Also as rank 0 records it when the --local launcher got the signal alone and passed it
+    on as SIGTERM (it names the launcher's signal)."""
     rid = started(run)
-    run.finish(6, 1, 3, rid, reason="signal", signal="SIGINT")
+    run.finish(6, 1, 3, rid, reason="signal", signal=sig)
     d = diagnose(run.path)
     assert (d.cls, d.symptom, d.exit_code) == ("none", "stopped", 1)
 

@@ -91,6 +91,27 @@ def test_sighup_is_a_halt_and_an_ignored_signal_stays_ignored(terminal_signals):
     assert c.poll().stop and c.signal_name == "SIGHUP"
 
 
+@pytest.mark.parametrize("said", ["SIGINT", "SIGHUP"])
+def test_the_launchers_sigterm_is_named_as_the_signal_the_launcher_got(monkeypatch, said,
+                                                                       terminal_signals):
+    """A SIGINT or SIGHUP sent to the --local launcher alone reaches the workers as SIGTERM;
+    the launcher says which it got first, and that is the stop's signal, not a preemption's."""
+    monkeypatch.setattr(control, "launcher_stop_signal", lambda: said)
+    c = Control(None, rank=0)
+    c.install_signal_handlers()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert c.poll().stop and c.signal_name == said
+
+
+def test_a_signal_the_rank_got_itself_is_not_renamed_by_the_launcher(monkeypatch,
+                                                                     terminal_signals):
+    monkeypatch.setattr(control, "launcher_stop_signal", lambda: "SIGHUP")
+    c = Control(None, rank=0)
+    c.install_signal_handlers()
+    os.kill(os.getpid(), signal.SIGUSR1)  # SLURM's warning to this rank: the scheduler's
+    assert c.poll().stop and c.signal_name == "SIGUSR1"
+
+
 class FakeNow:
     """A clock that moves only when the test says: region arithmetic without real sleeps."""
 

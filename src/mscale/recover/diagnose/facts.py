@@ -109,6 +109,11 @@ def _quarantined(f: Findings) -> None:
         hit.evidence.node = entry["node"]
 
 
+OPERATOR_SIGNALS = ("SIGINT", "SIGHUP")
+"""The stop signals an operator sends (Ctrl-C; a closed terminal or ssh session), also when the
+``--local`` launcher passed them on: a stop on request, not the scheduler's SIGTERM/SIGUSR1."""
+
+
 def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:
     """train's own stop (a ``code``) or the launcher's view of a failure (``first_failed_rank``)."""
     when = e.get("time")
@@ -126,9 +131,9 @@ def _stop(f: Findings, e: dict, evd: dict, digest: str) -> None:
         f.add("interrupted", "events.jsonl", digest, time=when, step=e.get("step"))
     elif code == 0:
         f.add("finished", "events.jsonl", digest, time=when, step=e.get("step"))
-    elif code == 1:  # a Ctrl-C is the operator's request, as control/halt is
-        key = "signalled" if evd.get("reason") == "signal" and evd.get("signal") != "SIGINT" \
-            else "halted"
+    elif code == 1:  # a Ctrl-C or a closed terminal is the operator's request, as a halt is
+        key = "signalled" if evd.get("reason") == "signal" \
+            and evd.get("signal") not in OPERATOR_SIGNALS else "halted"
         f.add(key, "events.jsonl", digest, time=when, step=e.get("step"))
     elif code not in (2, None) and not f.ev.error_files:
         f.add("exit_nonzero", "events.jsonl", digest, rank=(e.get("ranks") or [None])[0],

@@ -153,7 +153,7 @@ FACT_RULES: dict[str, Rule] = {r.key: r for r in (
     _f("timeout", "network", "timeout", True, 15, "a collective timed out"),
     _f("network", "network", "crash", True, 15, "a connection between ranks was lost"),
     _f("signalled", "preemption", "preempted", True, 12,
-       "the job was stopped by a signal (SIGTERM/SIGUSR1: the scheduler; SIGINT/SIGHUP)"),
+       "the job was stopped by a signal (SIGTERM/SIGUSR1: the scheduler)"),
     _f("halted", "none", "stopped", False, 10, "the job was stopped on request"),
     _f("exit_nonzero", "unknown", "crash", False, 5, "a rank exited with an error"),
     _f("step_cancelled", "unknown", "crash", False, 2,
