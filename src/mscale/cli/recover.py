@@ -111,7 +111,7 @@ def recover_cmd(
     from mscale.recover.decide import (RecoverOptions, apply_plan, check_run_dir, launch,
                                        plan_recovery)
     from mscale.recover.liveness import wait_until_free
-    from mscale.recover.relaunch import NO_LAUNCH_NOTE
+    from mscale.recover.relaunch import by_hand
     from mscale.runs.rundir import RunDir
     from mscale.recover.report import render
 
@@ -127,8 +127,7 @@ def recover_cmd(
     if not as_json:
         sys.stdout.write(render(plan, executed=execute, decision=decision))
         sys.stdout.flush()
-    if execute and not plan.command and plan.verdict in ("relaunchable", "degraded") \
-            and NO_LAUNCH_NOTE in plan.reasons:
+    if execute and by_hand(plan):
         # nothing to run: a script must not read exit 0/1 as "the job is back" (a batch job
         # SLURM has queued again has no command either, and is back: its verdict stands)
         code = EXIT_BAD_INPUT

@@ -155,10 +155,18 @@ def run_quiet(cmd: list[str]) -> tuple[int, str]:
     return p.returncode, p.stdout
 
 
-NO_LAUNCH_NOTE = ("the run recorded no launch command (no train `start` event with its launch): "
-                  "recover cannot relaunch it; start the job again yourself, or run it under "
-                  "`mscale recover supervise -- CMD`")
+NO_LAUNCH_NOTE = ("the run recorded no launch command (no train `start` event with its launch), "
+                  "so recover has none to run: start the job again yourself (its own command "
+                  "resumes it as said above), or run it under `mscale recover supervise -- CMD`")
 """The reason when neither a recorded launch nor a given command says how the job was started."""
+
+
+def by_hand(plan) -> bool:
+    """Whether ``plan`` (a `RecoveryPlan`) can be relaunched, but only by a person: the run
+    recorded no launch command. Its verdict stands (the run resumes as it says), but --execute
+    has nothing to run, and the report says so rather than "relaunchable" alone."""
+    return (not plan.command and plan.verdict in ("relaunchable", "degraded")
+            and NO_LAUNCH_NOTE in plan.reasons)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import shlex
 
 from mscale.recover.decision import Diagnosis, Evidence, Exclusions, RecoveryPlan
 from mscale.recover.diagnose.classify import SOURCE_LOCATION
+from mscale.recover.relaunch import by_hand
 
 EVIDENCE_LINES = 5
 """Evidence lines the report shows (most telling first); --json has them all."""
@@ -108,7 +109,9 @@ def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     over, exclusions, re-plan with its cost, why, and the command."""
     finished = plan.verdict == "finished"
     verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
-    lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code})", ""]
+    hand = by_hand(plan)
+    how = "; by hand: recover has no launch command to run" if hand else ""
+    lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code}){how}", ""]
     lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]
     lines += ["why:"] + [f"  - {r}" for r in plan.reasons]
     if plan.command:
@@ -118,7 +121,7 @@ def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     if executed:
         lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
                                                              else "")]
-    elif plan.verdict == "unrecoverable":
+    elif plan.verdict == "unrecoverable" or hand:
         lines += ["", "dry run: nothing written; --execute would only record this decision"]
     elif not finished:
         lines += ["", "dry run: nothing written; add --execute to act"]

@@ -247,7 +247,8 @@ def test_execute_with_no_recorded_launch_relaunches_nothing_and_says_so(cli, run
     monkeypatch.setattr(decide, "launch", lambda plan, stdout=None: pytest.fail("launched"))
     code, out, _ = cli("recover", str(run), "--no-recheck")
     assert code == 0 and "mscale recover supervise -- CMD" in out  # the dry run: a usable fix
-    assert "RecoverOptions" not in out
+    assert "RecoverOptions" not in out and "add --execute to act" not in out
+    assert out.splitlines()[0].endswith("by hand: recover has no launch command to run")
     code, out, err = cli("recover", str(run), "--execute", "--no-recheck")
     assert code == 3 and "recover: nothing relaunched" in err, out + err
     code, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")

@@ -125,9 +125,12 @@ def test_a_slow_node_quarantined_by_watch_then_halted(run):
 
 
 def test_an_empty_run_directory_is_unknown_not_an_error(tmp_path):
+    """No train record at all: the attempt is unknown, not "attempt 1" (the report said so
+    beside the steps of a run whose events were lost)."""
     (tmp_path / "empty").mkdir()
     d = diagnose(str(tmp_path / "empty"))
-    assert (d.cls, d.symptom, d.attempt, d.exit_code) == ("unknown", "unknown", 1, None)
+    assert (d.cls, d.symptom, d.attempt, d.exit_code) == ("unknown", "unknown", None, None)
+    assert "attempt" not in d.summary
 
 
 def test_a_node_quarantined_during_the_attempt_is_the_reason_of_its_halt(run):

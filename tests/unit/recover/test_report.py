@@ -3,6 +3,7 @@ The CLI's own tests (tests/unit/cli/test_recover_cli.py) check it through `mscal
 
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Evidence, Exclusions,
                                      RecoveryPlan)
+from mscale.recover.relaunch import NO_LAUNCH_NOTE
 from mscale.recover.report import EVIDENCE_LINES, LINE_CHARS, render
 
 
@@ -31,6 +32,18 @@ def test_the_report_keeps_its_sections_and_cuts_evidence():
     assert "checkpoint: runs/r1/ckpt/step-000006 (step 6) — newest committed that verifies" in lines
     assert lines[-2:] == ["", "dry run: nothing written; add --execute to act"]
     assert "relaunch (local):" in lines and "  mscale train p.yaml" in lines
+
+
+def test_a_run_with_no_recorded_launch_is_said_relaunchable_by_hand_only():
+    """No launch recorded: RELAUNCHABLE beside "recover cannot relaunch it" and "add --execute
+    to act" (which then ran nothing and exited 3) did not agree."""
+    plan = _plan([], command=())
+    plan.reasons = ["relaunch as before, from step 6", NO_LAUNCH_NOTE]
+    lines = render(plan, executed=False, decision=None).splitlines()
+    assert lines[0] == ("recover runs/r1: RELAUNCHABLE (exit 0); by hand: recover has no "
+                        "launch command to run")
+    assert lines[-1] == "dry run: nothing written; --execute would only record this decision"
+    assert not any("relaunch (" in x for x in lines)
 
 
 def test_an_executed_plan_names_its_decision_file():

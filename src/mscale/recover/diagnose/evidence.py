@@ -188,7 +188,9 @@ def last_attempt(events: list[dict]) -> Attempt:
     if start is not None and isinstance(start.get("time"), (int, float)):
         begins = max(begins or 0.0, start["time"] - BEGIN_SLACK_S) if begins is not None \
             else start["time"] - BEGIN_SLACK_S
-    number = _attempt_number(start, starts)
+    # no train record at all: nothing says which attempt this is (not "1": its metrics may hold
+    # many attempts' steps)
+    number = _attempt_number(start, starts) if train else None
     return Attempt(number=number, run_id=last_id or (_run_id(start) if start else None),
                    start=start, events=events[begin:], begins=begins)
 
