@@ -19,6 +19,7 @@ accepted anywhere too (``mscale plan --debug ...``), so it is taken out before t
 from __future__ import annotations
 
 import errno
+import signal
 import sys
 import traceback
 from typing import Sequence
@@ -184,6 +185,10 @@ def main() -> None:
     except Exception:  # noqa: BLE001
         traceback.print_exc()
         code = EXIT_BAD_INPUT
+    # the command has ended and said so: a Ctrl-C now (as `recover --execute` passes one on to
+    # a relaunch that is just ending) would raise where nothing catches it, and Python would
+    # end the process by SIGINT (exit -2) with no line, in place of the command's own code
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -14,6 +14,7 @@ in this process's place ends recover with its own code (0 when it trained to the
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -62,9 +63,13 @@ def submits(command: list[str]) -> bool:
 
 def relaunch_exit_code(rc: int, command: list[str]) -> int:
     """The job's own code when the command ran the job and the code is one of train's, so that
-    a halt on request (1) reads as one, not as a failure of recover; 3 for anything else (a
-    failed submission, a signal's -N, a launcher's 255)."""
-    return rc if rc in RELAUNCH_ENDS and not submits(command) else EXIT_BAD_INPUT
+    a halt on request (1) reads as one, not as a failure of recover; killed by SIGINT is 130
+    (`contract_code`); 3 for anything else (a failed submission, another signal's -N, a
+    launcher's 255)."""
+    from mscale.recover.child import contract_code
+
+    code = rc if submits(command) else contract_code(rc)
+    return code if code in RELAUNCH_ENDS and not submits(command) else EXIT_BAD_INPUT
 
 
 def relaunch_end_text(rc: int, command: list[str]) -> str:
@@ -72,6 +77,8 @@ def relaunch_end_text(rc: int, command: list[str]) -> str:
         return (f"the relaunch command ({os.path.basename(command[0])}) failed with code {rc}: "
                 "its own output above says why")
     what = RELAUNCH_ENDS.get(rc)
+    if rc == -signal.SIGINT:
+        return "the relaunched job was killed by SIGINT: interrupted (Ctrl-C)"
     if what is None:
         what = f"killed by signal {-rc}" if rc < 0 else "ended abnormally"
     return f"the relaunched job exited with code {rc}: {what}"

@@ -14,9 +14,16 @@ import os
 import signal
 import subprocess
 
-from mscale.errors import MscaleError
+from mscale.errors import EXIT_INTERRUPTED, MscaleError
 
 PASSED_ON = (signal.SIGINT, signal.SIGTERM)
+
+
+def contract_code(rc: int) -> int:
+    """A job's exit status as the CLI's codes say it: killed by SIGINT is 130, as a shell
+    reports it. Python ends a process that way when a Ctrl-C lands where nothing catches it: a
+    Ctrl-C passed on just as the relaunch ends. Anything else as it is."""
+    return EXIT_INTERRUPTED if rc == -signal.SIGINT else rc
 
 
 class Child:

@@ -36,7 +36,7 @@ from mscale.config.records import Quarantine
 from mscale.errors import (EXIT_BAD_INPUT, EXIT_CRITICAL, EXIT_INTERRUPTED, EXIT_WARNING,
                            MscaleError)
 from mscale.recover.attempt_end import halted_on_request, reached_the_job
-from mscale.recover.child import Child
+from mscale.recover.child import Child, contract_code
 from mscale.recover.decision import RecoveryPlan
 from mscale.recover.liveness import RunInUse, in_use_line, refuse_if_live, wait_until_free
 from mscale.recover.phases import PhaseLog
@@ -181,6 +181,7 @@ class Supervisor:
         command = list(self.command)
         while True:
             code, stopped_for, launched = self._attempt(command)
+            code = contract_code(code)  # killed by SIGINT: 130, the job's own "interrupted"
             self.log.append({"command": command, "code": code, "stopped_for": stopped_for})
             if self.signalled is not None:
                 _say(f"stopped by signal {signal.Signals(self.signalled).name}; "

@@ -92,6 +92,33 @@ def test_ctrl_c_is_one_line_and_130_and_an_eof_is_no_ctrl_c(cli, monkeypatch, ra
         assert code == 3 and err.lstrip("\n").startswith("error: internal error: EOFError")
 
 
+def test_a_ctrl_c_after_the_command_ended_keeps_its_code(monkeypatch):
+    """A Ctrl-C as the command ends (`recover --execute` passing one on to a relaunch that is
+    just finishing) raised where nothing caught it: Python then ends the process by SIGINT, exit
+    -2 and no line. The command has said how it ended; its code stands."""
+    import os
+    import signal
+
+    from mscale.cli import main as cli_main
+
+    def late_ctrl_c_at_exit(code):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered before this returns
+        raise SystemExit(code)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(cli_main, "run", lambda: 1)
+    monkeypatch.setattr(cli_main.sys, "exit", late_ctrl_c_at_exit)
+    try:
+        cli_main.main()
+    except SystemExit as e:
+        ended = e.code
+    except KeyboardInterrupt:  # caught here: left to pytest it would stop the whole session
+        ended = "KeyboardInterrupt"
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert ended == 1
+
+
 def test_a_stdout_closed_by_its_reader_is_141_not_the_warning_1(cli, monkeypatch):
     """`mscale plan ... | head -1` exited 1, mscale's "warning": click answers EPIPE with
     sys.exit(1). 141 is what a shell reports for a command whose pipe's reader went away."""

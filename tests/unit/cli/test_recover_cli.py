@@ -156,6 +156,8 @@ def test_execute_writes_the_decision_and_runs_the_command(cli, run, state, capfd
     (2, 2, "exited with code 2: stopped on a NaN/Inf loss"),
     (3, 3, "exited with code 3: failed"),
     (130, 130, "exited with code 130: interrupted"),
+    (-2, 130, "was killed by SIGINT: interrupted (Ctrl-C)"),  # a Ctrl-C as it ended
+    (-9, 3, "exited with code -9: killed by signal 9"),
     (255, 3, "exited with code 255: ended abnormally"),
 ])
 def test_execute_ends_with_the_relaunched_jobs_own_code(cli, run, state, monkeypatch, rc, code,

@@ -44,6 +44,9 @@ if plan.get("wait"):  # until supervise asks for a halt (file) or passes a signa
     deadline = time.time() + plan["wait"]
     while not (os.path.exists(run + "/control/halt") or halted[0]) and time.time() < deadline:
         time.sleep(0.01)
+if plan.get("sigint"):  # a Ctrl-C where nothing catches it: Python ends the process by SIGINT
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 code = plan["code"]
 if not plan.get("silent"):  # a launcher or wrapper that fails before train records its stop
     put("events.jsonl", {"source": "train", "kind": "stop", "evidence": {"code": code}})
@@ -154,6 +157,16 @@ def test_an_interrupted_job_is_not_restarted(tmp_path, capfd):
     assert code == 130 and planner.calls == [] and sup.restarts == []
     assert "the job was interrupted" in capfd.readouterr().err
     assert json.loads((run / "recover" / "supervise.json").read_text())["status"] == "halted"
+
+
+def test_a_job_killed_by_sigint_is_interrupted_130_not_a_failure(tmp_path, capfd):
+    """A Ctrl-C that lands as the job ends kills it by SIGINT (-2): the operator's interruption,
+    as 130 is, not a failure to relaunch."""
+    cmd, run = job(tmp_path, {"first": 1, "last": 2, "code": 0, "sigint": True})
+    planner = FakePlanner()
+    code, sup = supervise(cmd, planner)
+    assert code == 130 and planner.calls == [] and sup.restarts == []
+    assert "the job was interrupted" in capfd.readouterr().err
 
 
 def test_a_halt_on_request_is_not_restarted(tmp_path):
