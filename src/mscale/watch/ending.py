@@ -19,7 +19,9 @@ What the event carries, by writer:
 - the ``--local`` launcher when the operator stopped the job before a checkpoint (a second
   Ctrl-C): severity ``warning``, ``evidence.reason`` ``interrupted``, code 130;
 - rank 0 under srun or torchrun when it failed: severity ``critical``, its error line as the
-  message, exit 3.
+  message, exit 3;
+- watch itself (`liveness.py`, never written) when the job is gone without any of these:
+  ``evidence.reason`` ``died``, no code.
 
 Only the newest attempt counts: the caller passes the latest lifecycle event, so a crash that
 ``recover`` relaunched and whose relaunch finished is a finished job.
@@ -46,7 +48,7 @@ _STOPPED = {
 """``evidence.reason`` of rank 0's own stop (train/loop.py) in words."""
 
 _CAUSE = {"halt": "on_request", "signal": "on_request", "nan": "nan", "abort": "aborted",
-          "interrupted": "interrupted"}
+          "interrupted": "interrupted", "died": "died"}
 
 ADVICE = {
     "on_request": "a checkpoint was saved at the stop: the same `mscale train` command resumes "
@@ -61,6 +63,9 @@ ADVICE = {
                "prints the relaunch from the newest checkpoint",
     "hang": "`mscale recover RUN` names the hung rank and prints the relaunch from the newest "
             "checkpoint; py-spy dump of a hung rank shows where it waits",
+    "died": "nothing recorded how it ended (the whole job killed, its node lost): "
+            "`mscale recover RUN` reads the logs and error files and prints the relaunch from "
+            "the newest checkpoint",
 }
 
 
@@ -70,7 +75,8 @@ class JobEnd:
 
     cause: str
     """``finished``, ``on_request`` (halt, signal), ``interrupted`` (by the operator, without a
-    checkpoint), ``nan``, ``aborted``, ``crashed`` (a rank failed or was killed), ``hang``."""
+    checkpoint), ``nan``, ``aborted``, ``crashed`` (a rank failed or was killed), ``hang``,
+    ``died`` (gone without recording its end: inferred by `liveness`, no exit code seen)."""
     severity: str
     """``ok`` for a clean finish, else ``warning`` (a stop on request) or ``critical``."""
     reason: str

@@ -25,8 +25,10 @@ Cause = Literal[
     "on_request",       # halt or signal: a checkpoint saved, exit 1
     "nan",              # a non-finite gradient norm stopped every rank, exit 2
     "aborted",          # rank 0 could not go on (a full disk), exit 3
+    "interrupted",      # the operator stopped it without a checkpoint, exit 130
     "crashed",          # a rank failed or was killed, exit 3
     "hang",             # ranks stopped answering, exit 3
+    "died",             # gone without recording its end (watch/liveness.py): no exit code
 ]
 
 HARDWARE_CAUSES = ("slow_device", "slow_node", "slow_link")

@@ -28,9 +28,12 @@ def test_a_job_gone_without_recording_its_end_is_critical(cli, rd):
                    check=True, timeout=60)
     doc = verdict(cli, rd)
     job = doc["summary"]["job"]
-    assert doc["exit_code"] == 2 and job["state"] == "crashed", doc["summary"]
+    # its own cause, not "crashed" (a failure someone saw and recorded, with its exit 3)
+    assert doc["exit_code"] == 2 and job["state"] == "died", doc["summary"]
     assert "ended without recording its end" in job["reason"] and "no longer exists" in \
         job["reason"]
+    [stop] = [f for f in doc["findings"] if f["kind"] == "stop"]
+    assert stop["cause"] == "died" and "nothing recorded how it ended" in stop["advice"]
 
 
 def test_a_death_is_withdrawn_when_the_holder_beats_again(rd):
@@ -91,7 +94,7 @@ def test_a_start_without_a_stop_or_a_lock_is_a_job_gone(cli, tmp_path, steps):
     if steps:
         assert "10 min ago" in lines[-1]
     job = verdict(cli, run)["summary"]["job"]
-    assert (job["state"], job["attempt"], job["exit_code"]) == ("crashed", 2, None)
+    assert (job["state"], job["attempt"], job["exit_code"]) == ("died", 2, None)
     assert job["step"] == (15 if steps else None)
 
 
