@@ -9,7 +9,8 @@ Ranks are grouped into "nodes" of the plan's gpus_per_node, so node checks and h
 groups behave as on a cluster. If any worker fails, the others are stopped (SIGTERM, then SIGKILL
 after a grace period): a dead rank must never leave its peers hanging. SIGINT, SIGTERM and
 SIGHUP (a closed terminal or ssh session) to the launcher are forwarded as SIGTERM, which workers
-treat as "halt at the next step boundary"; a second Ctrl-C stops them at once, without a
+treat as "halt at the next step boundary" (told first which signal it was, so rank 0's records
+name the operator's SIGINT or SIGHUP); a second Ctrl-C stops them at once, without a
 checkpoint (distributed/stops.py; exit 130, a ``stop`` event that says ``interrupted`` and names
 no node: the operator stopped the job, nothing failed). Workers never outlive the launcher: killed, it leaves
 them to stop themselves (distributed/lifeline.py, train/worker.py). Its console is best-effort

@@ -184,7 +184,7 @@ def test_the_line_goes_into_the_workers_log_file(tmp_path):
 
 WORKER = """
 import os, signal, sys, time
-from mscale.distributed.lifeline import watch_launcher
+from mscale.distributed.lifeline import launcher_stop_signal, watch_launcher
 asked = []
 signal.signal(signal.SIGTERM, lambda *a: asked.append(1))
 watch_launcher()
@@ -192,10 +192,15 @@ print('armed', flush=True)
 end = time.monotonic() + 120
 while not asked and time.monotonic() < end:
     time.sleep(0.05)
+heard_by = time.monotonic() + 5
+while asked and launcher_stop_signal() is None and time.monotonic() < heard_by:
+    time.sleep(0.01)  # the word went before the SIGTERM; its reading thread may come after
+print('launcher said', launcher_stop_signal(), flush=True)
 sys.exit(1 if asked else 4)
 """
 """A worker that arms the watch and waits; SIGTERM (the launcher's stop request) ends it with
-1 ("stopped on request"), as a training worker's halt does."""
+1 ("stopped on request"), as a training worker's halt does, once it heard which signal the
+launcher got."""
 
 LOCAL_LAUNCHER = """
 import json, signal, sys
@@ -267,6 +272,9 @@ def test_a_stop_signal_to_the_launcher_or_its_group_ends_the_workers_with_1(tmp_
         out, _ = proc.communicate(timeout=DEADLINE_S)
         assert proc.returncode == 1, out
         assert "codes [1, 1]" in out
+        for r in range(2):  # the launcher's own signal, not the SIGTERM it passed on
+            said = f"launcher said {signal.Signals(sig).name}"
+            assert said in (logs / f"rank{r}.log").read_text()
     finally:
         _cleanup(proc, pids)
 
