@@ -111,5 +111,7 @@ def build():
                 param.metavar = f"<{_item_type(param)}>"
         if cmd.callback is not None:
             cmd.callback = _interruptible(cmd.callback)
+        # parsing, which prints --help: a Ctrl-C there became typer's silent exit 130
+        cmd.parse_args = _interruptible(cmd.parse_args)
         todo += [(sub, ctx) for sub in getattr(cmd, "commands", {}).values()]
     return root

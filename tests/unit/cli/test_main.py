@@ -92,6 +92,19 @@ def test_ctrl_c_is_one_line_and_130_and_an_eof_is_no_ctrl_c(cli, monkeypatch, ra
         assert code == 3 and err.lstrip("\n").startswith("error: internal error: EOFError")
 
 
+def test_ctrl_c_while_parsing_or_printing_help_is_one_line_and_130(cli, monkeypatch):
+    """Outside a command's callback typer turned the KeyboardInterrupt into exit 130 with no
+    line (a Ctrl-C sent as `mscale plan --help` printed)."""
+    from typer import _click as click
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(click.Command, "get_help", interrupted)
+    code, out, err = cli("plan", "--help")
+    assert (code, err) == (130, "interrupted (Ctrl-C) before the command finished\n"), out
+
+
 def test_a_ctrl_c_after_the_command_ended_keeps_its_code(monkeypatch):
     """A Ctrl-C as the command ends (`recover --execute` passing one on to a relaunch that is
     just finishing) raised where nothing caught it: Python then ends the process by SIGINT, exit
@@ -117,6 +130,35 @@ def test_a_ctrl_c_after_the_command_ended_keeps_its_code(monkeypatch):
     finally:
         signal.signal(signal.SIGINT, before)
     assert ended == 1
+
+
+LATE_MARK = """
+import sys
+from mscale.cli import main as cli_main
+def run():
+    try:
+        exec("raise KeyboardInterrupt")  # a Ctrl-C inside a dataclass's generated code
+    except KeyboardInterrupt:
+        return cli_main._interrupted(False)
+cli_main.run = run
+cli_main.main()
+"""
+
+
+def test_a_ctrl_c_caught_inside_generated_code_still_exits_130_not_by_sigint(tmp_path):
+    """CPython marks a KeyboardInterrupt that leaves code run from a string as unhandled, even
+    when it is caught further out, and a ``python -m`` program (as `mscale`'s own relaunches
+    run) is then killed by SIGINT at exit: -2, not the 130 the interrupted line promised (2 to
+    7 of 40 Ctrl-Cs sent to `mscale plan --help`)."""
+    import os
+
+    (tmp_path / "late_mark.py").write_text(LATE_MARK)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    p = subprocess.run([sys.executable, "-m", "late_mark"], capture_output=True, text=True,
+                       timeout=60, env=env, cwd=tmp_path)
+    assert p.returncode == 130, p.stderr
+    assert p.stderr == "interrupted (Ctrl-C) before the command finished\n"
 
 
 def test_a_stdout_closed_by_its_reader_is_141_not_the_warning_1(cli, monkeypatch):
