@@ -22,11 +22,12 @@ def small_plan(tmp_path: Path, **layout) -> str:
     """The embedded tiny plan on 4 processes (tp2 dp2, two 2-process nodes): quicker to start.
     One micro-batch of 8 per rank and step (cpu-tiny has 4 of 2): a step's cost on gloo is its
     count of TP collectives, not its tokens, so steps take ~0.25 s instead of ~0.7 s on two
-    cores. Layout keys (``micro_batch`` included) override."""
+    cores. Layout keys (``micro_batch`` included) override, in the training section too."""
     data = yaml.safe_load((PLANS / "cpu-tiny.yaml").read_text())
     data["cluster"]["hostlist"] = "node[1-2]"
     layout = {"pp": 1, "micro_batch": 8, **layout}
-    data["training"]["micro_batch"] = layout["micro_batch"]
+    for choice in ("micro_batch", "zero_stage", "recompute"):  # train refuses the two differing
+        data["training"][choice] = layout.get(choice, data["layout"][choice])
     data["layout"].update(layout)
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(data))

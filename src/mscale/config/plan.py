@@ -107,6 +107,27 @@ def load_plan(path: str, check: bool = True) -> Plan:
     return plan
 
 
+LAYOUT_CHOICES = ("micro_batch", "zero_stage", "recompute")
+"""Fields of both ``training`` and ``layout``: in a training file they narrow `mscale plan`'s
+search; in a plan the layout's value is what trains."""
+
+
+def check_training_matches_layout(plan: Plan, source: str) -> None:
+    """Refuse a plan whose training section asks for another micro-batch, ZeRO stage or
+    recompute than its layout trains with. The layout's value wins, so a plan edited in its
+    ``training:`` section (where a training file sets them) trained as before, silently."""
+    for name in LAYOUT_CHOICES:
+        wanted, trained = getattr(plan.training, name), getattr(plan.layout, name)
+        if wanted is not None and wanted != trained:
+            raise MscaleError(
+                f"{wanted} but layout.{name} is {trained}: a plan trains with its layout's "
+                f"{name}; training.{name} only narrows `mscale plan`'s search",
+                file=source, field=f"training.{name}",
+                fix=f"to train with {wanted}, set layout.{name}: {wanted} too (or make the plan "
+                    f"again with `mscale plan`); to keep {trained}, set training.{name}: "
+                    f"{trained} or remove it")
+
+
 PARTS = {"model": ModelConfig, "training": TrainingConfig, "cluster": ClusterConfig}
 """The files `mscale plan` makes a plan from, by option name."""
 PLAN_SECTIONS = ("cluster", "model", "training", "layout")

@@ -129,16 +129,18 @@ class TrainingConfig(StrictModel):
     """Sequences per optimizer step, over all data-parallel replicas."""
     micro_batch: int | None = Field(default=None, gt=0, le=MAX_MICRO_BATCH)
     """Sequences per micro-batch per replica; at most ``global_batch``. None: the planner
-    chooses."""
+    chooses. In a plan, ``layout.micro_batch`` trains and this must equal it."""
     precision: Precision = "bf16"
     """Compute precision: bf16 autocast with fp32 master weights, or plain fp32."""
     optimizer: Literal["adamw", "lamb"] = "adamw"
     """AdamW, or LAMB (layer-wise trust ratio; MegaScale §3.1: LAMB scaled its batch 4x without
     accuracy loss, docs/references.md)."""
     zero_stage: ZeroStage | None = None
-    """0: replicated optimizer; 1: optimizer state sharded over DP; 2: gradients too. None: search."""
+    """0: replicated optimizer; 1: optimizer state sharded over DP; 2: gradients too. None: search.
+    In a plan, ``layout.zero_stage`` trains and this must equal it."""
     recompute: Recompute | None = None
-    """Activation recomputation. None: the planner chooses the cheapest that fits."""
+    """Activation recomputation. None: the planner chooses the cheapest that fits. In a plan,
+    ``layout.recompute`` trains and this must equal it."""
     steps: int = Field(default=100, gt=0, le=MAX_STEPS)
     """Optimizer steps to run."""
     lr: float = Field(default=3e-4, gt=0, le=10)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from mscale.config.layout import LayoutConfig
-from mscale.config.plan import Plan
+from mscale.config.plan import LAYOUT_CHOICES, Plan
+from mscale.config.training import TrainingConfig
 from mscale.planner.cost import LayoutCost, Problem
 from mscale.planner.goodput import GoodputInputs, advise
 from mscale.topology.placement import placement_record
@@ -43,7 +44,18 @@ def make_plan(pb: Problem, layout: LayoutConfig, cost: LayoutCost, name: str,
                           cost.step_time, goodput, run_steps=pb.training.steps)
     estimate = estimate_record(pb, layout, cost)
     estimate["checkpoint_interval_note"] = note
-    plan = Plan(name=name, cluster=pb.cluster, model=pb.model, training=pb.training,
-                layout=layout, estimate=estimate, checkpoint=advice)
+    plan = Plan(name=name, cluster=pb.cluster, model=pb.model,
+                training=training_for(pb.training, layout), layout=layout, estimate=estimate,
+                checkpoint=advice)
     plan.placement = placement_record(plan)
     return plan
+
+
+def training_for(training: TrainingConfig, layout: LayoutConfig) -> TrainingConfig:
+    """The training section written beside ``layout``: a micro-batch, ZeRO stage or recompute
+    the training file restricted the search to is replaced by the layout's own when a layout
+    given on the command line (`--keep-given`) chose another, so the plan says one value, the
+    one it trains with (`train` refuses a plan whose two sections disagree)."""
+    differ = {name: getattr(layout, name) for name in LAYOUT_CHOICES
+              if getattr(training, name) not in (None, getattr(layout, name))}
+    return training.model_copy(update=differ) if differ else training

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Callable
 
-from mscale.config.plan import Plan
+from mscale.config.plan import Plan, check_training_matches_layout
 from mscale.topology.env import NoLauncherError, read_launch_env
 from mscale.topology.placement import load_checked_plan
 from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
@@ -98,6 +98,7 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     from mscale.data.blend import build_splits  # numpy only: the launcher never imports torch
 
     plan = load_checked_plan(plan_path)
+    check_training_matches_layout(plan, plan_path)
     check_output(options.run_dir, "dir", "--run-dir")
     _check_not_a_checkpoint(options.run_dir)
     if not local and _launched():

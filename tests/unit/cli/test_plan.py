@@ -130,6 +130,20 @@ def test_keep_given_writes_the_given_layout(cli, tmp_path):
     assert (load_plan(str(out)).layout.tp, load_plan(str(out)).layout.dp) == (2, 2)
 
 
+def test_keep_given_writes_the_training_choices_the_given_layout_made(cli, tmp_path):
+    """cpu-demo's training file says micro_batch 2, ZeRO 1; a layout given with --micro-batch 1
+    --zero 2 and kept was written beside them unchanged, a plan that contradicts itself and that
+    `train` refuses. The training section now says what the layout trains with."""
+    out = tmp_path / "p.yaml"
+    code, _, err = cli("plan", *CPU, "--tp", "2", "--pp", "2", "--micro-batch", "1", "--zero",
+                       "2", "--keep-given", "-o", str(out))
+    assert code == 0, err
+    plan = load_plan(str(out))
+    assert (plan.layout.micro_batch, plan.layout.zero_stage) == (1, 2)
+    assert (plan.training.micro_batch, plan.training.zero_stage) == (1, 2)
+    assert plan.training.recompute == plan.layout.recompute == "none"
+
+
 def test_a_plan_of_another_cluster_size_is_evaluated_at_this_ones_dp(cli, tmp_path):
     """Its own dp (4, for 8 GPUs) was refused on a 4-GPU cluster with a fix no option sets."""
     layout = tmp_path / "big.yaml"

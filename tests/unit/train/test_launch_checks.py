@@ -55,3 +55,23 @@ def test_a_missing_relative_data_path_names_the_plan_and_the_current_directory(t
     assert e.value.file == str(path) and e.value.field == "training.data.path"
     assert f"current directory ({elsewhere})" in e.value.message
     assert "absolute path" in e.value.fix
+
+
+@pytest.mark.parametrize("field, value", [("micro_batch", 4), ("zero_stage", 2),
+                                          ("recompute", "full")])
+def test_a_training_choice_the_layout_contradicts_is_refused(tmp_path, monkeypatch, field, value):
+    """A plan's layout is what trains: `micro_batch: 4` edited into its training section (where
+    a training file sets it) trained at the layout's 2 without a word. It is exit 3 naming both
+    fields, before any process starts."""
+    plan = load_plan(str(PLANS / "cpu-tiny.yaml")).model_dump(mode="json", exclude_none=True)
+    plan["training"][field] = value
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(MscaleError) as e:
+        check_before_launch(str(path), TrainOptions(run_dir=str(tmp_path / "run")), 8)
+    assert e.value.file == str(path) and e.value.field == f"training.{field}"
+    assert f"layout.{field} is {plan['layout'][field]}" in e.value.message
+    assert f"layout.{field}: {value}" in e.value.fix
+    assert not (tmp_path / "run").exists()
