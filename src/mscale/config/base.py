@@ -221,6 +221,7 @@ def _problem(item: Any, prefix: str, model: type | None = None) -> tuple[str, st
     loc = list(item["loc"])
     kind, msg = item["type"], item["msg"]
     error = (item.get("ctx") or {}).get("error")
+    homes: list[str] = []  # an unknown field's right section(s), elsewhere in the file
     if isinstance(error, FieldError):
         loc.append(error.field)
         msg = str(error)
@@ -228,7 +229,10 @@ def _problem(item: Any, prefix: str, model: type | None = None) -> tuple[str, st
         msg = msg.removeprefix("Value error, ")
     elif kind == "extra_forbidden":
         near = _closest_field(model, loc)
-        msg = f"unknown field (a typo of {near}?)" if near else "unknown field (a typo?)"
+        homes = [] if near else _homes_elsewhere(model, loc)
+        msg = (f"unknown field (a typo of {near}?)" if near else
+               f"not a field of this section (it goes at {_either(homes)})" if homes else
+               "unknown field (a typo?)")
     elif kind == "missing":
         msg = "required field is missing"
     field = field_path(prefix.rstrip("."), *loc) or "(top level)"
@@ -236,7 +240,38 @@ def _problem(item: Any, prefix: str, model: type | None = None) -> tuple[str, st
     if kind not in ("missing", "extra_forbidden", "value_error") and _scalar(value):
         msg += f", got {_show(value)}"
     fix = error.fix if isinstance(error, FieldError) and error.fix else _fix(kind, value)
+    if homes:
+        fix = f"move it to {_either(homes)}; {_LISTS}"
     return field, msg, fix
+
+
+def _sections(model: type | None, path: str = "", depth: int = 3):
+    """(dotted path, schema) of ``model`` and every section nested in it, ``depth`` deep."""
+    import typing
+
+    if model is None or not hasattr(model, "model_fields"):
+        return
+    yield path, model
+    if depth == 0:
+        return
+    for name, info in model.model_fields.items():
+        for t in [info.annotation, *typing.get_args(info.annotation)]:
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                yield from _sections(t, f"{path}.{name}" if path else name, depth - 1)
+
+
+def _homes_elsewhere(model: type | None, loc: list) -> list[str]:
+    """Where else in the file a field named ``loc[-1]`` belongs (``layout.sequence_parallel``
+    for one written under ``training``): a field in the wrong section is not a typo, and
+    "correct the field" does not say to move it. Empty when no other section has it."""
+    name, here = str(loc[-1]), field_path(*[p for p in loc[:-1] if not isinstance(p, int)])
+    return [field_path(path, name) for path, schema in _sections(model)
+            if path != here and name in schema.model_fields][:3]
+
+
+def _either(paths: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(paths) if len(paths) < 3 else f"{', '.join(paths[:-1])} or {paths[-1]}"
 
 
 def _closest_field(model: type | None, loc: list) -> str | None:

@@ -61,8 +61,9 @@ Generated from the schemas in `src/mscale/config/` by
 `python -m mscale.config.reference > docs/config-reference.md`; a unit test fails when the two
 disagree. Every config, plan and HF `config.json` is read the same strict way:
 
-- unknown fields are refused (a typo must not be silently ignored), and so is a key repeated in
-  one mapping;
+- unknown fields are refused (a typo must not be silently ignored; the error names the closest
+  known field, or the section of the plan a field written in the wrong one belongs to), and so
+  is a key repeated in one mapping;
 - types are strict: `true` is not the integer 1, `96.5` or `1e3` is not a count, `"64"` is not a
   number; an integer is accepted where a number is expected, and `1e-4` reads as a number;
 - numbers are finite: `.inf`, `.nan` and overflowing literals such as `1e999` are refused anywhere
