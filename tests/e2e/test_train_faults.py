@@ -215,6 +215,7 @@ def _stops_cleanly_when_the_metrics_fill(tmp_path: Path, disk: Path) -> None:
         filler.join()
         assert p.returncode == 3, p.stdout + p.stderr
         assert "the disk is full" in p.stdout and "Traceback" not in p.stdout + p.stderr
+        assert "failed: rank" not in p.stdout  # an agreed stop: no rank (nor node) failed first
         lines = (run / "metrics.jsonl").read_text().splitlines()
         steps = [json.loads(line)["step"] for line in lines]  # no torn line anywhere
         assert steps == list(range(1, len(steps) + 1)) and len(steps) < 2000

@@ -85,14 +85,16 @@ def pid_file(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.pid")
 
 
-def _tee(pipe, write: Callable[[str], None], log) -> None:
-    """Copy rank 0's output to the console and to its log file, line by line, until rank 0 ends.
+def _tee(pipe, write: Callable[[str], None], log, said: list[str]) -> None:
+    """Copy rank 0's output to the console and to its log file, line by line, until rank 0 ends;
+    ``said`` keeps its last line (`JobResult.rank0_last_line`).
 
     Neither copy may stop the draining: a tee that died would leave rank 0 blocked on a full
     pipe. The console is best-effort (distributed/stdio.py: a closed terminal only loses its
     view); a log write that fails is reported once on the console and the draining goes on."""
     log_ok = True
     for line in iter(pipe.readline, b""):
+        said[:] = [line.decode(errors="replace").rstrip("\n")]
         if log_ok:
             try:
                 log.write(line)
@@ -177,6 +179,8 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     logs: list = []
     tees: list[threading.Thread] = []
     stops = StopRequests(procs, job.stop_notice, tell=lifeline.tell_stop)
+    rank0_said: list[str] = []
+    result: JobResult | None = None
 
     first_end_judged = []
 
@@ -214,7 +218,7 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
     try:
         # this thread is busy starting them: the view draws itself
         with _sighup_blocked(signals), view.ticking():
-            _start(job, procs, logs, tees, view, lifeline)
+            _start(job, procs, logs, tees, view, lifeline, rank0_said)
         stops.deliver()  # a stop asked for while workers were still starting reaches them all
         result = watch_workers(procs, job.rank0_ends_job, on_poll)
         result.abandoned = abandoned[0] if abandoned else None
@@ -231,6 +235,8 @@ def _run_workers(job: LocalJob, lifeline: Lifeline) -> JobResult:
             signal.signal(s, h)
         for t in tees:
             t.join(timeout=5)
+        if result is not None and rank0_said:
+            result.rank0_last_line = rank0_said[0]
         for log in logs:
             log.close()
 
@@ -255,7 +261,7 @@ def _sighup_blocked(signals: Sequence[int]) -> Iterator[None]:
 
 
 def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView,
-           lifeline: Lifeline) -> None:
+           lifeline: Lifeline, rank0_said: list[str]) -> None:
     """Start the workers, each appended to ``procs`` (its log to ``logs``, rank 0's tee to
     ``tees``) as it starts: a failure half-way leaves the started ones to the caller (whose
     lifeline, closed, stops them)."""
@@ -276,7 +282,8 @@ def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView
             os.close(write_end)
             pipe = os.fdopen(read_end, "rb")
             logs.append(pipe)  # closed with the logs
-            t = threading.Thread(target=_tee, args=(pipe, view.line, log), daemon=True)
+            t = threading.Thread(target=_tee, args=(pipe, view.line, log, rank0_said),
+                                 daemon=True)
             t.start()
             tees.append(t)
         else:

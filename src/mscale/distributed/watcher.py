@@ -52,6 +52,9 @@ class JobResult:
     """A second Ctrl-C killed the workers, without a checkpoint."""
     abandoned: str | None = None
     """Why the launcher killed the workers itself (`LocalJob.abandon`), None if it did not."""
+    rank0_last_line: str = ""
+    """The last line rank 0 printed (``--local``): its own word on how it ended, which a full
+    disk may have kept out of ``events.jsonl``."""
 
 
 def abnormal(code: int | None) -> bool:

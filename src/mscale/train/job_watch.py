@@ -122,12 +122,17 @@ def agreed_stop(run: RunDir, result: JobResult, run_id: str, errors: dict[int, d
         return False
     try:
         events = read_jsonl(run.events)
-    except Exception:  # noqa: BLE001 - unreadable: the launcher reports what it saw
-        return False
+    except Exception:  # noqa: BLE001 - unreadable: rank 0's last line may still say it
+        events = []
     own = [e.get("evidence") or {} for e in events if e.get("kind") == "stop"
            and isinstance(e.get("evidence"), dict) and e["evidence"].get("run_id") == run_id
            and "code" in e["evidence"]]
-    return bool(own) and own[-1]["code"] in codes
+    if own:
+        return own[-1]["code"] in codes
+    # A full disk (or a filesystem gone read-only) is the stop that cannot write its own event
+    # and error files: every rank exits 3 at one boundary after rank 0's `stop_line`. Without
+    # this, the launcher called it "rank 0 exited with code 3 first" and blamed its node.
+    return codes == {EXIT_BAD_INPUT} and result.rank0_last_line.startswith("stopped at step ")
 
 
 def record_interruption(run: RunDir, result: JobResult, run_id: str, logs: str) -> str:

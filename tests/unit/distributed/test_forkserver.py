@@ -67,6 +67,14 @@ def test_an_exception_the_entry_leaves_unhandled_is_a_crash_not_a_halt(tmp_path,
         os.path.join(logs, "rank0.log")).read()
 
 
+def test_the_result_keeps_rank_0s_last_line(tmp_path):
+    """Rank 0's own word on how it ended, which the launcher judges a full disk's stop by when
+    the disk kept it out of events.jsonl (train/job_watch.py `agreed_stop`)."""
+    entry = ("import sys\nprint('step 1/2', flush=True)\nprint('stopped at step 2: why')\n"
+             "sys.exit(3)")
+    result = run_local_workers(1, 1, [], str(tmp_path / "logs"), {}, entry=entry, phases=(),
+                               node_names=("n1",), preload=())
+    assert result.returncodes == [3] and result.rank0_last_line == "stopped at step 2: why"
 def test_the_guard_keeps_the_entry_as_written():
     """Not re-indented: a multi-line string keeps its lines, a __future__ import stays first."""
     import subprocess

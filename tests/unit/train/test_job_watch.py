@@ -65,3 +65,23 @@ def test_the_launchers_event_names_this_launchs_last_step_only(tmp_path):
     assert last_step_since(run, since=50.0) == 3
     assert last_step_since(run, since=500.0) is None  # written before this launch
     assert last_step_since(RunDir(str(tmp_path / "none")), since=50.0) is None
+
+
+def test_a_full_disks_agreed_stop_is_no_rank_failing_first(tmp_path):
+    """Every rank exits 3 at one boundary after rank 0's `stopped at step 187: ... the disk is
+    full` line, and the full disk kept its stop event and the error files out: the launcher
+    added `failed: rank 0 on node1 exited with code 3 first` and a critical event naming
+    node1. Rank 0's last line says the stop was agreed; anything less stays a failure."""
+    from mscale.runs.rundir import RunDir
+    from mscale.train.job_watch import agreed_stop
+
+    run = RunDir(str(tmp_path))  # no events.jsonl: nothing could be written
+    said = "stopped at step 187: RUN/metrics.jsonl: the disk is full (no space left): ..."
+
+    def result(codes, line=said):
+        return JobResult(code=3, returncodes=codes, failed_rank=0, rank0_last_line=line)
+
+    assert agreed_stop(run, result([3, 3]), "local-a", {})
+    assert not agreed_stop(run, result([3, 3], line="step 186/400  loss 3.7"), "local-a", {})
+    assert not agreed_stop(run, result([3, -9]), "local-a", {})  # a rank killed: a failure
+    assert not agreed_stop(run, result([3, 3]), "local-a", {1: {"kind": "crash"}})
