@@ -83,7 +83,7 @@ class TrainOptions(StrictModel):
     """Seconds before a hung collective fails the job."""
     log_interval: int = Field(1, ge=1, json_schema_extra=flag("--log-interval"))
     """Steps between progress lines when stdout is not a terminal (a terminal gets one
-    progress bar, redrawn)."""
+    progress bar, redrawn); a line's tok/s and step time are the mean of its steps."""
     trace_every: int = Field(0, ge=0, json_schema_extra=flag("--trace-every"))
     """Steps between timelines written to RUN_DIR/trace/ (Perfetto / chrome://tracing); 0: only
     when RUN_DIR/control/trace asks. A traced step gathers every rank's events to rank 0, so keep

@@ -25,6 +25,7 @@ class ProgressReporter:
         self.tty = self.stream.isatty()
         self._bar: Progress | None = None
         self._task = None
+        self._since: list[tuple[float, float]] = []  # (tokens, step seconds) since the last line
 
     def __enter__(self) -> "ProgressReporter":
         if self.enabled and self.tty:
@@ -44,9 +45,23 @@ class ProgressReporter:
     def update(self, rec: MetricsRecord) -> None:
         if not self.enabled:
             return
-        info = (f"loss {rec.loss:.4f}  gnorm {rec.grad_norm:.3f}  lr {rec.lr:.2e}  "
-                f"{rec.tokens_per_s:,.0f} tok/s  step {max(rec.step_time):.3f}s")
+        info = f"loss {rec.loss:.4f}  gnorm {rec.grad_norm:.3f}  lr {rec.lr:.2e}  "
         if self._bar is not None:
+            info += f"{rec.tokens_per_s:,.0f} tok/s  step {max(rec.step_time):.3f}s"
             self._bar.update(self._task, completed=rec.step, info=info)
-        elif rec.step % self.log_interval == 0 or rec.step == self.steps:
-            print(f"step {rec.step}/{self.steps}  {info}", flush=True, file=self.stream)
+            return
+        self._since.append((rec.tokens, max(rec.step_time)))
+        if rec.step % self.log_interval == 0 or rec.step == self.steps:
+            print(f"step {rec.step}/{self.steps}  {info}{self._pace()}", flush=True,
+                  file=self.stream)
+            self._since = []
+
+    def _pace(self) -> str:
+        """Throughput and step time over the steps since the last line, not the printed step's
+        alone: every 50th step pauses for the synchronized garbage collection, so with
+        ``--log-interval 50`` each line showed that step, 589 tok/s in a run of 3,400."""
+        tokens, seconds = (sum(v) for v in zip(*self._since))
+        n = len(self._since)
+        pace = f"{tokens / seconds:,.0f} tok/s  step {seconds / n:.3f}s" if seconds > 0 else \
+            f"{tokens:,.0f} tokens"
+        return pace + (f" (mean of {n} steps)" if n > 1 else "")
