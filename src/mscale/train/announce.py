@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from mscale.config.records import Event
-from mscale.config.training import DataConfig
+from mscale.config.training import DataConfig, TrainingConfig
 from mscale.train.console import moved_aside_line, resume_text, start_line
 from mscale.train.data import DataIdentity, held_out_repeats, never_evaluated
 from mscale.train.off_gpu import off_gpu_line
@@ -60,6 +60,10 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
         event(s, kind="info", message="plan changed on restart",
                evidence={"fields": list(change.fields), "old_layout": change.old_layout,
                          "new_layout": change.new_layout, "history": change.history})
+        held_out = batch_change_note(change.fields, plan.training)
+        if held_out:
+            say(engine, held_out)
+            event(s, kind="info", severity="warning", message=held_out)
     event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
            f"processes ({engine.env.launcher})",
            evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
@@ -109,6 +113,17 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
     for note in notes + ([model] if model else []):
         say(engine, note)
         event(s, kind="info", severity="warning", step=first, message=note)
+
+
+def batch_change_note(changed: tuple[str, ...], training: TrainingConfig) -> str | None:
+    """A line when a restart's new global batch (``--allow-batch-change``) changes the held-out
+    set: an evaluation reads the first ``eval.batches`` global batches of the split, so the
+    same count of larger batches is other samples. A curve that jumps there is not the model."""
+    if "training.global_batch" not in changed or not training.eval.interval:
+        return None
+    return (f"the global batch changed: each evaluation now reads {training.eval.batches} "
+            f"global batch(es) of {training.global_batch} held-out samples, another set, so "
+            "held-out losses before this restart and after it are not comparable (docs/data.md)")
 
 
 def describe_data(cfg: DataConfig) -> str:

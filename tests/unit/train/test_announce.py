@@ -25,3 +25,21 @@ def test_a_small_share_is_never_shown_as_0_nor_a_large_one_as_100():
     assert describe_data(blend) == "data: blend of 2 sources: a 99.6%, b 0.4%; no held-out split"
     blend = DataConfig(sources=[{"path": "a", "weight": 1}, {"path": "b", "weight": 1}])
     assert describe_data(blend) == "data: blend of 2 sources: a 50%, b 50%; no held-out split"
+
+
+def test_a_new_global_batch_says_the_held_out_losses_do_not_compare():
+    """A resume with --allow-batch-change evaluates the first eval.batches global batches of the
+    new size: another held-out set. The data change said so; the batch change said nothing,
+    and the held-out curve jumped at the restart unexplained."""
+    from mscale.config.training import TrainingConfig
+    from mscale.train.announce import batch_change_note
+
+    data = {"path": "d", "eval_fraction": 0.1}
+    training = TrainingConfig(global_batch=16, data=data, eval={"interval": 4, "batches": 2})
+    note = batch_change_note(("training.global_batch", "training.steps"), training)
+    assert note == ("the global batch changed: each evaluation now reads 2 global batch(es) of "
+                    "16 held-out samples, another set, so held-out losses before this restart "
+                    "and after it are not comparable (docs/data.md)")
+    assert batch_change_note(("training.steps",), training) is None
+    assert batch_change_note(("training.global_batch",),
+                             TrainingConfig(global_batch=16, data=data)) is None  # no eval
