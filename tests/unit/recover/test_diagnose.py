@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mscale.recover.diagnose import diagnose
 from tests.unit.recover.diag_runs import (GLOO_CLOSED, GLOO_RESET, T0, Run,
                                          run, started)  # noqa: F401 - a fixture

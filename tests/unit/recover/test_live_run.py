@@ -7,6 +7,7 @@ process that takes the lock, beats its heartbeat and is then killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -82,11 +83,18 @@ def dead_pid() -> int:
 
 def tree(root: Path, job: bool = False) -> dict[str, tuple[int, int]]:
     """Every file under ``root`` with its size and mtime: "nothing written" made checkable.
-    ``job``: a live child holds the lock, whose heartbeat rewrites lock.json (the job's own
-    write, not recover's): that file is left out."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not (job and p.relative_to(root) == Path("lock.json"))}
+    ``job``: a live child holds the lock, whose heartbeat rewrites lock.json through a temporary
+    file renamed over it (the job's own writes, not recover's): both are left out (a snapshot
+    that caught ``lock.json.tmp-*`` mid-beat failed a loaded run)."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if job and (rel == Path("lock.json") or rel.name.startswith("lock.json.tmp-")):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_file():
+                files[str(rel)] = (p.stat().st_size, p.stat().st_mtime_ns)
+    return files
 
 
 @pytest.fixture
