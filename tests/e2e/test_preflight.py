@@ -113,6 +113,12 @@ def test_a_hung_rank_is_named_by_its_node_within_the_timeout(tmp_path):
                "--timeout", "3", "--inject-slow", "5:20000", timeout=HANG_GUARD_S)
     assert p.returncode == 2, p.stdout + p.stderr
     report = _report(p)
-    assert [(r["check"], r["entity"], r["node"]) for r in report["results"]] == [
+    assert [(r["check"], r["entity"], r["node"]) for r in _critical(report)] == [
         ("rank_alive", "rank 5", "node3")]
     assert report["exclude"] == "node3"
+    # what was measured before the stop stays, and what was not is said, blamed on no node
+    assert {r["entity"] for r in report["results"] if r["check"] == "clock_skew"} == {
+        f"node{n}" for n in range(1, 5)}
+    stopped = [r for r in report["results"] if r["check"] == "stopped"]
+    assert [(r["entity"], r["ranks"], r["node"], r["status"]) for r in stopped] == [
+        ("phase compute", [0, 1, 2, 3, 4, 6, 7], None, "UNKNOWN")], stopped

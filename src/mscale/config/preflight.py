@@ -30,7 +30,7 @@ class CheckResult(RecordModel):
     check: str
     """Which check: ``gemm``, ``p2p``, ``allreduce``, ``allgather``, ``reduce_scatter``,
     ``gpu_health``, ``ib_port``, ``storage_write``, ``storage_read``, ``free_space``,
-    ``clock_skew``, ``nccl_env``, ``rank_alive``, ..."""
+    ``clock_skew``, ``nccl_env``, ``rank_alive``, ``stopped`` (a phase that did not finish), ..."""
     entity_kind: EntityKind
     entity: str
     """The entity's name: a node name, ``rank 5``, ``3-7`` for a pair, ``dp[0,2,4,6]``."""

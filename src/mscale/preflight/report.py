@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
-
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult, PreflightReport
 from mscale.config.records import QUARANTINE_FIX, Quarantine
@@ -29,6 +27,7 @@ SKEW_CRIT_S = 1.0
 
 
 def _gemm_results(payloads: list[dict], tol: judge.Tolerance) -> list[CheckResult]:
+    payloads = [p for p in payloads if "gemm" in p]  # a stopped job's ranks may not have one
     values = {p["rank"]: p["gemm"]["tflops"] for p in payloads}
     verdicts = judge.judge_peers(values, warn=tol.device_warn, critical=tol.critical)
     out = []
@@ -109,7 +108,7 @@ def _link_results(plan: Plan, payloads: list[dict], node_of: dict[int, str]) -> 
     return out
 
 
-def _skew_results(payloads: list[dict]) -> list[CheckResult]:
+def skew_results(payloads: list[dict]) -> list[CheckResult]:
     offsets = next((p["clock_offsets"] for p in payloads if "clock_offsets" in p), None)
     if offsets is None:
         return []
@@ -129,12 +128,12 @@ def _skew_results(payloads: list[dict]) -> list[CheckResult]:
     return out
 
 
-def _measured(results: list[CheckResult], payloads: list[dict]) -> dict:
+def measured_figures(results: list[CheckResult], payloads: list[dict]) -> dict:
     """What `plan --calibrate` can read instead of datasheet constants."""
     tf = [r.value for r in results if r.check == "gemm" and r.value is not None]
     out: dict = {}
     if tf:
-        g = payloads[0]["gemm"]
+        g = next(p["gemm"] for p in payloads if "gemm" in p)
         out["gemm_tflops"] = {"median": statistics.median(tf), "min": min(tf),
                               "dtype": g["dtype"], "n": g["n"]}
     for r in results:
@@ -226,39 +225,16 @@ def assemble(plan: Plan, opts, payloads: list[dict],
     if again is not None:
         second = judged_measurements(plan, recheck.second_round_payloads(payloads, again))
         results = recheck.combine(results, second)
-    results += _skew_results(payloads)
+    results += skew_results(payloads)
     for p in payloads:
         results += [CheckResult.model_validate(r) for r in p.get("host", [])]
     report = finish(plan, opts, len(payloads), results, node_of)
-    report.measured = _measured(results, payloads)
+    report.measured = measured_figures(results, payloads)
     tol = judge.tolerance_for(on_gpu(payloads))
     report.judging = {**tol.as_record(), "rechecked": suspects.count() if again else 0,
                       "cleared": sum(1 for r in results
                                      if r.evidence.get("rounds") and not recheck.flagged(r))}
     return report
-
-
-def failure_report(plan: Plan, opts, world: int, phase: str, exc: BaseException,
-                   missing: Callable[[str, int, float], list[int]],
-                   node_of_rank: Callable[[int], str | None]) -> PreflightReport:
-    """Rank 0 after a failed collective: the ranks that never finished ``phase``, by node."""
-    try:
-        lost = missing(phase, world, min(opts.timeout_s, 10.0))
-    except Exception:  # noqa: BLE001 - the store may be gone with the peers
-        lost = []
-    first = (str(exc).strip().splitlines() or [""])[0][:200]
-    results = [CheckResult(check="rank_alive", entity_kind="rank", entity=f"rank {r}",
-                           node=node_of_rank(r), ranks=[r], status="CRITICAL",
-                           expected=f"finishes '{phase}' within {opts.timeout_s:g} s",
-                           message=f"rank {r} never finished '{phase}' (dead, hung, or could "
-                                   f"not start); rank 0 saw: {type(exc).__name__}: {first}")
-               for r in lost]
-    if not lost:
-        results.append(CheckResult(check="rank_alive", entity_kind="job", entity="job",
-                                   status="UNKNOWN", expected=f"'{phase}' completes",
-                                   message=f"'{phase}' failed on rank 0: {type(exc).__name__}: "
-                                           f"{first}"))
-    return finish(plan, opts, world, results, {})
 
 
 def prometheus_text(report: PreflightReport) -> bytes:

@@ -10,6 +10,7 @@ finished the phase, instead of leaving a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -52,18 +53,32 @@ def _store():
 KEY = "mscale-preflight"
 
 
-def _mark(phase: str, rank: int) -> None:
-    """This rank finished ``phase`` (one key, one counter: rank 0 polls only the counter)."""
+def _mark(phase: str, rank: int, payload: dict | None = None) -> None:
+    """This rank finished ``phase`` (one key, one counter: rank 0 polls only the counter), and
+    what it has measured so far: if a later collective fails, rank 0 reports it from here."""
     store = _store()
+    if payload is not None:
+        store.set(f"{KEY}/payload/{rank}", json.dumps(payload))
     store.set(f"{KEY}/{phase}/{rank}", "1")
     store.add(f"{KEY}/count/{phase}", 1)
 
 
-def _mark_failed(phase: str, rank: int) -> None:
-    """This rank saw ``phase`` fail: it is alive, and not the one the others waited for."""
+def stop_record(payload: dict, exc: BaseException) -> dict:
+    """What one rank saw when its preflight stopped: the phase, how long into it, the error."""
+    since = payload.get("phase_t0")
+    return {"phase": payload.get("phase", "start"),
+            "after_s": None if since is None else round(time.monotonic() - since, 2),
+            "error": f"{type(exc).__name__}: "
+                     f"{(str(exc).strip().splitlines() or [''])[0][:200]}"}
+
+
+def _mark_failed(payload: dict, rank: int, exc: BaseException) -> None:
+    """This rank saw its phase fail: it is alive, and not the one the others waited for. Its
+    figures so far and what it saw go to rank 0 through the store (collectives may be broken)."""
     try:
         store = _store()
-        store.set(f"{KEY}/failed/{rank}", phase)
+        store.set(f"{KEY}/payload/{rank}", json.dumps(payload))
+        store.set(f"{KEY}/failed/{rank}", json.dumps(stop_record(payload, exc)))
         store.add(f"{KEY}/count/failed", 1)
     except Exception:  # noqa: BLE001 - the store lives in rank 0's process, which may be gone
         pass
@@ -111,6 +126,7 @@ def _phase(payload: dict, phase: str, rank: int, detail: str = "") -> None:
     """Enter ``phase``: where this rank is if a collective fails, and on rank 0 one progress
     line on stderr (stdout carries the report or the JSON document)."""
     payload["phase"] = phase
+    payload["phase_t0"] = time.monotonic()  # how long into it a failure came (`stop_record`)
     if rank == 0:
         first_round = [p for p in PHASES if p != "recheck"]
         step = (f"{first_round.index(phase) + 1}/{len(first_round)}" if phase in first_round
@@ -156,32 +172,32 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
     pids = [pid for n, pid in here if n == node]
     nodes = [n for n, _ in here]
     pace = Pace()
-    _mark("start", env.rank)
+    if env.rank == 0:  # before any phase can fail: the skew is reported with what was measured
+        payload["clock_offsets"] = offsets
+    _mark("start", env.rank, payload)
     _phase(payload, "groups", env.rank)
     groups = build_groups(placement, env.rank, timeout)
     _mark("groups", env.rank)
     _phase(payload, "compute", env.rank)
     tflops, n, dtype = gemm_tflops(device, opts.level, slow)
     payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
-    _mark("compute", env.rank)
+    _mark("compute", env.rank, payload)
     from mscale.preflight.ib_ports import snapshot
 
     ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
     _phase(payload, "p2p", env.rank)
     payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow, pace=pace,
                                      progress=_progress(env.rank, "p2p", "pairs"), nodes=nodes)
-    _mark("p2p", env.rank)
+    _mark("p2p", env.rank, payload)
     _phase(payload, "collectives", env.rank)
     payload["groups"] = measure_groups(groups, device, opts.level, slow, pace=pace,
                                        progress=_progress(env.rank, "collectives", "groups"),
                                        nodes=nodes)
-    _mark("collectives", env.rank)
+    _mark("collectives", env.rank, payload)
     _phase(payload, "host", env.rank)
     host = host_checks(plan, opts, env, node, ib_before, pids)
     payload["host"] = [r.model_dump(mode="json") for r in host]
-    _mark("host", env.rank)
-    if env.rank == 0:
-        payload["clock_offsets"] = offsets
+    _mark("host", env.rank, payload)
     return Measuring(device, groups, slow, pace, nodes)
 
 
@@ -258,7 +274,8 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     Under ``--local`` the launcher reads the report and chooses the exit code, so workers exit
     0 once it is written (a worker's 3 would read to the launcher as a crash)."""
     from mscale.distributed.init import init_distributed, shutdown_and_exit
-    from mscale.preflight.report import assemble, failure_report, publish
+    from mscale.preflight.report import assemble, publish
+    from mscale.preflight.stopped import failure_report
     from mscale.topology.env import read_launch_env
 
     env = read_launch_env(command="preflight", world=plan.layout.world_size)
@@ -274,7 +291,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     node = node_name(env, plan)  # the name it is excluded by (the plan's under --local)
     _store().set(f"{KEY}/node/{env.rank}", node)
     local = env.launcher == "local"
-    payload: dict = {"phase": "start"}
+    payload: dict = {"phase": "start", "phase_t0": time.monotonic()}
     try:
         how = measure(plan, opts, env, node, payload)
         gathered: list | None = [None] * env.world_size if env.rank == 0 else None
@@ -283,11 +300,10 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     except Exception as exc:  # noqa: BLE001 - a dead/hung peer or a broken device: say which
         code = EXIT_BAD_INPUT
         if env.rank != 0:
-            _mark_failed(payload.get("phase", "start"), env.rank)
+            _mark_failed(payload, env.rank, exc)
         else:
-            report = failure_report(plan, opts, env.world_size, payload.get("phase", "start"),
-                                    exc, missing_ranks, _node_of_rank)
-            code = publish(report, opts, quiet=local)
+            code = publish(failure_report(plan, opts, *_when_stopped(env.world_size, payload, exc),
+                                          _node_of_rank), opts, quiet=local)
         sys.stderr.write(f"preflight: rank {env.rank} on {node}: {type(exc).__name__}: "
                          f"{(str(exc).strip().splitlines() or [''])[0][:300]}\n")
         # under --local every rank exits 0 so that the launcher lets rank 0 finish the report
@@ -299,6 +315,33 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
     codes = [code]
     dist.broadcast_object_list(codes, src=0)
     shutdown_and_exit(0 if local else codes[0])
+
+
+STOP_GRACE_S = 10.0
+"""How long rank 0 waits, after its own collective failed, for the other ranks to say they saw
+a failure too. Not the timeout's length: with ``--timeout 1`` a healthy peer whose own wait
+began a moment later was named dead; a rank that answers within it is alive."""
+
+
+def _when_stopped(world: int, payload: dict, exc: BaseException):
+    """Rank 0, after a collective failed: every rank's figures so far, what each rank that
+    answered saw (rank → `stop_record`), and the ranks that never answered (`missing_ranks`)."""
+    stops = {0: stop_record(payload, exc)}
+    payloads = [payload]
+    try:
+        lost = missing_ranks(stops[0]["phase"], world, STOP_GRACE_S)
+    except Exception:  # noqa: BLE001 - the store may be gone with the peers
+        return payloads, stops, []
+    store = _store()
+    for r in range(1, world):
+        try:
+            if store.check([f"{KEY}/payload/{r}"]):
+                payloads.append(json.loads(store.get(f"{KEY}/payload/{r}")))
+            if store.check([f"{KEY}/failed/{r}"]):
+                stops[r] = json.loads(store.get(f"{KEY}/failed/{r}"))
+        except Exception:  # noqa: BLE001 - one rank's unreadable record is not the report's end
+            continue
+    return payloads, stops, lost
 
 
 def _node_of_rank(rank: int) -> str | None:

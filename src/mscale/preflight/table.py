@@ -81,7 +81,7 @@ def failure_lines(results: list[CheckResult]) -> list[str]:
     order: list[CheckResult | tuple[str, str]] = []  # a result, or a (status, node) of links
     links: dict[tuple[str, str], list[CheckResult]] = {}
     for r in results:
-        if r.status not in ("WARNING", "CRITICAL"):
+        if r.status == "OK":  # UNKNOWN too: what could not be measured, and why
             continue
         if not (r.node and r.entity_kind in ("pair", "group")):
             order.append(r)

@@ -1,0 +1,124 @@
+"""A preflight that stopped before its end (preflight/stopped.py, runner's store records): the
+report keeps every figure measured before the stop, marks what timed out UNKNOWN (which phase,
+which ranks and nodes, after how long), and blames a node only where the evidence names one.
+Before, one rank timing out under ``--timeout 1`` turned the whole report into one UNKNOWN
+line and every GEMM and link figure the other ranks had measured was lost."""
+
+from __future__ import annotations
+
+import json
+
+from torch.distributed import HashStore
+
+from mscale.config.base import load_model
+from mscale.config.plan import Plan
+from mscale.preflight import runner
+from mscale.preflight.stopped import failure_report, spans
+from mscale.preflight.table import failure_lines
+
+from tests.unit.preflight.test_judge import _opts, _payloads
+
+PLAN = "plans/cpu-tiny.yaml"
+TIMED_OUT = "RuntimeError: Timed out waiting 1000ms for recv operation to complete"
+
+
+def _stopped_in(phase: str, payloads: list[dict]) -> list[dict]:
+    """What each rank had left in the store when ``phase`` stopped: the earlier phases' figures."""
+    keep = {"compute": ("gemm",), "p2p": ("gemm",), "collectives": ("gemm", "pairs"),
+            "recheck": ("gemm", "pairs", "groups", "host")}[phase]
+    return [{k: v for k, v in p.items() if k in keep or k in ("rank", "node", "device",
+                                                              "clock_offsets")}
+            for p in payloads]
+
+
+def _node(r: int) -> str:
+    return f"node{r // 2 + 1}"
+
+
+def test_a_collective_every_rank_timed_out_keeps_the_figures_and_blames_no_node(tmp_path):
+    plan = load_model(Plan, PLAN)
+    payloads = _stopped_in("collectives", _payloads(None))
+    stops = {r: {"phase": "collectives", "after_s": 2.5 + r / 10, "error": TIMED_OUT}
+             for r in range(8)}
+    report = failure_report(plan, _opts(tmp_path), payloads, stops, [], _node)
+    checks = [r.check for r in report.results]
+    assert checks.count("gemm") == 8 and checks.count("p2p") > 0 and "clock_skew" in checks
+    assert not {"allreduce", "allgather", "rank_alive"} & set(checks)
+    stopped = [r for r in report.results if r.check == "stopped"]
+    assert len(stopped) == 1 and stopped[0].status == "UNKNOWN" and stopped[0].node is None
+    assert stopped[0].ranks == list(range(8))
+    ev = stopped[0].evidence
+    assert ev["phase"] == "collectives" and ev["timed_out"] and ev["after_s"] == 3.2
+    assert ev["nodes"] == "node[1-4]" and ev["timeout_s"] == 10.0
+    assert ev["not_measured"][0] == "allreduce, allgather, reduce_scatter"
+    assert report.status == "UNKNOWN" and report.bad_nodes == [] and report.exclude == ""
+    assert report.measured["gemm_tflops"]["median"] > 0 and "p2p_gbps" in report.measured
+    line = failure_lines(report.results)
+    assert len(line) == 1 and line[0].startswith("UNKNOWN: stopped phase collectives")
+    assert "timed out (--timeout 10 s) on rank(s) 0-7 (node[1-4]), 3.2 s into" in line[0]
+    assert "every rank answered: no node is blamed" in line[0]
+
+
+def test_a_rank_that_never_answered_is_blamed_and_the_others_figures_stay(tmp_path):
+    plan = load_model(Plan, PLAN)
+    payloads = _stopped_in("p2p", _payloads(None))
+    stops = {r: {"phase": "p2p", "after_s": 1.0, "error": TIMED_OUT} for r in range(8)
+             if r != 5}
+    report = failure_report(plan, _opts(tmp_path), payloads, stops, [5], _node)
+    lost = [r for r in report.results if r.check == "rank_alive"]
+    assert [(r.entity, r.node, r.status) for r in lost] == [("rank 5", "node3", "CRITICAL")]
+    assert report.bad_nodes == ["node3"] and report.status == "CRITICAL"
+    assert sum(r.check == "gemm" for r in report.results) == 8
+    stopped = next(r for r in report.results if r.check == "stopped")
+    assert stopped.ranks == [0, 1, 2, 3, 4, 6, 7] and "0-4,6-7" in stopped.message
+    assert "named by rank_alive" in stopped.message
+
+
+def test_a_slow_figure_measured_once_keeps_its_status_but_excludes_no_node(tmp_path):
+    """The re-check never ran: a node is excluded only for a figure slow twice."""
+    plan = load_model(Plan, PLAN)
+    payloads = _stopped_in("collectives", _payloads(5))
+    stops = {r: {"phase": "collectives", "after_s": 1.0, "error": TIMED_OUT} for r in range(8)}
+    report = failure_report(plan, _opts(tmp_path), payloads, stops, [], _node)
+    gemm5 = next(r for r in report.results if r.entity == "rank 5")
+    assert gemm5.status == "CRITICAL" and gemm5.evidence["blamed"] is False
+    assert "measured once" in gemm5.message and "exclude its node" not in gemm5.message
+    assert report.status == "CRITICAL" and report.bad_nodes == [] and report.exclude == ""
+
+
+def test_a_stop_in_the_recheck_keeps_the_whole_first_round(tmp_path):
+    plan = load_model(Plan, PLAN)
+    payloads = _stopped_in("recheck", _payloads(None))
+    stops = {r: {"phase": "recheck", "after_s": None, "error": "RuntimeError: peer gone"}
+             for r in range(8)}
+    report = failure_report(plan, _opts(tmp_path), payloads, stops, [], _node)
+    assert {"gemm", "p2p", "allreduce", "allgather", "clock_skew"} <= {
+        r.check for r in report.results}
+    stopped = next(r for r in report.results if r.check == "stopped")
+    assert not stopped.evidence["timed_out"] and "failed on rank(s) 0-7" in stopped.message
+    assert stopped.evidence["not_measured"] == ["the re-check of suspects"]
+
+
+def test_rank_0_reads_every_ranks_figures_and_stop_from_the_store(monkeypatch):
+    """Rank 1 finished the phase, rank 2 saw it fail, rank 3 never answered: all three
+    leave their figures so far; only rank 3 is named."""
+    store = HashStore()
+    monkeypatch.setattr(runner, "_store", lambda: store)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.3)
+    mine = {"rank": 0, "phase": "p2p", "gemm": {"tflops": 1.0}}
+    runner._mark("compute", 3, {"rank": 3, "phase": "compute", "gemm": {"tflops": 0.2}})
+    runner._mark("p2p", 1, {"rank": 1, "phase": "p2p", "gemm": {"tflops": 1.1}, "pairs": []})
+    runner._mark_failed({"rank": 2, "phase": "p2p", "gemm": {"tflops": 0.9}}, 2,
+                        RuntimeError("Timed out waiting 1000ms\nmore"))
+    payloads, stops, lost = runner._when_stopped(4, mine, RuntimeError("Timed out"))
+    assert [p["rank"] for p in payloads] == [0, 1, 2, 3] and lost == [3]
+    assert payloads[3]["gemm"] == {"tflops": 0.2}
+    assert set(stops) == {0, 2}
+    assert stops[2] == {"phase": "p2p", "after_s": None,
+                        "error": "RuntimeError: Timed out waiting 1000ms"}
+    json.dumps(stops)
+
+
+def test_spans_name_thousands_of_ranks_in_a_few_characters():
+    assert spans([0, 1, 2, 3, 6, 8, 9]) == "0-3,6,8-9"
+    assert spans(list(range(12288))) == "0-12287"
