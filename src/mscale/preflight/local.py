@@ -118,19 +118,23 @@ def _run(plan_path: str, plan: Plan, opts: PreflightOptions, nprocs: int, logs: 
               "no report written", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED, True
     if unfinished:
-        report = _launcher_report(plan, opts, nprocs, result, logs)
+        report = _launcher_report(plan, opts, nprocs, result, logs, partial=report)
         publish(report, opts, quiet=True)
     render(report, opts.as_json)
     say_written(opts, since=started)
     return judge.exit_code(report.status), result.failed_rank is not None
 
 
-def _launcher_report(plan: Plan, opts: PreflightOptions, nprocs: int, result, logs: str):
-    """No report from rank 0: name the first worker that died, and the ones still running."""
+def _launcher_report(plan: Plan, opts: PreflightOptions, nprocs: int, result, logs: str,
+                     partial: PreflightReport | None = None):
+    """No verdict from rank 0: name the first worker that died, and the ones still running,
+    keeping what rank 0's own report (``partial``) holds of what was measured before."""
     names = plan.cluster.node_names()
     placement = placement_for(plan)
     node = lambda r: names[placement.node(r)]  # noqa: E731
-    results = []
+    # rank 0's figures stay; its guesses at who failed give way to what the launcher saw
+    results = [r for r in (partial.results if partial else [])
+               if r.check not in ("rank_alive", "quarantine")]
     first = result.failed_rank
     if first is not None:
         code = result.returncodes[first]
@@ -147,4 +151,7 @@ def _launcher_report(plan: Plan, opts: PreflightOptions, nprocs: int, result, lo
         results.append(CheckResult(check="rank_alive", entity_kind="job", entity="job",
                                    status="UNKNOWN", expected="rank 0 writes the report",
                                    message=f"no report was written; worker logs in {logs}"))
-    return finish(plan, opts, nprocs, results, {})
+    report = finish(plan, opts, nprocs, results, {r: node(r) for r in range(nprocs)})
+    if partial:
+        report.measured, report.judging = partial.measured, partial.judging
+    return report

@@ -6,6 +6,7 @@ passes and kept (and named) when it does not. The workers are faked: the real la
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,34 @@ def test_the_workers_preload_leaves_python_m_mscale_cli_main_a_clean_start(tmp_p
     p = subprocess.run([sys.executable, "-c", FORKED_WORKER, *preload], env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
+
+
+def test_a_worker_that_died_keeps_rank_0s_figures_in_the_launchers_report(
+        tmp_path, tmpdir_here, monkeypatch, capsys):
+    """Rank 0 wrote a report (UNKNOWN: its collective stopped) with the GEMM figures measured
+    before; a worker was killed. The launcher's report names the dead rank and keeps them."""
+    plan = load_checked_plan(PLAN)
+
+    def run(nprocs, gpus_per_node, worker_args, log_dir, extra_env, **kw):
+        opts = PreflightOptions.model_validate_json(extra_env[local.OPTIONS_ENV])
+        figures = [CheckResult(check="gemm", entity_kind="rank", entity=f"rank {r}",
+                               node=f"node{r // 2 + 1}", ranks=[r], value=0.03, status="OK")
+                   for r in range(nprocs)]
+        stop = CheckResult(check="stopped", entity_kind="job", entity="phase p2p",
+                           status="UNKNOWN")
+        report = finish(plan, opts, nprocs, figures + [stop], {})
+        report.measured = {"gemm_tflops": {"median": 0.03}}
+        publish(report, opts, quiet=True)
+        codes = [0] * nprocs
+        codes[5] = -9
+        return JobResult(code=3, returncodes=codes, failed_rank=5)
+
+    monkeypatch.setattr(local, "run_local_workers", run)
+    opts = build(PreflightOptions, {"as_json": True}, run_dir=str(tmp_path / "run"),
+                 plan_path=PLAN)
+    assert local.launch_local(PLAN, plan, opts, 8) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert sum(r["check"] == "gemm" for r in report["results"]) == 8
+    assert [(r["entity"], r["node"]) for r in report["results"]
+            if r["check"] == "rank_alive"] == [("rank 5", "node3")]
+    assert report["exclude"] == "node3" and report["measured"]["gemm_tflops"]["median"] == 0.03
