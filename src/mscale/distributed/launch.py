@@ -273,7 +273,10 @@ def _start(job: LocalJob, procs: list, logs: list, tees: list, view: StartupView
         env = _worker_env(job, rank, port, threads, lifeline.address)
         with open(env[PHASE_FILE_ENV], "w", encoding="utf-8") as f:
             f.write(f"spawned {time.time():.3f}\n")
-        log = open(env[LOG_FILE_ENV], "wb")
+        # appending: rank 0 adds lines to its log itself (lifeline.say_in_log) while the tee
+        # writes its output; at the tee's own offset each write went over those lines
+        log = os.fdopen(os.open(env[LOG_FILE_ENV], os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                                | os.O_APPEND, 0o644), "wb")
         logs.append(log)
         if rank == 0:  # its output goes to the console too: through a pipe the launcher tees
             read_end, write_end = os.pipe()

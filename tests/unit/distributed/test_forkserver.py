@@ -75,6 +75,24 @@ def test_the_result_keeps_rank_0s_last_line(tmp_path):
     result = run_local_workers(1, 1, [], str(tmp_path / "logs"), {}, entry=entry, phases=(),
                                node_names=("n1",), preload=())
     assert result.returncodes == [3] and result.rank0_last_line == "stopped at step 2: why"
+
+
+def test_a_line_rank_0_puts_in_its_log_alone_is_kept(tmp_path):
+    """Rank 0 appends a line to its log itself (`say_in_log`: a second Ctrl-C's
+    `rank 0: interrupted`, a lost peer) while the launcher's tee writes what rank 0 printed:
+    the tee wrote at its own offset, over the appended line."""
+    entry = ("from mscale.distributed.lifeline import say_in_log\n"
+             "print('before', flush=True)\n"
+             "say_in_log('rank 0: interrupted\\n')\n"
+             "print('after', flush=True)\n")
+    logs = tmp_path / "logs"
+    result = run_local_workers(1, 1, [], str(logs), {}, entry=entry, phases=(),
+                               node_names=("n1",), preload=())
+    assert result.returncodes == [0]
+    assert sorted((logs / "rank0.log").read_text().splitlines()) == [
+        "after", "before", "rank 0: interrupted"]
+
+
 def test_the_guard_keeps_the_entry_as_written():
     """Not re-indented: a multi-line string keeps its lines, a __future__ import stays first."""
     import subprocess
