@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from mscale.config.files import MAX_CONFIG_BYTES, decode_text, read_bytes, read_text
 from mscale.config.json_reader import parse_json
@@ -229,7 +229,7 @@ def _problem(item: Any, prefix: str, model: type | None = None) -> tuple[str, st
         msg = msg.removeprefix("Value error, ")
     elif kind == "extra_forbidden":
         near = _closest_field(model, loc)
-        homes = [] if near else _homes_elsewhere(model, loc)
+        homes = [] if near else _homes_elsewhere(model, loc, item.get("input"))
         msg = (f"unknown field (a typo of {near}?)" if near else
                f"not a field of this section (it goes at {_either(homes)})" if homes else
                "unknown field (a typo?)")
@@ -260,13 +260,24 @@ def _sections(model: type | None, path: str = "", depth: int = 3):
                 yield from _sections(t, f"{path}.{name}" if path else name, depth - 1)
 
 
-def _homes_elsewhere(model: type | None, loc: list) -> list[str]:
-    """Where else in the file a field named ``loc[-1]`` belongs (``layout.sequence_parallel``
-    for one written under ``training``): a field in the wrong section is not a typo, and
-    "correct the field" does not say to move it. Empty when no other section has it."""
+def _homes_elsewhere(model: type | None, loc: list, value: Any) -> list[str]:
+    """The other sections with a field named ``loc[-1]`` that takes ``value`` (``layout.tp``
+    for ``tp: 2`` written under ``training``): a field in the wrong section is not a typo, and
+    "correct the field" does not say to move it. Empty when no section has it."""
     name, here = str(loc[-1]), field_path(*[p for p in loc[:-1] if not isinstance(p, int)])
     return [field_path(path, name) for path, schema in _sections(model)
-            if path != here and name in schema.model_fields][:3]
+            if path != here and name in schema.model_fields
+            and _takes(schema.model_fields[name].annotation, value)][:3]
+
+
+def _takes(annotation: Any, value: Any) -> bool:
+    """Whether a field of type ``annotation`` can hold ``value`` (its bounds aside): ``tp: 2``
+    goes to ``layout.tp``, not to ``placement.groups.tp``, a list of rank lists."""
+    try:
+        TypeAdapter(annotation).validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 def _either(paths: list[str]) -> str:
