@@ -214,26 +214,36 @@ def plan_history(run: RunDir) -> list[str]:
 
 def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False,
                 allow_data_change: bool = False) -> PlanChange:
-    """Make ``plan`` the run's plan: check it against ``RUN/plan.yaml`` (raising if refused), add
-    it to ``RUN/plans/`` and write ``RUN/plan.yaml`` atomically. Nothing is written when the plan
-    is the same, and the previous plan.yaml is in the history before it is replaced (a run
-    directory from before the history existed gets its plan.yaml archived as the first entry).
+    """Make ``plan`` the run's plan: `plan_change_of` (raising if refused), then `write_plan`
+    unless it is the same. Pass the resolved plan (placement filled in); call it on one process,
+    holding the run lock."""
+    change = plan_change_of(run, plan, allow_batch_change=allow_batch_change,
+                            allow_data_change=allow_data_change)
+    return change if change.kind == "same" else write_plan(run, plan, change)
 
-    Pass the resolved plan (placement filled in); call it on one process, holding the run lock.
-    ``allow_batch_change`` and ``allow_data_change`` as for `check_plan_change`.
-    """
+
+def plan_change_of(run: RunDir, plan: Plan, *, allow_batch_change: bool = False,
+                   allow_data_change: bool = False) -> PlanChange:
+    """How ``plan`` differs from ``RUN/plan.yaml`` (``new`` when there is none), raising if it
+    is refused (`check_plan_change`); writes nothing. ``train`` checks at its start and writes
+    a changed plan only once the start goes ahead: a start that fails or has nothing to train
+    leaves the run's plan as it was."""
     fs, path = fs_and_path(run.plan)
-    old = load_model(Plan, run.plan) if fs.isfile(path) else None
-    if old is None:
-        change = PlanChange(kind="new", new_layout=describe_layout(plan))
-    else:
-        change = check_plan_change(old, plan, source=run.plan,
-                                   allow_batch_change=allow_batch_change,
-                                   allow_data_change=allow_data_change)
-        if change.kind == "same":
-            return change
+    if not fs.isfile(path):
+        return PlanChange(kind="new", new_layout=describe_layout(plan))
+    return check_plan_change(load_model(Plan, run.plan), plan, source=run.plan,
+                             allow_batch_change=allow_batch_change,
+                             allow_data_change=allow_data_change)
+
+
+def write_plan(run: RunDir, plan: Plan, change: PlanChange) -> PlanChange:
+    """Add ``plan`` to ``RUN/plans/`` and write ``RUN/plan.yaml`` atomically; returns ``change``
+    with the history entry. The previous plan.yaml is in the history before it is replaced (a
+    run directory from before the history existed gets its plan.yaml archived as the first
+    entry)."""
+    fs, path = fs_and_path(run.plan)
     history = plan_history(run)
-    if old is not None and not history:
+    if fs.isfile(path) and not history:
         history = [_add_history(run, [], fs.cat_file(path).decode())]
     text = dump_yaml(plan)
     entry = _add_history(run, history, text)

@@ -41,7 +41,7 @@ from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
 from mscale.train.launch import check_no_layer_dropped
 from mscale.train.session import (RunSession, Start, agree_on_rank0, claim_start, from_rank0,
-                                  open_session)
+                                  open_session, record_changed_plan)
 from mscale.train.step import job_loss, train_step
 from mscale.train.timers import StepTimer
 from mscale.train.stall import noticing
@@ -124,6 +124,8 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     announce_resume(engine, s, ckpt, first)
+    if first < plan.training.steps:  # the start goes ahead: now the plan is the run's
+        record_changed_plan(s, plan, engine.env)
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
     for name, when in control.waiting():

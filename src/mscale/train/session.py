@@ -27,7 +27,7 @@ from mscale.config.records import DataSkips
 from mscale.errors import MscaleError
 from mscale.runs.atomic import is_disk_full
 from mscale.urls import fs_and_path
-from mscale.runs.history import PlanChange, record_plan
+from mscale.runs.history import PlanChange, plan_change_of, write_plan
 from mscale.distributed import flight
 from mscale.runs.lock import (LOCK_HELD_ENV, RunLock, next_attempt, ownership_lost,
                               run_id_from_env)
@@ -90,21 +90,37 @@ class RunSession:
     lock: RunLock | None = None
     token: str | None = None
     """The lock's token when rank 0 took it itself (kept: a lost `RunLock` forgets its record)."""
+    changed_plan: object | None = None
+    """The plan `claim` accepted as a change of the run's plan, not yet written (rank 0)."""
 
     def claim(self, plan, allow_batch_change: bool = False,
               allow_data_change: bool = False) -> PlanChange:
-        """Rank 0: lock the run directory (unless the launcher holds it), record the plan in its
-        history (refusing another model or recipe; a new global batch only when allowed), and
-        number this attempt."""
+        """Rank 0: lock the run directory (unless the launcher holds it), check the plan against
+        the run's (refusing another model or recipe; a new global batch only when allowed),
+        record it when the run has none, and number this attempt."""
         self.run.create()
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
             self.lock.start_heartbeat()
             self.token = self.lock.record.token
-        change = record_plan(self.run, plan, allow_batch_change=allow_batch_change,
-                             allow_data_change=allow_data_change)
+        change = plan_change_of(self.run, plan, allow_batch_change=allow_batch_change,
+                                allow_data_change=allow_data_change)
+        if change.kind == "new":  # nothing recorded to lose; recover reads what the job ran
+            change = write_plan(self.run, plan, change)
+        elif change.kind == "changed":  # written by `write_changed_plan`, once training starts
+            self.changed_plan = plan
         self.attempt = next_attempt(self.run.root)
         return change
+
+    def write_changed_plan(self) -> str | None:
+        """Rank 0, once the start goes ahead (a step will train): write the changed plan that
+        `claim` accepted into the run's plan history and plan.yaml; returns the history entry.
+        Written earlier, a start that failed or had nothing to train (``--steps 4`` at step 10)
+        left its plan as the run's, and the next start reported it as a change."""
+        plan, self.changed_plan = self.changed_plan, None
+        if plan is None:
+            return None
+        return write_plan(self.run, plan, PlanChange(kind="changed")).history
 
     def trouble(self, save_due: bool = False) -> str | None:
         """Why rank 0 cannot go on, if it cannot: the disk is full, or the lock was lost.
@@ -195,6 +211,13 @@ def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = 
     flight.note_attempt(s.attempt)  # a dump of this process names the attempt it belongs to
     flight.point_torch_dump(s.run.logs, s.attempt)  # NCCL's own, on a timeout
     return Start(change, skips)
+
+
+def record_changed_plan(s: RunSession, plan, env: LaunchEnv) -> None:
+    """Collective, once the start goes ahead: rank 0 writes the changed plan `claim` accepted
+    (`RunSession.write_changed_plan`); a failure to write it stops every rank, reported first."""
+    agree_on_rank0(s.write_changed_plan, env.rank, report=lambda exc: ReportedFailure(
+        report_failure(s.run, 0, node_name(env, plan), exc)))
 
 
 def read_data_skips(run: RunDir) -> DataSkips:

@@ -92,3 +92,26 @@ def test_trouble_reads_the_lock_when_a_save_starts(tmp_path, monkeypatch):
     assert s.trouble(save_due=True).startswith("run lock taken over by run job-b")
     monkeypatch.setattr(RunSession, "lock_lost", lambda self: 1 / 0)
     assert s.trouble(save_due=True) is None
+
+
+def test_a_changed_plan_becomes_the_runs_only_when_the_start_goes_ahead(tmp_path, monkeypatch):
+    """`--steps 4` on a run at step 10 trains nothing: its plan must not replace the run's, or
+    the next start reports the run's own plan as a change (training.steps, warmup_steps)."""
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.runs.history import plan_history
+    from mscale.runs.lock import LOCK_HELD_ENV
+    from tests.unit.runs.test_history import _plan
+
+    monkeypatch.setenv(LOCK_HELD_ENV, "r")  # the launcher's lock: none taken here
+    run = RunDir(str(tmp_path / "run"))
+    first, shorter = _plan(), _plan(training={"steps": 4, "warmup_steps": 2})
+    assert RunSession(run, Journal(run, True), "r").claim(first).kind == "new"
+    assert load_model(Plan, run.plan) == first  # a new run directory records its plan at once
+    session = RunSession(run, Journal(run, True), "r")
+    change = session.claim(shorter)
+    assert change.kind == "changed" and "training.steps" in change.fields
+    assert load_model(Plan, run.plan) == first and len(plan_history(run)) == 1
+    assert session.write_changed_plan().endswith("plans/plan-0002.yaml")
+    assert load_model(Plan, run.plan) == shorter
+    assert session.write_changed_plan() is None  # written once
