@@ -149,6 +149,13 @@ class Control:
         return Decision(checkpoint=bool(flags[0]), halt=bool(flags[1]), signal=bool(flags[2]),
                         abort=bool(flags[3]), trace=bool(flags[4]))
 
+    def stop_signalled(self) -> bool:
+        """Collective: True on every rank when any rank has received a stop signal. Asked
+        between held-out eval batches (train/evaluate.py), so a Ctrl-C need not wait for the
+        whole evaluation; the signal stays pending for the step boundary's `poll`, which saves
+        and stops. Control files wait for the boundary: only rank 0 may read the directory."""
+        return self.agree(self._signalled)
+
     @staticmethod
     def agree(flag: bool, group=None) -> bool:
         """Collective: True on every rank when ``flag`` is True on any."""

@@ -6,6 +6,12 @@ so successive values are comparable and do not depend on the step. Each rank run
 step lays them out; the ranks that compute a loss (last pipeline stage, TP rank 0) contribute
 their sums to one all-reduce, so every rank ends with the same mean, which is the mean over the
 held-out sequences (every micro-batch has the same number of tokens).
+
+A stop signal (Ctrl-C, SIGTERM, ...) takes effect between eval batches: 400 of them can take
+half a minute, and an operator's Ctrl-C waited for all. Every rank asks, after each batch, the
+same question the step boundary asks (`Control.stop_signalled`, one MAX all-reduce of a flag),
+so all leave the evaluation after the same batch; the loop then stops at its step boundary. An
+evaluation left early gives no loss: the mean of its first batches is not the held-out loss.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -31,14 +37,20 @@ class EvalResult:
     """Mean held-out loss (nats per token)."""
     seconds: float
     """Wall time of the evaluation on this rank, the all-reduce included."""
+    stopped_after: int | None = None
+    """The batches read when a stop signal ended the evaluation early (``loss`` is then NaN and
+    means nothing); None when it read them all."""
 
     @property
     def perplexity(self) -> float:
         return math.exp(self.loss) if self.loss < 700 else math.inf
 
 
-def evaluate(engine: Engine, loader: DataLoader, batches: int) -> EvalResult:
-    """Collective over the whole job: every rank must call it at the same step."""
+def evaluate(engine: Engine, loader: DataLoader, batches: int,
+             stop_signalled: Callable[[], bool] | None = None) -> EvalResult:
+    """Collective over the whole job: every rank must call it at the same step.
+    ``stop_signalled``: collective, asked after each batch but the last; True ends the
+    evaluation there, on every rank, with no loss (`EvalResult.stopped_after`)."""
     t0 = time.perf_counter()
     engine.param_buffer.wait()  # ZeRO: the last update's parameter all-gathers
     m = engine.micro_batches
@@ -47,6 +59,9 @@ def evaluate(engine: Engine, loader: DataLoader, batches: int) -> EvalResult:
         value = _forward_batch(engine, loader, b, m)
         if value is not None:
             total = value if total is None else total + value
+        if stop_signalled is not None and b + 1 < batches and stop_signalled():
+            return EvalResult(loss=math.nan, seconds=time.perf_counter() - t0,
+                              stopped_after=b + 1)
     g = engine.groups
     contributes = g.is_last_stage and g.tp_rank == 0 and total is not None
     # on the host: the world group's device backend (NCCL) would build a communicator of every

@@ -172,7 +172,7 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
                                 stream=sys.stderr if opts.json_summary else sys.stdout)
     scalars = _scalar_log(engine, s)
     if first == 0:  # the baseline every later held-out loss is compared with
-        baseline = _evaluate_if_due(engine, 0)
+        baseline = _evaluate_if_due(engine, 0, control)
         if baseline is not None:  # no step record holds it: an event does (docs/data.md)
             event(s, kind="info", step=0, message=f"held-out loss before training: "
                    f"{baseline.loss:.4f}", evidence={"eval_loss": baseline.loss,
@@ -217,15 +217,21 @@ def _note_new_epochs(engine: Engine, s: RunSession, step: int, seen: dict[str, i
             seen[url] = epoch
 
 
-def _evaluate_if_due(engine: Engine, step: int):
+def _evaluate_if_due(engine: Engine, step: int, control: Control):
     """The held-out loss before the first step of a fresh run, every ``eval.interval`` steps and
-    at the last step (collective)."""
+    at the last step (collective); None when none is due or a stop signal ended it early."""
     interval = engine.plan.training.eval.interval
     if engine.eval_loader is None or not (step % interval == 0
                                           or step == engine.plan.training.steps):
         return None
-    result = evaluate(engine, engine.eval_loader, engine.plan.training.eval.batches)
+    result = evaluate(engine, engine.eval_loader, engine.plan.training.eval.batches,
+                      stop_signalled=control.stop_signalled)
     when = f"at step {step}" if step else "before training"
+    if result.stopped_after is not None:
+        say(engine, f"eval {when} left after {result.stopped_after} of "
+             f"{engine.plan.training.eval.batches} held-out batches on a stop signal: no "
+             f"held-out loss recorded ({result.seconds:.1f} s); stopping at the step boundary")
+        return None
     say(engine, f"eval {when}: loss {result.loss:.4f}, perplexity "
          f"{result.perplexity:,.2f} ({engine.plan.training.eval.batches} held-out batches, "
          f"{result.seconds:.1f} s)")
@@ -265,7 +271,7 @@ def _steps(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, 
             gc.collect()
             flags["gc"] = True  # watch masks steps every rank paused on together
         timings = timer.end_step()
-        held_out = _evaluate_if_due(engine, step + 1)  # between steps: not in their times
+        held_out = _evaluate_if_due(engine, step + 1, control)  # between steps: not in their times
         reporter = g.is_last_stage and g.tp_rank == 0
         vectors = gather_rank_vectors(timings, result.device_loss if reporter else None,
                                       engine.env.world_size)
