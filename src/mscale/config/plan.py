@@ -165,3 +165,34 @@ def part_of(data: Any) -> str | None:
         return None
     return next((option for option, schema in PARTS.items()
                  if set(data) <= set(schema.model_fields)), None)
+
+
+LAYOUT_FLAGS = {"tp": "--tp", "pp": "--pp", "vpp": "--vpp", "micro_batch": "--micro-batch",
+                "sequence_parallel": "--sp", "recompute": "--recompute", "zero_stage": "--zero",
+                "dp_reduce": "--dp-reduce"}
+"""`mscale plan`'s option for each layout field it takes from the command line (``dp`` follows
+from the cluster, ``stage_layers`` from a layout file)."""
+
+
+def check_part_fields(schema: type, data: Any, option: str, source: str) -> None:
+    """A field of the layout, or of another part, written in a ``--cluster``, ``--model`` or
+    ``--training`` file said "unknown field (a typo?)", fix "correct the field", though it is
+    spelt right: the error names where it goes instead (``tp`` is a layout choice: --tp)."""
+    if not isinstance(data, dict):
+        return
+    what = option.removeprefix("--")
+    for key in (k for k in data if isinstance(k, str) and k not in schema.model_fields):
+        if key in LayoutConfig.model_fields:
+            how = f"give it to plan as {LAYOUT_FLAGS[key]}, or" if key in LAYOUT_FLAGS else \
+                ("plan derives it from the cluster's GPUs and tp·pp; give a whole layout in "
+                 "a layout file (plan --layout FILE) or" if key == "dp" else
+                 "give it in a layout file (plan --layout FILE) or")
+            raise MscaleError(f"not a field of a {what} file: {key} is a layout choice",
+                              file=source, field=key,
+                              fix=f"{how} in a plan's layout section (layout.{key})")
+        home = next((o for o, s in PARTS.items() if o != what and key in s.model_fields), None)
+        if home is not None:
+            raise MscaleError(f"not a field of a {what} file: it belongs in the {home} file",
+                              file=source, field=key,
+                              fix=f"move it to the file given as --{home} ({home}.{key} in a "
+                                  "plan)")

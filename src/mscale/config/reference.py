@@ -62,8 +62,9 @@ Generated from the schemas in `src/mscale/config/` by
 disagree. Every config, plan and HF `config.json` is read the same strict way:
 
 - unknown fields are refused (a typo must not be silently ignored; the error names the closest
-  known field, or the section of the plan a field written in the wrong one belongs to), and so
-  is a key repeated in one mapping;
+  known field, or the section of the plan a field written in the wrong one belongs to; in a
+  cluster, model or training file given to `plan`, the file or `plan` option it belongs to, e.g.
+  `--tp` for `tp`), and so is a key repeated in one mapping;
 - types are strict: `true` is not the integer 1, `96.5` or `1e3` is not a count, `"64"` is not a
   number; an integer is accepted where a number is expected, and `1e-4` reads as a number;
 - numbers are finite: `.inf`, `.nan` and overflowing literals such as `1e999` are refused anywhere

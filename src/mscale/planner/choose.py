@@ -17,7 +17,7 @@ from mscale.config import ClusterConfig, ModelConfig, TrainingConfig
 from mscale.config.base import parse_yaml, validate
 from mscale.config.files import read_text
 from mscale.config.layout import LayoutConfig
-from mscale.config.plan import PLAN_SECTIONS, first_keys, part_of
+from mscale.config.plan import PLAN_SECTIONS, check_part_fields, first_keys, part_of
 from mscale.errors import MscaleError
 from mscale.planner.advice import device_word, no_fit_error
 from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
@@ -52,6 +52,7 @@ def load_part(schema, path: str, option: str):
                           f"{what} file",
                           file=str(path), field=option,
                           fix=f"give it as --{other}, and a {what} file as {option}")
+    check_part_fields(schema, data, option, str(path))
     return validate(schema, data, str(path))
 
 

@@ -44,3 +44,28 @@ def test_a_section_whose_field_of_that_name_cannot_take_the_value_is_not_offered
     with pytest.raises(MscaleError) as e:
         load_plan(str(f))
     assert e.value.message == "not a field of this section (it goes at layout.tp)"
+
+
+@pytest.mark.parametrize("text, field, message, fix", [
+    ("global_batch: 16\ntp: 2\n", "tp",
+     "not a field of a training file: tp is a layout choice",
+     "give it to plan as --tp, or in a plan's layout section (layout.tp)"),
+    ("global_batch: 16\nsequence_parallel: true\n", "sequence_parallel",
+     "not a field of a training file: sequence_parallel is a layout choice",
+     "give it to plan as --sp, or in a plan's layout section (layout.sequence_parallel)"),
+    ("global_batch: 16\nseq_len: 64\n", "seq_len",
+     "not a field of a training file: it belongs in the model file",
+     "move it to the file given as --model (model.seq_len in a plan)"),
+])
+def test_a_training_file_names_where_a_field_of_another_section_goes(tmp_path, text, field,
+                                                                     message, fix):
+    """A training file given alone to `mscale plan --training` with `tp: 2` said "unknown field
+    (a typo?)", fix "correct the field": there is no plan around it to name the section in."""
+    from mscale.config import TrainingConfig
+    from mscale.planner.choose import load_part
+
+    f = tmp_path / "part.yaml"
+    f.write_text(text)
+    with pytest.raises(MscaleError) as e:
+        load_part(TrainingConfig, str(f), "--training")
+    assert (e.value.field, e.value.message, e.value.fix) == (field, message, fix)
