@@ -45,3 +45,23 @@ class MscaleError(Exception):
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return text
+
+
+def carries_interrupt(exc: BaseException | None) -> bool:
+    """``exc`` is a Ctrl-C in disguise: a KeyboardInterrupt, an exception raised from one or
+    while handling one, or pydantic-core's SchemaError naming one (a Ctrl-C while pydantic builds a
+    schema, at import or at a model's first use, comes out as ``SchemaError: Error building
+    ... KeyboardInterrupt:``, with no cause to follow). Reported as bad input (exit 3), it
+    read as if a file were wrong; the CLI ends it as an interruption (exit 130)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        if type(exc).__name__ == "SchemaError" and any(
+                line.strip().startswith("KeyboardInterrupt") for line in str(exc).splitlines()):
+            return True
+        # a context hidden on purpose (``raise ... from None`` in a handler) is the code's
+        # own answer to the Ctrl-C, not a disguise
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return False

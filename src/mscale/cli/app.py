@@ -12,6 +12,7 @@ import functools
 import typer
 
 from mscale import __version__
+from mscale.errors import carries_interrupt
 
 HELP_OPTION_NAMES = ["-h", "--help"]
 
@@ -72,6 +73,10 @@ def _interruptible(callback):
             return callback(*args, **kwargs)
         except KeyboardInterrupt as e:
             raise Interrupted() from e
+        except Exception as e:  # noqa: BLE001 - only a Ctrl-C in disguise is turned, below
+            if carries_interrupt(e):
+                raise Interrupted() from e
+            raise
 
     return wrapper
 

@@ -27,7 +27,7 @@ from typing import Sequence
 # typer, click and the command modules are imported inside `run`, under its handling: a Ctrl-C
 # in the first fraction of a second, while they load, ends with one line and 130 like any other
 # interruption, not a KeyboardInterrupt traceback from the console script's own import.
-from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.errors import EXIT_BAD_INPUT, MscaleError, carries_interrupt
 
 EXIT_INTERRUPTED = 130
 """What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
@@ -95,6 +95,10 @@ def run(argv: list[str] | None = None) -> int:
         return _run(argv)
     except KeyboardInterrupt:  # while the CLI loaded, or in a command with no handling of its own
         return _interrupted("--json" in _options(list(sys.argv[1:] if argv is None else argv)))
+    except Exception as e:  # noqa: BLE001 - a Ctrl-C in disguise while the CLI loaded
+        if not carries_interrupt(e):
+            raise
+        return _interrupted("--json" in _options(list(sys.argv[1:] if argv is None else argv)))
 
 
 def _interrupted(as_json: bool) -> int:
@@ -147,13 +151,15 @@ def _run(argv: list[str] | None) -> int:
         return _interrupted(as_json)
     except Abort as e:  # typer's form of an EOFError: an input ended early, no request to stop
         return _unexpected(e.__cause__ or e, debug, as_json, print_error)
-    except MscaleError as e:
+    except Exception as e:  # noqa: BLE001 - the CLI's edge: no traceback reaches the user
+        if carries_interrupt(e):  # e.g. while the command tree's schemas were built
+            return _interrupted(as_json)
+        if not isinstance(e, MscaleError):
+            return _unexpected(e, debug, as_json, print_error)
         if debug:
             raise
         print_error(e, as_json)
         return e.code
-    except Exception as e:  # noqa: BLE001 - the CLI's edge: no traceback reaches the user
-        return _unexpected(e, debug, as_json, print_error)
     return rv if isinstance(rv, int) else 0
 
 

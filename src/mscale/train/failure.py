@@ -33,7 +33,7 @@ import traceback
 from mscale.config.records import Event
 from mscale.distributed import flight
 from mscale.distributed.lifeline import say_in_log
-from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError
+from mscale.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, MscaleError, carries_interrupt
 from mscale.runs.atomic import DiskFullError, fs_and_path, write_text_atomic
 from mscale.runs.lock import run_id_from_env
 from mscale.runs.rundir import RunDir
@@ -203,7 +203,7 @@ class ReportedFailure(Exception):
 
 def report_failure(run: RunDir, rank: int, node: str, exc: BaseException) -> int:
     """One line on stderr, the error file, and the exit code for ``exc``."""
-    if isinstance(exc, KeyboardInterrupt):  # a second Ctrl-C (train/control.py)
+    if carries_interrupt(exc):  # a second Ctrl-C (train/control.py), or one in disguise
         if os.environ.get("MSCALE_LAUNCHER") == "local":  # its launcher says it, once, and
             say_in_log(f"rank {rank}: interrupted\n")  # records it: this rank's log only
             return EXIT_INTERRUPTED

@@ -196,6 +196,56 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_130(cli, monkeypatch):
     assert cli("plan", *CPU) == (130, "", "interrupted (Ctrl-C) before the command finished\n")
 
 
+def _schema_error_of_a_ctrl_c() -> Exception:
+    """pydantic-core's own SchemaError for a Ctrl-C while it builds a validator: Python code it
+    runs then (here the regex compile of a ``pattern``) raises the KeyboardInterrupt, which it
+    folds into its message, with no cause or context to follow."""
+    import re
+
+    from pydantic_core import SchemaValidator, core_schema
+
+    compile_ = re.compile
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    re.compile = ctrl_c
+    try:
+        SchemaValidator(core_schema.str_schema(pattern="a+", regex_engine="python-re"))
+    except Exception as e:  # noqa: BLE001 - the SchemaError is what the test needs
+        return e
+    finally:
+        re.compile = compile_
+    raise AssertionError("pydantic-core no longer turns the Ctrl-C into a SchemaError")
+
+
+@pytest.mark.parametrize("where", ["command", "loading", "chained"])
+def test_a_ctrl_c_that_pydantic_wrapped_is_one_line_and_130_not_bad_input(cli, monkeypatch,
+                                                                          where):
+    """Seen in a stress run of Ctrl-C near start-up: `SchemaError ... KeyboardInterrupt`,
+    reported as an internal error with exit 3."""
+    import mscale.cli.app
+    import mscale.planner.choose
+
+    wrapped = _schema_error_of_a_ctrl_c()
+    assert type(wrapped).__name__ == "SchemaError" and "KeyboardInterrupt" in str(wrapped)
+
+    def raise_it(*a, **k):
+        if where == "chained":  # a later error raised while the Ctrl-C was being handled
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("schema not built")  # noqa: B904 - as pydantic does
+        raise wrapped
+
+    if where == "loading":
+        monkeypatch.setattr(mscale.cli.app, "register", raise_it)
+    else:
+        monkeypatch.setattr(mscale.planner.choose, "search", raise_it)
+    code, out, err = cli("plan", *CPU)
+    assert (code, out, err) == (130, "", "interrupted (Ctrl-C) before the command finished\n")
+
+
 def test_debug_reraises_before_or_after_the_command(cli, monkeypatch):
     _broken_search(monkeypatch)
     for args in (["--debug", "plan", *CPU], ["plan", "--debug", *CPU], ["plan", *CPU, "--debug"]):

@@ -208,3 +208,15 @@ def test_rank_0s_failed_start_is_reported_before_its_peers_are_told(tmp_path, ca
     assert len(said) == 1 and "data_skip.json" in capsys.readouterr().err
     assert (tmp_path / "logs" / "rank0.error.json").exists()
     assert agree_on_rank0(lambda: 7, 0, report=report) == 7 and len(said) == 1
+
+
+def test_a_ctrl_c_that_pydantic_wrapped_at_start_up_is_130_not_a_crash(tmp_path, capsys,
+                                                                        monkeypatch):
+    """A worker's Ctrl-C while pydantic built a schema came out as a SchemaError: exit 3,
+    reported as a crash of rank 0's node."""
+    from tests.unit.cli.test_main import _schema_error_of_a_ctrl_c
+
+    monkeypatch.setenv("MSCALE_LAUNCHER", "srun")
+    run = RunDir(str(tmp_path))
+    assert report_failure(run, 0, "node1", _schema_error_of_a_ctrl_c()) == 130
+    assert capsys.readouterr().err == "rank 0: interrupted\n"
