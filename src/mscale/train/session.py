@@ -97,7 +97,8 @@ class RunSession:
               allow_data_change: bool = False) -> PlanChange:
         """Rank 0: lock the run directory (unless the launcher holds it), check the plan against
         the run's (refusing another model or recipe; a new global batch only when allowed),
-        record it when the run has none, and number this attempt."""
+        record it when the run has none or it moves the ranks (another layout, cluster or
+        placement), and number this attempt."""
         self.run.create()
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
@@ -105,7 +106,10 @@ class RunSession:
             self.token = self.lock.record.token
         change = plan_change_of(self.run, plan, allow_batch_change=allow_batch_change,
                                 allow_data_change=allow_data_change)
-        if change.kind == "new":  # nothing recorded to lose; recover reads what the job ran
+        if change.kind == "new" or change.relayout:
+            # recover (and its diagnosis: which node ran a rank) reads plan.yaml as the plan the
+            # failed attempt ran: a start on recover's smaller plan that fails in its build or
+            # resume must not leave the old plan there, whose nodes that recovery kept out
             change = write_plan(self.run, plan, change)
         elif change.kind == "changed":  # written by `write_changed_plan`, once training starts
             self.changed_plan = plan

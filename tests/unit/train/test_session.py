@@ -115,3 +115,24 @@ def test_a_changed_plan_becomes_the_runs_only_when_the_start_goes_ahead(tmp_path
     assert session.write_changed_plan().endswith("plans/plan-0002.yaml")
     assert load_model(Plan, run.plan) == shorter
     assert session.write_changed_plan() is None  # written once
+
+
+def test_a_plan_on_other_nodes_is_the_runs_from_the_claim(tmp_path, monkeypatch):
+    """recover reads plan.yaml as the plan the failed attempt ran: a start on its smaller plan
+    that fails before a step trains (build, resume) must leave that plan, not the old one whose
+    nodes (node3, node4) the recovery kept out and would put back."""
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.runs.lock import LOCK_HELD_ENV
+    from tests.unit.runs.test_history import _plan
+
+    monkeypatch.setenv(LOCK_HELD_ENV, "r")
+    run = RunDir(str(tmp_path / "run"))
+    first = _plan()
+    smaller = _plan(layout={"dp": 1}, cluster={"nodes": 2, "hostlist": "node[1-2]"})
+    RunSession(run, Journal(run, True), "r").claim(first)
+    session = RunSession(run, Journal(run, True), "r")
+    change = session.claim(smaller)
+    assert change.relayout and change.history.endswith("plans/plan-0002.yaml")
+    assert load_model(Plan, run.plan) == smaller
+    assert session.write_changed_plan() is None  # nothing left to write once a step trains
