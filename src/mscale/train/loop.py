@@ -173,6 +173,10 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     scalars = _scalar_log(engine, s)
     if first == 0:  # the baseline every later held-out loss is compared with
         baseline = _evaluate_if_due(engine, 0, control)
+        if baseline is not None and baseline.stopped_after is not None:
+            if scalars is not None:
+                scalars.close()
+            return _stopped_before_training(s)
         if baseline is not None:  # no step record holds it: an event does (docs/data.md)
             event(s, kind="info", step=0, message=f"held-out loss before training: "
                    f"{baseline.loss:.4f}", evidence={"eval_loss": baseline.loss,
@@ -187,6 +191,15 @@ def _loop(engine: Engine, s: RunSession, ckpt: Checkpointer, control: Control, f
     finally:
         if scalars is not None:
             scalars.close()
+
+
+def _stopped_before_training(s: RunSession) -> tuple[int, tuple[str, int, str]]:
+    """A stop signal ended the baseline evaluation: the job stops before step 1, which would
+    otherwise train and be saved, and the run, resumed past step 0, never had its baseline."""
+    detail = "nothing trained or saved; the same command starts the run again, baseline first"
+    event(s, kind="signal", step=0, severity="warning", message="stop signal before step 1",
+          evidence={"checkpoint": False, "halt": False, "signal": True})
+    return EXIT_WARNING, ("signal", 0, detail)
 
 
 def _scalar_log(engine: Engine, s: RunSession):
@@ -219,7 +232,8 @@ def _note_new_epochs(engine: Engine, s: RunSession, step: int, seen: dict[str, i
 
 def _evaluate_if_due(engine: Engine, step: int, control: Control):
     """The held-out loss before the first step of a fresh run, every ``eval.interval`` steps and
-    at the last step (collective); None when none is due or a stop signal ended it early."""
+    at the last step (collective); None when none is due. One a stop signal ended early (its
+    ``stopped_after`` set, on every rank) has no loss."""
     interval = engine.plan.training.eval.interval
     if engine.eval_loader is None or not (step % interval == 0
                                           or step == engine.plan.training.steps):
@@ -230,8 +244,9 @@ def _evaluate_if_due(engine: Engine, step: int, control: Control):
     if result.stopped_after is not None:
         say(engine, f"eval {when} left after {result.stopped_after} of "
              f"{engine.plan.training.eval.batches} held-out batches on a stop signal: no "
-             f"held-out loss recorded ({result.seconds:.1f} s); stopping at the step boundary")
-        return None
+             f"held-out loss recorded ({result.seconds:.1f} s); stopping "
+             + ("before the first step" if step == 0 else "at the step boundary"))
+        return result
     say(engine, f"eval {when}: loss {result.loss:.4f}, perplexity "
          f"{result.perplexity:,.2f} ({engine.plan.training.eval.batches} held-out batches, "
          f"{result.seconds:.1f} s)")
@@ -301,7 +316,7 @@ def _report_step(s: RunSession, rec, held_out, summary: Summary,
                  progress: ProgressReporter) -> None:
     """Rank 0: the step's `metrics.jsonl` record, with the held-out loss when one was taken,
     appended, counted in the closing summary and shown on the progress display."""
-    if held_out is not None:
+    if held_out is not None and held_out.stopped_after is None:  # none for one left early
         rec.eval_loss, rec.eval_perplexity = held_out.loss, held_out.perplexity
         rec.extra["eval_s"] = round(held_out.seconds, 4)
     s.journal.append(s.run.metrics, rec)

@@ -7,6 +7,7 @@ import math
 import signal
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from mscale.train import evaluate as evaluation
@@ -68,7 +69,28 @@ def test_the_loop_records_no_held_out_loss_for_an_evaluation_left_early(monkeypa
     engine.options = SimpleNamespace(json_summary=False)
     engine.plan = SimpleNamespace(training=SimpleNamespace(
         steps=100, eval=SimpleNamespace(interval=20, batches=400)))
-    assert loop._evaluate_if_due(engine, 20, control) is None
+    assert loop._evaluate_if_due(engine, 20, control).stopped_after == 7
     out = capsys.readouterr().out
     assert "eval at step 20 left after 7 of 400 held-out batches on a stop signal: no held-out " \
            "loss recorded" in out and "loss nan" not in out
+
+
+def test_a_stop_signal_in_the_baseline_evaluation_stops_before_step_1(monkeypatch, capsys):
+    """Step 1 would train and be saved: the run, resumed at step 1, never took its baseline."""
+    from mscale.train import loop
+
+    control = Control(None, rank=0)
+    _forward_counting(monkeypatch, control, signal_after=0)
+    engine = _engine()
+    engine.eval_loader, engine.env = object(), SimpleNamespace(rank=0)
+    engine.options = SimpleNamespace(json_summary=False, progress=False, log_interval=1,
+                                     timeout_s=60)
+    engine.plan = SimpleNamespace(training=SimpleNamespace(
+        steps=100, tensorboard=False, eval=SimpleNamespace(interval=20, batches=400)))
+    events = []
+    monkeypatch.setattr(loop, "event", lambda s, **kw: events.append(kw))
+    monkeypatch.setattr(loop, "_steps", lambda *a: pytest.fail("step 1 trained"))
+    code, stop = loop._loop(engine, None, None, control, 0, None)
+    assert (code, stop[:2]) == (1, ("signal", 0)) and "nothing trained" in stop[2]
+    assert [e["kind"] for e in events] == ["signal"]
+    assert "stopping before the first step" in capsys.readouterr().out
