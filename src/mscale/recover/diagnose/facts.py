@@ -13,7 +13,7 @@ import re
 
 from mscale.recover.diagnose.evidence import RunEvidence
 from mscale.recover.diagnose.findings import Findings, Hit
-from mscale.recover.diagnose.rules import CKPT_DAMAGE, CKPT_DIR, FACT_RULES, SPIKE_GAP_STEPS
+from mscale.recover.diagnose.rules import CKPT_DAMAGE, CKPT_DIR, SPIKE_GAP_STEPS
 from mscale.recover.diagnose.slurm import slurm_output, teardown
 
 MAX_LOG_SCANS = 64
