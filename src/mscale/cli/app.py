@@ -71,12 +71,10 @@ def _interruptible(callback):
     def wrapper(*args, **kwargs):
         try:
             return callback(*args, **kwargs)
-        except KeyboardInterrupt as e:
+        except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001 - only a Ctrl-C, or one
+            if not carries_interrupt(e):  # in disguise (carries_interrupt), is turned
+                raise
             raise Interrupted() from e
-        except Exception as e:  # noqa: BLE001 - only a Ctrl-C in disguise is turned, below
-            if carries_interrupt(e):
-                raise Interrupted() from e
-            raise
 
     return wrapper
 

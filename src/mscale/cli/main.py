@@ -93,9 +93,9 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return the exit code instead of exiting (used by tests and `main`)."""
     try:
         return _run(argv)
-    except KeyboardInterrupt:  # while the CLI loaded, or in a command with no handling of its own
-        return _interrupted("--json" in _options(list(sys.argv[1:] if argv is None else argv)))
-    except Exception as e:  # noqa: BLE001 - a Ctrl-C in disguise while the CLI loaded
+    # a Ctrl-C while the CLI loaded, or in a command with no handling of its own; or one in
+    # disguise (`carries_interrupt`: pydantic's SchemaError while the CLI loaded)
+    except (KeyboardInterrupt, Exception) as e:  # noqa: BLE001
         if not carries_interrupt(e):
             raise
         return _interrupted("--json" in _options(list(sys.argv[1:] if argv is None else argv)))

@@ -68,8 +68,13 @@ def stop_record(payload: dict, exc: BaseException) -> dict:
     since = payload.get("phase_t0")
     return {"phase": payload.get("phase", "start"),
             "after_s": None if since is None else round(time.monotonic() - since, 2),
-            "error": f"{type(exc).__name__}: "
-                     f"{(str(exc).strip().splitlines() or [''])[0][:200]}"}
+            "error": error_line(exc, 200)}
+
+
+def error_line(exc: BaseException, width: int = 300) -> str:
+    """``Type: first line of the message`` (at most ``width`` characters of it): one error in
+    one line of a report or of the console."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:width]}"
 
 
 def _mark_failed(payload: dict, rank: int, exc: BaseException) -> None:
@@ -256,10 +261,9 @@ def host_checks(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str, i
                            storage_url=opts.storage_url, node=node, ib_before=ib_before,
                            ignore_pids=pids, timeout_s=opts.timeout_s)
     except Exception as exc:  # noqa: BLE001 - one node's failure is its result, not the job's end
-        first = (str(exc).strip().splitlines() or [""])[0][:300]
         return [CheckResult(check="host_checks", entity_kind="node", entity=node, node=node,
                             status="CRITICAL", expected="the node's checks run",
-                            message=f"the node's own checks failed: {type(exc).__name__}: {first}")]
+                            message=f"the node's own checks failed: {error_line(exc)}")]
 
 
 def _timeout(opts: PreflightOptions):
@@ -304,8 +308,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
         else:
             code = publish(failure_report(plan, opts, *_when_stopped(env.world_size, payload, exc),
                                           _node_of_rank), opts, quiet=local)
-        sys.stderr.write(f"preflight: rank {env.rank} on {node}: {type(exc).__name__}: "
-                         f"{(str(exc).strip().splitlines() or [''])[0][:300]}\n")
+        sys.stderr.write(f"preflight: rank {env.rank} on {node}: {error_line(exc)}\n")
         # under --local every rank exits 0 so that the launcher lets rank 0 finish the report
         shutdown_and_exit(0 if local else code, barrier=False)
         return
