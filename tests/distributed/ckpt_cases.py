@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.distributed.engine_cases import build_case_engine, make_plan
+from tests.distributed.engine_cases import build_case_engine
 
 
 def build(rank: int, world: int, case: dict):

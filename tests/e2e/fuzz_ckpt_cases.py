@@ -13,7 +13,7 @@ import os
 from typing import Callable, Iterator
 
 from tests.e2e.fuzz_cases import FILE_KINDS, Build, Case
-from tests.e2e.fuzz_inputs import BAD_TEXT, DEEP, DELETE, STEP, Workspace
+from tests.e2e.fuzz_inputs import BAD_TEXT, DEEP, DELETE, Workspace
 
 DAMAGED = (2, 3)
 LISTED = (1, 3)

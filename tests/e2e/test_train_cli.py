@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import yaml
