@@ -3,14 +3,13 @@ figures; rank 0 judges and writes the report.
 
 It runs exactly like train (srun, torchrun, or ``--local N``) and builds its groups with train's
 `build_groups`, so it tests the links the job will use. Every collective has the job's timeout.
-Each rank marks the phases it finished in the job's key-value store; when a collective fails
-(a dead or hung peer), rank 0 reads the marks and names the ranks, and their nodes, that never
-finished the phase, instead of leaving a traceback.
+Each rank marks the phases it finished in the job's key-value store (`marks.py`); when a
+collective fails (a dead or hung peer), rank 0 reads the marks and names the ranks, and their
+nodes, that never finished the phase, instead of leaving a traceback.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,7 @@ import torch.distributed as dist
 from mscale.config.plan import Plan
 from mscale.config.preflight import CheckResult
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
+from mscale.preflight import marks
 from mscale.preflight.busbw import measure_groups
 from mscale.preflight.compute import Slowdown, gemm_tflops
 from mscale.preflight.options import PreflightOptions
@@ -44,25 +44,6 @@ def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
                               "plan for the processes you have")
 
 
-def _store():
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._get_default_store()  # noqa: SLF001 - the job's own store
-
-
-KEY = "mscale-preflight"
-
-
-def _mark(phase: str, rank: int, payload: dict | None = None) -> None:
-    """This rank finished ``phase`` (one key, one counter: rank 0 polls only the counter), and
-    what it has measured so far: if a later collective fails, rank 0 reports it from here."""
-    store = _store()
-    if payload is not None:
-        store.set(f"{KEY}/payload/{rank}", json.dumps(payload))
-    store.set(f"{KEY}/{phase}/{rank}", "1")
-    store.add(f"{KEY}/count/{phase}", 1)
-
-
 def stop_record(payload: dict, exc: BaseException) -> dict:
     """What one rank saw when its preflight stopped: the phase, how long into it, the error."""
     since = payload.get("phase_t0")
@@ -81,28 +62,9 @@ def _mark_failed(payload: dict, rank: int, exc: BaseException) -> None:
     """This rank saw its phase fail: it is alive, and not the one the others waited for. Its
     figures so far and what it saw go to rank 0 through the store (collectives may be broken)."""
     try:
-        store = _store()
-        store.set(f"{KEY}/payload/{rank}", json.dumps(payload))
-        store.set(f"{KEY}/failed/{rank}", json.dumps(stop_record(payload, exc)))
-        store.add(f"{KEY}/count/failed", 1)
+        marks.mark_failed(payload, rank, stop_record(payload, exc))
     except Exception:  # noqa: BLE001 - the store lives in rank 0's process, which may be gone
         pass
-
-
-def missing_ranks(phase: str, world: int, grace_s: float = 10.0) -> list[int]:
-    """Ranks that neither finished ``phase`` nor reported its failure: the dead and the hung.
-
-    Asked by rank 0 after a collective failed. The peers that saw the same failure report it
-    within about the same timeout, so rank 0 waits up to ``grace_s`` for them first."""
-    store = _store()
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        answered = store.add(f"{KEY}/count/{phase}", 0) + store.add(f"{KEY}/count/failed", 0)
-        if answered >= world - 1:
-            break
-        time.sleep(0.2)
-    return [r for r in range(1, world)
-            if not store.check([f"{KEY}/{phase}/{r}"]) and not store.check([f"{KEY}/failed/{r}"])]
 
 
 def _clock_offsets(rounds: int = 5) -> list[float]:
@@ -179,30 +141,30 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
     pace = Pace()
     if env.rank == 0:  # before any phase can fail: the skew is reported with what was measured
         payload["clock_offsets"] = offsets
-    _mark("start", env.rank, payload)
+    marks.mark("start", env.rank, payload)
     _phase(payload, "groups", env.rank)
     groups = build_groups(placement, env.rank, timeout)
-    _mark("groups", env.rank)
+    marks.mark("groups", env.rank)
     _phase(payload, "compute", env.rank)
     tflops, n, dtype = gemm_tflops(device, opts.level, slow)
     payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
-    _mark("compute", env.rank, payload)
+    marks.mark("compute", env.rank, payload)
     from mscale.preflight.ib_ports import snapshot
 
     ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
     _phase(payload, "p2p", env.rank)
     payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow, pace=pace,
                                      progress=_progress(env.rank, "p2p", "pairs"), nodes=nodes)
-    _mark("p2p", env.rank, payload)
+    marks.mark("p2p", env.rank, payload)
     _phase(payload, "collectives", env.rank)
     payload["groups"] = measure_groups(groups, device, opts.level, slow, pace=pace,
                                        progress=_progress(env.rank, "collectives", "groups"),
                                        nodes=nodes)
-    _mark("collectives", env.rank, payload)
+    marks.mark("collectives", env.rank, payload)
     _phase(payload, "host", env.rank)
     host = host_checks(plan, opts, env, node, ib_before, pids)
     payload["host"] = [r.model_dump(mode="json") for r in host]
-    _mark("host", env.rank, payload)
+    marks.mark("host", env.rank, payload)
     return Measuring(device, groups, slow, pace, nodes)
 
 
@@ -228,7 +190,7 @@ def measure_again(plan: Plan, opts: PreflightOptions, env: LaunchEnv, how: Measu
                                          progress=_progress(env.rank, "recheck collectives",
                                                             "groups"),
                                          nodes=how.nodes)
-    _mark("recheck", env.rank)
+    marks.mark("recheck", env.rank)
     return again
 
 
@@ -293,7 +255,7 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
 
         RunDir(opts.run_dir).create()
     node = node_name(env, plan)  # the name it is excluded by (the plan's under --local)
-    _store().set(f"{KEY}/node/{env.rank}", node)
+    marks.register(env.rank, node)
     local = env.launcher == "local"
     payload: dict = {"phase": "start", "phase_t0": time.monotonic()}
     try:
@@ -306,8 +268,8 @@ def run_preflight_worker(plan: Plan, opts: PreflightOptions) -> None:
         if env.rank != 0:
             _mark_failed(payload, env.rank, exc)
         else:
-            code = publish(failure_report(plan, opts, *_when_stopped(env.world_size, payload, exc),
-                                          _node_of_rank), opts, quiet=local)
+            stopped = _when_stopped(env.world_size, payload, exc)
+            code = publish(failure_report(plan, opts, *stopped), opts, quiet=local)
         sys.stderr.write(f"preflight: rank {env.rank} on {node}: {error_line(exc)}\n")
         # under --local every rank exits 0 so that the launcher lets rank 0 finish the report
         shutdown_and_exit(0 if local else code, barrier=False)
@@ -328,28 +290,13 @@ began a moment later was named dead; a rank that answers within it is alive."""
 
 def _when_stopped(world: int, payload: dict, exc: BaseException):
     """Rank 0, after a collective failed: every rank's figures so far, what each rank that
-    answered saw (rank → `stop_record`), and the ranks that never answered (`missing_ranks`)."""
+    answered saw (rank → `stop_record`), the ranks that never answered, and rank → node; all
+    from one reading of the store's lists (`marks.answers`), so no rank is both."""
     stops = {0: stop_record(payload, exc)}
-    payloads = [payload]
     try:
-        lost = missing_ranks(stops[0]["phase"], world, STOP_GRACE_S)
+        seen = marks.answers(stops[0]["phase"], world, STOP_GRACE_S)
     except Exception:  # noqa: BLE001 - the store may be gone with the peers
-        return payloads, stops, []
-    store = _store()
-    for r in range(1, world):
-        try:
-            if store.check([f"{KEY}/payload/{r}"]):
-                payloads.append(json.loads(store.get(f"{KEY}/payload/{r}")))
-            if store.check([f"{KEY}/failed/{r}"]):
-                stops[r] = json.loads(store.get(f"{KEY}/failed/{r}"))
-        except Exception:  # noqa: BLE001 - one rank's unreadable record is not the report's end
-            continue
-    return payloads, stops, lost
-
-
-def _node_of_rank(rank: int) -> str | None:
-    key = f"{KEY}/node/{rank}"
-    try:
-        return _store().get(key).decode() if _store().check([key]) else None
-    except Exception:  # noqa: BLE001 - the rank never got as far as saying
-        return None
+        return [payload], stops, [], lambda r: None
+    payloads = marks.records("payload", sorted(r for r in seen.measured if 0 < r < world))
+    stops.update(marks.records("failed", sorted(r for r in seen.failed if 0 < r < world)))
+    return [payload, *payloads.values()], stops, seen.lost(world), seen.nodes.get

@@ -2,7 +2,7 @@
 every figure measured before the stop, what was not measured and why, and a node blamed only
 where the evidence names one.
 
-Each rank leaves its figures in the job's store at the end of every phase (`runner._mark`), and
+Each rank leaves its figures in the job's store at the end of every phase (`marks.mark`), and
 a rank that sees a collective fail leaves what it saw (`runner.stop_record`); rank 0 reads them
 once its own collective has failed (`runner._when_stopped`) and builds the report here. Before,
 it kept none of them: one rank timing out under a short ``--timeout`` turned the report into a

@@ -7,12 +7,14 @@ line and every GEMM and link figure the other ranks had measured was lost."""
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 from torch.distributed import HashStore
 
 from mscale.config.base import load_model
 from mscale.config.plan import Plan
-from mscale.preflight import runner
+from mscale.preflight import marks, runner
 from mscale.preflight.stopped import failure_report, spans
 from mscale.preflight.table import failure_lines
 
@@ -103,17 +105,20 @@ def test_rank_0_reads_every_ranks_figures_and_stop_from_the_store(monkeypatch):
     """Rank 1 finished the phase, rank 2 saw it fail, rank 3 never answered: all three
     leave their figures so far; only rank 3 is named."""
     store = HashStore()
-    monkeypatch.setattr(runner, "_store", lambda: store)
+    monkeypatch.setattr(marks, "store", lambda: store)
     monkeypatch.setattr(runner, "STOP_GRACE_S", 0.3)
     mine = {"rank": 0, "phase": "p2p", "gemm": {"tflops": 1.0}}
-    runner._mark("compute", 3, {"rank": 3, "phase": "compute", "gemm": {"tflops": 0.2}})
-    runner._mark("p2p", 1, {"rank": 1, "phase": "p2p", "gemm": {"tflops": 1.1}, "pairs": []})
+    for r in range(4):  # every rank's first mark, as in runner.measure
+        marks.register(r, _node(r))
+        marks.mark("start", r, {"rank": r, "phase": "start"})
+    marks.mark("compute", 3, {"rank": 3, "phase": "compute", "gemm": {"tflops": 0.2}})
+    marks.mark("p2p", 1, {"rank": 1, "phase": "p2p", "gemm": {"tflops": 1.1}, "pairs": []})
     runner._mark_failed({"rank": 2, "phase": "p2p", "gemm": {"tflops": 0.9}}, 2,
                         RuntimeError("Timed out waiting 1000ms\nmore"))
-    payloads, stops, lost = runner._when_stopped(4, mine, RuntimeError("Timed out"))
+    payloads, stops, lost, node_of = runner._when_stopped(4, mine, RuntimeError("Timed out"))
     assert [p["rank"] for p in payloads] == [0, 1, 2, 3] and lost == [3]
     assert payloads[3]["gemm"] == {"tflops": 0.2}
-    assert set(stops) == {0, 2}
+    assert set(stops) == {0, 2} and node_of(3) == "node2"
     assert stops[2] == {"phase": "p2p", "after_s": None,
                         "error": "RuntimeError: Timed out waiting 1000ms"}
     json.dumps(stops)
@@ -122,3 +127,93 @@ def test_rank_0_reads_every_ranks_figures_and_stop_from_the_store(monkeypatch):
 def test_spans_name_thousands_of_ranks_in_a_few_characters():
     assert spans([0, 1, 2, 3, 6, 8, 9]) == "0-3,6,8-9"
     assert spans(list(range(12288))) == "0-12287"
+
+
+class _Counted:
+    """A store that counts its round trips (every call) and can act on a later call."""
+
+    def __init__(self, then=None):
+        self.inner, self.calls, self.then = HashStore(), 0, then
+
+    def __getattr__(self, name):
+        method = getattr(self.inner, name)
+
+        def call(*args):
+            self.calls += 1
+            if self.then and self.then(name, args):
+                self.then = None
+            return method(*args)
+        return call
+
+
+def _waiting(monkeypatch, store, answer):
+    """``store`` is the job's; the grace's first wait lets a rank still working ``answer``."""
+    monkeypatch.setattr(marks, "store", lambda: store)
+    waits = []
+
+    def sleep(s):
+        waits.append(s)
+        if len(waits) == 1:
+            answer()
+    monkeypatch.setattr(marks, "time", SimpleNamespace(monotonic=time.monotonic, sleep=sleep))
+    return waits
+
+
+def test_a_rank_that_finished_the_phase_then_failed_is_one_answer_not_two(monkeypatch):
+    """Rank 0 stopped in p2p; rank 1 finished p2p and then failed in the collectives; rank 3
+    finished p2p; rank 2, whose own timeout began later, answers during the grace. Rank 1 was
+    counted twice, the grace ended at once and healthy rank 2 was named dead (rank_alive,
+    CRITICAL, its node excluded)."""
+    waits = _waiting(monkeypatch, HashStore(), lambda: runner._mark_failed(
+        {"rank": 2, "phase": "p2p"}, 2, RuntimeError("Timed out")))
+    marks.mark("p2p", 1, {"rank": 1})
+    runner._mark_failed({"rank": 1, "phase": "collectives"}, 1, RuntimeError("Timed out"))
+    marks.mark("p2p", 3, {"rank": 3})
+    assert marks.missing_ranks("p2p", 4, grace_s=30.0) == [] and len(waits) == 1
+
+
+def test_rank_0s_own_mark_of_its_phase_is_not_an_answer(monkeypatch):
+    """Rank 0 failed in the gather after 'host', which it had marked; rank 3 is still in its
+    host checks (a slow storage probe) and finishes them during the grace."""
+    waits = _waiting(monkeypatch, HashStore(), lambda: marks.mark("host", 3, {"rank": 3}))
+    for r in range(3):
+        marks.mark("host", r, {"rank": r})
+    assert marks.missing_ranks("host", 4, grace_s=30.0) == [] and len(waits) == 1
+
+
+def test_a_rank_that_answers_during_the_read_back_is_not_both_dead_and_answering(monkeypatch):
+    """One reading decides: rank 3, silent through the grace, said it failed while rank 0
+    read the figures; it was named dead and listed among the ranks that answered."""
+    def late(name, args):
+        if name in ("get", "multi_get") and "payload" in str(args):
+            runner._mark_failed({"rank": 3, "phase": "p2p"}, 3, RuntimeError("Timed out"))
+            return True
+        return False
+    store = _Counted(late)
+    monkeypatch.setattr(marks, "store", lambda: store)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.0)
+    for r in (1, 2):
+        runner._mark_failed({"rank": r, "phase": "p2p"}, r, RuntimeError("Timed out"))
+    _, stops, lost, _ = runner._when_stopped(4, {"rank": 0, "phase": "p2p"}, RuntimeError("x"))
+    assert lost == [3] and set(stops) == {0, 1, 2}
+
+
+def test_the_read_back_costs_the_same_round_trips_at_any_world_size(monkeypatch):
+    """It runs after --timeout expired: a key per rank cost ~6 round trips a rank (~74,000 at
+    12,288 ranks); now a few, plus one per CHUNK records."""
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.0)
+    monkeypatch.setattr(marks, "CHUNK", 100)
+    cost = {}
+    for world in (50, 400):
+        store = _Counted()
+        monkeypatch.setattr(marks, "store", lambda: store)
+        for r in range(1, world - 2):  # the last two ranks never answered
+            marks.register(r, _node(r))
+            marks.mark("start", r, {"rank": r, "node": _node(r)})
+            runner._mark_failed({"rank": r, "phase": "p2p"}, r, RuntimeError("Timed out"))
+        store.calls = 0
+        payloads, stops, lost, _ = runner._when_stopped(
+            world, {"rank": 0, "phase": "p2p"}, RuntimeError("Timed out"))
+        assert len(payloads) == len(stops) == world - 2 and lost == [world - 2, world - 1]
+        cost[world] = store.calls
+    assert cost[50] <= 8 and cost[400] - cost[50] == 2 * (4 - 1)  # 2 kinds, 4 chunks not 1
