@@ -44,12 +44,21 @@ def check_world(plan: Plan, env: LaunchEnv, source: str | None) -> None:
                               "plan for the processes you have")
 
 
+def _stored(phase: str, rank: int, payload: dict) -> None:
+    """``phase`` finished and its figures are in the store: a failure before the next phase
+    (the exchange with rank 0 after 'host') came after this phase's checks (`stop_record`)."""
+    payload["stored"] = phase
+    marks.mark(phase, rank, payload)
+
+
 def stop_record(payload: dict, exc: BaseException) -> dict:
-    """What one rank saw when its preflight stopped: the phase, how long into it, the error."""
+    """What one rank saw when its preflight stopped: the phase, how long into it, the error,
+    and whether the phase's checks had finished with their figures stored (``finished``)."""
     since = payload.get("phase_t0")
-    return {"phase": payload.get("phase", "start"),
+    phase = payload.get("phase", "start")
+    return {"phase": phase,
             "after_s": None if since is None else round(time.monotonic() - since, 2),
-            "error": error_line(exc, 200)}
+            "error": error_line(exc, 200), "finished": payload.get("stored") == phase}
 
 
 def error_line(exc: BaseException, width: int = 300) -> str:
@@ -141,30 +150,30 @@ def measure(plan: Plan, opts: PreflightOptions, env: LaunchEnv, node: str,
     pace = Pace()
     if env.rank == 0:  # before any phase can fail: the skew is reported with what was measured
         payload["clock_offsets"] = offsets
-    marks.mark("start", env.rank, payload)
+    _stored("start", env.rank, payload)
     _phase(payload, "groups", env.rank)
     groups = build_groups(placement, env.rank, timeout)
     marks.mark("groups", env.rank)
     _phase(payload, "compute", env.rank)
     tflops, n, dtype = gemm_tflops(device, opts.level, slow)
     payload["gemm"] = {"tflops": tflops, "n": n, "dtype": dtype}
-    marks.mark("compute", env.rank, payload)
+    _stored("compute", env.rank, payload)
     from mscale.preflight.ib_ports import snapshot
 
     ib_before = snapshot(opts.sysfs_root) if env.local_rank == 0 else None
     _phase(payload, "p2p", env.rank)
     payload["pairs"] = measure_pairs(env.rank, placement, device, opts.level, slow, pace=pace,
                                      progress=_progress(env.rank, "p2p", "pairs"), nodes=nodes)
-    marks.mark("p2p", env.rank, payload)
+    _stored("p2p", env.rank, payload)
     _phase(payload, "collectives", env.rank)
     payload["groups"] = measure_groups(groups, device, opts.level, slow, pace=pace,
                                        progress=_progress(env.rank, "collectives", "groups"),
                                        nodes=nodes)
-    marks.mark("collectives", env.rank, payload)
+    _stored("collectives", env.rank, payload)
     _phase(payload, "host", env.rank)
     host = host_checks(plan, opts, env, node, ib_before, pids)
     payload["host"] = [r.model_dump(mode="json") for r in host]
-    marks.mark("host", env.rank, payload)
+    _stored("host", env.rank, payload)
     return Measuring(device, groups, slow, pace, nodes)
 
 

@@ -13,7 +13,9 @@ single UNKNOWN line, and the GEMM and link figures the other ranks had measured 
 - The ranks that answered give one UNKNOWN result per phase they stopped in (which phase and
   checks, which ranks and nodes, how long into it, under which ``--timeout``), blamed on no
   node: a collective that all its ranks failed together says the timeout was too short for
-  this machine, not which node is at fault.
+  this machine, not which node is at fault. Where every one of them had finished the phase and
+  stored its figures (`runner._stored`; the exchange with rank 0 after it failed), the phase
+  is not among what was not measured: its results are in the report.
 - The figures measured before the stop are judged as in a whole run, but they were measured
   once: a flagged one keeps its status and excludes no node (`evidence.blamed: false`), since
   a node is excluded only for a figure slow twice (recheck.py) and the re-check never ran.
@@ -88,14 +90,20 @@ def stop_results(stops: dict[int, dict], lost: list[int], node_of: dict[int, str
         timed_out = any("timed out" in s.get("error", "").lower() or
                         "timeout" in s.get("error", "").lower() for s in seen)
         afters = [s["after_s"] for s in seen if s.get("after_s") is not None]
-        not_measured = [PHASE_CHECKS[p] for p in ORDER[_index(phase):]
+        # every rank had stored the phase's figures: the exchange with rank 0 after it failed
+        finished = all(s.get("finished") for s in seen)
+        not_measured = [PHASE_CHECKS[p] for p in ORDER[_index(phase) + finished:]
                         if p not in ("start", "groups")]
         nodes = collect_hostlist(sorted({node_of[r] for r in ranks}))
         how = f"timed out (--timeout {timeout_s:g} s)" if timed_out else "failed"
-        into = f", {max(afters):.1f} s into the phase" if afters else ""
+        into = (f", {max(afters):.1f} s {'after it began' if finished else 'into the phase'}"
+                if afters else "")
         blame = ("the rank(s) that never answered are named by rank_alive" if lost else
                  "every rank answered: no node is blamed")
-        msg = (f"'{phase}' ({PHASE_CHECKS.get(phase, phase)}) {how} on rank(s) {spans(ranks)} "
+        what = f"'{phase}' ({PHASE_CHECKS.get(phase, phase)})"
+        if finished:
+            what += " finished; the exchange with rank 0 after it"
+        msg = (f"{what} {how} on rank(s) {spans(ranks)} "
                f"({nodes}){into}; rank {ranks[0]} saw {seen[0].get('error', 'no error text')}; "
                f"{blame}; not measured: {'; '.join(not_measured)}")
         if timed_out:

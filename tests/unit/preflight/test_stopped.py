@@ -120,7 +120,7 @@ def test_rank_0_reads_every_ranks_figures_and_stop_from_the_store(monkeypatch):
     assert payloads[3]["gemm"] == {"tflops": 0.2}
     assert set(stops) == {0, 2} and node_of(3) == "node2"
     assert stops[2] == {"phase": "p2p", "after_s": None,
-                        "error": "RuntimeError: Timed out waiting 1000ms"}
+                        "error": "RuntimeError: Timed out waiting 1000ms", "finished": False}
     json.dumps(stops)
 
 
@@ -217,3 +217,21 @@ def test_the_read_back_costs_the_same_round_trips_at_any_world_size(monkeypatch)
         assert len(payloads) == len(stops) == world - 2 and lost == [world - 2, world - 1]
         cost[world] = store.calls
     assert cost[50] <= 8 and cost[400] - cost[50] == 2 * (4 - 1)  # 2 kinds, 4 chunks not 1
+
+
+def test_a_stop_after_the_host_checks_does_not_say_they_were_not_measured(tmp_path):
+    """Every rank had finished and stored its host checks when the gather to rank 0 timed out
+    (one node's storage probe took the whole --timeout): the report holds every host result,
+    and its stop line said 'not measured: host checks'."""
+    plan = load_model(Plan, PLAN)
+    payloads = _stopped_in("recheck", _payloads(None))
+    payload = {"phase": "host", "phase_t0": time.monotonic(), "stored": "host"}
+    seen = runner.stop_record(payload, RuntimeError("Timed out waiting 1000ms"))
+    assert seen["finished"] is True
+    report = failure_report(plan, _opts(tmp_path), payloads, dict.fromkeys(range(8), seen), [],
+                            _node)
+    stopped = next(r for r in report.results if r.check == "stopped")
+    assert stopped.evidence["not_measured"] == ["the re-check of suspects"]
+    assert stopped.message.startswith("'host' (host checks) finished; the exchange with rank 0 "
+                                      "after it timed out (--timeout 10 s) on rank(s) 0-7")
+    assert "not measured: the re-check of suspects;" in stopped.message
