@@ -120,7 +120,7 @@ def recover_cmd(
     from mscale.recover.liveness import wait_until_free
     from mscale.recover.relaunch import by_hand
     from mscale.runs.rundir import RunDir
-    from mscale.recover.report import render
+    from mscale.recover.report import NEXT_BY_HAND, exit_code, render
 
     opts = RecoverOptions(execute=execute, allow_batch_change=allow_batch_change,
                           recheck=not no_recheck, verify=verify)
@@ -128,20 +128,18 @@ def recover_cmd(
         check_run_dir(run_dir)
         wait_until_free(run_dir, wait)  # still held after it: plan_recovery refuses
     plan = plan_recovery(run_dir, opts)
-    code, decision, rc = plan.exit_code, None, None
+    # by hand, --execute has nothing to run: 3, so that a script does not read 0/1 as "the job
+    # is back" (a batch job SLURM has queued again has no command either, and is back: its
+    # verdict stands); the report's header says the same code
+    code, decision, rc = exit_code(plan, execute), None, None
     if execute:
         decision = apply_plan(plan)
     if not as_json:
         sys.stdout.write(render(plan, executed=execute, decision=decision))
         sys.stdout.flush()
-    if execute and by_hand(plan):
-        # nothing to run: a script must not read exit 0/1 as "the job is back" (a batch job
-        # SLURM has queued again has no command either, and is back: its verdict stands)
-        code = EXIT_BAD_INPUT
-        if not as_json:
-            sys.stderr.write("recover: nothing relaunched: the run recorded no launch command; "
-                             "start the job again yourself, or run it under `mscale recover "
-                             "supervise -- CMD`\n")
+    if execute and by_hand(plan) and not as_json:
+        sys.stderr.write(f"recover: nothing relaunched: the run recorded no launch command; "
+                         f"{NEXT_BY_HAND}\n")
     if execute and plan.command:
         launched = time.time()
         rc = launch(plan, stdout=2 if as_json else None)  # fd 2: stdout holds the document

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 
+from mscale.errors import EXIT_BAD_INPUT
 from mscale.recover.decision import Diagnosis, Evidence, Exclusions, RecoveryPlan
 from mscale.recover.diagnose.classify import SOURCE_LOCATION
 from mscale.recover.relaunch import by_hand
@@ -104,14 +105,40 @@ def _decision_lines(plan: RecoveryPlan) -> list[str]:
     return out
 
 
+BY_HAND = "recover has no launch command to run"
+NEXT_BY_HAND = ("start the job again yourself with its own command (it resumes as said above), "
+                "or run it under `mscale recover supervise -- CMD`")
+"""What the operator does next when `by_hand`: the dry run's closing line and --execute's line
+on stderr."""
+
+
+def exit_code(plan: RecoveryPlan, executed: bool) -> int:
+    """What ``recover`` exits with, as far as it is known before any launch: the verdict's code,
+    but 3 for ``--execute`` of a plan only a person can relaunch (`by_hand`): nothing was
+    relaunched, and a script must not read 0 or 1 as "the job is back". A job recover runs
+    itself ends it with its own code (the CLI's)."""
+    return EXIT_BAD_INPUT if executed and by_hand(plan) else plan.exit_code
+
+
+def _header(plan: RecoveryPlan, executed: bool) -> str:
+    """The first line: the verdict and the exit code this command ends with (`exit_code`)."""
+    finished = plan.verdict == "finished"
+    verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
+    code = exit_code(plan, executed)
+    if not by_hand(plan):
+        return f"recover {plan.run_dir}: {verdict} (exit {code})"
+    if executed:
+        return f"recover {plan.run_dir}: {verdict} by hand (exit {code}: nothing relaunched, " \
+               f"{BY_HAND})"
+    return f"recover {plan.run_dir}: {verdict} (exit {code}); by hand: {BY_HAND}"
+
+
 def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     """The readable report: verdict, diagnosis with evidence, checkpoint and the ones passed
     over, exclusions, re-plan with its cost, why, and the command."""
     finished = plan.verdict == "finished"
-    verdict = "FINISHED, nothing to recover" if finished else plan.verdict.upper()
     hand = by_hand(plan)
-    how = "; by hand: recover has no launch command to run" if hand else ""
-    lines = [f"recover {plan.run_dir}: {verdict} (exit {plan.exit_code}){how}", ""]
+    lines = [_header(plan, executed), ""]
     lines += _diagnosis_lines(plan.diagnosis) + [""] + _decision_lines(plan) + [""]
     lines += ["why:"] + [f"  - {r}" for r in plan.reasons]
     if plan.command:
@@ -121,7 +148,10 @@ def render(plan: RecoveryPlan, executed: bool, decision: str | None) -> str:
     if executed:
         lines += ["", f"decision written to {decision}" + ("; relaunching" if plan.command
                                                              else "")]
-    elif plan.verdict == "unrecoverable" or hand:
+    elif hand:
+        lines += ["", f"dry run: nothing written; --execute would only record this decision "
+                      f"and exit {EXIT_BAD_INPUT} (nothing relaunched): {NEXT_BY_HAND}"]
+    elif plan.verdict == "unrecoverable":
         lines += ["", "dry run: nothing written; --execute would only record this decision"]
     elif not finished:
         lines += ["", "dry run: nothing written; add --execute to act"]

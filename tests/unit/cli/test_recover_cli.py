@@ -251,8 +251,11 @@ def test_execute_with_no_recorded_launch_relaunches_nothing_and_says_so(cli, run
     assert code == 0 and "mscale recover supervise -- CMD" in out  # the dry run: a usable fix
     assert "RecoverOptions" not in out and "add --execute to act" not in out
     assert out.splitlines()[0].endswith("by hand: recover has no launch command to run")
+    assert "--execute would only record this decision and exit 3" in out
     code, out, err = cli("recover", str(run), "--execute", "--no-recheck")
     assert code == 3 and "recover: nothing relaunched" in err, out + err
+    assert out.splitlines()[0].endswith("RELAUNCHABLE by hand (exit 3: nothing relaunched, "
+                                        "recover has no launch command to run)")
     code, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
     assert code == 3 and json.loads(out)["exit_code"] == 3
 

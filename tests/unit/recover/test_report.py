@@ -4,7 +4,7 @@ The CLI's own tests (tests/unit/cli/test_recover_cli.py) check it through `mscal
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Evidence, Exclusions,
                                      RecoveryPlan)
 from mscale.recover.relaunch import NO_LAUNCH_NOTE
-from mscale.recover.report import EVIDENCE_LINES, LINE_CHARS, render
+from mscale.recover.report import EVIDENCE_LINES, LINE_CHARS, exit_code, render
 
 
 def _plan(evidence, verdict="relaunchable", command=("mscale", "train", "p.yaml")):
@@ -42,8 +42,24 @@ def test_a_run_with_no_recorded_launch_is_said_relaunchable_by_hand_only():
     lines = render(plan, executed=False, decision=None).splitlines()
     assert lines[0] == ("recover runs/r1: RELAUNCHABLE (exit 0); by hand: recover has no "
                         "launch command to run")
-    assert lines[-1] == "dry run: nothing written; --execute would only record this decision"
+    assert lines[-1] == ("dry run: nothing written; --execute would only record this decision "
+                         "and exit 3 (nothing relaunched): start the job again yourself with "
+                         "its own command (it resumes as said above), or run it under `mscale "
+                         "recover supervise -- CMD`")
     assert not any("relaunch (" in x for x in lines)
+
+
+def test_an_executed_plan_by_hand_says_the_exit_code_it_ends_with():
+    """--execute by hand ends 3 (nothing relaunched) while its header said "(exit 0)": a reader
+    of the log, or a script grepping it, took the run for relaunched."""
+    plan = _plan([], command=())
+    plan.reasons = ["relaunch as before, from step 6", NO_LAUNCH_NOTE]
+    assert exit_code(plan, executed=True) == 3 and exit_code(plan, executed=False) == 0
+    lines = render(plan, executed=True, decision="runs/r1/recover/decision-0001.json").splitlines()
+    assert lines[0] == ("recover runs/r1: RELAUNCHABLE by hand (exit 3: nothing relaunched, "
+                        "recover has no launch command to run)")
+    assert lines[-1] == "decision written to runs/r1/recover/decision-0001.json"
+    assert exit_code(_plan([]), executed=True) == 0  # a job run here: its own code, later
 
 
 def test_an_executed_plan_names_its_decision_file():
