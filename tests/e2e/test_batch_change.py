@@ -42,3 +42,10 @@ def test_batch_change_needs_the_flag_and_continues_the_data(tmp_path):
     assert steps == [1, 2, 3, 4, 5, 6]
     history = sorted(p.name for p in (run / "plans").iterdir())
     assert history == ["plan-0001.yaml", "plan-0002.yaml"]
+    # the change is attempt 2's (after its start), and names the file that keeps the new plan
+    events = [(e["kind"], e["message"]) for e in records(run / "events.jsonl")]
+    starts = [i for i, (kind, _) in enumerate(events) if kind == "start"]
+    changed = [i for i, (_, message) in enumerate(events) if message == "plan changed on restart"]
+    assert len(starts) == 2 and len(changed) == 1 and changed[0] > starts[1], events
+    evidence = records(run / "events.jsonl")[changed[0]]["evidence"]
+    assert evidence["history"] == f"{run}/plans/plan-0002.yaml", evidence

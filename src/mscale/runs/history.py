@@ -64,7 +64,9 @@ class PlanChange:
     new_layout: str | None = None
     """The new layout in words."""
     history: str | None = None
-    """The ``plans/plan-NNNN.yaml`` that `record_plan` wrote for the new plan, if any."""
+    """The ``plans/plan-NNNN.yaml`` that `write_plan` wrote for the new plan; None while it is
+    not written (`plan_change_of` writes nothing; ``train`` writes another layout at its claim,
+    any other change once a step will train, and records the change then)."""
 
     @property
     def relayout(self) -> bool:

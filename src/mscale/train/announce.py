@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from mscale.config.records import Event
 from mscale.config.training import DataConfig, TrainingConfig
+from mscale.runs.history import PlanChange
 from mscale.train.console import moved_aside_line, resume_text, start_line
 from mscale.train.data import DataIdentity, held_out_repeats, never_evaluated
 from mscale.train.off_gpu import off_gpu_line
@@ -33,15 +34,19 @@ def say(engine: Engine, line: str) -> None:
 
 
 def announce(engine: Engine, s: RunSession, start: Start) -> None:
-    """The start line, the start event, and what this attempt does differently."""
+    """The start line, the start event, and what this attempt does differently. The start event
+    goes first: whatever groups events by attempt (recover's diagnosis, watch) begins an
+    attempt at its start, so a note of this attempt written before it was counted with the
+    previous one."""
     plan, change = engine.plan, start.change
+    later: list[dict] = []  # this attempt's events, written after its start event
     say(engine, start_line(plan, engine.env.world_size, engine.env.launcher, s.run.root,
                             s.run_id, s.attempt, str(engine.device)))
     off_gpu = off_gpu_line(plan, engine.device.type)
     if off_gpu:
         say(engine, off_gpu)
-        event(s, kind="info", message=off_gpu,
-               evidence={"planned_gpu": plan.cluster.gpu.name, "device": str(engine.device)})
+        later.append(dict(kind="info", message=off_gpu, evidence={
+            "planned_gpu": plan.cluster.gpu.name, "device": str(engine.device)}))
     say(engine, describe_data(plan.training.data))
     unread = never_evaluated(plan.training)
     if unread:
@@ -52,18 +57,13 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
         if repeats:
             say(engine, repeats)
     if change is not None and change.kind == "changed":
-        layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
-                  change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
-        say(engine, f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
-             f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
-             f"{s.run.plans}")
-        event(s, kind="info", message="plan changed on restart",
-               evidence={"fields": list(change.fields), "old_layout": change.old_layout,
-                         "new_layout": change.new_layout, "history": change.history})
+        say(engine, plan_change_line(change, s.run.plans))
+        if change.history is not None:  # written at the claim; else once a step will train
+            later.append(plan_change_event(change, change.history))
         held_out = batch_change_note(change.fields, plan.training)
         if held_out:
             say(engine, held_out)
-            event(s, kind="info", severity="warning", message=held_out)
+            later.append(dict(kind="info", severity="warning", message=held_out))
     event(s, kind="start", message=f"training {plan.name} on {engine.env.world_size} "
            f"processes ({engine.env.launcher})",
            evidence={**engine.timings, "run_id": s.run_id, "attempt": s.attempt,
@@ -71,6 +71,8 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
                      "launcher": engine.env.launcher,
                      "launch": launch_record(engine.options.launch, plan,
                                              launcher=engine.env.launcher)})
+    for fields in later:
+        event(s, **fields)
     if engine.compiled:  # else the first step is a silent minute on a GPU
         say(engine, "the blocks are compiled (training.compile): the first step builds their "
              "kernels and takes longer than the rest; `compile: false` in the training file "
@@ -113,6 +115,25 @@ def announce_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, first: in
     for note in notes + ([model] if model else []):
         say(engine, note)
         event(s, kind="info", severity="warning", step=first, message=note)
+
+
+def plan_change_line(change: PlanChange, plans: str) -> str:
+    """The console's line for a changed plan (`PlanChange` kind ``changed``)."""
+    layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
+              change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
+    return (f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
+            f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
+            f"{plans}")
+
+
+def plan_change_event(change: PlanChange, history: str) -> dict:
+    """The ``info`` event of a changed plan, written once the plan is the run's: ``history`` is
+    the ``RUN/plans/plan-NNNN.yaml`` that keeps it (at the claim for another layout, cluster or
+    placement; when a step will train for any other change, `record_changed_plan`). A start
+    that trains nothing leaves the run's plan, and records no change."""
+    return dict(kind="info", message="plan changed on restart",
+                evidence={"fields": list(change.fields), "old_layout": change.old_layout,
+                          "new_layout": change.new_layout, "history": history})
 
 
 def batch_change_note(changed: tuple[str, ...], training: TrainingConfig) -> str | None:

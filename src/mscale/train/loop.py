@@ -26,7 +26,8 @@ from mscale.runs.atomic import write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.topology.env import LaunchEnv, check_node_matches
 from mscale.topology.placement import placement_for
-from mscale.train.announce import announce, announce_resume, event, say
+from mscale.train.announce import (announce, announce_resume, event, plan_change_event,
+                                   say)
 from mscale.train.boundary import at_boundary
 from mscale.train.console import Summary, checkpoint_line, stop_line
 from mscale.train.control import Control
@@ -125,7 +126,9 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)
     announce_resume(engine, s, ckpt, first)
     if first < plan.training.steps:  # the start goes ahead: now the plan is the run's
-        record_changed_plan(s, plan, engine.env)
+        written = record_changed_plan(s, plan, engine.env)
+        if written is not None and start.change is not None:  # rank 0, a deferred change
+            event(s, **plan_change_event(start.change, written))
     mark_phase("ready")
     control = Control(s.run.control, engine.env.rank)
     for name, when in control.waiting():

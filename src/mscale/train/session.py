@@ -217,10 +217,11 @@ def claim_start(s: RunSession, plan, env: LaunchEnv, allow_batch_change: bool = 
     return Start(change, skips)
 
 
-def record_changed_plan(s: RunSession, plan, env: LaunchEnv) -> None:
+def record_changed_plan(s: RunSession, plan, env: LaunchEnv) -> str | None:
     """Collective, once the start goes ahead: rank 0 writes the changed plan `claim` accepted
-    (`RunSession.write_changed_plan`); a failure to write it stops every rank, reported first."""
-    agree_on_rank0(s.write_changed_plan, env.rank, report=lambda exc: ReportedFailure(
+    (`RunSession.write_changed_plan`); a failure to write it stops every rank, reported first.
+    Returns the history entry written (rank 0; None elsewhere, or when nothing was left)."""
+    return agree_on_rank0(s.write_changed_plan, env.rank, report=lambda exc: ReportedFailure(
         report_failure(s.run, 0, node_name(env, plan), exc)))
 
 

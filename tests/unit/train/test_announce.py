@@ -43,3 +43,50 @@ def test_a_new_global_batch_says_the_held_out_losses_do_not_compare():
     assert batch_change_note(("training.steps",), training) is None
     assert batch_change_note(("training.global_batch",),
                              TrainingConfig(global_batch=16, data=data)) is None  # no eval
+
+
+def _engine(plan):
+    """What `announce` reads of an engine: rank 0 of a 2-process CPU job, no GPU, no eval."""
+    from types import SimpleNamespace
+
+    import torch
+
+    return SimpleNamespace(
+        plan=plan, env=SimpleNamespace(rank=0, world_size=2, launcher="local"),
+        device=torch.device("cpu"), eval_loader=None, timings={}, compiled=False,
+        options=SimpleNamespace(json_summary=False, launch=None,
+                                faults=SimpleNamespace(armed=False)))
+
+
+def test_a_restart_records_its_warnings_after_its_own_start_event(tmp_path, monkeypatch):
+    """A batch change's warning and "plan changed" were written before the attempt's start
+    event, so recover and watch, which begin an attempt at its start, counted them with the
+    attempt before; and a change written once a step trains carried ``history: null``."""
+    from mscale.config.records import DataSkips
+    from mscale.runs.atomic import read_jsonl
+    from mscale.runs.lock import LOCK_HELD_ENV
+    from mscale.runs.rundir import RunDir
+    from mscale.train.announce import announce, event, plan_change_event
+    from mscale.train.session import Journal, RunSession, Start
+    from tests.unit.runs.test_history import _plan
+
+    monkeypatch.setenv(LOCK_HELD_ENV, "r")
+    run = RunDir(str(tmp_path / "run"))
+    training = {**_plan().training.model_dump(mode="json", exclude_none=True),
+                "data": {"kind": "synthetic"}, "eval": {"interval": 4, "batches": 2}}
+    first = _plan(training=training)
+    bigger = _plan(training={**training, "global_batch": 32})
+    RunSession(run, Journal(run, True), "r").claim(first)
+    s = RunSession(run, Journal(run, True), "r")
+    change = s.claim(bigger, allow_batch_change=True)
+    assert change.history is None  # written once a step will train
+    announce(_engine(bigger), s, Start(change, DataSkips()))
+    written = s.write_changed_plan()
+    event(s, **plan_change_event(change, written))
+    kinds = [(e["kind"], e["message"][:30]) for e in read_jsonl(run.events)]
+    assert [k for k, _ in kinds] == ["start", "info", "info"], kinds
+    assert kinds[1][1].startswith("the global batch changed")
+    changed = read_jsonl(run.events)[-1]
+    assert changed["message"] == "plan changed on restart"
+    assert changed["evidence"]["history"] == f"{run.plans}/plan-0002.yaml"
+    assert "training.global_batch" in changed["evidence"]["fields"]
