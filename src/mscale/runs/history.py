@@ -19,9 +19,12 @@ checkpoint reshards on load). `check_plan_change` tells the two apart:
 - ignored: ``estimate`` and ``checkpoint`` (the planner's advice, derived from the rest) and
   ``schema_version`` fields.
 
-`record_plan` keeps ``RUN/plan.yaml`` as the plan the run trains with now and ``RUN/plans/`` as every
-plan it has trained with (``plan-0001.yaml``, ...): a plan.yaml is never replaced before it is in
-the history, and a refused plan writes nothing.
+`plan_change_of` judges a plan against ``RUN/plan.yaml`` and writes nothing (a refused plan
+writes nothing); `write_plan` keeps ``RUN/plan.yaml`` as the plan the run trains with now and
+``RUN/plans/`` as every plan it has trained with (``plan-0001.yaml``, ...): a plan.yaml is never
+replaced before it is in the history. ``train`` calls both (`train.session.RunSession.claim`),
+writing a change at its claim or once a step will train. A plan.yaml no step has trained with
+(`has_trained`) refuses nothing: a first start that failed before step 1 does not pin its plan.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Literal
 from mscale.config.base import dump_yaml, load_model
 from mscale.config.plan import Plan
 from mscale.errors import MscaleError
-from mscale.runs.atomic import fs_and_path, write_text_atomic
+from mscale.runs.atomic import SEGMENTS, fs_and_path, write_text_atomic
 from mscale.runs.rundir import RunDir
 from mscale.urls import location_key
 
@@ -63,6 +66,10 @@ class PlanChange:
     """The previous layout in words, e.g. ``tp2 pp2 dp2 on 4 nodes (cpu-4x2)``."""
     new_layout: str | None = None
     """The new layout in words."""
+    untrained: bool = False
+    """The run's plan trained no step (a start before this one failed before step 1, or had
+    nothing to train): nothing of the run means anything for it, so this plan replaces it
+    whatever it changes, model and recipe included (`has_trained`)."""
     history: str | None = None
     """The ``plans/plan-NNNN.yaml`` that `write_plan` wrote for the new plan; None while it is
     not written (`plan_change_of` writes nothing; ``train`` writes another layout at its claim,
@@ -177,9 +184,8 @@ def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
     ``allow_batch_change`` accepts a new ``training.global_batch``, ``allow_data_change`` a new
     ``training.data``.
     """
-    placement = old.placement is not None and new.placement is not None
+    placement, differ = _differences(old, new)
     a, b = _comparable(old, placement), _comparable(new, placement)
-    differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
     free = _FREE + ((BATCH,) if allow_batch_change else ())
     refused = [k for k in differ if k.startswith(IDENTITY) and k not in free
                and not (allow_data_change and k.startswith(DATA))]
@@ -204,6 +210,31 @@ def check_plan_change(old: Plan, new: Plan, source: str | None = None, *,
                       old_layout=describe_layout(old), new_layout=describe_layout(new))
 
 
+def _differences(old: Plan, new: Plan) -> tuple[bool, list[str]]:
+    """Whether placements are compared, and the dotted fields that differ (sorted)."""
+    placement = old.placement is not None and new.placement is not None
+    a, b = _comparable(old, placement), _comparable(new, placement)
+    return placement, sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
+def has_trained(run: RunDir) -> bool:
+    """Whether any step was trained in the run directory: rank 0 appends a ``metrics.jsonl``
+    record for every step (on an object store a ``metrics.jsonl.d/`` segment), and a checkpoint
+    (anything under ``ckpt/``) follows a step. Unreadable counts as trained: the refusal of
+    another model or recipe is what protects a run."""
+    try:
+        fs, metrics = fs_and_path(run.metrics)
+        if fs.isfile(metrics) and fs.size(metrics) > 0:
+            return True
+        segments = metrics + SEGMENTS
+        if fs.isdir(segments) and fs.ls(segments, detail=False):
+            return True
+        fs, ckpt = fs_and_path(run.ckpt)
+        return fs.isdir(ckpt) and bool(fs.ls(ckpt, detail=False))
+    except OSError:
+        return True
+
+
 def plan_history(run: RunDir) -> list[str]:
     """URLs of the run's recorded plans, oldest first."""
     fs, root = fs_and_path(run.plans)
@@ -214,26 +245,25 @@ def plan_history(run: RunDir) -> list[str]:
     return [f"{run.plans}/{name}" for _, name in sorted(found)]
 
 
-def record_plan(run: RunDir, plan: Plan, *, allow_batch_change: bool = False,
-                allow_data_change: bool = False) -> PlanChange:
-    """Make ``plan`` the run's plan: `plan_change_of` (raising if refused), then `write_plan`
-    unless it is the same. Pass the resolved plan (placement filled in); call it on one process,
-    holding the run lock."""
-    change = plan_change_of(run, plan, allow_batch_change=allow_batch_change,
-                            allow_data_change=allow_data_change)
-    return change if change.kind == "same" else write_plan(run, plan, change)
-
-
 def plan_change_of(run: RunDir, plan: Plan, *, allow_batch_change: bool = False,
                    allow_data_change: bool = False) -> PlanChange:
     """How ``plan`` differs from ``RUN/plan.yaml`` (``new`` when there is none), raising if it
     is refused (`check_plan_change`); writes nothing. ``train`` checks at its start and writes
     a changed plan only once the start goes ahead: a start that fails or has nothing to train
-    leaves the run's plan as it was."""
+    leaves the run's plan as it was. A plan.yaml no step has trained with (`has_trained`: the
+    first start wrote it and failed before step 1, on a model that did not fit or a data path
+    found wrong) refuses nothing: the fixed plan is `PlanChange.untrained`, not "another model
+    for this run directory"."""
     fs, path = fs_and_path(run.plan)
     if not fs.isfile(path):
         return PlanChange(kind="new", new_layout=describe_layout(plan))
-    return check_plan_change(load_model(Plan, run.plan), plan, source=run.plan,
+    old = load_model(Plan, run.plan)
+    if not has_trained(run):
+        differ = _differences(old, plan)[1]
+        return PlanChange(kind="changed" if differ else "same", fields=tuple(differ),
+                          old_layout=describe_layout(old), new_layout=describe_layout(plan),
+                          untrained=True)
+    return check_plan_change(old, plan, source=run.plan,
                              allow_batch_change=allow_batch_change,
                              allow_data_change=allow_data_change)
 

@@ -60,7 +60,7 @@ def announce(engine: Engine, s: RunSession, start: Start) -> None:
         say(engine, plan_change_line(change, s.run.plans))
         if change.history is not None:  # written at the claim; else once a step will train
             later.append(plan_change_event(change, change.history))
-        held_out = batch_change_note(change.fields, plan.training)
+        held_out = None if change.untrained else batch_change_note(change.fields, plan.training)
         if held_out:
             say(engine, held_out)
             later.append(dict(kind="info", severity="warning", message=held_out))
@@ -121,9 +121,11 @@ def plan_change_line(change: PlanChange, plans: str) -> str:
     """The console's line for a changed plan (`PlanChange` kind ``changed``)."""
     layout = (f"layout unchanged ({change.new_layout})" if change.old_layout ==
               change.new_layout else f"layout {change.old_layout} -> {change.new_layout}")
+    untrained = "; no step trained with the run's plan, so this one replaces it" \
+        if change.untrained else ""
     return (f"the plan changed since the last attempt ({', '.join(change.fields[:6])}"
-            f"{' ...' if len(change.fields) > 6 else ''}); {layout}; previous plans kept in "
-            f"{plans}")
+            f"{' ...' if len(change.fields) > 6 else ''}){untrained}; {layout}; previous plans "
+            f"kept in {plans}")
 
 
 def plan_change_event(change: PlanChange, history: str) -> dict:
@@ -133,7 +135,8 @@ def plan_change_event(change: PlanChange, history: str) -> dict:
     that trains nothing leaves the run's plan, and records no change."""
     return dict(kind="info", message="plan changed on restart",
                 evidence={"fields": list(change.fields), "old_layout": change.old_layout,
-                          "new_layout": change.new_layout, "history": history})
+                          "new_layout": change.new_layout, "history": history,
+                          "untrained": change.untrained})
 
 
 def batch_change_note(changed: tuple[str, ...], training: TrainingConfig) -> str | None:

@@ -189,17 +189,12 @@ def _check_hook_ranks(options: TrainOptions, world: int) -> None:
 
 
 def _check_same_run(plan: Plan, options: TrainOptions) -> None:
-    """Refuse now, not in the workers, a plan of another model or recipe than the run's."""
-    from mscale.config.base import load_model
-    from mscale.runs.atomic import fs_and_path
-    from mscale.runs.history import check_plan_change
+    """Refuse now, not in the workers, a plan of another model or recipe than the run's (one
+    that trained a step: `runs.history.plan_change_of`)."""
+    from mscale.runs.history import plan_change_of
 
-    run = RunDir(options.run_dir)
-    fs, path = fs_and_path(run.plan)
-    if fs.isfile(path):
-        check_plan_change(load_model(Plan, run.plan), plan, source=run.plan,
-                          allow_batch_change=options.allow_batch_change,
-                          allow_data_change=options.allow_data_change)
+    plan_change_of(RunDir(options.run_dir), plan, allow_batch_change=options.allow_batch_change,
+                   allow_data_change=options.allow_data_change)
 
 
 def launch_job(plan_path: str, plan: Plan, options: TrainOptions, nprocs: int,

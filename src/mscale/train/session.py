@@ -96,9 +96,10 @@ class RunSession:
     def claim(self, plan, allow_batch_change: bool = False,
               allow_data_change: bool = False) -> PlanChange:
         """Rank 0: lock the run directory (unless the launcher holds it), check the plan against
-        the run's (refusing another model or recipe; a new global batch only when allowed),
-        record it when the run has none or it moves the ranks (another layout, cluster or
-        placement), and number this attempt."""
+        the run's (refusing another model or recipe; a new global batch only when allowed; any
+        change of a plan no step trained with), record it when the run has none, it moves the
+        ranks (another layout, cluster or placement) or the run's never trained, and number
+        this attempt."""
         self.run.create()
         if not os.environ.get(LOCK_HELD_ENV):
             self.lock = RunLock(self.run.root, self.run_id).acquire()
@@ -106,10 +107,12 @@ class RunSession:
             self.token = self.lock.record.token
         change = plan_change_of(self.run, plan, allow_batch_change=allow_batch_change,
                                 allow_data_change=allow_data_change)
-        if change.kind == "new" or change.relayout:
+        if change.kind == "new" or change.relayout or (change.kind == "changed"
+                                                        and change.untrained):
             # recover (and its diagnosis: which node ran a rank) reads plan.yaml as the plan the
             # failed attempt ran: a start on recover's smaller plan that fails in its build or
-            # resume must not leave the old plan there, whose nodes that recovery kept out
+            # resume must not leave the old plan there, whose nodes that recovery kept out; nor
+            # may a fixed plan replacing one that never trained leave that one (its model)
             change = write_plan(self.run, plan, change)
         elif change.kind == "changed":  # written by `write_changed_plan`, once training starts
             self.changed_plan = plan

@@ -7,7 +7,9 @@ import pytest
 from mscale.config.base import dump_yaml, load_model
 from mscale.config.plan import Plan, load_plan
 from mscale.errors import EXIT_BAD_INPUT, MscaleError
-from mscale.runs.history import check_plan_change, describe_layout, plan_history, record_plan
+from mscale.config.records import Event
+from mscale.runs.history import (PlanChange, check_plan_change, describe_layout, plan_change_of,
+                                 plan_history, write_plan)
 from mscale.runs.rundir import RunDir
 from tests.conftest import PLANS
 
@@ -107,14 +109,27 @@ def test_renaming_the_model_is_not_a_new_model():
     assert change.kind == "changed" and change.fields == ("model.name",) and not change.relayout
 
 
+def record_plan(run: RunDir, plan: Plan) -> PlanChange:
+    """What train's claim does with a plan: judge it (raising if refused, before any write),
+    then keep it unless it is the same."""
+    change = plan_change_of(run, plan)
+    return change if change.kind == "same" else write_plan(run, plan, change)
+
+
+def trained(run: RunDir) -> None:
+    """A step's metrics record: from now on the run's model and recipe are fixed."""
+    run.append_record(run.metrics, Event(source="train", kind="info", message="a step"))
+
+
 @pytest.mark.parametrize("proto", ["file", "memory"])
-def test_record_plan_keeps_every_plan_and_refuses_without_writing(tmp_path, proto):
+def test_write_plan_keeps_every_plan_and_a_refused_one_writes_nothing(tmp_path, proto):
     root = str(tmp_path / "run") if proto == "file" else f"memory://hist-{uuid.uuid4().hex}/run"
     run = RunDir(root)
     first, second = _plan(), _plan(layout={"dp": 1}, cluster={"hostlist": "node[1-2]", "nodes": 2})
     assert record_plan(run, first).kind == "new"
     assert record_plan(run, first).kind == "same"
     assert [u.rsplit("/", 1)[-1] for u in plan_history(run)] == ["plan-0001.yaml"]
+    trained(run)
     change = record_plan(run, second)
     assert change.kind == "changed" and change.history.endswith("plans/plan-0002.yaml")
     assert load_model(Plan, run.plan) == second
@@ -177,3 +192,40 @@ def test_another_location_is_still_another_recipe(tmp_path, monkeypatch, before,
     with pytest.raises(MscaleError) as info:
         check_plan_change(_plan(training=old), _plan(training=new), source="RUN/plan.yaml")
     assert f"{after} added (weight 1); {before} removed" in info.value.message
+
+
+@pytest.mark.parametrize("proto", ["file", "memory"])
+def test_a_plan_no_step_trained_with_is_replaced_not_refused(tmp_path, proto):
+    """A first start writes plan.yaml at its claim (recover reads it) and may fail before step 1:
+    a model that does not fit, a data path found wrong on the nodes. The fixed plan was refused
+    as "another model or training recipe ... its checkpoints would be meaningless" in a run
+    directory with no checkpoint and no step. Once a step has trained, it is refused again."""
+    from mscale.runs.history import has_trained
+
+    root = str(tmp_path / "run") if proto == "file" else f"memory://hist-{uuid.uuid4().hex}/run"
+    run = RunDir(root)
+    run.create()
+    first, fixed = _plan(), _plan(model={"hidden": 128})
+    write_plan(run, first, plan_change_of(run, first))
+    run.append_record(run.events, Event(source="train", kind="stop", message="failed"))
+    assert not has_trained(run)
+    change = plan_change_of(run, fixed)
+    assert change.kind == "changed" and change.untrained and "model.hidden" in change.fields
+    assert plan_change_of(run, first).kind == "same"
+    trained(run)
+    assert has_trained(run)
+    with pytest.raises(MscaleError, match="model.hidden"):
+        plan_change_of(run, fixed)
+
+
+def test_a_checkpoint_alone_counts_as_trained(tmp_path):
+    """A run directory whose metrics.jsonl was removed still holds its checkpoints' model."""
+    from mscale.runs.history import has_trained
+
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    write_plan(run, _plan(), plan_change_of(run, _plan()))
+    (tmp_path / "run" / "ckpt" / "step-000010").mkdir()
+    assert has_trained(run)
+    with pytest.raises(MscaleError, match="another model or training recipe"):
+        plan_change_of(run, _plan(model={"hidden": 128}))

@@ -68,7 +68,7 @@ def test_a_restart_records_its_warnings_after_its_own_start_event(tmp_path, monk
     from mscale.runs.rundir import RunDir
     from mscale.train.announce import announce, event, plan_change_event
     from mscale.train.session import Journal, RunSession, Start
-    from tests.unit.runs.test_history import _plan
+    from tests.unit.runs.test_history import _plan, trained
 
     monkeypatch.setenv(LOCK_HELD_ENV, "r")
     run = RunDir(str(tmp_path / "run"))
@@ -77,6 +77,7 @@ def test_a_restart_records_its_warnings_after_its_own_start_event(tmp_path, monk
     first = _plan(training=training)
     bigger = _plan(training={**training, "global_batch": 32})
     RunSession(run, Journal(run, True), "r").claim(first)
+    trained(run)
     s = RunSession(run, Journal(run, True), "r")
     change = s.claim(bigger, allow_batch_change=True)
     assert change.history is None  # written once a step will train

@@ -75,3 +75,24 @@ def test_a_training_choice_the_layout_contradicts_is_refused(tmp_path, monkeypat
     assert f"layout.{field} is {plan['layout'][field]}" in e.value.message
     assert f"layout.{field}: {value}" in e.value.fix
     assert not (tmp_path / "run").exists()
+
+
+def test_the_launcher_takes_a_fixed_plan_for_a_run_that_never_trained(tmp_path, monkeypatch):
+    """A first start that failed before step 1 left its plan.yaml (a model too big for the
+    GPUs): `--local` refused the fixed one as "another model or training recipe", though the
+    run had no step and no checkpoint. Once a step trained it is refused."""
+    from mscale.runs.history import plan_change_of, write_plan
+    from mscale.runs.rundir import RunDir
+    from tests.unit.runs.test_history import _plan, trained
+
+    for var in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    too_big = _plan(model={"hidden": 128})
+    write_plan(run, too_big, plan_change_of(run, too_big))
+    options = TrainOptions(run_dir=run.root)
+    assert check_before_launch(str(PLANS / "cpu-tiny.yaml"), options, 8).model.hidden == 64
+    trained(run)
+    with pytest.raises(MscaleError, match="another model or training recipe"):
+        check_before_launch(str(PLANS / "cpu-tiny.yaml"), options, 8)

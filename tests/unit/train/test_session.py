@@ -101,13 +101,14 @@ def test_a_changed_plan_becomes_the_runs_only_when_the_start_goes_ahead(tmp_path
     from mscale.config.plan import Plan
     from mscale.runs.history import plan_history
     from mscale.runs.lock import LOCK_HELD_ENV
-    from tests.unit.runs.test_history import _plan
+    from tests.unit.runs.test_history import _plan, trained
 
     monkeypatch.setenv(LOCK_HELD_ENV, "r")  # the launcher's lock: none taken here
     run = RunDir(str(tmp_path / "run"))
     first, shorter = _plan(), _plan(training={"steps": 4, "warmup_steps": 2})
     assert RunSession(run, Journal(run, True), "r").claim(first).kind == "new"
     assert load_model(Plan, run.plan) == first  # a new run directory records its plan at once
+    trained(run)  # the run at step 10
     session = RunSession(run, Journal(run, True), "r")
     change = session.claim(shorter)
     assert change.kind == "changed" and "training.steps" in change.fields
@@ -124,15 +125,37 @@ def test_a_plan_on_other_nodes_is_the_runs_from_the_claim(tmp_path, monkeypatch)
     from mscale.config.base import load_model
     from mscale.config.plan import Plan
     from mscale.runs.lock import LOCK_HELD_ENV
-    from tests.unit.runs.test_history import _plan
+    from tests.unit.runs.test_history import _plan, trained
 
     monkeypatch.setenv(LOCK_HELD_ENV, "r")
     run = RunDir(str(tmp_path / "run"))
     first = _plan()
     smaller = _plan(layout={"dp": 1}, cluster={"nodes": 2, "hostlist": "node[1-2]"})
     RunSession(run, Journal(run, True), "r").claim(first)
+    trained(run)  # attempt 1 trained, then failed on node3
     session = RunSession(run, Journal(run, True), "r")
     change = session.claim(smaller)
     assert change.relayout and change.history.endswith("plans/plan-0002.yaml")
     assert load_model(Plan, run.plan) == smaller
     assert session.write_changed_plan() is None  # nothing left to write once a step trains
+
+
+def test_a_fixed_plan_replaces_one_that_never_trained_at_the_claim(tmp_path, monkeypatch):
+    """The first start failed before step 1 (a data path found wrong on the nodes): its plan
+    must not pin the run. The fixed plan is accepted and is plan.yaml from the claim, as recover
+    reads plan.yaml as the plan the failed attempt ran."""
+    from mscale.config.base import load_model
+    from mscale.config.plan import Plan
+    from mscale.runs.lock import LOCK_HELD_ENV
+    from tests.unit.runs.test_history import _plan
+
+    monkeypatch.setenv(LOCK_HELD_ENV, "r")
+    run = RunDir(str(tmp_path / "run"))
+    bad = _plan(training={**_plan().training.model_dump(mode="json", exclude_none=True),
+                          "data": {"kind": "tokens", "path": "/nowhere/tokens"}})
+    RunSession(run, Journal(run, True), "r").claim(bad)
+    session = RunSession(run, Journal(run, True), "r")
+    change = session.claim(_plan())
+    assert change.untrained and change.history.endswith("plans/plan-0002.yaml")
+    assert load_model(Plan, run.plan) == _plan()
+    assert session.write_changed_plan() is None

@@ -11,7 +11,7 @@ import time
 from mscale.config.base import load_model
 from mscale.config.plan import Plan
 from mscale.config.records import Event
-from mscale.runs.history import record_plan
+from mscale.runs.history import plan_change_of, write_plan
 from mscale.runs.rundir import RunDir
 from mscale.watch.sim import Injection, simulate
 
@@ -42,7 +42,6 @@ def replanned_run(root: str, nodes: tuple[str, ...] = ("node1", "node2", "node3"
     rd.create()
     shutil.copy(PLANS / "cpu-tiny.yaml", rd.plan)
     old = load_model(Plan, rd.plan)
-    record_plan(rd, old)
     t0 = time.time() - 3600
     _start(rd, 1, t0, 2, list(nodes))
     slow = simulate(8, tp=2, pp=2, ranks_per_node=2, steps=40, seed=1,
@@ -51,7 +50,7 @@ def replanned_run(root: str, nodes: tuple[str, ...] = ("node1", "node2", "node3"
     new = old.model_copy(update={
         "cluster": old.cluster.model_copy(update={"nodes": 2, "hostlist": "node[1-2]"}),
         "layout": old.layout.model_copy(update={"dp": 1})})
-    record_plan(rd, new, allow_batch_change=True)
+    write_plan(rd, new, plan_change_of(rd, new))  # train's claim of recover's plan
     _start(rd, 2, t0 + 600, 1, list(nodes[:2]))
     healthy = simulate(4, tp=2, pp=2, ranks_per_node=2, steps=60, seed=2)
     _records(rd, [r for r in healthy if r["step"] >= 31], t0 + 610)

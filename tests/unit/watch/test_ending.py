@@ -281,14 +281,13 @@ def test_a_run_re_planned_to_fewer_ranks_is_judged_attempt_by_attempt(cli, rd):
     ranks, the layout 4'."""
     from mscale.config.base import load_model
     from mscale.config.plan import Plan
-    from mscale.runs.history import record_plan
+    from mscale.runs.history import plan_change_of, write_plan
 
     old = load_model(Plan, rd.plan)
-    record_plan(rd, old)
     new = old.model_copy(update={
         "cluster": old.cluster.model_copy(update={"nodes": 2, "hostlist": "node[1-2]"}),
         "layout": old.layout.model_copy(update={"dp": 1})})
-    record_plan(rd, new, allow_batch_change=True)
+    write_plan(rd, new, plan_change_of(rd, new))  # train's claim of recover's plan
     assert load_model(Plan, rd.plan).layout.world_size == 4
     launcher_failure(rd, 5, -9)
     start(rd, 2)

@@ -81,9 +81,6 @@ def test_a_relaunch_that_goes_on_at_the_next_step_is_named_by_its_own_start(cli,
     ran on (and would have quarantined it, not cn05)."""
     import time
 
-    from mscale.config.base import load_model
-    from mscale.config.plan import Plan
-    from mscale.runs.history import record_plan
     from mscale.runs.rundir import RunDir
     from mscale.watch.sim import Injection, simulate
     from tests.unit.watch.replanned import _records, _start
@@ -91,7 +88,6 @@ def test_a_relaunch_that_goes_on_at_the_next_step_is_named_by_its_own_start(cli,
     rd = RunDir(str(tmp_path / "run"))
     rd.create()
     shutil.copy(PLANS / "cpu-tiny.yaml", rd.plan)
-    record_plan(rd, load_model(Plan, rd.plan))
     t0 = time.time() - 3600
     _start(rd, 1, t0, 2, ["cn01", "cn02", "cn03", "cn04"])
     _records(rd, simulate(8, tp=2, pp=2, ranks_per_node=2, steps=40, seed=1), t0 + 10)
