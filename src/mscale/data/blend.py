@@ -16,8 +16,9 @@ import numpy as np
 from mscale.config.training import DataConfig, DataSource
 from mscale.data.datasets import SourceNotFound, open_dataset
 from mscale.data.indexed import TokenDataset
+from mscale.data.manifest import MANIFEST
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
-from mscale.data.storage import Retry, set_default_retry
+from mscale.data.storage import Retry, join, set_default_retry
 from mscale.errors import MscaleError
 from mscale.urls import location_key
 
@@ -168,6 +169,7 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
     opened = open_sources(cfg, field)
     for _, ds, where in opened:
         check_vocab(ds, vocab, where, dtype_given="dtype" in cfg.model_fields_set)
+    check_one_tokenizer(opened)
     n_train = len(cfg.train_sources)
     _check_no_shard_shared(opened[:n_train], opened[n_train:])
     train, held = [], []
@@ -222,6 +224,37 @@ def _check_no_shard_shared(train: list, held: list) -> None:
                               "model trains on", file=ds.url, field=where,
                               fix="name held-out shards that no training source's glob or "
                                   "folder includes, or hold out with eval_fraction")
+
+
+def _tokenizer(ds: TokenDataset) -> tuple:
+    return ds.tokenizer_sha256, ds.vocab_size, ds.eod_id
+
+
+def check_one_tokenizer(opened: list) -> None:
+    """Refuse prepared sources (train and held-out) whose manifests record different
+    tokenizers: id 417 would be one word in a source and another in the next, so the model
+    learns noise, and every id still lies below model.vocab, so no other check sees it.
+    Sources without a manifest record no tokenizer and are not compared."""
+    known = [(s, ds, where) for s, ds, where in opened if ds.vocab_size is not None]
+    if not known:
+        return
+    first, ref, ref_where = known[0]
+    for source, ds, where in known[1:]:
+        a, b = _tokenizer(ref), _tokenizer(ds)
+        # a manifest without a checksum is compared by vocabulary and EOD alone
+        same = a[1:] == b[1:] and (None in (a[0], b[0]) or a[0] == b[0])
+        if not same:
+            raise MscaleError(
+                f"prepared with another tokenizer than {first.path} ({ref_where}): "
+                f"{_describe(ds)} against {_describe(ref)}: the same id would stand for "
+                "different text in each source", file=join(ds.url, MANIFEST), field=where,
+                fix="prepare every source with the model's one tokenizer (mscale data prepare "
+                    f"INPUT... --tokenizer TOKENIZER --out {source.path} --force)")
+
+
+def _describe(ds: TokenDataset) -> str:
+    sha = f", sha256 {ds.tokenizer_sha256[:12]}" if ds.tokenizer_sha256 else ""
+    return f"{ds.tokenizer}{sha}, vocab {ds.vocab_size:,}, eod {ds.eod_id}"
 
 
 def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = True) -> None:

@@ -37,6 +37,7 @@ def _open_manifest(folder: str, spec: str, dtype: np.dtype | None,
     shards = _parallel(lambda i, s: opener(folder, m, i, s, url), list(enumerate(m["shards"])))
     ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
     ds.manifest_digest = manifest_digest(m)
+    ds.tokenizer, ds.tokenizer_sha256 = m["tokenizer"], m.get("tokenizer_sha256")
     return ds
 
 

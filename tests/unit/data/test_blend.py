@@ -128,3 +128,25 @@ def test_a_source_listed_twice_is_refused_naming_the_entry_and_both_fixes(tmp_pa
     cfg = (DataConfig(kind="tokens", sources=listed) if key == "sources" else
            DataConfig(kind="tokens", sources=[{"path": "web"}], eval_sources=listed))
     assert len(open_sources(cfg)) == (3 if key == "sources" else 4)
+
+
+@pytest.mark.parametrize("other, key", [({"tokenizer_sha256": "b" * 64}, "eval_sources"),
+                                        ({"vocab_size": 512}, "sources"),
+                                        ({"eod_id": 2, "tokenizer_sha256": None}, "sources")])
+def test_prepared_sources_of_two_tokenizers_are_refused_naming_the_second(tmp_path, other, key):
+    """A blend of a folder prepared with a 1,024-id BPE and one prepared with a 300-id BPE
+    trained: every id lay below model.vocab, so no check saw that an id meant other text."""
+    same = {"tokenizer_sha256": "a" * 64}
+    prepared(tmp_path / "web", [np.arange(1, 200)] * 4, **same)
+    prepared(tmp_path / "code", [np.arange(1, 200)] * 4, **same)
+    prepared(tmp_path / "odd", [np.arange(1, 200)] * 4, **{**same, **other})
+    web, code, odd = (str(tmp_path / n) for n in ("web", "code", "odd"))
+    listed = {"sources": [{"path": web}, {"path": code}]}
+    assert build_splits(DataConfig(**listed), 8, 1, 512)[0] is not None  # one tokenizer: fine
+    listed[key] = listed.get(key, []) + [{"path": odd}]
+    with pytest.raises(MscaleError) as e:
+        build_splits(DataConfig(**listed), 8, 1, 512)
+    assert e.value.code == 3 and e.value.file == str(tmp_path / "odd" / "manifest.json")
+    assert e.value.field == f"training.data.{key}[{len(listed[key]) - 1}].path"
+    assert f"another tokenizer than {web} (training.data.sources[0].path)" in e.value.message
+    assert f"--tokenizer TOKENIZER --out {odd} --force" in e.value.fix
