@@ -150,3 +150,20 @@ def test_prepared_sources_of_two_tokenizers_are_refused_naming_the_second(tmp_pa
     assert e.value.field == f"training.data.{key}[{len(listed[key]) - 1}].path"
     assert f"another tokenizer than {web} (training.data.sources[0].path)" in e.value.message
     assert f"--tokenizer TOKENIZER --out {odd} --force" in e.value.fix
+
+
+def test_a_uint32_flat_file_read_at_the_uint16_default_is_refused_for_a_small_vocab(tmp_path):
+    """nanoGPT-style uint32 ids of a 1,024-id model read at the uint16 default trained on every
+    id followed by a 0: all below the vocabulary, so the vocabulary check passed it."""
+    ids = (np.arange(4096, dtype=np.uint32) * 7) % 1000 + 1
+    ids.tofile(tmp_path / "t.bin")
+    with pytest.raises(MscaleError) as e:
+        build_splits(DataConfig(path=str(tmp_path / "t.bin")), 63, 1, 1024)
+    assert e.value.code == 3 and e.value.field == "training.data.path"
+    assert e.value.file == str(tmp_path / "t.bin") and "it holds uint32 ids" in e.value.message
+    assert "data.dtype: uint32" in e.value.fix
+    for dtype in ("uint32", "uint16"):  # said either way, the file is read as said
+        train, _ = build_splits(DataConfig(path=str(tmp_path / "t.bin"), dtype=dtype,
+                                           shuffle=False), 63, 1, 1024)
+        first = train.samples([0])[0]
+        assert (first == ids[:64]).all() if dtype == "uint32" else not first[1::2].any()
