@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -84,6 +85,33 @@ def _url(fs, path: str) -> str:
     return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
 
 
+TOKEN_EXTS = (".bin", ".idx")
+
+
+def _is_tokens(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in TOKEN_EXTS
+
+
+def _token_data(spec: str, found: str, source: str) -> MscaleError:
+    """Token files given to prepare (Megatron's .bin/.idx, a flat .bin): already tokenized. The
+    --text-ext the other errors suggest would read their bytes as text; training reads them
+    as they are, named as ``source``."""
+    what = "token data" if found == spec else f"{found} is token data"
+    return MscaleError(f"{what} (a Megatron-LM .bin/.idx pair or a flat token file), not text: "
+                       "prepare and tokenizer read text", file=spec, field="INPUT",
+                       fix=f"train on it as it is (training.data.path: {source}; `mscale data "
+                           f"inspect {shlex.quote(source)}` shows what it holds), or prepare the "
+                           "text it was "
+                           "made from")
+
+
+def _token_file(fs, path: str, spec: str) -> MscaleError:
+    """``spec``, a file named .bin or .idx: a Megatron prefix when both halves are there."""
+    stem = os.path.splitext(path)[0]
+    pair = all(fs.isfile(stem + e) for e in TOKEN_EXTS)
+    return _token_data(spec, spec, os.path.splitext(spec)[0] if pair else spec)
+
+
 def _unknown(url: str, exts: tuple[str, ...]) -> MscaleError:
     if re.search(r"\.parquet\.(gz|zst|bz2|xz)$", url.lower()):
         return MscaleError("a compressed .parquet is not read (parquet compresses inside)",
@@ -98,6 +126,9 @@ def _nothing_matches(spec: str, files: list[str], exts: tuple[str, ...]) -> Msca
     """A glob without a readable match: none at all (a typo, a pattern the shell expanded), or
     files of types not read here, whose extensions are named with the --text-ext that reads
     them (as for a folder of them)."""
+    tokens = [f for f in files if _is_tokens(f)]
+    if tokens:  # a glob of Megatron prefixes, as training names one
+        return _token_data(spec, tokens[0], spec)
     if not files:
         return MscaleError("no file matches this pattern", file=spec, field="INPUT",
                            fix="check the pattern (quote it so the shell does not expand it)")
@@ -128,6 +159,8 @@ def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> li
             if fs.isfile(path):
                 url = _url(fs, path) if "://" in str(spec) else str(spec)
                 if classify(url, exts) is None:
+                    if _is_tokens(path):
+                        raise _token_file(fs, path, str(spec))
                     raise _unknown(str(spec), exts)
                 found = [(fs.unstrip_protocol(path), url, fs.size(path))]
             elif fs.isdir(path):
@@ -140,6 +173,9 @@ def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> li
                         found.append((fs.unstrip_protocol(p), _url(fs, p),
                                       info.get("size") or 0))
                 if not found:
+                    tokens = [p for p in fs.find(path) if _is_tokens(p)]
+                    if tokens:  # a folder of Megatron prefixes, as training names one
+                        raise _token_data(str(spec), _url(fs, tokens[0]), str(spec))
                     raise MscaleError("this folder holds no file of a type read here",
                                       file=str(spec), field="INPUT",
                                       fix=f"put {', '.join(exts + JSONL_EXTS + PARQUET_EXTS)} "
@@ -152,6 +188,8 @@ def expand_inputs(inputs: Iterable[str], *, text_exts: Iterable[str] = ()) -> li
                 if not found:
                     raise _nothing_matches(str(spec), files, exts)
             else:
+                if all(fs.isfile(path + e) for e in TOKEN_EXTS):  # a Megatron prefix
+                    raise _token_data(str(spec), f"{spec}.bin", str(spec))
                 raise MscaleError("input not found", file=str(spec), field="INPUT",
                                   fix="check the path (a file, a folder or a glob)")
         except (PermissionError, NotADirectoryError) as e:

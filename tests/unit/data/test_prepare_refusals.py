@@ -197,3 +197,20 @@ def test_skip_bad_never_skips_a_missing_pyarrow(tokenizer, tmp_path, monkeypatch
         prepare([str(tmp_path)], tokenizer, str(tmp_path / "out"), workers=1,
                 on_skip=seen.append)
     assert seen == []
+
+
+@pytest.mark.parametrize("name, source", [("meg/c.bin", "meg/c"), ("meg/c.idx", "meg/c"),
+                                          ("meg/c", "meg/c"), ("meg", "meg"),
+                                          ("meg/*", "'meg/*'"), ("flat.bin", "flat.bin")])
+def test_token_files_are_named_token_data_with_how_to_train_on_them(tokenizer, tmp_path,
+                                                                    monkeypatch, name, source):
+    """A Megatron .bin given to prepare said "unknown file type" and suggested --text-ext, which
+    reads the ids' bytes as text; a prefix, as training names one, said "input not found"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "meg").mkdir()
+    for f in ("meg/c.bin", "meg/c.idx", "flat.bin"):
+        (tmp_path / f).write_bytes(b"\x01\x00" * 8)
+    e = bad(tokenizer, tmp_path, [name], "token data .* not text")
+    assert e.file == name and e.field == "INPUT" and "--text-ext" not in e.fix
+    assert f"training.data.path: {source.strip(chr(39))};" in e.fix
+    assert f"`mscale data inspect {source}`" in e.fix
