@@ -137,11 +137,15 @@ def list_checkpoints(run_dir: str) -> Listing:
         listing.warnings.append(f"{catalog.join(root, catalog.LATEST)} {said} (a crash between "
                                 "a commit and its pointer?): `mscale train --resume auto`, and "
                                 f"ckpt verify and convert of the run, use {auto}")
-    if listing.latest and not any(r["latest"] and r["status"] == "committed"
-                                  for r in listing.checkpoints):
+    named = next((r for r in listing.checkpoints if r["latest"]), None)
+    if listing.latest and not (named and named["status"] == "committed"):
+        # a marker over a manifest that fails its checks was committed, then damaged or edited
+        why = ("whose manifest cannot be used (its warning below)"
+               if named and named["status"].startswith("committed") else
+               "which is not a committed checkpoint here")
         listing.warnings.append(f"{catalog.join(root, catalog.LATEST)} names {listing.latest}, "
-                                "which is not a committed checkpoint here; `mscale train` will "
-                                "refuse to resume")
+                                f"{why}; `mscale train` will refuse to resume (resume from an "
+                                "older one: --resume RUN/ckpt/step-NNNNNN)")
     listing.warnings += [f"{r['name']}: {r['note']}" for r in listing.checkpoints if r["note"]]
     return listing
 

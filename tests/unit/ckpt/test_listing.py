@@ -109,6 +109,9 @@ def test_a_manifest_edited_after_its_commit_is_a_warning_not_committed(run):
     listing = list_checkpoints(str(run))
     assert listing.warnings and "sha256" in " ".join(listing.warnings)
     assert listing.checkpoints[0]["note"] is not None
+    # `latest` names it: committed, then damaged, not "not a committed checkpoint" (a crash)
+    assert "names step-000005, whose manifest cannot be used" in listing.warnings[0]
+    assert "not a committed checkpoint" not in " ".join(listing.warnings)
 
 
 def test_no_ckpt_directory_is_bad_input(tmp_path):
