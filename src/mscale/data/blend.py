@@ -202,7 +202,7 @@ def build_splits(cfg: DataConfig, seq_len: int, seed: int, vocab: int,
 def _documents(ds: TokenDataset) -> str:
     if ds.documents is None:
         return "no document boundaries"
-    return f"{ds.documents:,} documents"
+    return f"{ds.documents:,} document{'' if ds.documents == 1 else 's'}"
 
 
 def _packed(ds: TokenDataset, seq_len: int, start: int, stop: int, where: str) -> PackedSamples:

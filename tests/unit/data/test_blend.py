@@ -167,3 +167,10 @@ def test_a_uint32_flat_file_read_at_the_uint16_default_is_refused_for_a_small_vo
                                            shuffle=False), 63, 1, 1024)
         first = train.samples([0])[0]
         assert (first == ids[:64]).all() if dtype == "uint32" else not first[1::2].any()
+
+
+def test_a_one_document_source_with_eval_fraction_says_one_document(tmp_path):
+    prepared(tmp_path / "one", [np.arange(1, 400)])
+    with pytest.raises(MscaleError) as e:
+        build_splits(DataConfig(path=str(tmp_path / "one"), eval_fraction=0.1), 8, 1, 512)
+    assert e.value.message.endswith("(399 tokens, 1 document)")  # not "1 documents"
