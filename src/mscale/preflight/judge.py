@@ -6,7 +6,8 @@ Two outlier rules; either flags a value (docs/preflight.md):
 - the robust rule of Iglewicz and Hoaglin: modified z = 0.6745·(x − median)/MAD below −3.5.
 A flagged value is WARNING below 0.8 × the peers' median; any value below 0.5 × the median of
 three or more peers is CRITICAL on its own (with four groups of a kind no statistical rule can
-tell one at a quarter of the speed from noise, yet the median of the others already says it). A
+tell one at a quarter of the speed from noise, yet the median of the others already says it);
+of two values, one below 0.5 × the other is CRITICAL (a 2-node job has two TP groups). A
 value within 20 % of the median is never flagged, so scheduling noise on shared CPUs (a healthy
 run repeated) raises nothing while a device at half speed always does.
 
@@ -80,10 +81,13 @@ class Verdict:
 def judge_peers(values: dict[Hashable, float], warn: float = WARN_FRACTION,
                 critical: float = CRIT_FRACTION) -> dict[Hashable, Verdict]:
     """Judge each value (higher is better) against the others of its kind; flagged values
-    under ``warn`` x the median are WARNING, any under ``critical`` x the median CRITICAL."""
+    under ``warn`` x the median are WARNING, any under ``critical`` x the median CRITICAL;
+    of two values, each is judged against the other (`_judge_pair`)."""
     xs = list(values.values())
-    if len(xs) < 3:  # two values cannot tell which one is slow
-        return {k: Verdict("OK", "compared with peers (needs >= 3)", {}) for k in values}
+    if len(xs) == 2:
+        return _judge_pair(values, critical)
+    if len(xs) < 2:
+        return {k: Verdict("OK", "compared with peers (needs >= 2)", {}) for k in values}
     median = statistics.median(xs)
     mean = statistics.fmean(xs)
     sigma = statistics.pstdev(xs)
@@ -102,6 +106,22 @@ def judge_peers(values: dict[Hashable, float], warn: float = WARN_FRACTION,
         out[k] = Verdict(status, f">= {warn:g} x peers' median {median:.4g}",
                          {"median": median, "mean": mean, "sigma": sigma, "mad": mad,
                           "modified_z": z, "fraction_of_median": frac})
+    return out
+
+
+def _judge_pair(values: dict[Hashable, float], critical: float) -> dict[Hashable, Verdict]:
+    """Two values: each against the other. No spread to flag a WARNING by, but the lower one
+    far below the higher is slow: a 2-node job's only two TP groups, one at 2 MB/s and one at
+    1 GB/s, were both OK (exit 0) before. A link or device is never abnormally fast, so the
+    higher one is the reference; ``critical`` (0.4 on shared cores, where healthy links reached
+    0.7 x) keeps noise out, and the re-check measures it a second time."""
+    (a, x), (b, y) = values.items()
+    out = {}
+    for k, mine, other in ((a, x, y), (b, y, x)):
+        frac = mine / other if other > 0 else 1.0
+        out[k] = Verdict("CRITICAL" if frac < critical else "OK",
+                         f">= {critical:g} x its one peer {other:.4g}",
+                         {"median": other, "peers": 1, "fraction_of_median": frac})
     return out
 
 
@@ -136,7 +156,9 @@ def blame_links(results: list[CheckResult], node_of: dict[int, str]) -> None:
 
     A rank is a suspect when its slow links reach two or more different sets of peers (a slow
     rank drags every link it is on; its peers each share only the one link with it). A slow link
-    whose suspects all sit on one node is blamed on that node; otherwise on nobody (a slow
+    whose suspects all sit on one node is blamed on that node; so is a slow link with no suspect
+    whose ranks all sit on one node (no switch lies between them: the node's own NVLink, PCIe,
+    or NIC loopback; a 2-node job's slow TP group is seen only so); otherwise on nobody (a slow
     switch port between two healthy nodes must not exclude either).
     """
     links = [r for r in results if r.entity_kind in ("pair", "group") and r.value is not None]
@@ -150,8 +172,13 @@ def blame_links(results: list[CheckResult], node_of: dict[int, str]) -> None:
         if r.status not in ("WARNING", "CRITICAL"):
             continue
         nodes = {node_of[x] for x in r.ranks if x in suspects}
-        if len(nodes) == 1:
+        if not nodes and len({node_of[x] for x in r.ranks}) == 1:
+            r.node = node_of[r.ranks[0]]
+            r.evidence["blame"] = "inside_node"
+            r.message += f"; all its ranks are on {r.node}: {r.node} is at fault"
+        elif len(nodes) == 1:
             r.node = nodes.pop()
+            r.evidence["blame"] = "slow_ranks"
             r.message += f"; its rank(s) on {r.node} are slow on every peer set: {r.node} is at fault"
         else:
             r.node = None

@@ -117,5 +117,7 @@ def _node_line(status: str, node: str, links: list[CheckResult]) -> str:
         notes.append("slow in both rounds")
     if cut := sum(1 for r in links if r.evidence.get("cut_short")):
         notes.append(f"{cut} cut short")
-    return (f"{status}: {node} is at fault, its rank(s) slow on every peer set "
-            f"({', '.join(notes)}): {named}")
+    why = ("its links inside the node are slow"
+           if all(r.evidence.get("blame") == "inside_node" for r in links)
+           else "its rank(s) slow on every peer set")
+    return f"{status}: {node} is at fault, {why} ({', '.join(notes)}): {named}"

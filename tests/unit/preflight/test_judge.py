@@ -12,6 +12,7 @@ from mscale.config.preflight import CheckResult
 from mscale.config.records import Quarantine, QuarantineEntry
 from mscale.preflight import judge
 from mscale.preflight.report import assemble, prometheus_text, quarantined
+from mscale.preflight.table import failure_lines
 
 
 def test_one_slow_device_among_eight_is_critical_and_noise_is_not():
@@ -36,8 +37,15 @@ def test_within_twenty_percent_is_never_flagged_even_with_zero_spread():
     assert v[3].status == "OK"
 
 
-def test_two_values_are_not_judged():
-    assert {x.status for x in judge.judge_peers({0: 1.0, 1: 100.0}).values()} == {"OK"}
+def test_of_two_values_the_one_far_below_the_other_is_critical_and_noise_is_not():
+    """A 2-node job has two TP groups: one at 0.0013 GB/s beside one at 0.88 (a node whose
+    network sends at 2 MB/s) was OK before, and preflight passed (exit 0)."""
+    v = judge.judge_peers({0: 0.8837, 1: 0.001313}, warn=0.45, critical=0.4)
+    assert (v[0].status, v[1].status) == ("OK", "CRITICAL")
+    assert v[1].evidence["fraction_of_median"] < 0.01 and "one peer" in v[1].expected
+    assert {x.status for x in judge.judge_peers({0: 1.0, 1: 0.7}, critical=0.4).values()} == {
+        "OK"}  # a healthy link on shared cores was seen at 0.7 x
+    assert judge.judge_peers({0: 1.0})[0].status == "OK"
 
 
 def test_link_rate():
@@ -65,6 +73,19 @@ def test_blame_a_single_slow_link_between_healthy_nodes_on_nobody():
     links = [_link((0, 2), "CRITICAL"), _link((0, 1), "OK"), _link((2, 3), "OK")]
     judge.blame_links(links, node_of)
     assert links[0].node is None
+
+
+def test_blame_a_slow_link_inside_one_node_on_that_node():
+    """Both ends on node2 and no rank slow on two peer sets (a 2-node tp2 dp2 job): no switch
+    lies between them, so node2 is at fault; a slow link across two nodes stays unblamed."""
+    node_of = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+    links = [_link((2, 3), "CRITICAL"), _link((0, 1), "OK"), _link((1, 3), "OK")]
+    judge.blame_links(links, node_of)
+    assert [r.node for r in links] == ["node2", None, None]
+    assert "all its ranks are on node2" in links[0].message
+    across = [_link((0, 2), "CRITICAL"), _link((0, 1), "OK"), _link((2, 3), "OK")]
+    judge.blame_links(across, node_of)
+    assert across[0].node is None
 
 
 def test_job_status_ranks_unknown_between_ok_and_warning():
@@ -137,3 +158,53 @@ def test_report_of_a_healthy_job_is_ok(tmp_path):
     plan = load_model(Plan, "plans/cpu-tiny.yaml")
     report = assemble(plan, _opts(tmp_path), _payloads(None))
     assert report.status == "OK" and report.exclude == ""
+
+
+def _two_node_payloads(slow_node: str | None) -> list[dict]:
+    """tp2 dp2 on node[1-2] (TP inside a node, DP across), every process of ``slow_node``
+    sending at 2 MB/s: the figures `mscale preflight --local 4` measured with the slowlink
+    shim on node2 (tests/faults/slowlink.c), GB/s."""
+    from mscale.preflight.network import plan_pairs
+    from mscale.topology.placement import Placement
+
+    p = Placement(tp=2, pp=1, dp=2, gpus_per_node=2)
+    node = {r: f"node{r // 2 + 1}" for r in range(4)}
+    slow = {r for r in range(4) if node[r] == slow_node}
+
+    def gbps(ranks, fast):
+        return 0.002 if slow & set(ranks) else fast
+
+    out = []
+    for r in range(4):
+        pairs = [{"kind": k, "ranks": [a, b], "gbps": gbps((a, b), 3.2 if k == "tp" else 1.5)}
+                 for k, a, b in plan_pairs(p) if r in (a, b)]
+        groups = []
+        for kind, gs in (("tp", p.tp_groups), ("dp", p.dp_groups)):
+            g = p.group_of(gs, r)
+            bw = gbps(g, 0.9 if kind == "tp" else 0.4)
+            groups += [{"kind": kind, "op": op, "ranks": g, "seconds": 1 / bw, "bytes": 1 << 20,
+                        "algbw": bw, "busbw": bw} for op in ("allreduce", "allgather")]
+        out.append({"rank": r, "node": node[r], "device": "cpu",
+                    "gemm": {"tflops": 0.087, "n": 384, "dtype": "float32"},
+                    "pairs": pairs, "groups": groups, "host": []})
+    out[0]["clock_offsets"] = [0.0] * 4
+    return out
+
+
+def test_a_two_node_job_names_the_node_whose_network_is_slow(tmp_path):
+    """Before, every figure of a 2-node job was 'compared with peers (needs >= 3)': status OK,
+    bad nodes none, with node2's links 450 x slower than node1's."""
+    import yaml
+
+    data = yaml.safe_load(open("plans/cpu-tiny.yaml"))
+    data["cluster"]["hostlist"] = "node[1-2]"
+    data["layout"]["pp"] = 1
+    plan = Plan.model_validate(data)
+    report = assemble(plan, _opts(tmp_path), _two_node_payloads("node2"))
+    assert (report.status, report.bad_nodes, report.exclude) == ("CRITICAL", ["node2"], "node2")
+    flagged = {r.entity for r in report.results if r.status == "CRITICAL"}
+    assert flagged == {"2-3", "tp[2,3]"}, flagged
+    [line] = failure_lines(report.results)
+    assert line.startswith("CRITICAL: node2 is at fault, its links inside the node are slow")
+    healthy = assemble(plan, _opts(tmp_path), _two_node_payloads(None))
+    assert (healthy.status, healthy.exclude) == ("OK", "")
