@@ -147,6 +147,17 @@ def test_a_device_or_node_is_priced_from_its_onset_and_graded_critical(cause, ta
     assert mild.severity == "warning" and mild.slowdown_pct == pytest.approx(truth, rel=0.15)
 
 
+def test_a_job_wide_slowdown_is_priced_from_its_onset():
+    """Found once half of its window is slow, the window's median step is midway between the
+    healthy and the slow step: a real 4-process job 5.7 x slower (every process sending at 2
+    MB/s) was announced 80% slower, and still so at its end (spike rows masked kept the window
+    half healthy)."""
+    f, truth = announced([Injection("job_wide", 24, 0, magnitude=4.0)])
+    assert f.cause == "job_wide" and f.first_step == 24 and truth > 200
+    assert f.slowdown_pct == pytest.approx(truth, rel=0.15)
+    assert f.evidence["priced_steps"][0] == 24
+
+
 def test_imbalance_with_few_replicas_is_not_blamed_on_a_node():
     fs = findings(8, 2, 1, 2, [Injection("data_imbalance", 1)], steps=100)
     assert [f.cause for f in fs] == ["data_imbalance"]

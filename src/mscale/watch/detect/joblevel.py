@@ -27,13 +27,13 @@ from mscale.watch.findings import Finding
 from mscale.watch.whatif import Grid
 
 
-def _parts(w: Recent) -> dict[str, float]:
-    """Median seconds per rank of each part of the step over the window."""
-    return {"busy": float(median(w.compute)), "wait": float(median(w.wait)),
-            "data": float(median(w.data)),
-            "step": float(median(w.step_time)),
-            "tokens_per_s": float(np.nanmedian(w.tokens_per_s))
-            if np.isfinite(w.tokens_per_s).any() else math.nan}
+def _parts(w: Recent, rows: np.ndarray | slice = slice(None)) -> dict[str, float]:
+    """Median seconds per rank of each part of the step over the window (or its ``rows``)."""
+    tps = w.tokens_per_s[rows]
+    return {"busy": float(median(w.compute[rows])), "wait": float(median(w.wait[rows])),
+            "data": float(median(w.data[rows])),
+            "step": float(median(w.step_time[rows])),
+            "tokens_per_s": float(np.nanmedian(tps)) if np.isfinite(tps).any() else math.nan}
 
 
 class JobLevel:
@@ -70,7 +70,12 @@ class JobLevel:
         if rest > base["step"] * (1 + rel) and not lopsided:
             # dated by the rows that were over the bar themselves, not by the window's start
             onset = onset_step(w.steps, w.step_time - explained > base["step"] * (1 + rel))
-            return [self._job_wide(base, now, explained, rest, steps, onset)]
+            # priced on the rows from the onset on, as the stragglers are: found once half the
+            # window is slow, its median lies midway between the healthy and the slow step
+            after = w.steps >= onset
+            priced = _parts(w, after)
+            return [self._job_wide(base, priced, explained, priced["step"] - explained, steps,
+                                   onset, int(after.sum()))]
         tps, btps = now["tokens_per_s"], base["tokens_per_s"]
         if (not stragglers and not lopsided and math.isfinite(tps) and math.isfinite(btps)
                 and btps > 0
@@ -91,9 +96,10 @@ class JobLevel:
         return []
 
     def _job_wide(self, base: dict, now: dict, explained: float, rest: float,
-                  steps: list[int], onset: int) -> Finding:
+                  steps: list[int], onset: int, priced_rows: int) -> Finding:
         """``steps``: the window's first and last step; ``onset``: the first step of the rows
-        that were slow themselves (the finding's first step)."""
+        that were slow themselves (the finding's first step); ``now``: the medians of the
+        ``priced_rows`` rows from the onset on."""
         grew = {k: now[k] - base[k] for k in ("busy", "wait", "data")}
         part = max(grew, key=grew.get)
         where = {"busy": "compute on every rank (clocks, thermals, a co-tenant)",
@@ -109,7 +115,8 @@ class JobLevel:
                               "rank/node/stage findings explain",
                       "step_s": now["step"], "baseline_step_s": base["step"],
                       "explained_s": explained, "grew_s": grew, "part": part,
-                      "window_steps": steps, "saved_s": rest - base["step"],
+                      "window_steps": steps, "priced_steps": [onset, steps[1]],
+                      "priced_rows": priced_rows, "saved_s": rest - base["step"],
                       "decided_by": f"{part} per rank grew by {grew[part]:.3g} s on the median "
                                     f"rank; no single rank, node or stage stands out"},
             advice="look at what every rank shares (network fabric, storage, scheduler, "
