@@ -120,4 +120,9 @@ def _node_line(status: str, node: str, links: list[CheckResult]) -> str:
     why = ("its links inside the node are slow"
            if all(r.evidence.get("blame") == "inside_node" for r in links)
            else "its rank(s) slow on every peer set")
-    return f"{status}: {node} is at fault, {why} ({', '.join(notes)}): {named}"
+    verdict = "is at fault"
+    if all(r.evidence.get("measured_once") for r in links):  # a stopped preflight's figures
+        verdict = "looks at fault"
+        notes.append("measured once (the preflight stopped before the re-check): no node is "
+                     "excluded for them")
+    return f"{status}: {node} {verdict}, {why} ({', '.join(notes)}): {named}"

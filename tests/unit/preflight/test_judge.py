@@ -208,3 +208,15 @@ def test_a_two_node_job_names_the_node_whose_network_is_slow(tmp_path):
     assert line.startswith("CRITICAL: node2 is at fault, its links inside the node are slow")
     healthy = assemble(plan, _opts(tmp_path), _two_node_payloads(None))
     assert (healthy.status, healthy.exclude) == ("OK", "")
+
+
+def test_slow_links_of_a_stopped_preflight_exclude_no_node_and_say_so():
+    """Measured before a collective timed out, so never re-checked: the node line said `node2
+    is at fault` above `bad nodes: none`."""
+    links = [_link(ranks, "CRITICAL") for ranks in ((1, 3), (2, 3))]
+    for r in links:
+        r.node = "node2"
+        r.evidence.update(measured_once=True, blamed=False, fraction_of_median=0.03)
+    [line] = failure_lines(links)
+    assert line.startswith("CRITICAL: node2 looks at fault, its rank(s) slow on every peer set")
+    assert "measured once (the preflight stopped before the re-check): no node is excluded" in line
