@@ -205,6 +205,10 @@ def check_sdpa(ctx: Context) -> bool:
     return bool(fused)
 
 
+CPU_MATMUL_SIDE = 512
+"""The timers check's matrices on the CPU (tests use smaller ones)."""
+
+
 def check_timers(ctx: Context) -> bool:
     """StepTimer against the wall clock around a step of known matmuls: the split is right and
     (on a GPU) the host leaves each region before the device finishes it (no per-region sync)."""
@@ -216,7 +220,7 @@ def check_timers(ctx: Context) -> bool:
 
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    n = 8192 if cuda else 512
+    n = 8192 if cuda else CPU_MATMUL_SIDE
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if cuda else torch.float32)
 
     def work(k):
@@ -224,32 +228,54 @@ def check_timers(ctx: Context) -> bool:
             a @ a
 
     timer = StepTimer(dev)
-    for _ in range(4):  # the last of four counts
+    runs = []  # (timer's figures, host seconds per region) per step
+    for _ in range(5):  # the first is a warm-up
         if cuda:
             torch.cuda.synchronize(dev)
         w0 = time.perf_counter()
         timer.start_step()
         work(20)
+        d0 = time.perf_counter()
         with timer.region("data"):
             work(10)
         h0 = time.perf_counter()
         with timer.region("comm_wait"):
             with COMM_CLOCK.timed("tp"):  # nested: counted once, as comm_wait
                 work(10)
-        host_in_region = time.perf_counter() - h0
+        h1 = time.perf_counter()
         out = timer.end_step()
         wall = time.perf_counter() - w0
+        runs.append((out, {"step": wall, "data": h0 - d0, "comm_wait": h1 - h0,
+                           "compute": wall - (h1 - d0)}))
+    runs = runs[1:]
+    out, host = runs[-1]
     share = {k: out[k] / out["step"] for k in ("compute", "data", "comm_wait")}
-    print(f"INFO: wall {wall * 1e3:.2f} ms, timers: " + ", ".join(
+    print(f"INFO: wall {host['step'] * 1e3:.2f} ms, timers: " + ", ".join(
         f"{k} {v * 1e3:.2f}" for k, v in out.items()) + f" ms; host time inside the comm "
-        f"region {host_in_region * 1e3:.3f} ms")
-    ok = (abs(out["step"] - wall) <= 0.05 * wall + 1e-3 and abs(share["compute"] - 0.5) < 0.1
-          and abs(share["data"] - 0.25) < 0.05 and abs(share["comm_wait"] - 0.25) < 0.05)
+        f"region {host['comm_wait'] * 1e3:.3f} ms")
+
+    def agrees(k: str) -> bool:
+        """The timer's ``k`` is the host clock's within 5% in one of the steps at least: a step
+        preempted between the host's mark and the timer's is not the timer's fault, while a
+        timer that loses or misplaces time disagrees in every step."""
+        return any(abs(o[k] - h[k]) <= 0.05 * h[k] + 1e-3 for o, h in runs)
+
+    step_ok = agrees("step")
     if cuda:
-        ok = ok and host_in_region < 0.2 * out["comm_wait"]
-    print(f"{'PASS' if ok else 'FAIL'}: step = wall within 5%, split 50/25/25 within 5-10 points"
-          + (", the host left the region before the device finished it" if cuda else
-             " (CPU: the host waits for every matmul, the no-sync half is not checked)"))
+        # The matmuls' device times are fixed, so the split is known (50/25/25), and the host
+        # must leave the comm region long before the device finishes it (no per-region sync).
+        ok = (step_ok and abs(share["compute"] - 0.5) < 0.1 and abs(share["data"] - 0.25) < 0.05
+              and abs(share["comm_wait"] - 0.25) < 0.05
+              and host["comm_wait"] < 0.2 * out["comm_wait"])
+        print(f"{'PASS' if ok else 'FAIL'}: step = wall within 5%, split 50/25/25 within 5-10 "
+              "points, the host left the region before the device finished it")
+        return ok
+    # On the CPU the host runs every matmul, so each region's timer must equal the host's own
+    # clock around it; the fixed split is not judged: on a shared CPU another process stalls
+    # any region of any step, which says nothing about the timers.
+    ok = step_ok and all(agrees(k) for k in ("compute", "data", "comm_wait"))
+    print(f"{'PASS' if ok else 'FAIL'}: step and each region = the host's clock within 5% "
+          "(CPU: the split and the no-sync half are judged on a GPU only)")
     return ok
 
 

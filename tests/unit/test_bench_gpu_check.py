@@ -2,9 +2,10 @@
 script a session lent a GPU runs first.
 
 It runs rarely and for minutes, so what can be checked here is: the plans its checks write are
-valid plans, its prediction is the planner's own, its medians leave the warm-up out, and the
-driver skips what the budget cannot hold (the whole rehearsal on
-the CPU, `bench/gpu_check.py --rehearse`, takes ~2 minutes and is run by hand before a GPU run).
+valid plans, its prediction is the planner's own, its medians leave the warm-up out, the driver
+skips what the budget cannot hold, and the timers check judges what a CPU can (the whole
+rehearsal on the CPU, `bench/gpu_check.py --rehearse`, takes ~4 minutes and is run by hand
+before a GPU run).
 """
 
 from __future__ import annotations
@@ -130,3 +131,28 @@ def test_the_report_says_which_gpu_and_peak_the_figures_are_for(plans, tmp_path)
     assert unknown.prefix == "gpu"
     assert "against the H200's peak, not this GPU's" in driver.gpu_line(
         unknown, ("NVIDIA H100 PCIe", None))
+
+
+def test_the_timers_check_passes_real_timers_and_fails_timers_that_lose_a_region(
+        monkeypatch, capsys):
+    """The rehearsal judges each region against the host's own clock (on a shared CPU another
+    process stalls any region, so a fixed split would fail at random); a timer that drops a
+    region must still fail it."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        checks = importlib.import_module("gpu_checks")
+    finally:
+        sys.path.remove(str(BENCH))
+    monkeypatch.setattr(checks, "CPU_MATMUL_SIDE", 256)
+    assert checks.check_timers(None)
+    from contextlib import contextmanager
+
+    from mscale.train import timers
+
+    @contextmanager
+    def lost(self, name, link=None):
+        yield  # the block's seconds are left to compute
+
+    monkeypatch.setattr(timers.StepTimer, "region", lost)
+    assert not checks.check_timers(None)
+    assert "FAIL" in capsys.readouterr().out
