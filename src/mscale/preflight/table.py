@@ -23,7 +23,8 @@ def render(report: PreflightReport, as_json: bool) -> None:
     from rich.table import Table
 
     colour = {"OK": "green", "WARNING": "yellow", "CRITICAL": "red", "UNKNOWN": "magenta"}
-    table = Table(title=f"preflight ({report.level}, world {report.world})")
+    title = f"preflight ({report.level}, world {report.world})"
+    table = Table(title=title)
     for col in ("NODE", "RANK", "CHECK", "ENTITY", "VALUE", "EXPECTED", "STATUS"):
         table.add_column(col, overflow="fold")
     shown, folded = table_rows(report.results)
@@ -34,21 +35,30 @@ def render(report: PreflightReport, as_json: bool) -> None:
             f"{len(r.ranks)} ranks", r.check, r.entity, value, r.expected)),
             f"[{colour[r.status]}]{r.status}[/]")
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    console.print(table)
+
+    def say(line: str) -> None:
+        """One line whatever its length: cut at 200 columns off a terminal, a line's end went
+        to a line of its own in a batch log (`... keep every` / `one`), out of a grep's reach."""
+        console.print(line, markup=False, soft_wrap=True)
+
+    if shown:
+        console.print(table)
+    else:  # a healthy job past SHOWN_OK (the CPU demo's 8 ranks already): no empty frame
+        say(f"{title}: no failure to list")
     if folded:
-        console.print(folded, markup=False)
+        say(folded)
     for line in failure_lines(report.results):
-        console.print(line, markup=False)
+        say(line)
     j = report.judging
     if j:
         again = (f"; {j['rechecked']} suspect(s) measured again, {j['cleared']} cleared"
                  if j.get("rechecked") else "")
-        console.print(f"judged with the {j['name']} tolerance (below {j['device_warn']:g} x the "
-                      f"peers' median for GEMM, {j['link_warn']:g} for links, critical below "
-                      f"{j['critical']:g}: {j['why']}){again}", markup=False)
-    console.print(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
+        say(f"judged with the {j['name']} tolerance (below {j['device_warn']:g} x the peers' "
+            f"median for GEMM, {j['link_warn']:g} for links, critical below {j['critical']:g}: "
+            f"{j['why']}){again}")
+    say(f"status {report.status}; bad nodes: {report.exclude or 'none'}")
     if report.exclude:
-        console.print(f"exclude: sbatch --exclude={report.exclude}")
+        say(f"exclude: sbatch --exclude={report.exclude}")
 
 
 SHOWN_OK = 64

@@ -128,3 +128,27 @@ def test_past_a_small_job_the_ok_results_are_counted_not_listed():
     assert [r.status for r in shown] == ["WARNING"]
     assert folded == ("OK: 12,378 results not listed (gemm 12,288, p2p 90); --json and "
                       "preflight.json keep every one")
+
+
+def test_a_healthy_report_past_the_listed_ok_results_prints_no_empty_table(capsys):
+    """The CPU demo's preflight (world 8) already has 76 OK results: past SHOWN_OK the table
+    listed nothing and printed an empty frame of headers. With nothing to list, the title
+    says so on one line and the count line follows. Off a terminal no sentence is cut at 200
+    columns (a batch log's grep for a line's end missed it)."""
+    from mscale.config.preflight import CheckResult, PreflightReport
+    from mscale.preflight.table import SHOWN_OK, render
+
+    results = [CheckResult(check="gemm", entity=f"rank{i}", entity_kind="rank", status="OK",
+                           node="node1", ranks=[i], value=1.0, unit="x", expected="-",
+                           message="m") for i in range(SHOWN_OK + 1)]
+    why = "CPU/gloo processes share the host's cores " * 6  # past the 200 columns of a log
+    judging = {"name": "shared-cores", "device_warn": 0.6, "link_warn": 0.45, "critical": 0.4,
+               "why": why.strip()}
+    render(PreflightReport(world=SHOWN_OK + 1, results=results, judging=judging), as_json=False)
+    out = capsys.readouterr().out.splitlines()
+    assert not any("NODE" in line or "┏" in line for line in out), out
+    assert out[0] == f"preflight (quick, world {SHOWN_OK + 1}): no failure to list"
+    assert out[1].startswith(f"OK: {SHOWN_OK + 1} results not listed (gemm {SHOWN_OK + 1})")
+    assert out[2].startswith("judged with the shared-cores tolerance (below 0.6 x")
+    assert out[2].endswith("share the host's cores)") and len(out[2]) > 200  # one line
+    assert out[3:] == ["status OK; bad nodes: none"]
