@@ -112,7 +112,7 @@ class DataConfig(StrictModel):
 
 
 class EvalConfig(StrictModel):
-    """Held-out loss during training (docs/data.md, "Eval loss")."""
+    """Held-out loss during training (docs/data.md, "Held-out (eval) loss")."""
 
     interval: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Steps between evaluations, and one at the end; 0: never."""
