@@ -27,8 +27,8 @@ class PreflightOptions(StrictModel):
     plan_path: str | None = Field(None, json_schema_extra=NOT_A_FLAG)
     """The plan file, as given (named in errors)."""
     level: Level = Field("quick", json_schema_extra=flag("--level", choices=("quick", "full")))
-    """quick (within about a minute at any scale; 6-13 s for 8 CPU processes on 2 idle or busy
-    cores) or full (longer transfers, more repetitions)."""
+    """quick (within about a minute at any scale; 8 CPU processes on 2 cores: 6 s idle, 10-30 s
+    beside other work) or full (longer transfers, more repetitions)."""
     timeout_s: float = Field(120.0, ge=1.0, json_schema_extra=flag("--timeout"))
     """Seconds before a hung collective names the ranks that did not answer."""
     as_json: bool = Field(False, json_schema_extra=flag("--json"))
