@@ -87,9 +87,9 @@ def relaunch_end_text(rc: int, command: list[str]) -> str:
 recover_app = typer.Typer(
     cls=DefaultCommandGroup, no_args_is_help=True, add_completion=False,
     context_settings={"help_option_names": HELP_OPTION_NAMES},
-    help="Recover a failed run: `mscale recover RUN_DIR` (dry run; --execute to act), or "
-         "`mscale recover supervise -- LAUNCH COMMAND...`. Exit 0 relaunchable, 1 degraded, "
-         "2 unrecoverable, 3 bad input.")
+    help="Recover a failed run: `mscale recover RUN_DIR` (dry run; --execute to act; every "
+         "option: `mscale recover diagnose --help`), or `mscale recover supervise -- LAUNCH "
+         "COMMAND...`. Exit 0 relaunchable, 1 degraded, 2 unrecoverable, 3 bad input.")
 app.add_typer(recover_app, name="recover")
 
 

@@ -221,6 +221,9 @@ def test_a_failed_submission_is_exit_3_not_read_as_the_jobs_code(cli, run, state
 def test_the_group_still_routes_its_own_subcommands(cli):
     code, out, _ = cli("recover", "--help")
     assert code == 0 and "supervise" in out and "diagnose" in out
+    # the group's own help lists no option of its default command (--json, --verify, ...):
+    # it says where they are, or a newcomer finds only --help there
+    assert "every option: `mscale recover diagnose --help`" in " ".join(out.split())
     code, out, _ = cli("recover", "diagnose", "--help")
     assert code == 0 and "quick|full" in out  # --verify's choices
     code, out, _ = cli("recover", "supervise", "--help")
