@@ -148,7 +148,7 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
     result, given, pb = choice.result, choice.given, choice.problem
     console.print(f"stack: {pb.stack_profile.name}"
                   + (f"; calibrated from {'; '.join(pb.calibration.sources)}"
-                     if pb.calibration is not None else ""), markup=False)
+                     if pb.calibration is not None else ""), markup=False, soft_wrap=True)
     rows = distinct(result, top)
     if given:
         rows.append(Row("given", *given))
@@ -159,16 +159,16 @@ def _print_human(choice: Choice, top: int, plan, output: str | None, explain: bo
     if any(r.variants for r in rows):
         console.print("equal cost: other layouts the model prices the same (step time and "
                       "memory), folded into the row of the one ranked first, which is the one "
-                      "shown", markup=False)
+                      "shown", markup=False, soft_wrap=True)
     if any(lo.stage_layers for r in rows for lo in (r.layout, *r.variants)):
         console.print("split a/b/c (a-b-c among the variants, where even is the default split): "
                       "blocks in the first, second and last virtual stage (0: the embedding "
                       "alone, or the head and loss alone); the plan lists every stage in "
-                      "stage_layers", markup=False)
+                      "stage_layers", markup=False, soft_wrap=True)
     if result.preferred_note:
-        console.print(result.preferred_note, markup=False)
+        console.print(result.preferred_note, markup=False, soft_wrap=True)
     if pb.cluster.gpu.is_cpu:
-        console.print(CPU_NOTE, markup=False)
+        console.print(CPU_NOTE, markup=False, soft_wrap=True)
     console.print(memory_table(choice.cost))
     ck = plan.checkpoint
     size = plan.model.num_parameters() * CHECKPOINT_BYTES_PER_PARAM

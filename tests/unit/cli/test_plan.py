@@ -329,3 +329,18 @@ def test_the_calibration_example_of_the_docs_runs(cli):
     doc = json.loads(stdout)
     assert doc["given"]["cost"]["step_time"] == pytest.approx(0.532, abs=0.005)
     assert any("kernel rates × 0.680" in line for line in doc["calibration"])
+
+
+def test_the_prose_lines_are_one_line_each_off_a_terminal(cli):
+    """Off a terminal (a batch log, CI) the console is 160 columns wide; the tables fit it, but
+    a sentence cut there put its end on a line of its own ("... v3 instead of" / "v12, 192
+    instead of 768 transfers ..."), out of reach of a grep for the line. Each sentence is one
+    line, as the checkpoint line and the ckpt and data commands' lines already were."""
+    _, gpt, _ = cli("plan", *GPT, "--top", "2")
+    ranked = [ln for ln in gpt.splitlines() if " is ranked first: " in ln]
+    assert len(ranked) == 1 and ranked[0].endswith(" transfers per rank per step"), gpt
+    assert any(ln.startswith("equal cost: ") and ln.endswith("which is the one shown")
+               for ln in gpt.splitlines()), gpt
+    _, cpu, _ = cli("plan", *CPU, "--top", "1")
+    note = [ln for ln in cpu.splitlines() if ln.startswith("note: on CPUs")]
+    assert len(note) == 1 and note[0].endswith("figures for speed"), cpu
