@@ -791,10 +791,31 @@ def command_env() -> dict[str, str]:
     return env
 
 
+def venv_mismatch() -> str | None:
+    """Why the examples' `scripts/setup.sh` would install again, or None when .venv is current.
+
+    setup.sh reinstalls when .venv's stamp is not this pyproject.toml's checksum; run from a work
+    directory (which has no src/) that install fails, deep inside an example, or points the
+    shared .venv's editable install at a directory about to be deleted. Said up front instead."""
+    stamp = VENV / ".mscale-installed"
+    pin = f"torch=={os.environ.get('MSCALE_TORCH', '2.13.0')}"
+    with open(REPO / "pyproject.toml", "rb") as f:
+        crc = subprocess.run(["cksum"], stdin=f, capture_output=True, text=True).stdout.split()[0]
+    have = stamp.read_text().strip() if stamp.exists() else "(no stamp)"
+    if have == f"{pin} {crc}":
+        return None
+    return (f"{VENV} was installed for another pyproject.toml or torch ({have!r}, this checkout "
+            f"wants {pin} {crc}): run `bash scripts/setup.sh` here first")
+
+
 def make_workdir(path: Path) -> Path:
     """A working directory that looks like the repository to the examples, writes nowhere in it:
     plans/ copied (examples write plans beside them), bench/, scripts/, pyproject.toml and .venv
-    linked (bash's `cd scripts/..` in demo.sh lands here again)."""
+    linked (bash's `cd scripts/..` in demo.sh lands here again). Refused while .venv is not
+    current (`venv_mismatch`)."""
+    why = venv_mismatch()
+    if why:
+        raise RuntimeError(why)
     path.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "plans", path / "plans")
     for name in ("bench", "scripts", "pyproject.toml"):

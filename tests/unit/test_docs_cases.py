@@ -212,3 +212,23 @@ def test_unchanged_and_creates_are_checked_after_a_real_run(tmp_path):
     assert [p.split(": ", 1)[1].split("\n")[0] for p in out.problems] == [
         "made no out.txt",
         "changed runs/r1, which the doc says it leaves alone"]
+
+
+def test_a_venv_installed_for_another_pyproject_is_refused_before_any_example(
+        tmp_path, monkeypatch):
+    """The demo's setup.sh would reinstall from a work directory with no src/: refused up front,
+    with the command that fixes it; a current stamp passes."""
+    repo, venv = tmp_path / "repo", tmp_path / "venv"
+    repo.mkdir(), venv.mkdir()
+    (repo / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    monkeypatch.setattr(dc, "REPO", repo)
+    monkeypatch.setattr(dc, "VENV", venv)
+    monkeypatch.delenv("MSCALE_TORCH", raising=False)
+    (venv / ".mscale-installed").write_text("torch==2.13.0 1\n")
+    why = dc.venv_mismatch()
+    assert why and "bash scripts/setup.sh" in why
+    with pytest.raises(RuntimeError, match="setup.sh"):
+        dc.make_workdir(tmp_path / "work")
+    crc = why.split("wants torch==2.13.0 ")[1].split(")")[0]
+    (venv / ".mscale-installed").write_text(f"torch==2.13.0 {crc}\n")
+    assert dc.venv_mismatch() is None
