@@ -4,13 +4,15 @@ fail, each rank's node; and rank 0's reading of them once its own collective fai
 (`runner._when_stopped`, then `stopped.failure_report`).
 
 Rank 0 reads them after the operator's ``--timeout`` has already expired, so the reading must
-not grow with the world in round trips. A key per rank cost about six round trips a rank (two
-to learn whether it answered, then a check and a get for its figures and for its stop): ~25,000
-at 4,096 ranks, most of the read-back's time. So each rank also appends itself to one list per
-kind (`ANSWER_LISTS`), which rank 0 reads in one ``multi_get``, and the records of the ranks
-listed are fetched ``CHUNK`` at a time (docs/benchmarks.md, "preflight: reading a stopped run
-back"). The lists are exact sets of ranks: a rank that finished the phase and then failed in
-the next one is one rank that answered, not two, and rank 0's own marks are not an answer.
+cost few round trips. A key per rank cost about six round trips a rank (two to learn whether it
+answered, then a check and a get for its figures and for its stop): ~25,000 at 4,096 ranks,
+most of the read-back's time. So each rank also appends itself to one list per kind (``done/``
+a phase, ``failed``, ``nodes``: `_listed`), which rank 0 reads in one ``multi_get`` a poll,
+and the records of the ranks listed are fetched ``CHUNK`` at a time: 5 round trips, then 2 per
+``CHUNK`` ranks (37 at 4,096 ranks, 101 at 12,288: docs/benchmarks.md, "preflight: reading a
+stopped run back"). The lists are exact sets of ranks: a rank that finished the phase and then
+failed in the next one is one rank that answered, not two, and rank 0's own marks are not an
+answer.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ def test_a_rank_that_answers_during_the_read_back_is_not_both_dead_and_answering
     assert lost == [3] and set(stops) == {0, 1, 2}
 
 
-def test_the_read_back_costs_the_same_round_trips_at_any_world_size(monkeypatch):
+def test_the_read_back_costs_a_few_round_trips_and_two_per_chunk_of_ranks(monkeypatch):
     """It runs after --timeout expired: a key per rank cost ~6 round trips a rank (~74,000 at
     12,288 ranks); now a few, plus one per CHUNK records."""
     monkeypatch.setattr(runner, "STOP_GRACE_S", 0.0)
