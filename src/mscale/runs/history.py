@@ -220,17 +220,20 @@ def _differences(old: Plan, new: Plan) -> tuple[bool, list[str]]:
 def has_trained(run: RunDir) -> bool:
     """Whether any step was trained in the run directory: rank 0 appends a ``metrics.jsonl``
     record for every step (on an object store a ``metrics.jsonl.d/`` segment), and a checkpoint
-    (anything under ``ckpt/``) follows a step. Unreadable counts as trained: the refusal of
-    another model or recipe is what protects a run."""
+    (anything under ``ckpt/`` but a hidden entry: a storage probe ``mscale preflight`` was
+    killed in leaves ``ckpt/.preflight-*``) follows a step. Unreadable counts as trained: the
+    refusal of another model or recipe is what protects a run. ``ckpt/`` is listed before the
+    segments: on an object store a long run's segments are the longer listing."""
     try:
         fs, metrics = fs_and_path(run.metrics)
         if fs.isfile(metrics) and fs.size(metrics) > 0:
             return True
-        segments = metrics + SEGMENTS
-        if fs.isdir(segments) and fs.ls(segments, detail=False):
+        cfs, ckpt = fs_and_path(run.ckpt)
+        if cfs.isdir(ckpt) and any(not p.rstrip("/").rsplit("/", 1)[-1].startswith(".")
+                                   for p in cfs.ls(ckpt, detail=False)):
             return True
-        fs, ckpt = fs_and_path(run.ckpt)
-        return fs.isdir(ckpt) and bool(fs.ls(ckpt, detail=False))
+        segments = metrics + SEGMENTS
+        return fs.isdir(segments) and bool(fs.ls(segments, detail=False))
     except OSError:
         return True
 

@@ -229,3 +229,16 @@ def test_a_checkpoint_alone_counts_as_trained(tmp_path):
     assert has_trained(run)
     with pytest.raises(MscaleError, match="another model or training recipe"):
         plan_change_of(run, _plan(model={"hidden": 128}))
+
+
+def test_a_preflight_storage_probe_left_in_ckpt_is_no_training(tmp_path):
+    """`mscale preflight` killed mid storage check leaves ``ckpt/.preflight-*``: the run still
+    has not trained, so a fixed plan replaces the one no step trained with."""
+    from mscale.runs.history import has_trained
+
+    run = RunDir(str(tmp_path / "run"))
+    run.create()
+    write_plan(run, _plan(), plan_change_of(run, _plan()))
+    (tmp_path / "run" / "ckpt" / ".preflight-node1-0").mkdir(parents=True)
+    assert not has_trained(run)
+    assert plan_change_of(run, _plan(model={"hidden": 128})).untrained
