@@ -137,7 +137,9 @@ def recover_cmd(
     if not as_json:
         sys.stdout.write(render(plan, executed=execute, decision=decision))
         sys.stdout.flush()
-    if execute and by_hand(plan) and not as_json:
+    # the reason lines go to stderr with --json too: stdout holds the document alone, and a
+    # CI log or an operator still reads why nothing ran or how the relaunch ended
+    if execute and by_hand(plan):
         sys.stderr.write(f"recover: nothing relaunched: the run recorded no launch command; "
                          f"{NEXT_BY_HAND}\n")
     if execute and plan.command:
@@ -147,13 +149,10 @@ def recover_cmd(
                 RunDir(plan.run_dir), launched):
             rc_said = "1 without a halt recorded by train (torchrun exits 1 for any failure)"
             code = EXIT_BAD_INPUT
-            if not as_json:
-                sys.stderr.write(f"recover: the relaunched job exited with code {rc_said}: "
-                                 "failed\n")
+            sys.stderr.write(f"recover: the relaunched job exited with code {rc_said}: failed\n")
         elif rc != 0 or not submits(plan.command):  # a job run here: its end is the answer
             code = relaunch_exit_code(rc, plan.command)
-            if not as_json:
-                sys.stderr.write(f"recover: {relaunch_end_text(rc, plan.command)}\n")
+            sys.stderr.write(f"recover: {relaunch_end_text(rc, plan.command)}\n")
     if as_json:
         from mscale.cli.output import print_json
 

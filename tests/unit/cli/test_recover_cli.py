@@ -259,8 +259,9 @@ def test_execute_with_no_recorded_launch_relaunches_nothing_and_says_so(cli, run
     assert code == 3 and "recover: nothing relaunched" in err, out + err
     assert out.splitlines()[0].endswith("RELAUNCHABLE by hand (exit 3: nothing relaunched, "
                                         "recover has no launch command to run)")
-    code, out, _ = cli("recover", str(run), "--execute", "--no-recheck", "--json")
+    code, out, err = cli("recover", str(run), "--execute", "--no-recheck", "--json")
     assert code == 3 and json.loads(out)["exit_code"] == 3
+    assert "recover: nothing relaunched" in err  # the reason, beside the document
 
 
 def test_execute_for_a_job_slurm_queued_again_keeps_its_verdict(cli, run, state, monkeypatch):
