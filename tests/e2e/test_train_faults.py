@@ -437,26 +437,3 @@ def test_a_rank_stopped_at_start_up_is_named_within_the_timeout(tmp_path):
         out + "".join(f"\n{p.name}: {p.read_text()[-1500:]}"
                       for p in sorted((run / "logs").glob("rank*.error.json")))
     assert not (run / "metrics.jsonl").exists() or not records(run / "metrics.jsonl")
-
-
-def test_a_source_changed_under_a_resume_stops_every_rank_at_once(tmp_path):
-    """Rank 0 reads what the data is and tells the others (train/loop.py `_data_identity`): the
-    verdict on a resume is one, so the refusal ends the job at once, not rank 0 alone while its
-    peers wait in their next collective."""
-    import numpy as np
-
-    tokens = np.random.default_rng(0).integers(0, 256, 4 * 16 * 64 + 1)
-    plan = token_plan(tmp_path, "data", tokens)
-    run = tmp_path / "run"
-    args = ("--local", "4", "--run-dir", str(run), "--timeout", "60")
-    p = mscale("train", plan, "--steps", "2", *args)
-    assert p.returncode == 0, p.stdout + p.stderr
-    tokens[:64] = (tokens[:64] + 1) % 256  # same size: only the contents tell
-    np.asarray(tokens, dtype=np.uint16).tofile(tmp_path / "data.bin")
-    t0 = time.monotonic()
-    p = mscale("train", plan, "--steps", "4", *args)
-    out = p.stdout + p.stderr
-    assert p.returncode == 3 and "Traceback" not in out, out
-    assert "the training data differ from what" in out and "--allow-data-change" in out, out
-    assert time.monotonic() - t0 < 50, out  # not a peer left to its collective timeout
-    assert [m["step"] for m in records(run / "metrics.jsonl")] == [1, 2]

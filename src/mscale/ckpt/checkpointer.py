@@ -267,13 +267,14 @@ class Checkpointer:
         self.writer.close()
 
     # ------------------------------------------------------------------ resuming
-    def resume(self, check: Callable[[object], None] = lambda manifest: None) -> int:
+    def resume(self, check: Callable[[object], None] = lambda point: None) -> int:
         """Collective: load the checkpoint chosen by ``options.resume``; returns the step to
-        continue from (0 for a fresh run). ``check(manifest)`` runs on rank 0 with the chosen
-        checkpoint's manifest before anything is loaded; its `MscaleError` stops every rank."""
+        continue from (0 for a fresh run). ``check(point)`` runs on rank 0 with the chosen
+        `ResumePoint` (its path and manifest; None for a fresh run) before anything is loaded;
+        its `MscaleError` stops every rank."""
         def choose() -> ResumePoint | None:
             point = choose_resume(self.root, self.opts.resume)
-            check(point.manifest if point is not None else None)
+            check(point)
             return point
         point = agree(choose, self.group, self.rank)
         if point is None:

@@ -226,7 +226,7 @@ class ClipState(_Record):
 
 class DataSourceRecord(_Record):
     """`TrainState.data_sources`: one token source as the checkpoint's run read it
-    (train/data.py `identities`)."""
+    (train/resumed.py `identities`)."""
 
     path: str = Field(min_length=1, max_length=4096)
     """As the training file names it."""

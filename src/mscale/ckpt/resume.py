@@ -76,8 +76,15 @@ def choose_resume(root: str, mode: str) -> ResumePoint | None:
 def check_resume(root: str, mode: str) -> Manifest | None:
     """What `choose_resume` would load, checked without changing anything: for a launcher to
     refuse a bad ``--resume`` or ``latest`` (naming the file) before any worker starts."""
+    point = check_resume_point(root, mode)
+    return point.manifest if point else None
+
+
+def check_resume_point(root: str, mode: str) -> ResumePoint | None:
+    """`check_resume` with the checkpoint's path: whether it is the run's own decides what a
+    change of data means (train/resumed.py). Nothing tidied, so nothing in ``cleaned``."""
     target = _target(root, mode, catalog.entries(root, sizes=False))
-    return catalog.load_named(target) if target else None
+    return ResumePoint(target, catalog.load_named(target), []) if target else None
 
 
 def _target(root: str, mode: str, found: list[catalog.Entry]) -> str | None:

@@ -24,6 +24,7 @@ from mscale.config.training import DataConfig
 from mscale.data.blend import BlendedSamples, build_splits
 from mscale.distributed.collectives import COMM_CLOCK
 from mscale.errors import MscaleError
+from mscale.train.resumed import DataIdentity, split_identity
 
 
 READ_THREADS = 2
@@ -273,24 +274,13 @@ class ReadAhead:
             self._cv.notify_all()
 
 
-@dataclass(frozen=True)
-class DataIdentity:
-    """What a checkpoint records of its data, and a resumed run compares (train/resumed.py)."""
-
-    checksum: int
-    """crc32 of sample 0 (``TrainState.data_fingerprint``, in every checkpoint)."""
-    sources: list[dict] | None = None
-    """One identity per source (`identities`; ``TrainState.data_sources``), None for synthetic
-    data."""
-
-
 def source_fingerprint(source) -> DataIdentity:
     """What a resumed run compares to tell whether its data changed under it: a checksum of the
     first sample, and every source's identity."""
     samples = getattr(source, "samples", None)
-    sources = (identities(samples, getattr(source, "held_out", None))
-               if isinstance(samples, BlendedSamples) else None)
-    return DataIdentity(zlib.crc32(source.sample(0).numpy().tobytes()), sources)
+    if isinstance(samples, BlendedSamples):
+        return split_identity(samples, getattr(source, "held_out", None))
+    return DataIdentity(zlib.crc32(source.sample(0).numpy().tobytes()))
 
 
 def data_shape(source) -> list[int]:
@@ -325,24 +315,6 @@ def check_same_data_everywhere(source) -> None:
                           fix="give every node the same files (a shared filesystem, or copies "
                               "finished before the job starts), and a glob no writer is adding "
                               "to")
-
-
-def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> list[dict]:
-    """One record per source, training sources first (``role`` train, their blend ``weight``),
-    then held-out sources given apart (``role`` eval): ``path`` as the training file names it
-    and `TokenDataset.identity` (a prepared folder's manifest digest; for other sources a
-    checksum of their first and last MiB with their size)."""
-    out, seen = [], set()
-    for role, split in (("train", train), ("eval", held)):
-        if split is None:
-            continue
-        for part, weight in zip(split.parts, split.weights):
-            if id(part.dataset) in seen:  # the held-out end of a training source
-                continue
-            seen.add(id(part.dataset))
-            out.append({"path": part.dataset.url, "role": role, "weight": float(weight),
-                        **part.dataset.identity()})
-    return out
 
 
 def never_evaluated(training) -> str | None:

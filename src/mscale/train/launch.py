@@ -103,24 +103,27 @@ def check_before_launch(plan_path: str, options: TrainOptions, local: int) -> Pl
     _check_not_a_checkpoint(options.run_dir)
     if not local and _launched():
         return plan  # each worker checks these after the rendezvous (`_launched`)
-    data = plan.training.data
+    data, splits = plan.training.data, None
     if data.kind == "tokens":  # every source opened, its index checked, the splits cut
         try:
-            build_splits(data, plan.model.seq_len, plan.training.seed,
-                         plan.model.real_vocab or plan.model.vocab)
+            splits = build_splits(data, plan.model.seq_len, plan.training.seed,
+                                  plan.model.real_vocab or plan.model.vocab)
         except MscaleError as e:  # an error of the data section, no file of its own: the plan's
             if e.file is None:
                 e.file = plan_path
             raise
     _check_same_run(plan, options)
-    from mscale.ckpt.resume import check_resume
+    from mscale.ckpt.resume import check_resume_point
 
     try:  # a bad --resume or latest: for train that is "could not run" (3); 2 means NaN here
-        manifest = check_resume(RunDir(options.run_dir).ckpt, options.ckpt.resume)
+        point = check_resume_point(RunDir(options.run_dir).ckpt, options.ckpt.resume)
     except MscaleError as e:
         e.code = EXIT_BAD_INPUT
         raise
-    check_no_layer_dropped(manifest, plan, plan_path, options.ckpt.resume)
+    check_no_layer_dropped(point.manifest if point else None, plan, plan_path,
+                           options.ckpt.resume)
+    if point is not None and splits is not None:
+        _check_same_data(point, splits, options, plan_path)
     world = plan.layout.world_size
     _check_hook_ranks(options, world)
     if local:
@@ -159,6 +162,21 @@ def check_no_layer_dropped(manifest, plan: Plan, plan_path: str, resume: str) ->
                           "dropped in silence", file=plan_path, field="model.layers",
                           fix=f"train the checkpoint's model (model.layers: {layers}), or "
                               f"drop --resume {resume} to start this model from scratch")
+
+
+def _check_same_data(point, splits, options: TrainOptions, plan_path: str) -> None:
+    """Refuse now, before a worker builds its model or any line says the run resumed, data
+    changed under a restart of the run's own checkpoint (train/resumed.py): the splits opened
+    above give the identity the workers would compute (`resumed.split_identity`)."""
+    from mscale.train.resumed import check_data_unchanged, is_own, split_identity
+
+    try:
+        check_data_unchanged(point.manifest.state, split_identity(*splits), point.path,
+                             is_own(point.path, RunDir(options.run_dir).ckpt),
+                             options.allow_data_change)
+    except MscaleError as e:  # the plan's data section names what it reads now
+        e.file = plan_path
+        raise
 
 
 def _check_not_a_checkpoint(run_dir: str) -> None:

@@ -37,6 +37,7 @@ from mscale.train.engine import Engine, build_engine
 from mscale.train.metrics import build_record, gather_rank_vectors
 from mscale.train.options import TrainOptions
 from mscale.train.progress import ProgressReporter
+from mscale.train.resumed import check_data_unchanged, is_own
 from mscale.train.schedule import learning_rate
 from mscale.train import tensorboard, trace
 from mscale.train.evaluate import evaluate
@@ -104,6 +105,20 @@ def _checkpointer(engine: Engine, s: RunSession) -> Checkpointer:
                         write_hooks=engine.faults.write_hooks, lock_lost=s.lock_lost)
 
 
+def _check_resume(engine: Engine, s: RunSession, ckpt: Checkpointer, point) -> None:
+    """Rank 0, on the checkpoint chosen to resume (`ckpt.resume.ResumePoint`, None for a fresh
+    run), before it is loaded and before any line says the run resumed: a plan that would drop
+    its blocks, and data changed under a restart of the run's own checkpoint, are refused."""
+    if point is None:
+        return
+    check_no_layer_dropped(point.manifest, engine.plan,
+                           (engine.options.launch or {}).get("plan") or s.run.plan,
+                           engine.options.ckpt.resume)
+    check_data_unchanged(point.manifest.state, DataIdentity(ckpt.fingerprint, ckpt.data_sources),
+                         point.path, is_own(point.path, s.run.ckpt),
+                         engine.options.allow_data_change)
+
+
 def _checkpoint_event(engine: Engine, s: RunSession, fields: dict) -> None:
     """The checkpointer's events (rank 0, maybe from its writer thread), commits and failures
     also on the console."""
@@ -118,9 +133,7 @@ def _run(engine: Engine, s: RunSession, start: Start) -> int:
     plan = engine.plan
     announce(engine, s, start)
     ckpt = _checkpointer(engine, s)
-    first = ckpt.resume(check=lambda manifest: check_no_layer_dropped(
-        manifest, plan, (engine.options.launch or {}).get("plan") or s.run.plan,
-        engine.options.ckpt.resume))
+    first = ckpt.resume(check=lambda point: _check_resume(engine, s, ckpt, point))
     if ckpt.resumed_state is not None:  # the data continues where the checkpoint was
         st = ckpt.resumed_state
         engine.loader.resume_from(st.step, st.samples, st.counts_skips)

@@ -9,13 +9,15 @@ step, under whatever data and schedule the resuming run has. Both can change wit
   a checksum of a source's first and last MiB with its size; its weight and token and document
   counts), and a resume names the source that changed and how (`data_differences`); a
   checkpoint from before those records is compared by the checksum of the first sample it
-  recorded. A run directory resuming its own
-  checkpoint (``--resume auto``, or one of its own ``ckpt/`` named: what recover and supervise
-  relaunch, a rollback included) refuses a change: that is a crash-restart, and it must train on
-  what it trained on. ``--allow-data-change``, or a new run directory started from another
-  run's checkpoint (``--resume OTHER/ckpt/step-N``), is the operator saying the change is meant:
-  then it is one line and an event, and one more when there is a held-out split: it was re-cut
-  and re-blended, so held-out losses before and after are not comparable.
+  recorded. A run directory resuming its own checkpoint (``--resume auto``, or one of its own
+  ``ckpt/`` named: what recover and supervise relaunch, a rollback included) refuses a change:
+  that is a crash-restart, and it must train on what it trained on. The refusal
+  (`check_data_unchanged`) comes before any line says the run resumed: the --local launcher
+  makes it before a worker starts, the workers (under srun or torchrun) on the chosen
+  checkpoint's manifest before loading it. ``--allow-data-change``, or a new run directory
+  started from another run's checkpoint (``--resume OTHER/ckpt/step-N``), is the operator saying
+  the change is meant: then it is one line and an event, and one more when there is a held-out
+  split: it was re-cut and re-blended, so held-out losses before and after are not comparable.
 - **the learning rate**: the schedule is a function of ``training.steps``; resuming with another
   ``--steps`` stretches or squeezes the cosine, so the rate jumps (a 20-step run extended to 40
   restarts from ~6× its last rate). Meant or not, the operator sees the jump before it trains.
@@ -24,13 +26,50 @@ step, under whatever data and schedule the resuming run has. Both can change wit
 from __future__ import annotations
 
 import math
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mscale.config.model import ModelConfig
 from mscale.config.training import TrainingConfig
 from mscale.errors import MscaleError
-from mscale.train.data import DataIdentity
 from mscale.train.schedule import learning_rate
 from mscale.urls import location_key
+
+if TYPE_CHECKING:  # numpy only, but only its type is needed here
+    from mscale.data.blend import BlendedSamples
+
+
+@dataclass(frozen=True)
+class DataIdentity:
+    """What a checkpoint records of its data, and a resumed run compares."""
+
+    checksum: int
+    """crc32 of sample 0 (``TrainState.data_fingerprint``, in every checkpoint)."""
+    sources: list[dict] | None = None
+    """One identity per source (`identities`; ``TrainState.data_sources``), None for synthetic
+    data."""
+
+
+def split_identity(train: BlendedSamples, held: BlendedSamples | None = None) -> DataIdentity:
+    """The identity of token data from its splits (`blend.build_splits`), without torch: what
+    the workers compute from their loader (train/data.py `source_fingerprint`) and the --local
+    launcher from the splits it opened to check them, the same bytes."""
+    return DataIdentity(zlib.crc32(train.sample(0).tobytes()), identities(train, held))
+
+
+def check_data_unchanged(state, data: DataIdentity | None, checkpoint: str, own: bool,
+                         data_change: bool = False) -> str | None:
+    """How the data differ from what ``checkpoint`` (its TrainState ``state``) trained on, or
+    None; MscaleError when that is a restart of the run's own checkpoint (``own``) without
+    ``--allow-data-change``. Made before the checkpoint is loaded, and by the --local launcher
+    before any worker starts, so no line has said the run resumed when it is refused."""
+    what = data_differences(state, data, checkpoint)
+    if what is not None and own and not data_change:
+        raise MscaleError(what, field="training.data",
+                          fix="restore the data that run trained on, or pass "
+                              "--allow-data-change to go on with the new data on purpose")
+    return what
 
 
 def resume_notes(state, training: TrainingConfig, data: DataIdentity | None, own: bool,
@@ -41,12 +80,8 @@ def resume_notes(state, training: TrainingConfig, data: DataIdentity | None, own
     first sample's checksum); ``own``: the checkpoint is the run directory's own
     (`is_own`); ``data_change``: ``--allow-data-change`` (the change is meant)."""
     notes = []
-    what = data_differences(state, data, checkpoint)
+    what = check_data_unchanged(state, data, checkpoint, own, data_change)
     if what is not None:
-        if own and not data_change:
-            raise MscaleError(what, field="training.data",
-                              fix="restore the data that run trained on, or pass "
-                                  "--allow-data-change to go on with the new data on purpose")
         notes.append(f"{what}: continuing at global sample {state.samples} of the new data, "
                      "so samples may repeat or be skipped (docs/data.md)")
         if training.data.kind == "tokens" and training.data.has_eval:
@@ -110,6 +145,24 @@ def source_changes(saved: list[dict], now: list[dict]) -> list[str]:
             out.append(f"{name}'s weight changed from {a['weight']:g} to {b['weight']:g}")
     out += [f"{b['path']}{' (held-out)' if b['role'] == 'eval' else ''} was added "
             f"(weight {b['weight']:g})" for key, b in after.items() if key not in before]
+    return out
+
+
+def identities(train: BlendedSamples, held: BlendedSamples | None = None) -> list[dict]:
+    """One record per source, training sources first (``role`` train, their blend ``weight``),
+    then held-out sources given apart (``role`` eval): ``path`` as the training file names it
+    and `TokenDataset.identity` (a prepared folder's manifest digest; for other sources a
+    checksum of their first and last MiB with their size)."""
+    out, seen = [], set()
+    for role, split in (("train", train), ("eval", held)):
+        if split is None:
+            continue
+        for part, weight in zip(split.parts, split.weights):
+            if id(part.dataset) in seen:  # the held-out end of a training source
+                continue
+            seen.add(id(part.dataset))
+            out.append({"path": part.dataset.url, "role": role, "weight": float(weight),
+                        **part.dataset.identity()})
     return out
 
 

@@ -144,8 +144,9 @@ def test_a_manifest_no_loader_would_read_is_not_committed(tmp_path, tensors, mon
 
 def test_resume_runs_the_callers_check_on_the_chosen_manifest(tmp_path, tensors):
     """Under srun/torchrun the plan-against-checkpoint checks are made here, after the
-    rendezvous (train/launch.py `_launched`): rank 0 runs them on the manifest it chose, and
-    their refusal reaches every rank as exit 3 before anything is loaded."""
+    rendezvous (train/launch.py `_launched`): rank 0 runs them on the checkpoint it chose (its
+    path says whether it is the run's own, which a change of data needs), and their refusal
+    reaches every rank as exit 3 before anything is loaded."""
     from mscale.errors import EXIT_BAD_INPUT, MscaleError
 
     root = catalog.join(_run(tmp_path, "file"), "ckpt")
@@ -154,12 +155,13 @@ def test_resume_runs_the_callers_check_on_the_chosen_manifest(tmp_path, tensors)
     ck.root, ck.opts, ck.rank, ck.group = root, SimpleNamespace(resume="auto"), 0, None
     seen = []
 
-    def refuse(manifest):
-        seen.append(manifest.step)
+    def refuse(point):
+        seen.append((point.manifest.step, catalog.basename(point.path)))
         raise MscaleError("holds 6 blocks", field="model.layers")
     with pytest.raises(MscaleError, match="holds 6 blocks") as e:
         ck.resume(check=refuse)
-    assert seen == [2] and e.value.code == EXIT_BAD_INPUT and e.value.field == "model.layers"
+    assert seen == [(2, "step-000002")]
+    assert e.value.code == EXIT_BAD_INPUT and e.value.field == "model.layers"
 
 
 def test_an_error_assembling_the_manifest_is_a_failed_save_not_a_silent_one(tmp_path, tensors,

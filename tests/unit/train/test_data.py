@@ -284,3 +284,22 @@ def test_a_held_out_source_that_is_also_trained_on_is_refused_when_the_run_opens
     with pytest.raises(MscaleError, match="also a training source") as e:
         open_sources(cfg)
     assert e.value.field == "training.data.eval_sources[0].path"
+
+
+def test_the_launchers_identity_of_the_data_is_the_workers(tmp_path):
+    """The --local launcher refuses a changed source before any worker starts, from the splits
+    it opened (numpy, no torch); the workers' identity comes from their loader. Were the two to
+    differ, every restart under --local would be refused as "data changed"."""
+    from mscale.data.blend import build_splits
+    from mscale.train.data import source_fingerprint
+    from mscale.train.resumed import split_identity
+
+    prepared(tmp_path / "a", [[1, 2, 3] * 10] * 6, vocab_size=256)
+    prepared(tmp_path / "held", [[4, 5, 6] * 10] * 4, vocab_size=256)
+    np.arange(2000, dtype=np.uint16).tofile(tmp_path / "flat.bin")
+    cfg = DataConfig(sources=[{"path": str(tmp_path / "a")},
+                              {"path": str(tmp_path / "flat.bin"), "weight": 2.0}],
+                     eval_sources=[{"path": str(tmp_path / "held")}])
+    launcher = split_identity(*build_splits(cfg, 8, 5, 4096))
+    assert launcher == source_fingerprint(make_source(cfg, 5, 8, 4096))
+    assert len(launcher.sources) == 3
