@@ -256,9 +256,11 @@ def tokenizer_cmd(
 
 
 def _describe(spec: str, dtype: str | None) -> dict:
-    from mscale.data.datasets import open_dataset
+    from mscale.data.datasets import open_dataset, uint32_read_as_uint16
 
     ds = open_dataset(spec, dtype=dtype, check_indexes=True)  # one process: check them all
+    # training refuses this file at the default dtype (blend.check_vocab): say so here too
+    misread = None if dtype else uint32_read_as_uint16(ds)
     if ds.vocab_size is not None:
         kind = "mscale shards"
     elif ds.shards[0].documents is not None:
@@ -270,7 +272,13 @@ def _describe(spec: str, dtype: str | None) -> dict:
                "bytes": s.blob.size} for s in ds.shards]
     return {"spec": spec, "kind": kind, "tokens": ds.num_tokens, "documents": ds.documents,
             "dtype": ds.dtype.name, "vocab_size": ds.vocab_size, "eod_id": ds.eod_id,
-            "shards": shards}
+            "shards": shards, "warnings": [_misread_warning(misread)] if misread else []}
+
+
+def _misread_warning(why: str) -> str:
+    return (f"read as uint16 (the default without --dtype), but {why}, and the figures here "
+            "count 2-byte ids; fix: --dtype uint32 (data.dtype: uint32 in a training file, "
+            "which refuses it until then), or --dtype uint16 if every second id really is 0")
 
 
 @data_app.command("inspect")
@@ -286,7 +294,8 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """What training would read from SPEC: its kind, tokens, documents, dtype, vocabulary, EOD
-    and shards. Structure is checked (sizes, index); checksums are `data verify`'s."""
+    and shards. Structure is checked (sizes, index); checksums are `data verify`'s. A flat
+    file that looks like uint32 ids read at the uint16 default is a WARNING line, exit 1."""
     from rich.table import Table
 
     d = _describe(spec, dtype)
@@ -298,6 +307,8 @@ def inspect_cmd(
             open_dataset(spec, dtype=dtype))
     if as_json:
         print_json(d)
+        if d["warnings"]:
+            raise typer.Exit(EXIT_WARNING)
         return
     extra = ""
     if d["vocab_size"] is not None:
@@ -315,6 +326,10 @@ def inspect_cmd(
         console.print(f"unigram entropy {d['unigram_entropy']:.4f} nats/token over "
                       f"{d['unigram_tokens_counted']:,} tokens: a held-out loss below it has "
                       "learned from context", soft_wrap=True, markup=False)
+    for warning in d["warnings"]:
+        console.print(f"WARNING {spec}: {warning}", soft_wrap=True, markup=False)
+    if d["warnings"]:
+        raise typer.Exit(EXIT_WARNING)
 
 
 @data_app.command("verify")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mscale.config.training import DataConfig, DataSource
-from mscale.data.datasets import SourceNotFound, open_dataset
+from mscale.data.datasets import SourceNotFound, open_dataset, uint32_read_as_uint16
 from mscale.data.indexed import TokenDataset
 from mscale.data.manifest import MANIFEST
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
@@ -226,14 +226,6 @@ def _check_no_shard_shared(train: list, held: list) -> None:
                                   "folder includes, or hold out with eval_fraction")
 
 
-def _uint32_read_as_uint16(ds: TokenDataset, head: np.ndarray) -> bool:
-    """A uint32 file of ids below 65,536 read as uint16 is every id followed by a 0 (its high
-    half): ids all below any vocabulary, so only this pattern gives it away. In real uint16
-    tokens every second id 0 over hundreds of them does not happen."""
-    return (ds.dtype == np.uint16 and head.size >= 256 and ds.num_tokens % 2 == 0
-            and not head[1::2].any() and bool(head[0::2].any()))
-
-
 def _tokenizer(ds: TokenDataset) -> tuple:
     return ds.tokenizer_sha256, ds.vocab_size, ds.eod_id
 
@@ -282,10 +274,10 @@ def check_vocab(ds: TokenDataset, vocab: int, where: str, dtype_given: bool = Tr
                               "model.vocab to the tokenizer's size (model.real_vocab, when the "
                               "vocabulary is padded)")
     head = ds.read(0, min(ds.num_tokens, 1 << 20))
-    if ds.documents is None and not dtype_given and _uint32_read_as_uint16(ds, head):
-        raise MscaleError("a flat token file is read as uint16 (data.dtype's default), but every "
-                          f"second of its first {head.size:,} ids is 0: it holds uint32 ids",
-                          file=ds.url, field=where,
+    misread = None if dtype_given else uint32_read_as_uint16(ds, head)
+    if misread:
+        raise MscaleError(f"a flat token file is read as uint16 (data.dtype's default), but "
+                          f"{misread}", file=ds.url, field=where,
                           fix="say how the file was written: data.dtype: uint32 (or uint16, if "
                               "every second id really is 0)")
     top = int(head.max()) if head.size else 0

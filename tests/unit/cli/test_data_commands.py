@@ -94,6 +94,35 @@ def test_inspect_checks_every_index_of_a_prepared_folder(cli, tmp_path):
     assert code == 3 and str(idx) in err and "idx.sequence_count" in err, stdout + err
 
 
+def test_inspect_warns_of_uint32_ids_read_at_the_uint16_default_as_training_refuses(cli,
+                                                                                   tmp_path):
+    """A nanoGPT-style file of uint32 ids read at the uint16 default: inspect showed twice the
+    tokens with no word, while train refuses it (blend.check_vocab). The same rule now gives a
+    WARNING line and exit 1; a dtype said either way is read as said, without it."""
+    import numpy as np
+
+    from mscale.data.blend import build_splits
+    from mscale.config.training import DataConfig
+    from mscale.errors import MscaleError
+
+    flat = tmp_path / "flat32.bin"
+    ((np.arange(5000, dtype=np.uint32) * 7) % 1000 + 1).tofile(flat)
+    with pytest.raises(MscaleError) as refused:
+        build_splits(DataConfig(path=str(flat)), 63, 1, 1024)
+    code, stdout, _ = cli("data", "inspect", str(flat))
+    assert code == 1 and "10,000 tokens" in stdout, stdout
+    warning = stdout.splitlines()[-1]
+    assert warning.startswith(f"WARNING {flat}: read as uint16 (the default without --dtype)")
+    why = "every second of its first 10,000 ids is 0: it holds uint32 ids"
+    assert why in warning and why in refused.value.message
+    assert "fix: --dtype uint32" in warning
+    code, stdout, _ = cli("data", "inspect", str(flat), "--json")
+    assert code == 1 and why in json.loads(stdout)["warnings"][0]
+    for dtype, tokens in (("uint32", "5,000"), ("uint16", "10,000")):
+        code, stdout, _ = cli("data", "inspect", str(flat), "--dtype", dtype)
+        assert code == 0 and f"{tokens} tokens" in stdout and "WARNING" not in stdout, stdout
+
+
 def test_the_progress_line_names_what_is_being_tokenized():
     """A large document is one batch: documents and tokens stand still for minutes, so the line
     says what is in flight."""
