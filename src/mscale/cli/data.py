@@ -332,6 +332,25 @@ def inspect_cmd(
         raise typer.Exit(EXIT_WARNING)
 
 
+def _verify_fix(spec: str, prepared: bool) -> str:
+    """What to do with a damaged source, by its kind: a prepared folder is prepared again with
+    --force (its manifest names the text), into a new folder when its manifest is unreadable
+    (--force replaces only a folder it can tell is a token folder: `load_manifest`'s fix); a
+    Megatron pair (the only other kind whose damage verify reports) cannot be rebuilt by
+    prepare, which reads text and writes a folder of its own."""
+    from mscale.data.indexed import REGENERATE
+    from mscale.data.manifest import load_manifest, reprepare
+    from mscale.errors import MscaleError
+
+    if not prepared:
+        return REGENERATE
+    try:
+        load_manifest(spec.rstrip("/"))
+    except MscaleError as e:
+        return e.fix or reprepare(spec.rstrip("/"))
+    return reprepare(spec.rstrip("/"))
+
+
 @data_app.command("verify")
 def verify_cmd(
     spec: str = typer.Argument(..., help="A prepared folder (manifest.json); other sources are "
@@ -370,8 +389,7 @@ def verify_cmd(
                       soft_wrap=True, markup=False)
         for p in problems:
             console.print(f"  {p}", soft_wrap=True, markup=False)
-        console.print("  fix: re-run mscale data prepare (or restore the files named)",
-                      soft_wrap=True, markup=False)
+        console.print(f"  fix: {_verify_fix(spec, checked)}", soft_wrap=True, markup=False)
     else:
         how = ("every .bin and .idx matches its sha256 in the manifest" if checked else
                "structure only: without manifest.json there are no checksums")

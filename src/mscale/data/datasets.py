@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from mscale.data.indexed import Shard, TokenDataset, open_flat, open_prefix, storage_dtype
-from mscale.data.manifest import (MANIFEST, REPREPARE, TOKEN_DTYPES, check_shard, load_manifest,
-                                  manifest_digest, verify_checksums)
+from mscale.data.manifest import (MANIFEST, TOKEN_DTYPES, check_shard, load_manifest,
+                                  manifest_digest, reprepare, verify_checksums)
 from mscale.data.storage import expand, join, kind, open_blob, sizes
 from mscale.errors import MscaleError
 
@@ -43,13 +43,13 @@ def _open_manifest(folder: str, spec: str, dtype: np.dtype | None,
 
 def _missing(s: dict, i: int, url: str, file: str) -> MscaleError:
     return _bad(f"shard {s['prefix']!r} is missing ({file})", url,
-                f"manifest.shards[{i}].prefix", REPREPARE)
+                f"manifest.shards[{i}].prefix", reprepare(url[:-len(MANIFEST) - 1]))
 
 
 def _checked_shard(folder: str, m: dict, i: int, s: dict, url: str) -> Shard:
     """Shard ``i`` opened and its index parsed, both checked against the manifest."""
     try:
-        shard = open_prefix(join(folder, s["prefix"]))
+        shard = open_prefix(join(folder, s["prefix"]), reprepare(folder))
     except MscaleError as e:
         if e.message != "no such file":
             raise
@@ -75,7 +75,8 @@ def _listed_shard(folder: str):
         dtype = storage_dtype(TOKEN_DTYPES[m["dtype"]])
         blob = open_blob(bin_url, size=listed[s["prefix"] + ".bin"])
         idx_url = join(folder, s["prefix"] + ".idx")
-        shard = Shard(blob, dtype, s["documents"], lambda: open_blob(idx_url))
+        shard = Shard(blob, dtype, s["documents"], lambda: open_blob(idx_url),
+                      reprepare(folder))
         check_shard(m, i, url, dtype, tokens=shard.tokens, bin_bytes=blob.size)
         return shard
     return open_one

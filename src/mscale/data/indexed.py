@@ -199,6 +199,14 @@ def _finish(f) -> None:
 # Checksums are not computed at open (hours for TBs): `verify_dataset` does that on request.
 
 
+REGENERATE = ("restore the .bin/.idx pair from a copy, or write it again with the tool that made "
+              "it (Megatron-LM tools/preprocess_data.py); or tokenize its text anew: mscale data "
+              "prepare INPUT... --tokenizer TOKENIZER --out DIR, and train on DIR")
+"""The fix for a Megatron pair that does not hold together. `mscale data prepare` reads text
+and writes a folder with a manifest: it cannot rebuild a pair in place. A prepared folder's
+shards name its own fix (`manifest.REPREPARE`, passed in as ``fix``)."""
+
+
 def _bad(message: str, file: str, field: str, fix: str) -> MscaleError:
     return MscaleError(message, file=file, field=field, fix=fix)
 
@@ -212,9 +220,11 @@ class Shard:
     again from the index when asked for (`document_starts`)."""
 
     def __init__(self, bin_blob: Blob, dtype: np.dtype, documents: int | None = None,
-                 index: Callable[[], Blob] | None = None) -> None:
+                 index: Callable[[], Blob] | None = None, fix: str = REGENERATE) -> None:
         self.blob, self.dtype, self.documents, self._index = bin_blob, dtype, documents, index
         self.tokens = bin_blob.size // dtype.itemsize
+        self.fix = fix
+        """What to do when its index, read again, is damaged (`REGENERATE` or a folder's)."""
 
     def read(self, start: int, stop: int) -> np.ndarray:
         w = self.dtype.itemsize
@@ -227,18 +237,18 @@ class Shard:
         if self._index is None:
             raise ValueError(f"{self.blob.url} is a flat token file: it records no documents")
         idx = self._index()
-        dtype, starts = parse_index(idx.read(0, idx.size), idx.url, self.blob.size, self.blob.url)
+        dtype, starts = parse_index(idx.read(0, idx.size), idx.url, self.blob.size, self.blob.url,
+                                    self.fix)
         if dtype.itemsize != self.dtype.itemsize or len(starts) - 1 != self.documents:
             raise _bad(f"index holds {len(starts) - 1} documents of {dtype}, where the shard was "
-                       f"opened as {self.documents} of {self.dtype}", idx.url, "idx",
-                       "re-run mscale data prepare for this folder (or restore the file)")
+                       f"opened as {self.documents} of {self.dtype}", idx.url, "idx", self.fix)
         return starts
 
 
-def parse_index(idx: bytes, idx_url: str, bin_size: int,
-                bin_url: str) -> tuple[np.dtype, np.ndarray]:
-    """Check an MMIDIDX index against its .bin's size; returns (dtype, document token offsets)."""
-    fix = "regenerate it (Megatron-LM tools/preprocess_data.py or mscale data prepare)"
+def parse_index(idx: bytes, idx_url: str, bin_size: int, bin_url: str,
+                fix: str = REGENERATE) -> tuple[np.dtype, np.ndarray]:
+    """Check an MMIDIDX index against its .bin's size; returns (dtype, document token offsets).
+    ``fix``: what the error says to do (a prepared folder's shard: `manifest.REPREPARE`)."""
     if len(idx) < HEADER.size:
         raise _bad(f"index of {len(idx)} bytes is shorter than its {HEADER.size}-byte header",
                    idx_url, "idx.header", fix)
@@ -281,14 +291,15 @@ def parse_index(idx: bytes, idx_url: str, bin_size: int,
     return dtype, starts[documents]
 
 
-def open_prefix(prefix: str, **io) -> Shard:
-    """A Megatron prefix: ``prefix.idx`` checked against ``prefix.bin``."""
+def open_prefix(prefix: str, fix: str = REGENERATE, **io) -> Shard:
+    """A Megatron prefix: ``prefix.idx`` checked against ``prefix.bin``; ``fix`` as
+    `parse_index`'s."""
     bin_blob = open_blob(prefix + ".bin", **io)
     idx_blob = open_blob(prefix + ".idx", **io)
     dtype, starts = parse_index(idx_blob.read(0, idx_blob.size), idx_blob.url, bin_blob.size,
-                                bin_blob.url)
+                                bin_blob.url, fix)
     # opened again when asked for: a mapping held per shard is a file descriptor per shard
-    return Shard(bin_blob, dtype, len(starts) - 1, lambda: open_blob(prefix + ".idx", **io))
+    return Shard(bin_blob, dtype, len(starts) - 1, lambda: open_blob(prefix + ".idx", **io), fix)
 
 
 def open_flat(url: str, dtype: np.dtype, **io) -> Shard:

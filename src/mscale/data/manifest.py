@@ -27,12 +27,30 @@ VERSION = 1
 MANIFEST = "manifest.json"
 TOKEN_DTYPES = {"uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32)}
 """Flat-file and manifest token dtypes."""
-REPREPARE = "re-run mscale data prepare for this folder (or restore the file it names)"
-"""The fix for a manifest, or a shard it lists, that is not what prepare wrote."""
 
 
-def _refuse(message: str, url: str, field: str, fix: str = REPREPARE) -> MscaleError:
-    return MscaleError(message, file=url, field=field, fix=fix)
+def reprepare(folder: str) -> str:
+    """The fix for a manifest, or a shard it lists, that is not what prepare wrote. Prepare
+    refuses an existing --out without --force, so the fix says it."""
+    return ("restore the files named from a copy, or prepare the folder again from its text "
+            f"(its manifest.json's \"inputs\" and \"tokenizer\"): {_prepare_again(folder)}")
+
+
+def _prepare_again(folder: str) -> str:
+    return f"mscale data prepare INPUT... --tokenizer TOKENIZER --out {folder} --force"
+
+
+def _refuse(message: str, url: str, field: str, fix: str | None = None) -> MscaleError:
+    folder = url[:-len(MANIFEST) - 1] if url.endswith("/" + MANIFEST) else url
+    return MscaleError(message, file=url, field=field, fix=fix or reprepare(folder))
+
+
+def _unreadable(message: str, url: str, field: str) -> MscaleError:
+    """A manifest that is not ours to read: prepare's --force replaces only a folder whose
+    manifest.json it can read, so the fix names a new folder."""
+    return _refuse(message, url, field,
+                   f"restore {url} from a copy, or prepare the text again into a new folder: "
+                   "mscale data prepare INPUT... --tokenizer TOKENIZER --out NEW_FOLDER")
 
 
 def _int_field(m: dict, key: str, url: str, field: str, minimum: int = 0) -> int:
@@ -49,13 +67,14 @@ def load_manifest(folder: str) -> dict:
     try:
         m = json.loads(blob.read(0, blob.size))
     except (ValueError, UnicodeDecodeError) as e:
-        raise _refuse(f"not valid JSON ({e})", url, "manifest") from None
+        raise _unreadable(f"not valid JSON ({e})", url, "manifest") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise _refuse(f"format is {m.get('format') if isinstance(m, dict) else m!r}, not "
-                      f"{FORMAT!r}", url, "manifest.format")
+        raise _unreadable(f"format is {m.get('format') if isinstance(m, dict) else m!r}, not "
+                          f"{FORMAT!r}", url, "manifest.format")
     if m.get("version") != VERSION:
         raise _refuse(f"unknown manifest version {m.get('version')!r}", url, "manifest.version",
-                      "upgrade mscale, or re-run mscale data prepare")
+                      "upgrade mscale (a newer one wrote it), or prepare the folder again with "
+                      f"this one: {_prepare_again(folder)}")
     if not isinstance(m.get("tokenizer"), str):
         raise _refuse("tokenizer must be a string", url, "manifest.tokenizer")
     if m.get("dtype") not in TOKEN_DTYPES:

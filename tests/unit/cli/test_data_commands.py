@@ -216,3 +216,30 @@ def test_verify_says_what_it_hashes_before_it_starts(cli, tmp_path):
     total = seen[0][3]
     assert [a[:2] for a in seen] == [(0, 4), (1, 4), (2, 4), (3, 4), (4, 4)]
     assert seen[-1][2:] == (total, total) and total > 0
+
+
+def test_verify_s_fix_line_is_true_for_each_kind_of_source(cli, tmp_path):
+    """A damaged Megatron pair (no manifest) was told "re-run mscale data prepare", which reads
+    text and writes a folder of its own: it cannot rebuild the pair. Each kind now gets a fix
+    that works: the pair's own tool; prepare --force for a prepared folder (it refuses an
+    existing --out without it); a new folder when the manifest is unreadable (--force replaces
+    only a folder whose manifest it can read)."""
+    from tests.unit.data.folders import DOCS, reference_write, write_manifest
+
+    reference_write(tmp_path / "corpus", DOCS)
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    write_manifest(tmp_path / "garbled", [DOCS])
+    for damaged in (tmp_path / "corpus.bin", tmp_path / "ds" / "shard-00001.bin"):
+        with open(damaged, "r+b") as f:
+            f.truncate(4)
+    (tmp_path / "garbled" / "manifest.json").write_text("garbage")
+    fixes = {}
+    for name in ("corpus", "ds", "garbled"):
+        code, stdout, _ = cli("data", "verify", str(tmp_path / name))
+        assert code == 2 and stdout.startswith(f"FAILED {tmp_path / name}"), stdout
+        fixes[name] = stdout.splitlines()[-1]
+    assert "Megatron-LM tools/preprocess_data.py" in fixes["corpus"]
+    assert "--force" not in fixes["corpus"] and "--out DIR, and train on DIR" in fixes["corpus"]
+    assert fixes["ds"].endswith(f"--tokenizer TOKENIZER --out {tmp_path / 'ds'} --force")
+    assert "--out NEW_FOLDER" in fixes["garbled"] and "--force" not in fixes["garbled"]
+    assert all(f.startswith("  fix: ") and "re-run" not in f for f in fixes.values()), fixes

@@ -94,6 +94,30 @@ def test_verify_checks_a_megatron_prefix_for_structure_and_refuses_a_missing_pat
         verify_dataset(str(tmp_path / "empty"))
 
 
+def test_a_damaged_index_s_fix_is_its_source_kind_s(tmp_path):
+    """One index check serves a Megatron pair and a prepared folder's shard; its fix named
+    Megatron's tool "or mscale data prepare" for both, though prepare cannot rebuild a pair and
+    Megatron's tool cannot rebuild a shard its manifest records. Each now gets its own, also
+    when the index is read again at the held-out cut (a folder opened from its manifest)."""
+    from mscale.data.indexed import REGENERATE
+    from mscale.data.manifest import reprepare
+
+    reference_write(tmp_path / "corpus", DOCS)
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    for idx in (tmp_path / "corpus.idx", tmp_path / "ds" / "shard-00001.idx"):
+        idx.write_bytes(idx.read_bytes()[:34])  # the header alone
+    with pytest.raises(MscaleError) as e:
+        open_dataset(str(tmp_path / "corpus"))
+    assert e.value.fix == REGENERATE and "mscale data prepare INPUT..." in REGENERATE
+    with pytest.raises(MscaleError) as e:
+        open_dataset(str(tmp_path / "ds"), check_indexes=True)
+    assert e.value.field == "idx.sequence_count" and e.value.fix == reprepare(str(tmp_path / "ds"))
+    ds = open_dataset(str(tmp_path / "ds"))  # counts from the manifest: the index read at the cut
+    with pytest.raises(MscaleError) as e:
+        ds.next_document_start(ds.num_tokens - 1)
+    assert e.value.fix == reprepare(str(tmp_path / "ds")) and "preprocess_data" not in e.value.fix
+
+
 def test_folder_and_glob_of_prefixes(tmp_path):
     reference_write(tmp_path / "b", DOCS[2:])
     reference_write(tmp_path / "a", DOCS[:2])
