@@ -19,6 +19,7 @@ from mscale.data.indexed import TokenDataset
 from mscale.data.manifest import MANIFEST
 from mscale.data.sampling import Mixture, PackedSamples, split_documents
 from mscale.data.storage import Retry, join, set_default_retry
+from mscale.data.tokenizer import recorded_vocab_sha256
 from mscale.errors import MscaleError
 from mscale.urls import location_key
 
@@ -242,7 +243,8 @@ def check_one_tokenizer(opened: list) -> None:
     for source, ds, where in known[1:]:
         a, b = _tokenizer(ref), _tokenizer(ds)
         # a manifest without a checksum is compared by vocabulary and EOD alone
-        same = a[1:] == b[1:] and (None in (a[0], b[0]) or a[0] == b[0])
+        same = a[1:] == b[1:] and (None in (a[0], b[0]) or a[0] == b[0]
+                                   or _same_vocabulary(ref, ds))
         if not same:
             raise MscaleError(
                 f"prepared with another tokenizer than {first.path} ({ref_where}): "
@@ -250,6 +252,16 @@ def check_one_tokenizer(opened: list) -> None:
                 "different text in each source", file=join(ds.url, MANIFEST), field=where,
                 fix="prepare every source with the model's one tokenizer (mscale data prepare "
                     f"INPUT... --tokenizer TOKENIZER --out {source.path} --force)")
+
+
+def _same_vocabulary(a: TokenDataset, b: TokenDataset) -> bool:
+    """Two tokenizer files of other bytes that give every id the same token: one tokenizer
+    re-saved (pretty-printed, keys reordered, another `tokenizers` version), whose sources hold
+    the same ids for the same text. A manifest from before ``vocab_sha256`` is judged by its
+    tokenizer file, when that is still where it was, with the bytes it recorded."""
+    digests = [ds.vocab_sha256 or recorded_vocab_sha256(ds.tokenizer, ds.tokenizer_sha256)
+               for ds in (a, b)]
+    return None not in digests and digests[0] == digests[1]
 
 
 def _describe(ds: TokenDataset) -> str:

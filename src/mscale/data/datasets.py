@@ -38,6 +38,7 @@ def _open_manifest(folder: str, spec: str, dtype: np.dtype | None,
     ds = TokenDataset(spec, shards, vocab_size=m["vocab_size"], eod_id=m["eod_id"])
     ds.manifest_digest = manifest_digest(m)
     ds.tokenizer, ds.tokenizer_sha256 = m["tokenizer"], m.get("tokenizer_sha256")
+    ds.vocab_sha256 = m.get("vocab_sha256")  # not in manifests prepared before 2026-12-08
     return ds
 
 

@@ -332,8 +332,9 @@ class TokenDataset:
         """`manifest.manifest_digest` of a prepared folder; None for other sources."""
         self.tokenizer: str | None = None
         self.tokenizer_sha256: str | None = None
+        self.vocab_sha256: str | None = None
         """A prepared folder's tokenizer as its manifest records it (path as given to prepare,
-        sha256 of its bytes); None for other sources, which do not record one."""
+        sha256 of its bytes and of its vocabulary); None for other sources, which record none."""
 
     def next_document_start(self, pos: int) -> int:
         """The first document start at or after token ``pos`` (``num_tokens`` if none; ``pos``

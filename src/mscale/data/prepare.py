@@ -32,7 +32,7 @@ from mscale.data.encode import Encoder, default_workers
 from mscale.data.indexed import IndexedWriter
 from mscale.data.manifest import FORMAT, MANIFEST, VERSION
 from mscale.data.storage import check_parents, fsync_dir
-from mscale.data.tokenizer import eod_id, read_tokenizer, vocab_of
+from mscale.data.tokenizer import eod_id, read_tokenizer, vocab_of, vocab_sha256
 from mscale.errors import MscaleError
 from mscale.urls import fs_and_path
 
@@ -193,7 +193,8 @@ def prepare(inputs: list[str], tokenizer: str, out: str, *, text_field: str = "t
                               + (f" ({empty} empty)" if empty else ""), file=", ".join(inputs),
                               field="INPUT", fix="check the inputs (and --text-field / --column)")
         manifest = {"format": FORMAT, "version": VERSION, "tokenizer": str(tokenizer),
-                    "tokenizer_sha256": tok_sha, "vocab_size": vocab, "eod_id": eod,
+                    "tokenizer_sha256": tok_sha, "vocab_sha256": vocab_sha256(tok),
+                    "vocab_size": vocab, "eod_id": eod,
                     "dtype": dtype, "tokens": tokens, "documents": documents,
                     "inputs": [str(i) for i in inputs], "files": len(sources),
                     "empty_documents_skipped": empty, "shards": shards}

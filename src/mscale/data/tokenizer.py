@@ -9,6 +9,7 @@ model folder works when it holds ``tokenizer.json`` (the "fast" tokenizer every 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -110,6 +111,28 @@ def vocab_of(tok: "Tokenizer") -> int:
     ids = [tok.get_vocab_size(with_added_tokens=True)]
     ids += [i + 1 for i in tok.get_added_tokens_decoder()]  # an added id past the vocabulary
     return max(ids)
+
+
+def vocab_sha256(tok: "Tokenizer") -> str:
+    """sha256 of what each id stands for (every token and added token with its id): the same
+    for a tokenizer.json re-saved with other whitespace or key order, or by another version of
+    `tokenizers`, whose file bytes (``tokenizer_sha256``) differ; another for another
+    vocabulary. What a blend's sources must share (`blend.check_one_tokenizer`)."""
+    text = json.dumps(tok.get_vocab(with_added_tokens=True), sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def recorded_vocab_sha256(path: str | None, file_sha256: str | None) -> str | None:
+    """`vocab_sha256` of the tokenizer a manifest written before it recorded one names, when
+    the file is still at ``path`` with the bytes recorded (``file_sha256``); None otherwise."""
+    if not path or not file_sha256:
+        return None
+    try:
+        recorded, text, sha = read_tokenizer(path)
+    except (OSError, MscaleError):
+        return None
+    return vocab_sha256(_parse(text, recorded)) if sha == file_sha256 else None
 
 
 def eod_id(tok: "Tokenizer", eod: str | None = None, *, file: str | None = None) -> int:

@@ -174,3 +174,43 @@ def test_a_one_document_source_with_eval_fraction_says_one_document(tmp_path):
     with pytest.raises(MscaleError) as e:
         build_splits(DataConfig(path=str(tmp_path / "one"), eval_fraction=0.1), 8, 1, 512)
     assert e.value.message.endswith("(399 tokens, 1 document)")  # not "1 documents"
+
+
+def _resaved(tokenizer: str, out, pretty: bool) -> str:
+    """The same tokenizer saved again: other bytes (whitespace), the same ids."""
+    from tokenizers import Tokenizer
+
+    Tokenizer.from_file(tokenizer).save(str(out), pretty=pretty)
+    return str(out)
+
+
+def test_one_tokenizer_re_saved_is_not_another_tokenizer(tmp_path, tokenizer):
+    """A tokenizer.json pretty-printed by a re-save (save_pretrained, another `tokenizers`
+    version) has other bytes, so another sha256, and the same id for every token: two sources
+    prepared with it, byte-identical shards, were refused as "prepared with another tokenizer"
+    and told to re-prepare one. Compared by vocabulary now, from the manifest (vocab_sha256) or,
+    in a manifest from before it, from the tokenizer file it names while it is unchanged."""
+    from mscale.data.tokenizer import load_tokenizer, read_tokenizer, vocab_sha256
+
+    flat, pretty = _resaved(tokenizer, tmp_path / "flat.json", False), \
+        _resaved(tokenizer, tmp_path / "pretty.json", True)
+    shas = [read_tokenizer(t)[2] for t in (flat, pretty)]
+    assert shas[0] != shas[1]
+    vocab = vocab_sha256(load_tokenizer(tokenizer))
+    for name, tok, sha in (("web", flat, shas[0]), ("code", pretty, shas[1])):
+        prepared(tmp_path / name, [np.arange(1, 200)] * 4, tokenizer=tok, tokenizer_sha256=sha)
+    prepared(tmp_path / "new", [np.arange(1, 200)] * 4, tokenizer_sha256="c" * 64,
+             vocab_sha256=vocab)
+    listed = {"sources": [{"path": str(tmp_path / n)} for n in ("web", "code", "new")]}
+    assert build_splits(DataConfig(**listed), 8, 1, 512)[0] is not None
+    # another vocabulary of the same size and EOD is still another tokenizer
+    prepared(tmp_path / "other", [np.arange(1, 200)] * 4, tokenizer_sha256="d" * 64,
+             vocab_sha256="e" * 64)
+    listed["sources"].append({"path": str(tmp_path / "other")})
+    with pytest.raises(MscaleError, match="prepared with another tokenizer"):
+        build_splits(DataConfig(**listed), 8, 1, 512)
+    # an old manifest's tokenizer file changed since: its vocabulary is unknown, so refused
+    listed["sources"].pop()
+    (tmp_path / "pretty.json").write_text("{}")
+    with pytest.raises(MscaleError, match="prepared with another tokenizer"):
+        build_splits(DataConfig(**listed), 8, 1, 512)

@@ -14,6 +14,7 @@ import pytest
 from mscale.data import prepare as prep
 from mscale.data.datasets import open_dataset, verify_dataset
 from mscale.data.prepare import prepare
+from mscale.data.tokenizer import load_tokenizer, vocab_sha256
 from mscale.errors import MscaleError
 
 from tests.unit.data.corpus_text import decoded, docs_of, text, write_jsonl
@@ -36,6 +37,8 @@ def test_txt_files_are_one_document_each_in_input_order(tokenizer, tmp_path, mon
     assert decoded(out, tokenizer) == [text(4), text(1), text(2), text(3)]
     assert m["documents"] == 4 and m["files"] == 4 and m["eod_id"] == 0
     assert m["dtype"] == "uint16" and m["vocab_size"] == 300 and m["format"] == "mscale-tokens"
+    # what every id stands for, beside the file's bytes: a blend compares sources by it
+    assert m["vocab_sha256"] == vocab_sha256(load_tokenizer(tokenizer))
     assert m["tokens"] == sum(len(d) for d in docs_of(out))
     assert json.loads((out / "manifest.json").read_text()) == m
     assert verify_dataset(str(out)) == []
