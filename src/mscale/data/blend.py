@@ -259,9 +259,10 @@ def _same_vocabulary(a: TokenDataset, b: TokenDataset) -> bool:
     re-saved (pretty-printed, keys reordered, another `tokenizers` version), whose sources hold
     the same ids for the same text. A manifest from before ``vocab_sha256`` is judged by its
     tokenizer file, when that is still where it was, with the bytes it recorded."""
-    digests = [ds.vocab_sha256 or recorded_vocab_sha256(ds.tokenizer, ds.tokenizer_sha256)
-               for ds in (a, b)]
-    return None not in digests and digests[0] == digests[1]
+    for ds in (a, b):  # kept on the opened source: a blend compares each with its first
+        ds.vocab_sha256 = ds.vocab_sha256 or recorded_vocab_sha256(ds.tokenizer,
+                                                                   ds.tokenizer_sha256)
+    return None not in (a.vocab_sha256, b.vocab_sha256) and a.vocab_sha256 == b.vocab_sha256
 
 
 def _describe(ds: TokenDataset) -> str:

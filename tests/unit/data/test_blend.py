@@ -184,13 +184,15 @@ def _resaved(tokenizer: str, out, pretty: bool) -> str:
     return str(out)
 
 
-def test_one_tokenizer_re_saved_is_not_another_tokenizer(tmp_path, tokenizer):
+def test_one_tokenizer_re_saved_is_not_another_tokenizer(tmp_path, tokenizer, monkeypatch):
     """A tokenizer.json pretty-printed by a re-save (save_pretrained, another `tokenizers`
     version) has other bytes, so another sha256, and the same id for every token: two sources
     prepared with it, byte-identical shards, were refused as "prepared with another tokenizer"
     and told to re-prepare one. Compared by vocabulary now, from the manifest (vocab_sha256) or,
     in a manifest from before it, from the tokenizer file it names while it is unchanged."""
-    from mscale.data.tokenizer import load_tokenizer, read_tokenizer, vocab_sha256
+    from mscale.data import blend
+    from mscale.data.tokenizer import (load_tokenizer, read_tokenizer, recorded_vocab_sha256,
+                                       vocab_sha256)
 
     flat, pretty = _resaved(tokenizer, tmp_path / "flat.json", False), \
         _resaved(tokenizer, tmp_path / "pretty.json", True)
@@ -202,7 +204,11 @@ def test_one_tokenizer_re_saved_is_not_another_tokenizer(tmp_path, tokenizer):
     prepared(tmp_path / "new", [np.arange(1, 200)] * 4, tokenizer_sha256="c" * 64,
              vocab_sha256=vocab)
     listed = {"sources": [{"path": str(tmp_path / n)} for n in ("web", "code", "new")]}
+    read = []  # an old manifest's tokenizer file is read once per source, not per comparison
+    monkeypatch.setattr(blend, "recorded_vocab_sha256",
+                        lambda *a: read.append(a) or recorded_vocab_sha256(*a))
     assert build_splits(DataConfig(**listed), 8, 1, 512)[0] is not None
+    assert sorted(r[0] for r in read) == sorted([flat, pretty])
     # another vocabulary of the same size and EOD is still another tokenizer
     prepared(tmp_path / "other", [np.arange(1, 200)] * 4, tokenizer_sha256="d" * 64,
              vocab_sha256="e" * 64)
