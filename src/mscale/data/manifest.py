@@ -37,6 +37,12 @@ def reprepare(folder: str) -> str:
 
 
 def _prepare_again(folder: str) -> str:
+    """The command that rebuilds ``folder``. Prepare writes only a local --out: a folder on a
+    store is prepared locally and copied over the damaged one (its --out with the URL is
+    refused, "token shards are written to a local folder")."""
+    if "://" in folder and not folder.startswith("file://"):
+        return ("mscale data prepare INPUT... --tokenizer TOKENIZER --out LOCAL_FOLDER, then "
+                f"copy LOCAL_FOLDER's files over {folder}")
     return f"mscale data prepare INPUT... --tokenizer TOKENIZER --out {folder} --force"
 
 

@@ -118,6 +118,27 @@ def test_a_damaged_index_s_fix_is_its_source_kind_s(tmp_path):
     assert e.value.fix == reprepare(str(tmp_path / "ds")) and "preprocess_data" not in e.value.fix
 
 
+def test_a_damaged_folder_on_a_store_is_told_to_prepare_locally_and_copy(tmp_path):
+    """The fix for a damaged prepared folder on an object store named `mscale data prepare ...
+    --out s3://.../tokens --force`, which prepare refuses: it writes only a local folder."""
+    from mscale.data.prepare import prepare
+
+    write_manifest(tmp_path / "ds", [DOCS[:2], DOCS[2:]])
+    idx = tmp_path / "ds" / "shard-00001.idx"
+    idx.write_bytes(idx.read_bytes()[:34])
+    fs = fsspec.filesystem("memory")
+    fs.put(str(tmp_path / "ds"), "/damaged-test/ds", recursive=True)
+    try:
+        with pytest.raises(MscaleError) as e:
+            open_dataset("memory://damaged-test/ds", check_indexes=True)
+    finally:
+        fs.rm("/damaged-test", recursive=True)
+    assert "--out LOCAL_FOLDER, then copy LOCAL_FOLDER's files over memory://damaged-test/ds" \
+        in e.value.fix and "--force" not in e.value.fix
+    with pytest.raises(MscaleError, match="written to a local folder"):  # what the old fix ran
+        prepare([str(tmp_path)], "unused", "memory://damaged-test/ds", force=True)
+
+
 def test_folder_and_glob_of_prefixes(tmp_path):
     reference_write(tmp_path / "b", DOCS[2:])
     reference_write(tmp_path / "a", DOCS[:2])
