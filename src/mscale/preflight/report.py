@@ -83,28 +83,44 @@ def _judged(check: str, kind_key: str, items: list[dict], value_key: str, unit: 
     return out
 
 
+def _span(ranks: list[int], node_of: dict[int, str]) -> str:
+    """Whether a link stays inside one node (NVLink on GPUs) or crosses nodes (the NICs)."""
+    return "in a node" if len({node_of.get(r) for r in ranks}) == 1 else "across nodes"
+
+
 def _link_results(plan: Plan, payloads: list[dict], node_of: dict[int, str]) -> list[CheckResult]:
+    """Pairs and groups judged against their peers: the same kind over the same span. A layout
+    can put some links of one kind inside a node and others across nodes (tp4·pp4 on 8-GPU
+    nodes: two of its three stage boundaries are NVLink, one a NIC); judged together, every
+    healthy cross-node link sat far below the NVLink median and was CRITICAL."""
     nccl = on_gpu(payloads)
-    pairs: dict[str, dict[tuple, dict]] = {}
+    pairs: dict[tuple[str, str], dict[tuple, dict]] = {}
     for p in payloads:  # a pair's figure: its slower end's
         for it in p.get("pairs", []):
-            have = pairs.setdefault(it["kind"], {})
+            have = pairs.setdefault((it["kind"], _span(it["ranks"], node_of)), {})
             key = tuple(it["ranks"])
             if key not in have or it["gbps"] < have[key]["gbps"]:
                 have[key] = it
-    groups: dict[tuple[str, str], dict[tuple, dict]] = {}
+    groups: dict[tuple[str, str, str], dict[tuple, dict]] = {}
     for p in payloads:  # a group's time: its slowest member's best
         for it in p.get("groups", []):
             key = tuple(it["ranks"])
-            have = groups.setdefault((it["kind"], it["op"]), {})
+            have = groups.setdefault((it["kind"], _span(it["ranks"], node_of), it["op"]), {})
             if key not in have or it["seconds"] > have[key]["seconds"]:
                 have[key] = it
+    mixed = ({k for k, _ in pairs} & {k for k, s in pairs if s != "in a node"}
+             & {k for k, s in pairs if s == "in a node"})
+    mixed |= ({(k, op) for k, _, op in groups}
+              & {(k, op) for k, s, op in groups if s != "in a node"}
+              & {(k, op) for k, s, op in groups if s == "in a node"})
     out = []
-    for kind, items in sorted(pairs.items()):
-        out += _judged("p2p", f"{kind} pair", list(items.values()), "gbps", "GB/s", plan, nccl, node_of)
-    for (kind, op), items in sorted(groups.items()):
-        out += _judged(op, f"{kind} group", list(items.values()), "busbw", "GB/s busbw", plan,
-                       nccl, node_of)
+    for (kind, span), items in sorted(pairs.items()):
+        label = f"{kind} pair" + (f" ({span})" if kind in mixed else "")
+        out += _judged("p2p", label, list(items.values()), "gbps", "GB/s", plan, nccl, node_of)
+    for (kind, span, op), items in sorted(groups.items()):
+        label = f"{kind} group" + (f" ({span})" if (kind, op) in mixed else "")
+        out += _judged(op, label, list(items.values()), "busbw", "GB/s busbw", plan, nccl,
+                       node_of)
     return out
 
 

@@ -152,3 +152,29 @@ def test_a_healthy_report_past_the_listed_ok_results_prints_no_empty_table(capsy
     assert out[2].startswith("judged with the shared-cores tolerance (below 0.6 x")
     assert out[2].endswith("share the host's cores)") and len(out[2]) > 200  # one line
     assert out[3:] == ["status OK; bad nodes: none"]
+
+
+def test_links_of_one_kind_are_judged_against_links_over_the_same_span():
+    """tp4·pp4 on two 8-GPU nodes: two of its three stage boundaries stay in a node (NVLink),
+    one crosses the NICs. Judged together, every healthy cross-node pair sat at a tenth of the
+    NVLink median and was CRITICAL; judged among themselves they are OK, and a slow one of them
+    is still caught."""
+    from mscale.preflight.report import _link_results
+
+    node_of = {r: "node1" if r < 8 else "node2" for r in range(16)}
+    pairs = [(s * 4 + i, s * 4 + 4 + i) for s in range(3) for i in range(4)]
+
+    def results(slow: tuple[int, int] | None):
+        items = [{"kind": "pp", "ranks": list(p),
+                  "gbps": (2.0 if p == slow else 10.0) if node_of[p[0]] != node_of[p[1]]
+                  else 100.0} for p in pairs]
+        payloads = [{"rank": 0, "node": "node1", "device": "cpu", "pairs": items}]
+        return {tuple(r.ranks): r for r in _link_results(None, payloads, node_of)}
+
+    healthy = results(None)
+    assert {r.status for r in healthy.values()} == {"OK"}
+    assert healthy[(4, 8)].message == "pp pair (across nodes) on node1,node2"
+    assert healthy[(0, 4)].message == "pp pair (in a node) on node1"
+    slow = results((5, 9))
+    assert slow[(5, 9)].status == "CRITICAL"
+    assert {r.status for k, r in slow.items() if k != (5, 9)} == {"OK"}
