@@ -1,7 +1,9 @@
 """Repeated end-to-end proof of the slow-link path on the 8-process CPU demo (docs/benchmarks.md).
 
 A slow link made from outside mscale (tests/faults/slowlink.c: an LD_PRELOAD shim pacing the
-socket writes of one node's processes, selected by ``MSCALE_NODE`` as SLURM's would be by
+socket writes of one node's processes, every one (``scope="all"``: its in-node TP traffic
+too, the fault these figures were first measured with), selected by ``MSCALE_NODE`` as SLURM's
+would be by
 ``SLURMD_NODENAME``; no flag of ``train``) starts after a clean stretch of steps. Under
 ``mscale recover supervise --watch`` the job must: name the paced node ``slow_link``
 within 20 steps of the onset, commit a checkpoint, quarantine that node, relaunch without it and
@@ -110,7 +112,7 @@ def main() -> int:
         for node in TARGETS:
             run, flag = args.out / f"slow-{node}-{i}", args.out / f"onset-{node}-{i}"
             # the fault follows the node (its NIC), not a rank number: the relaunch renumbers
-            env = {**base, **slowlink.env(shim, f"MSCALE_NODE={node}", BPS, flag)}
+            env = {**base, **slowlink.env(shim, f"MSCALE_NODE={node}", BPS, flag, scope="all")}
             with slowlink.onset_after_step(run, ONSET, flag):
                 p = supervised(run, env)
             results.append(judge_slow(run, p, node, reference))

@@ -246,10 +246,12 @@ def test_slow_link_checkpoint_then_exclude_zero_steps_lost(plan, reference, tmp_
     of train: tests/faults/slowlink.c). watch (in supervise) names node2 as a slow link, the job
     checkpoints, node2 is quarantined, and the job is relaunched on node1 alone from that
     checkpoint: no step lost, the losses those of the uninterrupted run. The relaunched job has
-    ranks 0 and 1 only, so the shim (which the relaunch inherits) selects nobody."""
+    ranks 0 and 1 only, so the shim (which the relaunch inherits) selects nobody. Every socket
+    write of rank 3 is paced (``scope="all"``), its node's TP traffic included: that is what
+    names node2 here (a fault of its cross-node traffic only is test_slow_link.py's)."""
     run, onset = tmp_path / "run", tmp_path / "onset"
     env = {**os.environ, **slowlink.env(slowlink.build_for_test(tmp_path / "shim"), "RANK=3",
-                                        2_000_000, onset)}
+                                        2_000_000, onset, scope="all")}
     with slowlink.onset_after_step(run, 2, onset):
         p = supervise(plan, run, env=env,
                       sup=("--watch-set", "warmup_steps=1", "--watch-set", "persist_steps=3",

@@ -103,7 +103,9 @@ def test_bad_node_excluded_replanned_and_resumed(slurm, tmp_path):
 def test_slow_link_named_checkpointed_excluded_and_resumed_under_srun(slurm, tmp_path):
     """A silently degraded NIC under the real SLURM: every process on node3 sends at 5 MB/s
     from step 13 on (tests/faults/slowlink.c, selected by SLURMD_NODENAME as the fault of one
-    machine would be; no flag of train). ``recover supervise --watch`` around ``srun`` must name
+    machine would be; no flag of train; ``scope="all"``: every socket write, since this SLURM's
+    four nodes are one host with one address, so no write leaves a node).
+    ``recover supervise --watch`` around ``srun`` must name
     node3 ``slow_link``, have the job commit a checkpoint, quarantine node3, relaunch with
     ``srun --exclude=node3`` on the three nodes left (re-planned for 6 ranks), resume from that
     checkpoint and finish, no step lost. (That the losses equal an unslowed run's is proven
@@ -120,7 +122,8 @@ def test_slow_link_named_checkpointed_excluded_and_resumed_under_srun(slurm, tmp
     # none
     steps = 28
     env = slurm.env(MASTER_ADDR="127.0.0.1", **slowlink.env(
-        slowlink.build_for_test(tmp_path / "shim"), "SLURMD_NODENAME=node3", 5_000_000, onset))
+        slowlink.build_for_test(tmp_path / "shim"), "SLURMD_NODENAME=node3", 5_000_000, onset,
+        scope="all"))
     with slowlink.onset_after_step(run, 12, onset):
         p = subprocess.run(
             [mscale, "recover", "supervise", "--backoff", "0", "--interval", "0.2",

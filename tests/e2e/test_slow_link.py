@@ -27,7 +27,7 @@ BPS = 2_000_000
 def test_a_paced_rank_is_named_as_its_nodes_slow_link_checkpointed_then_quarantined(tmp_path):
     shim = slowlink.build_for_test(tmp_path / "shim")
     run, flag = tmp_path / "run", tmp_path / "onset"
-    env = {**os.environ, **slowlink.env(shim, f"RANK={SLOW_RANK}", BPS, flag)}
+    env = {**os.environ, **slowlink.env(shim, f"RANK={SLOW_RANK}", BPS, flag, scope="all")}
     job = subprocess.Popen([MSCALE, "train", small_plan(tmp_path), "--local", "4", "--steps",
                             "24", "--ckpt-interval", "1000", "--run-dir", str(run)],
                            cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,

@@ -1,17 +1,36 @@
 /* slowlink: an LD_PRELOAD shim that makes one process's network slow, the way a degraded NIC does.
  *
  * It wraps write, writev, send, sendto and sendmsg. In a selected process, once the fault is
- * active, every write to a socket first waits for its turn on a virtual link of SLOWLINK_BPS
- * bytes per second shared by all the process's threads; then the real call runs unchanged. Data,
- * return values and errno are never altered: only time passes. Files, pipes and ttys are never
- * paced, so logs and the console stay fast.
+ * active, every write to a socket that LEAVES THE NODE first waits for its turn on a virtual link
+ * of SLOWLINK_BPS bytes per second shared by all the process's threads; then the real call runs
+ * unchanged. Data, return values and errno are never altered: only time passes. Files, pipes,
+ * ttys, Unix sockets and TCP sockets whose peer has the node's own address are never paced: a
+ * degraded NIC does not slow what stays inside the node (NVLink, shared memory, loopback), and
+ * the console and logs stay fast.
+ *
+ * SLOWLINK_SCOPE=all paces every socket write instead (the shim's first model: a process whose
+ * every send is slow, its node's loopback traffic included), and gives no pretend addresses.
+ *
+ * "Leaves the node" is decided by address: a TCP socket whose peer address differs from its own
+ * local address. Between real machines that is exactly the traffic through the NIC. Under
+ * `mscale train --local` every pretend node is this machine, so the shim gives each its own
+ * loopback address, as a cluster gives each node its own: in a process where MSCALE_LAUNCHER is
+ * "local", the pretend node's address is 127.1.0.0 + GROUP_RANK + 1 (GROUP_RANK: the launcher's
+ * node index), and in EVERY such process (selected or not) a listening socket bound to a
+ * specific IPv4 address on an ephemeral port (gloo's listener) is bound to that address instead,
+ * and a TCP socket that connects, unbound, to a loopback address is first bound to it. gloo
+ * advertises the address its listener got, so ranks of one pretend node then talk from and to
+ * one address, and ranks of two nodes from and to two.
  *
  *   SLOWLINK_MATCH=NAME=VALUE  the process is selected while getenv(NAME) equals VALUE
  *                              (RANK=5: one local rank; SLURMD_NODENAME=node3: one node).
  *                              Unset: nothing is selected and the shim does nothing.
  *   SLOWLINK_BPS=N             the link's rate in bytes per second.
  *   SLOWLINK_ONSET_FILE=PATH   optional: pacing starts once PATH exists, and then stays on.
- *   SLOWLINK_DEBUG=1           print per-call counts to stderr when the process exits.
+ *   SLOWLINK_SCOPE=node|all    node (default): only writes that leave the node are paced;
+ *                              all: every socket write is.
+ *   SLOWLINK_DEBUG=1           print per-call counts to stderr when the process exits
+ *                              (to_sockets: all socket writes; paced: those that left the node).
  *
  * Everything is read with getenv at call time (cached for at most REFRESH_NS), because Python
  * launchers set RANK with os.environ after the process started, and that calls putenv.
@@ -21,7 +40,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +65,8 @@ typedef ssize_t (*writev_fn)(int, const struct iovec *, int);
 typedef ssize_t (*send_fn)(int, const void *, size_t, int);
 typedef ssize_t (*sendto_fn)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
 typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
+typedef int (*bind_fn)(int, const struct sockaddr *, socklen_t);
+typedef int (*connect_fn)(int, const struct sockaddr *, socklen_t);
 
 static void *real(const char *name, void **slot) {
     void *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
@@ -54,6 +77,7 @@ static void *real(const char *name, void **slot) {
     return fn;
 }
 static void *real_write_p, *real_writev_p, *real_send_p, *real_sendto_p, *real_sendmsg_p;
+static void *real_bind_p, *real_connect_p;
 #define REAL(name) ((name##_fn)real(#name, &real_##name##_p))
 
 static long long now_ns(void) {
@@ -108,6 +132,55 @@ static long long active_bps(void) {
 static int is_socket(int fd) {
     struct stat st;
     return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* ---- Does a write leave the node? ---------------------------------------------------------- */
+
+static int same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+    if (a->ss_family != b->ss_family) return 0;
+    if (a->ss_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+               ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return 1; /* a Unix socket: both ends are on this node */
+}
+
+/* Whether fd is a connected socket whose peer's address is not its own: traffic through the NIC.
+ * Asked per call (two system calls) rather than cached per fd: an fd number is reused once
+ * closed, and a cache would have to follow close, dup2 and fork to stay right. */
+static int leaves_node(int fd) {
+    struct sockaddr_storage self, peer;
+    socklen_t self_len = sizeof self, peer_len = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&self, &self_len) != 0) return 0;
+    if (getpeername(fd, (struct sockaddr *)&peer, &peer_len) != 0) return 0; /* unconnected */
+    return !same_address(&self, &peer);
+}
+
+/* ---- Pretend nodes under `mscale train --local`: one loopback address each ---------------- */
+
+/* Whether only the writes that leave the node are paced (SLOWLINK_SCOPE, read at call time). */
+static int node_scope(void) {
+    const char *scope = getenv("SLOWLINK_SCOPE");
+    return !scope || strcmp(scope, "all") != 0;
+}
+
+/* This process's pretend node address (network order), or 0 when it is not a --local worker
+ * or the scope is every socket. */
+static in_addr_t pretend_address(void) {
+    if (!node_scope()) return 0;
+    const char *launcher = getenv("MSCALE_LAUNCHER");
+    const char *node = getenv("GROUP_RANK");
+    if (!launcher || strcmp(launcher, "local") != 0 || !node || !*node) return 0;
+    char *end;
+    long index = strtol(node, &end, 10);
+    if (*end || index < 0 || index >= 0xfffffe) return 0;
+    return htonl((in_addr_t)(0x7f010000 + index + 1)); /* 127.1.0.1 for node index 0 */
+}
+
+static int is_loopback(in_addr_t a) {
+    return (ntohl(a) >> 24) == 127;
 }
 
 /* ---- The virtual link --------------------------------------------------------------------- */
@@ -197,6 +270,45 @@ __attribute__((destructor)) static void print_counts(void) {
     }
 }
 
+/* ---- bind and connect: the pretend node's address ---------------------------------------- */
+
+/* A listener on a specific IPv4 address and an ephemeral port (gloo's) gets the pretend node's
+ * address instead; anything else (a wildcard bind, a fixed port such as the rendezvous store's)
+ * is left as asked. */
+int bind(int fd, const struct sockaddr *addr, socklen_t len) {
+    in_addr_t own = inside_shim ? 0 : pretend_address();
+    if (own && addr && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)addr;
+        if (in->sin_port == 0 && in->sin_addr.s_addr != htonl(INADDR_ANY)) {
+            struct sockaddr_in moved = *in;
+            moved.sin_addr.s_addr = own;
+            return REAL(bind)(fd, (const struct sockaddr *)&moved, sizeof moved);
+        }
+    }
+    return REAL(bind)(fd, addr, len);
+}
+
+/* A connection to a loopback address leaves from the pretend node's address, so that its peer
+ * sees which node it came from (the kernel would pick 127.0.0.1 for every node). A socket the
+ * caller bound itself keeps its address; if the bind fails the connection goes on unbound. */
+int connect(int fd, const struct sockaddr *addr, socklen_t len) {
+    in_addr_t own = inside_shim ? 0 : pretend_address();
+    if (own && addr && addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in) &&
+        is_loopback(((const struct sockaddr_in *)addr)->sin_addr.s_addr)) {
+        struct sockaddr_in self;
+        socklen_t self_len = sizeof self;
+        int saved_errno = errno;
+        if (getsockname(fd, (struct sockaddr *)&self, &self_len) == 0 &&
+            self.sin_family == AF_INET && self.sin_port == 0) {
+            struct sockaddr_in from = {.sin_family = AF_INET, .sin_port = 0};
+            from.sin_addr.s_addr = own;
+            REAL(bind)(fd, (const struct sockaddr *)&from, sizeof from);
+        }
+        errno = saved_errno;
+    }
+    return REAL(connect)(fd, addr, len);
+}
+
 /* ---- The wrappers --------------------------------------------------------------------------- */
 
 /* What a paced call booked on the link; rate 0: the call is not paced. */
@@ -215,7 +327,7 @@ static struct booking before_write(int which, int fd, size_t bytes, int flags) {
         COUNT(which, calls, 1);
         COUNT(which, socket_calls, to_socket);
     }
-    if (booked.rate > 0 && to_socket) {
+    if (booked.rate > 0 && to_socket && (!node_scope() || leaves_node(fd))) {
         long long t = now_ns();
         booked.bytes = likely_sent(fd, bytes, flags);
         wait_for_link(booked.bytes, booked.rate);

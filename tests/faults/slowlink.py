@@ -5,7 +5,8 @@ Nothing crashes and nothing logs an error; every collective that touches the nod
 slower. To test that mscale notices, the slowness has to be real and come from outside its
 code: a flag that mscale itself reads would only test that mscale reads its own flag. So
 slowlink.c is an LD_PRELOAD library that paces the socket writes of one selected process
-(write, writev, send, sendto, sendmsg) to a fixed byte rate, and leaves everything else alone.
+(write, writev, send, sendto, sendmsg) that leave its node to a fixed byte rate, and leaves
+everything else alone (``scope="all"``: every socket write).
 What mscale then measures is a slow socket, exactly what a degraded NIC looks like from above.
 
     shim = slowlink.build(tmp_dir)
@@ -77,15 +78,20 @@ def build_for_test(dest_dir: Path) -> Path:
     return build(dest_dir)
 
 
-def env(shim: Path, match: str, bps: int, onset_file: Path | None = None) -> dict[str, str]:
+def env(shim: Path, match: str, bps: int, onset_file: Path | None = None,
+        scope: str = "node") -> dict[str, str]:
     """The variables that make the processes where `match` ("NAME=VALUE") holds send at `bps`.
 
     With `onset_file`, pacing waits until that file exists (the fault strikes mid-run).
+    `scope` "node": only what leaves the node is paced, as a degraded NIC slows it (under
+    ``--local`` each pretend node gets its own loopback address: slowlink.c); "all": every
+    socket write, the node's own loopback traffic included.
     Variables not returned (SLOWLINK_ONSET_FILE when there is no onset file) must not be
     inherited from the caller either: build the child's environment without them.
     """
     preload = ":".join(filter(None, [str(shim.resolve()), os.environ.get("LD_PRELOAD")]))
-    variables = {"LD_PRELOAD": preload, "SLOWLINK_MATCH": match, "SLOWLINK_BPS": str(int(bps))}
+    variables = {"LD_PRELOAD": preload, "SLOWLINK_MATCH": match, "SLOWLINK_BPS": str(int(bps)),
+                 "SLOWLINK_SCOPE": scope}
     if onset_file is not None:
         variables["SLOWLINK_ONSET_FILE"] = str(onset_file)
     return variables

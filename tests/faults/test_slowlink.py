@@ -1,5 +1,8 @@
 """The slowlink shim paces exactly the socket writes of the selected process, from the moment set.
 
+The cases through a socketpair use ``scope="all"`` (every socket write): a Unix socket never
+leaves the node, so the default scope paces none of it (`test_node_scope_*`).
+
 Each case runs a fresh Python with the shim preloaded and measures inside it, since the shim acts
 on the whole process. Paced cases must take at least the time their bytes cost at the link's
 rate (a hard floor: pacing only ever adds time); unpaced ones must stay well under that cost.
@@ -26,7 +29,8 @@ UNPACED_CEILING_S = 0.5 * COST_S     # an unpaced 2 MB local write takes millise
 SETTLE_S = 0.2                       # longer than the shim trusts its cached env / onset check
 
 # Variables a caller may have set that would select, or unselect, the process on their own.
-_INHERITED = ("RANK", "SLOWLINK_MATCH", "SLOWLINK_BPS", "SLOWLINK_ONSET_FILE", "SLOWLINK_DEBUG")
+_INHERITED = ("RANK", "SLOWLINK_MATCH", "SLOWLINK_BPS", "SLOWLINK_ONSET_FILE", "SLOWLINK_DEBUG",
+              "SLOWLINK_SCOPE", "MSCALE_LAUNCHER", "GROUP_RANK")
 
 # Shared by the socket cases: push bytes through a socketpair that a thread drains, check that
 # every byte arrived unchanged, print "<name> <seconds>". Non-blocking (as gloo's sockets are),
@@ -90,7 +94,7 @@ def _run(code: str, env: dict[str, str], timeout_s: float = 60) -> dict[str, flo
 
 
 def test_selected_process_sends_at_the_link_rate_and_others_at_full_speed(shim: Path) -> None:
-    shim_env = slowlink.env(shim, "RANK=5", BPS)
+    shim_env = slowlink.env(shim, "RANK=5", BPS, scope="all")
     selected = _run("timed_send('send')", _child_env(shim_env, RANK="5"))["send"]
     other = _run("timed_send('send')", _child_env(shim_env, RANK="4"))["send"]
     assert selected >= PACED_FLOOR_S, f"RANK=5 is selected: 2 MB at 10 MB/s took {selected:.3f}s"
@@ -110,7 +114,7 @@ for half in halves:
     half.join()
 print("both", time.perf_counter() - start)
 """
-    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS), RANK="5"))
+    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS, scope="all"), RANK="5"))
     assert timings["both"] >= PACED_FLOOR_S, timings
 
 
@@ -121,7 +125,8 @@ def test_non_blocking_sends_are_paced_to_the_rate_not_below_it(shim: Path) -> No
     of the rate (2 s). The upper bound sits halfway to that, so a busy machine cannot reach it.
     """
     code = "timed_send('send', send=send_nonblocking)"
-    seconds = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS), RANK="5"))["send"]
+    shim_env = slowlink.env(shim, "RANK=5", BPS, scope="all")
+    seconds = _run(code, _child_env(shim_env, RANK="5"))["send"]
     assert PACED_FLOOR_S <= seconds < 5 * COST_S
 
 
@@ -149,7 +154,7 @@ os.close(write_end)
 reader.join()
 timed_send("socket")
 """
-    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS), RANK="5"))
+    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS, scope="all"), RANK="5"))
     assert timings["file"] < UNPACED_CEILING_S, timings
     assert timings["pipe"] < UNPACED_CEILING_S, timings
     assert timings["socket"] >= PACED_FLOOR_S, timings
@@ -164,7 +169,8 @@ open({str(onset)!r}, "w").close()
 time.sleep({SETTLE_S})
 timed_send("after")
 """
-    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS, onset), RANK="5"))
+    shim_env = slowlink.env(shim, "RANK=5", BPS, onset, scope="all")
+    timings = _run(code, _child_env(shim_env, RANK="5"))
     assert timings["before"] < UNPACED_CEILING_S, timings
     assert timings["after"] >= PACED_FLOOR_S, timings
 
@@ -180,7 +186,7 @@ del os.environ["RANK"]
 time.sleep({SETTLE_S})
 timed_send("rank_removed")
 """
-    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS)))
+    timings = _run(code, _child_env(slowlink.env(shim, "RANK=5", BPS, scope="all")))
     assert timings["no_rank"] < UNPACED_CEILING_S, timings
     assert timings["rank_5"] >= PACED_FLOOR_S, timings
     assert timings["rank_removed"] < UNPACED_CEILING_S, timings
@@ -220,15 +226,14 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.dist
-def test_one_slow_rank_slows_every_gloo_all_reduce(shim: Path) -> None:
+def _gloo_phases(env: dict[str, str], per_rank: list[dict[str, str]]) -> tuple[float, float]:
+    """Run the two gloo ranks (``per_rank``: each one's extra variables); the phases' times."""
     from mscale.distributed.spawn import free_port
 
-    env = _child_env(slowlink.env(shim, "RANK=1", BPS), MASTER_ADDR="127.0.0.1",
-                     OMP_NUM_THREADS="1")
     port = str(free_port())
-    ranks = [subprocess.Popen([sys.executable, "-c", _GLOO_RANK, str(rank), port], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = [subprocess.Popen([sys.executable, "-c", _GLOO_RANK, str(rank), port],
+                              env={**env, **per_rank[rank]}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
              for rank in range(2)]
     outputs = []
     try:
@@ -242,9 +247,41 @@ def test_one_slow_rank_slows_every_gloo_all_reduce(shim: Path) -> None:
     phases = [dict(line.split()[1:] for line in out.splitlines() if line.startswith("phase "))
               for out in outputs]
     # A collective ends when its slowest rank does.
-    unselected = max(float(phase["unselected"]) for phase in phases)
-    selected = max(float(phase["selected"]) for phase in phases)
-    # Whatever the algorithm, rank 0 must receive rank 1's whole tensor once per all_reduce.
-    floor_s = 0.75 * ALL_REDUCES * TENSOR_BYTES / BPS
-    assert selected >= floor_s, f"rank 1 at 10 MB/s: {selected:.3f}s, expected >= {floor_s:.2f}s"
+    return (max(float(phase["unselected"]) for phase in phases),
+            max(float(phase["selected"]) for phase in phases))
+
+
+# Whatever the algorithm, rank 0 must receive rank 1's whole tensor once per all_reduce.
+GLOO_FLOOR_S = 0.75 * ALL_REDUCES * TENSOR_BYTES / BPS
+
+
+@pytest.mark.dist
+def test_one_slow_rank_slows_every_gloo_all_reduce(shim: Path) -> None:
+    env = _child_env(slowlink.env(shim, "RANK=1", BPS, scope="all"), MASTER_ADDR="127.0.0.1",
+                     OMP_NUM_THREADS="1")
+    unselected, selected = _gloo_phases(env, [{}, {}])
+    assert selected >= GLOO_FLOOR_S, \
+        f"rank 1 at 10 MB/s: {selected:.3f}s, expected >= {GLOO_FLOOR_S:.2f}s"
     assert selected >= 3 * unselected, f"selected {selected:.3f}s vs unselected {unselected:.3f}s"
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("nodes", [["0", "1"], ["0", "0"]], ids=["two_nodes", "one_node"])
+def test_node_scope_paces_only_what_leaves_the_pretend_node(shim: Path, nodes) -> None:
+    """As ``--local`` runs them (MSCALE_LAUNCHER=local, GROUP_RANK the pretend node), the two
+    ranks get their node's loopback address: on two nodes rank 1's sends to rank 0 leave its
+    node and are paced; on one node they stay inside it, as NVLink traffic would, and are not.
+    Before, every socket write of rank 1 was paced, its own node's included."""
+    env = _child_env(slowlink.env(shim, "RANK=1", BPS), MASTER_ADDR="127.0.0.1",
+                     OMP_NUM_THREADS="1", MSCALE_LAUNCHER="local")
+    unselected, selected = _gloo_phases(env, [{"GROUP_RANK": n} for n in nodes])
+    if nodes[0] != nodes[1]:
+        assert selected >= GLOO_FLOOR_S and selected >= 3 * unselected, (selected, unselected)
+    else:  # against the floor the paced case must pass: unpaced it takes milliseconds
+        assert selected < GLOO_FLOOR_S / 3, (selected, unselected)
+
+
+def test_node_scope_never_paces_a_unix_socket(shim: Path) -> None:
+    """A Unix socket (shared memory, a local helper) never leaves the node."""
+    timings = _run("timed_send('send')", _child_env(slowlink.env(shim, "RANK=5", BPS), RANK="5"))
+    assert timings["send"] < UNPACED_CEILING_S, timings
