@@ -2,7 +2,10 @@
 (tests/faults/slowlink.c, an LD_PRELOAD shim: no flag of ``train``), starting after a clean
 stretch of steps. Watch, live beside the job, must name that rank's node as ``slow_link`` within
 a few steps of the onset, have the job commit a checkpoint, and only then quarantine the node;
-``--once`` afterwards agrees. The job itself finishes: a slow link crashes nothing."""
+``--once`` afterwards agrees. The job itself finishes: a slow link crashes nothing.
+
+The first case paces every socket write of the rank (``scope="all"``), its node's TP traffic
+included; the second a node's NIC as it degrades on a cluster: only what leaves the node."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.e2e.train_run import MSCALE, mscale, records, small_plan
@@ -62,3 +66,28 @@ def test_a_paced_rank_is_named_as_its_nodes_slow_link_checkpointed_then_quaranti
     doc = json.loads(once.stdout)
     assert any(f["cause"] == "slow_link" and f["nodes"] == [SLOW_NODE]
                for f in doc["findings"]), doc["findings"]
+
+
+def test_a_nic_that_slows_only_cross_node_traffic_is_named_by_its_dp_group_and_pipeline_pair(
+        tmp_path):
+    """tp1 x pp2 x dp2 on four one-rank nodes, node3 (rank 2: stage 1, replica 0) sending
+    what leaves it at 1 MB/s from the start. No group is slower than its stage's peers (a DP
+    group holds one rank a stage-node); its DP group is slower than stage 0's and its pipeline
+    pair than replica 1's, and node3 is the one node in both. Before, watch named nobody."""
+    plan = yaml.safe_load(open(small_plan(tmp_path, tp=1, pp=2, micro_batch=2,
+                                          sequence_parallel=False)))
+    plan["cluster"].update(hostlist="node[1-4]", gpus_per_node=1)
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    shim = slowlink.build_for_test(tmp_path / "shim")
+    env = {**os.environ, **slowlink.env(shim, "MSCALE_NODE=node3", 1_000_000)}
+    run = tmp_path / "run"
+    job = subprocess.run([MSCALE, "train", str(tmp_path / "plan.yaml"), "--local", "4",
+                          "--steps", "16", "--ckpt-interval", "1000", "--run-dir", str(run)],
+                         cwd=REPO, env=env, text=True, capture_output=True, timeout=300)
+    assert job.returncode == 0, job.stdout + job.stderr
+    doc = json.loads(mscale("watch", str(run), "--once", "--json").stdout)
+    named = [f for f in doc["findings"] if f["kind"] == "straggler" and f["nodes"]]
+    assert named and all(f["cause"] == "slow_link" and f["nodes"] == ["node3"]
+                         for f in named), doc["findings"]
+    [entry] = json.loads((run / "quarantine.json").read_text())["entries"]
+    assert entry["node"] == "node3"

@@ -123,7 +123,7 @@ class Watcher:
         """The slow-link rule sees every row after warm-up, spikes included: it compares groups
         within a row, so a job-wide pause moves every group alike, and the onset of a slow link
         (which slows every rank at once) is exactly what the spike mask hides for a while."""
-        links = {k: ranks[PER_RANK.index(f"comm_{k}")] for k in self.link_rows.kinds}
+        links = {k: ranks[PER_RANK.index(f"comm_{k}")] for k in self.link_rows.sources()}
         if not all(np.isfinite(v).all() for v in links.values()):
             self.link_rows.clear()  # a record without the split (another trainer's)
             return []

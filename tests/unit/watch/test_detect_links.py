@@ -40,7 +40,7 @@ def test_the_slow_links_node_is_named_on_every_stage(target):
     node = t.layout.node_names[int(t.layout.node[target])]
     assert f.nodes == [node] and f.hardware and target in f.ranks
     assert 40 <= f.evidence["detected_at"] <= 46
-    assert {s["kind"] for s in f.evidence["slow_groups"]} == {"tp", "dp"}
+    assert {s["kind"] for s in f.evidence["slow_groups"]} >= {"tp", "dp"}
 
 
 def test_untraced_work_on_rank_0_is_not_a_slow_link():

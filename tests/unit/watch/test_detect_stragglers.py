@@ -158,6 +158,16 @@ def test_a_job_wide_slowdown_is_priced_from_its_onset():
     assert f.evidence["priced_steps"][0] == 24
 
 
+def test_a_job_wide_wait_says_one_nodes_nic_is_possible_and_how_to_find_it():
+    """tp2 dp4 over four nodes with one node's NIC degraded (docs/watch.md, "Rehearse it on one
+    machine"): every DP group crosses every node, so the job is slower in communication wait on
+    every rank alike. The advice said 'no node should be taken out' and sent the operator to the
+    fabric; a single NIC does this too, and preflight names it."""
+    f, _ = announced([Injection("job_wide", 24, 0, magnitude=4.0)])
+    assert f.cause == "job_wide" and f.evidence["part"] == "wait" and not f.nodes
+    assert "one node's NIC" in f.advice and "`mscale preflight`" in f.advice
+
+
 def test_imbalance_with_few_replicas_is_not_blamed_on_a_node():
     fs = findings(8, 2, 1, 2, [Injection("data_imbalance", 1)], steps=100)
     assert [f.cause for f in fs] == ["data_imbalance"]

@@ -119,5 +119,18 @@ class JobLevel:
                       "priced_rows": priced_rows, "saved_s": rest - base["step"],
                       "decided_by": f"{part} per rank grew by {grew[part]:.3g} s on the median "
                                     f"rank; no single rank, node or stage stands out"},
-            advice="look at what every rank shares (network fabric, storage, scheduler, "
-                   "co-located jobs); no node should be taken out for this")
+            advice=_JOB_WIDE_ADVICE[part])
+
+
+_JOB_WIDE_ADVICE = {
+    "busy": "look at what every rank shares (clocks, cooling, scheduler, co-located jobs); no "
+            "node should be taken out for this",
+    "data": "look at what every rank shares (storage, data path); no node should be taken out "
+            "for this",
+    # one node's NIC slows every group that crosses it, and where every group crosses every
+    # node (pp 1, DP groups over all nodes) no group is slower than another: it reads as this
+    "wait": "look at what every rank shares (network fabric, switches, co-located jobs), and at "
+            "one node's NIC: where every DP group crosses every node (pp 1) a single degraded "
+            "NIC slows them all alike, so watch names no node for it; checkpoint, stop the job "
+            "and run `mscale preflight` with its plan on its nodes, which measures each link "
+            "between two nodes alone and names such a node (its exclude line)"}
