@@ -26,6 +26,7 @@ from mscale.recover import room, stages
 from mscale.recover.checkpoints import UNCOMMITTED, names_damaged
 from mscale.recover.child import Child
 from mscale.recover.exclude import released, slurm_names, with_carried
+from mscale.recover.diagnose.classify import unplaced_link
 from mscale.recover.decision import (CheckpointChoice, Diagnosis, Exclusions, RecoveryPlan,
                                      Replan, Verify)
 from mscale.recover.liveness import refuse_if_live
@@ -270,6 +271,8 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
         degraded.append(f"the stop saved no checkpoint: steps 1-{progress} are trained again, "
                         "from step 0")
     reasons += degraded
+    if diagnosis.link_suspects:  # a slow link watch could not place: said, nobody excluded
+        reasons.append(unplaced_link(diagnosis.link_suspects))
     if not degraded:
         at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"
         reasons.append(f"relaunch as before, from {at}")

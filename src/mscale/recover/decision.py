@@ -86,6 +86,10 @@ class Diagnosis:
     choice passes it over like one that fails verification."""
     damaged_error: str | None = None
     """What the read said of it (the error's message without its fix)."""
+    link_suspects: list[str] = field(default_factory=list)
+    """A slow link watch could not place (rule ``slow_link``): the nodes it may be on. Never
+    excluded nor re-checked as suspects: one of them is healthy, and the job's own preflight
+    cannot tell which (the finding's advice says what can)."""
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -58,9 +58,32 @@ def decide(ev: RunEvidence, hits: list[Hit]) -> Diagnosis:
     if rule.key == "ckpt_damaged" and winner.checkpoint:
         d.damaged_checkpoint = _absolute(winner.checkpoint, ev.attempt.launch.get("cwd"))
         d.damaged_error = winner.checkpoint_error
+    if rule.key == "slow_link" and not nodes:
+        d.link_suspects = _link_suspects(ev)
     d.evidence = _evidence(ev, hits, rule, how)
     d.summary = _summary(d, rule, ev)
     return d
+
+
+def unplaced_link(nodes: list[str]) -> str:
+    """The verdict's line for a slow link on one of ``nodes`` that watch could not place."""
+    listed = ", ".join(nodes)
+    return (f"the slow link is on one of {listed} and the records cannot tell which: no node is "
+            f"excluded for it. Before the relaunch, run `mscale preflight` with a plan over "
+            f"{listed} and at least two more nodes (watch's advice) and exclude the node it "
+            f"names, or the job runs as slowly again")
+
+
+def _link_suspects(ev: RunEvidence) -> list[str]:
+    """The nodes of the attempt's last slow-link finding that named none (its ``suspects``)."""
+    out: list[str] = []
+    for e in ev.attempt.events:
+        evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
+        names = evd.get("suspects")
+        if e.get("source") == "watch" and evd.get("cause") == "slow_link" \
+                and isinstance(names, list) and all(isinstance(n, str) for n in names):
+            out = list(names)
+    return out
 
 
 def _strength(h: Hit) -> tuple:
