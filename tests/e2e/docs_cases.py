@@ -105,8 +105,8 @@ FIXTURES = {
                "6-step run is not the 40 steps docs/train.md left in runs/r1)",
     "plan.yaml": "the trained run's plan.yaml (what `mscale plan -o plan.yaml` writes)",
     "preflight.json": "a hand-written preflight report (as tests/unit/planner/test_calibrate.py)",
-    "run/metrics.jsonl": "a hand-written 12-step metrics.jsonl, 12 s a step after warm-up "
-                         "(as tests/unit/planner/test_calibrate.py)",
+    "run/metrics.jsonl": "a hand-written 12-step metrics.jsonl of 12,288 ranks, 12 s a step "
+                         "after warm-up (as tests/unit/planner/test_calibrate.py)",
 }
 OUTPUT_FLAGS = {"-o", "--output", "--report", "--prometheus"}
 INPUT_FILE = re.compile(r"\.(ya?ml|jsonl?|py|sh)$")
@@ -1003,14 +1003,17 @@ def put_fixture(name: str, cwd: Path, run: Trained | None) -> None:
                                         "dp": {"allreduce": 20.0}},
                          "p2p_gbps": {"pp": {"p2p": 15.0}}}}))
     elif name == "run/metrics.jsonl":
-        lines = []
+        from mscale.config.vectors import encode_vector
+        lines, ranks = [], 12288  # the run the doc calibrates was on the example's whole cluster
         for s in range(1, 13):
             t = 12.0 * (3 if s <= 5 else 1)  # warm-up steps are slower and left out
+            vec = {"step_time": [t * 0.99] + [t] * (ranks - 1), "compute_time": [t] * ranks,
+                   "comm_wait": [0] * ranks, "data_time": [0] * ranks}
             lines.append(json.dumps({
-                "schema_version": 1, "step": s, "loss": 2.0, "grad_norm": 1.0,
+                "schema_version": 2, "step": s, "loss": 2.0, "grad_norm": 1.0,
                 "clip_threshold": 1.0, "lr": 1e-4, "tokens": 1, "tokens_per_s": 1,
-                "step_time": [t * 0.99, t], "compute_time": [t, t], "comm_wait": [0, 0],
-                "data_time": [0, 0], "extra": {"gc": True} if s == 9 else {}}))
+                **{k: encode_vector(v, "<f8", 1, "zstd") for k, v in vec.items()},
+                "extra": {"gc": True} if s == 9 else {}}))
         dest.write_text("\n".join(lines) + "\n")
     else:
         raise DocTestError(f"no fixture {name!r}")

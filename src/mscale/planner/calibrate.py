@@ -52,6 +52,10 @@ class Calibration:
     pp_gb_per_s: float | None = None
     step_time_s: float | None = None
     """Measured median step time of ``layout`` (metrics.jsonl)."""
+    ranks: int | None = None
+    """How many ranks the measured run had (its per-rank vectors' length): `check_world`
+    refuses a run of another size than the layout it is fitted to."""
+    metrics_source: str | None = None
     speed: float = 1.0
     """Factor on every kernel rate, solved by `fit_speed` from ``step_time_s``."""
     sources: list[str] = field(default_factory=list)
@@ -107,6 +111,18 @@ def check_matches(cal: Calibration, gpu: str) -> None:
                           f"{gpu} cluster's rate is measured in {want}", file=cal.gemm_source,
                           field="measured.gemm_tflops.dtype",
                           fix="calibrate with a preflight run on this cluster's own nodes")
+
+
+def check_world(cal: Calibration, world: int) -> None:
+    """Refuse a run's step time measured at another number of ranks than the layout it is fitted
+    to: a 4-process CPU run's 0.22 s, fitted to 1,024 H100s, made every kernel rate 3.3 million
+    times faster and the plan predict 156% MFU, exit 0."""
+    if cal.ranks is not None and cal.ranks != world:
+        raise MscaleError(f"the run had {cal.ranks} ranks, the layout it is fitted to has "
+                          f"{world} (tp·pp·dp): its step time measures another job",
+                          file=cal.metrics_source, field="step_time",
+                          fix="calibrate with the metrics.jsonl of a run of this cluster's "
+                              "size, with that run's layout (--layout RUN/plan.yaml)")
 
 
 def load_calibration(paths: list[str]) -> Calibration:
@@ -182,7 +198,7 @@ def _read_preflight(cal: Calibration, doc, path: str) -> None:
 
 
 def _read_metrics(cal: Calibration, lines: list[str], path: str) -> None:
-    times, waits = [], []
+    times, waits, sizes = [], [], set()
     for i, line in enumerate(lines):
         try:
             rec = json.loads(line)
@@ -194,6 +210,7 @@ def _read_metrics(cal: Calibration, lines: list[str], path: str) -> None:
         if rec.get("step", 0) <= WARMUP_STEPS or (extra or {}).get("gc") \
                 or (extra or {}).get("checkpoint"):
             continue
+        sizes.add(len(step))
         data = _vector(rec, "data_time", i, path, required=False) or [0.0] * len(step)
         if any(t == t for t in step):
             # the model prices compute and communication, not a wait for input: a run whose
@@ -204,6 +221,11 @@ def _read_metrics(cal: Calibration, lines: list[str], path: str) -> None:
     if not times:
         raise MscaleError(f"no steps after the first {WARMUP_STEPS} to measure", file=path,
                           fix="give the metrics of a run that took more steps")
+    if len(sizes) > 1:  # a re-plan in one file: the medians would mix two jobs
+        raise MscaleError(f"its records have {' and '.join(map(str, sorted(sizes)))} ranks: "
+                          "steps of jobs of different sizes", file=path, field="step_time",
+                          fix="calibrate with the metrics of one attempt, at one size")
+    cal.ranks, cal.metrics_source = sizes.pop(), path
     cal.step_time_s = statistics.median(times)
     wait = statistics.median(waits)
     left_out = f" (data wait {wait:.3g} s a step left out)" if wait >= 0.01 * cal.step_time_s \

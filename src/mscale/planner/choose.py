@@ -20,7 +20,7 @@ from mscale.config.layout import LayoutConfig
 from mscale.config.plan import PLAN_SECTIONS, check_part_fields, first_keys, part_of
 from mscale.errors import MscaleError
 from mscale.planner.advice import device_word, no_fit_error
-from mscale.planner.calibrate import (Calibration, check_matches, fit_speed,
+from mscale.planner.calibrate import (Calibration, check_matches, check_world, fit_speed,
                                       load_calibration)
 from mscale.planner.cost import LayoutCost, Problem, evaluate
 from mscale.planner.given import given_layout, load_layout_data
@@ -79,6 +79,7 @@ def calibration_for(configs: Configs, stack: str | None, paths: list[str],
             raise MscaleError(f"the run ran at dp={ran}, this cluster's layout has dp={given.dp}:"
                               " its step time measures another batch split", file=layout_path,
                               field="layout.dp", fix="calibrate with --cluster the run used")
+        check_world(cal, given.tp * given.pp * given.dp)
         fit_speed(cal, lambda c: evaluate(Problem(*configs, stack=stack, calibration=c),
                                           given).step_time)
     return cal

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from mscale.config import ClusterConfig, LayoutConfig, ModelConfig, TrainingConfig
+from mscale.config.vectors import encode_vector
 from mscale.errors import MscaleError
 from mscale.planner.calibrate import fit_speed, load_calibration
 from mscale.planner.cost import Problem, evaluate
@@ -33,14 +34,19 @@ def preflight(tmp_path, gemm=180.0, tp_bus=200.0, dp_bus=20.0):
     return f
 
 
-def metrics(tmp_path, step_s: float, steps: int = 12):
+def metrics(tmp_path, step_s: float, steps: int = 12, ranks: int = 2):
+    """A run's metrics: ``ranks`` 2 as plain lists; more (a run of the GPT cluster's 12,288
+    GPUs) as schema-2 vectors, which train writes from 1,024 ranks on."""
     lines = []
     for s in range(1, steps + 1):
         t = step_s * (3 if s <= 5 else 1)  # warm-up steps are slower and must be left out
-        lines.append(json.dumps({"schema_version": 1, "step": s, "loss": 2.0, "grad_norm": 1.0,
-                                 "clip_threshold": 1.0, "lr": 1e-4, "tokens": 1, "tokens_per_s": 1,
-                                 "step_time": [t * 0.99, t], "compute_time": [t, t],
-                                 "comm_wait": [0, 0], "data_time": [0, 0],
+        vec = {"step_time": [t * 0.99] + [t] * (ranks - 1), "compute_time": [t] * ranks,
+               "comm_wait": [0] * ranks, "data_time": [0] * ranks}
+        if ranks > 2:
+            vec = {k: encode_vector(v, "<f8", 1, "zstd") for k, v in vec.items()}
+        lines.append(json.dumps({"schema_version": 1 if ranks <= 2 else 2, "step": s,
+                                 "loss": 2.0, "grad_norm": 1.0, "clip_threshold": 1.0,
+                                 "lr": 1e-4, "tokens": 1, "tokens_per_s": 1, **vec,
                                  "extra": {"gc": True} if s == 9 else {}}))
     f = tmp_path / "metrics.jsonl"
     f.write_text("\n".join(lines) + "\n")
@@ -77,7 +83,7 @@ def test_metrics_step_time_is_reproduced(tmp_path):
 
 
 def test_cli_calibrates_and_says_from_what(cli, tmp_path):
-    pf, mt = preflight(tmp_path), metrics(tmp_path, 12.0)
+    pf, mt = preflight(tmp_path), metrics(tmp_path, 12.0, ranks=12288)
     code, out, err = cli("plan", *GPT, *LAYOUT, "--calibrate", str(pf), "--calibrate", str(mt),
                          "--json")
     assert code == 0, err
@@ -122,6 +128,27 @@ def test_a_runs_step_time_is_not_fitted_to_another_dp(cli, tmp_path):
     code, _, err = cli("plan", *GPT, "--layout", str(layout), "--calibrate",
                        str(metrics(tmp_path, 12.0)))
     assert code == 3 and "the run ran at dp=96, this cluster's layout has dp=192" in err, err
+
+
+def test_a_runs_step_time_is_not_fitted_to_a_job_of_another_size(cli, tmp_path):
+    """A 4-process CPU run's 0.22 s a step, fitted to 1,024 H100s at the layout of
+    plans/llama-70b-h100-1024.yaml (its dp agreed), made every kernel rate 3.3 million times
+    faster and the plan predict 156% MFU, exit 0. A mixed file (a re-plan) is refused too."""
+    plan = PLANS / "llama-70b-h100-1024.yaml"
+    llama = ["--cluster", str(PLANS / "clusters" / "h100-1024.yaml"),
+             "--model", str(PLANS / "models" / "llama-70b.yaml"),
+             "--training", str(PLANS / "training" / "llama-70b.yaml")]
+    mt = metrics(tmp_path, 0.22, ranks=4)
+    code, _, err = cli("plan", *llama, "--layout", str(plan), "--calibrate", str(mt))
+    assert code == 3 and "Traceback" not in err, err
+    assert (f"{mt}: step_time: the run had 4 ranks, the layout it is fitted to has 1024 "
+            "(tp·pp·dp)") in err, err
+    lines = metrics(tmp_path, 1.0).read_text().splitlines()
+    lines[-1] = lines[-1].replace('"step_time": [0.99, 1.0]', '"step_time": [0.99, 1.0, 1.0]')
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join(lines) + "\n")
+    with pytest.raises(MscaleError, match="its records have 2 and 3 ranks"):
+        load_calibration([str(mixed)])
 
 
 def test_metrics_without_a_layout_is_refused(cli, tmp_path):
