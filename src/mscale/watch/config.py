@@ -55,11 +55,12 @@ class WatchConfig:
     critical path (its peers do not wait for it) costs nothing."""
 
     critical_slowdown_pct: float = 100.0
-    """What-if slowdown from which a sick device, node or link is ``critical`` rather than a
-    ``warning``: at +100% the job takes twice as long, half of every GPU-hour lost to one GPU,
-    host or NIC, as much as a job down half of the time. Below it the job still makes most of
-    its progress and is a warning, as every other straggler is (imbalances are the plan's or
-    the data's, not a fault to act on at once). Graded on the finding's current figure, priced
+    """What-if slowdown from which a sick device, node or link, or a job-wide slowdown, is
+    ``critical`` rather than a ``warning``: at +100% the job takes twice as long, half of every
+    GPU-hour lost to one GPU, host or NIC (or to the fabric or storage every rank shares), as
+    much as a job down half of the time. Below it the job still makes most of its progress and
+    is a warning, as every other straggler is (imbalances are the plan's or the data's, not a
+    fault to act on at once). Graded on the finding's current figure, priced
     on the rows since its onset (detect/straggler.py, detect/links.py) and measured again each
     row, so an open finding whose cost grows past it escalates (and does not go back down while
     open: the run did have it)."""

@@ -33,6 +33,11 @@ Cause = Literal[
 
 HARDWARE_CAUSES = ("slow_device", "slow_node", "slow_link")
 """Only these may put a node in quarantine; imbalance causes produce advice only."""
+COSTLY_CAUSES = (*HARDWARE_CAUSES, "job_wide")
+"""The stragglers graded by their cost (`WatchConfig.critical_slowdown_pct`): a fault, not the
+plan's or the data's imbalance. A job-wide slowdown names no node to take out, but a job five
+times slower loses four GPU-hours in five whoever is to blame (the fabric, the storage, a
+co-located job), which on-call must hear as loudly as a sick GPU that costs as much."""
 
 
 @dataclass
@@ -64,3 +69,7 @@ class Finding:
     @property
     def hardware(self) -> bool:
         return self.kind == "straggler" and self.cause in HARDWARE_CAUSES
+
+    @property
+    def graded_by_cost(self) -> bool:
+        return self.kind == "straggler" and self.cause in COSTLY_CAUSES

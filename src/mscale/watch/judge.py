@@ -189,9 +189,10 @@ class Watcher:
         return new
 
     def _grade(self, f: Finding) -> None:
-        """A sick device, node or link that costs at least ``critical_slowdown_pct`` is
-        critical (config.py); each is priced on the rows since its onset (detect/)."""
-        if f.hardware and (f.slowdown_pct or 0.0) >= self.cfg.critical_slowdown_pct \
+        """A sick device, node or link, or a job-wide slowdown, that costs at least
+        ``critical_slowdown_pct`` is critical (config.py, findings.COSTLY_CAUSES); each is priced
+        on the rows since its onset (detect/)."""
+        if f.graded_by_cost and (f.slowdown_pct or 0.0) >= self.cfg.critical_slowdown_pct \
                 and SEVERITY[f.severity] < SEVERITY["critical"]:
             f.severity = "critical"
             f.evidence["critical_slowdown_pct"] = self.cfg.critical_slowdown_pct

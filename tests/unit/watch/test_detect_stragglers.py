@@ -156,6 +156,12 @@ def test_a_job_wide_slowdown_is_priced_from_its_onset():
     assert f.cause == "job_wide" and f.first_step == 24 and truth > 200
     assert f.slowdown_pct == pytest.approx(truth, rel=0.15)
     assert f.evidence["priced_steps"][0] == 24
+    # graded by its cost as a sick device is: the job takes several times as long, and whoever
+    # is to blame (the fabric, the storage) every GPU-hour of it is lost; it was a warning, exit
+    # 1, which a CI step that tolerates warnings passed
+    assert f.severity == "critical" and f.evidence["critical_slowdown_pct"] == 100
+    mild, truth = announced([Injection("job_wide", 24, 0, magnitude=0.5)])
+    assert mild.cause == "job_wide" and truth < 100 and mild.severity == "warning"
 
 
 def test_a_job_wide_wait_says_one_nodes_nic_is_possible_and_how_to_find_it():
