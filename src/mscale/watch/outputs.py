@@ -111,10 +111,13 @@ class Outputs:
                              actions=self.actions(follower, []))
         self.view.close()
         end = getattr(follower, "job_end", None)
-        if end is not None and not end.abnormal and not (self.options.as_json
-                                                         or self.options.jsonl):
-            self.stream.write(finished_line(end, follower.open_findings(), code) + "\n")
-            self.stream.flush()
+        if end is not None and not end.abnormal:
+            line = finished_line(end, follower.open_findings(), code)
+            if self.options.jsonl:  # stdout holds findings only: a healthy job left no trace
+                self.note(line)
+            elif not self.options.as_json:  # the document's summary.job carries it
+                self.stream.write(line + "\n")
+                self.stream.flush()
         summary = follower.summary()
         if self.options.report:
             run = follower.target.run

@@ -54,6 +54,19 @@ def test_a_live_watch_of_a_clean_finish_exits_0(cli, rd, monkeypatch):
     assert out.splitlines()[-1].startswith("OK job finished at step 15")
 
 
+def test_a_clean_finish_under_jsonl_is_said_on_stderr_only(cli, rd):
+    """stdout's lines are findings only (a log shipper's contract), so a healthy finished job
+    prints none there; its verdict went nowhere, and a CI log of `--once --jsonl` was empty."""
+    running(rd)
+    own_stop(rd, 0, 15)
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--jsonl")
+    assert code == 0 and out == "", out
+    assert err.splitlines()[-1].startswith("OK job finished at step 15 (attempt 1, exit 0)"), err
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
+    assert code == 0 and json.loads(out)["summary"]["job"]["state"] == "finished"
+    assert "job finished" not in err  # the document carries it
+
+
 def test_a_start_after_the_end_withdraws_it(rd):
     f = follower(rd, report_end=True)
     launcher_failure(rd, 5, -9)
