@@ -10,6 +10,7 @@ import typer
 
 from mscale.cli.app import app
 from mscale.cli.interrupt import stop_signals_as_interrupt
+from mscale.errors import MscaleError
 
 
 @app.command("watch")
@@ -58,6 +59,11 @@ def watch_cmd(
     from mscale.watch.outputs import OutputOptions, Outputs
     from mscale.watch.stream import MetricsFeed, records_to_window
 
+    if as_json and jsonl:  # both are stdout: one stream no JSON or JSONL reader could parse
+        raise MscaleError("--json and --jsonl both write stdout (the document at the end, the "
+                          "findings as found)", field="--jsonl",
+                          fix="choose one: --json for one verdict document (CI), --jsonl for a "
+                              "line per finding (a log shipper)")
     for url, flag, example in ((prometheus, "--prometheus", "mscale.prom"),
                                (report, "--report", "watch.html")):
         if url:

@@ -47,6 +47,15 @@ def test_slow_device_named_with_its_node_exit_1(cli, tmp_path):
     assert code == 1 and "rank 5" in out and out.startswith("step ")
 
 
+def test_json_and_jsonl_together_are_refused(cli, tmp_path):
+    """Both write stdout: the finding lines, then the document, in one stream that neither a
+    JSON nor a JSONL reader could parse, exit 0."""
+    code, out, err = cli("watch", trace(tmp_path), "--once", "--json", "--jsonl", *FLAGS)
+    assert code == 3 and "Traceback" not in err, out + err
+    doc = json.loads(out)  # --json on the line: the error is one JSON document too
+    assert doc["error"]["field"] == "--jsonl" and "--json" in doc["error"]["message"]
+
+
 def test_nan_is_critical(cli, tmp_path):
     code, out, _ = cli("watch", trace(tmp_path, {"cause": "nan", "step": 30}), "--once",
                        "--json", *FLAGS)
