@@ -21,7 +21,7 @@ from typing import IO
 
 from mscale.watch import report, sinks, timeline
 from mscale.watch.findings import Finding
-from mscale.watch.view import Actions, finished_line, make_view
+from mscale.watch.view import Actions, finished_line, make_view, running_line
 from mscale.watch.window import Window
 
 
@@ -110,9 +110,8 @@ class Outputs:
             self.view.update(follower.history, None, [], follower.open_findings(), final=True,
                              actions=self.actions(follower, []))
         self.view.close()
-        end = getattr(follower, "job_end", None)
-        if end is not None and not end.abnormal:
-            line = finished_line(end, follower.open_findings(), code)
+        line = self._last_word(follower, code)
+        if line is not None:
             if self.options.jsonl:  # stdout holds findings only: a healthy job left no trace
                 self.note(line)
             elif not self.options.as_json:  # the document's summary.job carries it
@@ -133,6 +132,24 @@ class Outputs:
             self.stream.write(json.dumps(doc, indent=2, default=str) + "\n")
             self.stream.flush()
         return code
+
+
+    @staticmethod
+    def _last_word(follower, code: int) -> str | None:
+        """How the job stands as watch ends, unless its abnormal end already said it: finished,
+        or still running (a run directory whose job holds its lock; a metrics file alone tells
+        nothing of a job)."""
+        end = getattr(follower, "job_end", None)
+        if end is not None:
+            return None if end.abnormal else finished_line(end, follower.open_findings(), code)
+        job, watcher = getattr(follower, "job", None), getattr(follower, "watcher", None)
+        if follower.target.run is None or job is None or watcher is None \
+                or follower.history is None or not job.alive():
+            return None
+        attempt = ((job.started or {}).get("evidence") or {}).get("attempt")  # the newest
+        return running_line(getattr(watcher, "last_step", None),
+                            attempt if isinstance(attempt, int) else None,
+                            follower.open_findings(), code)
 
 
 def action_text(entry: dict, url: str) -> str | None:

@@ -74,17 +74,35 @@ def finished_line(end, open_findings: list[Finding], code: int) -> str:
     watch's verdict, which open alerts from the steps before may raise, or a finding of the
     session already resolved (a slow node recovered from): then the line says so, since "CRITICAL
     job finished ...; no open alerts" alone read as a failure of the finished job."""
+    label, alerts = _verdict(open_findings, code)
+    at = "" if end.step is None else f" at step {end.step}"
+    of = [f"attempt {end.attempt}"] if end.attempt is not None else []
+    of += [] if end.exit_code is None else [f"exit {end.exit_code}"]
+    detail = f" ({', '.join(of)})" if of else ""
+    return f"{label} job finished{at}{detail}; {alerts}"
+
+
+def running_line(step: int | None, attempt: int | None, open_findings: list[Finding],
+                 code: int) -> str:
+    """The last word on a job still running when watch ends (``--once`` mid-run, Ctrl-C):
+    ``OK job still running at step 34 (attempt 1); no open alerts``. Without it the output
+    ended on a status line as a finished job's once had, and a CI step could not tell a job
+    still training from one that had finished."""
+    label, alerts = _verdict(open_findings, code)
+    at = "" if step is None else f" at step {step}"
+    detail = "" if attempt is None else f" (attempt {attempt})"
+    return f"{label} job still running{at}{detail}; {alerts}"
+
+
+def _verdict(open_findings: list[Finding], code: int) -> tuple[str, str]:
+    """Watch's verdict as a label, and the alerts still open (`finished_line`)."""
     label = {0: "OK", 1: "WARNING"}.get(code, "CRITICAL")
     kinds = sorted({f.kind for f in open_findings})
     alerts = (f"{len(open_findings)} open alert{'s' if len(open_findings) > 1 else ''} "
               f"({_few(kinds)})" if open_findings else "no open alerts")
     if code and not open_findings:
         alerts += f" (exit {code}: a {label.lower()} finding earlier in the session)"
-    at = "" if end.step is None else f" at step {end.step}"
-    of = [f"attempt {end.attempt}"] if end.attempt is not None else []
-    of += [] if end.exit_code is None else [f"exit {end.exit_code}"]
-    detail = f" ({', '.join(of)})" if of else ""
-    return f"{label} job finished{at}{detail}; {alerts}"
+    return label, alerts
 
 
 _RANK = {"info": 0, "warning": 1, "critical": 2}

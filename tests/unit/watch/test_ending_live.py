@@ -5,6 +5,7 @@ end; recover's supervisor builds followers that leave the end to itself."""
 from __future__ import annotations
 
 import json
+import os
 
 from mscale.watch.follow import Follower
 
@@ -65,6 +66,21 @@ def test_a_clean_finish_under_jsonl_is_said_on_stderr_only(cli, rd):
     code, out, err = cli("watch", rd.root, "--once", "--no-act", "--json")
     assert code == 0 and json.loads(out)["summary"]["job"]["state"] == "finished"
     assert "job finished" not in err  # the document carries it
+
+
+def test_a_job_still_running_is_said_to_be(cli, rd):
+    """`--once` mid-run ended on the status line, as a finished job's output once had: a CI step
+    could not tell a job still training from one that had finished. A job whose lock is gone
+    without a stop is no longer running (a `died` end), and says nothing of the kind."""
+    running(rd)
+    code, out, err = cli("watch", rd.root, "--once", "--no-act")
+    assert code == 0, out + err
+    assert out.splitlines()[-1] == "OK job still running at step 15 (attempt 1); no open alerts"
+    code, out, err = cli("watch", rd.root, "--once", "--no-act", "--jsonl")
+    assert code == 0 and out == "" and err.splitlines()[-1].startswith("OK job still running")
+    os.remove(rd.lock)
+    code, out, err = cli("watch", rd.root, "--once", "--no-act")
+    assert code == 2 and "still running" not in out + err, out + err
 
 
 def test_a_start_after_the_end_withdraws_it(rd):
