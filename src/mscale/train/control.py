@@ -3,11 +3,12 @@
 Operators (and `watch`/`recover`) drop an entry in ``RUN_DIR/control/``: ``checkpoint`` (save
 now), ``halt`` (save, then stop cleanly) or ``trace`` (record the next step's timeline); a file or a
 directory of that name counts alike. SIGTERM, SIGUSR1 (SLURM's pre-timeout warning,
-``--signal=B:USR1@120``), SIGINT (Ctrl-C; torchrun passes its own on) and SIGHUP (a closed
-terminal; torchrun passes it on too) mean halt; a second SIGINT (not a repeat of the first within
-`stops.REPEAT_S`) interrupts at once, without a checkpoint, as a second Ctrl-C does in most
-tools. Under torchrun the agent SIGKILLs its workers ``--shutdown-timeout`` (30 s) after passing
-the signal on: a save that takes longer is lost (docs/train.md). A signal the process was started
+``--signal=USR1@300``, sent to the job's steps: with ``B:`` only the batch shell gets it), SIGINT
+(Ctrl-C; torchrun passes its own on) and SIGHUP (a closed terminal; torchrun passes it on too)
+mean halt; a second SIGINT (not a repeat of the first within `stops.REPEAT_S`) interrupts at
+once, without a checkpoint, as a second Ctrl-C does in most tools. Under torchrun the agent
+SIGKILLs its workers ``--shutdown-timeout`` (30 s) after passing the signal on: a save that takes
+longer is lost (docs/train.md). A signal the process was started
 with ignored (``nohup``, a ``--local`` worker's SIGHUP: its launcher decides) stays ignored.
 
 Only rank 0 reads the directory (12,288 ranks polling a shared filesystem every step would be a
