@@ -321,7 +321,10 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner,
                 f"{resume_of(launch.argv)} (an earlier rollback, or none): it would roll the run "
                 f"back again: cancel it (`scancel {job_id}`) and run `mscale recover` again"))
         return _queued_again(job_id, info, change, ranks_per_node, len(launch.nodes))
-    if change.unchanged and replay:
+    # Requeue=0 (sbatch --no-requeue, or the site's JobRequeue=0): SLURM refuses the requeue
+    # ("Requested operation is presently disabled"), so the script is submitted again instead
+    no_requeue = info.get("Requeue") == "0"
+    if change.unchanged and replay and not no_requeue:
         return Relaunch("slurm", ["scontrol", "requeue", job_id])
     nnodes = max(1, change.world // max(1, ranks_per_node))
     head = ["sbatch", f"--nodes={nnodes}"]
@@ -335,9 +338,12 @@ def _slurm(launch: Launch, change: Change, ranks_per_node: int, run: Runner,
     script = info.get("Command", "")
     same_shape = change.plan_path is None and change.resume is None and \
         change.world == len(launch.nodes) * ranks_per_node
-    if replay and same_shape and os.path.isfile(script):
-        return Relaunch("slurm", [*head, script])
     notes = []
+    if replay and no_requeue and change.unchanged:
+        notes.append(f"job {job_id} cannot be requeued (Requeue=0: submitted with --no-requeue "
+                     "or the cluster's JobRequeue=0): submitted again")
+    if replay and same_shape and os.path.isfile(script):
+        return Relaunch("slurm", [*head, script], notes)
     if batch and not same_shape:
         notes.append("the batch script names the old world, plan or checkpoint: its srun line "
                      "is resubmitted rewritten with --wrap (its other #SBATCH options are not)")

@@ -107,6 +107,23 @@ def test_a_batch_job_still_running_is_requeued_as_before():
     assert out.command == ["scontrol", "requeue", "42"]
 
 
+def test_a_job_slurm_may_not_requeue_has_its_batch_script_submitted_again(tmp_path):
+    """Seen on the local SLURM: a job submitted with --no-requeue was scancel'ed, and recover
+    --execute ran `scontrol requeue`, which SLURM refuses for Requeue=0 ("Requested operation is
+    presently disabled for job 21"): exit 3, nothing relaunched."""
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\nsrun mscale train plan.yaml --run-dir r\n")
+    run = scontrol({"JobId": "42", "BatchFlag": "1", "Command": str(script), "Requeue": "0",
+                    "JobState": "CANCELLED"})
+    out = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert out.command == ["sbatch", "--nodes=4", "--job-name=mscale-e2e", str(script)]
+    assert out.notes == ["job 42 cannot be requeued (Requeue=0: submitted with --no-requeue or "
+                         "the cluster's JobRequeue=0): submitted again"]
+    script.unlink()  # a script gone since: its srun line is wrapped, as for any other change
+    wrapped = relaunch(slurm_launch(), Change(world=8, nodes=NODES), 2, run=run)
+    assert wrapped.command[0] == "sbatch" and "--wrap" in wrapped.command
+
+
 def test_slurm_reuses_the_batch_script_when_it_can_run_unchanged(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nsrun mscale train plan.yaml --run-dir r\n")
