@@ -4,13 +4,16 @@ limit: the warning signal").
 Seen on the local SLURM: ``--signal=B:USR1@…``, which docs/train.md recommended, signals the
 batch shell only; the training tasks never saw it, bash died of it and the job was torn down with
 SIGTERM, its save limited to KillWait again. Without ``B:`` the tasks halt on SIGUSR1 with a
-checkpoint, and the documented script requeues the job when its stop event names SIGUSR1: the
-pattern it greps must match the line train writes, and only that line.
+checkpoint, and the documented script requeues the job when train's newest stop event names
+SIGUSR1: its lines are run here on events.jsonl lines as train writes them. Not after a SIGTERM or
+a halt, also when an earlier attempt stopped on the warning (a first version read the last 20
+lines, and requeued after an operator's halt whose attempt had written few events).
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 
 from mscale.config.records import Event
 from tests.conftest import REPO
@@ -40,18 +43,37 @@ def _line(**fields) -> str:
     return Event(**fields).model_dump_json(exclude_none=True)
 
 
-def test_the_documented_requeue_matches_trains_stop_on_the_warning_only():
+def _stop(**evidence) -> str:
+    return _line(source="train", kind="stop", severity="warning", step=106,
+                 message="training process exited with code 1 (signal)",
+                 evidence={"code": 1, "reason": "signal", **evidence})
+
+
+def _requeues(tmp_path, script: str, events: list[str]) -> bool:
+    """Run the script's lines from ``code=$?`` to ``fi`` after a train exit 1, on these
+    events, with ``scontrol requeue`` replaced by a marker."""
+    lines = script.splitlines()
+    tail = lines[lines.index("code=$?"):]
+    snippet = "\n".join(tail[:tail.index("fi") + 1])
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in snippet, snippet
+    (tmp_path / "events.jsonl").write_text("".join(e + "\n" for e in events))
+    bash = f"RUN={tmp_path}\n(exit 1)\n" + snippet.replace(
+        'scontrol requeue "$SLURM_JOB_ID"', "echo REQUEUE")
+    out = subprocess.run(["bash", "-c", bash], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip() == "REQUEUE"
+
+
+def test_the_documented_script_requeues_after_trains_stop_on_the_warning_only(tmp_path):
     script = _time_limit_script()
     assert re.search(r"#SBATCH --signal=USR1@\d+", script), script
-    grep = re.search(r"grep -q '([^']+)'", script)
-    assert grep and "scontrol requeue" in script, script
-    pattern = re.compile(grep.group(1))  # a basic regex of quotes, letters and `.*`
-    stop = {"source": "train", "kind": "stop", "severity": "warning", "step": 106,
-            "message": "training process exited with code 1 (signal)"}
-    evidence = {"code": 1, "reason": "signal", "last_checkpoint": "runs/r1/ckpt/step-000106"}
-    assert pattern.search(_line(**stop, evidence={**evidence, "signal": "SIGUSR1"}))
-    assert not pattern.search(_line(**stop, evidence={**evidence, "signal": "SIGTERM"}))
-    assert not pattern.search(_line(**stop, evidence={**evidence, "reason": "halt"}))
-    # the signal event train writes at the step boundary, before the save, is not the stop
-    assert not pattern.search(_line(source="train", kind="signal", severity="warning", step=106,
-                                    evidence={"signal": True}))
+    usr1 = _stop(signal="SIGUSR1")
+    # the signal event train writes at the step boundary, and the checkpoint, come before it
+    before = [_line(source="train", kind="signal", severity="warning", step=106,
+                    evidence={"signal": True}),
+              _line(source="train", kind="checkpoint", step=106, message="committed")]
+    assert _requeues(tmp_path, script, [*before, usr1])
+    assert not _requeues(tmp_path, script, [*before, _stop(signal="SIGTERM")])
+    # an earlier attempt stopped on the warning; this one on control/halt: an operator's stop
+    halt = _stop(reason="halt")
+    assert not _requeues(tmp_path, script, [usr1, _line(source="train", kind="start"), halt])
