@@ -181,8 +181,20 @@ def _unexpected(e: Exception, debug: bool, as_json: bool, print_error) -> int:
     return err.code
 
 
+def starts_training_here(argv: Sequence[str]) -> bool:
+    """Whether this process is a training task itself (`mscale train` under srun or torchrun),
+    not the `--local` launcher, which forks its workers and passes its own signals on."""
+    args = list(argv)
+    return "train" in args and not any(a == "--local" or a.startswith("--local=") for a in args)
+
+
 def main() -> None:
     """The console script. With --debug, run() re-raises: show the traceback, keep the code."""
+    if starts_training_here(sys.argv[1:]):
+        # before torch is imported: SLURM's time-limit warning can come while it loads
+        from mscale.distributed import early_signals
+
+        early_signals.remember()
     try:
         code = run()
     except MscaleError as e:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mscale.distributed import early_signals
 from mscale.distributed.lifeline import launcher_stop_signal
 from mscale.distributed.stops import REPEAT_S
 from mscale.runs.atomic import fs_and_path
@@ -77,10 +78,14 @@ class Control:
 
     def install_signal_handlers(self) -> None:
         """Turn the stop signals into a flag checked at the next step boundary. Left alone: a
-        signal ignored when the job started (the operator or the launcher chose that)."""
+        signal ignored when the job started (the operator or the launcher chose that). A
+        signal `mscale train` noted while it was starting (`early_signals`) counts as received
+        now."""
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) is not signal.SIG_IGN:
                 signal.signal(sig, self._on_signal)
+        for sig in early_signals.take():
+            self._on_signal(sig, None)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         now = time.monotonic()

@@ -65,6 +65,26 @@ def terminal_signals():
         signal.signal(sig, handler)
 
 
+def test_a_warning_signal_received_while_starting_is_the_loops_stop(tmp_path, terminal_signals):
+    """SLURM's --signal=USR1@N can come while the task imports torch or loads a checkpoint; its
+    default killed the task with nothing recorded. `mscale train` notes it from its first line
+    and the loop's Control counts it as received: the first boundary saves and stops."""
+    from mscale.cli.main import starts_training_here
+    from mscale.distributed import early_signals
+
+    assert starts_training_here(["train", "plan.yaml", "--run-dir", "r"])
+    assert not starts_training_here(["train", "--local", "8"])
+    assert not starts_training_here(["train", "--local=8"])
+    assert not starts_training_here(["watch", "r"])
+    early_signals.remember()
+    os.kill(os.getpid(), signal.SIGUSR1)  # before the loop listens: noted, not fatal
+    c = Control(None, rank=0)
+    c.install_signal_handlers()
+    decision = c.poll()
+    assert decision.stop and decision.signal and c.signal_name == "SIGUSR1"
+    assert early_signals.take() == []  # taken over once
+
+
 def test_ctrl_c_asks_for_a_halt_and_a_second_one_interrupts_at_once(monkeypatch,
                                                                    terminal_signals):
     now = [100.0]
