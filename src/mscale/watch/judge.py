@@ -127,7 +127,10 @@ class Watcher:
         if not all(np.isfinite(v).all() for v in links.values()):
             self.link_rows.clear()  # a record without the split (another trainer's)
             return []
-        self.link_rows.append(self.last_step, float(ranks[0].max()), links)
+        # what each rank did itself (its step less its waits): a pipeline pair that waits on a
+        # late rank elsewhere in its pipeline is no link (detect/links.py: explained_pairs)
+        active = ranks[0] - ranks[2] - ranks[4]
+        self.link_rows.append(self.last_step, float(ranks[0].max()), links, active)
         if self.link_rows.n < self.cfg.persist_steps:
             return []
         own = self.rows.last(self.cfg.persist_steps).own if self.rows.n else None

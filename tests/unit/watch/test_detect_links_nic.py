@@ -38,7 +38,8 @@ def judge(lay, slow_ranks: set[int], dp_s: float = 0.6, pp_s: float = 0.3, seed:
             for pair in np.stack([ranks[s], ranks[s + 1]], axis=-1).reshape(-1, 2):
                 if slow_ranks & set(pair.tolist()):
                     pp[pair] += pp_s * (1 + 0.1 * rng.random())
-        rows.append(100 + step, 1.2, {"tp": tp, "pp": pp, "dp": dp})
+        active = 0.9 + 0.03 * rng.random(g.world)  # a NIC lengthens waits, not own work
+        rows.append(100 + step, 1.2, {"tp": tp, "pp": pp, "dp": dp}, active)
     return [f for f in LinkRules(g, WatchConfig()).judge(rows) if f.cause == "slow_link"]
 
 
@@ -84,3 +85,37 @@ def test_a_slow_device_raises_pipeline_waits_but_is_no_slow_link():
 
     found = Watcher(t.layout).feed(t.window())
     assert not [f for f in found if f.cause == "slow_link"]
+
+
+# (world, pp, the late rank, the ranks of the slow pairs, the healthy node they point at)
+LATE = {"two stages away": (48, 3, 32, [0, 1, 16, 17], "node0"),
+        "at the pair's end": (8, 2, 7, [2, 3, 6, 7], "node1")}
+
+
+@pytest.mark.parametrize("where", sorted(LATE))
+@pytest.mark.parametrize("cause", ["slow device", "NIC"])
+def test_pairs_waiting_on_a_late_rank_of_their_pipeline_name_no_node(cause, where):
+    """tp2 on nodes of two, stage 0 reducing more bytes than the others (embedding: its DP
+    groups are slower than every other stage's, a healthy ``dpx`` excess) and one rank slow
+    (pp3 dp8: rank 32, stage 2 of replica 0; pp2 dp2: rank 7, stage 1 of replica 1): its
+    pipeline's pairs at a boundary wait on it, more than their boundary's other pairs. Before,
+    the pairs and the heavy stage agreed on a healthy node of stage 0, and watch named it a slow
+    link. The slow rank spends longer on its own work (its step less its waits) than its
+    stage's peers, so the pairs are explained; where no rank does (the same waits from a NIC on
+    that node), the node is named."""
+    world, pp, late, paired, node = LATE[where]
+    lay = layout(world, tp=2, pp=pp)
+    g, rng = Grid(lay), np.random.default_rng(0)
+    rows = LinkRows(g, ROWS)
+    for step in range(ROWS):
+        tp = 0.05 + 0.01 * rng.random(world)
+        dp = 0.06 + 0.01 * rng.random(world)
+        dp[: world // pp] += 0.1  # stage 0's heavier reduction, every replica alike
+        pp_wait = 0.13 + 0.02 * rng.random(world)
+        pp_wait[paired] += 0.12
+        active = 1.0 + 0.03 * rng.random(world)
+        if cause == "slow device":
+            active[late] += 0.3
+        rows.append(100 + step, 1.5, {"tp": tp, "pp": pp_wait, "dp": dp}, active)
+    found = [f for f in LinkRules(g, WatchConfig()).judge(rows) if f.cause == "slow_link"]
+    assert [f.nodes for f in found] == ([] if cause == "slow device" else [[node]])

@@ -121,6 +121,7 @@ class LinkRows:
         self.values = {k: np.zeros((capacity, len(group_members(grid, k)))) for k in self.kinds}
         self.steps = np.zeros(capacity, np.int64)
         self.step_time = np.zeros(capacity)
+        self.active = np.full((capacity, grid.world), np.nan)  # per rank: step less waits
         self.n = 0
 
     def clear(self) -> None:
@@ -130,10 +131,13 @@ class LinkRows:
         """The record's vectors the kinds are read from (``tp``, ``pp``, ``dp``)."""
         return sorted({SOURCE[k] for k in self.kinds})
 
-    def append(self, step: int, step_time: float, per_source: dict[str, np.ndarray]) -> None:
-        """One row: ``per_source[s]`` is the record's ``[world]`` ``comm_<s>`` vector."""
+    def append(self, step: int, step_time: float, per_source: dict[str, np.ndarray],
+               active: np.ndarray | None = None) -> None:
+        """One row: ``per_source[s]`` is the record's ``[world]`` ``comm_<s>`` vector;
+        ``active`` each rank's step time less its waits (`explained_pairs`), if known."""
         i = self.n % self.cap
         self.steps[i], self.step_time[i] = step, step_time
+        self.active[i] = np.nan if active is None else active
         for k in self.kinds:
             self.values[k][i] = group_values(self.g, k, per_source[SOURCE[k]])
         self.n += 1
@@ -144,6 +148,11 @@ class LinkRows:
         idx = np.arange(self.n - k, self.n) % self.cap
         return (self.steps[idx], self.step_time[idx].copy(),
                 {kind: v[idx] for kind, v in self.values.items()})
+
+    def last_active(self, k: int) -> np.ndarray:
+        """``[k, world]``: the last ``k`` rows' ``active`` vectors (NaN where not given)."""
+        k = min(k, self.n, self.cap)
+        return self.active[np.arange(self.n - k, self.n) % self.cap]
 
 
 def _leave_one_out_median(v: np.ndarray, stages: int) -> np.ndarray:
@@ -251,6 +260,8 @@ class LinkRules:
         step_s = float(median(times))
         slow = self.slow_groups(rows, step_s)
         g = self.g
+        gone = explained_pairs(g, slow, link_rows.last_active(self.cfg.persist_steps))
+        slow = [s for s in slow if id(s) not in gone]
         common = _suspects(g, slow)
         if not common:
             return []  # two faults, or none shared by every slow group: nobody to suspect
@@ -290,6 +301,29 @@ class LinkRules:
                         ranks=g.node_ranks(node), nodes=[name], evidence=evidence, **span,
                         advice=f"checkpoint, then take {name} out of the job (quarantine) and "
                                f"check its NIC and cabling (mscale preflight on it)")]
+
+
+def explained_pairs(g: Grid, slow: list[dict], active: np.ndarray) -> set[int]:
+    """The ``id`` of each slow pipeline pair that a late rank of its pipeline explains. Both
+    ends of a pair wait on the rest of their pipeline, and the two ends of a boundary wait in
+    different phases (the later stage in the warm-up, the earlier in the cool-down), so a slow
+    device, a data straggler or untraced host work at either end or two stages away raises the
+    pair's smallest wait too. The rank at fault spends longer on its own work (``active``: its
+    step less its waits) than its stage's peers. Left in, such pairs agreed with a stage that
+    reduces more bytes than the others (embedding and head on the end stages: ``dpx``) and named
+    a healthy node of that stage. A degraded NIC lengthens waits only, so its pairs stay."""
+    out: set[int] = set()
+    pairs = [s for s in slow if s["kind"] == "pp"]
+    if not pairs or not np.isfinite(active).all():
+        return out
+    # each rank's active time above its stage's others' median (leave-one-out: of two ranks a
+    # stage, a plain median would halve it), in half the rows or more
+    late = median(_row_excess(active, g.pp), axis=0).reshape(g.pp, g.dp, g.tp)
+    for s in pairs:
+        replica = int(s["ranks"][0]) % (g.dp * g.tp) // g.tp
+        if late[:, replica].max() >= 0.5 * s["excess_s"]:
+            out.add(id(s))
+    return out
 
 
 def _suspects(g: Grid, slow: list[dict]) -> set[int]:
