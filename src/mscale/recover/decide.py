@@ -22,7 +22,7 @@ from mscale.config.plan import Plan
 from mscale.config.records import DataSkip, Event
 from mscale.errors import EXIT_INTERRUPTED, MscaleError
 from mscale.hostlist import collect_hostlist
-from mscale.recover import room, stages
+from mscale.recover import room, stages, start_over
 from mscale.recover.checkpoints import UNCOMMITTED, names_damaged
 from mscale.recover.child import Child
 from mscale.recover.exclude import released, slurm_names, with_carried
@@ -147,8 +147,10 @@ def plan_recovery(run_dir: str, opts: RecoverOptions | None = None) -> RecoveryP
         # the job's own command as it ran, not this recovery's rewrite of it (a re-plan file,
         # exclusions, a rollback --resume): an unrecoverable verdict writes none of those
         own = opts.command or (launch.argv if launch and launch.argv else None)
+        start = None if choice.path else start_over.for_run(
+            run, plan, choice, diagnosis.failed_step or 0, opts.command, launch and launch.argv)
         verdict = _verdict(diagnosis, choice, exclusions, rp, skip, refusal, reasons,
-                           rerun=own)
+                           rerun=own, start=start)
         reasons += exclusions.notes + _recheck_notes(checker, diagnosis, exclusions) + how.notes
     return RecoveryPlan(
         run_dir=run_dir, verdict=verdict, diagnosis=diagnosis, checkpoint=choice,
@@ -239,10 +241,11 @@ def _recheck_notes(checker: Rechecker | None, diagnosis: Diagnosis,
 
 def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusions,
              rp: Replan | None, skip: DataSkip | None, refusal: str | None,
-             reasons: list[str], rerun: list[str] | None = None) -> str:
+             reasons: list[str], rerun: list[str] | None = None,
+             start: start_over.StartOver | None = None) -> str:
     """The verdict, appending one sentence per fact behind it to ``reasons``. ``rerun``: the
     job's own launch command, for the operator to run again once a cause only they can fix is
-    fixed."""
+    fixed; ``start``: whether a run without a checkpoint may start over (`start_over.judge`)."""
     refused = []
     if diagnosis.symptom == "bad_input" or diagnosis.cls == "user_code":
         # not "run recover again": it judges this same failed attempt until a new one runs
@@ -259,10 +262,13 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     chosen_loss = (diagnosis.cls == "none" and diagnosis.symptom == "stopped"
                    and diagnosis.exit_code == EXIT_INTERRUPTED
                    and all(r.get("why") == UNCOMMITTED for r in choice.rejected))
-    if choice.path is None and (progress > 0 or choice.rejected) and not chosen_loss:
+    fresh = (choice.path is None and progress > 0 and not chosen_loss and start is not None
+             and start.allowed)
+    if choice.path is None and (progress > 0 or choice.rejected) and not (chosen_loss or fresh):
         refused.append(f"no usable checkpoint ({choice.reason}) and the run had reached step "
-                       f"{progress}: restarting from step 0 is a human's call "
-                       f"({_how_to_start_over(choice)})")
+                       f"{progress}" + (f" ({start.why})" if start else "")
+                       + ": restarting from step 0 is a human's call "
+                       f"({start_over.how(choice)})")
     if refused:
         reasons += refused
         return "unrecoverable"
@@ -273,8 +279,11 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
     reasons += degraded
     if diagnosis.link_suspects:  # a slow link watch could not place: said, nobody excluded
         reasons.append(unplaced_link(diagnosis.link_suspects))
+    if fresh:  # said plainly: the relaunch trains those steps again
+        reasons.append(start.why)
     if not degraded:
-        at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet, none lost)"
+        at = f"step {choice.step}" if choice.path else "step 0 (no checkpoint yet" + (
+            ")" if fresh else ", none lost)")
         reasons.append(f"relaunch as before, from {at}")
     if diagnosis.symptom == "disk_full":  # no node to exclude: the same filesystem comes back
         reasons.append("the filesystem was full: free space (or keep fewer checkpoints) before "
@@ -292,15 +301,6 @@ def _verdict(diagnosis: Diagnosis, choice: CheckpointChoice, exclusions: Exclusi
                        "fault, not a node's (check the filesystem; `mscale ckpt verify` reads "
                        "every chunk of a checkpoint)")
     return "degraded" if degraded else "relaunchable"
-
-
-def _how_to_start_over(choice: CheckpointChoice) -> str:
-    """The way a person starts the run over: train refuses ``--resume none`` on a run that
-    holds committed checkpoints, damaged ones included (ckpt/resume.py)."""
-    if any(r.get("why") != UNCOMMITTED for r in choice.rejected):
-        return ("train it in a new --run-dir: --resume none is refused while this one holds "
-                "committed checkpoints")
-    return "the job's own command with --resume none"
 
 
 def _degradations(choice: CheckpointChoice, exclusions: Exclusions, rp: Replan | None,

@@ -31,7 +31,8 @@ sizes) or ``full`` (every chunk's crc); `mscale recover --verify`'s choices."""
 
 Verdict = Literal["relaunchable", "degraded", "unrecoverable", "finished"]
 """0: relaunch as it was; 1: relaunch with less (fewer nodes, an older checkpoint, a skipped
-data window); 2: a human must act (bad input, user code, nothing to resume from); ``finished``
+data window); 2: a human must act (bad input, user code, nothing to resume from and more than a
+checkpoint interval to lose: recover/start_over.py); ``finished``
 (0): the run trained every step, nothing to relaunch (no command)."""
 
 
