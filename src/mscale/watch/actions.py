@@ -116,14 +116,16 @@ class Actor:
         if self.acting:
             self._quarantine()  # an unreadable quarantine.json fails now, not mid-run
 
-    def _recorded(self, f: Finding, severity: str | None = None) -> bool:
+    def _recorded(self, f: Finding, severity: str | None = None, cleared: bool = False) -> bool:
         """Recorded before: same key, and its steps overlap this finding's (the same episode);
-        with ``severity``, recorded at that severity (an escalation)."""
+        with ``severity``, recorded at that severity (an escalation); with ``cleared``, its
+        clearing recorded."""
         key = _key_list(f)
         lo, hi = f.first_step or 0, f.last_step or f.first_step or 0
         return any(ev.get("finding_key") == key and (ev.get("first_step") or 0) <= hi
                    and (ev.get("last_step") or ev.get("first_step") or 0) >= lo
                    and (severity is None or ev.get("severity") == severity)
+                   and (not cleared or ev.get("cleared") is True)
                    for ev in self._seen)
 
     def _evidence(self, f: Finding) -> dict:
@@ -159,6 +161,19 @@ class Actor:
                 self._event(f.kind, f.severity, f.last_step, f.ranks, f.nodes,
                             f"escalated to {f.severity}: {f.message}",
                             {**evidence, "action": "none: escalation of an open finding"})
+
+    def clear(self, findings: list[Finding]) -> None:
+        """Recorded findings that closed (judge.py): one ``info`` event each, ``cleared`` in its
+        evidence, so that the record says the condition is gone (recover names only a slow link
+        still open). Written as ``info``, not the finding's kind: no reader takes it for one."""
+        for f in [f for f in findings
+                  if self._recorded(f) and not self._recorded(f, cleared=True)]:
+            evidence = {**self._evidence(f), "cleared": True, "finding": f.kind}
+            self._seen.append({**evidence, "severity": "info"})
+            if self.acting:
+                self._event("info", "info", f.last_step, f.ranks, f.nodes,
+                            f"cleared after step {f.last_step}: {f.message}",
+                            {**evidence, "action": "none: the finding cleared"})
 
     def _steer(self, f: Finding, job_alive: bool,
                evidence: dict) -> tuple[str, Callable[[], None] | None]:

@@ -139,13 +139,14 @@ class Follower:
         records = self.feed.poll()
         if getattr(self.feed, "restarted", False):
             self._restart()
-        window, new, self.rises = None, [], []
+        window, new, self.rises, cleared = None, [], [], []
         for part in self._by_attempt(records):
             if self.layout is not None and self._start_of(part) is not self._layout_start:
                 self._restart()  # a relaunch whose steps go on: its start event says so
             window = self._window(part)
             new += self.watcher.feed(window)
             self.rises = self.watcher.escalated
+            cleared += self.watcher.cleared
             self.history.add(window)
             self.records += len(part)
         if getattr(self.feed, "caught_up", True):  # held records of a later attempt: not yet
@@ -160,6 +161,7 @@ class Follower:
         # the job's own stop is its record: not handed to the actor
         self.actor.handle(new, alive, nodes_named=self.layout.named if self.layout else True)
         self.actor.escalate(self.rises)
+        self.actor.clear(cleared)
         self.actor.tick(alive)
         new += self._failed_saves(saves)
         new += self._judge_end()

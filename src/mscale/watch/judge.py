@@ -68,6 +68,9 @@ class Watcher:
         """Worst severity of any finding emitted so far."""
         self.escalated: list[Finding] = []
         """Open findings whose severity rose during the last `feed` (recorded once more)."""
+        self.cleared: list[Finding] = []
+        """Findings that closed during the last `feed` (recorded as cleared: a reader of
+        events.jsonl, recover among them, tells what is still wrong from what was)."""
         self.last_step: int | None = None
         self.judged = 0
 
@@ -81,7 +84,7 @@ class Watcher:
                 f"{self.layout.tp}x{self.layout.pp}x{self.layout.dp} has {self.layout.world}",
                 field="--tp/--pp/--dp", fix="give the layout the job ran with (or its plan.yaml)")
         new: list[Finding] = []
-        self.escalated = []
+        self.escalated, self.cleared = [], []
         for i in range(len(window)):
             new += self._row(window, i)
         return new
@@ -189,6 +192,7 @@ class Watcher:
                 o.absent += 1
                 if o.absent >= self.cfg.clear_steps:
                     del self._open[key]
+                    self.cleared.append(o.finding)
         return new
 
     def _grade(self, f: Finding) -> None:

@@ -41,3 +41,30 @@ def test_the_verdict_excludes_no_suspect_and_says_how_to_find_the_node(run, fake
     [line] = [r for r in plan.reasons if "slow link" in r]
     assert "one of node1, node2" in line and "no node is excluded" in line
     assert "`mscale preflight`" in line
+
+
+def cleared(event: dict, step: int) -> dict:
+    """The record watch writes when ``event``'s finding closed (watch/actions.py `clear`)."""
+    return {**event, "kind": "info", "severity": "info", "time": event["time"] + 1,
+            "message": f"cleared after step {step}: {event['message']}",
+            "evidence": {**event["evidence"], "cleared": True, "last_step": step,
+                         "finding": "straggler", "action": "none: the finding cleared"}}
+
+
+def test_a_slow_link_that_cleared_is_not_named_and_each_findings_last_word_counts(run):
+    """A link that recovered before the stop is not named; of two findings the one still open
+    is, even when the other was recorded later."""
+    events = (run / "events.jsonl").read_text().splitlines()
+    start, stop = json.loads(events[0]), json.loads(events[1])
+    stop.update(ranks=[], nodes=[], evidence={"exit_code": 1, "reason": "halt"})
+    old = unplaced()
+    old["evidence"]["finding_key"] = ["straggler", "slow_link", [], ["node1", "node2"]]
+    old["time"] = T_FAIL - 30
+    other = unplaced()
+    other["evidence"].update(suspects=["node3", "node4"],
+                             finding_key=["straggler", "slow_link", [], ["node3", "node4"]])
+    write_events(run, [start, other, old, cleared(old, 20), stop])
+    d = diagnose(str(run))
+    assert d.rule == "slow_link" and d.link_suspects == ["node3", "node4"]
+    write_events(run, [start, old, cleared(old, 20), stop])
+    assert diagnose(str(run)).link_suspects == []

@@ -125,6 +125,7 @@ class QuietJudge:
 
     last_step = None
     escalated: list = []
+    cleared: list = []
 
     def feed(self, window):
         self.last_step = int(window.steps[-1])

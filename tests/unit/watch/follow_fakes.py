@@ -35,12 +35,16 @@ class Feed:
 
 
 class Judge:
-    def __init__(self, layout, emit=None):
+    """``emit``: step -> the finding found at it; ``clear``: step -> the finding closed at it."""
+
+    def __init__(self, layout, emit=None, clear=None):
         self.layout, self.emit, self.rows, self.hang_checks = layout, emit or {}, [], 0
-        self.escalated = []
+        self.clear = clear or {}
+        self.escalated, self.cleared = [], []
 
     def feed(self, window):
         self.rows += window.steps.tolist()
+        self.cleared = [f for step, f in self.clear.items() if step in window.steps.tolist()]
         return [f for step, f in self.emit.items() if step in window.steps.tolist()]
 
     def check_hang(self, now, last, attempt_start=None):
@@ -76,7 +80,7 @@ def recs(*steps, world=4):
 
 
 def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), hostlist=None,
-         **actor_kw):
+         clear=None, **actor_kw):
     rd = RunDir(str(tmp_path / "run"))
     rd.create()
     (tmp_path / "run" / "metrics.jsonl").write_text("")
@@ -84,7 +88,7 @@ def make(tmp_path, batches, live=True, run=True, emit=None, restart_at=(), hostl
     judges = []
 
     def make_watcher(layout):
-        judges.append(Judge(layout, emit))
+        judges.append(Judge(layout, emit, clear))
         return judges[-1]
 
     f = Follower(target=target, layout_for=layout_source(target, hostlist=hostlist),

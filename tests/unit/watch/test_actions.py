@@ -70,6 +70,26 @@ def test_each_finding_is_one_event_with_its_evidence_and_not_recorded_twice(run)
     assert len(watch_events(run)) == 2
 
 
+def test_a_recorded_finding_that_cleared_is_recorded_as_cleared_once(run):
+    """An ``info`` event (no reader takes it for the finding), its key and episode kept, so
+    recover can tell a link that recovered from one still slow."""
+    a = actor(run, Clock())
+    link = dict(cause="slow_link", ranks=(), nodes=())  # placed on no node: nothing to act on
+    a.clear([straggler(**link, first=10, last=30)])  # never recorded: nothing
+    assert watch_events(run) == []
+    a.handle([straggler(**link)], job_alive=True)
+    a.clear([straggler(**link, first=10, last=30)])
+    opened, cleared = watch_events(run)
+    assert cleared["kind"] == "info" and cleared["severity"] == "info"
+    assert cleared["message"] == "cleared after step 30: rank 3 is slow"
+    evd = cleared["evidence"]
+    assert evd["cleared"] is True and evd["finding"] == "straggler" and evd["last_step"] == 30
+    assert evd["finding_key"] == opened["evidence"]["finding_key"]
+    again = actor(run, Clock())  # a second watch over the same steps: recorded already
+    again.clear([straggler(**link, first=10, last=30)])
+    assert len(watch_events(run)) == 2
+
+
 def test_imbalance_never_quarantines_or_requests(run):
     a = actor(run, Clock())
     for cause in ("stage_imbalance", "data_imbalance", "slow_data", "job_wide"):

@@ -118,6 +118,17 @@ def test_once_waits_for_the_requested_checkpoint_before_quarantining(tmp_path):
     assert entry["node"] == "node1" and entry["evidence"]["checkpoint_confirmed"]
 
 
+def test_a_finding_that_closed_is_recorded_as_cleared(tmp_path):
+    link = Finding(kind="straggler", severity="warning", message="a link is slow",
+                   cause="slow_link", first_step=2, last_step=2, evidence={"suspects": ["a"]})
+    f, rd, _ = make(tmp_path, [recs(1, 2), recs(3, 4)], emit={2: link}, clear={4: link})
+    event(rd, "start")
+    hold_lock(rd)
+    f.run(interval=0.25, sleep=lambda s: event(rd, "stop"))
+    said = [e["message"] for e in map(json.loads, open(rd.events)) if e["source"] == "watch"]
+    assert said == ["a link is slow", "cleared after step 2: a link is slow"]
+
+
 def test_records_of_another_size_than_the_layout_are_bad_input(tmp_path):
     rd = RunDir(str(tmp_path / "run"))
     rd.create()

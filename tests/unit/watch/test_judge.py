@@ -37,8 +37,9 @@ def test_closed_when_it_clears_and_new_when_it_returns():
     w = Watcher(t.layout, WatchConfig(clear_steps=8))
     found = w.feed(rows(t.window(), 0, 120))
     assert len(found) == 1 and w.open_findings() == []  # cleared within 8 judged steps
+    assert w.cleared == found  # handed to the actor, which records it (test_actions.py)
     again = w.feed(rows(t.window(), 120, 200))
-    assert [(f.cause, f.ranks) for f in again] == [("slow_device", [7])]
+    assert [(f.cause, f.ranks) for f in again] == [("slow_device", [7])] and w.cleared == []
     assert again[0].evidence["detected_at"] >= 140 and w.summary()["emitted"] == {"straggler": 2}
 
 

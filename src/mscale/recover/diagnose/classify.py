@@ -75,13 +75,23 @@ def unplaced_link(nodes: list[str]) -> str:
 
 
 def _link_suspects(ev: RunEvidence) -> list[str]:
-    """The nodes of the attempt's last slow-link finding that named none (its ``suspects``)."""
-    out: list[str] = []
-    for e in ev.attempt.events:
+    """The nodes of the attempt's last slow-link finding that named none (its ``suspects``) and
+    is still open: each finding's last record counts (watch records a finding that cleared,
+    ``cleared`` in its evidence, actions.py), so a link that recovered is not named. A record
+    without ``finding_key`` (an older watch's) is a finding of its own."""
+    last: dict[str, dict] = {}
+    for i, e in enumerate(ev.attempt.events):
         evd = e.get("evidence") if isinstance(e.get("evidence"), dict) else {}
+        if e.get("source") == "watch" and evd.get("cause") == "slow_link":
+            key = evd.get("finding_key")
+            key = repr(key) if key is not None else f"#{i}"
+            last.pop(key, None)
+            last[key] = evd  # re-inserted: the dict keeps the order of each finding's last word
+    out: list[str] = []
+    for evd in last.values():
         names = evd.get("suspects")
-        if e.get("source") == "watch" and evd.get("cause") == "slow_link" \
-                and isinstance(names, list) and all(isinstance(n, str) for n in names):
+        if evd.get("cleared") is not True and isinstance(names, list) \
+                and all(isinstance(n, str) for n in names):
             out = list(names)
     return out
 
