@@ -108,11 +108,12 @@ def _link_results(plan: Plan, payloads: list[dict], node_of: dict[int, str]) -> 
             have = groups.setdefault((it["kind"], _span(it["ranks"], node_of), it["op"]), {})
             if key not in have or it["seconds"] > have[key]["seconds"]:
                 have[key] = it
-    mixed = ({k for k, _ in pairs} & {k for k, s in pairs if s != "in a node"}
-             & {k for k, s in pairs if s == "in a node"})
-    mixed |= ({(k, op) for k, _, op in groups}
-              & {(k, op) for k, s, op in groups if s != "in a node"}
-              & {(k, op) for k, s, op in groups if s == "in a node"})
+    spans: dict[object, set[str]] = {}  # pair kind, or (group kind, op) → its links' spans
+    for kind, span in pairs:
+        spans.setdefault(kind, set()).add(span)
+    for kind, span, op in groups:
+        spans.setdefault((kind, op), set()).add(span)
+    mixed = {k for k, found in spans.items() if len(found) > 1}
     out = []
     for (kind, span), items in sorted(pairs.items()):
         label = f"{kind} pair" + (f" ({span})" if kind in mixed else "")
