@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mscale.ckpt.options import CkptOptions
 from mscale.config.plan import Plan
 from mscale.recover.checkpoints import UNCOMMITTED
 from mscale.recover.command import option_value
@@ -41,13 +42,9 @@ def interval(plan: Plan, *commands: list[str] | None) -> int | None:
     """The checkpoint interval the failed attempt ran with, as train picks it
     (`CkptOptions.interval_for`): ``--ckpt-interval`` of the first command that sets it, the
     plan's ``training.checkpoint_interval``, the planner's advice; None when none is set."""
-    for command in commands:
-        value = option_value(command or [], "--ckpt-interval")
-        if value and value.isdigit() and int(value) > 0:
-            return int(value)
-    if plan.training.checkpoint_interval:
-        return plan.training.checkpoint_interval
-    return plan.checkpoint.interval_steps if plan.checkpoint else None
+    given = next((int(v) for v in (option_value(c or [], "--ckpt-interval") for c in commands)
+                  if v and v.isdigit() and int(v) > 0), None)
+    return CkptOptions(interval=given).interval_for(plan)
 
 
 def judge(choice: CheckpointChoice, progress: int, every: int | None,
