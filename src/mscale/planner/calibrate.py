@@ -56,6 +56,7 @@ class Calibration:
     """How many ranks the measured run had (its per-rank vectors' length): `check_world`
     refuses a run of another size than the layout it is fitted to."""
     metrics_source: str | None = None
+    """The metrics.jsonl ``step_time_s`` came from (the file `check_world`'s refusal names)."""
     speed: float = 1.0
     """Factor on every kernel rate, solved by `fit_speed` from ``step_time_s``."""
     sources: list[str] = field(default_factory=list)

@@ -133,7 +133,6 @@ class Outputs:
             self.stream.flush()
         return code
 
-
     @staticmethod
     def _last_word(follower, code: int) -> str | None:
         """How the job stands as watch ends, unless its abnormal end already said it: finished,
